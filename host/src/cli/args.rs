@@ -1,0 +1,119 @@
+//! Owns the flags shared by several verbs and their conversion into typed
+//! library values (durations, sizes, grants, params, input bytes).
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use taskhost::runtime::{DirGrant, Sandbox, parse_env};
+use taskhost::units::{parse_duration, parse_size};
+
+use super::usage;
+
+/// Flags every verb accepts.
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// Directory of the compiled-plugin cache [default: ~/.cache/taskhost/wasmtime].
+    #[arg(long, global = true, env = "TASKHOST_CACHE_DIR", value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Compile plugins without the on-disk cache.
+    #[arg(long, global = true)]
+    pub no_cache: bool,
+}
+
+/// The flags that describe one task, shared by `run` (and `submit`).
+#[derive(Debug, Args)]
+pub struct TaskArgs {
+    /// The plugin: a WebAssembly component file (.wasm).
+    #[arg(value_name = "PLUGIN")]
+    pub plugin: PathBuf,
+    /// Task name [default: <plugin name>-<task id>].
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Admission slot [default: the plugin's resource filled from --param, else the task name].
+    #[arg(long)]
+    pub slot: Option<String>,
+    /// A parameter for the plugin, and for its resource template (repeatable).
+    #[arg(long = "param", value_name = "K=V")]
+    pub params: Vec<String>,
+    /// Input bytes for the plugin, as text.
+    #[arg(long, value_name = "TEXT", conflicts_with = "input_file")]
+    pub input: Option<String>,
+    /// Read the input bytes from a file, or from stdin with `-`.
+    #[arg(long, value_name = "PATH|-")]
+    pub input_file: Option<PathBuf>,
+    /// Per-attempt timeout, such as 30s or 250ms; 0 means none [default: none].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Memory limit of the guest's linear memory, such as 64MiB [default: 256MiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_memory: Option<u64>,
+    /// Grant a host directory at a guest path: HOST::GUEST, or HOST::GUEST:ro for read-only (repeatable).
+    #[arg(long = "dir", value_name = "HOST::GUEST[:ro]", value_parser = DirGrant::parse)]
+    pub dirs: Vec<DirGrant>,
+    /// Grant an environment variable to the guest (repeatable); nothing is inherited.
+    #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
+    pub env: Vec<(String, String)>,
+    /// Print one JSON object with the result on stdout instead of raw output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl TaskArgs {
+    /// The `--param` pairs, in order.
+    pub fn params(&self) -> anyhow::Result<Vec<(String, String)>> {
+        self.params
+            .iter()
+            .map(|p| match p.split_once('=') {
+                Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+                _ => Err(usage(format!(
+                    "invalid --param `{p}`: use KEY=VALUE, such as --param env=prod"
+                ))),
+            })
+            .collect()
+    }
+
+    /// The sandbox grants, with host directories checked.
+    pub fn sandbox(&self) -> anyhow::Result<Sandbox> {
+        let mut sandbox = Sandbox {
+            dirs: self.dirs.clone(),
+            env: self.env.clone(),
+            ..Sandbox::default()
+        };
+        if let Some(max) = self.max_memory {
+            if max < 64 << 10 {
+                return Err(usage(
+                    "--max-memory must be at least 64KiB (one WebAssembly page)",
+                ));
+            }
+            sandbox.max_memory = max;
+        }
+        sandbox.check_dirs().map_err(usage)?;
+        Ok(sandbox)
+    }
+
+    /// The input bytes from --input or --input-file (empty if neither).
+    pub fn input(&self) -> anyhow::Result<Vec<u8>> {
+        if let Some(text) = &self.input {
+            return Ok(text.clone().into_bytes());
+        }
+        match &self.input_file {
+            None => Ok(Vec::new()),
+            Some(path) if path.as_os_str() == "-" => {
+                let mut buf = Vec::new();
+                std::io::stdin()
+                    .read_to_end(&mut buf)
+                    .context("cannot read the input from stdin")?;
+                Ok(buf)
+            }
+            Some(path) => std::fs::read(path).map_err(|e| {
+                usage(format!(
+                    "cannot read --input-file `{}`: {e}",
+                    path.display()
+                ))
+            }),
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! `host inspect PLUGIN`: validates a plugin and shows what it declares.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use serde_json::json;
+use taskhost::runtime::{Runtime, RuntimeConfig};
+use taskhost::units::format_size;
+
+use super::args::GlobalArgs;
+use super::usage;
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// The plugin: a WebAssembly component file (.wasm).
+    #[arg(value_name = "PLUGIN")]
+    plugin: PathBuf,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn inspect(global: &GlobalArgs, args: InspectArgs) -> anyhow::Result<u8> {
+    let config = RuntimeConfig {
+        cache_dir: super::cache_dir(global),
+        ..RuntimeConfig::default()
+    };
+    let runtime = Runtime::new(&config)?;
+    let plugin = runtime.load_file(&args.plugin).await.map_err(usage)?;
+    let info = plugin.info();
+    let params: Vec<&str> = info
+        .resource
+        .as_ref()
+        .map(|r| r.params().into_iter().collect())
+        .unwrap_or_default();
+    if args.json {
+        let value = json!({
+            "name": info.name,
+            "version": info.version,
+            "description": info.description,
+            "resource": info.resource.as_ref().map(|r| r.as_str()),
+            "resource_params": params,
+            "default_policy": info.default_policy.to_string(),
+            "capabilities": info.capabilities.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "digest": plugin.digest().to_string(),
+            "size": plugin.size(),
+        });
+        println!("{value}");
+        return Ok(0);
+    }
+    let resource = match &info.resource {
+        Some(r) => format!(
+            "{r}  (fill with {})",
+            params
+                .iter()
+                .map(|p| format!("--param {p}=..."))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+        None => "none (the task name is the slot)".to_owned(),
+    };
+    let capabilities = if info.capabilities.is_empty() {
+        "none".to_owned()
+    } else {
+        info.capabilities
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let rows = [
+        ("name", info.name.clone()),
+        ("version", info.version.clone()),
+        ("description", info.description.clone()),
+        ("resource", resource),
+        ("policy", info.default_policy.to_string()),
+        ("capabilities", capabilities),
+        ("digest", plugin.digest().to_string()),
+        ("size", format_size(plugin.size() as u64)),
+    ];
+    for (key, value) in rows {
+        println!("{key:<13}{value}");
+    }
+    Ok(0)
+}

@@ -1,0 +1,199 @@
+//! Owns how results and guest output look: the one-object JSON result, the
+//! human summary on stderr, and the tagged guest lines (with a live progress
+//! line when stderr is a terminal).
+
+use std::io::{IsTerminal, Write};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde::Serialize;
+use taskhost::outcome::TaskOutcome;
+use taskhost::runtime::{GuestSink, Stream};
+use taskhost::units::format_duration;
+
+/// The JSON result of one task (`--json`).
+#[derive(Debug, Serialize)]
+pub struct JsonResult<'a> {
+    pub id: u64,
+    pub name: &'a str,
+    pub slot: &'a str,
+    pub outcome: &'static str,
+    pub reason: Option<&'a str>,
+    pub exit_code: Option<i32>,
+    pub rejection: Option<String>,
+    pub attempts: u32,
+    pub duration_ms: u64,
+    pub output: Option<String>,
+    pub output_encoding: Option<&'static str>,
+}
+
+impl<'a> JsonResult<'a> {
+    pub fn new(
+        id: u64,
+        name: &'a str,
+        slot: &'a str,
+        outcome: &'a TaskOutcome,
+        attempts: u32,
+        took: Duration,
+    ) -> Self {
+        let (output, output_encoding) = match outcome {
+            TaskOutcome::Completed { output } => match std::str::from_utf8(output) {
+                Ok(text) => (Some(text.to_owned()), Some("utf8")),
+                Err(_) => (
+                    Some(base64::engine::general_purpose::STANDARD.encode(output)),
+                    Some("base64"),
+                ),
+            },
+            _ => (None, None),
+        };
+        Self {
+            id,
+            name,
+            slot,
+            outcome: outcome.kind(),
+            reason: outcome.reason(),
+            exit_code: outcome.exit_code(),
+            rejection: match outcome {
+                TaskOutcome::Rejected { kind, .. } => Some(kind.to_string()),
+                _ => None,
+            },
+            attempts,
+            duration_ms: took.as_millis() as u64,
+            output,
+            output_encoding,
+        }
+    }
+}
+
+/// Writes the task's result: raw output or one JSON object on stdout, the
+/// human summary on stderr.
+pub fn print_result(
+    json: Option<&JsonResult<'_>>,
+    name: &str,
+    outcome: &TaskOutcome,
+    attempts: u32,
+    took: Duration,
+) {
+    let mut stdout = std::io::stdout().lock();
+    match json {
+        Some(json) => {
+            // Serialising plain strings and numbers cannot fail.
+            let line = serde_json::to_string(json).unwrap_or_default();
+            let _ = writeln!(stdout, "{line}");
+        }
+        None => {
+            if let TaskOutcome::Completed { output } = outcome {
+                let _ = stdout.write_all(output);
+            }
+        }
+    }
+    let _ = stdout.flush();
+    if json.is_none() {
+        eprintln!("{}", summary(name, outcome, attempts, took));
+    }
+}
+
+/// `deploy-1 completed in 1 attempt (52.1ms)` and the like.
+pub fn summary(name: &str, outcome: &TaskOutcome, attempts: u32, took: Duration) -> String {
+    let plural = if attempts == 1 { "attempt" } else { "attempts" };
+    let took = format_duration(took);
+    match outcome {
+        TaskOutcome::Completed { .. } => {
+            format!("{name} completed in {attempts} {plural} ({took})")
+        }
+        TaskOutcome::Failed { reason, exit_code } | TaskOutcome::Fatal { reason, exit_code } => {
+            let code = exit_code
+                .map(|c| format!(" [exit code {c}]"))
+                .unwrap_or_default();
+            format!(
+                "{name} {} after {attempts} {plural} ({took}): {reason}{code}",
+                outcome.kind()
+            )
+        }
+        TaskOutcome::Canceled => format!("{name} canceled ({took})"),
+        TaskOutcome::ForceAborted => {
+            format!("{name} force-aborted: it did not stop within its grace period ({took})")
+        }
+        TaskOutcome::Panicked { reason } => format!("{name} ended by a host bug: {reason}"),
+        TaskOutcome::Rejected { kind, reason } => format!("{name} rejected ({kind}): {reason}"),
+    }
+}
+
+/// Prints a task's guest lines to stderr as `[name stream] text`; on a
+/// terminal, progress is one line redrawn in place.
+pub struct StderrSink {
+    tag: String,
+    tty: bool,
+    progress_shown: Mutex<bool>,
+}
+
+impl StderrSink {
+    pub fn new(tag: String) -> Self {
+        Self {
+            tag,
+            tty: std::io::stderr().is_terminal(),
+            progress_shown: Mutex::new(false),
+        }
+    }
+
+    /// Prints a host-side note about the task, such as an attempt start.
+    pub fn note(&self, text: &str) {
+        self.print(&format!("[{}] {text}", self.tag));
+    }
+
+    fn print(&self, line: &str) {
+        let mut shown = self
+            .progress_shown
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut stderr = std::io::stderr().lock();
+        if *shown {
+            let _ = write!(stderr, "\r\x1b[K");
+            *shown = false;
+        }
+        let _ = writeln!(stderr, "{line}");
+    }
+
+    /// Clears a live progress line, if one is shown.
+    pub fn clear_progress(&self) {
+        let mut shown = self
+            .progress_shown
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if *shown {
+            let _ = write!(std::io::stderr().lock(), "\r\x1b[K");
+            *shown = false;
+        }
+    }
+}
+
+impl GuestSink for StderrSink {
+    fn line(&self, stream: Stream, text: &str) {
+        self.print(&format!("[{} {stream}] {text}", self.tag));
+    }
+
+    fn progress(&self, done: u64, total: u64) {
+        if !self.tty {
+            return;
+        }
+        let mut shown = self
+            .progress_shown
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let text = if total > 0 {
+            format!(
+                "{done}/{total} ({:.0}%)",
+                done as f64 * 100.0 / total as f64
+            )
+        } else {
+            format!("{done}")
+        };
+        let _ = write!(
+            std::io::stderr().lock(),
+            "\r\x1b[K[{} progress] {text}",
+            self.tag
+        );
+        *shown = true;
+    }
+}

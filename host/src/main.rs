@@ -1,0 +1,14 @@
+//! The `host` binary: a thin command-line edge over the `taskhost` library.
+//! It parses flags into typed values, turns library errors into one-line
+//! messages with a fix, and maps results to the exit codes of the CLI
+//! contract. All behaviour lives in the library.
+
+#![forbid(unsafe_code)]
+
+mod cli;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    cli::main()
+}

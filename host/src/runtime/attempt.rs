@@ -1,0 +1,370 @@
+//! Owns one attempt: a fresh store and instance, its limits, its epoch
+//! deadline callback (yield to Tokio at every tick, trap when aborted), the
+//! host functions the guest calls, and the translation of whatever the guest
+//! did (returned, failed, trapped, ran out of memory, was aborted) into an
+//! [`AttemptError`]. Retries, timeouts and outcomes belong to the supervisor.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio_util::sync::CancellationToken;
+use wasmtime::component::{HasSelf, Linker, ResourceTable};
+use wasmtime::{Engine, ResourceLimiter, Store, Trap, UpdateDeadline, WasmBacktrace};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings::{self, taskhost::plugin::host, taskhost::plugin::types};
+use super::output::{Capture, CapturedStream, GuestSink, LogLevel, Stream};
+use super::sandbox::Sandbox;
+use crate::units::format_size;
+
+/// Largest output a `run` may return; larger output fails the attempt.
+pub const MAX_OUTPUT_BYTES: usize = 16 << 20;
+/// Most table elements one guest table may grow to.
+const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+
+/// The facts of one attempt that the guest can read through `host.attempt`.
+#[derive(Debug, Clone, Default)]
+pub struct AttemptFacts {
+    /// The task's id.
+    pub task_id: u64,
+    /// The task's name.
+    pub name: String,
+    /// The slot the task owns.
+    pub slot: String,
+    /// 1-based attempt number.
+    pub attempt: u32,
+    /// The submission's params, in order.
+    pub params: Vec<(String, String)>,
+}
+
+/// How the outside world stops an attempt.
+#[derive(Debug, Clone, Default)]
+pub struct StopSignals {
+    /// Cooperative stop: seen by `is-cancelled`, wakes the host sleep.
+    pub cancel: CancellationToken,
+    /// Force-abort: the guest traps at its next epoch tick.
+    pub abort: Arc<AtomicBool>,
+}
+
+impl StopSignals {
+    /// Asks the guest to stop cooperatively.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Stops the guest by force at its next epoch tick (and wakes it if it
+    /// waits in a host call).
+    pub fn abort(&self) {
+        self.abort.store(true, Ordering::SeqCst);
+        self.cancel.cancel();
+    }
+
+    /// Whether [`StopSignals::abort`] was called.
+    pub fn is_aborted(&self) -> bool {
+        self.abort.load(Ordering::SeqCst)
+    }
+}
+
+/// How an attempt ended when it did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AttemptError {
+    /// A retryable failure: the guest returned `fail`, trapped, or hit its
+    /// memory limit.
+    #[error("{reason}")]
+    Fail {
+        /// What happened, for people.
+        reason: String,
+        /// The guest's exit code, if it gave one.
+        exit_code: Option<i32>,
+    },
+    /// A failure retrying cannot fix: the guest returned `fatal`, or the
+    /// plugin could not be instantiated.
+    #[error("{reason}")]
+    Fatal {
+        /// What happened, for people.
+        reason: String,
+        /// The guest's exit code, if it gave one.
+        exit_code: Option<i32>,
+    },
+    /// The guest returned `canceled`.
+    #[error("the plugin stopped on request")]
+    Canceled,
+    /// The attempt was force-aborted (its instance trapped on request).
+    #[error("the attempt was force-aborted")]
+    Aborted,
+}
+
+/// The data of one attempt's store.
+pub(crate) struct AttemptState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: MemoryLimiter,
+    host: HostCtx,
+}
+
+/// What the host functions of one attempt need.
+pub(crate) struct HostCtx {
+    facts: Arc<AttemptFacts>,
+    cancel: CancellationToken,
+    capture: Arc<Capture>,
+}
+
+impl WasiView for AttemptState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// Enforces the per-memory limit and remembers that it did.
+struct MemoryLimiter {
+    max_memory: usize,
+    denied: Option<usize>,
+}
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _max: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.max_memory {
+            self.denied = Some(self.denied.map_or(desired, |d| d.max(desired)));
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _max: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}
+
+/// Adds the WASI p2 interfaces and the `host` interface to a linker.
+pub(crate) fn add_to_linker(linker: &mut Linker<AttemptState>) -> wasmtime::Result<()> {
+    wasmtime_wasi::p2::add_to_linker_async(linker)?;
+    host::add_to_linker::<AttemptState, HasSelf<HostCtx>>(linker, |state| &mut state.host)?;
+    Ok(())
+}
+
+/// Creates the store of one attempt with its limits, WASI context and epoch
+/// behaviour: every tick yields to Tokio (so a spinning guest never starves
+/// the runtime) unless the attempt was aborted, in which case it traps.
+pub(crate) fn new_store(
+    engine: &Engine,
+    sandbox: &Sandbox,
+    facts: Arc<AttemptFacts>,
+    signals: &StopSignals,
+    sink: Arc<dyn GuestSink>,
+) -> Result<(Store<AttemptState>, Arc<Capture>), AttemptError> {
+    let capture = Capture::new(sink);
+    let wasi = sandbox
+        .wasi_ctx(
+            CapturedStream::new(&capture, Stream::Stdout),
+            CapturedStream::new(&capture, Stream::Stderr),
+        )
+        .map_err(|e| AttemptError::Fatal {
+            reason: e.to_string(),
+            exit_code: None,
+        })?;
+    let state = AttemptState {
+        wasi,
+        table: ResourceTable::new(),
+        limiter: MemoryLimiter {
+            max_memory: usize::try_from(sandbox.max_memory).unwrap_or(usize::MAX),
+            denied: None,
+        },
+        host: HostCtx {
+            facts,
+            cancel: signals.cancel.clone(),
+            capture: Arc::clone(&capture),
+        },
+    };
+    let mut store = Store::new(engine, state);
+    store.limiter(|state| &mut state.limiter);
+    store.set_epoch_deadline(1);
+    let abort = Arc::clone(&signals.abort);
+    store.epoch_deadline_callback(move |_| {
+        if abort.load(Ordering::Relaxed) {
+            Ok(UpdateDeadline::Interrupt)
+        } else {
+            Ok(UpdateDeadline::YieldCustom(
+                1,
+                Box::pin(tokio::task::yield_now()),
+            ))
+        }
+    });
+    Ok((store, capture))
+}
+
+/// Runs `run(input)` in a fresh instance of `pre`.
+pub(crate) async fn run(
+    pre: &bindings::TaskPluginPre<AttemptState>,
+    mut store: Store<AttemptState>,
+    capture: &Capture,
+    signals: &StopSignals,
+    input: &[u8],
+) -> Result<Vec<u8>, AttemptError> {
+    let result = async {
+        let instance = pre
+            .instantiate_async(&mut store)
+            .await
+            .map_err(Failure::Instantiate)?;
+        instance
+            .call_run(&mut store, input)
+            .await
+            .map_err(Failure::Trap)
+    }
+    .await;
+    capture.finish();
+    let denied = store.data().limiter.denied;
+    let max_memory = store.data().limiter.max_memory;
+    drop(store);
+
+    let memory_note = |denied: Option<usize>| {
+        denied.map(|d| {
+            format!(
+                "the guest hit its memory limit of {} (it asked for {}; raise it with --max-memory)",
+                format_size(max_memory as u64),
+                format_size(d as u64)
+            )
+        })
+    };
+    match result {
+        Ok(Ok(output)) if output.len() > MAX_OUTPUT_BYTES => Err(AttemptError::Fail {
+            reason: format!(
+                "the plugin returned {} of output; the limit is {}",
+                format_size(output.len() as u64),
+                format_size(MAX_OUTPUT_BYTES as u64)
+            ),
+            exit_code: None,
+        }),
+        Ok(Ok(output)) => Ok(output),
+        Ok(Err(types::TaskError::Fail(f))) => Err(AttemptError::Fail {
+            reason: join(&f.reason, memory_note(denied)),
+            exit_code: f.exit_code,
+        }),
+        Ok(Err(types::TaskError::Fatal(f))) => Err(AttemptError::Fatal {
+            reason: f.reason,
+            exit_code: f.exit_code,
+        }),
+        Ok(Err(types::TaskError::Canceled)) => Err(AttemptError::Canceled),
+        Err(_) if signals.is_aborted() => Err(AttemptError::Aborted),
+        Err(Failure::Instantiate(err)) => Err(AttemptError::Fatal {
+            reason: match memory_note(denied) {
+                Some(note) => format!("the plugin could not be instantiated: {note}"),
+                None => format!(
+                    "the plugin could not be instantiated: {}",
+                    error_chain(&err)
+                ),
+            },
+            exit_code: None,
+        }),
+        Err(Failure::Trap(err)) => Err(AttemptError::Fail {
+            reason: describe_trap(&err, memory_note(denied), capture.explanation()),
+            exit_code: None,
+        }),
+    }
+}
+
+enum Failure {
+    Instantiate(wasmtime::Error),
+    Trap(wasmtime::Error),
+}
+
+fn join(reason: &str, note: Option<String>) -> String {
+    match note {
+        Some(note) => format!("{reason} ({note})"),
+        None => reason.to_owned(),
+    }
+}
+
+/// One line naming the trap, what the guest said last (its panic message or
+/// stderr tail), and the top of the guest backtrace when there is one.
+fn describe_trap(err: &wasmtime::Error, memory: Option<String>, said: Option<String>) -> String {
+    let mut reason = match err.downcast_ref::<Trap>() {
+        Some(Trap::StackOverflow) => {
+            "the guest trapped: call stack exhausted (stack overflow)".to_owned()
+        }
+        Some(trap) => format!("the guest trapped: {trap}"),
+        None => format!("the guest failed: {}", error_chain(err)),
+    };
+    if let Some(memory) = memory {
+        reason = format!("{memory}; {reason}");
+    }
+    if let Some(said) = said {
+        reason.push_str(&format!("; guest said: {said}"));
+    }
+    if let Some(trace) = err.downcast_ref::<WasmBacktrace>() {
+        let frames: Vec<String> = trace
+            .frames()
+            .iter()
+            .filter_map(|f| f.func_name().map(str::to_owned))
+            .take(6)
+            .collect();
+        if !frames.is_empty() {
+            reason.push_str(&format!("; backtrace: {}", frames.join(" <- ")));
+        }
+    }
+    reason
+}
+
+/// The error and its causes on one line.
+pub(crate) fn error_chain(err: &wasmtime::Error) -> String {
+    let mut parts: Vec<String> = err.chain().map(|c| c.to_string()).collect();
+    parts.dedup();
+    parts.join(": ")
+}
+
+impl types::Host for HostCtx {}
+
+impl host::Host for HostCtx {
+    fn is_cancelled(&mut self) -> wasmtime::Result<bool> {
+        Ok(self.cancel.is_cancelled())
+    }
+
+    async fn sleep(&mut self, ms: u64) -> types::SleepStatus {
+        let duration = std::time::Duration::from_millis(ms);
+        tokio::select! {
+            biased;
+            () = self.cancel.cancelled() => types::SleepStatus::Cancelled,
+            () = tokio::time::sleep(duration) => types::SleepStatus::Elapsed,
+        }
+    }
+
+    fn log(&mut self, level: types::Level, message: String) -> wasmtime::Result<()> {
+        let level = match level {
+            types::Level::Trace => LogLevel::Trace,
+            types::Level::Debug => LogLevel::Debug,
+            types::Level::Info => LogLevel::Info,
+            types::Level::Warn => LogLevel::Warn,
+            types::Level::Error => LogLevel::Error,
+        };
+        self.capture.log(level, &message);
+        Ok(())
+    }
+
+    fn progress(&mut self, done: u64, total: u64) -> wasmtime::Result<()> {
+        self.capture.progress(done, total);
+        Ok(())
+    }
+
+    fn attempt(&mut self) -> wasmtime::Result<types::AttemptInfo> {
+        let facts = &self.facts;
+        Ok(types::AttemptInfo {
+            task_id: facts.task_id,
+            name: facts.name.clone(),
+            slot: facts.slot.clone(),
+            attempt: facts.attempt,
+            params: facts.params.clone(),
+        })
+    }
+}

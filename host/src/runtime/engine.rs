@@ -1,0 +1,240 @@
+//! Owns the one wasmtime [`Engine`] of a host process: its configuration
+//! (trimmed features, epoch interruption, the on-disk compilation cache), the
+//! choice between the pooling and the on-demand instance allocator, and the
+//! epoch ticker thread that drives interruption. It leaves what runs in a
+//! store to `attempt` and what gets compiled to `plugin`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use wasmtime::{
+    Cache, CacheConfig, Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig,
+};
+
+use super::RuntimeError;
+
+/// The default memory limit of one guest linear memory.
+pub const DEFAULT_MAX_MEMORY: u64 = 256 << 20;
+/// The default interval of the epoch ticker.
+pub const DEFAULT_EPOCH_TICK: Duration = Duration::from_millis(10);
+/// How many guest instances the pooling allocator holds slots for by default.
+pub const DEFAULT_POOL_INSTANCES: u32 = 1000;
+
+/// Address space one pooled linear memory reserves (4 GiB of addressable
+/// memory plus wasmtime's default 32 MiB guard region), used to size the pool
+/// from the process's address-space limit.
+const RESERVATION_PER_MEMORY: u64 = (4 << 30) + (32 << 20);
+/// Memories per pooled instance slot: CPython- and JS-based components carry
+/// more than one core instance, but rarely more than one or two memories.
+const MEMORIES_PER_INSTANCE: u32 = 2;
+/// Fewer pooled instances than this is not worth the pool; use on-demand.
+const MIN_POOL_INSTANCES: u32 = 16;
+
+/// How the engine allocates guest instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocatorChoice {
+    /// Pooling when the address-space reservation succeeds, else on-demand.
+    Auto,
+    /// Always the pooling allocator; fail if it cannot reserve its pool.
+    Pooling,
+    /// Always allocate on demand (slower, no up-front reservation).
+    OnDemand,
+}
+
+/// Settings of the wasm runtime.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Directory for wasmtime's compilation cache; `None` disables it.
+    pub cache_dir: Option<PathBuf>,
+    /// Interval of the epoch ticker: the granularity of interruption,
+    /// timeouts of spinning guests and force-abort.
+    pub epoch_tick: Duration,
+    /// Instance allocation strategy.
+    pub allocator: AllocatorChoice,
+    /// Instance slots of the pooling allocator (an upper bound on instances
+    /// alive at once when pooling).
+    pub pool_instances: u32,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            cache_dir: default_cache_dir(),
+            epoch_tick: DEFAULT_EPOCH_TICK,
+            allocator: AllocatorChoice::Auto,
+            pool_instances: DEFAULT_POOL_INSTANCES,
+        }
+    }
+}
+
+/// The per-user default directory of the compilation cache:
+/// `$XDG_CACHE_HOME/taskhost/wasmtime`, else `~/.cache/taskhost/wasmtime`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("taskhost").join("wasmtime"))
+}
+
+/// Which allocator the engine ended up with, for `host inspect` and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocator {
+    /// The pooling allocator with this many instance slots.
+    Pooling {
+        /// Instance slots in the pool.
+        instances: u32,
+    },
+    /// The on-demand allocator.
+    OnDemand,
+}
+
+/// Builds the engine, trying the pooling allocator first when asked to.
+pub(crate) fn build_engine(config: &RuntimeConfig) -> Result<(Engine, Allocator), RuntimeError> {
+    let mut base = Config::new();
+    base.epoch_interruption(true);
+    base.wasm_component_model(true);
+    // Guests get 1 MiB of wasm stack; async host calls run on fibers with a
+    // little more room for host frames.
+    base.max_wasm_stack(1 << 20);
+    base.async_stack_size(2 << 20);
+    if let Some(dir) = &config.cache_dir {
+        // A cache that cannot be set up costs compile time, not correctness.
+        match make_cache(dir) {
+            Ok(cache) => {
+                base.cache(Some(cache));
+            }
+            Err(err) => tracing::warn!(dir = %dir.display(), "compilation cache disabled: {err}"),
+        }
+    }
+
+    let pool_instances = match config.allocator {
+        AllocatorChoice::OnDemand => None,
+        AllocatorChoice::Pooling | AllocatorChoice::Auto => {
+            Some(pool_size(config.pool_instances, address_space_limit()))
+        }
+    };
+    if let Some(instances) = pool_instances {
+        let mut pooled = base.clone();
+        pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling_config(
+            instances,
+        )));
+        match Engine::new(&pooled) {
+            Ok(engine) => return Ok((engine, Allocator::Pooling { instances })),
+            Err(err) if config.allocator == AllocatorChoice::Auto => {
+                tracing::info!("pooling allocator unavailable, allocating on demand: {err}");
+            }
+            Err(err) => {
+                return Err(RuntimeError::Engine(format!(
+                    "the pooling allocator could not reserve {instances} instance slots: {err}; \
+                     lower the pool size or use the on-demand allocator"
+                )));
+            }
+        }
+    }
+    let engine = Engine::new(&base).map_err(|e| RuntimeError::Engine(e.to_string()))?;
+    Ok((engine, Allocator::OnDemand))
+}
+
+fn make_cache(dir: &Path) -> wasmtime::Result<Cache> {
+    let mut cache_config = CacheConfig::new();
+    cache_config.with_directory(dir);
+    Cache::new(cache_config)
+}
+
+/// Sizes the pool so its reservation takes at most half of the process's
+/// address-space limit (if any), or `None` when that leaves too few slots.
+fn pool_size(wanted: u32, limit: Option<u64>) -> u32 {
+    let Some(limit) = limit else { return wanted };
+    let per_instance = RESERVATION_PER_MEMORY * u64::from(MEMORIES_PER_INSTANCE);
+    let fit = (limit / 2 / per_instance).min(u64::from(wanted)) as u32;
+    // Too small a pool would be worse than on-demand; a request for zero
+    // slots makes Engine::new fail and the caller fall back.
+    if fit < MIN_POOL_INSTANCES { 0 } else { fit }
+}
+
+fn pooling_config(instances: u32) -> PoolingAllocationConfig {
+    let mut pool = PoolingAllocationConfig::new();
+    // Limits sized for guests from other languages too: a CPython-based
+    // component has 14 core instances, a 12 MiB initial memory and a table of
+    // about 6k elements; a JavaScript one about 8k table elements.
+    pool.total_component_instances(instances)
+        .total_core_instances(instances.saturating_mul(4))
+        .total_memories(instances.saturating_mul(MEMORIES_PER_INSTANCE))
+        .total_tables(instances.saturating_mul(4))
+        .total_stacks(instances)
+        .max_core_instances_per_component(64)
+        .max_memories_per_component(16)
+        .max_tables_per_component(64)
+        .max_memories_per_module(1)
+        .max_tables_per_module(8)
+        .table_elements(40_000)
+        .max_memory_size(4 << 30)
+        .max_core_instance_size(4 << 20)
+        .max_component_instance_size(4 << 20)
+        // Keep a little of each slot resident so reuse is cheap.
+        .linear_memory_keep_resident(64 << 10)
+        .table_keep_resident(16 << 10);
+    pool
+}
+
+/// Reads the soft `RLIMIT_AS` of this process from `/proc/self/limits`.
+fn address_space_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max address space"))?;
+    let soft = line.split_whitespace().nth(3)?;
+    soft.parse().ok()
+}
+
+/// The thread that advances the engine's epoch every tick; stops when the
+/// engine is dropped or [`EpochTicker::stop`] is called.
+pub(crate) struct EpochTicker {
+    stop: Arc<AtomicBool>,
+}
+
+impl EpochTicker {
+    pub(crate) fn start(engine: &Engine, tick: Duration) -> Result<Self, RuntimeError> {
+        let weak = engine.weak();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        std::thread::Builder::new()
+            .name("taskhost-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(tick);
+                    match weak.upgrade() {
+                        Some(engine) => engine.increment_epoch(),
+                        None => break,
+                    }
+                }
+            })
+            .map_err(|e| {
+                RuntimeError::Engine(format!("cannot start the epoch ticker thread: {e}"))
+            })?;
+        Ok(Self { stop })
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_is_sized_from_the_address_space_limit() {
+        assert_eq!(pool_size(1000, None), 1000);
+        // 1 TiB limit: half of it fits 61 slots of two 4 GiB memories.
+        assert_eq!(pool_size(1000, Some(1 << 40)), 61);
+        // 8 GiB (a typical `ulimit -v`) is too small for a useful pool.
+        assert_eq!(pool_size(1000, Some(8 << 30)), 0);
+    }
+}

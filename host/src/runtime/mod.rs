@@ -1,0 +1,200 @@
+//! The sandboxed WebAssembly runtime: one [`Runtime`] per host process owns
+//! the engine, the linker, the epoch ticker and the content-addressed plugin
+//! cache, and runs attempts. It decides *how* a plugin body runs; *when* and
+//! *how often* it runs is the supervisor's business.
+//!
+//! | module | owns |
+//! |---|---|
+//! | `engine` | engine config, pooling vs on-demand, disk cache, epoch ticker |
+//! | `bindings` | the Rust side of `wit/` |
+//! | `plugin` | bytes → validated [`Plugin`] (header sniffing, compile, world check, describe) |
+//! | `attempt` | one fresh instance: limits, epoch callback, host functions, error mapping |
+//! | `sandbox` | grants: dirs, env, memory; capability checks; WASI context |
+//! | `output` | guest stdout/stderr/log capture, bounded, line by line |
+
+mod attempt;
+mod bindings;
+mod engine;
+mod output;
+mod plugin;
+mod sandbox;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::OnceCell;
+use wasmtime::Engine;
+use wasmtime::component::Linker;
+
+pub use attempt::{AttemptError, AttemptFacts, MAX_OUTPUT_BYTES, StopSignals};
+pub use engine::{
+    Allocator, AllocatorChoice, DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES,
+    RuntimeConfig, default_cache_dir,
+};
+pub use output::{
+    GuestSink, LogLevel, MAX_LINE_BYTES, MAX_OUTPUT_BYTES_PER_ATTEMPT, NullSink, Stream,
+};
+pub use plugin::{
+    AdmissionPolicy, Capability, DESCRIBE_MAX_MEMORY, DESCRIBE_TIMEOUT, Digest, LoadError,
+    MAX_PLUGIN_BYTES, Plugin, PluginInfo,
+};
+pub use sandbox::{DirGrant, GrantError, Sandbox, parse_env};
+
+use attempt::AttemptState;
+
+/// The runtime could not start.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RuntimeError {
+    /// The engine or its ticker could not be set up.
+    #[error("cannot start the WebAssembly runtime: {0}")]
+    Engine(String),
+}
+
+/// Everything needed to run one attempt of a plugin task.
+#[derive(Clone)]
+pub struct AttemptRequest {
+    /// The attempt's facts (task id, name, slot, attempt number, params).
+    pub facts: Arc<AttemptFacts>,
+    /// The input bytes given to `run`.
+    pub input: Arc<[u8]>,
+    /// What the guest may touch.
+    pub sandbox: Arc<Sandbox>,
+    /// Where the guest's output goes.
+    pub sink: Arc<dyn GuestSink>,
+}
+
+/// The engine, linker, ticker and plugin cache of one process.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<AttemptState>,
+    allocator: Allocator,
+    plugins: Mutex<HashMap<Digest, Arc<OnceCell<Arc<Plugin>>>>>,
+    _ticker: engine::EpochTicker,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("allocator", &self.allocator)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Runtime {
+    /// Builds the engine (pooling if possible), links WASI p2 and the host
+    /// interface, and starts the epoch ticker.
+    pub fn new(config: &RuntimeConfig) -> Result<Self, RuntimeError> {
+        let (engine, allocator) = engine::build_engine(config)?;
+        let mut linker = Linker::new(&engine);
+        attempt::add_to_linker(&mut linker)
+            .map_err(|e| RuntimeError::Engine(attempt::error_chain(&e)))?;
+        let ticker = engine::EpochTicker::start(&engine, config.epoch_tick)?;
+        Ok(Self {
+            engine,
+            linker,
+            allocator,
+            plugins: Mutex::new(HashMap::new()),
+            _ticker: ticker,
+        })
+    }
+
+    /// Which instance allocator the engine uses.
+    pub fn allocator(&self) -> Allocator {
+        self.allocator
+    }
+
+    /// Reads, compiles and validates a plugin file.
+    pub async fn load_file(&self, path: &Path) -> Result<Arc<Plugin>, LoadError> {
+        let origin = path.display().to_string();
+        let unreadable = |why: String| LoadError::Unreadable {
+            origin: origin.clone(),
+            why,
+        };
+        let meta = tokio::fs::metadata(path)
+            .await
+            .map_err(|e| unreadable(e.to_string()))?;
+        if meta.is_dir() {
+            return Err(unreadable("it is a directory".into()));
+        }
+        if meta.len() > MAX_PLUGIN_BYTES as u64 {
+            plugin::check_header(&origin, &vec![0; MAX_PLUGIN_BYTES + 1])?;
+        }
+        let bytes = tokio::fs::read(path)
+            .await
+            .map_err(|e| unreadable(e.to_string()))?;
+        self.load_bytes(bytes.into(), &origin).await
+    }
+
+    /// Compiles and validates a plugin from its bytes, once per digest: a
+    /// second load of the same bytes returns the cached plugin, and
+    /// concurrent loads of the same bytes compile once.
+    pub async fn load_bytes(
+        &self,
+        bytes: Arc<[u8]>,
+        origin: &str,
+    ) -> Result<Arc<Plugin>, LoadError> {
+        plugin::check_header(origin, &bytes)?;
+        let digest = Digest::of(&bytes);
+        let cell = {
+            let mut plugins = self.plugins.lock().unwrap_or_else(PoisonError::into_inner);
+            Arc::clone(plugins.entry(digest).or_default())
+        };
+        let result = cell
+            .get_or_try_init(|| async {
+                let engine = self.engine.clone();
+                let linker = self.linker.clone();
+                let owned_origin = origin.to_owned();
+                let input = Arc::clone(&bytes);
+                // Compiling takes milliseconds to seconds: never on the async
+                // runtime's worker threads.
+                let pre = tokio::task::spawn_blocking(move || {
+                    plugin::compile(&engine, &linker, &owned_origin, &input)
+                })
+                .await
+                .map_err(|e| LoadError::Invalid {
+                    origin: origin.to_owned(),
+                    why: format!("the compiler crashed: {e}"),
+                })??;
+                plugin::describe(&self.engine, origin, digest, bytes.len(), pre)
+                    .await
+                    .map(Arc::new)
+            })
+            .await
+            .cloned();
+        if result.is_err() {
+            // Failed loads are not cached; drop the empty cell.
+            let mut plugins = self.plugins.lock().unwrap_or_else(PoisonError::into_inner);
+            if plugins.get(&digest).is_some_and(|c| c.get().is_none()) {
+                plugins.remove(&digest);
+            }
+        }
+        result
+    }
+
+    /// The cached plugin with this digest, if loaded.
+    pub fn plugin(&self, digest: &Digest) -> Option<Arc<Plugin>> {
+        let plugins = self.plugins.lock().unwrap_or_else(PoisonError::into_inner);
+        plugins.get(digest).and_then(|c| c.get().cloned())
+    }
+
+    /// Runs one attempt in a fresh instance. Returns when the instance is
+    /// gone. Stop it cooperatively with `signals.cancel()`, by force with
+    /// `signals.abort()` (it traps at its next epoch tick), or by dropping
+    /// the future (the instance is dropped with it).
+    pub async fn run_attempt(
+        &self,
+        plugin: &Plugin,
+        request: &AttemptRequest,
+        signals: &StopSignals,
+    ) -> Result<Vec<u8>, AttemptError> {
+        let (store, capture) = attempt::new_store(
+            &self.engine,
+            &request.sandbox,
+            Arc::clone(&request.facts),
+            signals,
+            Arc::clone(&request.sink),
+        )?;
+        attempt::run(plugin.pre(), store, &capture, signals, &request.input).await
+    }
+}

@@ -1,0 +1,455 @@
+//! Owns turning bytes into a runnable plugin: recognising what the bytes are
+//! (not wasm, a core module, a component), compiling once per content digest
+//! off the async runtime, checking the component targets our world, asking
+//! `describe` under a small time and memory limit, and validating what it
+//! says. Each failure is a [`LoadError`] that names the problem and the fix.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest as _, Sha256};
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+use super::attempt::{self, AttemptFacts, AttemptState, StopSignals, error_chain};
+use super::bindings::{self, HOST_INTERFACE, WIT_PACKAGE, taskhost::plugin::types};
+use super::output::NullSink;
+use super::sandbox::Sandbox;
+use crate::resource::ResourceTemplate;
+
+/// Largest plugin file accepted.
+pub const MAX_PLUGIN_BYTES: usize = 256 << 20;
+/// How long `describe` may take at load time.
+pub const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Memory limit of the `describe` call at load time.
+pub const DESCRIBE_MAX_MEMORY: u64 = 128 << 20;
+
+const MAX_NAME_LEN: usize = 128;
+const MAX_TEXT_LEN: usize = 4096;
+const MAX_CAPABILITIES: usize = 64;
+
+/// A plugin's sha256 content digest.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct Digest(pub [u8; 32]);
+
+impl Digest {
+    /// The digest of these bytes.
+    pub fn of(bytes: &[u8]) -> Self {
+        Self(Sha256::digest(bytes).into())
+    }
+}
+
+impl std::fmt::Display for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("sha256:")?;
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+/// The admission policy a plugin suggests for its submissions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AdmissionPolicy {
+    /// Wait in the slot's FIFO queue.
+    #[default]
+    Queue,
+    /// Stop the current owner and go next.
+    Replace,
+    /// Give up when the slot is busy.
+    DropIfRunning,
+}
+
+impl std::fmt::Display for AdmissionPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Queue => "queue",
+            Self::Replace => "replace",
+            Self::DropIfRunning => "drop-if-running",
+        })
+    }
+}
+
+/// A capability a plugin declares it needs.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Capability {
+    /// Read access to this guest directory.
+    ReadDir(String),
+    /// Read/write access to this guest directory.
+    WriteDir(String),
+    /// This environment variable.
+    Env(String),
+    /// Network access (never granted by this host).
+    Network,
+}
+
+impl std::fmt::Display for Capability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ReadDir(p) => write!(f, "read-dir {p}"),
+            Self::WriteDir(p) => write!(f, "write-dir {p}"),
+            Self::Env(n) => write!(f, "env {n}"),
+            Self::Network => f.write_str("network"),
+        }
+    }
+}
+
+/// What a plugin says about itself, validated.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PluginInfo {
+    /// Short name.
+    pub name: String,
+    /// The plugin's version.
+    pub version: String,
+    /// One line for people.
+    pub description: String,
+    /// The resource template it acts on, if any.
+    pub resource: Option<ResourceTemplate>,
+    /// Its default admission policy.
+    pub default_policy: AdmissionPolicy,
+    /// What it needs granted.
+    pub capabilities: Vec<Capability>,
+}
+
+/// Why bytes could not become a plugin.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read plugin `{origin}`: {why}")]
+    Unreadable {
+        /// Where the bytes came from.
+        origin: String,
+        /// The OS error.
+        why: String,
+    },
+    /// The bytes are not WebAssembly at all, or too big.
+    #[error("`{origin}` is not a WebAssembly component: {why}")]
+    NotWasm {
+        /// Where the bytes came from.
+        origin: String,
+        /// What they look like instead.
+        why: String,
+    },
+    /// A core module where a component was expected.
+    #[error(
+        "`{origin}` is a core WebAssembly module, not a component: build the plugin for \
+         wasm32-wasip2 (cargo build --target wasm32-wasip2) or wrap it with `wasm-tools component new`"
+    )]
+    CoreModule {
+        /// Where the bytes came from.
+        origin: String,
+    },
+    /// The component failed to compile.
+    #[error("`{origin}` is not a valid component: {why}")]
+    Invalid {
+        /// Where the bytes came from.
+        origin: String,
+        /// The compiler's complaint.
+        why: String,
+    },
+    /// A component of another world.
+    #[error("`{origin}` is a component but not a task plugin: {why}")]
+    WrongWorld {
+        /// Where the bytes came from.
+        origin: String,
+        /// What is missing or mismatched, and the fix.
+        why: String,
+    },
+    /// `describe` trapped, timed out or said something invalid.
+    #[error("`{origin}`: describe() {why}")]
+    BadDescribe {
+        /// Where the bytes came from.
+        origin: String,
+        /// What went wrong.
+        why: String,
+    },
+}
+
+/// A compiled, validated plugin, ready to instantiate any number of times.
+pub struct Plugin {
+    digest: Digest,
+    size: usize,
+    info: PluginInfo,
+    pre: bindings::TaskPluginPre<AttemptState>,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("digest", &self.digest)
+            .field("size", &self.size)
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Plugin {
+    /// The content digest of the plugin's bytes.
+    pub fn digest(&self) -> Digest {
+        self.digest
+    }
+
+    /// Size of the component in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// What the plugin declared.
+    pub fn info(&self) -> &PluginInfo {
+        &self.info
+    }
+
+    pub(crate) fn pre(&self) -> &bindings::TaskPluginPre<AttemptState> {
+        &self.pre
+    }
+}
+
+/// Sniffs the wasm header so the common mistakes get a precise message.
+pub(crate) fn check_header(origin: &str, bytes: &[u8]) -> Result<(), LoadError> {
+    const MAGIC: &[u8] = b"\0asm";
+    let not_wasm = |why: String| LoadError::NotWasm {
+        origin: origin.to_owned(),
+        why,
+    };
+    if bytes.len() > MAX_PLUGIN_BYTES {
+        return Err(not_wasm(format!(
+            "it is {} bytes; the limit is {MAX_PLUGIN_BYTES} bytes",
+            bytes.len()
+        )));
+    }
+    if bytes.len() < 8 || &bytes[..4] != MAGIC {
+        let why = if bytes.is_empty() {
+            "the file is empty".to_owned()
+        } else if bytes.starts_with(b"(") || bytes.starts_with(b";;") {
+            "it looks like WebAssembly text; compile it to a binary component first".to_owned()
+        } else {
+            "it does not start with the WebAssembly magic bytes `\\0asm`".to_owned()
+        };
+        return Err(not_wasm(why));
+    }
+    match bytes[6..8] {
+        [0, 0] => Err(LoadError::CoreModule {
+            origin: origin.to_owned(),
+        }),
+        [1, 0] => Ok(()),
+        _ => Err(not_wasm(format!(
+            "unknown WebAssembly layer/version {:02x?}",
+            &bytes[4..8]
+        ))),
+    }
+}
+
+/// Compiles (or fetches from wasmtime's disk cache) and validates a
+/// component. Blocking: call it on the blocking pool.
+pub(crate) fn compile(
+    engine: &Engine,
+    linker: &wasmtime::component::Linker<AttemptState>,
+    origin: &str,
+    bytes: &[u8],
+) -> Result<bindings::TaskPluginPre<AttemptState>, LoadError> {
+    check_header(origin, bytes)?;
+    let component = Component::new(engine, bytes).map_err(|e| LoadError::Invalid {
+        origin: origin.to_owned(),
+        why: error_chain(&e),
+    })?;
+    let wrong_world = |why: String| LoadError::WrongWorld {
+        origin: origin.to_owned(),
+        why,
+    };
+    let ty = component.component_type();
+    let exports: Vec<String> = ty
+        .exports(engine)
+        .map(|(name, _)| name.to_owned())
+        .collect();
+    if !exports.iter().any(|e| e == "run") || !exports.iter().any(|e| e == "describe") {
+        return Err(wrong_world(format!(
+            "it exports [{}] but a task plugin exports `describe` and `run` of {WIT_PACKAGE}; \
+             build it with the taskhost-guest SDK or against wit/",
+            exports.join(", ")
+        )));
+    }
+    let imports: Vec<String> = ty
+        .imports(engine)
+        .map(|(name, _)| name.to_owned())
+        .collect();
+    if let Some(other) = imports
+        .iter()
+        .find(|i| i.starts_with("taskhost:plugin/") && i.as_str() != HOST_INTERFACE)
+    {
+        return Err(wrong_world(format!(
+            "it imports `{other}` but this host provides `{HOST_INTERFACE}`; rebuild the plugin \
+             with a taskhost-guest SDK for {WIT_PACKAGE}"
+        )));
+    }
+    let instance_pre = linker.instantiate_pre(&component).map_err(|e| {
+        wrong_world(format!(
+            "it needs an import this host does not provide: {}",
+            error_chain(&e)
+        ))
+    })?;
+    bindings::TaskPluginPre::new(instance_pre).map_err(|e| {
+        wrong_world(format!(
+            "its exports do not match {WIT_PACKAGE}: {}",
+            error_chain(&e)
+        ))
+    })
+}
+
+/// Calls `describe` in a fresh, tightly limited instance and validates the
+/// answer.
+pub(crate) async fn describe(
+    engine: &Engine,
+    origin: &str,
+    digest: Digest,
+    size: usize,
+    pre: bindings::TaskPluginPre<AttemptState>,
+) -> Result<Plugin, LoadError> {
+    let bad = |why: String| LoadError::BadDescribe {
+        origin: origin.to_owned(),
+        why,
+    };
+    let sandbox = Sandbox {
+        max_memory: DESCRIBE_MAX_MEMORY,
+        ..Sandbox::default()
+    };
+    let signals = StopSignals::default();
+    let (mut store, capture) = attempt::new_store(
+        engine,
+        &sandbox,
+        Arc::new(AttemptFacts::default()),
+        &signals,
+        Arc::new(NullSink),
+    )
+    .map_err(|e| bad(e.to_string()))?;
+    let call = async {
+        let instance = pre.instantiate_async(&mut store).await?;
+        instance.call_describe(&mut store).await
+    };
+    // The guest yields at every epoch tick, so the timeout fires even for a
+    // describe that spins; dropping the call drops its instance.
+    let raw = match tokio::time::timeout(DESCRIBE_TIMEOUT, call).await {
+        Err(_) => {
+            return Err(bad(format!(
+                "did not answer within {}ms; it must return at once, without side effects",
+                DESCRIBE_TIMEOUT.as_millis()
+            )));
+        }
+        Ok(Err(err)) => {
+            let mut why = format!("failed: {}", error_chain(&err));
+            if let Some(said) = capture.explanation() {
+                why.push_str(&format!("; guest said: {said}"));
+            }
+            return Err(bad(why));
+        }
+        Ok(Ok(raw)) => raw,
+    };
+    drop(store);
+    let info = validate_info(raw).map_err(bad)?;
+    Ok(Plugin {
+        digest,
+        size,
+        info,
+        pre,
+    })
+}
+
+fn validate_info(raw: types::PluginInfo) -> Result<PluginInfo, String> {
+    let short = |what: &str, value: &str, max: usize| {
+        if value.len() > max {
+            Err(format!(
+                "returned a {what} of {} bytes; the limit is {max}",
+                value.len()
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    if raw.name.is_empty()
+        || !raw
+            .name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(format!(
+            "returned the name {:?}; a plugin name is non-empty ASCII letters, digits, `-`, `_` or `.`",
+            raw.name.chars().take(MAX_NAME_LEN).collect::<String>()
+        ));
+    }
+    short("name", &raw.name, MAX_NAME_LEN)?;
+    short("version", &raw.version, MAX_NAME_LEN)?;
+    short("description", &raw.description, MAX_TEXT_LEN)?;
+    if raw.capabilities.len() > MAX_CAPABILITIES {
+        return Err(format!(
+            "declared {} capabilities; the limit is {MAX_CAPABILITIES}",
+            raw.capabilities.len()
+        ));
+    }
+    let resource = raw
+        .resource
+        .map(|r| ResourceTemplate::parse(&r))
+        .transpose()
+        .map_err(|e| format!("declared a bad resource: {e}"))?;
+    let capabilities = raw
+        .capabilities
+        .into_iter()
+        .map(|c| {
+            let cap = match c {
+                types::Capability::ReadDir(p) => Capability::ReadDir(p),
+                types::Capability::WriteDir(p) => Capability::WriteDir(p),
+                types::Capability::Env(n) => Capability::Env(n),
+                types::Capability::Network => Capability::Network,
+            };
+            match &cap {
+                Capability::ReadDir(s) | Capability::WriteDir(s) | Capability::Env(s) => {
+                    short("capability", s, MAX_TEXT_LEN).map(|()| cap)
+                }
+                Capability::Network => Ok(cap),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(PluginInfo {
+        name: raw.name,
+        version: raw.version,
+        description: raw.description,
+        resource,
+        default_policy: match raw.default_policy {
+            types::Policy::Queue => AdmissionPolicy::Queue,
+            types::Policy::Replace => AdmissionPolicy::Replace,
+            types::Policy::DropIfRunning => AdmissionPolicy::DropIfRunning,
+        },
+        capabilities,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognises_headers() {
+        assert!(matches!(
+            check_header("x", b""),
+            Err(LoadError::NotWasm { .. })
+        ));
+        assert!(matches!(
+            check_header("x", b"hello world"),
+            Err(LoadError::NotWasm { .. })
+        ));
+        assert!(matches!(
+            check_header("x", b"\0asm\x01\0\0\0"),
+            Err(LoadError::CoreModule { .. })
+        ));
+        assert!(check_header("x", b"\0asm\x0d\0\x01\0").is_ok());
+    }
+
+    #[test]
+    fn digests_print_as_sha256_hex() {
+        let d = Digest::of(b"");
+        assert_eq!(
+            d.to_string(),
+            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+}

@@ -1,0 +1,235 @@
+//! Owns what a guest may touch: the grants of one task (preopened
+//! directories, environment variables, its memory limit), parsing them from
+//! `--dir HOST::GUEST[:ro]` and `--env K=V`, checking them against the
+//! capabilities a plugin declares, and turning them into a WASI context.
+//! Nothing is granted by default: no files, no environment, no sockets.
+
+use std::path::PathBuf;
+
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
+
+use super::engine::DEFAULT_MAX_MEMORY;
+use super::plugin::Capability;
+
+/// One preopened directory.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DirGrant {
+    /// The directory on the host.
+    pub host: PathBuf,
+    /// Where the guest sees it, such as `/data`.
+    pub guest: String,
+    /// Whether the guest may only read.
+    pub read_only: bool,
+}
+
+/// A grant that could not be parsed or used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GrantError {
+    /// `--dir` is not `HOST::GUEST[:ro]`.
+    #[error("invalid --dir `{0}`: use HOST::GUEST or HOST::GUEST:ro, such as ./data::/data:ro")]
+    DirSyntax(String),
+    /// The host directory does not exist or is not a directory.
+    #[error("cannot grant directory `{path}`: {why}")]
+    DirMissing {
+        /// The host path.
+        path: String,
+        /// The OS error.
+        why: String,
+    },
+    /// `--env` is not `K=V`.
+    #[error("invalid --env `{0}`: use NAME=VALUE")]
+    EnvSyntax(String),
+    /// A declared capability has no grant.
+    #[error("the plugin needs {needed}, but this submission does not grant it: {fix}")]
+    Missing {
+        /// The capability, for people.
+        needed: String,
+        /// The flag that grants it.
+        fix: String,
+    },
+}
+
+impl DirGrant {
+    /// Parses `HOST::GUEST` or `HOST::GUEST:ro` (the `::` separator keeps
+    /// Windows-style or colon-containing host paths unambiguous).
+    pub fn parse(text: &str) -> Result<Self, GrantError> {
+        let err = || GrantError::DirSyntax(text.to_owned());
+        let (host, guest) = text.split_once("::").ok_or_else(err)?;
+        let (guest, read_only) = match guest.strip_suffix(":ro") {
+            Some(g) => (g, true),
+            None => (guest.strip_suffix(":rw").unwrap_or(guest), false),
+        };
+        if host.is_empty() || guest.is_empty() {
+            return Err(err());
+        }
+        Ok(Self {
+            host: PathBuf::from(host),
+            guest: guest.to_owned(),
+            read_only,
+        })
+    }
+}
+
+/// Parses `NAME=VALUE`.
+pub fn parse_env(text: &str) -> Result<(String, String), GrantError> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(GrantError::EnvSyntax(text.to_owned())),
+    }
+}
+
+/// Everything one task's guest is granted.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Sandbox {
+    /// Preopened directories.
+    pub dirs: Vec<DirGrant>,
+    /// Environment variables, in order.
+    pub env: Vec<(String, String)>,
+    /// Largest size, in bytes, of any one linear memory of the guest.
+    pub max_memory: u64,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Self {
+            dirs: Vec::new(),
+            env: Vec::new(),
+            max_memory: DEFAULT_MAX_MEMORY,
+        }
+    }
+}
+
+impl Sandbox {
+    /// Checks that every host directory exists, so a typo fails at
+    /// submission instead of in every attempt.
+    pub fn check_dirs(&self) -> Result<(), GrantError> {
+        for dir in &self.dirs {
+            let missing = |why: String| GrantError::DirMissing {
+                path: dir.host.display().to_string(),
+                why,
+            };
+            match std::fs::metadata(&dir.host) {
+                Ok(meta) if meta.is_dir() => {}
+                Ok(_) => return Err(missing("it is not a directory".into())),
+                Err(e) => return Err(missing(e.to_string())),
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a submission whose grants do not cover the plugin's declared
+    /// capabilities, naming the first missing grant and the flag to add.
+    pub fn check_capabilities(&self, capabilities: &[Capability]) -> Result<(), GrantError> {
+        for cap in capabilities {
+            let covered = match cap {
+                Capability::ReadDir(path) => self.dirs.iter().any(|d| &d.guest == path),
+                Capability::WriteDir(path) => {
+                    self.dirs.iter().any(|d| &d.guest == path && !d.read_only)
+                }
+                Capability::Env(name) => self.env.iter().any(|(k, _)| k == name),
+                Capability::Network => false,
+            };
+            if !covered {
+                let (needed, fix) = match cap {
+                    Capability::ReadDir(p) => (
+                        format!("read access to `{p}`"),
+                        format!("add --dir HOST_DIR::{p}:ro"),
+                    ),
+                    Capability::WriteDir(p) => (
+                        format!("write access to `{p}`"),
+                        format!("add --dir HOST_DIR::{p}"),
+                    ),
+                    Capability::Env(n) => (
+                        format!("environment variable `{n}`"),
+                        format!("add --env {n}=VALUE"),
+                    ),
+                    Capability::Network => (
+                        "network access".to_owned(),
+                        "this host never grants network access to plugins".to_owned(),
+                    ),
+                };
+                return Err(GrantError::Missing { needed, fix });
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds the WASI context of one attempt: only the granted directories
+    /// and variables, sockets and name lookup denied, stdout/stderr captured.
+    pub(crate) fn wasi_ctx(
+        &self,
+        stdout: impl wasmtime_wasi::cli::StdoutStream + 'static,
+        stderr: impl wasmtime_wasi::cli::StdoutStream + 'static,
+    ) -> Result<WasiCtx, GrantError> {
+        let mut builder = WasiCtxBuilder::new();
+        builder
+            .stdout(stdout)
+            .stderr(stderr)
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false);
+        for (k, v) in &self.env {
+            builder.env(k, v);
+        }
+        for dir in &self.dirs {
+            let perms = if dir.read_only {
+                FsPerms::ReadOnly
+            } else {
+                FsPerms::ReadWrite
+            };
+            builder
+                .preopened_dir(&dir.host, &dir.guest, perms)
+                .map_err(|e| GrantError::DirMissing {
+                    path: dir.host.display().to_string(),
+                    why: e.to_string(),
+                })?;
+        }
+        Ok(builder.build())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_dir_grants() {
+        let g = DirGrant::parse("./data::/data:ro").unwrap();
+        assert_eq!(
+            (g.host.to_str().unwrap(), g.guest.as_str(), g.read_only),
+            ("./data", "/data", true)
+        );
+        let g = DirGrant::parse("/tmp/x::/x").unwrap();
+        assert!(!g.read_only);
+        assert!(DirGrant::parse("/tmp/x:/x").is_err());
+        assert!(DirGrant::parse("::/x").is_err());
+    }
+
+    #[test]
+    fn capabilities_need_matching_grants() {
+        let sandbox = Sandbox {
+            dirs: vec![DirGrant::parse("/tmp::/data:ro").unwrap()],
+            env: vec![("TOKEN".into(), "x".into())],
+            ..Sandbox::default()
+        };
+        assert!(
+            sandbox
+                .check_capabilities(&[Capability::ReadDir("/data".into())])
+                .is_ok()
+        );
+        assert!(
+            sandbox
+                .check_capabilities(&[Capability::Env("TOKEN".into())])
+                .is_ok()
+        );
+        let err = sandbox
+            .check_capabilities(&[Capability::WriteDir("/data".into())])
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the plugin needs write access to `/data`, but this submission does not grant it: \
+             add --dir HOST_DIR::/data"
+        );
+        assert!(sandbox.check_capabilities(&[Capability::Network]).is_err());
+    }
+}
