@@ -290,31 +290,94 @@ fn join(reason: &str, note: Option<String>) -> String {
 /// One line naming the trap, what the guest said last (its panic message or
 /// stderr tail), and the top of the guest backtrace when there is one.
 fn describe_trap(err: &wasmtime::Error, memory: Option<String>, said: Option<String>) -> String {
-    let mut reason = match err.downcast_ref::<Trap>() {
+    let frames: Vec<String> = err
+        .downcast_ref::<WasmBacktrace>()
+        .map(|trace| {
+            trace
+                .frames()
+                .iter()
+                .map(|f| match f.func_name() {
+                    Some(name) => format!("{:#}", rustc_demangle::demangle(name)),
+                    None => format!("<wasm function {}>", f.func_index()),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let trap = err.downcast_ref::<Trap>();
+    let mut reason = match trap {
         Some(Trap::StackOverflow) => {
             "the guest trapped: call stack exhausted (stack overflow)".to_owned()
         }
-        Some(trap) => format!("the guest trapped: {trap}"),
+        Some(trap) => {
+            let text = trap.to_string();
+            format!(
+                "the guest trapped: {}",
+                text.strip_prefix("wasm trap: ").unwrap_or(&text)
+            )
+        }
         None => format!("the guest failed: {}", error_chain(err)),
     };
+    // A Rust or C guest keeps its stack in linear memory: running past its
+    // bottom is an out-of-bounds access, deep inside one recursive function.
+    if trap == Some(&Trap::MemoryOutOfBounds)
+        && frames.len() >= 16
+        && frames.iter().all(|f| f == &frames[0])
+    {
+        reason.push_str(&format!(
+            " (most likely a stack overflow: `{}` calls itself at least {} frames deep)",
+            frames[0],
+            frames.len()
+        ));
+    }
     if let Some(memory) = memory {
         reason = format!("{memory}; {reason}");
     }
     if let Some(said) = said {
         reason.push_str(&format!("; guest said: {said}"));
     }
-    if let Some(trace) = err.downcast_ref::<WasmBacktrace>() {
-        let frames: Vec<String> = trace
-            .frames()
-            .iter()
-            .filter_map(|f| f.func_name().map(str::to_owned))
-            .take(6)
-            .collect();
-        if !frames.is_empty() {
-            reason.push_str(&format!("; backtrace: {}", frames.join(" <- ")));
-        }
+    let shown = summarize_frames(&frames);
+    if !shown.is_empty() {
+        reason.push_str(&format!("; backtrace: {shown}"));
     }
     reason
+}
+
+/// The guest's own frames, innermost first, without the language runtime's
+/// panic and abort machinery, repeated frames collapsed (`f ×20`).
+fn summarize_frames(frames: &[String]) -> String {
+    const RUNTIME: [&str; 10] = [
+        "std::",
+        "core::",
+        "alloc::",
+        "__rustc",
+        "__rust_",
+        "rust_panic",
+        "abort",
+        "panic_abort::",
+        "wit_bindgen::",
+        "taskhost_guest::",
+    ];
+    let own = frames
+        .iter()
+        .filter(|f| !RUNTIME.iter().any(|r| f.starts_with(r)));
+    let mut runs: Vec<(&str, usize)> = Vec::new();
+    for frame in own {
+        match runs.last_mut() {
+            Some((last, n)) if *last == frame.as_str() => *n += 1,
+            _ => runs.push((frame, 1)),
+        }
+    }
+    runs.iter()
+        .take(6)
+        .map(|(f, n)| {
+            if *n > 1 {
+                format!("{f} ×{n}")
+            } else {
+                (*f).to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" <- ")
 }
 
 /// The error and its causes on one line.

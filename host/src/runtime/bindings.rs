@@ -11,7 +11,7 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
+/// The version of the WIT package this host implements.
+pub const WIT_VERSION: &str = "0.1.0";
 /// The WIT package (with version) that plugins must be built against.
 pub const WIT_PACKAGE: &str = "taskhost:plugin@0.1.0";
-/// The name of the host interface a plugin imports, with its version.
-pub const HOST_INTERFACE: &str = "taskhost:plugin/host@0.1.0";

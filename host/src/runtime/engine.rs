@@ -232,8 +232,8 @@ mod tests {
     #[test]
     fn pool_is_sized_from_the_address_space_limit() {
         assert_eq!(pool_size(1000, None), 1000);
-        // 1 TiB limit: half of it fits 61 slots of two 4 GiB memories.
-        assert_eq!(pool_size(1000, Some(1 << 40)), 61);
+        // 1 TiB limit: half of it fits 63 slots of two 4 GiB memories.
+        assert_eq!(pool_size(1000, Some(1 << 40)), 63);
         // 8 GiB (a typical `ulimit -v`) is too small for a useful pool.
         assert_eq!(pool_size(1000, Some(8 << 30)), 0);
     }

@@ -12,7 +12,7 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use super::attempt::{self, AttemptFacts, AttemptState, StopSignals, error_chain};
-use super::bindings::{self, HOST_INTERFACE, WIT_PACKAGE, taskhost::plugin::types};
+use super::bindings::{self, WIT_PACKAGE, WIT_VERSION, taskhost::plugin::types};
 use super::output::NullSink;
 use super::sandbox::Sandbox;
 use crate::resource::ResourceTemplate;
@@ -276,10 +276,10 @@ pub(crate) fn compile(
         .collect();
     if let Some(other) = imports
         .iter()
-        .find(|i| i.starts_with("taskhost:plugin/") && i.as_str() != HOST_INTERFACE)
+        .find(|i| i.starts_with("taskhost:plugin/") && !i.ends_with(&format!("@{WIT_VERSION}")))
     {
         return Err(wrong_world(format!(
-            "it imports `{other}` but this host provides `{HOST_INTERFACE}`; rebuild the plugin \
+            "it imports `{other}` but this host provides {WIT_PACKAGE}; rebuild the plugin \
              with a taskhost-guest SDK for {WIT_PACKAGE}"
         )));
     }

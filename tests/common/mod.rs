@@ -1,0 +1,167 @@
+//! Helpers shared by the end-to-end tests: the real `host` binary, the real
+//! plugins built from `plugins/`, and line-by-line readers of its output that
+//! tests synchronise on (never sleeps).
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
+
+/// The `host` binary under test.
+pub fn host_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_host")
+}
+
+/// A plugin built from `plugins/` by the `plugin-artifacts` build step.
+pub fn plugin(name: &str) -> PathBuf {
+    plugin_artifacts::path(name)
+}
+
+/// A shared compilation cache for all tests, so each plugin compiles once.
+pub fn cache_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasmtime-cache")
+}
+
+/// A `host` command with the test cache and a quiet environment.
+pub fn host() -> Command {
+    let mut cmd = Command::new(host_bin());
+    cmd.env("TASKHOST_CACHE_DIR", cache_dir())
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// The result of a finished `host` process.
+#[derive(Debug)]
+pub struct Finished {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `host` with these arguments to completion.
+pub fn run_host(args: &[&str]) -> Finished {
+    let out = host().args(args).output().expect("spawn host");
+    Finished {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// A running `host` whose stderr lines arrive on a channel as they are
+/// written, so a test can wait for "attempt 1 started" before acting.
+pub struct Running {
+    pub child: Child,
+    lines: Receiver<String>,
+    pub stderr_seen: Vec<String>,
+    stdout: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Running {
+    pub fn spawn(args: &[&str]) -> Self {
+        let mut child = host()
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn host");
+        let stderr = child.stderr.take().expect("stderr");
+        let mut stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stdout = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stdout.read_to_string(&mut s);
+            s
+        });
+        Self {
+            child,
+            lines,
+            stderr_seen: Vec::new(),
+            stdout: Some(stdout),
+        }
+    }
+
+    /// Waits (at most `limit`) for a stderr line containing `needle`.
+    pub fn wait_for_line(&mut self, needle: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.stderr_seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!(
+                        "no stderr line with {needle:?} within {limit:?}; saw {:?}",
+                        self.stderr_seen
+                    )
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!(
+                        "host exited before printing {needle:?}; saw {:?}",
+                        self.stderr_seen
+                    )
+                }
+            }
+        }
+    }
+
+    /// Sends a signal by name (`INT`, `TERM`) with the `kill` command.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// Waits for exit (at most `limit`), returning the status and all output.
+    pub fn finish(mut self, limit: Duration) -> (ExitStatus, Finished) {
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!(
+                    "host did not exit within {limit:?}; stderr so far {:?}",
+                    self.stderr_seen
+                );
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let stdout = self
+            .stdout
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default();
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.stderr_seen.push(line);
+        }
+        let stderr = self.stderr_seen.join("\n");
+        (
+            status,
+            Finished {
+                code: status.code(),
+                stdout,
+                stderr,
+            },
+        )
+    }
+}
