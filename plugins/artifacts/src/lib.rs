@@ -1,0 +1,113 @@
+//! The plugins of `plugins/`, built for `wasm32-wasip2`, for tests and
+//! benchmarks.
+//!
+//! Building this crate (any `cargo build`, `cargo test` or `cargo clippy` of
+//! the root workspace that includes it) runs a nested
+//! `cargo build --release --target wasm32-wasip2` on `plugins/Cargo.toml`
+//! with its own target directory, `target/wasm-plugins`, and copies every
+//! component to `target/plugins/<name>.wasm`, where `<name>` is the crate name
+//! (`target/plugins/hello.wasm`, `target/plugins/sandbox-probe.wasm`). It
+//! needs the target: `rustup target add wasm32-wasip2`.
+//!
+//! Each plugin has a constant holding the absolute path of its component,
+//! named after the crate in SCREAMING_SNAKE_CASE ([`HELLO`],
+//! [`SANDBOX_PROBE`], [`NOT_A_TASK`], ...); [`ALL`] lists them and [`path`]
+//! looks one up by name:
+//!
+//! ```
+//! let hello = std::fs::read(plugin_artifacts::HELLO).unwrap();
+//! assert_eq!(&hello[..8], b"\0asm\x0d\0\x01\0"); // a component, not a core module
+//! assert_eq!(plugin_artifacts::path("hello").to_str(), Some(plugin_artifacts::HELLO));
+//! ```
+//!
+//! The plugins (params are the task's `--param K=V`):
+//!
+//! | name | does |
+//! |---|---|
+//! | `hello` | returns its input; logs `hello: got N bytes` |
+//! | `flaky` | fails (exit code 3) while attempt <= `fail_times` (default 1), then returns `ok after N attempts` |
+//! | `spin` | busy-loops forever without calling the host |
+//! | `sleeper` | sleeps `ms` (default 1000) in cancellable 50 ms steps with progress; `slept N ms` or canceled |
+//! | `panic` | panics with `message` (default `plugin panicked on purpose`) |
+//! | `trap` | `kind=unreachable` (default) or `kind=stack-overflow` |
+//! | `oom` | allocates `chunk_mib` (default 1) MiB chunks until allocation fails |
+//! | `chatty` | prints `lines` (default 3) lines to stdout and stderr; returns `chatty done` |
+//! | `sandbox-probe` | tries file `read`/`write`, env `var`, TCP `port`; returns a JSON report |
+//! | `deploy` | resource `deploy/{env}`, policy replace; sleeps `ms` (default 50); `deployed to <env>` |
+//! | `not-a-task` | a `wasi:cli/command` program, not a plugin: the host must refuse it |
+
+#![warn(missing_docs)]
+
+use std::path::PathBuf;
+
+include!(concat!(env!("OUT_DIR"), "/plugins.rs"));
+
+/// The path of the component of the plugin called `name` (its crate name, such
+/// as `hello` or `sandbox-probe`; underscores are accepted for hyphens).
+///
+/// # Panics
+///
+/// If there is no such plugin; the message lists the plugins there are.
+pub fn path(name: &str) -> PathBuf {
+    let wanted = name.replace('_', "-");
+    match ALL.iter().find(|(n, _)| *n == wanted) {
+        Some((_, path)) => PathBuf::from(path),
+        None => {
+            let names: Vec<&str> = ALL.iter().map(|(n, _)| *n).collect();
+            panic!(
+                "plugin-artifacts: no plugin called `{name}`; the plugins are: {}. \
+                 A new plugin must be a member of plugins/Cargo.toml.",
+                names.join(", ")
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const COMPONENT_HEADER: &[u8] = b"\0asm\x0d\0\x01\0";
+
+    #[test]
+    fn every_plugin_is_a_component() {
+        let expected = [
+            "chatty",
+            "deploy",
+            "flaky",
+            "hello",
+            "not-a-task",
+            "oom",
+            "panic",
+            "sandbox-probe",
+            "sleeper",
+            "spin",
+            "trap",
+        ];
+        let names: Vec<&str> = ALL.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, expected);
+        for (name, path) in ALL {
+            let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{name}: {path}: {e}"));
+            assert!(
+                bytes.starts_with(COMPONENT_HEADER),
+                "{name} is not a component"
+            );
+            assert!(
+                path.ends_with(&format!("target/plugins/{name}.wasm")),
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn path_accepts_hyphens_and_underscores() {
+        assert_eq!(path("sandbox-probe"), PathBuf::from(SANDBOX_PROBE));
+        assert_eq!(path("sandbox_probe"), PathBuf::from(SANDBOX_PROBE));
+    }
+
+    #[test]
+    #[should_panic(expected = "no plugin called `nope`; the plugins are: chatty, deploy")]
+    fn path_panics_for_unknown_names() {
+        path("nope");
+    }
+}

@@ -1,0 +1,97 @@
+//! `sandbox-probe`: tries what the sandbox should forbid unless granted, and
+//! reports what happened as one JSON object:
+//!
+//! ```json
+//! {"read":"ok:<contents>"|"denied:<error>","write":"ok"|"denied:<error>",
+//!  "env":"ok:<value>"|"missing","env_count":N,"env_names":["A","B"],
+//!  "socket":"ok"|"denied:<error>"}
+//! ```
+//!
+//! Params: `read` (default `/data/probe.txt`): a file to read; `write`
+//! (default `/data/probe-write.txt`): a file to create; `var` (default
+//! `PROBE_VAR`): an environment variable to read; `port` (default 9): a TCP
+//! port on 127.0.0.1 to connect to.
+//!
+//! It declares no capabilities, so it can be submitted without any grant.
+
+use std::fmt::Write as _;
+use std::net::{SocketAddr, TcpStream};
+
+use taskhost_guest::{Context, PluginInfo, Task, TaskError};
+
+/// At most this many bytes of the read file are reported.
+const MAX_READ: usize = 4096;
+
+struct SandboxProbe;
+
+impl Task for SandboxProbe {
+    fn describe() -> PluginInfo {
+        PluginInfo::new("sandbox-probe", "0.1.0").description(
+            "Tries to read and write files, read the environment and open a socket; reports JSON",
+        )
+    }
+
+    fn run(ctx: &Context, _input: Vec<u8>) -> Result<Vec<u8>, TaskError> {
+        let read_path = ctx.param_or("read", "/data/probe.txt");
+        let write_path = ctx.param_or("write", "/data/probe-write.txt");
+        let var = ctx.param_or("var", "PROBE_VAR");
+        let port: u16 = ctx.param_parse_or("port", 9)?;
+
+        let read = match std::fs::read(read_path) {
+            Ok(bytes) => {
+                let shown = &bytes[..bytes.len().min(MAX_READ)];
+                format!("ok:{}", String::from_utf8_lossy(shown))
+            }
+            Err(err) => format!("denied:{err}"),
+        };
+        let write = match std::fs::write(write_path, b"written by sandbox-probe\n") {
+            Ok(()) => "ok".to_string(),
+            Err(err) => format!("denied:{err}"),
+        };
+        let env = match std::env::var_os(var) {
+            Some(value) => format!("ok:{}", value.to_string_lossy()),
+            None => "missing".to_string(),
+        };
+        let env_names: Vec<String> = std::env::vars_os()
+            .map(|(name, _)| name.to_string_lossy().into_owned())
+            .collect();
+        let socket = match TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], port))) {
+            Ok(_) => "ok".to_string(),
+            Err(err) => format!("denied:{err}"),
+        };
+
+        let mut json = String::from("{");
+        let _ = write!(json, "\"read\":{}", quote(&read));
+        let _ = write!(json, ",\"write\":{}", quote(&write));
+        let _ = write!(json, ",\"env\":{}", quote(&env));
+        let _ = write!(json, ",\"env_count\":{}", env_names.len());
+        let names: Vec<String> = env_names.iter().map(|n| quote(n)).collect();
+        let _ = write!(json, ",\"env_names\":[{}]", names.join(","));
+        let _ = write!(json, ",\"socket\":{}", quote(&socket));
+        json.push('}');
+        Ok(json.into_bytes())
+    }
+}
+
+/// `text` as a JSON string literal.
+fn quote(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+taskhost_guest::export_task!(SandboxProbe);
