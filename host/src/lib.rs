@@ -32,4 +32,5 @@
 pub mod outcome;
 pub mod resource;
 pub mod runtime;
+pub mod supervisor;
 pub mod units;

@@ -1,6 +1,7 @@
 //! Owns resource templates: the `deploy/{env}` strings plugins declare, their
 //! validation, and filling them from a submission's params to form a slot.
-//! Which slot wins (explicit, template, task name) is decided in `spec`.
+//! Which slot wins (explicit, template, task name) is decided by the caller
+//! that builds the submission (the CLI today).
 
 use std::collections::BTreeSet;
 

@@ -5,7 +5,6 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Args;
 use taskhost::runtime::{DirGrant, Sandbox, parse_env};
 use taskhost::units::{parse_duration, parse_size};
@@ -15,7 +14,7 @@ use super::usage;
 /// Flags every verb accepts.
 #[derive(Debug, Args)]
 pub struct GlobalArgs {
-    /// Directory of the compiled-plugin cache [default: ~/.cache/taskhost/wasmtime].
+    /// Directory of the compiled-plugin cache [default: $XDG_CACHE_HOME/taskhost/wasmtime, else ~/.cache/taskhost/wasmtime].
     #[arg(long, global = true, env = "TASKHOST_CACHE_DIR", value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Compile plugins without the on-disk cache.
@@ -105,7 +104,7 @@ impl TaskArgs {
                 let mut buf = Vec::new();
                 std::io::stdin()
                     .read_to_end(&mut buf)
-                    .context("cannot read the input from stdin")?;
+                    .map_err(|e| usage(format!("cannot read the input from stdin: {e}")))?;
                 Ok(buf)
             }
             Some(path) => std::fs::read(path).map_err(|e| {

@@ -85,6 +85,11 @@ pub fn print_result(
         None => {
             if let TaskOutcome::Completed { output } = outcome {
                 let _ = stdout.write_all(output);
+                // On a terminal, keep the summary off the output's last line.
+                if std::io::stdout().is_terminal() && !output.is_empty() && !output.ends_with(b"\n")
+                {
+                    let _ = stdout.write_all(b"\n");
+                }
             }
         }
     }
@@ -113,7 +118,7 @@ pub fn summary(name: &str, outcome: &TaskOutcome, attempts: u32, took: Duration)
         }
         TaskOutcome::Canceled => format!("{name} canceled ({took})"),
         TaskOutcome::ForceAborted => {
-            format!("{name} force-aborted: it did not stop within its grace period ({took})")
+            format!("{name} force-aborted: it was stopped by force ({took})")
         }
         TaskOutcome::Panicked { reason } => format!("{name} ended by a host bug: {reason}"),
         TaskOutcome::Rejected { kind, reason } => format!("{name} rejected ({kind}): {reason}"),

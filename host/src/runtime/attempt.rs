@@ -124,6 +124,19 @@ struct MemoryLimiter {
     denied: Option<usize>,
 }
 
+impl MemoryLimiter {
+    /// Says that the limit was hit, if it was.
+    fn note(&self) -> Option<String> {
+        self.denied.map(|d| {
+            format!(
+                "the guest hit its memory limit of {} (it asked for {}; raise it with --max-memory)",
+                format_size(self.max_memory as u64),
+                format_size(d as u64)
+            )
+        })
+    }
+}
+
 impl ResourceLimiter for MemoryLimiter {
     fn memory_growing(
         &mut self,
@@ -205,79 +218,87 @@ pub(crate) fn new_store(
     Ok((store, capture))
 }
 
-/// Runs `run(input)` in a fresh instance of `pre`.
-pub(crate) async fn run(
-    pre: &bindings::TaskPluginPre<AttemptState>,
-    mut store: Store<AttemptState>,
-    capture: &Capture,
-    signals: &StopSignals,
-    input: &[u8],
-) -> Result<Vec<u8>, AttemptError> {
-    let result = async {
-        let instance = pre
-            .instantiate_async(&mut store)
-            .await
-            .map_err(Failure::Instantiate)?;
-        instance
-            .call_run(&mut store, input)
-            .await
-            .map_err(Failure::Trap)
-    }
-    .await;
-    capture.finish();
-    let denied = store.data().limiter.denied;
-    let max_memory = store.data().limiter.max_memory;
-    drop(store);
+/// An instantiated attempt, ready to call `run`. Dropping it drops the
+/// instance.
+pub struct PreparedAttempt {
+    store: Store<AttemptState>,
+    instance: bindings::TaskPlugin,
+    capture: Arc<Capture>,
+    signals: StopSignals,
+}
 
-    let memory_note = |denied: Option<usize>| {
-        denied.map(|d| {
-            format!(
-                "the guest hit its memory limit of {} (it asked for {}; raise it with --max-memory)",
-                format_size(max_memory as u64),
-                format_size(d as u64)
-            )
-        })
-    };
-    match result {
-        Ok(Ok(output)) if output.len() > MAX_OUTPUT_BYTES => Err(AttemptError::Fail {
-            reason: format!(
-                "the plugin returned {} of output; the limit is {}",
-                format_size(output.len() as u64),
-                format_size(MAX_OUTPUT_BYTES as u64)
-            ),
-            exit_code: None,
-        }),
-        Ok(Ok(output)) => Ok(output),
-        Ok(Err(types::TaskError::Fail(f))) => Err(AttemptError::Fail {
-            reason: join(&f.reason, memory_note(denied)),
-            exit_code: f.exit_code,
-        }),
-        Ok(Err(types::TaskError::Fatal(f))) => Err(AttemptError::Fatal {
-            reason: f.reason,
-            exit_code: f.exit_code,
-        }),
-        Ok(Err(types::TaskError::Canceled)) => Err(AttemptError::Canceled),
-        Err(_) if signals.is_aborted() => Err(AttemptError::Aborted),
-        Err(Failure::Instantiate(err)) => Err(AttemptError::Fatal {
-            reason: match memory_note(denied) {
-                Some(note) => format!("the plugin could not be instantiated: {note}"),
-                None => format!(
-                    "the plugin could not be instantiated: {}",
-                    error_chain(&err)
-                ),
-            },
-            exit_code: None,
-        }),
-        Err(Failure::Trap(err)) => Err(AttemptError::Fail {
-            reason: describe_trap(&err, memory_note(denied), capture.explanation()),
-            exit_code: None,
-        }),
+impl std::fmt::Debug for PreparedAttempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedAttempt").finish_non_exhaustive()
     }
 }
 
-enum Failure {
-    Instantiate(wasmtime::Error),
-    Trap(wasmtime::Error),
+/// Instantiates `pre` in `store`: the instance creation step of an attempt,
+/// before its timeout starts.
+pub(crate) async fn instantiate(
+    pre: &bindings::TaskPluginPre<AttemptState>,
+    mut store: Store<AttemptState>,
+    capture: Arc<Capture>,
+    signals: &StopSignals,
+) -> Result<PreparedAttempt, AttemptError> {
+    match pre.instantiate_async(&mut store).await {
+        Ok(instance) => Ok(PreparedAttempt {
+            store,
+            instance,
+            capture,
+            signals: signals.clone(),
+        }),
+        Err(_) if signals.is_aborted() => Err(AttemptError::Aborted),
+        Err(err) => {
+            capture.finish();
+            let limiter = &store.data().limiter;
+            Err(AttemptError::Fatal {
+                reason: match limiter.note() {
+                    Some(note) => format!("the plugin could not be instantiated: {note}"),
+                    None => format!(
+                        "the plugin could not be instantiated: {}",
+                        error_chain(&err)
+                    ),
+                },
+                exit_code: None,
+            })
+        }
+    }
+}
+
+impl PreparedAttempt {
+    /// Calls `run(input)`; returns when the instance is gone.
+    pub async fn run(mut self, input: &[u8]) -> Result<Vec<u8>, AttemptError> {
+        let result = self.instance.call_run(&mut self.store, input).await;
+        self.capture.finish();
+        let memory_note = self.store.data().limiter.note();
+        drop(self.store);
+        match result {
+            Ok(Ok(output)) if output.len() > MAX_OUTPUT_BYTES => Err(AttemptError::Fail {
+                reason: format!(
+                    "the plugin returned {} of output; the limit is {}",
+                    format_size(output.len() as u64),
+                    format_size(MAX_OUTPUT_BYTES as u64)
+                ),
+                exit_code: None,
+            }),
+            Ok(Ok(output)) => Ok(output),
+            Ok(Err(types::TaskError::Fail(f))) => Err(AttemptError::Fail {
+                reason: join(&f.reason, memory_note),
+                exit_code: f.exit_code,
+            }),
+            Ok(Err(types::TaskError::Fatal(f))) => Err(AttemptError::Fatal {
+                reason: f.reason,
+                exit_code: f.exit_code,
+            }),
+            Ok(Err(types::TaskError::Canceled)) => Err(AttemptError::Canceled),
+            Err(_) if self.signals.is_aborted() => Err(AttemptError::Aborted),
+            Err(err) => Err(AttemptError::Fail {
+                reason: describe_trap(&err, memory_note, self.capture.explanation()),
+                exit_code: None,
+            }),
+        }
+    }
 }
 
 fn join(reason: &str, note: Option<String>) -> String {

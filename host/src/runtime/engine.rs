@@ -113,9 +113,16 @@ pub(crate) fn build_engine(config: &RuntimeConfig) -> Result<(Engine, Allocator)
     let pool_instances = match config.allocator {
         AllocatorChoice::OnDemand => None,
         AllocatorChoice::Pooling | AllocatorChoice::Auto => {
-            Some(pool_size(config.pool_instances, address_space_limit()))
+            pool_size(config.pool_instances, address_space_limit())
         }
     };
+    if pool_instances.is_none() && config.allocator == AllocatorChoice::Pooling {
+        return Err(RuntimeError::Engine(
+            "the address-space limit (ulimit -v) is too small for the pooling allocator; \
+             raise it or use the on-demand allocator"
+                .into(),
+        ));
+    }
     if let Some(instances) = pool_instances {
         let mut pooled = base.clone();
         pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling_config(
@@ -145,14 +152,15 @@ fn make_cache(dir: &Path) -> wasmtime::Result<Cache> {
 }
 
 /// Sizes the pool so its reservation takes at most half of the process's
-/// address-space limit (if any), or `None` when that leaves too few slots.
-fn pool_size(wanted: u32, limit: Option<u64>) -> u32 {
-    let Some(limit) = limit else { return wanted };
+/// address-space limit (if any), or `None` when that leaves too few slots
+/// to be worth it (the caller then allocates on demand).
+fn pool_size(wanted: u32, limit: Option<u64>) -> Option<u32> {
+    let Some(limit) = limit else {
+        return Some(wanted);
+    };
     let per_instance = RESERVATION_PER_MEMORY * u64::from(MEMORIES_PER_INSTANCE);
     let fit = (limit / 2 / per_instance).min(u64::from(wanted)) as u32;
-    // Too small a pool would be worse than on-demand; a request for zero
-    // slots makes Engine::new fail and the caller fall back.
-    if fit < MIN_POOL_INSTANCES { 0 } else { fit }
+    (fit >= MIN_POOL_INSTANCES).then_some(fit)
 }
 
 fn pooling_config(instances: u32) -> PoolingAllocationConfig {
@@ -191,7 +199,7 @@ fn address_space_limit() -> Option<u64> {
 }
 
 /// The thread that advances the engine's epoch every tick; stops when the
-/// engine is dropped or [`EpochTicker::stop`] is called.
+/// engine or the ticker is dropped.
 pub(crate) struct EpochTicker {
     stop: Arc<AtomicBool>,
 }
@@ -231,10 +239,10 @@ mod tests {
 
     #[test]
     fn pool_is_sized_from_the_address_space_limit() {
-        assert_eq!(pool_size(1000, None), 1000);
+        assert_eq!(pool_size(1000, None), Some(1000));
         // 1 TiB limit: half of it fits 63 slots of two 4 GiB memories.
-        assert_eq!(pool_size(1000, Some(1 << 40)), 63);
+        assert_eq!(pool_size(1000, Some(1 << 40)), Some(63));
         // 8 GiB (a typical `ulimit -v`) is too small for a useful pool.
-        assert_eq!(pool_size(1000, Some(8 << 30)), 0);
+        assert_eq!(pool_size(1000, Some(8 << 30)), None);
     }
 }

@@ -27,7 +27,7 @@ use tokio::sync::OnceCell;
 use wasmtime::Engine;
 use wasmtime::component::Linker;
 
-pub use attempt::{AttemptError, AttemptFacts, MAX_OUTPUT_BYTES, StopSignals};
+pub use attempt::{AttemptError, AttemptFacts, MAX_OUTPUT_BYTES, PreparedAttempt, StopSignals};
 pub use engine::{
     Allocator, AllocatorChoice, DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES,
     RuntimeConfig, default_cache_dir,
@@ -118,7 +118,7 @@ impl Runtime {
             return Err(unreadable("it is a directory".into()));
         }
         if meta.len() > MAX_PLUGIN_BYTES as u64 {
-            plugin::check_header(&origin, &vec![0; MAX_PLUGIN_BYTES + 1])?;
+            return Err(plugin::too_big(&origin, meta.len()));
         }
         let bytes = tokio::fs::read(path)
             .await
@@ -178,6 +178,24 @@ impl Runtime {
         plugins.get(digest).and_then(|c| c.get().cloned())
     }
 
+    /// Creates a fresh store and instance for one attempt (the step before
+    /// an attempt's timeout starts). Stop signals apply from here on.
+    pub async fn prepare_attempt(
+        &self,
+        plugin: &Plugin,
+        request: &AttemptRequest,
+        signals: &StopSignals,
+    ) -> Result<PreparedAttempt, AttemptError> {
+        let (store, capture) = attempt::new_store(
+            &self.engine,
+            &request.sandbox,
+            Arc::clone(&request.facts),
+            signals,
+            Arc::clone(&request.sink),
+        )?;
+        attempt::instantiate(plugin.pre(), store, capture, signals).await
+    }
+
     /// Runs one attempt in a fresh instance. Returns when the instance is
     /// gone. Stop it cooperatively with `signals.cancel()`, by force with
     /// `signals.abort()` (it traps at its next epoch tick), or by dropping
@@ -188,13 +206,7 @@ impl Runtime {
         request: &AttemptRequest,
         signals: &StopSignals,
     ) -> Result<Vec<u8>, AttemptError> {
-        let (store, capture) = attempt::new_store(
-            &self.engine,
-            &request.sandbox,
-            Arc::clone(&request.facts),
-            signals,
-            Arc::clone(&request.sink),
-        )?;
-        attempt::run(plugin.pre(), store, &capture, signals, &request.input).await
+        let prepared = self.prepare_attempt(plugin, request, signals).await?;
+        prepared.run(&request.input).await
     }
 }

@@ -206,6 +206,18 @@ impl Plugin {
     }
 }
 
+/// The error for a plugin over [`MAX_PLUGIN_BYTES`].
+pub(crate) fn too_big(origin: &str, size: u64) -> LoadError {
+    LoadError::NotWasm {
+        origin: origin.to_owned(),
+        why: format!(
+            "it is {}; the limit for a plugin is {}",
+            crate::units::format_size(size),
+            crate::units::format_size(MAX_PLUGIN_BYTES as u64)
+        ),
+    }
+}
+
 /// Sniffs the wasm header so the common mistakes get a precise message.
 pub(crate) fn check_header(origin: &str, bytes: &[u8]) -> Result<(), LoadError> {
     const MAGIC: &[u8] = b"\0asm";
@@ -214,10 +226,7 @@ pub(crate) fn check_header(origin: &str, bytes: &[u8]) -> Result<(), LoadError> 
         why,
     };
     if bytes.len() > MAX_PLUGIN_BYTES {
-        return Err(not_wasm(format!(
-            "it is {} bytes; the limit is {MAX_PLUGIN_BYTES} bytes",
-            bytes.len()
-        )));
+        return Err(too_big(origin, bytes.len() as u64));
     }
     if bytes.len() < 8 || &bytes[..4] != MAGIC {
         let why = if bytes.is_empty() {

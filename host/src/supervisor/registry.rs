@@ -1,0 +1,246 @@
+//! Owns task identity: ids, the unique-name registry, stop claims, and the
+//! per-task handles (stop signal with its grace deadline, outcome cell,
+//! physical-completion signal) shared by callers and the task's actor. A name
+//! stays taken until its task is physically gone.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::waiter::OutcomeCell;
+
+/// A task by id or by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskRef {
+    /// By id.
+    Id(u64),
+    /// By name.
+    Name(String),
+}
+
+impl From<u64> for TaskRef {
+    fn from(id: u64) -> Self {
+        Self::Id(id)
+    }
+}
+
+impl From<&str> for TaskRef {
+    fn from(name: &str) -> Self {
+        Self::Name(name.to_owned())
+    }
+}
+
+impl From<String> for TaskRef {
+    fn from(name: String) -> Self {
+        Self::Name(name)
+    }
+}
+
+/// Where a registered task is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TaskPhase {
+    /// Waiting for a concurrency permit.
+    Waiting,
+    /// An attempt is running.
+    Running,
+    /// Pausing before the next attempt.
+    BackingOff,
+    /// A stop was requested; waiting for the body to end within its grace.
+    Stopping,
+    /// The outcome is decided; the instance is being dropped.
+    Finishing,
+}
+
+impl TaskPhase {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => Self::Waiting,
+            1 => Self::Running,
+            2 => Self::BackingOff,
+            3 => Self::Stopping,
+            _ => Self::Finishing,
+        }
+    }
+}
+
+/// A registered task as seen from outside.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TaskInfo {
+    /// Id.
+    pub id: u64,
+    /// Name.
+    pub name: String,
+    /// Slot.
+    pub slot: String,
+    /// Phase.
+    pub phase: TaskPhase,
+    /// Attempts started so far.
+    pub attempts: u32,
+}
+
+/// The shared handle of one registered task.
+#[derive(Debug)]
+pub(crate) struct TaskEntry {
+    pub id: u64,
+    pub name: Arc<str>,
+    pub slot: Arc<str>,
+    /// `Some(deadline)` once a stop is requested: the body must end by then.
+    stop: watch::Sender<Option<Instant>>,
+    claimed: AtomicBool,
+    pub outcome: OutcomeCell,
+    /// Fires when the task is physically gone (instance dropped, permit and
+    /// name released).
+    pub gone: CancellationToken,
+    phase: AtomicU8,
+    attempts: AtomicU32,
+}
+
+impl TaskEntry {
+    pub(crate) fn new(id: u64, name: Arc<str>, slot: Arc<str>) -> Self {
+        Self {
+            id,
+            name,
+            slot,
+            stop: watch::channel(None).0,
+            claimed: AtomicBool::new(false),
+            outcome: OutcomeCell::new(),
+            gone: CancellationToken::new(),
+            phase: AtomicU8::new(0),
+            attempts: AtomicU32::new(0),
+        }
+    }
+
+    /// Requests a stop that must complete by `deadline`; an earlier deadline
+    /// from a later request (shutdown after cancel) wins.
+    pub(crate) fn request_stop(&self, deadline: Instant) {
+        self.stop.send_if_modified(|current| match current {
+            Some(existing) if *existing <= deadline => false,
+            _ => {
+                *current = Some(deadline);
+                true
+            }
+        });
+    }
+
+    /// Makes the stop claim; true for exactly one caller.
+    pub(crate) fn claim(&self) -> bool {
+        !self.claimed.swap(true, Ordering::AcqRel)
+    }
+
+    pub(crate) fn stop_signal(&self) -> watch::Receiver<Option<Instant>> {
+        self.stop.subscribe()
+    }
+
+    pub(crate) fn set_phase(&self, phase: TaskPhase) {
+        self.phase.store(phase as u8, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_attempt(&self) -> u32 {
+        self.attempts.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub(crate) fn info(&self) -> TaskInfo {
+        TaskInfo {
+            id: self.id,
+            name: self.name.to_string(),
+            slot: self.slot.to_string(),
+            phase: TaskPhase::from_u8(self.phase.load(Ordering::Relaxed)),
+            attempts: self.attempts.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Why a registration was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RegisterError {
+    AlreadyExists,
+    Full,
+    ShuttingDown,
+}
+
+/// Names and ids of registered tasks.
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    by_name: HashMap<Arc<str>, Arc<TaskEntry>>,
+    by_id: HashMap<u64, Arc<TaskEntry>>,
+    closed: bool,
+}
+
+impl Registry {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers an entry if its name is free, the registry has room and it
+    /// is still open.
+    pub(crate) fn register(&self, entry: &Arc<TaskEntry>, max: usize) -> Result<(), RegisterError> {
+        let mut inner = self.lock();
+        if inner.closed {
+            return Err(RegisterError::ShuttingDown);
+        }
+        if inner.by_name.contains_key(&entry.name) {
+            return Err(RegisterError::AlreadyExists);
+        }
+        if inner.by_name.len() >= max {
+            return Err(RegisterError::Full);
+        }
+        inner
+            .by_name
+            .insert(Arc::clone(&entry.name), Arc::clone(entry));
+        inner.by_id.insert(entry.id, Arc::clone(entry));
+        Ok(())
+    }
+
+    /// Frees the entry's name and id (at physical completion).
+    pub(crate) fn unregister(&self, entry: &TaskEntry) {
+        let mut inner = self.lock();
+        if inner
+            .by_id
+            .get(&entry.id)
+            .is_some_and(|e| std::ptr::eq(e.as_ref(), entry))
+        {
+            inner.by_id.remove(&entry.id);
+            inner.by_name.remove(&entry.name);
+        }
+    }
+
+    pub(crate) fn get(&self, target: &TaskRef) -> Option<Arc<TaskEntry>> {
+        let inner = self.lock();
+        match target {
+            TaskRef::Id(id) => inner.by_id.get(id).cloned(),
+            TaskRef::Name(name) => inner.by_name.get(name.as_str()).cloned(),
+        }
+    }
+
+    /// Refuses new registrations from now on and returns every entry.
+    pub(crate) fn close(&self) -> Vec<Arc<TaskEntry>> {
+        let mut inner = self.lock();
+        inner.closed = true;
+        inner.by_id.values().cloned().collect()
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    pub(crate) fn list(&self) -> Vec<TaskInfo> {
+        let inner = self.lock();
+        let mut tasks: Vec<TaskInfo> = inner.by_id.values().map(|e| e.info()).collect();
+        tasks.sort_by_key(|t| t.id);
+        tasks
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.lock().by_id.len()
+    }
+}

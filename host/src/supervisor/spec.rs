@@ -1,0 +1,272 @@
+//! Owns what a task *is*: its name, its body (a plugin attempt or a native
+//! Rust future), and the policies that say how often and how long it runs
+//! (restart, backoff, timeout, retry budget). Validation of those policies
+//! happens here; applying them is the actor's business.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use crate::runtime::{GuestSink, Plugin, Runtime, Sandbox};
+
+use super::backoff::BackoffPolicy;
+
+/// When a task runs again after an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartPolicy {
+    /// Stop after any result.
+    Never,
+    /// Retry retryable errors (Fail, Timeout); stop on success.
+    OnFailure,
+    /// Run again after success too, `interval` after it ended (at least 1 ms);
+    /// failures use the backoff; a success resets the failure streak.
+    Always {
+        /// Pause between a success and the next start.
+        interval: Duration,
+    },
+}
+
+/// An error produced by one attempt of a task body.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TaskError {
+    /// Retryable failure.
+    #[error("{reason}")]
+    Fail {
+        /// What happened.
+        reason: String,
+        /// An exit code, if the body gave one.
+        exit_code: Option<i32>,
+    },
+    /// The attempt timed out (retryable).
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// Non-retryable failure.
+    #[error("{reason}")]
+    Fatal {
+        /// What happened.
+        reason: String,
+        /// An exit code, if the body gave one.
+        exit_code: Option<i32>,
+    },
+    /// The body stopped on request (or on its own accord as canceled).
+    #[error("canceled")]
+    Canceled,
+}
+
+impl TaskError {
+    /// A retryable failure.
+    pub fn fail(reason: impl Into<String>) -> Self {
+        Self::Fail {
+            reason: reason.into(),
+            exit_code: None,
+        }
+    }
+
+    /// A non-retryable failure.
+    pub fn fatal(reason: impl Into<String>) -> Self {
+        Self::Fatal {
+            reason: reason.into(),
+            exit_code: None,
+        }
+    }
+}
+
+/// What a native body receives for one attempt.
+#[derive(Debug, Clone)]
+pub struct NativeContext {
+    /// The task's id.
+    pub task_id: u64,
+    /// The task's name.
+    pub name: Arc<str>,
+    /// 1-based attempt number.
+    pub attempt: u32,
+    /// Fires when a stop is requested; a cooperative body returns soon after.
+    pub cancel: CancellationToken,
+}
+
+/// A native Rust task body: called once per attempt.
+pub type NativeFn =
+    Arc<dyn Fn(NativeContext) -> BoxFuture<'static, Result<Vec<u8>, TaskError>> + Send + Sync>;
+
+/// Builds a [`NativeFn`] from an async closure.
+pub fn native<F, Fut>(f: F) -> NativeFn
+where
+    F: Fn(NativeContext) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Vec<u8>, TaskError>> + Send + 'static,
+{
+    Arc::new(move |ctx| Box::pin(f(ctx)))
+}
+
+/// A plugin task body: what every attempt instantiates and runs.
+#[derive(Clone)]
+pub struct PluginBody {
+    /// The runtime that runs it.
+    pub runtime: Arc<Runtime>,
+    /// The compiled plugin.
+    pub plugin: Arc<Plugin>,
+    /// Input bytes for `run`.
+    pub input: Arc<[u8]>,
+    /// Params, visible to the guest.
+    pub params: Vec<(String, String)>,
+    /// What the guest may touch.
+    pub sandbox: Arc<Sandbox>,
+    /// Where the guest's lines go besides the event bus (the CLI's stderr,
+    /// the daemon's task log), if anywhere.
+    pub sink: Option<Arc<dyn GuestSink>>,
+}
+
+impl std::fmt::Debug for PluginBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginBody")
+            .field("plugin", &self.plugin.info().name)
+            .field("digest", &self.plugin.digest())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What runs in each attempt.
+#[derive(Clone)]
+pub enum TaskBody {
+    /// A WebAssembly plugin, in a fresh instance per attempt.
+    Plugin(PluginBody),
+    /// A native Rust future (for tests and benchmarks of the semantics).
+    Native(NativeFn),
+}
+
+impl std::fmt::Debug for TaskBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Plugin(p) => p.fmt(f),
+            Self::Native(_) => f.write_str("Native"),
+        }
+    }
+}
+
+/// A task to register: name, body and policies. Unset policies come from
+/// the supervisor's [`TaskDefaults`].
+#[derive(Debug, Clone)]
+pub struct TaskSpec {
+    pub(crate) name: String,
+    pub(crate) slot: Option<String>,
+    pub(crate) body: TaskBody,
+    pub(crate) restart: Option<RestartPolicy>,
+    pub(crate) backoff: Option<BackoffPolicy>,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) max_retries: Option<Option<u32>>,
+}
+
+impl TaskSpec {
+    /// A task with every policy from the supervisor's defaults.
+    pub fn from_defaults(name: impl Into<String>, body: TaskBody) -> Self {
+        Self {
+            name: name.into(),
+            slot: None,
+            body,
+            restart: None,
+            backoff: None,
+            timeout: None,
+            max_retries: None,
+        }
+    }
+
+    /// A task that runs once (restart Never).
+    pub fn once(name: impl Into<String>, body: TaskBody) -> Self {
+        Self::from_defaults(name, body).with_restart(RestartPolicy::Never)
+    }
+
+    /// A task that retries failures (restart OnFailure).
+    pub fn restartable(name: impl Into<String>, body: TaskBody) -> Self {
+        Self::from_defaults(name, body).with_restart(RestartPolicy::OnFailure)
+    }
+
+    /// A task that runs every `interval` (restart Always).
+    pub fn periodic(name: impl Into<String>, body: TaskBody, interval: Duration) -> Self {
+        Self::from_defaults(name, body).with_restart(RestartPolicy::Always { interval })
+    }
+
+    /// Sets the restart policy.
+    pub fn with_restart(mut self, restart: RestartPolicy) -> Self {
+        self.restart = Some(restart);
+        self
+    }
+
+    /// Sets the backoff policy.
+    pub fn with_backoff(mut self, backoff: BackoffPolicy) -> Self {
+        self.backoff = Some(backoff);
+        self
+    }
+
+    /// Sets the per-attempt timeout; zero means none.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Sets the retry budget: at most `n + 1` consecutive failed attempts;
+    /// `None` is unlimited.
+    pub fn with_max_retries(mut self, n: Option<u32>) -> Self {
+        self.max_retries = Some(n);
+        self
+    }
+
+    /// Sets the slot the task reports in its facts and events (the
+    /// controller's admission key); without it the slot is the name.
+    pub fn with_slot(mut self, slot: impl Into<String>) -> Self {
+        self.slot = Some(slot.into());
+        self
+    }
+
+    /// The task's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// Supervisor-wide defaults for specs that leave a policy unset.
+#[derive(Debug, Clone)]
+pub struct TaskDefaults {
+    /// Default restart policy: Never.
+    pub restart: RestartPolicy,
+    /// Default backoff: 200 ms first, factor 2, 30 s max, Equal jitter.
+    pub backoff: BackoffPolicy,
+    /// Default per-attempt timeout: none.
+    pub timeout: Option<Duration>,
+    /// Default retry budget: unlimited.
+    pub max_retries: Option<u32>,
+}
+
+impl Default for TaskDefaults {
+    fn default() -> Self {
+        Self {
+            restart: RestartPolicy::Never,
+            backoff: BackoffPolicy::default(),
+            timeout: None,
+            max_retries: None,
+        }
+    }
+}
+
+/// A spec with every policy resolved.
+#[derive(Debug, Clone)]
+pub(crate) struct ResolvedPolicies {
+    pub restart: RestartPolicy,
+    pub backoff: BackoffPolicy,
+    pub timeout: Option<Duration>,
+    pub max_retries: Option<u32>,
+}
+
+impl TaskSpec {
+    pub(crate) fn resolve(&self, defaults: &TaskDefaults) -> ResolvedPolicies {
+        ResolvedPolicies {
+            restart: self.restart.unwrap_or(defaults.restart),
+            backoff: self
+                .backoff
+                .clone()
+                .unwrap_or_else(|| defaults.backoff.clone()),
+            timeout: self.timeout.or(defaults.timeout).filter(|t| !t.is_zero()),
+            max_retries: self.max_retries.unwrap_or(defaults.max_retries),
+        }
+    }
+}
