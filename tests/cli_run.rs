@@ -373,3 +373,70 @@ fn flaky_fails_with_its_exit_code_without_retries() {
     assert_eq!(v["outcome"], "failed");
     assert_eq!(v["exit_code"], 3);
 }
+
+#[test]
+fn flaky_retries_until_it_succeeds() {
+    let out = run_host(&[
+        "run",
+        &p("flaky"),
+        "--param",
+        "fail_times=2",
+        "--restart",
+        "on-failure",
+        "--json",
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let v = json(&out.stdout);
+    assert_eq!(v["outcome"], "completed");
+    assert_eq!(v["attempts"], 3);
+    assert_eq!(v["output"], "ok after 3 attempts");
+    assert_eq!(
+        out.stderr.matches("failed: flaky: attempt").count(),
+        2,
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn retry_budget_and_history() {
+    let out = run_host(&[
+        "run",
+        &p("flaky"),
+        "--param",
+        "fail_times=9",
+        "--restart",
+        "on-failure",
+        "--max-retries",
+        "2",
+        "--backoff",
+        "1ms,2ms,2,none",
+    ]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("[flaky-1] 3 attempts:"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr
+            .contains("retry limit reached: 3 consecutive failed attempts (max retries 2)"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("[exit code 3]"), "{}", out.stderr);
+}
+
+#[test]
+fn policy_flags_are_checked() {
+    let out = run_host(&["run", &p("hello"), "--restart", "never", "--every", "1s"]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("--every"), "{}", out.stderr);
+    let out = run_host(&["run", &p("hello"), "--backoff", "1s,10ms"]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("must not exceed the maximum"),
+        "{}",
+        out.stderr
+    );
+}

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 use taskhost::runtime::{DirGrant, Sandbox, parse_env};
+use taskhost::supervisor::{BackoffPolicy, Jitter, RestartPolicy, TaskSpec};
 use taskhost::units::{parse_duration, parse_size};
 
 use super::usage;
@@ -115,4 +116,129 @@ impl TaskArgs {
             }),
         }
     }
+}
+
+/// Restart, retry and backoff flags (`run`, `submit`).
+#[derive(Debug, Args)]
+pub struct PolicyArgs {
+    /// When to run the task again: never, on-failure (retry retryable failures) or always (rerun after success too).
+    #[arg(long, value_enum, value_name = "WHEN")]
+    pub restart: Option<Restart>,
+    /// Rerun every DUR after a success (implies --restart always).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub every: Option<Duration>,
+    /// Give up after N+1 consecutive failed attempts [default: unlimited].
+    #[arg(long, value_name = "N")]
+    pub max_retries: Option<u32>,
+    /// Delay between failed attempts: FIRST,MAX,FACTOR,JITTER or key=value pairs (first=, max=, factor=, jitter=none|full|equal|decorrelated) [default: 200ms,30s,2,equal].
+    #[arg(long, value_name = "SPEC", value_parser = parse_backoff)]
+    pub backoff: Option<BackoffPolicy>,
+}
+
+/// The `--restart` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Restart {
+    /// Stop after any result.
+    Never,
+    /// Retry retryable failures.
+    OnFailure,
+    /// Rerun after success too (see --every).
+    Always,
+}
+
+/// Policies resolved from the flags.
+#[derive(Debug, Clone)]
+pub struct Policies {
+    restart: RestartPolicy,
+    max_retries: Option<u32>,
+    backoff: Option<BackoffPolicy>,
+    timeout: Option<Duration>,
+}
+
+impl Policies {
+    /// Applies the policies to a spec.
+    pub fn apply(&self, spec: TaskSpec) -> TaskSpec {
+        let mut spec = spec
+            .with_restart(self.restart)
+            .with_max_retries(self.max_retries)
+            .with_timeout(self.timeout.unwrap_or_default());
+        if let Some(backoff) = &self.backoff {
+            spec = spec.with_backoff(backoff.clone());
+        }
+        spec
+    }
+}
+
+impl PolicyArgs {
+    /// Checks the flags against each other and resolves them.
+    pub fn resolve(&self, timeout: Option<Duration>) -> anyhow::Result<Policies> {
+        let restart = match (self.restart, self.every) {
+            (Some(Restart::Never | Restart::OnFailure), Some(_)) => {
+                return Err(usage(
+                    "--every reruns after success; it needs --restart always (or no --restart)",
+                ));
+            }
+            (Some(Restart::Always) | None, Some(every)) => {
+                RestartPolicy::Always { interval: every }
+            }
+            (Some(Restart::Always), None) => RestartPolicy::Always {
+                interval: Duration::ZERO,
+            },
+            (Some(Restart::OnFailure), None) => RestartPolicy::OnFailure,
+            (Some(Restart::Never) | None, None) => RestartPolicy::Never,
+        };
+        Ok(Policies {
+            restart,
+            max_retries: self.max_retries,
+            backoff: self.backoff.clone(),
+            timeout,
+        })
+    }
+}
+
+/// Parses `--backoff`: `FIRST,MAX,FACTOR,JITTER` (a prefix is enough) or
+/// `key=value` pairs.
+pub fn parse_backoff(text: &str) -> Result<BackoffPolicy, String> {
+    let defaults = ("200ms", "30s", "2", "equal");
+    let (mut first, mut max, mut factor, mut jitter) = defaults;
+    for (i, item) in text.split(',').map(str::trim).enumerate() {
+        let (key, value) = match item.split_once('=') {
+            Some((k, v)) => (k.trim(), v.trim()),
+            None => (
+                ["first", "max", "factor", "jitter"]
+                    .get(i)
+                    .copied()
+                    .unwrap_or("?"),
+                item,
+            ),
+        };
+        match key {
+            "first" => first = value,
+            "max" => max = value,
+            "factor" => factor = value,
+            "jitter" => jitter = value,
+            _ => {
+                return Err(format!(
+                    "unknown backoff part `{item}`; use FIRST,MAX,FACTOR,JITTER such as 100ms,10s,2,equal"
+                ));
+            }
+        }
+    }
+    let first = parse_duration(first).map_err(|e| e.to_string())?;
+    let max = parse_duration(max).map_err(|e| e.to_string())?;
+    let factor: f64 = factor
+        .parse()
+        .map_err(|_| format!("invalid backoff factor `{factor}`: use a number >= 1"))?;
+    let jitter = match jitter {
+        "none" => Jitter::None,
+        "full" => Jitter::Full,
+        "equal" => Jitter::Equal,
+        "decorrelated" => Jitter::Decorrelated,
+        other => {
+            return Err(format!(
+                "invalid jitter `{other}`: use none, full, equal or decorrelated"
+            ));
+        }
+    };
+    BackoffPolicy::new(first, max, factor, jitter).map_err(|e| e.to_string())
 }

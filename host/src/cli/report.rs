@@ -10,6 +10,7 @@ use base64::Engine as _;
 use serde::Serialize;
 use taskhost::outcome::TaskOutcome;
 use taskhost::runtime::{GuestSink, Stream};
+use taskhost::supervisor::TaskReport;
 use taskhost::units::format_duration;
 
 /// The JSON result of one task (`--json`).
@@ -29,14 +30,8 @@ pub struct JsonResult<'a> {
 }
 
 impl<'a> JsonResult<'a> {
-    pub fn new(
-        id: u64,
-        name: &'a str,
-        slot: &'a str,
-        outcome: &'a TaskOutcome,
-        attempts: u32,
-        took: Duration,
-    ) -> Self {
+    pub fn new(report: &'a TaskReport, took: Duration) -> Self {
+        let outcome = &report.outcome;
         let (output, output_encoding) = match outcome {
             TaskOutcome::Completed { output } => match std::str::from_utf8(output) {
                 Ok(text) => (Some(text.to_owned()), Some("utf8")),
@@ -48,9 +43,9 @@ impl<'a> JsonResult<'a> {
             _ => (None, None),
         };
         Self {
-            id,
-            name,
-            slot,
+            id: report.id,
+            name: &report.name,
+            slot: &report.slot,
             outcome: outcome.kind(),
             reason: outcome.reason(),
             exit_code: outcome.exit_code(),
@@ -58,7 +53,7 @@ impl<'a> JsonResult<'a> {
                 TaskOutcome::Rejected { kind, .. } => Some(kind.to_string()),
                 _ => None,
             },
-            attempts,
+            attempts: report.attempts,
             duration_ms: took.as_millis() as u64,
             output,
             output_encoding,
@@ -68,13 +63,8 @@ impl<'a> JsonResult<'a> {
 
 /// Writes the task's result: raw output or one JSON object on stdout, the
 /// human summary on stderr.
-pub fn print_result(
-    json: Option<&JsonResult<'_>>,
-    name: &str,
-    outcome: &TaskOutcome,
-    attempts: u32,
-    took: Duration,
-) {
+pub fn print_result(json: Option<&JsonResult<'_>>, report: &TaskReport, took: Duration) {
+    let outcome = &report.outcome;
     let mut stdout = std::io::stdout().lock();
     match json {
         Some(json) => {
@@ -95,7 +85,7 @@ pub fn print_result(
     }
     let _ = stdout.flush();
     if json.is_none() {
-        eprintln!("{}", summary(name, outcome, attempts, took));
+        eprintln!("{}", summary(&report.name, outcome, report.attempts, took));
     }
 }
 

@@ -1,19 +1,21 @@
-//! `host run PLUGIN`: one task in this process, no daemon. Ctrl-C (or
-//! SIGTERM) asks the task to stop; after --grace, or on a second signal, the
-//! instance is stopped by force.
+//! `host run PLUGIN`: one task in an in-process supervisor, no daemon.
+//! Ctrl-C (or SIGTERM) asks the task to stop; after --grace, or on a second
+//! signal, the instance is stopped by force.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use taskhost::outcome::TaskOutcome;
-use taskhost::runtime::{
-    AttemptError, AttemptFacts, AttemptRequest, Runtime, RuntimeConfig, StopSignals,
+use taskhost::runtime::{GuestSink, Runtime, RuntimeConfig};
+use taskhost::supervisor::{
+    Event, EventKind, PluginBody, Received, Supervisor, SupervisorConfig, TaskBody, TaskReport,
+    TaskSpec,
 };
 use taskhost::units::{format_duration, parse_duration};
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::args::{GlobalArgs, TaskArgs};
+use super::args::{GlobalArgs, PolicyArgs, TaskArgs};
 use super::report::{JsonResult, StderrSink, print_result};
 use super::usage;
 
@@ -21,124 +23,163 @@ use super::usage;
 pub struct RunArgs {
     #[command(flatten)]
     task: TaskArgs,
+    #[command(flatten)]
+    policy: PolicyArgs,
     /// After Ctrl-C, how long the task may take to stop before it is stopped by force.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
     grace: Duration,
 }
-
-/// The id of the one task an embedded run registers.
-const TASK_ID: u64 = 1;
 
 pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<u8> {
     let task = &args.task;
     let params = task.params()?;
     let sandbox = task.sandbox()?;
     let input = task.input()?;
+    let policies = args.policy.resolve(task.timeout)?;
 
     let config = RuntimeConfig {
         cache_dir: super::cache_dir(global),
         ..RuntimeConfig::default()
     };
-    let runtime = Runtime::new(&config)?;
+    let runtime = Arc::new(Runtime::new(&config)?);
     let plugin = runtime.load_file(&task.plugin).await.map_err(usage)?;
+    sandbox
+        .check_capabilities(&plugin.info().capabilities)
+        .map_err(usage)?;
+
+    let supervisor = Supervisor::new(SupervisorConfig {
+        max_concurrent: Some(1),
+        grace: args.grace,
+        // One task and one fast reader: room for a burst of guest output.
+        bus_capacity: 1 << 16,
+        ..SupervisorConfig::default()
+    });
+    let id = supervisor.next_id();
     let info = plugin.info();
     let name = task
         .name
         .clone()
-        .unwrap_or_else(|| format!("{}-{TASK_ID}", info.name));
+        .unwrap_or_else(|| format!("{}-{id}", info.name));
     let slot = match (&task.slot, &info.resource) {
         (Some(slot), _) => slot.clone(),
         (None, Some(template)) => template.fill(&params).map_err(usage)?,
         (None, None) => name.clone(),
     };
-    sandbox
-        .check_capabilities(&info.capabilities)
-        .map_err(usage)?;
-
     let sink = Arc::new(StderrSink::new(name.clone()));
-    let request = AttemptRequest {
-        facts: Arc::new(AttemptFacts {
-            task_id: TASK_ID,
-            name: name.clone(),
-            slot: slot.clone(),
-            attempt: 1,
-            params,
-        }),
+    let body = TaskBody::Plugin(PluginBody {
+        runtime: Arc::clone(&runtime),
+        plugin: Arc::clone(&plugin),
         input: input.into(),
+        params,
         sandbox: Arc::new(sandbox),
-        sink: sink.clone(),
-    };
+        // Guest lines reach stderr through the event stream, so they and
+        // the lifecycle notes come out in one order.
+        sink: None,
+    });
+    let spec = policies.apply(TaskSpec::from_defaults(name.clone(), body).with_slot(slot));
 
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
-    let signals = StopSignals::default();
-    let timeout = task.timeout.filter(|t| !t.is_zero());
+    let mut events = supervisor.subscribe();
     let started = Instant::now();
-    sink.note("attempt 1 started");
-    let attempt = runtime.run_attempt(&plugin, &request, &signals);
-    tokio::pin!(attempt);
-
-    let far = Duration::from_secs(86400 * 365);
-    let timeout_at = tokio::time::Instant::now() + timeout.unwrap_or(far);
-    let mut grace_at = tokio::time::Instant::now() + far;
-    let (mut timed_out, mut stop_requested, mut forced) = (false, false, false);
-    let result = loop {
-        tokio::select! {
-            result = &mut attempt => break result,
-            () = tokio::time::sleep_until(timeout_at), if timeout.is_some() && !timed_out => {
-                timed_out = true;
-                signals.abort();
+    let waiter = supervisor.add_with_id(id, spec);
+    let printer = {
+        let sink = Arc::clone(&sink);
+        tokio::spawn(async move {
+            while let Some(received) = events.recv().await {
+                let event = match received {
+                    Received::Event(event) => event,
+                    Received::Dropped(n) => {
+                        sink.note(&format!(
+                            "{n} events were dropped (the guest wrote faster than stderr took it)"
+                        ));
+                        continue;
+                    }
+                };
+                if event.task_id != Some(id) {
+                    continue;
+                }
+                match (event.kind, event.stream, &event.reason) {
+                    (EventKind::GuestLog, Some(stream), Some(text)) => sink.line(stream, text),
+                    (EventKind::Progress, _, _) => {
+                        sink.progress(event.done.unwrap_or(0), event.total.unwrap_or(0))
+                    }
+                    _ => {
+                        if let Some(note) = lifecycle_note(&event) {
+                            sink.note(&note);
+                        }
+                    }
+                }
             }
+        })
+    };
+    let report = waiter.clone().report();
+    tokio::pin!(report);
+    let mut stop_requested = false;
+    let report = loop {
+        tokio::select! {
+            report = &mut report => break report,
             _ = async { tokio::select! { _ = interrupt.recv() => {}, _ = terminate.recv() => {} } } => {
                 if stop_requested {
-                    forced = true;
-                    signals.abort();
+                    sink.note("stopping it by force");
+                    // The earlier deadline wins: the actor force-aborts now.
+                    let supervisor = supervisor.clone();
+                    tokio::spawn(async move { supervisor.shutdown(Duration::ZERO).await });
                 } else {
                     stop_requested = true;
-                    grace_at = tokio::time::Instant::now() + args.grace;
                     sink.note(&format!(
                         "stop requested; waiting up to {} (signal again to stop it now)",
                         format_duration(args.grace)
                     ));
-                    signals.cancel();
+                    supervisor.remove(id);
                 }
-            }
-            () = tokio::time::sleep_until(grace_at), if stop_requested && !forced => {
-                forced = true;
-                signals.abort();
             }
         }
     };
     let took = started.elapsed();
+    // Wait until the instance is gone and the event printer has caught up.
+    supervisor.shutdown(Duration::ZERO).await;
+    let _ = printer.await;
     sink.clear_progress();
+    if !matches!(report.outcome, TaskOutcome::Completed { .. }) && report.attempts > 1 {
+        print_history(&sink, &report);
+    }
+    let json = task.json.then(|| JsonResult::new(&report, took));
+    print_result(json.as_ref(), &report, took);
+    Ok(report.outcome.process_exit_code())
+}
 
-    let outcome = if forced {
-        TaskOutcome::ForceAborted
-    } else if timed_out {
-        TaskOutcome::Failed {
-            reason: format!(
-                "attempt 1 timed out after {}",
-                format_duration(timeout.unwrap_or_default())
-            ),
-            exit_code: None,
+/// The host-side line for a lifecycle event of the task, if it gets one.
+fn lifecycle_note(event: &Event) -> Option<String> {
+    let attempt = event.attempt.unwrap_or(0);
+    let ms = |v: Option<u64>| format_duration(Duration::from_millis(v.unwrap_or(0)));
+    Some(match event.kind {
+        EventKind::AttemptStarting => format!("attempt {attempt} started"),
+        EventKind::AttemptFailed => format!(
+            "attempt {attempt} failed: {}",
+            event.reason.as_deref().unwrap_or("no reason given")
+        ),
+        EventKind::AttemptTimedOut => {
+            format!("attempt {attempt} timed out after {}", ms(event.timeout_ms))
         }
-    } else if stop_requested {
-        TaskOutcome::Canceled
-    } else {
-        match result {
-            Ok(output) => TaskOutcome::Completed { output },
-            Err(AttemptError::Fail { reason, exit_code }) => {
-                TaskOutcome::Failed { reason, exit_code }
+        EventKind::BackoffScheduled => match event.source {
+            Some(taskhost::supervisor::BackoffSource::Success) => {
+                format!("next run in {}", ms(event.delay_ms))
             }
-            Err(AttemptError::Fatal { reason, exit_code }) => {
-                TaskOutcome::Fatal { reason, exit_code }
-            }
-            Err(AttemptError::Canceled | AttemptError::Aborted) => TaskOutcome::Canceled,
-        }
-    };
-    let json = task
-        .json
-        .then(|| JsonResult::new(TASK_ID, &name, &slot, &outcome, 1, took));
-    print_result(json.as_ref(), &name, &outcome, 1, took);
-    Ok(outcome.process_exit_code())
+            _ => format!("retrying in {}", ms(event.delay_ms)),
+        },
+        _ => return None,
+    })
+}
+
+fn print_history(sink: &StderrSink, report: &TaskReport) {
+    sink.note(&format!("{} attempts:", report.attempts));
+    for record in &report.history {
+        sink.note(&format!(
+            "  attempt {}: {} ({})",
+            record.attempt,
+            record.result,
+            format_duration(record.duration)
+        ));
+    }
 }

@@ -457,7 +457,7 @@ impl GuestSink for TaskSink {
             .task(self.entry.id, &self.entry.name, &self.entry.slot)
             .reason(text);
         event.attempt = Some(self.attempt);
-        event.detail = Some(stream.to_string());
+        event.stream = Some(stream);
         self.shared.publish(event);
         if let Some(forward) = &self.forward {
             forward.line(stream, text);

@@ -13,6 +13,7 @@ use serde::Serialize;
 use tokio::sync::broadcast;
 
 use crate::outcome::{RejectionKind, TaskOutcome};
+use crate::runtime::Stream;
 
 /// What happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -122,7 +123,10 @@ pub struct Event {
     /// Why a backoff was scheduled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<BackoffSource>,
-    /// Free-form detail (slot transitions `from->to`, guest stream name).
+    /// Which guest stream a GuestLog line came from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<Stream>,
+    /// Free-form detail (slot transitions `from->to`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
     /// Progress: units done.
@@ -154,6 +158,7 @@ impl Event {
             exit_code: None,
             dropped: None,
             source: None,
+            stream: None,
             detail: None,
             done: None,
             total: None,
