@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod controller;
 pub mod outcome;
 pub mod resource;
 pub mod runtime;

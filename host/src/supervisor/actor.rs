@@ -40,12 +40,15 @@ pub(crate) struct Actor {
     pub entry: Arc<TaskEntry>,
     pub body: TaskBody,
     pub policies: ResolvedPolicies,
+    /// Runs after physical completion (the controller frees the slot).
+    pub on_gone: Option<Box<dyn FnOnce() + Send + Sync>>,
 }
 
 impl Actor {
     /// Runs the task to its end and releases everything it held. A panic in
     /// here is a host bug: it is caught and reported as Panicked.
-    pub(crate) async fn run(self) {
+    pub(crate) async fn run(mut self) {
+        let on_gone = self.on_gone.take();
         let shared = Arc::clone(&self.shared);
         let entry = Arc::clone(&self.entry);
         let mut history = VecDeque::new();
@@ -67,6 +70,9 @@ impl Actor {
         shared.registry.unregister(&entry);
         entry.gone.cancel();
         shared.publish(Event::new(EventKind::TaskRemoved).task(entry.id, &entry.name, &entry.slot));
+        if let Some(on_gone) = on_gone {
+            on_gone();
+        }
     }
 
     async fn life(&self, history: &mut VecDeque<AttemptRecord>) -> (TaskOutcome, u32) {

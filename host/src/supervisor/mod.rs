@@ -39,6 +39,7 @@ pub use spec::{
     TaskSpec, native,
 };
 pub use waiter::{AttemptRecord, MAX_HISTORY, TaskReport, TaskWaiter};
+pub(crate) use waiter::OutcomeCell;
 
 use events::SubscriberLane;
 use registry::{RegisterError, Registry, TaskEntry};
@@ -184,18 +185,29 @@ impl Supervisor {
 
     /// Like [`Supervisor::add`], with an id from [`Supervisor::next_id`].
     pub fn add_with_id(&self, id: u64, spec: TaskSpec) -> TaskWaiter {
+        let cell = Arc::new(OutcomeCell::new());
+        let waiter = cell.waiter(id);
+        let _ = self.admit(id, spec, cell, None);
+        waiter
+    }
+
+    /// Registers and starts a task whose outcome goes to `cell`; `on_gone`
+    /// runs in the task's actor after its physical completion (after
+    /// TaskRemoved). A refused registration resolves `cell` to Rejected and
+    /// never calls `on_gone`.
+    pub(crate) fn admit(
+        &self,
+        id: u64,
+        spec: TaskSpec,
+        cell: Arc<OutcomeCell>,
+        on_gone: Option<Box<dyn FnOnce() + Send + Sync>>,
+    ) -> Result<(), RejectionKind> {
         let shared = &self.shared;
         let name: Arc<str> = Arc::from(spec.name.as_str());
-        let slot: Arc<str> = spec
-            .slot
-            .as_deref()
-            .map_or_else(|| Arc::clone(&name), Arc::from);
+        let slot: Arc<str> = spec.slot.as_deref().map_or_else(|| Arc::clone(&name), Arc::from);
         shared.publish(Event::new(EventKind::TaskAddRequested).task(id, &name, &slot));
-        let entry = Arc::new(TaskEntry::new(id, Arc::clone(&name), Arc::clone(&slot)));
-        if let Err(err) = shared
-            .registry
-            .register(&entry, shared.config.max_registered_tasks)
-        {
+        let entry = Arc::new(TaskEntry::new(id, Arc::clone(&name), Arc::clone(&slot), cell));
+        if let Err(err) = shared.registry.register(&entry, shared.config.max_registered_tasks) {
             let (kind, reason) = match err {
                 RegisterError::AlreadyExists => (
                     RejectionKind::AlreadyExists,
@@ -208,18 +220,11 @@ impl Supervisor {
                         shared.config.max_registered_tasks
                     ),
                 ),
-                RegisterError::ShuttingDown => (
-                    RejectionKind::ShuttingDown,
-                    "the host is shutting down".to_owned(),
-                ),
+                RegisterError::ShuttingDown => (RejectionKind::ShuttingDown, "the host is shutting down".to_owned()),
             };
             let outcome = TaskOutcome::Rejected { kind, reason };
-            shared.publish(
-                Event::new(EventKind::TaskAddFailed)
-                    .task(id, &name, &slot)
-                    .outcome(&outcome),
-            );
-            return TaskWaiter::resolved(TaskReport {
+            shared.publish(Event::new(EventKind::TaskAddFailed).task(id, &name, &slot).outcome(&outcome));
+            entry.outcome.set(TaskReport {
                 id,
                 name,
                 slot,
@@ -227,8 +232,8 @@ impl Supervisor {
                 attempts: 0,
                 history: Vec::new(),
             });
+            return Err(kind);
         }
-        let waiter = entry.outcome.waiter(id);
         shared.publish(Event::new(EventKind::TaskAdded).task(id, &name, &slot));
         let policies = spec.resolve(&shared.config.defaults);
         let actor = actor::Actor {
@@ -236,9 +241,10 @@ impl Supervisor {
             entry,
             body: spec.body,
             policies,
+            on_gone,
         };
         tokio::spawn(actor.run());
-        waiter
+        Ok(())
     }
 
     /// Requests a stop (with the configured grace). True for the one caller

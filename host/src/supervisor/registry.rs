@@ -92,7 +92,7 @@ pub(crate) struct TaskEntry {
     /// `Some(deadline)` once a stop is requested: the body must end by then.
     stop: watch::Sender<Option<Instant>>,
     claimed: AtomicBool,
-    pub outcome: OutcomeCell,
+    pub outcome: Arc<OutcomeCell>,
     /// Fires when the task is physically gone (instance dropped, permit and
     /// name released).
     pub gone: CancellationToken,
@@ -101,14 +101,14 @@ pub(crate) struct TaskEntry {
 }
 
 impl TaskEntry {
-    pub(crate) fn new(id: u64, name: Arc<str>, slot: Arc<str>) -> Self {
+    pub(crate) fn new(id: u64, name: Arc<str>, slot: Arc<str>, outcome: Arc<OutcomeCell>) -> Self {
         Self {
             id,
             name,
             slot,
             stop: watch::channel(None).0,
             claimed: AtomicBool::new(false),
-            outcome: OutcomeCell::new(),
+            outcome,
             gone: CancellationToken::new(),
             phase: AtomicU8::new(0),
             attempts: AtomicU32::new(0),

@@ -222,6 +222,11 @@ impl TaskSpec {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    /// The task's explicit slot, if set.
+    pub fn slot(&self) -> Option<&str> {
+        self.slot.as_deref()
+    }
 }
 
 /// Supervisor-wide defaults for specs that leave a policy unset.

@@ -92,14 +92,6 @@ impl TaskWaiter {
         self.id
     }
 
-    /// A waiter that is already resolved.
-    pub(crate) fn resolved(report: TaskReport) -> Self {
-        let cell = OutcomeCell::new();
-        let id = report.id;
-        cell.set(report);
-        cell.waiter(id)
-    }
-
     /// The final report, once there is one.
     pub async fn report(mut self) -> Arc<TaskReport> {
         let id = self.id;
