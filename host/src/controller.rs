@@ -17,7 +17,8 @@ use crate::outcome::{RejectionKind, TaskOutcome};
 use crate::resource::{ResourceTemplate, TemplateError};
 use crate::runtime::AdmissionPolicy;
 use crate::supervisor::{
-    Event, EventKind, OutcomeCell, ShutdownReport, Supervisor, TaskRef, TaskReport, TaskSpec, TaskWaiter,
+    Event, EventKind, OutcomeCell, ShutdownReport, Supervisor, TaskRef, TaskReport, TaskSpec,
+    TaskWaiter,
 };
 
 /// Bounds of the controller.
@@ -198,21 +199,46 @@ impl Controller {
         let mut state = self.lock();
         let reject = |kind: RejectionKind, reason: String| (kind, reason);
         let rejection = if state.closed {
-            Some(reject(RejectionKind::ShuttingDown, "the host is shutting down".into()))
+            Some(reject(
+                RejectionKind::ShuttingDown,
+                "the host is shutting down".into(),
+            ))
         } else {
             match state.slots.get(&slot).map(|s| s.state) {
                 None | Some(SlotState::Idle) => {
-                    if !state.slots.contains_key(&slot) && state.slots.len() >= self.inner.config.max_slots {
+                    if !state.slots.contains_key(&slot)
+                        && state.slots.len() >= self.inner.config.max_slots
+                    {
                         Some(reject(
                             RejectionKind::ResourceLimit,
-                            format!("the controller already tracks its limit of {} slots", self.inner.config.max_slots),
+                            format!(
+                                "the controller already tracks its limit of {} slots",
+                                self.inner.config.max_slots
+                            ),
                         ))
                     } else {
-                        self.admit(&mut state, &slot, Pending { id, spec, cell: Arc::clone(&cell) });
+                        self.admit(
+                            &mut state,
+                            &slot,
+                            Pending {
+                                id,
+                                spec,
+                                cell: Arc::clone(&cell),
+                            },
+                        );
                         None
                     }
                 }
-                Some(_) => self.place_busy(&mut state, &slot, policy, Pending { id, spec, cell: Arc::clone(&cell) }),
+                Some(_) => self.place_busy(
+                    &mut state,
+                    &slot,
+                    policy,
+                    Pending {
+                        id,
+                        spec,
+                        cell: Arc::clone(&cell),
+                    },
+                ),
             }
         };
         drop(state);
@@ -234,7 +260,10 @@ impl Controller {
         let config = &self.inner.config;
         let total = state.pending;
         let Some(slot) = state.slots.get_mut(slot_key) else {
-            return Some((RejectionKind::AdmissionFailed, "the slot vanished (host bug)".into()));
+            return Some((
+                RejectionKind::AdmissionFailed,
+                "the slot vanished (host bug)".into(),
+            ));
         };
         match policy {
             AdmissionPolicy::DropIfRunning => Some((
@@ -255,7 +284,10 @@ impl Controller {
                 if total >= config.max_total_pending {
                     return Some((
                         RejectionKind::ResourceLimit,
-                        format!("the controller already holds its limit of {} pending submissions", config.max_total_pending),
+                        format!(
+                            "the controller already holds its limit of {} pending submissions",
+                            config.max_total_pending
+                        ),
                     ));
                 }
                 let id = pending.id;
@@ -269,14 +301,24 @@ impl Controller {
                 if displaced.is_none() && total >= config.max_total_pending {
                     return Some((
                         RejectionKind::ResourceLimit,
-                        format!("the controller already holds its limit of {} pending submissions", config.max_total_pending),
+                        format!(
+                            "the controller already holds its limit of {} pending submissions",
+                            config.max_total_pending
+                        ),
                     ));
                 }
                 let id = pending.id;
                 slot.queue.push_front(pending);
-                let retire = (slot.state == SlotState::Running).then_some(slot.owner).flatten();
+                let retire = (slot.state == SlotState::Running)
+                    .then_some(slot.owner)
+                    .flatten();
                 if retire.is_some() {
-                    self.transition(slot_key, slot, SlotState::Terminating, "replaced by a newer submission");
+                    self.transition(
+                        slot_key,
+                        slot,
+                        SlotState::Terminating,
+                        "replaced by a newer submission",
+                    );
                 }
                 state.queued.insert(id, Arc::clone(slot_key));
                 match displaced {
@@ -305,19 +347,27 @@ impl Controller {
     /// Makes `pending` the owner of `slot_key` and registers it.
     fn admit(&self, state: &mut State, slot_key: &Arc<str>, pending: Pending) {
         let now = Instant::now();
-        let slot = state.slots.entry(Arc::clone(slot_key)).or_insert_with(|| Slot {
-            state: SlotState::Idle,
-            owner: None,
-            since: now,
-            queue: VecDeque::new(),
-        });
+        let slot = state
+            .slots
+            .entry(Arc::clone(slot_key))
+            .or_insert_with(|| Slot {
+                state: SlotState::Idle,
+                owner: None,
+                since: now,
+                queue: VecDeque::new(),
+            });
         slot.owner = Some(pending.id);
         self.transition(slot_key, slot, SlotState::Admitting, "admitted");
         let controller = self.clone();
         let key = Arc::clone(slot_key);
         let id = pending.id;
-        let on_gone: Box<dyn FnOnce() + Send + Sync> = Box::new(move || controller.owner_gone(&key, id));
-        match self.inner.supervisor.admit(id, pending.spec, pending.cell, Some(on_gone)) {
+        let on_gone: Box<dyn FnOnce() + Send + Sync> =
+            Box::new(move || controller.owner_gone(&key, id));
+        match self
+            .inner
+            .supervisor
+            .admit(id, pending.spec, pending.cell, Some(on_gone))
+        {
             Ok(()) => {
                 state.owners.insert(id, Arc::clone(slot_key));
                 if let Some(slot) = state.slots.get_mut(slot_key) {
@@ -336,14 +386,20 @@ impl Controller {
     fn owner_gone(&self, slot_key: &Arc<str>, id: u64) {
         let mut state = self.lock();
         state.owners.remove(&id);
-        if state.slots.get(slot_key).is_some_and(|s| s.owner == Some(id)) {
+        if state
+            .slots
+            .get(slot_key)
+            .is_some_and(|s| s.owner == Some(id))
+        {
             self.release(&mut state, slot_key, "owner physically completed");
         }
     }
 
     /// Frees a slot and admits its queue head, if any (unless closed).
     fn release(&self, state: &mut State, slot_key: &Arc<str>, why: &str) {
-        let Some(slot) = state.slots.get_mut(slot_key) else { return };
+        let Some(slot) = state.slots.get_mut(slot_key) else {
+            return;
+        };
         slot.owner = None;
         self.transition(slot_key, slot, SlotState::Idle, why);
         if state.closed {
@@ -383,10 +439,11 @@ impl Controller {
         reason: String,
     ) {
         let outcome = TaskOutcome::Rejected { kind, reason };
-        self.inner
-            .supervisor
-            .bus()
-            .publish(Event::new(EventKind::ControllerRejected).task(id, name, slot).outcome(&outcome));
+        self.inner.supervisor.bus().publish(
+            Event::new(EventKind::ControllerRejected)
+                .task(id, name, slot)
+                .outcome(&outcome),
+        );
         cell.set(TaskReport {
             id,
             name: Arc::clone(name),
@@ -437,9 +494,15 @@ impl Controller {
             }
         };
         let Some((id, key)) = found else { return false };
-        let Some(slot) = state.slots.get_mut(&key) else { return false };
-        let Some(pos) = slot.queue.iter().position(|p| p.id == id) else { return false };
-        let Some(pending) = slot.queue.remove(pos) else { return false };
+        let Some(slot) = state.slots.get_mut(&key) else {
+            return false;
+        };
+        let Some(pos) = slot.queue.iter().position(|p| p.id == id) else {
+            return false;
+        };
+        let Some(pending) = slot.queue.remove(pos) else {
+            return false;
+        };
         state.pending -= 1;
         state.queued.remove(&id);
         drop(state);
@@ -462,7 +525,9 @@ impl Controller {
         };
         let Some(id) = id else { return };
         let mut state = self.lock();
-        let Some(key) = state.owners.get(&id).cloned() else { return };
+        let Some(key) = state.owners.get(&id).cloned() else {
+            return;
+        };
         if let Some(slot) = state.slots.get_mut(&key)
             && slot.state == SlotState::Running
             && slot.owner == Some(id)
@@ -527,6 +592,9 @@ impl Controller {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.inner.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }

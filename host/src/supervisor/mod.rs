@@ -38,8 +38,8 @@ pub use spec::{
     NativeContext, NativeFn, PluginBody, RestartPolicy, TaskBody, TaskDefaults, TaskError,
     TaskSpec, native,
 };
-pub use waiter::{AttemptRecord, MAX_HISTORY, TaskReport, TaskWaiter};
 pub(crate) use waiter::OutcomeCell;
+pub use waiter::{AttemptRecord, MAX_HISTORY, TaskReport, TaskWaiter};
 
 use events::SubscriberLane;
 use registry::{RegisterError, Registry, TaskEntry};
@@ -204,10 +204,21 @@ impl Supervisor {
     ) -> Result<(), RejectionKind> {
         let shared = &self.shared;
         let name: Arc<str> = Arc::from(spec.name.as_str());
-        let slot: Arc<str> = spec.slot.as_deref().map_or_else(|| Arc::clone(&name), Arc::from);
+        let slot: Arc<str> = spec
+            .slot
+            .as_deref()
+            .map_or_else(|| Arc::clone(&name), Arc::from);
         shared.publish(Event::new(EventKind::TaskAddRequested).task(id, &name, &slot));
-        let entry = Arc::new(TaskEntry::new(id, Arc::clone(&name), Arc::clone(&slot), cell));
-        if let Err(err) = shared.registry.register(&entry, shared.config.max_registered_tasks) {
+        let entry = Arc::new(TaskEntry::new(
+            id,
+            Arc::clone(&name),
+            Arc::clone(&slot),
+            cell,
+        ));
+        if let Err(err) = shared
+            .registry
+            .register(&entry, shared.config.max_registered_tasks)
+        {
             let (kind, reason) = match err {
                 RegisterError::AlreadyExists => (
                     RejectionKind::AlreadyExists,
@@ -220,10 +231,17 @@ impl Supervisor {
                         shared.config.max_registered_tasks
                     ),
                 ),
-                RegisterError::ShuttingDown => (RejectionKind::ShuttingDown, "the host is shutting down".to_owned()),
+                RegisterError::ShuttingDown => (
+                    RejectionKind::ShuttingDown,
+                    "the host is shutting down".to_owned(),
+                ),
             };
             let outcome = TaskOutcome::Rejected { kind, reason };
-            shared.publish(Event::new(EventKind::TaskAddFailed).task(id, &name, &slot).outcome(&outcome));
+            shared.publish(
+                Event::new(EventKind::TaskAddFailed)
+                    .task(id, &name, &slot)
+                    .outcome(&outcome),
+            );
             entry.outcome.set(TaskReport {
                 id,
                 name,
