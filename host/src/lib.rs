@@ -30,6 +30,7 @@
 #![warn(missing_docs)]
 
 pub mod controller;
+pub mod daemon;
 pub mod outcome;
 pub mod resource;
 pub mod runtime;

@@ -7,7 +7,6 @@ use serde::{Deserialize, Serialize};
 
 /// Why a submission never ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
 pub enum RejectionKind {
     /// A task with this name is already registered.
     AlreadyExists,

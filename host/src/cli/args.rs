@@ -132,7 +132,7 @@ pub struct PolicyArgs {
     pub max_retries: Option<u32>,
     /// Delay between failed attempts: FIRST,MAX,FACTOR,JITTER or key=value pairs (first=, max=, factor=, jitter=none|full|equal|decorrelated) [default: 200ms,30s,2,equal].
     #[arg(long, value_name = "SPEC", value_parser = parse_backoff)]
-    pub backoff: Option<BackoffPolicy>,
+    pub backoff: Option<BackoffSpec>,
 }
 
 /// The `--restart` values.
@@ -190,17 +190,52 @@ impl PolicyArgs {
         Ok(Policies {
             restart,
             max_retries: self.max_retries,
-            backoff: self.backoff.clone(),
+            backoff: self.backoff.as_ref().map(BackoffSpec::policy),
             timeout,
         })
     }
 }
 
+/// A parsed `--backoff`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackoffSpec {
+    /// First delay.
+    pub first: Duration,
+    /// Largest delay.
+    pub max: Duration,
+    /// Growth factor.
+    pub factor: f64,
+    /// Jitter name: none, full, equal, decorrelated.
+    pub jitter: &'static str,
+}
+
+impl BackoffSpec {
+    /// The policy (validated when parsed).
+    pub fn policy(&self) -> BackoffPolicy {
+        let jitter = match self.jitter {
+            "none" => Jitter::None,
+            "full" => Jitter::Full,
+            "decorrelated" => Jitter::Decorrelated,
+            _ => Jitter::Equal,
+        };
+        BackoffPolicy::new(self.first, self.max, self.factor, jitter).unwrap_or_default()
+    }
+
+    /// The wire form: first ms, max ms, factor, jitter.
+    pub fn wire(&self) -> (u64, u64, f64, String) {
+        (
+            self.first.as_millis() as u64,
+            self.max.as_millis() as u64,
+            self.factor,
+            self.jitter.to_owned(),
+        )
+    }
+}
+
 /// Parses `--backoff`: `FIRST,MAX,FACTOR,JITTER` (a prefix is enough) or
 /// `key=value` pairs.
-pub fn parse_backoff(text: &str) -> Result<BackoffPolicy, String> {
-    let defaults = ("200ms", "30s", "2", "equal");
-    let (mut first, mut max, mut factor, mut jitter) = defaults;
+pub fn parse_backoff(text: &str) -> Result<BackoffSpec, String> {
+    let (mut first, mut max, mut factor, mut jitter) = ("200ms", "30s", "2", "equal");
     for (i, item) in text.split(',').map(str::trim).enumerate() {
         let (key, value) = match item.split_once('=') {
             Some((k, v)) => (k.trim(), v.trim()),
@@ -229,16 +264,22 @@ pub fn parse_backoff(text: &str) -> Result<BackoffPolicy, String> {
     let factor: f64 = factor
         .parse()
         .map_err(|_| format!("invalid backoff factor `{factor}`: use a number >= 1"))?;
-    let jitter = match jitter {
-        "none" => Jitter::None,
-        "full" => Jitter::Full,
-        "equal" => Jitter::Equal,
-        "decorrelated" => Jitter::Decorrelated,
+    let (jitter, name) = match jitter {
+        "none" => (Jitter::None, "none"),
+        "full" => (Jitter::Full, "full"),
+        "equal" => (Jitter::Equal, "equal"),
+        "decorrelated" => (Jitter::Decorrelated, "decorrelated"),
         other => {
             return Err(format!(
                 "invalid jitter `{other}`: use none, full, equal or decorrelated"
             ));
         }
     };
-    BackoffPolicy::new(first, max, factor, jitter).map_err(|e| e.to_string())
+    BackoffPolicy::new(first, max, factor, jitter).map_err(|e| e.to_string())?;
+    Ok(BackoffSpec {
+        first,
+        max,
+        factor,
+        jitter: name,
+    })
 }

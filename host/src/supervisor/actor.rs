@@ -99,7 +99,9 @@ impl Actor {
             self.event(EventKind::AttemptStarting, attempts);
             let started = Instant::now();
             let end = self.attempt(attempts, &mut stop, history).await;
-            drop(permit);
+            // The permit is held until the attempt's end event is out, so
+            // that no observer counting starts and ends ever sees more than
+            // `max_concurrent` attempts; it is released before any backoff.
             let took = started.elapsed();
             let mut record = |result: String| {
                 if history.len() == MAX_HISTORY {
@@ -124,6 +126,7 @@ impl Actor {
                     self.attempt_event(EventKind::AttemptSucceeded, attempts, took, None);
                     match self.policies.restart {
                         RestartPolicy::Always { interval } => {
+                            drop(permit);
                             streak = 0;
                             let delay = interval.max(Duration::from_millis(1));
                             if !self
@@ -174,6 +177,7 @@ impl Actor {
                     (reason.clone(), *exit_code)
                 }
             };
+            drop(permit);
             if self.policies.restart == RestartPolicy::Never {
                 return (TaskOutcome::Failed { reason, exit_code }, attempts);
             }

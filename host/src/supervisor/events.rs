@@ -333,9 +333,24 @@ impl SubscriberLane {
         let thread = std::thread::Builder::new()
             .name(format!("taskhost-sub-{name}"))
             .spawn(move || {
+                // Events this lane lost and has not reported yet. The report
+                // waits until the lane has read the next event: right after a
+                // drop the lane stands at the oldest event of a full lane, and
+                // publishing then would push out exactly that event, make the
+                // lane drop again, and so on forever.
+                let mut missed = 0u64;
                 while let Some(received) = stream.blocking_recv() {
                     match received {
                         Received::Event(event) => {
+                            if missed > 0
+                                && let Some(bus) = bus_for_lane.upgrade()
+                            {
+                                let mut e = Event::new(EventKind::SubscriberOverflow)
+                                    .reason(format!("subscriber `{lane_name}` fell behind"));
+                                e.dropped = Some(missed);
+                                bus.publish(e);
+                            }
+                            missed = 0;
                             let result =
                                 catch_unwind(AssertUnwindSafe(|| subscriber.on_event(&event)));
                             if result.is_err()
@@ -350,14 +365,7 @@ impl SubscriberLane {
                                 ));
                             }
                         }
-                        Received::Dropped(n) => {
-                            if let Some(bus) = bus_for_lane.upgrade() {
-                                let mut e = Event::new(EventKind::SubscriberOverflow)
-                                    .reason(format!("subscriber `{lane_name}` fell behind"));
-                                e.dropped = Some(n);
-                                bus.publish(e);
-                            }
-                        }
+                        Received::Dropped(n) => missed = missed.saturating_add(n),
                     }
                 }
                 let _ = done_tx.send(());

@@ -1,0 +1,125 @@
+//! Owns the daemon's settings: their defaults, the optional TOML file, and
+//! which wins (a flag over the file over the default).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::runtime::{DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY};
+use crate::units::{parse_duration, parse_size};
+
+/// The daemon's default grace for running tasks at shutdown (shorter than
+/// the supervisor's 60 s default: an interactive daemon should stop fast).
+pub const DEFAULT_DAEMON_GRACE: Duration = Duration::from_secs(10);
+
+/// Settings of `host serve`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DaemonConfig {
+    /// Where plugins and the compilation cache live.
+    pub state_dir: PathBuf,
+    /// Grace for running tasks on shutdown and on cancel.
+    pub grace: Duration,
+    /// Most attempts running at once.
+    pub max_concurrent: usize,
+    /// Pending submissions per slot.
+    pub max_slot_queue: usize,
+    /// Pending submissions over all slots.
+    pub max_total_pending: usize,
+    /// Default memory limit of a guest.
+    pub max_memory: u64,
+    /// Epoch tick of the runtime.
+    pub epoch_tick: Duration,
+    /// Most client connections at once.
+    pub max_connections: usize,
+}
+
+impl DaemonConfig {
+    /// Defaults with this state directory.
+    pub fn with_state_dir(state_dir: PathBuf) -> Self {
+        Self {
+            state_dir,
+            grace: DEFAULT_DAEMON_GRACE,
+            max_concurrent: 256,
+            max_slot_queue: 100,
+            max_total_pending: 10_000,
+            max_memory: DEFAULT_MAX_MEMORY,
+            epoch_tick: DEFAULT_EPOCH_TICK,
+            max_connections: 256,
+        }
+    }
+
+    /// Applies a TOML file's settings over these.
+    pub fn apply_file(&mut self, path: &Path) -> Result<(), String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config `{}`: {e}", path.display()))?;
+        let file: FileConfig = toml::from_str(&text)
+            .map_err(|e| format!("invalid config `{}`: {e}", path.display()))?;
+        let dur = |v: &str, key: &str| parse_duration(v).map_err(|e| format!("{key}: {e}"));
+        if let Some(v) = file.state_dir {
+            self.state_dir = v;
+        }
+        if let Some(v) = file.grace {
+            self.grace = dur(&v, "grace")?;
+        }
+        if let Some(v) = file.max_concurrent {
+            self.max_concurrent = v;
+        }
+        if let Some(v) = file.max_slot_queue {
+            self.max_slot_queue = v;
+        }
+        if let Some(v) = file.max_total_pending {
+            self.max_total_pending = v;
+        }
+        if let Some(v) = file.max_memory {
+            self.max_memory = parse_size(&v).map_err(|e| format!("max_memory: {e}"))?;
+        }
+        if let Some(v) = file.epoch_tick {
+            self.epoch_tick = dur(&v, "epoch_tick")?;
+        }
+        if let Some(v) = file.max_connections {
+            self.max_connections = v;
+        }
+        Ok(())
+    }
+}
+
+/// The TOML file: every key optional; durations and sizes as strings.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    state_dir: Option<PathBuf>,
+    grace: Option<String>,
+    max_concurrent: Option<usize>,
+    max_slot_queue: Option<usize>,
+    max_total_pending: Option<usize>,
+    max_memory: Option<String>,
+    epoch_tick: Option<String>,
+    max_connections: Option<usize>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_overrides_defaults_and_rejects_unknown_keys() {
+        let dir = std::env::temp_dir().join(format!("taskhost-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("host.toml");
+        std::fs::write(
+            &path,
+            "grace = \"2s\"\nmax_concurrent = 8\nmax_memory = \"64MiB\"\n",
+        )
+        .unwrap();
+        let mut config = DaemonConfig::with_state_dir(dir.clone());
+        config.apply_file(&path).unwrap();
+        assert_eq!(config.grace, Duration::from_secs(2));
+        assert_eq!(config.max_concurrent, 8);
+        assert_eq!(config.max_memory, 64 << 20);
+        std::fs::write(&path, "graec = \"2s\"\n").unwrap();
+        let err = config.apply_file(&path).unwrap_err();
+        assert!(err.contains("unknown field"), "{err}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,743 @@
+//! Owns the daemon's connections and what each request does: the accept loop
+//! (bounded), the per-connection handshake, reader and writer (many
+//! requests in flight, streaming replies), plugin uploads, submissions into
+//! the controller, and graceful shutdown on a signal or a request.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{Semaphore, mpsc, watch};
+
+use crate::controller::{Controller, ControllerConfig, Submission, resolve_slot};
+use crate::runtime::{
+    AdmissionPolicy, Digest, DirGrant, LoadError, MAX_PLUGIN_BYTES, Plugin, Runtime, RuntimeConfig,
+    Sandbox,
+};
+use crate::supervisor::{
+    BackoffPolicy, Jitter, PluginBody, Received, RestartPolicy, ShutdownReport, Supervisor,
+    SupervisorConfig, TaskBody, TaskPhase, TaskReport, TaskSpec, TracingBridge,
+};
+use crate::units::format_duration;
+
+use super::config::DaemonConfig;
+use super::protocol::{
+    Envelope, ErrorKind, FrameError, Hello, MAGIC, PROTOCOL_VERSION, Reply, Request, SubmitRequest,
+    Target, Welcome, WireEvent, WireReport, WireSlot, WireTask, read_frame, write_frame,
+};
+use super::tasks::{TaskRecord, Tasks};
+use super::{plugin_path, socket};
+
+/// Requests one connection may have in flight before the daemon stops
+/// reading from it.
+const MAX_IN_FLIGHT: usize = 64;
+/// Replies buffered per connection before request handlers wait.
+const REPLY_BUFFER: usize = 256;
+/// Plugin uploads one connection may have open at once.
+const MAX_UPLOADS: usize = 2;
+/// Recent events kept for `host events` without `--follow`.
+const EVENT_HISTORY: usize = 1_000;
+/// How long a client has to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Everything the request handlers share.
+struct Daemon {
+    config: DaemonConfig,
+    runtime: Arc<Runtime>,
+    controller: Controller,
+    tasks: Tasks,
+    events: Mutex<VecDeque<WireEvent>>,
+    stop: watch::Sender<Option<Duration>>,
+}
+
+/// Runs the daemon until SIGINT, SIGTERM or a shutdown request; removes
+/// the socket on the way out. Logs go to stderr through `tracing`.
+pub async fn serve(socket_path: PathBuf, config: DaemonConfig) -> Result<(), String> {
+    socket::prepare_dir(&socket_path)?;
+    if socket_path.exists() {
+        if UnixStream::connect(&socket_path).await.is_ok() {
+            return Err(format!(
+                "a daemon is already listening on `{}`; stop it with `host shutdown` or choose another --socket",
+                socket_path.display()
+            ));
+        }
+        std::fs::remove_file(&socket_path).map_err(|e| {
+            format!(
+                "cannot remove the stale socket `{}`: {e}",
+                socket_path.display()
+            )
+        })?;
+    }
+    std::fs::create_dir_all(config.state_dir.join("plugins")).map_err(|e| {
+        format!(
+            "cannot create the state directory `{}`: {e}",
+            config.state_dir.display()
+        )
+    })?;
+
+    let runtime = Runtime::new(&RuntimeConfig {
+        cache_dir: Some(config.state_dir.join("wasmtime-cache")),
+        epoch_tick: config.epoch_tick,
+        ..RuntimeConfig::default()
+    })
+    .map_err(|e| e.to_string())?;
+    let supervisor = Supervisor::with_subscribers(
+        SupervisorConfig {
+            max_concurrent: Some(config.max_concurrent),
+            grace: config.grace,
+            ..SupervisorConfig::default()
+        },
+        vec![Box::new(TracingBridge)],
+    );
+    let controller = Controller::new(
+        supervisor,
+        ControllerConfig {
+            max_slot_queue: config.max_slot_queue,
+            max_total_pending: config.max_total_pending,
+            ..ControllerConfig::default()
+        },
+    );
+    let listener = UnixListener::bind(&socket_path)
+        .map_err(|e| format!("cannot listen on `{}`: {e}", socket_path.display()))?;
+    socket::restrict(&socket_path)?;
+
+    let (stop, mut stop_rx) = watch::channel(None);
+    let daemon = Arc::new(Daemon {
+        config: config.clone(),
+        runtime: Arc::new(runtime),
+        controller,
+        tasks: Tasks::default(),
+        events: Mutex::new(VecDeque::new()),
+        stop,
+    });
+    tokio::spawn(record_events(Arc::clone(&daemon)));
+    tracing::info!(
+        socket = %socket_path.display(),
+        state_dir = %config.state_dir.display(),
+        allocator = ?daemon.runtime.allocator(),
+        "taskhost daemon listening"
+    );
+    eprintln!("taskhost daemon listening on {}", socket_path.display());
+
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|e| e.to_string())?;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| e.to_string())?;
+    let connections = Arc::new(Semaphore::new(config.max_connections));
+    let grace = loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+                    tracing::warn!("connection refused: {} connections are open", config.max_connections);
+                    continue;
+                };
+                let daemon = Arc::clone(&daemon);
+                tokio::spawn(async move {
+                    if let Err(err) = connection(daemon, stream).await {
+                        tracing::debug!("connection ended: {err}");
+                    }
+                    drop(permit);
+                });
+            }
+            _ = interrupt.recv() => break config.grace,
+            _ = terminate.recv() => break config.grace,
+            changed = stop_rx.changed() => {
+                if changed.is_ok() && let Some(grace) = *stop_rx.borrow() {
+                    break grace;
+                }
+            }
+        }
+    };
+    // Stop taking connections first, so nobody submits into a closing host.
+    drop(listener);
+    let _ = std::fs::remove_file(&socket_path);
+    eprintln!(
+        "taskhost daemon shutting down (grace {})",
+        format_duration(grace)
+    );
+    // Single-flight: if a client asked for the shutdown, this is its report.
+    let report = daemon.controller.shutdown(grace).await;
+    match &report {
+        ShutdownReport::AllStopped => eprintln!("all tasks stopped within the grace"),
+        ShutdownReport::GraceExceeded { stuck } => {
+            eprintln!("force-aborted after the grace: {}", stuck.join(", "));
+        }
+    }
+    Ok(())
+}
+
+/// Keeps the most recent events for `host events` without `--follow`.
+async fn record_events(daemon: Arc<Daemon>) {
+    let mut stream = daemon.controller.supervisor().subscribe();
+    while let Some(received) = stream.recv().await {
+        if let Received::Event(event) = received {
+            let mut events = daemon.events.lock().unwrap_or_else(PoisonError::into_inner);
+            if events.len() == EVENT_HISTORY {
+                events.pop_front();
+            }
+            events.push_back(wire_event(&event));
+        }
+    }
+}
+
+fn wire_event(event: &crate::supervisor::Event) -> WireEvent {
+    WireEvent {
+        seq: event.seq,
+        kind: format!("{:?}", event.kind),
+        task_id: event.task_id,
+        name: event.name.as_deref().map(str::to_owned),
+        json: serde_json::to_string(event).unwrap_or_default(),
+    }
+}
+
+/// Serves one client: handshake, then requests until it leaves. Any
+/// framing error ends this connection only.
+async fn connection(daemon: Arc<Daemon>, stream: UnixStream) -> Result<(), FrameError> {
+    let (mut reader, mut writer) = stream.into_split();
+    let hello: Hello = tokio::time::timeout(HELLO_TIMEOUT, read_frame(&mut reader))
+        .await
+        .map_err(|_| FrameError::Malformed("no hello within 5s".into()))??;
+    if hello.magic != MAGIC {
+        return Err(FrameError::Malformed("not a taskhost client".into()));
+    }
+    write_frame(
+        &mut writer,
+        &Welcome {
+            version: PROTOCOL_VERSION,
+            daemon: env!("CARGO_PKG_VERSION").to_owned(),
+        },
+    )
+    .await?;
+    if hello.version != PROTOCOL_VERSION {
+        return Err(FrameError::Malformed(format!(
+            "protocol version {} is not {PROTOCOL_VERSION}",
+            hello.version
+        )));
+    }
+
+    let (tx, mut rx) = mpsc::channel::<Envelope<Reply>>(REPLY_BUFFER);
+    let writer_task = tokio::spawn(async move {
+        while let Some(reply) = rx.recv().await {
+            if write_frame(&mut writer, &reply).await.is_err() {
+                break;
+            }
+        }
+    });
+    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let uploads: Arc<Mutex<HashMap<[u8; 32], Vec<u8>>>> = Arc::default();
+    let result = loop {
+        let request: Envelope<Request> = match read_frame(&mut reader).await {
+            Ok(request) => request,
+            Err(FrameError::Closed) => break Ok(()),
+            Err(err) => break Err(err),
+        };
+        let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+            break Ok(());
+        };
+        let daemon = Arc::clone(&daemon);
+        let tx = tx.clone();
+        let uploads = Arc::clone(&uploads);
+        tokio::spawn(async move {
+            let id = request.id;
+            let reply = Replier { id, tx };
+            handle(&daemon, request.body, &reply, &uploads).await;
+            drop(permit);
+        });
+    };
+    drop(tx);
+    // Streams end when the client is gone: their sends fail and they stop.
+    let _ = writer_task.await;
+    result
+}
+
+/// Sends replies for one request.
+struct Replier {
+    id: u32,
+    tx: mpsc::Sender<Envelope<Reply>>,
+}
+
+impl Replier {
+    /// False once the client is gone.
+    async fn send(&self, body: Reply) -> bool {
+        self.tx.send(Envelope { id: self.id, body }).await.is_ok()
+    }
+
+    async fn error(&self, kind: ErrorKind, message: impl Into<String>) {
+        self.send(Reply::Error {
+            kind,
+            message: message.into(),
+        })
+        .await;
+    }
+}
+
+async fn handle(
+    daemon: &Arc<Daemon>,
+    request: Request,
+    reply: &Replier,
+    uploads: &Mutex<HashMap<[u8; 32], Vec<u8>>>,
+) {
+    match request {
+        Request::HasPlugin(digest) => {
+            let known = daemon.plugin(&Digest(digest)).await.is_some();
+            reply.send(Reply::HasPlugin(known)).await;
+        }
+        Request::Upload {
+            digest,
+            offset,
+            data,
+            last,
+        } => upload(daemon, reply, uploads, digest, offset, data, last).await,
+        Request::Submit(request) => submit(daemon, reply, *request).await,
+        Request::Wait(target) => match daemon.tasks.get(&target) {
+            Some(record) => {
+                let report = record.waiter.report().await;
+                reply.send(Reply::Report(wire_report(&report))).await;
+            }
+            None => reply.error(ErrorKind::NotFound, not_found(&target)).await,
+        },
+        Request::Cancel { target, wait } => {
+            let Some(record) = daemon.tasks.get(&target) else {
+                reply.error(ErrorKind::NotFound, not_found(&target)).await;
+                return;
+            };
+            let claimed = daemon.controller.remove(record.id);
+            let report = if wait {
+                Some(wire_report(&*record.waiter.report().await))
+            } else {
+                None
+            };
+            reply.send(Reply::Canceled { claimed, report }).await;
+        }
+        Request::List => {
+            let registered: HashMap<u64, crate::supervisor::TaskInfo> = daemon
+                .controller
+                .supervisor()
+                .list()
+                .into_iter()
+                .map(|t| (t.id, t))
+                .collect();
+            let mut rows = Vec::new();
+            for record in daemon.tasks.all() {
+                if record.waiter.try_outcome().is_some() {
+                    continue;
+                }
+                let (state, attempts) = match registered.get(&record.id) {
+                    Some(info) => (phase_name(info.phase), info.attempts),
+                    None if daemon.controller.queued_slot(record.id).is_some() => ("queued", 0),
+                    None => ("admitting", 0),
+                };
+                rows.push(WireTask {
+                    id: record.id,
+                    name: record.name,
+                    slot: record.slot,
+                    state: state.to_owned(),
+                    attempts,
+                });
+            }
+            reply.send(Reply::Tasks(rows)).await;
+        }
+        Request::Slots => {
+            let rows = daemon
+                .controller
+                .snapshot()
+                .into_iter()
+                .map(|s| WireSlot {
+                    key: s.key,
+                    state: format!("{:?}", s.state).to_lowercase(),
+                    owner: s.owner,
+                    queue_depth: s.queue_depth as u64,
+                    in_state_ms: s.in_state_for.as_millis() as u64,
+                })
+                .collect();
+            reply.send(Reply::Slots(rows)).await;
+        }
+        Request::Events { follow } => {
+            // Subscribe before copying the history so nothing falls between.
+            let mut live = daemon.controller.supervisor().subscribe();
+            let history: Vec<WireEvent> = daemon
+                .events
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .cloned()
+                .collect();
+            let last_seq = history.last().map_or(0, |e| e.seq);
+            for event in history {
+                if !reply.send(Reply::Event(event)).await {
+                    return;
+                }
+            }
+            if follow {
+                while let Some(received) = live.recv().await {
+                    let sent = match received {
+                        Received::Event(e) if e.seq <= last_seq => true,
+                        Received::Event(e) => reply.send(Reply::Event(wire_event(&e))).await,
+                        Received::Dropped(n) => reply.send(Reply::Dropped(n)).await,
+                    };
+                    if !sent {
+                        return;
+                    }
+                }
+            }
+            reply.send(Reply::End).await;
+        }
+        Request::Logs { target, follow } => {
+            let Some(record) = daemon.tasks.get(&target) else {
+                reply.error(ErrorKind::NotFound, not_found(&target)).await;
+                return;
+            };
+            let (lines, mut live) = record.log.follow();
+            for line in lines {
+                if !reply.send(Reply::Log(line)).await {
+                    return;
+                }
+            }
+            if follow && record.waiter.try_outcome().is_none() {
+                loop {
+                    match live.recv().await {
+                        Ok(Some(line)) => {
+                            if !reply.send(Reply::Log(line)).await {
+                                return;
+                            }
+                        }
+                        Ok(None) | Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                            if !reply.send(Reply::Dropped(n)).await {
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+            reply.send(Reply::End).await;
+        }
+        Request::Shutdown { grace_ms } => {
+            let grace = Duration::from_millis(grace_ms);
+            let report = daemon.controller.shutdown(grace).await;
+            let stuck = match report {
+                ShutdownReport::AllStopped => Vec::new(),
+                ShutdownReport::GraceExceeded { stuck } => stuck,
+            };
+            reply.send(Reply::ShutdownDone { stuck }).await;
+            // Give the writer a moment to put the reply on the wire, then
+            // let the accept loop finish (it reuses the same report).
+            tokio::task::yield_now().await;
+            let _ = daemon.stop.send(Some(grace));
+        }
+    }
+}
+
+fn phase_name(phase: TaskPhase) -> &'static str {
+    match phase {
+        TaskPhase::Waiting => "waiting",
+        TaskPhase::Running => "running",
+        TaskPhase::BackingOff => "backing-off",
+        TaskPhase::Stopping => "stopping",
+        TaskPhase::Finishing => "finishing",
+    }
+}
+
+fn not_found(target: &Target) -> String {
+    match target {
+        Target::Id(id) => format!("no task with id {id} (see `host ps`)"),
+        Target::Name(name) => format!("no task named `{name}` (see `host ps`)"),
+    }
+}
+
+fn wire_report(report: &TaskReport) -> WireReport {
+    WireReport {
+        id: report.id,
+        name: report.name.to_string(),
+        slot: report.slot.to_string(),
+        outcome: report.outcome.clone(),
+        attempts: report.attempts,
+        history: report
+            .history
+            .iter()
+            .map(|r| {
+                format!(
+                    "attempt {}: {} ({})",
+                    r.attempt,
+                    r.result,
+                    format_duration(r.duration)
+                )
+            })
+            .collect(),
+    }
+}
+
+/// Adds a chunk to this connection's upload of `digest`; the whole plugin
+/// once `last` arrives.
+fn take_chunk(
+    uploads: &Mutex<HashMap<[u8; 32], Vec<u8>>>,
+    digest: [u8; 32],
+    offset: u64,
+    data: Vec<u8>,
+    last: bool,
+) -> Result<Option<Vec<u8>>, String> {
+    let mut uploads = uploads.lock().unwrap_or_else(PoisonError::into_inner);
+    if !uploads.contains_key(&digest) && uploads.len() >= MAX_UPLOADS {
+        return Err("too many uploads in flight on this connection".into());
+    }
+    let buf = uploads.entry(digest).or_default();
+    if offset != buf.len() as u64 {
+        uploads.remove(&digest);
+        return Err("upload chunks out of order; start the upload again".into());
+    }
+    if buf.len() + data.len() > MAX_PLUGIN_BYTES {
+        uploads.remove(&digest);
+        return Err(format!(
+            "the plugin is over the limit of {MAX_PLUGIN_BYTES} bytes"
+        ));
+    }
+    buf.extend_from_slice(&data);
+    Ok(if last { uploads.remove(&digest) } else { None })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn upload(
+    daemon: &Arc<Daemon>,
+    reply: &Replier,
+    uploads: &Mutex<HashMap<[u8; 32], Vec<u8>>>,
+    digest: [u8; 32],
+    offset: u64,
+    data: Vec<u8>,
+    last: bool,
+) {
+    let complete = match take_chunk(uploads, digest, offset, data, last) {
+        Ok(complete) => complete,
+        Err(message) => {
+            reply.error(ErrorKind::Invalid, message).await;
+            return;
+        }
+    };
+    let Some(bytes) = complete else {
+        reply.send(Reply::Uploaded { plugin: None }).await;
+        return;
+    };
+    if Digest::of(&bytes) != Digest(digest) {
+        reply
+            .error(
+                ErrorKind::Invalid,
+                "the uploaded bytes do not match their digest",
+            )
+            .await;
+        return;
+    }
+    match daemon.store_plugin(bytes).await {
+        Ok(plugin) => {
+            reply
+                .send(Reply::Uploaded {
+                    plugin: Some(plugin.info().name.clone()),
+                })
+                .await;
+        }
+        Err(err) => reply.error(ErrorKind::Invalid, err.to_string()).await,
+    }
+}
+
+async fn submit(daemon: &Arc<Daemon>, reply: &Replier, request: SubmitRequest) {
+    match build_submission(daemon, request).await {
+        Ok((id, submission, log)) => {
+            let name = submission.spec.name().to_owned();
+            let slot = submission.spec.slot().unwrap_or(&name).to_owned();
+            let waiter = daemon.controller.submit_with_id(id, submission);
+            let queued = daemon.controller.queued_slot(id).is_some();
+            let rejected = waiter
+                .try_outcome()
+                .filter(|o| matches!(o, crate::outcome::TaskOutcome::Rejected { .. }));
+            daemon.tasks.insert(TaskRecord {
+                id,
+                name: name.clone(),
+                slot: slot.clone(),
+                waiter: waiter.clone(),
+                log: Arc::clone(&log),
+            });
+            let watcher = Arc::clone(daemon);
+            tokio::spawn(async move {
+                waiter.report().await;
+                log.close();
+                watcher.tasks.finished(id);
+            });
+            reply
+                .send(Reply::Submitted {
+                    id,
+                    name,
+                    slot,
+                    queued,
+                    rejected,
+                })
+                .await;
+        }
+        Err((kind, message)) => reply.error(kind, message).await,
+    }
+}
+
+type Built = (u64, Submission, Arc<super::tasks::TaskLog>);
+
+async fn build_submission(
+    daemon: &Arc<Daemon>,
+    request: SubmitRequest,
+) -> Result<Built, (ErrorKind, String)> {
+    let invalid = |m: String| (ErrorKind::Invalid, m);
+    if daemon.controller.supervisor().is_shutting_down() {
+        return Err((
+            ErrorKind::ShuttingDown,
+            "the daemon is shutting down".into(),
+        ));
+    }
+    let plugin = daemon
+        .plugin(&Digest(request.digest))
+        .await
+        .ok_or_else(|| {
+            invalid(format!(
+                "the daemon does not know plugin {}; upload it first",
+                Digest(request.digest)
+            ))
+        })?;
+    let info = plugin.info();
+    let id = daemon.controller.supervisor().next_id();
+    let name = request
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("{}-{id}", info.name));
+    let slot = resolve_slot(
+        request.slot.as_deref(),
+        info.resource.as_ref(),
+        &request.params,
+        &name,
+    )
+    .map_err(|e| invalid(e.to_string()))?;
+    let policy = match request.policy.as_deref() {
+        None => info.default_policy,
+        Some("queue") => AdmissionPolicy::Queue,
+        Some("replace") => AdmissionPolicy::Replace,
+        Some("drop-if-running") => AdmissionPolicy::DropIfRunning,
+        Some(other) => {
+            return Err(invalid(format!(
+                "unknown policy `{other}`: use queue, replace or drop-if-running"
+            )));
+        }
+    };
+    let sandbox = Sandbox {
+        dirs: request
+            .dirs
+            .iter()
+            .map(|d| DirGrant {
+                host: PathBuf::from(&d.host),
+                guest: d.guest.clone(),
+                read_only: d.read_only,
+            })
+            .collect(),
+        env: request.env.clone(),
+        max_memory: request.max_memory.unwrap_or(daemon.config.max_memory),
+    };
+    sandbox.check_dirs().map_err(|e| invalid(e.to_string()))?;
+    sandbox
+        .check_capabilities(&info.capabilities)
+        .map_err(|e| invalid(e.to_string()))?;
+    let restart = match (request.restart.as_deref(), request.every_ms) {
+        (Some("never") | Some("on-failure"), Some(_)) => {
+            return Err(invalid(
+                "--every needs --restart always (or no --restart)".into(),
+            ));
+        }
+        (Some("always") | None, Some(ms)) => RestartPolicy::Always {
+            interval: Duration::from_millis(ms),
+        },
+        (Some("always"), None) => RestartPolicy::Always {
+            interval: Duration::ZERO,
+        },
+        (Some("on-failure"), None) => RestartPolicy::OnFailure,
+        (Some("never") | None, None) => RestartPolicy::Never,
+        (Some(other), _) => return Err(invalid(format!("unknown restart policy `{other}`"))),
+    };
+    let log = Tasks::new_log();
+    let body = TaskBody::Plugin(PluginBody {
+        runtime: Arc::clone(&daemon.runtime),
+        plugin,
+        input: request.input.into(),
+        params: request.params,
+        sandbox: Arc::new(sandbox),
+        sink: Some(log.clone()),
+    });
+    let mut spec = TaskSpec::from_defaults(name, body)
+        .with_slot(slot)
+        .with_restart(restart)
+        .with_max_retries(request.max_retries)
+        .with_timeout(Duration::from_millis(request.timeout_ms.unwrap_or(0)));
+    if let Some((first, max, factor, jitter)) = request.backoff {
+        let jitter = match jitter.as_str() {
+            "none" => Jitter::None,
+            "full" => Jitter::Full,
+            "equal" => Jitter::Equal,
+            "decorrelated" => Jitter::Decorrelated,
+            other => return Err(invalid(format!("unknown jitter `{other}`"))),
+        };
+        let backoff = BackoffPolicy::new(
+            Duration::from_millis(first),
+            Duration::from_millis(max),
+            factor,
+            jitter,
+        )
+        .map_err(|e| invalid(e.to_string()))?;
+        spec = spec.with_backoff(backoff);
+    }
+    Ok((id, Submission::new(spec, policy), log))
+}
+
+impl Daemon {
+    /// A plugin by digest: from the runtime's cache, else from the state
+    /// directory (compiled on first use).
+    async fn plugin(&self, digest: &Digest) -> Option<Arc<Plugin>> {
+        if let Some(plugin) = self.runtime.plugin(digest) {
+            return Some(plugin);
+        }
+        let path = plugin_path(&self.config.state_dir, digest);
+        let bytes = tokio::fs::read(&path).await.ok()?;
+        if Digest::of(&bytes) != *digest {
+            tracing::warn!(path = %path.display(), "a stored plugin does not match its digest; ignoring it");
+            return None;
+        }
+        self.runtime
+            .load_bytes(bytes.into(), &digest.to_string())
+            .await
+            .ok()
+    }
+
+    /// Validates an uploaded plugin and stores it under its digest.
+    async fn store_plugin(&self, bytes: Vec<u8>) -> Result<Arc<Plugin>, LoadError> {
+        let digest = Digest::of(&bytes);
+        let bytes: Arc<[u8]> = bytes.into();
+        let plugin = self
+            .runtime
+            .load_bytes(Arc::clone(&bytes), &digest.to_string())
+            .await?;
+        let path = plugin_path(&self.config.state_dir, &digest);
+        if !path.exists() {
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            let written = tokio::fs::write(&tmp, &bytes)
+                .await
+                .and_then(|()| std::fs::rename(&tmp, &path));
+            if let Err(err) = written {
+                tracing::warn!(path = %path.display(), "cannot store the plugin on disk: {err}");
+            }
+        }
+        Ok(plugin)
+    }
+}
+
+/// The state directory default: `$XDG_STATE_HOME/taskhost`, else
+/// `~/.local/state/taskhost`.
+pub fn default_state_dir() -> PathBuf {
+    std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".local").join("state")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("taskhost")
+}

@@ -1,0 +1,84 @@
+//! Owns where the daemon's socket lives and who may use it: a per-user
+//! default path, an owner-only (0700) directory, an owner-only (0600)
+//! socket, and refusing a directory that someone else could write to.
+
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// The environment variable that names the socket.
+pub const SOCKET_ENV: &str = "TASKHOST_SOCKET";
+
+/// This process's real user id, read from `/proc/self/status`.
+pub fn current_uid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The per-user default socket: `$XDG_RUNTIME_DIR/taskhost/host.sock`, else
+/// `/tmp/taskhost-<uid>/host.sock`.
+pub fn default_socket() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+    {
+        return dir.join("taskhost").join("host.sock");
+    }
+    let uid = current_uid().map_or_else(|| "user".to_owned(), |u| u.to_string());
+    std::env::temp_dir()
+        .join(format!("taskhost-{uid}"))
+        .join("host.sock")
+}
+
+/// `--socket`, else `TASKHOST_SOCKET`, else the per-user default.
+pub fn resolve(flag: Option<&Path>) -> PathBuf {
+    flag.map(Path::to_path_buf)
+        .or_else(|| {
+            std::env::var_os(SOCKET_ENV)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
+        .unwrap_or_else(default_socket)
+}
+
+/// Creates the socket's directory owner-only, or checks that an existing one
+/// belongs to us and is not writable by others.
+pub fn prepare_dir(socket: &Path) -> Result<(), String> {
+    let dir = socket
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    match std::fs::metadata(dir) {
+        Ok(meta) => {
+            if !meta.is_dir() {
+                return Err(format!("`{}` is not a directory", dir.display()));
+            }
+            if let Some(uid) = current_uid()
+                && meta.uid() != uid
+                && meta.mode() & 0o002 != 0
+            {
+                return Err(format!(
+                    "the socket directory `{}` is writable by others and not ours; choose another --socket",
+                    dir.display()
+                ));
+            }
+            Ok(())
+        }
+        Err(_) => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| {
+                format!(
+                    "cannot create the socket directory `{}`: {e}",
+                    dir.display()
+                )
+            }),
+    }
+}
+
+/// Makes the socket file owner-only.
+pub fn restrict(socket: &Path) -> Result<(), String> {
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("cannot restrict `{}` to its owner: {e}", socket.display()))
+}
