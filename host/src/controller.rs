@@ -565,25 +565,24 @@ impl Controller {
     /// new submissions are rejected, then the supervisor shuts down with
     /// `grace`.
     pub async fn shutdown(&self, grace: Duration) -> ShutdownReport {
-        let rejected: Vec<(u64, Arc<str>, Arc<str>, Arc<OutcomeCell>)> = {
+        let rejected: Vec<(Arc<str>, Pending)> = {
             let mut state = self.lock();
             state.closed = true;
             let mut out = Vec::new();
             for (key, slot) in state.slots.iter_mut() {
-                for p in slot.queue.drain(..) {
-                    out.push((p.id, Arc::from(p.spec.name()), Arc::clone(key), p.cell));
-                }
+                out.extend(slot.queue.drain(..).map(|p| (Arc::clone(key), p)));
             }
             state.pending = 0;
             state.queued.clear();
             out
         };
-        for (id, name, slot, cell) in rejected {
+        for (slot, p) in rejected {
+            let name: Arc<str> = Arc::from(p.spec.name());
             self.resolve_rejected(
-                id,
+                p.id,
                 &name,
                 &slot,
-                &cell,
+                &p.cell,
                 RejectionKind::ShuttingDown,
                 "the host shut down before it ran".into(),
             );

@@ -27,7 +27,7 @@ pub struct Client {
 }
 
 fn protocol_error(socket: &Path, err: impl std::fmt::Display) -> anyhow::Error {
-    ExitError::new(
+    ExitError::error(
         EXIT_DAEMON,
         format!(
             "the daemon at `{}` broke the protocol: {err}",
@@ -41,7 +41,7 @@ impl Client {
     pub async fn connect(flag: Option<&Path>) -> anyhow::Result<Self> {
         let socket = socket::resolve(flag);
         let stream = UnixStream::connect(&socket).await.map_err(|e| {
-            ExitError::new(
+            ExitError::error(
                 EXIT_DAEMON,
                 format!(
                     "no daemon answers at `{}` ({e}); start one with `host serve` (or point --socket / TASKHOST_SOCKET at a running one)",
@@ -63,7 +63,7 @@ impl Client {
             .await
             .map_err(|e| protocol_error(&socket, e))?;
         if welcome.version != PROTOCOL_VERSION {
-            return Err(ExitError::new(
+            return Err(ExitError::error(
                 EXIT_DAEMON,
                 format!(
                     "the daemon at `{}` speaks protocol {} (taskhost {}), this client speaks {PROTOCOL_VERSION}; use matching versions",
@@ -95,7 +95,7 @@ impl Client {
     pub async fn recv(&mut self) -> anyhow::Result<Envelope<Reply>> {
         match read_frame(&mut self.reader).await {
             Ok(reply) => Ok(reply),
-            Err(FrameError::Closed) => Err(ExitError::new(
+            Err(FrameError::Closed) => Err(ExitError::error(
                 EXIT_DAEMON,
                 format!(
                     "the daemon at `{}` closed the connection",
@@ -155,7 +155,7 @@ pub fn check(reply: Reply) -> anyhow::Result<Reply> {
                 ErrorKind::ShuttingDown => 3,
                 ErrorKind::Internal => EXIT_DAEMON,
             };
-            Err(ExitError::new(code, message))
+            Err(ExitError::error(code, message))
         }
         other => Ok(other),
     }

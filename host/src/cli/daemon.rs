@@ -101,7 +101,7 @@ pub async fn serve_cmd(args: ServeArgs) -> anyhow::Result<u8> {
     }
     serve(socket_path, config)
         .await
-        .map_err(|e| ExitError::new(1, e))?;
+        .map_err(|e| ExitError::error(1, e))?;
     Ok(0)
 }
 
@@ -186,7 +186,7 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
         rejected,
     } = client.call(Request::Submit(Box::new(request))).await?
     else {
-        return Err(ExitError::new(
+        return Err(ExitError::error(
             EXIT_DAEMON,
             "the daemon answered a submission with something else",
         ));
@@ -240,7 +240,7 @@ async fn wait_for(client: &mut Client, target: Target, live: bool) -> anyhow::Re
             }
             return match super::client::check(reply.body)? {
                 Reply::Report(report) => Ok(report),
-                _ => Err(ExitError::new(
+                _ => Err(ExitError::error(
                     EXIT_DAEMON,
                     "the daemon answered a wait with something else",
                 )),
@@ -342,7 +342,7 @@ pub async fn cancel(args: TargetArgs, wait: bool) -> anyhow::Result<u8> {
     let target = Target::parse(&args.target);
     let Reply::Canceled { claimed, report } = client.call(Request::Cancel { target, wait }).await?
     else {
-        return Err(ExitError::new(
+        return Err(ExitError::error(
             EXIT_DAEMON,
             "the daemon answered a cancel with something else",
         ));
@@ -378,7 +378,7 @@ pub struct ListArgs {
 pub async fn ps(args: ListArgs) -> anyhow::Result<u8> {
     let mut client = Client::connect(args.socket.socket.as_deref()).await?;
     let Reply::Tasks(tasks) = client.call(Request::List).await? else {
-        return Err(ExitError::new(
+        return Err(ExitError::error(
             EXIT_DAEMON,
             "the daemon answered ps with something else",
         ));
@@ -408,7 +408,7 @@ pub async fn ps(args: ListArgs) -> anyhow::Result<u8> {
 pub async fn slots(args: ListArgs) -> anyhow::Result<u8> {
     let mut client = Client::connect(args.socket.socket.as_deref()).await?;
     let Reply::Slots(slots) = client.call(Request::Slots).await? else {
-        return Err(ExitError::new(
+        return Err(ExitError::error(
             EXIT_DAEMON,
             "the daemon answered slots with something else",
         ));
@@ -555,10 +555,10 @@ pub async fn logs(args: LogsArgs) -> anyhow::Result<u8> {
         }
         match super::client::check(reply.body)? {
             Reply::Log(line) => {
-                if writeln!(stdout, "[{}] {}", line.stream, line.text)
-                    .and_then(|()| stdout.flush())
-                    .is_err()
-                {
+                let written = writeln!(stdout, "[{}] {}", line.stream, line.text)
+                    .and_then(|()| stdout.flush());
+                // A closed stdout (`| head`) ends the stream quietly.
+                if written.is_err() {
                     return Ok(0);
                 }
             }
@@ -596,7 +596,7 @@ pub async fn shutdown(args: ShutdownArgs) -> anyhow::Result<u8> {
             );
         }
         _ => {
-            return Err(ExitError::new(
+            return Err(ExitError::error(
                 EXIT_DAEMON,
                 "the daemon answered shutdown with something else",
             ));

@@ -142,7 +142,7 @@ pub struct ExitError {
 
 impl ExitError {
     /// An error that exits with `code`.
-    pub fn new(code: u8, message: impl Into<String>) -> anyhow::Error {
+    pub fn error(code: u8, message: impl Into<String>) -> anyhow::Error {
         anyhow::Error::new(Self {
             code,
             message: message.into(),
@@ -152,7 +152,7 @@ impl ExitError {
 
 /// Wraps any displayable error as a usage error (exit code 2).
 pub fn usage(err: impl std::fmt::Display) -> anyhow::Error {
-    ExitError::new(EXIT_USAGE, err.to_string())
+    ExitError::error(EXIT_USAGE, err.to_string())
 }
 
 fn init_tracing(default_level: &str, json: bool) {

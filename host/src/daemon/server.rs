@@ -41,6 +41,10 @@ const MAX_UPLOADS: usize = 2;
 const EVENT_HISTORY: usize = 1_000;
 /// How long a client has to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long, after the shutdown, open connections get to deliver their last
+/// replies (the final reports of waiters, the shutdown answer) before the
+/// process exits.
+const FLUSH_GRACE: Duration = Duration::from_secs(2);
 
 /// Everything the request handlers share.
 struct Daemon {
@@ -166,6 +170,11 @@ pub async fn serve(socket_path: PathBuf, config: DaemonConfig) -> Result<(), Str
             eprintln!("force-aborted after the grace: {}", stuck.join(", "));
         }
     }
+    // Every task has ended, so every waiter's report is on its way: let the
+    // connections put them on the wire before the process exits (a client
+    // gets its report and leaves; one that lingers is not waited for long).
+    let all = u32::try_from(config.max_connections).unwrap_or(u32::MAX);
+    let _ = tokio::time::timeout(FLUSH_GRACE, connections.acquire_many(all)).await;
     Ok(())
 }
 

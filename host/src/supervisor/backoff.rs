@@ -123,7 +123,9 @@ impl BackoffPolicy {
             }
         };
         let mut delay = jittered.max(self.floor.as_secs_f64());
-        if delay > 0.0 {
+        // A non-zero policy never retries at once, even when the jitter
+        // draws zero; only a zero policy (constant zero) means no pause.
+        if d > 0.0 || delay > 0.0 {
             delay = delay.max(0.001);
         }
         Duration::from_secs_f64(delay.min(max.max(0.001)))
