@@ -64,7 +64,7 @@ impl Actor {
                 0,
             ),
         };
-        finish(&shared, &entry, outcome, attempts, history);
+        finish_logically(&shared, &entry, outcome, attempts, &history);
         // Physical completion: the attempt futures are dropped by now.
         entry.set_phase(TaskPhase::Finishing);
         shared.registry.unregister(&entry);
@@ -229,6 +229,7 @@ impl Actor {
         stop: &mut watch::Receiver<Option<Instant>>,
         history: &mut VecDeque<AttemptRecord>,
     ) -> AttemptEnd {
+        let started = Instant::now();
         let signals = StopSignals::default();
         let body = self.body_future(attempt, &signals);
         tokio::pin!(body);
@@ -252,10 +253,15 @@ impl Actor {
                     self.entry.set_phase(TaskPhase::Stopping);
                 }
                 () = sleep_until_opt(deadline) => {
-                    let attempts = attempt;
-                    let took = Duration::ZERO;
-                    history.push_back(AttemptRecord { attempt, result: "force-aborted".into(), duration: took });
-                    finish_logically(&self.shared, &self.entry, TaskOutcome::ForceAborted, attempts, history);
+                    if history.len() == MAX_HISTORY {
+                        history.pop_front();
+                    }
+                    history.push_back(AttemptRecord {
+                        attempt,
+                        result: "force-aborted".into(),
+                        duration: started.elapsed(),
+                    });
+                    finish_logically(&self.shared, &self.entry, TaskOutcome::ForceAborted, attempt, history);
                     // Stop the instance: it traps at its next epoch tick if
                     // it is polled again; dropping the future drops it now.
                     signals.abort();
@@ -432,16 +438,6 @@ fn finish_logically(
         attempts,
         history: history.iter().cloned().collect(),
     });
-}
-
-fn finish(
-    shared: &Shared,
-    entry: &TaskEntry,
-    outcome: TaskOutcome,
-    attempts: u32,
-    history: VecDeque<AttemptRecord>,
-) {
-    finish_logically(shared, entry, outcome, attempts, &history);
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
