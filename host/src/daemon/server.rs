@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Semaphore, mpsc, watch};
+use tokio_util::sync::CancellationToken;
 
 use crate::controller::{Controller, ControllerConfig, Submission, resolve_slot};
 use crate::runtime::{
@@ -64,6 +65,15 @@ pub async fn serve(socket_path: PathBuf, config: DaemonConfig) -> Result<(), Str
         if UnixStream::connect(&socket_path).await.is_ok() {
             return Err(format!(
                 "a daemon is already listening on `{}`; stop it with `host shutdown` or choose another --socket",
+                socket_path.display()
+            ));
+        }
+        // Only a socket is a stale daemon's to replace; never delete a file.
+        let is_socket = std::fs::symlink_metadata(&socket_path)
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
+        if !is_socket {
+            return Err(format!(
+                "`{}` exists and is not a socket; choose another --socket",
                 socket_path.display()
             ));
         }
@@ -237,6 +247,7 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) -> Result<(), Frame
     });
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let uploads: Arc<Mutex<HashMap<[u8; 32], Vec<u8>>>> = Arc::default();
+    let gone = CancellationToken::new();
     let result = loop {
         let request: Envelope<Request> = match read_frame(&mut reader).await {
             Ok(request) => request,
@@ -249,15 +260,18 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) -> Result<(), Frame
         let daemon = Arc::clone(&daemon);
         let tx = tx.clone();
         let uploads = Arc::clone(&uploads);
+        let gone = gone.clone();
         tokio::spawn(async move {
             let id = request.id;
-            let reply = Replier { id, tx };
+            let reply = Replier { id, tx, gone };
             handle(&daemon, request.body, &reply, &uploads).await;
             drop(permit);
         });
     };
+    // The client is gone: end its waits and streams (they only served it),
+    // so a vanished waiter does not hold this connection until its task ends.
+    gone.cancel();
     drop(tx);
-    // Streams end when the client is gone: their sends fail and they stop.
     let _ = writer_task.await;
     result
 }
@@ -266,9 +280,19 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) -> Result<(), Frame
 struct Replier {
     id: u32,
     tx: mpsc::Sender<Envelope<Reply>>,
+    /// Cancelled when the client has closed the connection.
+    gone: CancellationToken,
 }
 
 impl Replier {
+    /// Awaits `work` unless the client leaves first (then `None`).
+    async fn until_gone<T>(&self, work: impl Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            out = work => Some(out),
+            () = self.gone.cancelled() => None,
+        }
+    }
+
     /// False once the client is gone.
     async fn send(&self, body: Reply) -> bool {
         self.tx.send(Envelope { id: self.id, body }).await.is_ok()
@@ -303,7 +327,9 @@ async fn handle(
         Request::Submit(request) => submit(daemon, reply, *request).await,
         Request::Wait(target) => match daemon.tasks.get(&target) {
             Some(record) => {
-                let report = record.waiter.report().await;
+                let Some(report) = reply.until_gone(record.waiter.report()).await else {
+                    return;
+                };
                 reply.send(Reply::Report(wire_report(&report))).await;
             }
             None => reply.error(ErrorKind::NotFound, not_found(&target)).await,
@@ -315,7 +341,10 @@ async fn handle(
             };
             let claimed = daemon.controller.remove(record.id);
             let report = if wait {
-                Some(wire_report(&*record.waiter.report().await))
+                let Some(report) = reply.until_gone(record.waiter.report()).await else {
+                    return;
+                };
+                Some(wire_report(&report))
             } else {
                 None
             };
@@ -381,7 +410,7 @@ async fn handle(
                 }
             }
             if follow {
-                while let Some(received) = live.recv().await {
+                while let Some(Some(received)) = reply.until_gone(live.recv()).await {
                     let sent = match received {
                         Received::Event(e) if e.seq <= last_seq => true,
                         Received::Event(e) => reply.send(Reply::Event(wire_event(&e))).await,
@@ -407,7 +436,10 @@ async fn handle(
             }
             if follow && record.waiter.try_outcome().is_none() {
                 loop {
-                    match live.recv().await {
+                    let Some(received) = reply.until_gone(live.recv()).await else {
+                        return;
+                    };
+                    match received {
                         Ok(Some(line)) => {
                             if !reply.send(Reply::Log(line)).await {
                                 return;

@@ -18,41 +18,68 @@ pub const MAX_LOG_LINES: usize = 2_000;
 /// Finished tasks remembered for `wait` and `logs`.
 pub const MAX_FINISHED: usize = 10_000;
 
+/// Lines buffered per live follower before it is told it fell behind.
+const LIVE_BUFFER: usize = 256;
+
 /// One task's guest output: a bounded ring plus live followers.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct TaskLog {
-    lines: Mutex<VecDeque<WireLogLine>>,
-    live: broadcast::Sender<Option<WireLogLine>>,
+    state: Mutex<LogState>,
+}
+
+#[derive(Debug, Default)]
+struct LogState {
+    lines: VecDeque<WireLogLine>,
+    /// Created by the first follower and dropped at the end, so the many
+    /// tasks nobody follows (and every finished one) hold no channel buffer.
+    live: Option<broadcast::Sender<Option<WireLogLine>>>,
+    closed: bool,
 }
 
 impl TaskLog {
     fn new() -> Arc<Self> {
-        Arc::new(Self {
-            lines: Mutex::new(VecDeque::new()),
-            live: broadcast::channel(256).0,
-        })
+        Arc::default()
     }
 
-    /// The lines so far and a receiver for later ones (`None` = the task
-    /// ended).
+    fn lock(&self) -> MutexGuard<'_, LogState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The lines so far and a receiver for later ones (`None`, or the
+    /// channel closing, means the task ended).
     pub fn follow(&self) -> (Vec<WireLogLine>, broadcast::Receiver<Option<WireLogLine>>) {
-        let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
-        (lines.iter().cloned().collect(), self.live.subscribe())
+        let mut state = self.lock();
+        let lines = state.lines.iter().cloned().collect();
+        let live = if state.closed {
+            // Already over: a receiver whose channel is closed.
+            broadcast::channel(1).1
+        } else {
+            state
+                .live
+                .get_or_insert_with(|| broadcast::channel(LIVE_BUFFER).0)
+                .subscribe()
+        };
+        (lines, live)
     }
 
     /// Marks the end of the log for followers.
     pub fn close(&self) {
-        let _held = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
-        let _ = self.live.send(None);
+        let mut state = self.lock();
+        state.closed = true;
+        if let Some(live) = state.live.take() {
+            let _ = live.send(None);
+        }
     }
 
     fn push(&self, line: WireLogLine) {
-        let mut lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
-        if lines.len() == MAX_LOG_LINES {
-            lines.pop_front();
+        let mut state = self.lock();
+        if state.lines.len() == MAX_LOG_LINES {
+            state.lines.pop_front();
         }
-        lines.push_back(line.clone());
-        let _ = self.live.send(Some(line));
+        if let Some(live) = &state.live {
+            let _ = live.send(Some(line.clone()));
+        }
+        state.lines.push_back(line);
     }
 }
 
@@ -141,5 +168,34 @@ impl Tasks {
         let mut all: Vec<TaskRecord> = self.lock().by_id.values().cloned().collect();
         all.sort_by_key(|r| r.id);
         all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::broadcast::error::TryRecvError;
+
+    use super::*;
+
+    #[test]
+    fn followers_get_the_backlog_then_live_lines_then_the_end() {
+        let log = TaskLog::new();
+        log.line(Stream::Stdout, "one");
+        assert!(
+            log.lock().live.is_none(),
+            "no channel until someone follows"
+        );
+
+        let (backlog, mut live) = log.follow();
+        assert_eq!(backlog.len(), 1);
+        log.line(Stream::Stderr, "two");
+        log.close();
+        assert_eq!(live.try_recv().unwrap().unwrap().text, "two");
+        assert_eq!(live.try_recv().unwrap(), None);
+        assert!(log.lock().live.is_none(), "the channel goes with the end");
+
+        let (backlog, mut late) = log.follow();
+        assert_eq!(backlog.len(), 2);
+        assert!(matches!(late.try_recv(), Err(TryRecvError::Closed)));
     }
 }

@@ -1,0 +1,342 @@
+//! Daemon benchmark: the release `host serve` on a temporary socket, driven
+//! through the wire protocol (`taskhost::daemon::protocol`) by clients in
+//! this process.
+//!
+//! - intake, one pipelined client: 10,000 fire-and-forget `Submit`s of
+//!   `hello` (no name, so each has its own slot) written without waiting,
+//!   replies read by a separate task; submissions acknowledged per second.
+//! - intake, 8 concurrent pipelined clients sharing the 10,000.
+//! - submit-to-outcome latency of `hello` in a closed loop on one connection
+//!   (`Submit`, then `Wait` for its report), 1,000 iterations: median, p99.
+//!
+//! Between rounds the daemon drains (no slot left), so rounds don't overlap.
+//! Run with `cargo bench -p taskhost --bench daemon`. Prints every round and
+//! the median over rounds, because this machine is shared and noisy.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use taskhost::daemon::protocol::{
+    Envelope, Hello, MAGIC, PROTOCOL_VERSION, Reply, Request, SubmitRequest, Target, Welcome,
+    encode, read_frame, write_frame,
+};
+use taskhost::outcome::TaskOutcome;
+use taskhost::runtime::Digest;
+use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+
+const SUBMISSIONS: usize = 10_000;
+const CLIENTS: usize = 8;
+const LATENCY_ITERATIONS: usize = 1_000;
+const INTAKE_ROUNDS: usize = 5;
+const LATENCY_ROUNDS: usize = 3;
+
+fn main() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("h.sock");
+    let mut daemon = start_daemon(&socket, &dir.path().join("state"));
+    let daemon_pid = daemon.id();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let hello = std::fs::read(plugin_artifacts::HELLO).expect("hello.wasm");
+        let digest = upload(&socket, &hello).await;
+        println!(
+            "# daemon benchmark: {SUBMISSIONS} submissions of hello per intake round, \
+             {INTAKE_ROUNDS} rounds; {LATENCY_ITERATIONS} closed-loop submit+wait per latency round, \
+             {LATENCY_ROUNDS} rounds"
+        );
+        println!("daemon resident memory after the upload: {}", rss(daemon_pid));
+        // Warm up: compile, pool slots, the daemon's allocations.
+        intake(&socket, digest, 1, 2_000).await;
+        drain(&socket).await;
+        latency(&socket, digest, 200).await;
+
+        let mut one = Vec::new();
+        for round in 1..=INTAKE_ROUNDS {
+            let rate = intake(&socket, digest, 1, SUBMISSIONS).await;
+            let drained = drain(&socket).await;
+            println!(
+                "  round {round}: 1 pipelined client: {rate:.0} submissions/s (drained in {:.0} ms)",
+                drained.as_secs_f64() * 1e3
+            );
+            one.push(rate);
+        }
+        let mut many = Vec::new();
+        for round in 1..=INTAKE_ROUNDS {
+            let rate = intake(&socket, digest, CLIENTS, SUBMISSIONS).await;
+            let drained = drain(&socket).await;
+            println!(
+                "  round {round}: {CLIENTS} pipelined clients: {rate:.0} submissions/s (drained in {:.0} ms)",
+                drained.as_secs_f64() * 1e3
+            );
+            many.push(rate);
+        }
+        let mut p50 = Vec::new();
+        let mut p99 = Vec::new();
+        for round in 1..=LATENCY_ROUNDS {
+            let mut samples = latency(&socket, digest, LATENCY_ITERATIONS).await;
+            samples.sort_by(f64::total_cmp);
+            let (m, t) = (quantile(&samples, 0.5), quantile(&samples, 0.99));
+            println!("  round {round}: submit-to-outcome median {m:.1} µs, p99 {t:.1} µs");
+            p50.push(m);
+            p99.push(t);
+        }
+        println!("intake, 1 pipelined client: median {:.0} submissions/s (min {:.0}, max {:.0})", median(&one), min(&one), max(&one));
+        println!(
+            "intake, {CLIENTS} pipelined clients: median {:.0} submissions/s (min {:.0}, max {:.0})",
+            median(&many),
+            min(&many),
+            max(&many)
+        );
+        println!(
+            "submit-to-outcome latency, closed loop: median of round medians {:.1} µs, median of round p99s {:.1} µs",
+            median(&p50),
+            median(&p99)
+        );
+    });
+    println!("daemon resident memory at the end: {}", rss(daemon.id()));
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+}
+
+/// A process's resident set size, from `/proc`.
+fn rss(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .map(|l| l["VmRSS:".len()..].trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Starts the release daemon with limits high enough that nothing throttles,
+/// and returns once it listens.
+fn start_daemon(socket: &Path, state: &Path) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_host"))
+        .args(["serve", "--socket"])
+        .arg(socket)
+        .arg("--state-dir")
+        .arg(state)
+        .args([
+            "--max-total-pending",
+            "1000000",
+            "--max-slot-queue",
+            "1000000",
+        ])
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn host serve");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(line)) if line.contains("taskhost daemon listening on") => break,
+            Some(Ok(_)) => {}
+            _ => panic!("the daemon exited before listening"),
+        }
+    }
+    // Keep draining its log so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    child
+}
+
+async fn connect(socket: &Path) -> (OwnedReadHalf, OwnedWriteHalf) {
+    let stream = UnixStream::connect(socket).await.expect("connect");
+    let (mut reader, mut writer) = stream.into_split();
+    write_frame(
+        &mut writer,
+        &Hello {
+            magic: MAGIC,
+            version: PROTOCOL_VERSION,
+        },
+    )
+    .await
+    .unwrap();
+    let welcome: Welcome = read_frame(&mut reader).await.expect("welcome");
+    assert_eq!(welcome.version, PROTOCOL_VERSION);
+    (reader, writer)
+}
+
+async fn call(reader: &mut OwnedReadHalf, writer: &mut OwnedWriteHalf, body: Request) -> Reply {
+    write_frame(writer, &Envelope { id: 1, body })
+        .await
+        .unwrap();
+    let reply: Envelope<Reply> = read_frame(reader).await.expect("reply");
+    reply.body
+}
+
+async fn upload(socket: &Path, bytes: &[u8]) -> [u8; 32] {
+    let digest = Digest::of(bytes).0;
+    let (mut reader, mut writer) = connect(socket).await;
+    let reply = call(
+        &mut reader,
+        &mut writer,
+        Request::Upload {
+            digest,
+            offset: 0,
+            data: bytes.to_vec(),
+            last: true,
+        },
+    )
+    .await;
+    assert!(
+        matches!(reply, Reply::Uploaded { plugin: Some(_) }),
+        "{reply:?}"
+    );
+    digest
+}
+
+fn submit_request(digest: [u8; 32]) -> Request {
+    Request::Submit(Box::new(SubmitRequest {
+        digest,
+        name: None,
+        slot: None,
+        policy: None,
+        params: Vec::new(),
+        input: b"hi".to_vec(),
+        restart: None,
+        every_ms: None,
+        max_retries: None,
+        backoff: None,
+        timeout_ms: None,
+        max_memory: None,
+        dirs: Vec::new(),
+        env: Vec::new(),
+    }))
+}
+
+/// `total` submissions spread over `clients` pipelined connections; returns
+/// submissions acknowledged per second (first write to last reply).
+async fn intake(socket: &Path, digest: [u8; 32], clients: usize, total: usize) -> f64 {
+    let per_client = total / clients;
+    let mut connections = Vec::new();
+    for _ in 0..clients {
+        connections.push(connect(socket).await);
+    }
+    let frames: Vec<Vec<u8>> = (0..per_client)
+        .map(|i| {
+            encode(&Envelope {
+                id: i as u32 + 1,
+                body: submit_request(digest),
+            })
+            .unwrap()
+        })
+        .collect();
+    let frames = std::sync::Arc::new(frames);
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for (mut reader, writer) in connections {
+        let frames = std::sync::Arc::clone(&frames);
+        let write = tokio::spawn(async move {
+            let mut writer = BufWriter::with_capacity(64 * 1024, writer);
+            for frame in frames.iter() {
+                writer.write_all(frame).await.unwrap();
+            }
+            writer.flush().await.unwrap();
+            writer
+        });
+        let read = tokio::spawn(async move {
+            let (mut accepted, mut rejected) = (0usize, 0usize);
+            for _ in 0..per_client {
+                let reply: Envelope<Reply> = read_frame(&mut reader).await.expect("reply");
+                match reply.body {
+                    Reply::Submitted { rejected: None, .. } => accepted += 1,
+                    Reply::Submitted {
+                        rejected: Some(_), ..
+                    } => rejected += 1,
+                    other => panic!("unexpected reply {other:?}"),
+                }
+            }
+            (accepted, rejected)
+        });
+        handles.push((write, read));
+    }
+    let (mut accepted, mut rejected) = (0, 0);
+    for (write, read) in handles {
+        let (a, r) = read.await.unwrap();
+        accepted += a;
+        rejected += r;
+        drop(write.await.unwrap());
+    }
+    let took = start.elapsed();
+    assert_eq!(
+        rejected, 0,
+        "{rejected} submissions were rejected: raise the daemon's limits"
+    );
+    accepted as f64 / took.as_secs_f64()
+}
+
+/// Waits until the daemon holds no slot (every task ended); returns how long
+/// that took.
+async fn drain(socket: &Path) -> Duration {
+    let start = Instant::now();
+    let (mut reader, mut writer) = connect(socket).await;
+    loop {
+        match call(&mut reader, &mut writer, Request::Slots).await {
+            Reply::Slots(slots) if slots.is_empty() => return start.elapsed(),
+            Reply::Slots(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+            other => panic!("unexpected reply {other:?}"),
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the daemon did not drain"
+        );
+    }
+}
+
+/// Closed loop on one connection: Submit, then Wait for the report;
+/// returns each iteration's latency in µs.
+async fn latency(socket: &Path, digest: [u8; 32], iterations: usize) -> Vec<f64> {
+    let (mut reader, mut writer) = connect(socket).await;
+    let mut samples = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let start = Instant::now();
+        let Reply::Submitted {
+            id, rejected: None, ..
+        } = call(&mut reader, &mut writer, submit_request(digest)).await
+        else {
+            panic!("the submission was not taken");
+        };
+        let Reply::Report(report) =
+            call(&mut reader, &mut writer, Request::Wait(Target::Id(id))).await
+        else {
+            panic!("no report");
+        };
+        samples.push(start.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(
+            report.outcome,
+            TaskOutcome::Completed {
+                output: b"hi".to_vec()
+            }
+        );
+    }
+    samples
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    quantile(&s, 0.5)
+}
+
+fn min(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+fn max(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+}

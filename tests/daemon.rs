@@ -1,0 +1,874 @@
+//! `host serve` and the client verbs end to end: a real daemon on a socket in
+//! a temporary directory, the real client binary, the real plugins. Tests
+//! synchronise on the daemon's stderr, on client output and on bounded polls
+//! of `host ps`, never on sleeps alone.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::Duration;
+
+use common::{Finished, Running, plugin};
+use serde_json::Value;
+use taskhost::daemon::protocol::{
+    Envelope, Hello, MAGIC, PROTOCOL_VERSION, Reply, Request, Target, Welcome, decode, encode,
+};
+
+/// How long anything may take before a test gives up (generous: the machine
+/// is shared and the first compile of a plugin is slow in a cold cache).
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn p(name: &str) -> String {
+    plugin(name).display().to_string()
+}
+
+/// The one JSON object a `--json` verb prints.
+fn json(out: &Finished) -> Value {
+    let mut lines = out.stdout.lines();
+    let first = lines.next().unwrap_or_else(|| {
+        panic!(
+            "one JSON line on stdout, got nothing; stderr {:?}",
+            out.stderr
+        )
+    });
+    assert_eq!(
+        lines.next(),
+        None,
+        "stdout holds exactly one JSON object: {:?}",
+        out.stdout
+    );
+    serde_json::from_str(first).expect("valid JSON")
+}
+
+/// A `host serve` on `<tempdir>/h.sock` (or in a subdirectory the daemon
+/// creates itself), killed on drop if it is still running.
+struct Daemon {
+    dir: tempfile::TempDir,
+    socket: PathBuf,
+    process: Option<Running>,
+}
+
+impl Daemon {
+    fn start() -> Self {
+        Self::start_with("h.sock", &[])
+    }
+
+    /// Starts a daemon whose socket is `socket` under a fresh tempdir, with
+    /// extra `serve` flags; returns once it says it is listening.
+    fn start_with(socket: &str, extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join(socket);
+        let state = dir.path().join("state");
+        let mut args = vec![
+            "serve",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let mut process = Running::spawn(&args);
+        process.wait_for_line("taskhost daemon listening on", LIMIT);
+        Self {
+            dir,
+            socket,
+            process: Some(process),
+        }
+    }
+
+    fn socket(&self) -> &str {
+        self.socket.to_str().unwrap()
+    }
+
+    fn args<'a>(&'a self, args: &[&'a str]) -> Vec<&'a str> {
+        let mut all = args.to_vec();
+        all.extend(["--socket", self.socket()]);
+        all
+    }
+
+    /// Runs a client verb against this daemon to completion.
+    fn run(&self, args: &[&str]) -> Finished {
+        common::run_host(&self.args(args))
+    }
+
+    /// Starts a client verb against this daemon in the background.
+    fn spawn(&self, args: &[&str]) -> Running {
+        Running::spawn(&self.args(args))
+    }
+
+    /// Submits without waiting; returns the id printed on stdout.
+    fn submit(&self, args: &[&str]) -> String {
+        let mut all = vec!["submit"];
+        all.extend_from_slice(args);
+        let out = self.run(&all);
+        assert_eq!(out.code, Some(0), "submit {args:?}: {}", out.stderr);
+        let id = out.stdout.trim_end().to_owned();
+        assert!(
+            !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()),
+            "stdout is just the id: {:?}",
+            out.stdout
+        );
+        id
+    }
+
+    /// `host ps --json`.
+    fn ps(&self) -> Vec<Value> {
+        let out = self.run(&["ps", "--json"]);
+        assert_eq!(out.code, Some(0), "ps: {}", out.stderr);
+        serde_json::from_str(&out.stdout).expect("ps --json is an array")
+    }
+
+    /// Polls `host ps` (a bounded number of times) until the task called
+    /// `name` is in `state`; returns its row.
+    fn wait_until_state(&self, name: &str, state: &str) -> Value {
+        for _ in 0..500 {
+            if let Some(row) = self
+                .ps()
+                .into_iter()
+                .find(|t| t["name"] == name && t["state"] == state)
+            {
+                return row;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("`{name}` never became {state}: ps shows {:?}", self.ps());
+    }
+
+    /// Waits for the daemon to exit on its own.
+    fn finish(&mut self) -> (ExitStatus, Finished) {
+        self.process
+            .take()
+            .expect("the daemon is running")
+            .finish(Duration::from_secs(20))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(process) = self.process.as_mut() {
+            let _ = process.child.kill();
+            let _ = process.child.wait();
+        }
+    }
+}
+
+#[test]
+fn submit_wait_and_wait_by_id() {
+    let d = Daemon::start();
+    let out = d.run(&["submit", &p("deploy"), "--param", "env=prod", "--wait"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "deployed to prod");
+    assert!(
+        out.stderr.contains("completed in 1 attempt"),
+        "{}",
+        out.stderr
+    );
+
+    let id = d.submit(&[&p("hello"), "--slot", "x", "--input", "hi"]);
+    let out = d.run(&["wait", &id]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "hi");
+
+    let out = d.run(&["wait", &id, "--json"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let v = json(&out);
+    assert_eq!(v["outcome"], "completed");
+    assert_eq!(v["output"], "hi");
+    assert_eq!(v["slot"], "x");
+    assert_eq!(v["id"].to_string(), id);
+}
+
+#[test]
+fn drop_if_running_rejects_a_second_submission_with_slot_busy() {
+    let d = Daemon::start();
+    let sleeper = [
+        "submit",
+        &p("sleeper"),
+        "--param",
+        "ms=5000",
+        "--slot",
+        "s",
+        "--policy",
+        "drop-if-running",
+    ];
+    let first = d.run(&sleeper);
+    assert_eq!(first.code, Some(0), "{}", first.stderr);
+
+    let second = d.run(&sleeper);
+    assert_eq!(second.code, Some(3), "{}", second.stderr);
+    assert!(second.stderr.contains("SlotBusy"), "{}", second.stderr);
+    assert_eq!(second.stdout, "", "a rejection has no output");
+
+    let mut with_json = sleeper.to_vec();
+    with_json.push("--json");
+    let third = d.run(&with_json);
+    assert_eq!(third.code, Some(3), "{}", third.stderr);
+    let v = json(&third);
+    assert_eq!(v["outcome"], "rejected");
+    assert_eq!(v["rejection"], "SlotBusy");
+    assert_eq!(v["slot"], "s");
+}
+
+#[test]
+fn replace_cancels_the_running_owner() {
+    let d = Daemon::start();
+    let first = d.spawn(&[
+        "submit",
+        &p("sleeper"),
+        "--param",
+        "ms=60000",
+        "--slot",
+        "r",
+        "--name",
+        "first",
+        "--policy",
+        "replace",
+        "--wait",
+    ]);
+    d.wait_until_state("first", "running");
+
+    let second = d.run(&[
+        "submit",
+        &p("hello"),
+        "--slot",
+        "r",
+        "--policy",
+        "replace",
+        "--input",
+        "second",
+        "--wait",
+    ]);
+    assert_eq!(second.code, Some(0), "{}", second.stderr);
+    assert_eq!(second.stdout, "second");
+
+    let (_, first) = first.finish(LIMIT);
+    assert_eq!(first.code, Some(4), "{}", first.stderr);
+    assert!(first.stderr.contains("first canceled"), "{}", first.stderr);
+    assert_eq!(first.stdout, "");
+}
+
+#[test]
+fn slots_and_ps_show_the_owner_and_its_queue_and_cancel_removes_queued_work() {
+    let d = Daemon::start();
+    let owner = d.submit(&[
+        &p("sleeper"),
+        "--param",
+        "ms=60000",
+        "--slot",
+        "q",
+        "--name",
+        "owner",
+    ]);
+    d.wait_until_state("owner", "running");
+    let queued = d.submit(&[&p("hello"), "--slot", "q", "--name", "waiting"]);
+
+    let out = d.run(&["slots", "--json"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let slots: Vec<Value> = serde_json::from_str(&out.stdout).expect("slots --json");
+    assert_eq!(slots.len(), 1, "{slots:?}");
+    assert_eq!(slots[0]["key"], "q");
+    assert_eq!(slots[0]["state"], "running");
+    assert_eq!(slots[0]["owner"].to_string(), owner);
+    assert_eq!(slots[0]["queue_depth"], 1);
+
+    let tasks = d.ps();
+    let state_of = |id: &str| {
+        tasks
+            .iter()
+            .find(|t| t["id"] == id.parse::<u64>().unwrap())
+            .map(|t| t["state"].clone())
+    };
+    assert_eq!(state_of(&owner), Some("running".into()), "{tasks:?}");
+    assert_eq!(state_of(&queued), Some("queued".into()), "{tasks:?}");
+    assert_eq!(tasks.len(), 2, "{tasks:?}");
+
+    // Human output carries the same facts.
+    let out = d.run(&["slots"]);
+    assert!(out.stdout.starts_with("SLOT"), "{}", out.stdout);
+    assert!(out.stdout.contains("running"), "{}", out.stdout);
+
+    let out = d.run(&["cancel", "waiting"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(out.stderr.contains("RemovedFromQueue"), "{}", out.stderr);
+
+    let again = d.submit(&[&p("hello"), "--slot", "q", "--name", "waiting-too"]);
+    let out = d.run(&["cancel", "waiting-too", "--json"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let v = json(&out);
+    assert_eq!(v["claimed"], true);
+    assert_eq!(v["report"]["rejection"], "RemovedFromQueue");
+    assert_eq!(v["report"]["id"].to_string(), again);
+
+    // The queue is empty again and the owner still runs.
+    let slots: Vec<Value> = serde_json::from_str(&d.run(&["slots", "--json"]).stdout).unwrap();
+    assert_eq!(slots[0]["queue_depth"], 0, "{slots:?}");
+    assert_eq!(slots[0]["state"], "running", "{slots:?}");
+}
+
+#[test]
+fn shutdown_force_aborts_a_spinner_and_removes_the_socket() {
+    let mut d = Daemon::start();
+    let waiter = d.spawn(&[
+        "submit",
+        &p("spin"),
+        "--name",
+        "spinner",
+        "--wait",
+        "--json",
+    ]);
+    d.wait_until_state("spinner", "running");
+
+    let out = d.run(&["shutdown", "--grace", "200ms"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(out.stderr.contains("force-aborted"), "{}", out.stderr);
+    assert!(out.stderr.contains("spinner"), "{}", out.stderr);
+
+    let (status, daemon_out) = d.finish();
+    assert_eq!(status.code(), Some(0), "{}", daemon_out.stderr);
+    assert!(
+        !d.socket.exists(),
+        "the socket `{}` is removed",
+        d.socket.display()
+    );
+
+    let (_, waited) = waiter.finish(LIMIT);
+    assert_eq!(waited.code, Some(4), "{}", waited.stderr);
+    assert_eq!(json(&waited)["outcome"], "force-aborted");
+}
+
+#[test]
+fn sigterm_shuts_down_gracefully_and_waiters_get_their_reports() {
+    let mut d = Daemon::start();
+    let waiters: Vec<Running> = ["nap-1", "nap-2"]
+        .iter()
+        .map(|name| {
+            d.spawn(&[
+                "submit",
+                &p("sleeper"),
+                "--param",
+                "ms=60000",
+                "--name",
+                name,
+                "--wait",
+                "--json",
+            ])
+        })
+        .collect();
+    d.wait_until_state("nap-1", "running");
+    d.wait_until_state("nap-2", "running");
+
+    d.process.as_ref().unwrap().signal("TERM");
+    let (status, daemon_out) = d.finish();
+    assert_eq!(status.code(), Some(0), "{}", daemon_out.stderr);
+    assert!(
+        daemon_out
+            .stderr
+            .contains("all tasks stopped within the grace"),
+        "{}",
+        daemon_out.stderr
+    );
+    assert!(!d.socket.exists(), "the socket is removed");
+    // The reports reach the waiters before the daemon exits.
+    for waiter in waiters {
+        let (_, waited) = waiter.finish(LIMIT);
+        assert_eq!(waited.code, Some(4), "{}", waited.stderr);
+        assert_eq!(json(&waited)["outcome"], "canceled");
+    }
+}
+
+fn serve_args<'a>(socket: &'a Path, state: &'a Path) -> [&'a str; 5] {
+    [
+        "serve",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+    ]
+}
+
+#[test]
+fn a_live_socket_is_refused_a_stale_one_replaced_and_other_files_kept() {
+    let mut d = Daemon::start();
+    let state = d.dir.path().join("state2");
+
+    // A second daemon on a live socket does not start; the first carries on.
+    let mut second = Running::spawn(&serve_args(&d.socket, &state));
+    second.wait_for_line("already listening", LIMIT);
+    let (_, out) = second.finish(LIMIT);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert_served(&d, "still-served");
+
+    // A crashed daemon leaves its socket behind; the next one replaces it.
+    let mut crashed = d.process.take().unwrap();
+    crashed.child.kill().unwrap();
+    crashed.child.wait().unwrap();
+    assert!(d.socket.exists(), "a stale socket is left behind");
+    let mut next = Running::spawn(&serve_args(&d.socket, &state));
+    next.wait_for_line("taskhost daemon listening on", LIMIT);
+    d.process = Some(next);
+    assert_served(&d, "served-again");
+
+    // A file that is not a socket is never taken for a stale one.
+    let file = d.dir.path().join("notes.txt");
+    std::fs::write(&file, "keep me").unwrap();
+    let mut refused = Running::spawn(&serve_args(&file, &state));
+    refused.wait_for_line("not a socket", LIMIT);
+    let (_, out) = refused.finish(LIMIT);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+}
+
+/// Reads one frame (length prefix + postcard body) from a blocking stream.
+fn read_frame_sync(stream: &mut UnixStream) -> Vec<u8> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).expect("a frame's length");
+    let mut body = vec![0; u32::from_be_bytes(len) as usize];
+    stream.read_exact(&mut body).expect("a frame's body");
+    body
+}
+
+/// A raw connection that has shaken hands like a real client.
+fn handshake(socket: &Path) -> UnixStream {
+    let mut stream = UnixStream::connect(socket).expect("connect");
+    stream.set_read_timeout(Some(LIMIT)).unwrap();
+    let hello = encode(&Hello {
+        magic: MAGIC,
+        version: PROTOCOL_VERSION,
+    })
+    .unwrap();
+    stream.write_all(&hello).unwrap();
+    let welcome: Welcome = decode(&read_frame_sync(&mut stream)).expect("a welcome");
+    assert_eq!(welcome.version, PROTOCOL_VERSION);
+    stream
+}
+
+/// Asserts the daemon ends this connection (EOF or a reset, not a hang).
+fn assert_closed_by_daemon(mut stream: UnixStream, what: &str) {
+    stream.set_read_timeout(Some(LIMIT)).unwrap();
+    let mut rest = Vec::new();
+    match stream.read_to_end(&mut rest) {
+        Ok(_) => {}
+        Err(e) => assert!(
+            e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::TimedOut,
+            "{what}: the daemon kept the connection open"
+        ),
+    }
+}
+
+fn assert_served(d: &Daemon, input: &str) {
+    let out = d.run(&["submit", &p("hello"), "--input", input, "--wait"]);
+    assert_eq!(out.code, Some(0), "after {input}: {}", out.stderr);
+    assert_eq!(out.stdout, input);
+}
+
+#[test]
+fn hostile_clients_cost_only_their_own_connection() {
+    let d = Daemon::start();
+    let socket = d.socket.clone();
+    // A well-behaved client stays connected throughout.
+    let survivor = d.spawn(&[
+        "submit",
+        &p("sleeper"),
+        "--param",
+        "ms=60000",
+        "--name",
+        "survivor",
+        "--wait",
+    ]);
+    d.wait_until_state("survivor", "running");
+
+    // Garbage instead of a hello.
+    let mut garbage = UnixStream::connect(&socket).unwrap();
+    garbage
+        .write_all(b"GET / HTTP/1.1\r\nHost: taskhost\r\n\r\n")
+        .unwrap();
+    assert_closed_by_daemon(garbage, "garbage");
+    assert_served(&d, "after-garbage");
+
+    // A small frame that is not a hello.
+    let mut not_hello = UnixStream::connect(&socket).unwrap();
+    not_hello
+        .write_all(&[0, 0, 0, 3, 0xff, 0xff, 0xff])
+        .unwrap();
+    assert_closed_by_daemon(not_hello, "malformed hello");
+
+    // An oversized length prefix, before and after the handshake.
+    let mut huge = UnixStream::connect(&socket).unwrap();
+    huge.write_all(&[0xff; 4]).unwrap();
+    assert_closed_by_daemon(huge, "oversized hello");
+    let mut huge = handshake(&socket);
+    huge.write_all(&[0xff, 0xff, 0xff, 0xff, 1, 2, 3]).unwrap();
+    assert_closed_by_daemon(huge, "oversized request");
+    assert_served(&d, "after-oversized");
+
+    // A truncated frame: the daemon serves others while it hangs, then the
+    // client gives up half-way.
+    let mut truncated = handshake(&socket);
+    truncated.write_all(&[0, 0, 0, 100, 1, 2, 3]).unwrap();
+    assert_served(&d, "during-truncated");
+    truncated.shutdown(std::net::Shutdown::Write).unwrap();
+    assert_closed_by_daemon(truncated, "truncated");
+    assert_served(&d, "after-truncated");
+
+    // Vanishing mid-upload: half of an Upload frame, then gone.
+    let upload = |data: Vec<u8>, last: bool| {
+        encode(&Envelope {
+            id: 1,
+            body: Request::Upload {
+                digest: [7; 32],
+                offset: 0,
+                data,
+                last,
+            },
+        })
+        .unwrap()
+    };
+    let mut partial_frame = handshake(&socket);
+    let frame = upload(vec![0x61; 200_000], false);
+    partial_frame.write_all(&frame[..frame.len() / 2]).unwrap();
+    drop(partial_frame);
+    assert_served(&d, "after-partial-frame");
+
+    // Vanishing mid-upload: a whole first chunk, never the rest.
+    let mut partial_chunk = handshake(&socket);
+    partial_chunk
+        .write_all(&upload(vec![0x61; 100_000], false))
+        .unwrap();
+    let reply = read_frame_sync(&mut partial_chunk);
+    let reply: Envelope<Reply> = decode(&reply).unwrap();
+    assert_eq!(
+        reply.body,
+        Reply::Uploaded { plugin: None },
+        "the first chunk is taken"
+    );
+    drop(partial_chunk);
+    assert_served(&d, "after-partial-chunk");
+
+    // The long-lived client was never disturbed.
+    assert!(d.ps().iter().any(|t| t["name"] == "survivor"));
+    let out = d.run(&["remove", "survivor"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let (_, survivor) = survivor.finish(LIMIT);
+    assert_eq!(survivor.code, Some(4), "{}", survivor.stderr);
+    assert!(
+        survivor.stderr.contains("survivor canceled"),
+        "{}",
+        survivor.stderr
+    );
+}
+
+/// Connects and shakes hands, retrying while the daemon turns the connection
+/// away (its connection limit is reached by clients it has not yet seen
+/// leave).
+fn handshake_when_admitted(socket: &Path) -> UnixStream {
+    for _ in 0..500 {
+        let mut stream = UnixStream::connect(socket).expect("connect");
+        stream.set_read_timeout(Some(LIMIT)).unwrap();
+        let hello = encode(&Hello {
+            magic: MAGIC,
+            version: PROTOCOL_VERSION,
+        })
+        .unwrap();
+        let mut len = [0u8; 4];
+        if stream.write_all(&hello).is_ok() && stream.read_exact(&mut len).is_ok() {
+            let mut body = vec![0; u32::from_be_bytes(len) as usize];
+            stream.read_exact(&mut body).expect("a welcome");
+            let _: Welcome = decode(&body).expect("a welcome");
+            return stream;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("the daemon never admitted a connection");
+}
+
+#[test]
+fn a_waiter_that_vanishes_gives_its_connection_back() {
+    let config_dir = tempfile::tempdir().unwrap();
+    let config = config_dir.path().join("host.toml");
+    std::fs::write(&config, "max_connections = 2\n").unwrap();
+    let d = Daemon::start_with("h.sock", &["--config", config.to_str().unwrap()]);
+    let id: u64 = d
+        .submit(&[&p("sleeper"), "--param", "ms=60000"])
+        .parse()
+        .unwrap();
+
+    // Two clients fill the connection limit, each waiting for the sleeper.
+    let waiters: Vec<UnixStream> = (0..2)
+        .map(|_| {
+            let mut stream = handshake_when_admitted(&d.socket);
+            let mut frames = encode(&Envelope {
+                id: 1,
+                body: Request::Wait(Target::Id(id)),
+            })
+            .unwrap();
+            frames.extend(
+                encode(&Envelope {
+                    id: 2,
+                    body: Request::List,
+                })
+                .unwrap(),
+            );
+            stream.write_all(&frames).unwrap();
+            // The list is answered, so the wait was read before it.
+            let reply: Envelope<Reply> = decode(&read_frame_sync(&mut stream)).unwrap();
+            assert_eq!(reply.id, 2, "{reply:?}");
+            assert!(matches!(reply.body, Reply::Tasks(_)), "{reply:?}");
+            stream
+        })
+        .collect();
+    let out = d.run(&["ps"]);
+    assert_eq!(out.code, Some(5), "the limit is reached: {}", out.stderr);
+
+    // They vanish while their task still runs: their connections are freed.
+    drop(waiters);
+    for _ in 0..500 {
+        if d.run(&["ps"]).code == Some(0) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("vanished waiters still hold the daemon's connections");
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+fn exists_on_path(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A command that runs `program` as user `nobody` (uid 65534).
+fn as_nobody(program: &Path) -> Command {
+    if exists_on_path("setpriv") {
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(program);
+        cmd
+    } else if exists_on_path("runuser") {
+        let mut cmd = Command::new("runuser");
+        cmd.args(["-u", "nobody", "--"]).arg(program);
+        cmd
+    } else {
+        panic!("this test runs as root and needs setpriv or runuser (util-linux) to act as nobody");
+    }
+}
+
+#[test]
+fn other_users_cannot_connect() {
+    // The daemon creates its socket directory itself.
+    let d = Daemon::start_with("run/h.sock", &[]);
+    let run_dir = d.socket.parent().unwrap().to_path_buf();
+    assert_eq!(mode(&d.socket), 0o600, "the socket is owner-only");
+    assert_eq!(mode(&run_dir), 0o700, "its directory is owner-only");
+
+    let uid = taskhost::daemon::socket::current_uid().expect("uid");
+    if uid != 0 {
+        // Not root: no other user to become; the modes above are what keep
+        // others out, and the owner gets in.
+        let out = d.run(&["ps"]);
+        assert_eq!(out.code, Some(0), "the owner connects: {}", out.stderr);
+        return;
+    }
+
+    // Root: become nobody. The binary must be executable by nobody; if the
+    // target directory is not, use a copy in a world-readable directory.
+    std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let copy_dir = tempfile::tempdir().unwrap();
+    let mut host = PathBuf::from(common::host_bin());
+    let runs = as_nobody(&host)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !runs {
+        std::fs::set_permissions(copy_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let copy = copy_dir.path().join("host");
+        std::fs::copy(&host, &copy).unwrap();
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        host = copy;
+    }
+    let nobody_ps = || {
+        let out = as_nobody(&host)
+            .args(["ps", "--socket", d.socket()])
+            .env_remove("TASKHOST_SOCKET")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run host as nobody");
+        Finished {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    };
+
+    let out = nobody_ps();
+    assert_eq!(out.code, Some(5), "nobody is refused: {}", out.stderr);
+    assert!(
+        out.stderr.contains("Permission denied"),
+        "refused by permissions: {}",
+        out.stderr
+    );
+
+    // Even with the directory opened up, the socket itself refuses nobody.
+    std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = nobody_ps();
+    std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert_eq!(out.code, Some(5), "nobody is refused: {}", out.stderr);
+    assert!(
+        out.stderr.contains("Permission denied"),
+        "refused by the socket's mode: {}",
+        out.stderr
+    );
+
+    // The owner (root) connects.
+    let out = d.run(&["ps"]);
+    assert_eq!(out.code, Some(0), "the owner connects: {}", out.stderr);
+    assert!(out.stdout.starts_with("ID"), "{}", out.stdout);
+}
+
+#[test]
+fn no_daemon_is_exit_5_with_a_hint() {
+    let out = common::run_host(&["ps", "--socket", "/nonexistent/x.sock"]);
+    assert_eq!(out.code, Some(5), "{}", out.stderr);
+    assert!(out.stderr.contains("/nonexistent/x.sock"), "{}", out.stderr);
+    assert!(out.stderr.contains("host serve"), "{}", out.stderr);
+    assert_eq!(out.stdout, "");
+    assert_eq!(out.stderr.lines().count(), 1, "one line: {}", out.stderr);
+}
+
+#[test]
+fn logs_show_guest_output() {
+    let d = Daemon::start();
+    let id = d.submit(&[&p("chatty")]);
+    let out = d.run(&["wait", &id]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "chatty done");
+
+    let out = d.run(&["logs", &id]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(lines.contains(&"[stdout] stdout line 1"), "{lines:?}");
+    assert!(lines.contains(&"[stderr] stderr line 3"), "{lines:?}");
+    assert_eq!(lines.len(), 6, "{lines:?}");
+}
+
+/// A client whose stdout lines arrive as they are written.
+fn spawn_stdout_lines(args: &[&str]) -> (std::process::Child, Receiver<String>) {
+    let mut child = common::host()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn host");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+#[test]
+fn logs_follow_streams_until_the_task_ends() {
+    let d = Daemon::start();
+    // deploy logs a line, then sleeps (cancellably) and logs again when
+    // cancelled: both halves of a follow are visible.
+    let id = d.submit(&[&p("deploy"), "--param", "env=logs", "--param", "ms=60000"]);
+    let (mut follow, lines) = spawn_stdout_lines(&d.args(&["logs", &id, "--follow"]));
+    let first = lines.recv_timeout(LIMIT).expect("the line logged so far");
+    assert!(first.contains("deploying to logs"), "{first}");
+    assert_eq!(
+        follow.try_wait().unwrap(),
+        None,
+        "following while the task runs"
+    );
+
+    let out = d.run(&["remove", &id]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let live = lines.recv_timeout(LIMIT).expect("a live line");
+    assert!(live.contains("deploy to logs cancelled"), "{live}");
+    // The stream ends with the task.
+    assert!(
+        lines.recv_timeout(LIMIT).is_err(),
+        "no more lines after the end"
+    );
+    let status = follow.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let out = d.run(&["wait", &id, "--json"]);
+    assert_eq!(json(&out)["outcome"], "canceled");
+}
+
+#[test]
+fn events_json_includes_task_finished() {
+    let d = Daemon::start();
+    let out = d.run(&["submit", &p("hello"), "--input", "x", "--wait", "--json"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let id = json(&out)["id"].clone();
+
+    let out = d.run(&["events", "--json"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let events: Vec<Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["kind"] == "TaskFinished" && e["task_id"] == id),
+        "{events:?}"
+    );
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "in order: {seqs:?}");
+}
+
+#[test]
+fn a_plugin_file_changed_after_submission_does_not_change_queued_work() {
+    let d = Daemon::start();
+    let owner = d.submit(&[&p("sleeper"), "--param", "ms=60000", "--slot", "q"]);
+    let file = d.dir.path().join("mine.wasm");
+    std::fs::copy(plugin("hello"), &file).unwrap();
+
+    let out = d.run(&[
+        "submit",
+        file.to_str().unwrap(),
+        "--slot",
+        "q",
+        "--input",
+        "original",
+        "--json",
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let v = json(&out);
+    assert_eq!(v["queued"], true, "queued behind the sleeper: {v}");
+    let queued = v["id"].to_string();
+
+    // Overwrite the file with another plugin, then let the queue move.
+    std::fs::write(&file, std::fs::read(plugin("chatty")).unwrap()).unwrap();
+    let out = d.run(&["remove", &owner]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+
+    let out = d.run(&["wait", &queued, "--json"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let v = json(&out);
+    assert_eq!(v["outcome"], "completed");
+    assert_eq!(v["output"], "original", "hello ran, not chatty");
+    assert!(v["name"].as_str().unwrap().starts_with("hello-"), "{v}");
+}
