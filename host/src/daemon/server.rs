@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -26,7 +27,7 @@ use crate::units::format_duration;
 use super::config::DaemonConfig;
 use super::protocol::{
     Envelope, ErrorKind, FrameError, Hello, MAGIC, PROTOCOL_VERSION, Reply, Request, SubmitRequest,
-    Target, Welcome, WireEvent, WireReport, WireSlot, WireTask, read_frame, write_frame,
+    Target, Welcome, WireEvent, WireReport, WireSlot, WireTask, encode, read_frame, write_frame,
 };
 use super::tasks::{TaskRecord, Tasks};
 use super::{plugin_path, socket};
@@ -143,7 +144,15 @@ pub async fn serve(socket_path: PathBuf, config: DaemonConfig) -> Result<(), Str
     let grace = loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(err) => {
+                        // Out of file descriptors and the like: do not spin.
+                        tracing::warn!("accept failed: {err}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
                 let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
                     tracing::warn!("connection refused: {} connections are open", config.max_connections);
                     continue;
@@ -239,8 +248,24 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) -> Result<(), Frame
 
     let (tx, mut rx) = mpsc::channel::<Envelope<Reply>>(REPLY_BUFFER);
     let writer_task = tokio::spawn(async move {
+        // Replies that are ready together go out in one write: a pipelining
+        // client gets many replies per system call.
+        let mut batch = Vec::new();
         while let Some(reply) = rx.recv().await {
-            if write_frame(&mut writer, &reply).await.is_err() {
+            batch.clear();
+            let mut next = Some(reply);
+            while let Some(reply) = next {
+                match encode(&reply) {
+                    Ok(frame) => batch.extend_from_slice(&frame),
+                    Err(err) => tracing::warn!("a reply could not be encoded: {err}"),
+                }
+                next = if batch.len() < 256 * 1024 {
+                    rx.try_recv().ok()
+                } else {
+                    None
+                };
+            }
+            if writer.write_all(&batch).await.is_err() || writer.flush().await.is_err() {
                 break;
             }
         }
