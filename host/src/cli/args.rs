@@ -47,7 +47,7 @@ pub struct TaskArgs {
     /// Per-attempt timeout, such as 30s or 250ms; 0 means none [default: none].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub timeout: Option<Duration>,
-    /// Memory limit of the guest's linear memory, such as 64MiB [default: 256MiB].
+    /// Memory limit of the guest's linear memory, such as 64MiB [default: 256MiB; for submit, the daemon's --max-memory].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_memory: Option<u64>,
     /// Grant a host directory at a guest path: HOST::GUEST, or HOST::GUEST:ro for read-only (repeatable).

@@ -19,6 +19,10 @@ use super::client::{Client, EXIT_DAEMON};
 use super::report::{JsonResult, print_result, summary};
 use super::{ExitError, usage};
 
+/// The largest input `submit` sends (the frame limit less room for the
+/// rest of the request).
+const MAX_SUBMIT_INPUT: usize = taskhost::daemon::protocol::MAX_FRAME - (64 << 10);
+
 /// `--socket` for every client verb.
 #[derive(Debug, Args)]
 pub struct SocketArg {
@@ -126,6 +130,13 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
     let params = task.params()?;
     let sandbox = task.sandbox()?;
     let input = task.input()?;
+    if input.len() > MAX_SUBMIT_INPUT {
+        return Err(usage(format!(
+            "the input is {}; a submission carries at most {} (use `host run` for larger inputs, or grant a directory with --dir)",
+            taskhost::units::format_size(input.len() as u64),
+            taskhost::units::format_size(MAX_SUBMIT_INPUT as u64)
+        )));
+    }
     // Checked here so a mistake is a usage error before anything is sent.
     args.policy_flags.resolve(task.timeout)?;
     let bytes = std::fs::read(&task.plugin).map_err(|e| {
@@ -355,10 +366,7 @@ pub async fn cancel(args: TargetArgs, wait: bool) -> anyhow::Result<u8> {
         println!("{}", json!({ "claimed": claimed, "report": report }));
     } else {
         match (&report, claimed) {
-            (Some(r), _) => eprintln!(
-                "{}",
-                summary(&r.name, &r.outcome, r.attempts, Duration::ZERO)
-            ),
+            (Some(r), _) => eprintln!("{}", summary(&r.name, &r.outcome, r.attempts, None)),
             (None, true) => eprintln!("stop requested for {}", args.target),
             (None, false) => eprintln!("{} is already stopping or finished", args.target),
         }
@@ -571,9 +579,9 @@ pub async fn logs(args: LogsArgs) -> anyhow::Result<u8> {
 
 #[derive(Debug, Args)]
 pub struct ShutdownArgs {
-    /// How long running tasks get to stop before they are force-aborted.
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
-    grace: Duration,
+    /// How long running tasks get to stop before they are force-aborted [default: the daemon's --grace].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    grace: Option<Duration>,
     #[command(flatten)]
     socket: SocketArg,
 }
@@ -582,7 +590,7 @@ pub async fn shutdown(args: ShutdownArgs) -> anyhow::Result<u8> {
     let mut client = Client::connect(args.socket.socket.as_deref()).await?;
     let reply = client
         .call(Request::Shutdown {
-            grace_ms: args.grace.as_millis() as u64,
+            grace_ms: args.grace.map(|g| g.as_millis() as u64),
         })
         .await?;
     match reply {

@@ -85,14 +85,17 @@ pub fn print_result(json: Option<&JsonResult<'_>>, report: &TaskReport, took: Du
     }
     let _ = stdout.flush();
     if json.is_none() {
-        eprintln!("{}", summary(&report.name, outcome, report.attempts, took));
+        eprintln!(
+            "{}",
+            summary(&report.name, outcome, report.attempts, Some(took))
+        );
     }
 }
 
 /// `deploy-1 completed in 1 attempt (52.1ms)` and the like.
-pub fn summary(name: &str, outcome: &TaskOutcome, attempts: u32, took: Duration) -> String {
+pub fn summary(name: &str, outcome: &TaskOutcome, attempts: u32, took: Option<Duration>) -> String {
     let plural = if attempts == 1 { "attempt" } else { "attempts" };
-    let took = format_duration(took);
+    let took = took.map_or_else(|| "final".to_owned(), format_duration);
     match outcome {
         TaskOutcome::Completed { .. } => {
             format!("{name} completed in {attempts} {plural} ({took})")

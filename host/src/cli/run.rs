@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use taskhost::controller::resolve_slot;
 use taskhost::outcome::TaskOutcome;
 use taskhost::runtime::{GuestSink, Runtime, RuntimeConfig};
 use taskhost::supervisor::{
@@ -60,11 +61,8 @@ pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<u8> {
         .name
         .clone()
         .unwrap_or_else(|| format!("{}-{id}", info.name));
-    let slot = match (&task.slot, &info.resource) {
-        (Some(slot), _) => slot.clone(),
-        (None, Some(template)) => template.fill(&params).map_err(usage)?,
-        (None, None) => name.clone(),
-    };
+    let slot = resolve_slot(task.slot.as_deref(), info.resource.as_ref(), &params, &name)
+        .map_err(usage)?;
     let sink = Arc::new(StderrSink::new(name.clone()));
     let body = TaskBody::Plugin(PluginBody {
         runtime: Arc::clone(&runtime),

@@ -73,9 +73,15 @@ impl DaemonConfig {
         }
         if let Some(v) = file.max_memory {
             self.max_memory = parse_size(&v).map_err(|e| format!("max_memory: {e}"))?;
+            if self.max_memory < 64 << 10 {
+                return Err("max_memory: must be at least 64KiB (one WebAssembly page)".into());
+            }
         }
         if let Some(v) = file.epoch_tick {
             self.epoch_tick = dur(&v, "epoch_tick")?;
+            if self.epoch_tick < Duration::from_millis(1) {
+                return Err("epoch_tick: must be at least 1ms".into());
+            }
         }
         if let Some(v) = file.max_connections {
             self.max_connections = v;

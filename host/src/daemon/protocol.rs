@@ -155,8 +155,8 @@ pub enum Request {
     },
     /// Shut the daemon down.
     Shutdown {
-        /// Grace for running tasks, ms.
-        grace_ms: u64,
+        /// Grace for running tasks, ms; `None`: the daemon's own grace.
+        grace_ms: Option<u64>,
     },
 }
 

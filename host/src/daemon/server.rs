@@ -4,6 +4,7 @@
 //! the controller, and graceful shutdown on a signal or a request.
 
 use std::collections::{HashMap, VecDeque};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -85,12 +86,16 @@ pub async fn serve(socket_path: PathBuf, config: DaemonConfig) -> Result<(), Str
             )
         })?;
     }
-    std::fs::create_dir_all(config.state_dir.join("plugins")).map_err(|e| {
-        format!(
-            "cannot create the state directory `{}`: {e}",
-            config.state_dir.display()
-        )
-    })?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(config.state_dir.join("plugins"))
+        .map_err(|e| {
+            format!(
+                "cannot create the state directory `{}`: {e}",
+                config.state_dir.display()
+            )
+        })?;
 
     let runtime = Runtime::new(&RuntimeConfig {
         cache_dir: Some(config.state_dir.join("wasmtime-cache")),
@@ -482,7 +487,7 @@ async fn handle(
             reply.send(Reply::End).await;
         }
         Request::Shutdown { grace_ms } => {
-            let grace = Duration::from_millis(grace_ms);
+            let grace = grace_ms.map_or(daemon.config.grace, Duration::from_millis);
             let report = daemon.controller.shutdown(grace).await;
             let stuck = match report {
                 ShutdownReport::AllStopped => Vec::new(),
@@ -702,6 +707,11 @@ async fn build_submission(
         env: request.env.clone(),
         max_memory: request.max_memory.unwrap_or(daemon.config.max_memory),
     };
+    if sandbox.max_memory < 64 << 10 {
+        return Err(invalid(
+            "--max-memory must be at least 64KiB (one WebAssembly page)".into(),
+        ));
+    }
     sandbox.check_dirs().map_err(|e| invalid(e.to_string()))?;
     sandbox
         .check_capabilities(&info.capabilities)

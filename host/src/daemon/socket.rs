@@ -42,7 +42,8 @@ pub fn resolve(flag: Option<&Path>) -> PathBuf {
 }
 
 /// Creates the socket's directory owner-only, or checks that an existing one
-/// belongs to us and is not writable by others.
+/// belongs to us and that nobody else can write to it (so nobody can swap
+/// the socket for their own).
 pub fn prepare_dir(socket: &Path) -> Result<(), String> {
     let dir = socket
         .parent()
@@ -53,13 +54,17 @@ pub fn prepare_dir(socket: &Path) -> Result<(), String> {
             if !meta.is_dir() {
                 return Err(format!("`{}` is not a directory", dir.display()));
             }
-            if let Some(uid) = current_uid()
-                && meta.uid() != uid
-                && meta.mode() & 0o002 != 0
-            {
+            if current_uid().is_some_and(|uid| meta.uid() != uid) {
                 return Err(format!(
-                    "the socket directory `{}` is writable by others and not ours; choose another --socket",
+                    "the socket directory `{}` belongs to another user; choose a --socket in a directory of your own",
                     dir.display()
+                ));
+            }
+            if meta.mode() & 0o022 != 0 {
+                return Err(format!(
+                    "the socket directory `{}` is writable by others (mode {:o}); choose a --socket in a directory only you can write to, such as the default",
+                    dir.display(),
+                    meta.mode() & 0o777
                 ));
             }
             Ok(())
