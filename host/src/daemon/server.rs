@@ -103,14 +103,13 @@ pub async fn serve(socket_path: PathBuf, config: DaemonConfig) -> Result<(), Str
         ..RuntimeConfig::default()
     })
     .map_err(|e| e.to_string())?;
-    let supervisor = Supervisor::with_subscribers(
-        SupervisorConfig {
-            max_concurrent: Some(config.max_concurrent),
-            grace: config.grace,
-            ..SupervisorConfig::default()
-        },
-        vec![Box::new(TracingBridge)],
-    );
+    // No subscriber lane of its own for tracing: `record_events` reads the
+    // bus anyway and bridges to tracing, saving a thread wake-up per event.
+    let supervisor = Supervisor::new(SupervisorConfig {
+        max_concurrent: Some(config.max_concurrent),
+        grace: config.grace,
+        ..SupervisorConfig::default()
+    });
     let controller = Controller::new(
         supervisor,
         ControllerConfig {
@@ -202,11 +201,13 @@ pub async fn serve(socket_path: PathBuf, config: DaemonConfig) -> Result<(), Str
     Ok(())
 }
 
-/// Keeps the most recent events for `host events` without `--follow`.
+/// Keeps the most recent events for `host events` without `--follow`, and
+/// bridges every event to the daemon's `tracing` log.
 async fn record_events(daemon: Arc<Daemon>) {
     let mut stream = daemon.controller.supervisor().subscribe();
     while let Some(received) = stream.recv().await {
         if let Received::Event(event) = received {
+            TracingBridge::trace(&event);
             let mut events = daemon.events.lock().unwrap_or_else(PoisonError::into_inner);
             if events.len() == EVENT_HISTORY {
                 events.pop_front();

@@ -402,7 +402,16 @@ impl Subscriber for TracingBridge {
         "tracing"
     }
 
-    fn on_event(&mut self, e: &Event) {
+    fn on_event(&mut self, event: &Event) {
+        TracingBridge::trace(event);
+    }
+}
+
+impl TracingBridge {
+    /// Emits one event to `tracing`: failures and grace overruns at warn,
+    /// guest output at trace, everything else at debug. Usable without a
+    /// lane of its own by a component that already reads the bus.
+    pub fn trace(e: &Event) {
         let name = e.name.as_deref().unwrap_or("");
         let kind = e.kind;
         match kind {
