@@ -216,3 +216,28 @@ async fn a_body_that_returns_canceled_on_its_own_is_canceled_and_not_retried() {
         ]
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn cancel_with_a_timeout_returns_while_the_stop_goes_on() {
+    let sup = supervisor_with_grace(ms(500));
+    let mut events = Recorder::new(&sup, NATIVE_LIMIT);
+    let waiter = sup.add(TaskSpec::once("stubborn", stubborn()));
+    let id = waiter.id();
+    events.until_kind(id, K::AttemptStarting).await;
+
+    let started = Instant::now();
+    let err = sup.cancel_with_timeout(id, ms(100)).await.unwrap_err();
+    assert_eq!((err.id, started.elapsed()), (id, ms(100)));
+    assert_eq!(
+        sup.cancel_with_timeout(id, ms(100)).await,
+        Ok(false),
+        "the claim is made once"
+    );
+    assert_eq!(waiter.wait().await, TaskOutcome::ForceAborted);
+    assert_eq!(started.elapsed(), ms(500), "the stop went on to its grace");
+
+    let quick = sup.add(TaskSpec::once("quick", until_canceled()));
+    events.until_kind(quick.id(), K::AttemptStarting).await;
+    assert_eq!(sup.cancel_with_timeout(quick.id(), ms(100)).await, Ok(true));
+    assert_eq!(quick.wait().await, TaskOutcome::Canceled);
+}

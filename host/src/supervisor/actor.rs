@@ -98,7 +98,11 @@ impl Actor {
             entry.set_phase(TaskPhase::Running);
             self.event(EventKind::AttemptStarting, attempts);
             let started = Instant::now();
-            let end = self.attempt(attempts, &mut stop, history).await;
+            let end = tracing::Instrument::instrument(
+                self.attempt(attempts, &mut stop, history),
+                tracing::debug_span!("attempt", n = attempts),
+            )
+            .await;
             // The permit is held until the attempt's end event is out, so
             // that no observer counting starts and ends ever sees more than
             // `max_concurrent` attempts; it is released before any backoff.

@@ -75,6 +75,16 @@ impl Default for SupervisorConfig {
     }
 }
 
+/// A cancel whose task did not end within the caller's timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("task {id} did not end within {timeout:?} of the cancel; it is still stopping")]
+pub struct CancelTimedOut {
+    /// The task.
+    pub id: u64,
+    /// The caller's timeout.
+    pub timeout: Duration,
+}
+
 /// How shutdown went.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ShutdownReport {
@@ -261,7 +271,10 @@ impl Supervisor {
             policies,
             on_gone,
         };
-        tokio::spawn(actor.run());
+        // Everything the task's actor and runtime log carries its identity.
+        let span =
+            tracing::debug_span!("task", id, name = %actor.entry.name, slot = %actor.entry.slot);
+        tokio::spawn(tracing::Instrument::instrument(actor.run(), span));
         Ok(())
     }
 
@@ -292,6 +305,28 @@ impl Supervisor {
                 true
             }
             None => false,
+        }
+    }
+
+    /// Like [`Supervisor::cancel`], but waits at most `timeout` for the
+    /// logical end. `Ok(true)`: this call made the stop claim and the task
+    /// ended in time; `Ok(false)`: no claim (unknown, already stopping or
+    /// decided); `Err`: the claim was made but the task has not ended yet
+    /// (the stop goes on: it is force-aborted at its grace).
+    pub async fn cancel_with_timeout(
+        &self,
+        target: impl Into<TaskRef>,
+        timeout: Duration,
+    ) -> Result<bool, CancelTimedOut> {
+        match self.claim_stop(&target.into(), self.shared.config.grace) {
+            Some(waiter) => {
+                let id = waiter.id();
+                tokio::time::timeout(timeout, waiter.wait())
+                    .await
+                    .map(|_| true)
+                    .map_err(|_| CancelTimedOut { id, timeout })
+            }
+            None => Ok(false),
         }
     }
 
