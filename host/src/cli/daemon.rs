@@ -38,7 +38,7 @@ pub struct ServeArgs {
     /// Where uploaded plugins and the compilation cache live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections); flags win over it.
+    /// A TOML file with settings (keys: state_dir, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -56,6 +56,9 @@ pub struct ServeArgs {
     /// Default memory limit of a guest [default: 256MiB].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     max_memory: Option<u64>,
+    /// Instance slots of the pooling allocator; attempts running at once never exceed it (below 16: the on-demand allocator) [default: 1000].
+    #[arg(long, value_name = "N")]
+    pool_instances: Option<u32>,
     /// Epoch tick: the granularity of interruption [default: 10ms].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     epoch_tick: Option<Duration>,
@@ -96,6 +99,9 @@ pub async fn serve_cmd(args: ServeArgs) -> anyhow::Result<u8> {
     }
     if let Some(v) = args.max_memory {
         config.max_memory = v;
+    }
+    if let Some(v) = args.pool_instances {
+        config.pool_instances = v;
     }
     if let Some(v) = args.epoch_tick {
         if v < Duration::from_millis(1) {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::runtime::{DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY};
+use crate::runtime::{DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES};
 use crate::units::{parse_duration, parse_size};
 
 /// The daemon's default grace for running tasks at shutdown (shorter than
@@ -32,6 +32,11 @@ pub struct DaemonConfig {
     pub epoch_tick: Duration,
     /// Most client connections at once.
     pub max_connections: usize,
+    /// Instance slots of the pooling allocator (below 16: on-demand).
+    pub pool_instances: u32,
+    /// Undelivered events each event reader (`host events --follow`) may
+    /// fall behind before it loses the oldest.
+    pub event_lane_capacity: usize,
 }
 
 impl DaemonConfig {
@@ -46,6 +51,8 @@ impl DaemonConfig {
             max_memory: DEFAULT_MAX_MEMORY,
             epoch_tick: DEFAULT_EPOCH_TICK,
             max_connections: 256,
+            pool_instances: DEFAULT_POOL_INSTANCES,
+            event_lane_capacity: 4096,
         }
     }
 
@@ -86,6 +93,15 @@ impl DaemonConfig {
         if let Some(v) = file.max_connections {
             self.max_connections = v;
         }
+        if let Some(v) = file.pool_instances {
+            self.pool_instances = v;
+        }
+        if let Some(v) = file.event_lane_capacity {
+            if v == 0 || v > 1 << 22 {
+                return Err("event_lane_capacity: must be between 1 and 4194304".into());
+            }
+            self.event_lane_capacity = v;
+        }
         Ok(())
     }
 }
@@ -102,6 +118,8 @@ struct FileConfig {
     max_memory: Option<String>,
     epoch_tick: Option<String>,
     max_connections: Option<usize>,
+    pool_instances: Option<u32>,
+    event_lane_capacity: Option<usize>,
 }
 
 #[cfg(test)]
@@ -115,7 +133,7 @@ mod tests {
         let path = dir.join("host.toml");
         std::fs::write(
             &path,
-            "grace = \"2s\"\nmax_concurrent = 8\nmax_memory = \"64MiB\"\n",
+            "grace = \"2s\"\nmax_concurrent = 8\nmax_memory = \"64MiB\"\npool_instances = 64\nevent_lane_capacity = 100000\n",
         )
         .unwrap();
         let mut config = DaemonConfig::with_state_dir(dir.clone());
@@ -123,6 +141,8 @@ mod tests {
         assert_eq!(config.grace, Duration::from_secs(2));
         assert_eq!(config.max_concurrent, 8);
         assert_eq!(config.max_memory, 64 << 20);
+        assert_eq!(config.pool_instances, 64);
+        assert_eq!(config.event_lane_capacity, 100_000);
         std::fs::write(&path, "graec = \"2s\"\n").unwrap();
         let err = config.apply_file(&path).unwrap_err();
         assert!(err.contains("unknown field"), "{err}");

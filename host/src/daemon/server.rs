@@ -56,6 +56,8 @@ struct Daemon {
     controller: Controller,
     tasks: Tasks,
     events: Mutex<VecDeque<WireEvent>>,
+    /// The seq of the newest event `record_events` has taken in.
+    recorded: watch::Sender<u64>,
     stop: watch::Sender<Option<Duration>>,
 }
 
@@ -100,14 +102,27 @@ pub async fn serve(socket_path: PathBuf, config: DaemonConfig) -> Result<(), Str
     let runtime = Runtime::new(&RuntimeConfig {
         cache_dir: Some(config.state_dir.join("wasmtime-cache")),
         epoch_tick: config.epoch_tick,
+        pool_instances: config.pool_instances,
         ..RuntimeConfig::default()
     })
     .map_err(|e| e.to_string())?;
+    // Attempts wait for a permit rather than find the instance pool full.
+    let mut max_concurrent = config.max_concurrent;
+    if let Some(capacity) = runtime.allocator().attempt_capacity()
+        && capacity < max_concurrent
+    {
+        tracing::warn!(
+            "max_concurrent {max_concurrent} is more than the instance pool holds; \
+             running at most {capacity} attempts at once (raise --pool-instances)"
+        );
+        max_concurrent = capacity;
+    }
     // No subscriber lane of its own for tracing: `record_events` reads the
     // bus anyway and bridges to tracing, saving a thread wake-up per event.
     let supervisor = Supervisor::new(SupervisorConfig {
-        max_concurrent: Some(config.max_concurrent),
+        max_concurrent: Some(max_concurrent),
         grace: config.grace,
+        bus_capacity: config.event_lane_capacity,
         ..SupervisorConfig::default()
     });
     let controller = Controller::new(
@@ -129,6 +144,7 @@ pub async fn serve(socket_path: PathBuf, config: DaemonConfig) -> Result<(), Str
         controller,
         tasks: Tasks::default(),
         events: Mutex::new(VecDeque::new()),
+        recorded: watch::channel(0).0,
         stop,
     });
     tokio::spawn(record_events(Arc::clone(&daemon)));
@@ -136,6 +152,7 @@ pub async fn serve(socket_path: PathBuf, config: DaemonConfig) -> Result<(), Str
         socket = %socket_path.display(),
         state_dir = %config.state_dir.display(),
         allocator = ?daemon.runtime.allocator(),
+        max_concurrent,
         "taskhost daemon listening"
     );
     eprintln!("taskhost daemon listening on {}", socket_path.display());
@@ -213,6 +230,8 @@ async fn record_events(daemon: Arc<Daemon>) {
                 events.pop_front();
             }
             events.push_back(wire_event(&event));
+            drop(events);
+            daemon.recorded.send_replace(event.seq);
         }
     }
 }
@@ -425,8 +444,17 @@ async fn handle(
             reply.send(Reply::Slots(rows)).await;
         }
         Request::Events { follow } => {
-            // Subscribe before copying the history so nothing falls between.
-            let mut live = daemon.controller.supervisor().subscribe();
+            // Subscribe before copying the history, and let the history
+            // catch up with the events published before the subscription,
+            // so nothing falls between (a gap left by a recorder that fell
+            // behind is reported as dropped).
+            let (mut live, before) = daemon.controller.supervisor().bus().subscribe_after();
+            let mut recorded = daemon.recorded.subscribe();
+            let _ = tokio::time::timeout(
+                Duration::from_millis(500),
+                recorded.wait_for(|seq| *seq >= before),
+            )
+            .await;
             let history: Vec<WireEvent> = daemon
                 .events
                 .lock()
@@ -434,12 +462,20 @@ async fn handle(
                 .iter()
                 .cloned()
                 .collect();
+            let history: Vec<WireEvent> = history.into_iter().filter(|e| e.seq <= before).collect();
             let last_seq = history.last().map_or(0, |e| e.seq);
             for event in history {
                 if !reply.send(Reply::Event(event)).await {
                     return;
                 }
             }
+            if follow && last_seq < before && last_seq > 0 {
+                // The recorder lost these; say so rather than skip them.
+                if !reply.send(Reply::Dropped(before - last_seq)).await {
+                    return;
+                }
+            }
+            let last_seq = before;
             if follow {
                 while let Some(Some(received)) = reply.until_gone(live.recv()).await {
                     let sent = match received {

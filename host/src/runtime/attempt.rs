@@ -118,22 +118,31 @@ impl WasiView for AttemptState {
     }
 }
 
-/// Enforces the per-memory limit and remembers that it did.
+/// Enforces the per-memory and per-table limits and remembers that it did.
 struct MemoryLimiter {
     max_memory: usize,
     denied: Option<usize>,
+    /// The table limit that refused a growth, and the largest size asked.
+    table_denied: Option<(usize, usize)>,
 }
 
 impl MemoryLimiter {
-    /// Says that the limit was hit, if it was.
+    /// Says that a limit was hit, if one was.
     fn note(&self) -> Option<String> {
-        self.denied.map(|d| {
+        let memory = self.denied.map(|d| {
             format!(
                 "the guest hit its memory limit of {} (it asked for {}; raise it with --max-memory)",
                 format_size(self.max_memory as u64),
                 format_size(d as u64)
             )
-        })
+        });
+        let table = self.table_denied.map(|(limit, asked)| {
+            format!("the guest hit its table limit of {limit} elements (it asked for {asked})")
+        });
+        match (memory, table) {
+            (Some(m), Some(t)) => Some(format!("{m}; {t}")),
+            (m, t) => m.or(t),
+        }
     }
 }
 
@@ -155,9 +164,17 @@ impl ResourceLimiter for MemoryLimiter {
         &mut self,
         _current: usize,
         desired: usize,
-        _max: Option<usize>,
+        max: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= MAX_TABLE_ELEMENTS)
+        // `max` is the table's own maximum, or the pooling allocator's
+        // per-table limit: growth beyond it fails either way.
+        let limit = max.map_or(MAX_TABLE_ELEMENTS, |m| m.min(MAX_TABLE_ELEMENTS));
+        if desired > limit {
+            let asked = self.table_denied.map_or(desired, |(_, a)| a.max(desired));
+            self.table_denied = Some((limit, asked));
+            return Ok(false);
+        }
+        Ok(true)
     }
 }
 
@@ -194,6 +211,7 @@ pub(crate) fn new_store(
         limiter: MemoryLimiter {
             max_memory: usize::try_from(sandbox.max_memory).unwrap_or(usize::MAX),
             denied: None,
+            table_denied: None,
         },
         host: HostCtx {
             facts,
@@ -249,6 +267,13 @@ pub(crate) async fn instantiate(
             signals: signals.clone(),
         }),
         Err(_) if signals.is_aborted() => Err(AttemptError::Aborted),
+        // Every slot of the instance pool is taken (by attempts, describe
+        // calls, or guests with more core instances than the pool sized
+        // for): a passing condition, so retryable, never Fatal.
+        Err(err) if is_pool_full(&err) => {
+            capture.finish();
+            Err(pool_full(&err))
+        }
         Err(err) => {
             capture.finish();
             let limiter = &store.data().limiter;
@@ -293,11 +318,31 @@ impl PreparedAttempt {
             }),
             Ok(Err(types::TaskError::Canceled)) => Err(AttemptError::Canceled),
             Err(_) if self.signals.is_aborted() => Err(AttemptError::Aborted),
+            Err(err) if is_pool_full(&err) => Err(pool_full(&err)),
             Err(err) => Err(AttemptError::Fail {
                 reason: describe_trap(&err, memory_note, self.capture.explanation()),
                 exit_code: None,
             }),
         }
+    }
+}
+
+/// Whether `err` says the pooling allocator has no free slot (instances,
+/// memories, tables or fiber stacks).
+pub(crate) fn is_pool_full(err: &wasmtime::Error) -> bool {
+    err.chain()
+        .any(|e| e.is::<wasmtime::PoolConcurrencyLimitError>())
+}
+
+/// The retryable failure of an attempt that found the instance pool full.
+fn pool_full(err: &wasmtime::Error) -> AttemptError {
+    AttemptError::Fail {
+        reason: format!(
+            "the instance pool is full ({}); the attempt did not run and can be retried \
+             (--restart on-failure), or give the daemon a larger --pool-instances",
+            error_chain(err)
+        ),
+        exit_code: None,
     }
 }
 
@@ -310,7 +355,11 @@ fn join(reason: &str, note: Option<String>) -> String {
 
 /// One line naming the trap, what the guest said last (its panic message or
 /// stderr tail), and the top of the guest backtrace when there is one.
-fn describe_trap(err: &wasmtime::Error, memory: Option<String>, said: Option<String>) -> String {
+pub(crate) fn describe_trap(
+    err: &wasmtime::Error,
+    memory: Option<String>,
+    said: Option<String>,
+) -> String {
     let frames: Vec<String> = err
         .downcast_ref::<WasmBacktrace>()
         .map(|trace| {
@@ -401,9 +450,16 @@ fn summarize_frames(frames: &[String]) -> String {
         .join(" <- ")
 }
 
-/// The error and its causes on one line.
+/// The error and its causes on one line (a wasm backtrace, which wasmtime
+/// attaches as a multi-line cause, is left out: `describe_trap` summarises
+/// it).
 pub(crate) fn error_chain(err: &wasmtime::Error) -> String {
-    let mut parts: Vec<String> = err.chain().map(|c| c.to_string()).collect();
+    let mut parts: Vec<String> = err
+        .chain()
+        .map(|c| c.to_string())
+        .filter(|c| !c.starts_with("error while executing at wasm backtrace"))
+        .map(|c| c.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
     parts.dedup();
     parts.join(": ")
 }

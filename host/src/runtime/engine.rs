@@ -92,6 +92,24 @@ pub enum Allocator {
     OnDemand,
 }
 
+/// Pool slots kept free of attempts (see [`Allocator::attempt_capacity`]) for
+/// the `describe` calls of plugins loaded while every permit is in use.
+pub const POOL_RESERVE: u32 = 8;
+
+impl Allocator {
+    /// How many attempts may hold an instance at once without exhausting
+    /// the pool: its slots less [`POOL_RESERVE`] (at least 1). `None`: no
+    /// pool, no bound from the allocator.
+    pub fn attempt_capacity(&self) -> Option<usize> {
+        match self {
+            Self::Pooling { instances } => {
+                Some(instances.saturating_sub(POOL_RESERVE).max(1) as usize)
+            }
+            Self::OnDemand => None,
+        }
+    }
+}
+
 /// Builds the engine, trying the pooling allocator first when asked to.
 pub(crate) fn build_engine(config: &RuntimeConfig) -> Result<(Engine, Allocator), RuntimeError> {
     let mut base = Config::new();

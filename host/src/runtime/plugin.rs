@@ -346,11 +346,10 @@ pub(crate) async fn describe(
             )));
         }
         Ok(Err(err)) => {
-            let mut why = format!("failed: {}", error_chain(&err));
-            if let Some(said) = capture.explanation() {
-                why.push_str(&format!("; guest said: {said}"));
-            }
-            return Err(bad(why));
+            // One line: the trap, what the guest said, the top of its
+            // backtrace.
+            let why = attempt::describe_trap(&err, None, capture.explanation());
+            return Err(bad(format!("failed: {why}")));
         }
         Ok(Ok(raw)) => raw,
     };

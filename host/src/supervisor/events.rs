@@ -235,10 +235,17 @@ impl Bus {
 
     /// A new lane that sees every event published from now on.
     pub fn subscribe(&self) -> EventStream {
+        self.subscribe_after().0
+    }
+
+    /// Like [`Bus::subscribe`], with the seq of the last event published
+    /// before the lane existed: the lane gets exactly the events after it.
+    pub fn subscribe_after(&self) -> (EventStream, u64) {
         let guard = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
-        EventStream {
+        let stream = EventStream {
             receiver: guard.as_ref().map(|s| s.subscribe()),
-        }
+        };
+        (stream, self.seq.load(Ordering::Relaxed))
     }
 
     /// The bound of every lane.

@@ -27,7 +27,7 @@
 //! | `hello` | returns its input; logs `hello: got N bytes` |
 //! | `flaky` | fails (exit code 3) while attempt <= `fail_times` (default 1), then returns `ok after N attempts` |
 //! | `spin` | busy-loops forever without calling the host |
-//! | `sleeper` | sleeps `ms` (default 1000) in cancellable 50 ms steps with progress; `slept N ms` or canceled |
+//! | `sleeper` | sleeps `ms` (default 1000) in cancellable steps of `step_ms` (default 50) with progress; `slept N ms` or canceled |
 //! | `panic` | panics with `message` (default `plugin panicked on purpose`) |
 //! | `trap` | `kind=unreachable` (default) or `kind=stack-overflow` |
 //! | `oom` | allocates `chunk_mib` (default 1) MiB chunks until allocation fails |
@@ -35,6 +35,11 @@
 //! | `sandbox-probe` | tries file `read`/`write`, env `var`, TCP `port`; returns a JSON report |
 //! | `deploy` | resource `deploy/{env}`, policy replace; sleeps `ms` (default 50); `deployed to <env>` |
 //! | `not-a-task` | a `wasi:cli/command` program, not a plugin: the host must refuse it |
+//! | `describe-trap` | `describe()` panics: the host must refuse it at load |
+//! | `describe-spin` | `describe()` busy-loops forever: refused after the describe time limit |
+//! | `describe-huge` | `describe()` returns a 1 MiB name and 100,000 capabilities: refused, naming the limit |
+//! | `output-huge` | `run` returns `mib` (default 17) MiB: over the 16 MiB output limit, the attempt fails |
+//! | `unknown-import` | built with wit-bindgen directly; also imports `example:missing/thing`, which no host provides: refused at load |
 
 #![warn(missing_docs)]
 
@@ -74,15 +79,20 @@ mod tests {
         let expected = [
             "chatty",
             "deploy",
+            "describe-huge",
+            "describe-spin",
+            "describe-trap",
             "flaky",
             "hello",
             "not-a-task",
             "oom",
+            "output-huge",
             "panic",
             "sandbox-probe",
             "sleeper",
             "spin",
             "trap",
+            "unknown-import",
         ];
         let names: Vec<&str> = ALL.iter().map(|(n, _)| *n).collect();
         assert_eq!(names, expected);
@@ -106,7 +116,9 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "no plugin called `nope`; the plugins are: chatty, deploy")]
+    #[should_panic(
+        expected = "no plugin called `nope`; the plugins are: chatty, deploy, describe-huge"
+    )]
     fn path_panics_for_unknown_names() {
         path("nope");
     }

@@ -1,0 +1,1869 @@
+//! The benchmark suite of issue #6: our supervisor and controller side by
+//! side with the `taskvisor` crate 0.9 (a dev-dependency used only here),
+//! measured in one run on one machine, so that the ratios between the sides
+//! are the numbers to quote.
+//!
+//! Sides:
+//! - (a) our supervisor with native Rust bodies;
+//! - (b) our supervisor with plugin bodies: `hello` (input `hi`) where a task
+//!   runs to completion, `sleeper` (`ms=600000`, cooperative) where a task
+//!   must stay alive, `spin` for force-abort;
+//! - (c) taskvisor with native bodies (the same closures as (a)).
+//!
+//! Scenarios, each on a current-thread and on a multi-thread (2 workers)
+//! Tokio runtime, with the benchmark driver itself spawned as a task on that
+//! runtime:
+//! - one-shot: 10,000 watched one-shot tasks added back to back, first add
+//!   to last outcome (tasks/s);
+//! - closed loop: add one task, await its outcome, repeat (latency);
+//! - controller: 10,000 Queue submissions over 10,000 distinct slots, and
+//!   over one slot (each task waits for the previous one's physical end);
+//! - controller: 10,000 Replace submissions into one busy slot whose
+//!   bodies wait for cancellation (the last one returns at once); checks
+//!   that every waiter resolves (SupersededByReplace, Canceled, or the last
+//!   one Completed) and that no two bodies ever run at once (a counter in
+//!   the native bodies; for ours also the event sequence, in an extra
+//!   untimed round); the same with a yield after every submission, so that
+//!   each replacement is admitted and then retired (10,000 handoffs;
+//!   informational, no target);
+//! - cancel → outcome of a parked cooperative task (ours only): 200 parked
+//!   tasks, then `cancel` of each in turn, timed until the outcome;
+//! - force-abort of a `spin` plugin (ours only) with 4 other spinners
+//!   running: `remove` with a 25 ms grace, timed on a separate OS thread
+//!   from the grace deadline to the ForceAborted outcome and to physical
+//!   completion, in epoch ticks (10 ms);
+//! - shutdown with 1,000 live tasks (parked until cancelled), on a fresh
+//!   supervisor per round.
+//!
+//! Then, in fresh child processes (one per measurement, so that the
+//! allocator holds no memory freed by earlier work): resident memory per
+//! live parked task, `(VmRSS after 1,000 parked tasks - VmRSS before) /
+//! 1,000`; and `host run hello.wasm` as a whole process (the release
+//! binary, warm `TASKHOST_CACHE_DIR`), 30 runs.
+//!
+//! Every limit that could throttle a side is raised to the same value on
+//! both (listed in the output). Each scenario runs one untimed warm-up round
+//! and then several timed rounds, the sides interleaved round by round (the
+//! machine is shared and noisy). Throughput rows give the median over
+//! rounds and the range; latency rows give the median and p99 of all
+//! samples of all rounds. The final table has every measurement, the ratios
+//! between the sides and PASS/MISS against the targets of the issue.
+//!
+//! Run with `cargo bench -p taskhost --bench suite` (about a minute and a
+//! half on 2 cores after the build). Arguments select scenarios by
+//! substring: `cargo bench -p taskhost --bench suite -- force-abort rss`
+//! (keys: one-shot, queue-distinct, queue-one-slot, replace, closed-loop,
+//! cancel, force-abort, shutdown, rss, host-run).
+
+use std::future::Future;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use taskhost::controller::{Controller, ControllerConfig, Submission};
+use taskhost::outcome::{RejectionKind, TaskOutcome};
+use taskhost::runtime::{
+    AdmissionPolicy, GuestSink, Plugin, Runtime, RuntimeConfig, Sandbox, Stream,
+};
+use taskhost::supervisor::{
+    EventKind, PluginBody, Received, ShutdownReport, Supervisor, SupervisorConfig, TaskBody,
+    TaskError, TaskPhase, TaskSpec, TaskWaiter, native,
+};
+use taskvisor as tv;
+
+/// Tasks per round of the throughput scenarios.
+const TASKS: usize = 10_000;
+/// Timed rounds of the throughput scenarios (after one warm-up round).
+const ROUNDS: usize = 7;
+/// Add-then-await iterations per closed-loop round.
+const LOOP_ITERATIONS: usize = 2_000;
+/// Parked tasks per cancel round; each gives one sample.
+const CANCEL_TASKS: usize = 200;
+/// Force-abort samples per round, and rounds.
+const FORCE_SAMPLES: usize = 25;
+const FORCE_ROUNDS: usize = 4;
+/// Spinners running besides the one that is force-aborted.
+const OTHER_SPINNERS: usize = 4;
+/// The grace of the force-abort scenario (not a multiple of the tick).
+const FORCE_GRACE: Duration = Duration::from_millis(25);
+/// The epoch tick of the runtime (`RuntimeConfig::default()`).
+const TICK: Duration = taskhost::runtime::DEFAULT_EPOCH_TICK;
+/// Live tasks at shutdown, and rounds.
+const SHUTDOWN_TASKS: usize = 1_000;
+const SHUTDOWN_ROUNDS: usize = 5;
+/// Parked tasks per memory measurement, and child processes per side.
+const RSS_TASKS: usize = 1_000;
+const RSS_ROUNDS: usize = 3;
+/// Timed `host run` processes.
+const HOST_RUNS: usize = 30;
+
+/// Every count limit of both sides (registry, ownership, command queues,
+/// slot queues, pending submissions, slots).
+const LIMIT: usize = 1 << 20;
+/// Event bus capacity of both sides (neither side blocks on a full bus).
+const BUS: usize = 1 << 16;
+/// Pooled instance slots of our runtime (the default is 1,000; the memory
+/// and shutdown scenarios keep 1,000 sleepers alive at once).
+const POOL_INSTANCES: u32 = 2_048;
+/// The stop grace of both sides, except in the force-abort scenario.
+const GRACE: Duration = Duration::from_secs(60);
+/// A round that takes longer than this is a hang.
+const ROUND_LIMIT: Duration = Duration::from_secs(120);
+/// The whole suite should stay below this.
+const SUITE_LIMIT: Duration = Duration::from_secs(600);
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--child-rss") {
+        let side = Side::parse(&args[i + 1]);
+        child_rss(side);
+        return;
+    }
+    // Other arguments (cargo passes `--bench`) that do not start with `--`
+    // select scenarios by substring: `cargo bench --bench suite -- force`.
+    let filters: Vec<String> = args[1..]
+        .iter()
+        .filter(|a| !a.starts_with("--"))
+        .cloned()
+        .collect();
+    let _ = FILTERS.set(filters);
+    let suite_started = Instant::now();
+    let cache = cache_dir();
+    let plugins = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(load_plugins(&cache));
+    print_header(&plugins);
+
+    let mut table = Table::default();
+    for flavour in [Flavour::Current, Flavour::Multi] {
+        let rt = flavour.runtime();
+        println!("\n## {}", flavour.name());
+        type Scenario = fn(&tokio::runtime::Runtime, Flavour, &Arc<Plugins>, &mut Table);
+        let scenarios: [(&str, Scenario); 8] = [
+            ("one-shot", oneshot),
+            ("queue-distinct", |rt, f, p, t| queue(rt, f, p, t, false)),
+            ("queue-one-slot", |rt, f, p, t| queue(rt, f, p, t, true)),
+            ("replace", replace),
+            ("closed-loop", closed_loop),
+            ("cancel", cancel_latency),
+            ("force-abort", force_abort),
+            ("shutdown", shutdown),
+        ];
+        for (key, scenario) in scenarios {
+            if wanted(key) {
+                scenario(&rt, flavour, &plugins, &mut table);
+            }
+        }
+    }
+    println!("\n## child processes");
+    if wanted("rss") {
+        rss(&mut table);
+    }
+    if wanted("host-run") {
+        host_run(&cache, &mut table);
+    }
+
+    let took = suite_started.elapsed();
+    table.row(Row {
+        scenario: "whole suite".into(),
+        side: "-".into(),
+        median: format!("{:.0}", took.as_secs_f64()),
+        unit: "s".into(),
+        target: Some(check_at_most(
+            took.as_secs_f64(),
+            SUITE_LIMIT.as_secs_f64(),
+            "s",
+        )),
+        ..Row::default()
+    });
+    table.print();
+}
+
+/// Scenario filters from the command line; empty runs everything.
+static FILTERS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+fn wanted(key: &str) -> bool {
+    let filters = FILTERS.get().map_or(&[][..], Vec::as_slice);
+    filters.is_empty() || filters.iter().any(|f| key.contains(f.as_str()))
+}
+
+// ---------------------------------------------------------------------------
+// Sides, flavours and the harness each scenario drives.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flavour {
+    Current,
+    Multi,
+}
+
+impl Flavour {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Current => "current-thread",
+            Self::Multi => "multi-thread (2)",
+        }
+    }
+
+    fn runtime(self) -> tokio::runtime::Runtime {
+        match self {
+            Self::Current => tokio::runtime::Builder::new_current_thread(),
+            Self::Multi => {
+                let mut b = tokio::runtime::Builder::new_multi_thread();
+                b.worker_threads(2);
+                b
+            }
+        }
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime")
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// (a) ours, native bodies.
+    Native,
+    /// (b) ours, plugin bodies.
+    Plugin,
+    /// (c) taskvisor, native bodies.
+    Taskvisor,
+}
+
+const SIDES: [Side; 3] = [Side::Native, Side::Plugin, Side::Taskvisor];
+const OURS: [Side; 2] = [Side::Native, Side::Plugin];
+
+impl Side {
+    fn tag(self) -> &'static str {
+        match self {
+            Self::Native => "a",
+            Self::Plugin => "b",
+            Self::Taskvisor => "c",
+        }
+    }
+
+    fn parse(tag: &str) -> Self {
+        match tag {
+            "a" => Self::Native,
+            "b" => Self::Plugin,
+            "c" => Self::Taskvisor,
+            other => panic!("unknown side {other:?}"),
+        }
+    }
+
+    /// The row label; `plugin` names the plugin side (b) runs here.
+    fn label(self, plugin: &str) -> String {
+        match self {
+            Self::Native => "(a) ours, native".into(),
+            Self::Plugin => format!("(b) ours, {plugin} plugin"),
+            Self::Taskvisor => "(c) taskvisor, native".into(),
+        }
+    }
+
+    /// A fresh supervisor (with a controller) of this side. Must be called
+    /// inside the Tokio runtime that drives it.
+    fn harness(self, plugins: &Arc<Plugins>, grace: Duration) -> Harness {
+        match self {
+            Self::Native => ours(Bodies::Native, grace),
+            Self::Plugin => ours(Bodies::Plugin(Arc::clone(plugins)), grace),
+            Self::Taskvisor => taskvisor(grace),
+        }
+    }
+}
+
+/// One side's supervisor and controller.
+#[derive(Clone)]
+enum Harness {
+    Ours { ctl: Controller, bodies: Bodies },
+    Tv { handle: tv::SupervisorHandle },
+}
+
+fn ours_config(grace: Duration) -> (SupervisorConfig, ControllerConfig) {
+    (
+        SupervisorConfig {
+            max_concurrent: None,
+            max_registered_tasks: LIMIT,
+            grace,
+            bus_capacity: BUS,
+            ..SupervisorConfig::default()
+        },
+        ControllerConfig {
+            max_slot_queue: LIMIT,
+            max_total_pending: LIMIT,
+            max_slots: LIMIT,
+        },
+    )
+}
+
+fn ours(bodies: Bodies, grace: Duration) -> Harness {
+    let (sup, ctl) = ours_config(grace);
+    Harness::Ours {
+        ctl: Controller::new(Supervisor::new(sup), ctl),
+        bodies,
+    }
+}
+
+fn nz(n: usize) -> NonZeroUsize {
+    NonZeroUsize::new(n).expect("non-zero")
+}
+
+fn taskvisor_config(grace: Duration) -> (tv::SupervisorConfig, tv::ControllerConfig) {
+    (
+        tv::SupervisorConfig::default()
+            .with_grace(grace)
+            .with_max_concurrent(None)
+            .with_max_registered_tasks(Some(nz(LIMIT)))
+            .with_ownership_capacity(Some(nz(LIMIT)))
+            .with_bus_capacity(nz(BUS))
+            .with_registry_queue_capacity(nz(LIMIT)),
+        tv::ControllerConfig::new(nz(LIMIT), LIMIT)
+            .with_admission_capacity(nz(LIMIT))
+            .with_identity_operation_capacity(nz(LIMIT))
+            .with_max_controller_slots(Some(nz(LIMIT)))
+            .with_max_total_pending(Some(nz(LIMIT))),
+    )
+}
+
+fn taskvisor(grace: Duration) -> Harness {
+    let (sup, ctl) = taskvisor_config(grace);
+    let supervisor = tv::Supervisor::builder(sup)
+        .with_controller(ctl)
+        .try_build()
+        .expect("taskvisor builds");
+    Harness::Tv {
+        handle: supervisor.serve().expect("taskvisor serves"),
+    }
+}
+
+impl Harness {
+    /// Waits until no task is registered and no slot is held (between
+    /// rounds, untimed).
+    async fn drain(&self) {
+        let started = Instant::now();
+        loop {
+            let idle = match self {
+                Self::Ours { ctl, .. } => {
+                    ctl.snapshot().is_empty() && ctl.supervisor().list().is_empty()
+                }
+                Self::Tv { handle } => {
+                    let own = handle.ownership_snapshot();
+                    own.in_use() == Some(0)
+                        && own.cleanup_queued == 0
+                        && own.cleanup_running == 0
+                        && handle
+                            .controller_snapshot()
+                            .await
+                            .is_none_or(|s| s.is_empty())
+                }
+            };
+            if idle {
+                return;
+            }
+            assert!(
+                started.elapsed() < ROUND_LIMIT,
+                "the supervisor did not drain"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    async fn shutdown(self) {
+        match self {
+            Self::Ours { ctl, .. } => {
+                let report = ctl.shutdown(GRACE).await;
+                assert_eq!(report, ShutdownReport::AllStopped);
+            }
+            Self::Tv { handle } => handle.shutdown().await.expect("taskvisor shuts down"),
+        }
+    }
+
+    /// Starts `n` tasks that stay alive until they are cancelled; `ready`
+    /// counts those whose body runs (for a plugin: has slept once).
+    async fn start_parked(&self, prefix: &str, n: usize, ready: &Arc<Ready>) -> Vec<Waiter> {
+        let mut waiters = Vec::with_capacity(n);
+        for i in 0..n {
+            let name = format!("{prefix}-{i}");
+            waiters.push(match self {
+                Self::Ours { ctl, bodies } => Waiter::Ours(
+                    ctl.supervisor()
+                        .add(TaskSpec::once(name, bodies.parked(Some(ready), None))),
+                ),
+                Self::Tv { handle } => Waiter::Tv(
+                    handle
+                        .add(tv::TaskSpec::once(name, tv_parked(Some(ready), None)))
+                        .watch()
+                        .execute()
+                        .await
+                        .expect("taskvisor add"),
+                ),
+            });
+        }
+        waiters
+    }
+}
+
+/// A waiter of either side.
+enum Waiter {
+    Ours(TaskWaiter),
+    Tv(tv::TaskWaiter),
+}
+
+impl Waiter {
+    async fn expect_canceled(self) {
+        match self {
+            Self::Ours(w) => assert_eq!(w.wait().await, TaskOutcome::Canceled),
+            Self::Tv(w) => {
+                let outcome = w.wait().await.expect("taskvisor outcome");
+                assert!(
+                    matches!(outcome, tv::TaskOutcome::Canceled),
+                    "expected Canceled, got {outcome:?}"
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Task bodies.
+
+/// The compiled plugins of side (b), in one runtime shared by every scenario.
+struct Plugins {
+    runtime: Arc<Runtime>,
+    hello: Arc<Plugin>,
+    sleeper: Arc<Plugin>,
+    spin: Arc<Plugin>,
+}
+
+impl Plugins {
+    fn body(
+        &self,
+        plugin: &Arc<Plugin>,
+        params: &[(&str, &str)],
+        input: &[u8],
+        sink: Option<Arc<dyn GuestSink>>,
+    ) -> TaskBody {
+        TaskBody::Plugin(PluginBody {
+            runtime: Arc::clone(&self.runtime),
+            plugin: Arc::clone(plugin),
+            input: Arc::from(input),
+            params: params
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            sandbox: Arc::new(Sandbox::default()),
+            sink,
+        })
+    }
+}
+
+/// The directory of the warm compilation cache shared by the suite, its
+/// child processes and `host run`.
+fn cache_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("suite-wasmtime-cache")
+}
+
+async fn load_plugins(cache: &Path) -> Arc<Plugins> {
+    let config = RuntimeConfig {
+        cache_dir: Some(cache.to_path_buf()),
+        pool_instances: POOL_INSTANCES,
+        ..RuntimeConfig::default()
+    };
+    let runtime = Arc::new(Runtime::new(&config).expect("the runtime starts"));
+    let mut loaded = Vec::new();
+    for name in ["hello", "sleeper", "spin"] {
+        let plugin = runtime
+            .load_file(&plugin_artifacts::path(name))
+            .await
+            .unwrap_or_else(|e| panic!("plugin {name} loads: {e}"));
+        loaded.push(plugin);
+    }
+    let spin = loaded.pop().unwrap();
+    let sleeper = loaded.pop().unwrap();
+    let hello = loaded.pop().unwrap();
+    Arc::new(Plugins {
+        runtime,
+        hello,
+        sleeper,
+        spin,
+    })
+}
+
+/// Our bodies: native closures or plugins.
+#[derive(Clone)]
+enum Bodies {
+    Native,
+    Plugin(Arc<Plugins>),
+}
+
+impl Bodies {
+    /// A body that returns at once (native: empty output; plugin: `hello`).
+    fn instant(&self, owners: Option<&Arc<Owners>>) -> TaskBody {
+        match self {
+            Self::Native => {
+                let owners = owners.cloned();
+                TaskBody::Native(native(move |_| {
+                    let owners = owners.clone();
+                    async move {
+                        let _owner = owners.as_ref().map(|o| o.enter());
+                        Ok(Vec::new())
+                    }
+                }))
+            }
+            Self::Plugin(p) => p.body(&p.hello, &[], b"hi", None),
+        }
+    }
+
+    /// The output of [`Bodies::instant`].
+    fn instant_output(&self) -> &'static [u8] {
+        match self {
+            Self::Native => b"",
+            Self::Plugin(_) => b"hi",
+        }
+    }
+
+    /// A body that stays alive until it is cancelled (native: awaits the
+    /// cancel token; plugin: `sleeper` for 10 minutes, parked in one
+    /// cancellable host sleep).
+    fn parked(&self, ready: Option<&Arc<Ready>>, owners: Option<&Arc<Owners>>) -> TaskBody {
+        match self {
+            Self::Native => {
+                let ready = ready.cloned();
+                let owners = owners.cloned();
+                TaskBody::Native(native(move |ctx| {
+                    let ready = ready.clone();
+                    let owners = owners.clone();
+                    async move {
+                        let _owner = owners.as_ref().map(|o| o.enter());
+                        if let Some(ready) = &ready {
+                            ready.mark();
+                        }
+                        ctx.cancel.cancelled().await;
+                        Err(TaskError::Canceled)
+                    }
+                }))
+            }
+            Self::Plugin(p) => {
+                let sink = ready.map(|r| {
+                    Arc::new(FirstProgress {
+                        seen: AtomicBool::new(false),
+                        ready: Arc::clone(r),
+                    }) as Arc<dyn GuestSink>
+                });
+                // One host sleep of 10 minutes (`step_ms`; older sleepers
+                // ignore it and wake every 50 ms).
+                p.body(
+                    &p.sleeper,
+                    &[("ms", "600000"), ("step_ms", "600000")],
+                    b"",
+                    sink,
+                )
+            }
+        }
+    }
+}
+
+fn tv_instant(owners: Option<&Arc<Owners>>) -> tv::TaskRef {
+    let owners = owners.cloned();
+    tv::TaskFn::arc(move |_ctx| {
+        let owners = owners.clone();
+        async move {
+            let _owner = owners.as_ref().map(|o| o.enter());
+            Ok(())
+        }
+    })
+}
+
+fn tv_parked(ready: Option<&Arc<Ready>>, owners: Option<&Arc<Owners>>) -> tv::TaskRef {
+    let ready = ready.cloned();
+    let owners = owners.cloned();
+    tv::TaskFn::arc(move |ctx| {
+        let ready = ready.clone();
+        let owners = owners.clone();
+        async move {
+            let _owner = owners.as_ref().map(|o| o.enter());
+            if let Some(ready) = &ready {
+                ready.mark();
+            }
+            ctx.cancelled().await;
+            Err(tv::TaskError::Canceled)
+        }
+    })
+}
+
+/// Counts bodies that have started (for a plugin: slept once).
+#[derive(Default)]
+struct Ready {
+    count: AtomicUsize,
+}
+
+impl Ready {
+    fn mark(&self) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    async fn wait_for(&self, n: usize) {
+        let started = Instant::now();
+        while self.count.load(Ordering::Relaxed) < n {
+            assert!(
+                started.elapsed() < ROUND_LIMIT,
+                "only {} of {n} tasks started",
+                self.count.load(Ordering::Relaxed)
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+/// A plugin sink that marks its task ready at the first progress report
+/// (the `sleeper` reports after each 50 ms step).
+struct FirstProgress {
+    seen: AtomicBool,
+    ready: Arc<Ready>,
+}
+
+impl GuestSink for FirstProgress {
+    fn line(&self, _: Stream, _: &str) {}
+
+    fn progress(&self, _: u64, _: u64) {
+        if !self.seen.swap(true, Ordering::Relaxed) {
+            self.ready.mark();
+        }
+    }
+}
+
+/// Counts bodies running at once (the one-owner check of a slot).
+#[derive(Default)]
+struct Owners {
+    live: AtomicUsize,
+    max: AtomicUsize,
+}
+
+struct OwnerGuard(Arc<Owners>);
+
+impl Owners {
+    fn enter(self: &Arc<Self>) -> OwnerGuard {
+        let now = self.live.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(now, Ordering::SeqCst);
+        OwnerGuard(Arc::clone(self))
+    }
+}
+
+impl Drop for OwnerGuard {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Driving rounds.
+
+/// Runs `fut` as a task of `rt` (so that on the multi-thread runtime the
+/// driver is on a worker like any task) and returns its output.
+fn drive<T: Send + 'static>(
+    rt: &tokio::runtime::Runtime,
+    what: &str,
+    fut: impl Future<Output = T> + Send + 'static,
+) -> T {
+    rt.block_on(async move {
+        match tokio::time::timeout(ROUND_LIMIT, tokio::spawn(fut)).await {
+            Ok(Ok(out)) => out,
+            Ok(Err(err)) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+            Ok(Err(err)) => panic!("{what}: {err}"),
+            Err(_) => panic!("{what}: not done within {ROUND_LIMIT:?}"),
+        }
+    })
+}
+
+/// One harness per side, built in `rt`.
+fn harnesses(
+    rt: &tokio::runtime::Runtime,
+    sides: &[Side],
+    plugins: &Arc<Plugins>,
+) -> Vec<(Side, Harness)> {
+    let _guard = rt.enter();
+    sides
+        .iter()
+        .map(|&side| (side, side.harness(plugins, GRACE)))
+        .collect()
+}
+
+fn shutdown_all(rt: &tokio::runtime::Runtime, sides: Vec<(Side, Harness)>) {
+    for (_, h) in sides {
+        drive(rt, "shutdown", h.shutdown());
+    }
+}
+
+/// One untimed warm-up round per side, then `rounds` timed rounds with the
+/// sides interleaved (the order rotates every round). Returns each side's
+/// round results.
+fn interleaved<F, Fut>(
+    rt: &tokio::runtime::Runtime,
+    what: &str,
+    sides: &[(Side, Harness)],
+    rounds: usize,
+    round: F,
+) -> Vec<Vec<Fut::Output>>
+where
+    F: Fn(Harness, usize) -> Fut,
+    Fut: Future + Send + 'static,
+    Fut::Output: Send + 'static,
+{
+    for (_, h) in sides {
+        drive(rt, what, round(h.clone(), 0));
+    }
+    let mut out: Vec<Vec<Fut::Output>> = sides.iter().map(|_| Vec::new()).collect();
+    for r in 1..=rounds {
+        for k in 0..sides.len() {
+            let i = (k + r) % sides.len();
+            out[i].push(drive(rt, what, round(sides[i].1.clone(), r)));
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------
+// Throughput: one-shot tasks and the controller.
+
+fn oneshot(
+    rt: &tokio::runtime::Runtime,
+    flavour: Flavour,
+    plugins: &Arc<Plugins>,
+    table: &mut Table,
+) {
+    let sides = harnesses(rt, &SIDES, plugins);
+    let rates = interleaved(rt, "one-shot", &sides, ROUNDS, oneshot_round);
+    table.throughput("one-shot watched tasks ×10,000", flavour, &rates, "hello");
+    shutdown_all(rt, sides);
+}
+
+fn queue(
+    rt: &tokio::runtime::Runtime,
+    flavour: Flavour,
+    plugins: &Arc<Plugins>,
+    table: &mut Table,
+    one_slot: bool,
+) {
+    let sides = harnesses(rt, &SIDES, plugins);
+    let rates = interleaved(rt, "queue", &sides, ROUNDS, |h, r| {
+        queue_round(h, r, one_slot)
+    });
+    let scenario = if one_slot {
+        "controller Queue ×10,000, one slot"
+    } else {
+        "controller Queue ×10,000, distinct slots"
+    };
+    table.throughput(scenario, flavour, &rates, "hello");
+    shutdown_all(rt, sides);
+}
+
+fn replace(
+    rt: &tokio::runtime::Runtime,
+    flavour: Flavour,
+    plugins: &Arc<Plugins>,
+    table: &mut Table,
+) {
+    let sides = harnesses(rt, &SIDES, plugins);
+    let results = interleaved(rt, "replace", &sides, ROUNDS, |h, r| {
+        replace_round(h, r, false)
+    });
+    for ((side, _), results) in sides.iter().zip(&results) {
+        let r = &results[0];
+        println!(
+            "  replace, {}: {} superseded, {} canceled after admission, {} completed; {}",
+            side.label("sleeper/hello"),
+            r.superseded,
+            r.canceled,
+            r.completed,
+            r.max_live.map_or("bodies not counted".into(), |m| format!(
+                "at most {m} body running at once"
+            ))
+        );
+    }
+    let rates: Vec<Vec<f64>> = results
+        .iter()
+        .map(|rs| rs.iter().map(|r| r.rate).collect())
+        .collect();
+    table.throughput(
+        "controller Replace ×10,000, one busy slot",
+        flavour,
+        &rates,
+        "sleeper→hello",
+    );
+    // Back to back, nearly every Replace only displaces the queue head. With
+    // a yield after every submission each replacement is admitted and then
+    // retired by the next one: 10,000 handoffs (informational, no target).
+    let results = interleaved(rt, "replace with handoffs", &sides, ROUNDS, |h, r| {
+        replace_round(h, r, true)
+    });
+    let rates: Vec<Vec<f64>> = results
+        .iter()
+        .map(|rs| rs.iter().map(|r| r.rate).collect())
+        .collect();
+    table.informational(
+        "controller Replace ×10,000, handoffs (yield each)",
+        flavour,
+        &rates,
+        "sleeper→hello",
+    );
+    // The one-owner rule under those handoffs, for ours also on the event
+    // sequence (one more untimed round with an event lane).
+    for (side, h) in &sides {
+        let (r, admissions) = drive(rt, "replace check", replace_checked(h.clone()));
+        println!(
+            "  replace with handoffs, {}: {} superseded, {} canceled after admission, {} completed; {}{}",
+            side.label("sleeper/hello"),
+            r.superseded,
+            r.canceled,
+            r.completed,
+            r.max_live.map_or("bodies not counted".into(), |m| format!(
+                "at most {m} body running at once"
+            )),
+            admissions.map_or(String::new(), |n| format!(
+                "; events: {n} admissions, never two owners"
+            ))
+        );
+    }
+    shutdown_all(rt, sides);
+}
+
+async fn oneshot_round(h: Harness, round: usize) -> f64 {
+    let started;
+    match &h {
+        Harness::Ours { ctl, bodies } => {
+            let sup = ctl.supervisor();
+            let body = bodies.instant(None);
+            started = Instant::now();
+            let mut waiters = Vec::with_capacity(TASKS);
+            for i in 0..TASKS {
+                waiters.push(sup.add(TaskSpec::once(format!("o{round}-{i}"), body.clone())));
+            }
+            for w in waiters {
+                expect_completed(w, bodies.instant_output()).await;
+            }
+        }
+        Harness::Tv { handle } => {
+            let task = tv_instant(None);
+            started = Instant::now();
+            let mut waiters = Vec::with_capacity(TASKS);
+            for i in 0..TASKS {
+                let spec = tv::TaskSpec::once(format!("o{round}-{i}"), Arc::clone(&task));
+                waiters.push(handle.add(spec).watch().execute().await.expect("add"));
+            }
+            for w in waiters {
+                tv_expect_completed(w).await;
+            }
+        }
+    }
+    let rate = TASKS as f64 / started.elapsed().as_secs_f64();
+    h.drain().await;
+    rate
+}
+
+async fn queue_round(h: Harness, round: usize, one_slot: bool) -> f64 {
+    let slot = |i: usize| {
+        if one_slot {
+            format!("q{round}")
+        } else {
+            format!("q{round}-{i}")
+        }
+    };
+    let started;
+    match &h {
+        Harness::Ours { ctl, bodies } => {
+            let body = bodies.instant(None);
+            started = Instant::now();
+            let mut waiters = Vec::with_capacity(TASKS);
+            for i in 0..TASKS {
+                let spec = TaskSpec::once(format!("q{round}-{i}"), body.clone()).with_slot(slot(i));
+                waiters.push(ctl.submit(Submission::new(spec, AdmissionPolicy::Queue)));
+            }
+            for w in waiters {
+                expect_completed(w, bodies.instant_output()).await;
+            }
+        }
+        Harness::Tv { handle } => {
+            let task = tv_instant(None);
+            started = Instant::now();
+            let mut waiters = Vec::with_capacity(TASKS);
+            for i in 0..TASKS {
+                let spec = tv::TaskSpec::once(format!("q{round}-{i}"), Arc::clone(&task));
+                let spec = tv::ControllerSpec::queue(spec).with_slot(slot(i));
+                waiters.push(handle.submit(spec).watch().execute().await.expect("submit"));
+            }
+            for w in waiters {
+                tv_expect_completed(w).await;
+            }
+        }
+    }
+    let rate = TASKS as f64 / started.elapsed().as_secs_f64();
+    h.drain().await;
+    rate
+}
+
+#[derive(Debug, Default)]
+struct ReplaceRound {
+    rate: f64,
+    superseded: usize,
+    canceled: usize,
+    completed: usize,
+    /// Most bodies seen running at once (native bodies only).
+    max_live: Option<usize>,
+}
+
+/// An owner that waits for cancellation holds the slot; then `TASKS`
+/// Replace submissions arrive back to back, each (but the last, which
+/// returns at once) waiting for cancellation too. Timed from the first
+/// Replace to the last outcome, the owner's included.
+async fn replace_round(h: Harness, round: usize, yield_each: bool) -> ReplaceRound {
+    let slot = format!("r{round}");
+    let owners = Arc::new(Owners::default());
+    let ready = Arc::new(Ready::default());
+    let mut result = ReplaceRound::default();
+    let started;
+    match &h {
+        Harness::Ours { ctl, bodies } => {
+            let spec = TaskSpec::once(
+                format!("r{round}-owner"),
+                bodies.parked(Some(&ready), Some(&owners)),
+            )
+            .with_slot(slot.clone());
+            let owner = ctl.submit(Submission::new(spec, AdmissionPolicy::Queue));
+            ready.wait_for(1).await;
+            let parked = bodies.parked(None, Some(&owners));
+            let last = bodies.instant(Some(&owners));
+            started = Instant::now();
+            let mut waiters = Vec::with_capacity(TASKS + 1);
+            for i in 0..TASKS {
+                let body = if i + 1 == TASKS {
+                    last.clone()
+                } else {
+                    parked.clone()
+                };
+                let spec = TaskSpec::once(format!("r{round}-{i}"), body).with_slot(slot.clone());
+                waiters.push(ctl.submit(Submission::new(spec, AdmissionPolicy::Replace)));
+                if yield_each {
+                    tokio::task::yield_now().await;
+                }
+            }
+            waiters.push(owner);
+            for w in waiters {
+                match w.wait().await {
+                    TaskOutcome::Rejected {
+                        kind: RejectionKind::SupersededByReplace,
+                        ..
+                    } => result.superseded += 1,
+                    TaskOutcome::Canceled => result.canceled += 1,
+                    TaskOutcome::Completed { .. } => result.completed += 1,
+                    other => panic!("replace: unexpected outcome {other:?}"),
+                }
+            }
+            if let Bodies::Native = bodies {
+                result.max_live = Some(owners.max.load(Ordering::SeqCst));
+            }
+        }
+        Harness::Tv { handle } => {
+            let spec = tv::TaskSpec::once(
+                format!("r{round}-owner"),
+                tv_parked(Some(&ready), Some(&owners)),
+            );
+            let owner = handle
+                .submit(tv::ControllerSpec::queue(spec).with_slot(slot.clone()))
+                .watch()
+                .execute()
+                .await
+                .expect("submit");
+            ready.wait_for(1).await;
+            let parked = tv_parked(None, Some(&owners));
+            let last = tv_instant(Some(&owners));
+            started = Instant::now();
+            let mut waiters = Vec::with_capacity(TASKS + 1);
+            for i in 0..TASKS {
+                let task = if i + 1 == TASKS {
+                    Arc::clone(&last)
+                } else {
+                    Arc::clone(&parked)
+                };
+                let spec = tv::TaskSpec::once(format!("r{round}-{i}"), task);
+                let spec = tv::ControllerSpec::replace(spec).with_slot(slot.clone());
+                waiters.push(handle.submit(spec).watch().execute().await.expect("submit"));
+                if yield_each {
+                    tokio::task::yield_now().await;
+                }
+            }
+            waiters.push(owner);
+            for w in waiters {
+                match w.wait().await.expect("taskvisor outcome") {
+                    tv::TaskOutcome::Rejected {
+                        kind: tv::RejectionKind::SupersededByReplace,
+                        ..
+                    } => result.superseded += 1,
+                    tv::TaskOutcome::Canceled => result.canceled += 1,
+                    tv::TaskOutcome::Completed => result.completed += 1,
+                    other => panic!("replace: unexpected outcome {other:?}"),
+                }
+            }
+            result.max_live = Some(owners.max.load(Ordering::SeqCst));
+        }
+    }
+    result.rate = TASKS as f64 / started.elapsed().as_secs_f64();
+    assert_eq!(
+        result.superseded + result.canceled + result.completed,
+        TASKS + 1
+    );
+    assert_eq!(result.completed, 1, "only the last replacement completes");
+    if let Some(max) = result.max_live {
+        assert!(max <= 1, "{max} bodies of one slot ran at once");
+    }
+    h.drain().await;
+    result
+}
+
+/// A replace round that yields after every submission; for ours with an
+/// event lane, checking that between a task's TaskAdded and its TaskRemoved
+/// (admission to physical completion) no other task of the slot is added.
+/// Returns the round and, for ours, the admissions seen.
+async fn replace_checked(h: Harness) -> (ReplaceRound, Option<usize>) {
+    let round = ROUNDS + 1;
+    let slot = format!("r{round}");
+    let Harness::Ours { ctl, .. } = &h else {
+        return (replace_round(h, round, true).await, None);
+    };
+    let mut events = ctl.supervisor().subscribe();
+    let done = Arc::new(AtomicBool::new(false));
+    // The lane is read while the round runs (10,000 handoffs publish more
+    // events than it holds).
+    let reader = tokio::spawn({
+        let done = Arc::clone(&done);
+        async move {
+            let mut owner: Option<u64> = None;
+            let mut admissions = 0;
+            loop {
+                let event =
+                    match tokio::time::timeout(Duration::from_millis(50), events.recv()).await {
+                        Ok(Some(Received::Event(event))) => event,
+                        Ok(Some(Received::Dropped(n))) => {
+                            panic!("the check lane dropped {n} events: raise BUS")
+                        }
+                        Ok(None) => break,
+                        Err(_) if done.load(Ordering::SeqCst) => break,
+                        Err(_) => continue,
+                    };
+                if event.slot.as_deref() != Some(slot.as_str()) {
+                    continue;
+                }
+                match event.kind {
+                    EventKind::TaskAdded => {
+                        assert_eq!(
+                            owner, None,
+                            "task {:?} was admitted while {owner:?} still owned the slot",
+                            event.task_id
+                        );
+                        owner = event.task_id;
+                        admissions += 1;
+                    }
+                    EventKind::TaskRemoved if owner == event.task_id => owner = None,
+                    _ => {}
+                }
+            }
+            assert_eq!(owner, None, "the last owner never left the slot");
+            admissions
+        }
+    });
+    let result = replace_round(h.clone(), round, true).await;
+    done.store(true, Ordering::SeqCst);
+    let admissions = match reader.await {
+        Ok(n) => n,
+        Err(err) => std::panic::resume_unwind(err.into_panic()),
+    };
+    assert!(admissions >= 2, "the check saw {admissions} admissions");
+    (result, Some(admissions))
+}
+
+async fn expect_completed(w: TaskWaiter, output: &[u8]) {
+    match w.wait().await {
+        TaskOutcome::Completed { output: got } if got == output => {}
+        other => panic!("expected Completed({output:?}), got {other:?}"),
+    }
+}
+
+async fn tv_expect_completed(w: tv::TaskWaiter) {
+    let outcome = w.wait().await.expect("taskvisor outcome");
+    assert!(
+        matches!(outcome, tv::TaskOutcome::Completed),
+        "expected Completed, got {outcome:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Latency: closed loop, cancel, force-abort; shutdown.
+
+fn closed_loop(
+    rt: &tokio::runtime::Runtime,
+    flavour: Flavour,
+    plugins: &Arc<Plugins>,
+    table: &mut Table,
+) {
+    let flavour = flavour.name();
+    let sides = harnesses(rt, &SIDES, plugins);
+    let samples = interleaved(rt, "closed loop", &sides, ROUNDS, closed_loop_round);
+    let scenario = "closed loop add → outcome";
+    let pooled: Vec<Vec<f64>> = samples.iter().map(|rounds| rounds.concat()).collect();
+    for (i, (side, _)) in sides.iter().enumerate() {
+        table.latency(
+            scenario,
+            flavour,
+            &side.label("hello"),
+            &pooled[i],
+            "µs",
+            None,
+        );
+    }
+    let medians: Vec<f64> = pooled.iter().map(|s| quantile(s, 0.5)).collect();
+    table.ratio(
+        scenario,
+        flavour,
+        "(c)/(a) median",
+        medians[2] / medians[0],
+        None,
+    );
+    table.ratio(
+        scenario,
+        flavour,
+        "(c)/(b) median",
+        medians[2] / medians[1],
+        None,
+    );
+    shutdown_all(rt, sides);
+}
+
+async fn closed_loop_round(h: Harness, round: usize) -> Vec<f64> {
+    let iterations = if round == 0 { 200 } else { LOOP_ITERATIONS };
+    let mut samples = Vec::with_capacity(iterations);
+    match &h {
+        Harness::Ours { ctl, bodies } => {
+            let sup = ctl.supervisor();
+            let body = bodies.instant(None);
+            for i in 0..iterations {
+                let started = Instant::now();
+                let w = sup.add(TaskSpec::once(format!("l{round}-{i}"), body.clone()));
+                expect_completed(w, bodies.instant_output()).await;
+                samples.push(started.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        Harness::Tv { handle } => {
+            let task = tv_instant(None);
+            for i in 0..iterations {
+                let started = Instant::now();
+                let spec = tv::TaskSpec::once(format!("l{round}-{i}"), Arc::clone(&task));
+                let w = handle.add(spec).watch().execute().await.expect("add");
+                tv_expect_completed(w).await;
+                samples.push(started.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+    }
+    h.drain().await;
+    samples
+}
+
+fn cancel_latency(
+    rt: &tokio::runtime::Runtime,
+    flavour: Flavour,
+    plugins: &Arc<Plugins>,
+    table: &mut Table,
+) {
+    let flavour = flavour.name();
+    let sides = harnesses(rt, &OURS, plugins);
+    let samples = interleaved(rt, "cancel", &sides, ROUNDS, cancel_round);
+    for (i, (side, _)) in sides.iter().enumerate() {
+        let pooled = samples[i].concat();
+        let p99 = quantile(&pooled, 0.99);
+        table.latency(
+            "cancel → outcome, cooperative, parked",
+            flavour,
+            &side.label("sleeper"),
+            &pooled,
+            "µs",
+            Some(check_at_most(p99, 1000.0, "µs p99")),
+        );
+    }
+    shutdown_all(rt, sides);
+}
+
+/// Parks `CANCEL_TASKS` tasks, then cancels them one by one, timing each
+/// `cancel` (which returns once the outcome is decided).
+async fn cancel_round(h: Harness, round: usize) -> Vec<f64> {
+    let Harness::Ours { ctl, .. } = &h else {
+        unreachable!("cancel latency is measured for our supervisor only")
+    };
+    let sup = ctl.supervisor();
+    let ready = Arc::new(Ready::default());
+    let waiters = h
+        .start_parked(&format!("c{round}"), CANCEL_TASKS, &ready)
+        .await;
+    ready.wait_for(CANCEL_TASKS).await;
+    let mut samples = Vec::with_capacity(CANCEL_TASKS);
+    for w in &waiters {
+        let Waiter::Ours(w) = w else { unreachable!() };
+        let started = Instant::now();
+        assert!(sup.cancel(w.id()).await, "cancel made the stop claim");
+        samples.push(started.elapsed().as_secs_f64() * 1e6);
+    }
+    for w in waiters {
+        w.expect_canceled().await;
+    }
+    h.drain().await;
+    samples
+}
+
+fn force_abort(
+    rt: &tokio::runtime::Runtime,
+    flavour: Flavour,
+    plugins: &Arc<Plugins>,
+    table: &mut Table,
+) {
+    let flavour = flavour.name();
+    let plugins = Arc::clone(plugins);
+    let samples = rt.block_on(async move {
+        let run = tokio::spawn(force_abort_rounds(plugins));
+        match tokio::time::timeout(ROUND_LIMIT, run).await {
+            Ok(Ok(samples)) => samples,
+            Ok(Err(err)) => std::panic::resume_unwind(err.into_panic()),
+            Err(_) => panic!("force-abort: not done within {ROUND_LIMIT:?}"),
+        }
+    });
+    let (outcome, gone): (Vec<f64>, Vec<f64>) = samples.into_iter().unzip();
+    let scenario = format!(
+        "force-abort, spin + {OTHER_SPINNERS} spinners, grace {} ms",
+        FORCE_GRACE.as_millis()
+    );
+    for (what, v) in [("deadline → outcome", outcome), ("deadline → gone", gone)] {
+        let p99 = quantile(&v, 0.99);
+        table.latency(
+            &scenario,
+            flavour,
+            &format!("(b) ours, spin: {what}"),
+            &v,
+            &format!("ticks ({} ms)", TICK.as_millis()),
+            Some(check_at_most(p99, 2.0, "ticks p99")),
+        );
+    }
+}
+
+/// Starts the other spinners, then force-aborts one spinner at a time:
+/// `remove` with the supervisor's grace of `FORCE_GRACE`; a separate OS
+/// thread (not a Tokio worker, so the spinners do not delay the reading)
+/// stamps the outcome and the physical completion. Returns (outcome, gone)
+/// after the grace deadline, in ticks.
+async fn force_abort_rounds(plugins: Arc<Plugins>) -> Vec<(f64, f64)> {
+    let Harness::Ours { ctl, .. } = Side::Plugin.harness(&plugins, FORCE_GRACE) else {
+        unreachable!()
+    };
+    let sup = ctl.supervisor().clone();
+    let spin = || plugins.body(&plugins.spin, &[], b"", None);
+    let mut others = Vec::new();
+    for i in 0..OTHER_SPINNERS {
+        let w = sup.add(TaskSpec::once(format!("other-{i}"), spin()));
+        wait_running(&sup, w.id()).await;
+        others.push(w);
+    }
+    let mut samples = Vec::new();
+    for round in 0..=FORCE_ROUNDS {
+        let mut this_round = Vec::new();
+        for i in 0..FORCE_SAMPLES {
+            let waiter = sup.add(TaskSpec::once(format!("victim-{round}-{i}"), spin()));
+            let id = waiter.id();
+            wait_running(&sup, id).await;
+            tokio::time::sleep(TICK * 2).await;
+            let (armed_tx, armed_rx) = tokio::sync::oneshot::channel();
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+            let watcher = sup.clone();
+            std::thread::spawn(move || {
+                futures::executor::block_on(async move {
+                    let outcome = async {
+                        let outcome = waiter.wait().await;
+                        (outcome, Instant::now())
+                    };
+                    let gone = async {
+                        watcher.gone(id).await;
+                        Instant::now()
+                    };
+                    let mut outcome = std::pin::pin!(outcome);
+                    let mut gone = std::pin::pin!(gone);
+                    // Both are registered before the stop is requested.
+                    assert!(futures::poll!(outcome.as_mut()).is_pending());
+                    assert!(futures::poll!(gone.as_mut()).is_pending());
+                    let _ = armed_tx.send(());
+                    let ((outcome, at_outcome), at_gone) = futures::join!(outcome, gone);
+                    let _ = done_tx.send((outcome, at_outcome, at_gone));
+                });
+            });
+            armed_rx.await.expect("the watcher thread is armed");
+            let requested = Instant::now();
+            assert!(sup.remove(id), "remove made the stop claim");
+            let deadline = requested + FORCE_GRACE;
+            let (outcome, at_outcome, at_gone) = done_rx.await.expect("the watcher reports");
+            assert_eq!(outcome, TaskOutcome::ForceAborted);
+            let ticks = |at: Instant| {
+                at.saturating_duration_since(deadline).as_secs_f64() / TICK.as_secs_f64()
+            };
+            this_round.push((ticks(at_outcome), ticks(at_gone)));
+        }
+        // Round 0 is the warm-up.
+        if round > 0 {
+            let (o, g): (Vec<f64>, Vec<f64>) = this_round.iter().copied().unzip();
+            println!(
+                "  force-abort round {round}: deadline → outcome median {:.2} ticks (max {:.2}); → gone median {:.2} (max {:.2})",
+                quantile(&o, 0.5),
+                quantile(&o, 1.0),
+                quantile(&g, 0.5),
+                quantile(&g, 1.0)
+            );
+            samples.extend(this_round);
+        }
+    }
+    let report = ctl.shutdown(Duration::ZERO).await;
+    assert!(matches!(report, ShutdownReport::GraceExceeded { .. }));
+    for w in others {
+        assert_eq!(w.wait().await, TaskOutcome::ForceAborted);
+    }
+    samples
+}
+
+async fn wait_running(sup: &Supervisor, id: u64) {
+    let started = Instant::now();
+    while !sup
+        .list()
+        .iter()
+        .any(|t| t.id == id && t.phase == TaskPhase::Running)
+    {
+        assert!(started.elapsed() < ROUND_LIMIT, "task {id} never ran");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+fn shutdown(
+    rt: &tokio::runtime::Runtime,
+    flavour: Flavour,
+    plugins: &Arc<Plugins>,
+    table: &mut Table,
+) {
+    let flavour = flavour.name();
+    let mut times: Vec<Vec<f64>> = SIDES.iter().map(|_| Vec::new()).collect();
+    for round in 0..=SHUTDOWN_ROUNDS {
+        for k in 0..SIDES.len() {
+            let i = (k + round) % SIDES.len();
+            let side = SIDES[i];
+            let plugins = Arc::clone(plugins);
+            let ms = drive(rt, "shutdown", shutdown_round(side, plugins));
+            // Round 0 is the warm-up.
+            if round > 0 {
+                times[i].push(ms);
+            }
+        }
+    }
+    let scenario = "shutdown, 1,000 live tasks";
+    for (i, side) in SIDES.iter().enumerate() {
+        table.spread(
+            scenario,
+            flavour,
+            &side.label("sleeper"),
+            &times[i],
+            "ms",
+            None,
+        );
+    }
+    table.ratio(
+        scenario,
+        flavour,
+        "(c)/(a) time",
+        median(&times[2]) / median(&times[0]),
+        None,
+    );
+    table.ratio(
+        scenario,
+        flavour,
+        "(c)/(b) time",
+        median(&times[2]) / median(&times[1]),
+        None,
+    );
+}
+
+/// A fresh supervisor with `SHUTDOWN_TASKS` parked tasks; times the
+/// shutdown call (every task cancelled and physically gone).
+async fn shutdown_round(side: Side, plugins: Arc<Plugins>) -> f64 {
+    let h = side.harness(&plugins, GRACE);
+    let ready = Arc::new(Ready::default());
+    let waiters = h.start_parked("s", SHUTDOWN_TASKS, &ready).await;
+    ready.wait_for(SHUTDOWN_TASKS).await;
+    let started = Instant::now();
+    h.shutdown().await;
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    for w in waiters {
+        w.expect_canceled().await;
+    }
+    ms
+}
+
+// ---------------------------------------------------------------------------
+// Child processes: memory per parked task, `host run`.
+
+fn rss(table: &mut Table) {
+    let mut per_task: Vec<Vec<f64>> = SIDES.iter().map(|_| Vec::new()).collect();
+    for round in 0..RSS_ROUNDS {
+        for k in 0..SIDES.len() {
+            let i = (k + round) % SIDES.len();
+            let out = Command::new(std::env::current_exe().unwrap())
+                .args(["--child-rss", SIDES[i].tag()])
+                .stderr(Stdio::inherit())
+                .output()
+                .expect("spawn the memory child");
+            let text = String::from_utf8_lossy(&out.stdout);
+            let kib: f64 = text
+                .lines()
+                .last()
+                .and_then(|l| l.trim().parse().ok())
+                .unwrap_or_else(|| panic!("the memory child said {text:?}"));
+            per_task[i].push(kib);
+        }
+    }
+    let scenario = "RSS per live parked task (1,000)";
+    for (i, side) in SIDES.iter().enumerate() {
+        let target =
+            (*side == Side::Plugin).then(|| check_at_most(median(&per_task[i]), 48.0, "KiB"));
+        table.spread(
+            scenario,
+            "current-thread (child)",
+            &side.label("sleeper"),
+            &per_task[i],
+            "KiB/task",
+            target,
+        );
+    }
+    table.ratio(
+        scenario,
+        "current-thread (child)",
+        "(a)/(c) memory",
+        median(&per_task[0]) / median(&per_task[2]),
+        None,
+    );
+}
+
+/// In a fresh process: one parked task started and cancelled (warm-up),
+/// then `RSS_TASKS` parked tasks; prints the resident memory they added,
+/// per task, in KiB.
+fn child_rss(side: Side) {
+    let rt = Flavour::Current.runtime();
+    let per_task = rt.block_on(async move {
+        let plugins = match side {
+            Side::Plugin => Some(load_plugins(&cache_dir()).await),
+            Side::Native | Side::Taskvisor => None,
+        };
+        let h = match (side, plugins) {
+            (Side::Plugin, Some(p)) => Side::Plugin.harness(&p, GRACE),
+            (Side::Native, _) => ours(Bodies::Native, GRACE),
+            _ => taskvisor(GRACE),
+        };
+        let ready = Arc::new(Ready::default());
+        for w in h.start_parked("warm", 1, &ready).await {
+            ready.wait_for(1).await;
+            match &w {
+                Waiter::Ours(waiter) => {
+                    let Harness::Ours { ctl, .. } = &h else {
+                        unreachable!()
+                    };
+                    ctl.supervisor().remove(waiter.id());
+                }
+                Waiter::Tv(waiter) => {
+                    let Harness::Tv { handle } = &h else {
+                        unreachable!()
+                    };
+                    handle.remove(waiter.id()).execute().await.expect("remove");
+                }
+            }
+            w.expect_canceled().await;
+        }
+        h.drain().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let before = vm_rss_kib();
+        let ready = Arc::new(Ready::default());
+        let waiters = h.start_parked("p", RSS_TASKS, &ready).await;
+        ready.wait_for(RSS_TASKS).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let after = vm_rss_kib();
+        eprintln!(
+            "  memory child ({}): VmRSS {before} KiB before, {after} KiB with {RSS_TASKS} parked tasks",
+            side.label("sleeper")
+        );
+        drop(waiters);
+        (after - before) as f64 / RSS_TASKS as f64
+    });
+    println!("{per_task:.3}");
+    // Skip the teardown of 1,000 tasks.
+    std::process::exit(0);
+}
+
+/// This process's resident set size in KiB, from `/proc/self/status`.
+fn vm_rss_kib() -> i64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status")
+}
+
+/// `host run hello.wasm` as a whole process with the warm cache, and the
+/// bare process (`host --help`) as the baseline.
+fn host_run(cache: &Path, table: &mut Table) {
+    let host = env!("CARGO_BIN_EXE_host");
+    let time = |args: &[&str]| {
+        let started = Instant::now();
+        let out = Command::new(host)
+            .args(args)
+            .env("TASKHOST_CACHE_DIR", cache)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .output()
+            .expect("spawn host");
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        assert!(
+            out.status.success(),
+            "host {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ms
+    };
+    let hello = plugin_artifacts::HELLO;
+    // Warm the cache for this engine configuration, and the page cache.
+    for _ in 0..3 {
+        time(&["run", hello]);
+    }
+    let run: Vec<f64> = (0..HOST_RUNS).map(|_| time(&["run", hello])).collect();
+    let bare: Vec<f64> = (0..HOST_RUNS).map(|_| time(&["--help"])).collect();
+    let scenario = "`host run hello.wasm`, whole process";
+    table.latency(
+        scenario,
+        "the binary's own",
+        "release binary, warm cache",
+        &run,
+        "ms",
+        Some(check_at_most(median(&run), 20.0, "ms median")),
+    );
+    table.latency(
+        scenario,
+        "the binary's own",
+        "baseline: `host --help`",
+        &bare,
+        "ms",
+        None,
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Statistics and the table.
+
+fn quantile(samples: &[f64], q: f64) -> f64 {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[((s.len() - 1) as f64 * q).round() as usize]
+}
+
+fn median(samples: &[f64]) -> f64 {
+    quantile(samples, 0.5)
+}
+
+/// A number with thousands separators.
+fn grouped(v: f64) -> String {
+    let digits = format!("{:.0}", v);
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn fmt_value(v: f64, unit: &str) -> String {
+    match unit {
+        "tasks/s" => grouped(v),
+        _ if unit.starts_with("ticks") => format!("{v:.2}"),
+        _ if v >= 100.0 => format!("{v:.0}"),
+        _ => format!("{v:.1}"),
+    }
+}
+
+/// A target check: its description and whether it passed.
+struct Check {
+    target: String,
+    pass: bool,
+}
+
+fn check_at_most(value: f64, max: f64, unit: &str) -> Check {
+    Check {
+        target: format!("≤ {max} {unit}"),
+        pass: value <= max,
+    }
+}
+
+#[derive(Default)]
+struct Row {
+    scenario: String,
+    flavour: String,
+    side: String,
+    median: String,
+    p99: String,
+    range: String,
+    unit: String,
+    target: Option<Check>,
+}
+
+#[derive(Default)]
+struct Table {
+    rows: Vec<Row>,
+}
+
+impl Table {
+    fn row(&mut self, row: Row) {
+        self.rows.push(row);
+    }
+
+    /// Per-round rates of every side, the rows, and the two ratios with the
+    /// issue's targets ((a)/(c) ≥ 1.5, (b)/(c) ≥ 0.5).
+    fn throughput(&mut self, scenario: &str, flavour: Flavour, rates: &[Vec<f64>], plugin: &str) {
+        self.rates(scenario, flavour, rates, plugin, Some((1.5, 0.5)));
+    }
+
+    /// Like [`Table::throughput`] without targets.
+    fn informational(
+        &mut self,
+        scenario: &str,
+        flavour: Flavour,
+        rates: &[Vec<f64>],
+        plugin: &str,
+    ) {
+        self.rates(scenario, flavour, rates, plugin, None);
+    }
+
+    fn rates(
+        &mut self,
+        scenario: &str,
+        flavour: Flavour,
+        rates: &[Vec<f64>],
+        plugin: &str,
+        targets: Option<(f64, f64)>,
+    ) {
+        let flavour = flavour.name();
+        for (side, r) in SIDES.iter().zip(rates) {
+            println!(
+                "  {scenario}, {}: {} tasks/s",
+                side.label(plugin),
+                r.iter().map(|v| grouped(*v)).collect::<Vec<_>>().join(", ")
+            );
+            self.spread(scenario, flavour, &side.label(plugin), r, "tasks/s", None);
+        }
+        let m: Vec<f64> = rates.iter().map(|r| median(r)).collect();
+        let (a, b) = targets.unzip();
+        self.ratio(scenario, flavour, "(a)/(c) throughput", m[0] / m[2], a);
+        self.ratio(scenario, flavour, "(b)/(c) throughput", m[1] / m[2], b);
+    }
+
+    /// A row from per-round values: median and range.
+    fn spread(
+        &mut self,
+        scenario: &str,
+        flavour: &str,
+        side: &str,
+        values: &[f64],
+        unit: &str,
+        target: Option<Check>,
+    ) {
+        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        self.row(Row {
+            scenario: scenario.into(),
+            flavour: flavour.into(),
+            side: side.into(),
+            median: fmt_value(median(values), unit),
+            range: format!("{} – {}", fmt_value(min, unit), fmt_value(max, unit)),
+            unit: unit.into(),
+            target,
+            ..Row::default()
+        });
+    }
+
+    /// A row from pooled samples: median and p99.
+    fn latency(
+        &mut self,
+        scenario: &str,
+        flavour: &str,
+        side: &str,
+        samples: &[f64],
+        unit: &str,
+        target: Option<Check>,
+    ) {
+        println!(
+            "  {scenario}, {side}: median {} {unit}, p99 {} {unit} ({} samples)",
+            fmt_value(quantile(samples, 0.5), unit),
+            fmt_value(quantile(samples, 0.99), unit),
+            samples.len()
+        );
+        self.row(Row {
+            scenario: scenario.into(),
+            flavour: flavour.into(),
+            side: side.into(),
+            median: fmt_value(quantile(samples, 0.5), unit),
+            p99: fmt_value(quantile(samples, 0.99), unit),
+            unit: unit.into(),
+            target,
+            ..Row::default()
+        });
+    }
+
+    fn ratio(
+        &mut self,
+        scenario: &str,
+        flavour: &str,
+        what: &str,
+        value: f64,
+        at_least: Option<f64>,
+    ) {
+        self.row(Row {
+            scenario: scenario.into(),
+            flavour: flavour.into(),
+            side: what.into(),
+            median: format!("{value:.2}x"),
+            unit: "ratio".into(),
+            target: at_least.map(|min| Check {
+                target: format!("≥ {min:.2}x"),
+                pass: value >= min,
+            }),
+            ..Row::default()
+        });
+    }
+
+    fn print(&self) {
+        let header = [
+            "scenario",
+            "flavour",
+            "side",
+            "median",
+            "p99",
+            "rounds min – max",
+            "unit",
+            "target",
+            "verdict",
+        ];
+        let cells: Vec<[String; 9]> = self
+            .rows
+            .iter()
+            .map(|r| {
+                [
+                    r.scenario.clone(),
+                    r.flavour.clone(),
+                    r.side.clone(),
+                    r.median.clone(),
+                    r.p99.clone(),
+                    r.range.clone(),
+                    r.unit.clone(),
+                    r.target
+                        .as_ref()
+                        .map_or(String::new(), |c| c.target.clone()),
+                    r.target.as_ref().map_or(String::new(), |c| {
+                        if c.pass { "PASS" } else { "MISS" }.to_owned()
+                    }),
+                ]
+            })
+            .collect();
+        let mut width = header.map(|h| h.chars().count());
+        for row in &cells {
+            for (w, c) in width.iter_mut().zip(row) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+        let line = |cols: &[String]| {
+            let padded: Vec<String> = cols
+                .iter()
+                .zip(width)
+                .map(|(c, w)| format!("{c}{}", " ".repeat(w - c.chars().count())))
+                .collect();
+            println!("| {} |", padded.join(" | "));
+        };
+        println!("\n# Results\n");
+        line(&header.map(String::from));
+        line(&width.map(|w| "-".repeat(w)));
+        for row in &cells {
+            line(row);
+        }
+        let misses: Vec<&Row> = self
+            .rows
+            .iter()
+            .filter(|r| r.target.as_ref().is_some_and(|c| !c.pass))
+            .collect();
+        let checked = self.rows.iter().filter(|r| r.target.is_some()).count();
+        println!(
+            "\n{} of {checked} targets met; missed: {}",
+            checked - misses.len(),
+            if misses.is_empty() { "none" } else { "" }
+        );
+        for r in &misses {
+            println!(
+                "  - {} [{}] {}: {} (target {})",
+                r.scenario,
+                r.flavour,
+                r.side,
+                if r.p99.is_empty() { &r.median } else { &r.p99 },
+                r.target.as_ref().map_or("", |c| c.target.as_str())
+            );
+        }
+    }
+}
+
+fn print_header(plugins: &Plugins) {
+    let (sup, ctl) = ours_config(GRACE);
+    let (tsup, tctl) = taskvisor_config(GRACE);
+    println!("# benchmark suite: ours (a) native, (b) plugin, vs (c) taskvisor 0.9 native");
+    println!(
+        "cores: {}; our runtime: {:?}, epoch tick {:?}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        plugins.runtime.allocator(),
+        TICK
+    );
+    println!(
+        "ours: SupervisorConfig {{ max_concurrent: {:?}, max_registered_tasks: {}, bus_capacity: {}, grace: {:?} }}, \
+         ControllerConfig {{ max_slot_queue: {}, max_total_pending: {}, max_slots: {} }}",
+        sup.max_concurrent,
+        sup.max_registered_tasks,
+        sup.bus_capacity,
+        sup.grace,
+        ctl.max_slot_queue,
+        ctl.max_total_pending,
+        ctl.max_slots
+    );
+    println!(
+        "taskvisor: SupervisorConfig {{ max_concurrent: {:?}, max_registered_tasks: {:?}, ownership_capacity: {:?}, \
+         bus_capacity: {}, registry_queue_capacity: {}, grace: {:?} }}, ControllerConfig {{ queue_capacity: {}, \
+         admission_capacity: {}, identity_operation_capacity: {}, max_slot_queue: {}, max_controller_slots: {:?}, \
+         max_total_pending: {:?} }}",
+        tsup.max_concurrent(),
+        tsup.max_registered_tasks().map(NonZeroUsize::get),
+        tsup.ownership_capacity().map(NonZeroUsize::get),
+        tsup.bus_capacity(),
+        tsup.registry_queue_capacity(),
+        tsup.grace(),
+        tctl.queue_capacity(),
+        tctl.admission_capacity(),
+        tctl.identity_operation_capacity(),
+        tctl.max_slot_queue(),
+        tctl.max_controller_slots().map(NonZeroUsize::get),
+        tctl.max_total_pending().map(NonZeroUsize::get)
+    );
+    println!(
+        "rounds: {ROUNDS} timed + 1 warm-up per scenario, sides interleaved; {TASKS} tasks per throughput round"
+    );
+}

@@ -1,0 +1,157 @@
+//! A real `host serve` for the robustness tests: started on a socket in a
+//! temporary directory, killed on drop if still running. Include it with
+//! `#[path = "common/daemon.rs"] mod daemon;` next to `mod common;`.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use super::common::{self, Finished, Running};
+
+/// How long anything may take before a test gives up.
+pub const LIMIT: Duration = Duration::from_secs(60);
+
+/// A plugin path as a string.
+pub fn p(name: &str) -> String {
+    common::plugin(name).display().to_string()
+}
+
+pub struct Daemon {
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub process: Option<Running>,
+}
+
+impl Daemon {
+    /// Starts `host serve` with extra flags; returns once it listens.
+    pub fn start(extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("h.sock");
+        let state = dir.path().join("state");
+        let mut args = vec![
+            "serve",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let mut process = Running::spawn(&args);
+        process.wait_for_line("taskhost daemon listening on", LIMIT);
+        Self {
+            dir,
+            socket,
+            process: Some(process),
+        }
+    }
+
+    pub fn socket(&self) -> &str {
+        self.socket.to_str().unwrap()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process.as_ref().expect("running").child.id()
+    }
+
+    pub fn args<'a>(&'a self, args: &[&'a str]) -> Vec<&'a str> {
+        let mut all = args.to_vec();
+        all.extend(["--socket", self.socket()]);
+        all
+    }
+
+    /// Runs a client verb against this daemon to completion.
+    pub fn run(&self, args: &[&str]) -> Finished {
+        common::run_host(&self.args(args))
+    }
+
+    /// Starts a client verb in the background.
+    pub fn spawn(&self, args: &[&str]) -> Running {
+        Running::spawn(&self.args(args))
+    }
+
+    /// Asserts the daemon process is still alive.
+    pub fn assert_alive(&mut self) {
+        let process = self.process.as_mut().expect("running");
+        assert_eq!(
+            process.child.try_wait().expect("try_wait"),
+            None,
+            "the daemon exited; stderr {:?}",
+            process.stderr_seen
+        );
+    }
+
+    /// Asserts `host submit hello.wasm --wait` is served.
+    pub fn assert_served(&mut self, input: &str) {
+        self.assert_alive();
+        let out = self.run(&["submit", &p("hello"), "--input", input, "--wait"]);
+        assert_eq!(out.code, Some(0), "after {input}: {}", out.stderr);
+        assert_eq!(out.stdout, input);
+    }
+
+    /// `host ps --json`.
+    pub fn ps(&self) -> Vec<serde_json::Value> {
+        let out = self.run(&["ps", "--json"]);
+        assert_eq!(out.code, Some(0), "ps: {}", out.stderr);
+        serde_json::from_str(&out.stdout).expect("ps --json is an array")
+    }
+
+    /// Polls `host ps` until the task called `name` is in `state`.
+    pub fn wait_until_state(&self, name: &str, state: &str) {
+        for _ in 0..1000 {
+            if self
+                .ps()
+                .iter()
+                .any(|t| t["name"] == name && t["state"] == state)
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("`{name}` never became {state}: ps shows {:?}", self.ps());
+    }
+
+    /// Submits without waiting; returns the id.
+    pub fn submit(&self, args: &[&str]) -> String {
+        let mut all = vec!["submit"];
+        all.extend_from_slice(args);
+        let out = self.run(&all);
+        assert_eq!(out.code, Some(0), "submit {args:?}: {}", out.stderr);
+        out.stdout.trim().to_owned()
+    }
+
+    /// Client connections the daemon holds: its socket descriptors less
+    /// `baseline` (the listener and the runtime's own, counted at start).
+    pub fn socket_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .expect("/proc fd")
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|l| l.to_string_lossy().starts_with("socket:"))
+            .count()
+    }
+
+    /// Waits for the daemon to exit on its own.
+    pub fn finish(&mut self, limit: Duration) -> (ExitStatus, Finished) {
+        self.process.take().expect("running").finish(limit)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(process) = self.process.as_mut() {
+            let _ = process.child.kill();
+            let _ = process.child.wait();
+        }
+    }
+}
+
+/// A field of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`).
+pub fn proc_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}

@@ -1,0 +1,325 @@
+//! Resource exhaustion: 1,000 parked sleepers in one daemon (its peak RSS is
+//! measured and held to a documented bound), and a full instance pool (work
+//! waits for a permit and is admitted later; an attempt that still finds
+//! the pool full fails retryably; never a crash). Guests that exhaust
+//! memory, stack, tables or time one by one are in `bad_plugins.rs`.
+
+mod common;
+#[path = "common/daemon.rs"]
+mod daemon;
+#[path = "common/wire.rs"]
+mod wire;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use daemon::{Daemon, LIMIT, proc_kib};
+use taskhost::daemon::protocol::{Reply, Request, Target};
+use taskhost::outcome::TaskOutcome;
+use taskhost::runtime::{
+    AllocatorChoice, AttemptError, AttemptFacts, AttemptRequest, NullSink, Runtime, RuntimeConfig,
+    Sandbox, StopSignals,
+};
+use taskhost::supervisor::{
+    BackoffPolicy, Jitter, PluginBody, RestartPolicy, Supervisor, SupervisorConfig, TaskBody,
+    TaskSpec,
+};
+use wire::{Wire, params, submission};
+
+/// Parked sleepers in the RSS test.
+const SLEEPERS: usize = 1_000;
+/// The documented bound (README "Limits", TESTING.md) on the daemon's peak
+/// RSS with 1,000 parked sleepers.
+const PARKED_RSS_BOUND_MIB: u64 = 256;
+
+/// Polls `List` until `pred` holds for the rows, at most `limit`.
+async fn until_tasks(
+    conn: &Wire,
+    limit: Duration,
+    mut pred: impl FnMut(&[taskhost::daemon::protocol::WireTask]) -> bool,
+) -> Vec<taskhost::daemon::protocol::WireTask> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let Reply::Tasks(rows) = conn.call(Request::List).await else {
+            panic!("List answers Tasks");
+        };
+        if pred(&rows) {
+            return rows;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the tasks never got there: {} rows",
+            rows.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_parked_sleepers_stay_under_the_rss_bound_and_all_resolve() {
+    let mut d = Daemon::start(&[
+        "--max-concurrent",
+        "1010",
+        "--pool-instances",
+        "1100",
+        "--max-total-pending",
+        "2000",
+    ]);
+    let pid = d.pid();
+    let idle_kib = proc_kib(pid, "VmRSS");
+    let conn = Wire::connect(&d.socket).await;
+    let digest = conn.upload_plugin("sleeper").await;
+
+    // 1,000 submissions, pipelined; each sleeps ten minutes in one host
+    // sleep (step_ms = ms), in its own slot.
+    let started = Instant::now();
+    let mut pending = Vec::new();
+    for _ in 0..SLEEPERS {
+        let mut s = submission(digest);
+        s.params = params(&[("ms", "600000"), ("step_ms", "600000")]);
+        pending.push(conn.start(Request::Submit(Box::new(s))).await);
+    }
+    let mut ids = Vec::new();
+    for mut rx in pending {
+        match rx.recv().await {
+            Some(Reply::Submitted {
+                id,
+                queued: false,
+                rejected: None,
+                ..
+            }) => ids.push(id),
+            other => panic!("a sleeper was not admitted: {other:?}"),
+        }
+    }
+    until_tasks(&conn, LIMIT, |rows| {
+        rows.len() == SLEEPERS && rows.iter().all(|r| r.state == "running")
+    })
+    .await;
+    // Running means it holds a permit; wait until every instance exists and
+    // is parked: the resident size stops growing.
+    let mut last = proc_kib(pid, "VmRSS");
+    let mut stable = 0;
+    while stable < 10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = proc_kib(pid, "VmRSS");
+        stable = if now.abs_diff(last) < 1024 {
+            stable + 1
+        } else {
+            0
+        };
+        last = now;
+    }
+    let parked_in = started.elapsed();
+    let rss_kib = proc_kib(pid, "VmRSS");
+    let hwm_kib = proc_kib(pid, "VmHWM");
+    eprintln!(
+        "{SLEEPERS} parked sleepers: daemon VmRSS {} MiB, VmHWM (peak) {} MiB, idle before {} MiB; all parked in {:.1}s",
+        rss_kib / 1024,
+        hwm_kib / 1024,
+        idle_kib / 1024,
+        parked_in.as_secs_f64()
+    );
+    assert!(
+        hwm_kib / 1024 < PARKED_RSS_BOUND_MIB,
+        "peak RSS {} MiB is over the documented bound of {PARKED_RSS_BOUND_MIB} MiB",
+        hwm_kib / 1024
+    );
+
+    // The daemon stays responsive with 1,000 guests parked.
+    d.assert_served("with-a-thousand-parked");
+
+    // Every sleeper has a waiter (at most 50 per connection: a connection
+    // has at most 64 requests in flight).
+    let mut waits = Vec::new();
+    for chunk in ids.chunks(50) {
+        let waiter = Wire::connect(&d.socket).await;
+        for id in chunk {
+            waits.push((*id, waiter.start(Request::Wait(Target::Id(*id))).await));
+        }
+        // Keep the connection open until its waits are answered.
+        std::mem::forget(Arc::clone(&waiter));
+    }
+    let stopping = Instant::now();
+    let reply = conn
+        .call(Request::Shutdown {
+            grace_ms: Some(10_000),
+        })
+        .await;
+    assert_eq!(
+        reply,
+        Reply::ShutdownDone { stuck: vec![] },
+        "all stop within the grace"
+    );
+    for (id, mut rx) in waits {
+        match rx.recv().await {
+            Some(Reply::Report(report)) => {
+                assert_eq!(report.outcome, TaskOutcome::Canceled, "sleeper {id}")
+            }
+            other => panic!("sleeper {id}: no report: {other:?}"),
+        }
+    }
+    eprintln!(
+        "{SLEEPERS} sleepers canceled and reported in {:.2}s",
+        stopping.elapsed().as_secs_f64()
+    );
+    let (status, out) = d.finish(LIMIT);
+    assert_eq!(status.code(), Some(0), "{}", out.stderr);
+    assert!(!d.socket.exists(), "the socket is removed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_instance_pool_admits_work_later_and_never_crashes() {
+    // 24 pool slots less the reserve for describe: at most 16 attempts.
+    let mut d = Daemon::start(&["--pool-instances", "24", "--max-concurrent", "256"]);
+    let log = d.process.as_ref().unwrap().stderr_seen.join("\n");
+    assert!(
+        log.contains("running at most 16 attempts at once"),
+        "the daemon says it lowered max_concurrent: {log}"
+    );
+    let conn = Wire::connect(&d.socket).await;
+    let digest = conn.upload_plugin("sleeper").await;
+    let mut waits = Vec::new();
+    for _ in 0..48 {
+        let mut s = submission(digest);
+        s.params = params(&[("ms", "300")]);
+        let Reply::Submitted {
+            id, rejected: None, ..
+        } = conn.call(Request::Submit(Box::new(s))).await
+        else {
+            panic!("admitted");
+        };
+        waits.push(id);
+    }
+    // While they run: never more than 16 running, the rest wait for a permit.
+    let mut most = 0;
+    let mut saw_waiting = false;
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let Reply::Tasks(rows) = conn.call(Request::List).await else {
+            panic!("Tasks");
+        };
+        let running = rows.iter().filter(|r| r.state == "running").count();
+        most = most.max(running);
+        saw_waiting |= rows.iter().any(|r| r.state == "waiting");
+        if rows.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the sleepers never finished");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(most <= 16, "{most} attempts ran at once in a pool for 16");
+    assert!(saw_waiting, "work beyond the pool waited for a permit");
+    let waiter = Wire::connect(&d.socket).await;
+    for id in waits {
+        match waiter.call(Request::Wait(Target::Id(id))).await {
+            Reply::Report(r) => assert!(
+                matches!(r.outcome, TaskOutcome::Completed { .. }),
+                "{id}: {:?}",
+                r.outcome
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+    d.assert_served("after-a-full-pool");
+}
+
+fn pooled_runtime(instances: u32) -> Arc<Runtime> {
+    Arc::new(
+        Runtime::new(&RuntimeConfig {
+            cache_dir: Some(common::cache_dir()),
+            allocator: AllocatorChoice::Pooling,
+            pool_instances: instances,
+            ..RuntimeConfig::default()
+        })
+        .expect("a pooled runtime"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_that_finds_the_pool_full_fails_retryably_and_runs_later() {
+    let runtime = pooled_runtime(16);
+    let plugin = runtime
+        .load_file(&common::plugin("sleeper"))
+        .await
+        .expect("sleeper loads");
+
+    // Fill every slot with an instance, then ask for one more.
+    let request = AttemptRequest {
+        facts: Arc::new(AttemptFacts::default()),
+        input: Arc::from(&b""[..]),
+        sandbox: Arc::new(Sandbox::default()),
+        sink: Arc::new(NullSink),
+    };
+    let signals = StopSignals::default();
+    let mut held = Vec::new();
+    let err = loop {
+        match runtime.prepare_attempt(&plugin, &request, &signals).await {
+            Ok(prepared) => held.push(prepared),
+            Err(err) => break err,
+        }
+        assert!(
+            held.len() <= 16,
+            "a pool of 16 held {} instances",
+            held.len()
+        );
+    };
+    match &err {
+        AttemptError::Fail { reason, .. } => {
+            assert!(reason.contains("the instance pool is full"), "{reason}");
+            assert!(!reason.contains('\n'), "one line: {reason}");
+        }
+        other => panic!("a full pool is a retryable Fail, got {other:?}"),
+    }
+    drop(held);
+
+    // Through a supervisor without a concurrency limit: the tasks that find
+    // the pool full retry after a backoff and complete once slots free up.
+    let supervisor = Supervisor::new(SupervisorConfig::default());
+    let backoff = BackoffPolicy::new(
+        Duration::from_millis(50),
+        Duration::from_millis(200),
+        2.0,
+        Jitter::None,
+    )
+    .unwrap();
+    let waiters: Vec<_> = (0..24)
+        .map(|i| {
+            let body = TaskBody::Plugin(PluginBody {
+                runtime: Arc::clone(&runtime),
+                plugin: Arc::clone(&plugin),
+                input: Arc::from(&b""[..]),
+                params: params(&[("ms", "200")]),
+                sandbox: Arc::new(Sandbox::default()),
+                sink: None,
+            });
+            supervisor.add(
+                TaskSpec::from_defaults(format!("s{i}"), body)
+                    .with_restart(RestartPolicy::OnFailure)
+                    .with_backoff(backoff.clone()),
+            )
+        })
+        .collect();
+    let mut retried = 0;
+    for waiter in waiters {
+        let report = tokio::time::timeout(LIMIT, waiter.report())
+            .await
+            .expect("every task ends");
+        assert!(
+            matches!(report.outcome, TaskOutcome::Completed { .. }),
+            "{:?}",
+            report.outcome
+        );
+        if report.attempts > 1 {
+            assert!(
+                report.history[0]
+                    .result
+                    .contains("the instance pool is full"),
+                "{:?}",
+                report.history
+            );
+            retried += 1;
+        }
+    }
+    assert!(retried > 0, "some tasks found the pool full and retried");
+    supervisor.shutdown(Duration::from_secs(1)).await;
+}
