@@ -5,7 +5,7 @@
 //! store to `attempt` and what gets compiled to `plugin`.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -231,18 +231,68 @@ fn address_space_limit() -> Option<u64> {
 /// engine or the ticker is dropped.
 pub(crate) struct EpochTicker {
     stop: Arc<AtomicBool>,
+    hurry: Arc<Hurry>,
 }
 
+/// Force-abort deadlines of attempts that are still alive. While one has
+/// passed, the ticker ticks every millisecond: every spinning guest then
+/// yields its worker thread within a millisecond, so the actor that must
+/// abort one of them gets to run (with 10 ms ticks, five spinners on one
+/// thread delayed it by several ticks).
+#[derive(Debug, Default)]
+pub(crate) struct Hurry {
+    deadlines: Mutex<Vec<(std::time::Instant, Weak<()>)>>,
+}
+
+/// Keeps a force-abort deadline registered with the ticker until dropped.
+#[derive(Debug)]
+pub struct HurryGuard {
+    _alive: Arc<()>,
+}
+
+impl Hurry {
+    fn sleep(&self, tick: Duration) -> Duration {
+        let now = std::time::Instant::now();
+        let mut deadlines = self.deadlines.lock().unwrap_or_else(PoisonError::into_inner);
+        deadlines.retain(|(_, alive)| alive.strong_count() > 0);
+        let mut sleep = tick;
+        for (at, _) in deadlines.iter() {
+            if *at <= now {
+                return HURRY_TICK;
+            }
+            sleep = sleep.min(*at - now);
+        }
+        sleep
+    }
+}
+
+/// The tick while a force-abort is overdue.
+const HURRY_TICK: Duration = Duration::from_millis(1);
+
 impl EpochTicker {
+    /// Registers a force-abort deadline: the ticker ticks at it, then every
+    /// millisecond until the guard is dropped (when the attempt is gone).
+    pub(crate) fn hurry_at(&self, at: std::time::Instant) -> HurryGuard {
+        let alive = Arc::new(());
+        self.hurry
+            .deadlines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((at, Arc::downgrade(&alive)));
+        HurryGuard { _alive: alive }
+    }
+
     pub(crate) fn start(engine: &Engine, tick: Duration) -> Result<Self, RuntimeError> {
         let weak = engine.weak();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
+        let hurry = Arc::new(Hurry::default());
+        let deadlines = Arc::clone(&hurry);
         std::thread::Builder::new()
             .name("taskhost-epoch".into())
             .spawn(move || {
                 while !flag.load(Ordering::Relaxed) {
-                    std::thread::sleep(tick);
+                    std::thread::sleep(deadlines.sleep(tick));
                     match weak.upgrade() {
                         Some(engine) => engine.increment_epoch(),
                         None => break,
@@ -252,7 +302,7 @@ impl EpochTicker {
             .map_err(|e| {
                 RuntimeError::Engine(format!("cannot start the epoch ticker thread: {e}"))
             })?;
-        Ok(Self { stop })
+        Ok(Self { stop, hurry })
     }
 }
 

@@ -29,6 +29,7 @@ use wasmtime::component::Linker;
 
 pub use attempt::{AttemptError, AttemptFacts, MAX_OUTPUT_BYTES, PreparedAttempt, StopSignals};
 pub use engine::{
+    HurryGuard,
     Allocator, AllocatorChoice, DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES,
     POOL_RESERVE, RuntimeConfig, default_cache_dir,
 };
@@ -70,7 +71,7 @@ pub struct Runtime {
     linker: Linker<AttemptState>,
     allocator: Allocator,
     plugins: Mutex<HashMap<Digest, Arc<OnceCell<Arc<Plugin>>>>>,
-    _ticker: engine::EpochTicker,
+    ticker: engine::EpochTicker,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -95,8 +96,16 @@ impl Runtime {
             linker,
             allocator,
             plugins: Mutex::new(HashMap::new()),
-            _ticker: ticker,
+            ticker,
         })
+    }
+
+    /// Registers a force-abort deadline of an attempt of this runtime: from
+    /// then on, until the guard is dropped, the epoch ticks every
+    /// millisecond, so spinning guests give up their threads quickly and the
+    /// abort lands within about one tick.
+    pub fn hurry_at(&self, at: std::time::Instant) -> HurryGuard {
+        self.ticker.hurry_at(at)
     }
 
     /// Which instance allocator the engine uses.

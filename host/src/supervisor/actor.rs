@@ -237,26 +237,30 @@ impl Actor {
         let signals = StopSignals::default();
         let body = self.body_future(attempt, &signals);
         tokio::pin!(body);
-        let mut deadline = *stop.borrow_and_update();
-        if deadline.is_some() {
-            signals.cancel();
-            self.entry.set_phase(TaskPhase::Stopping);
+        // Held while a force-abort deadline of a plugin attempt is pending:
+        // the runtime ticks faster once it has passed (see `Runtime::hurry_at`).
+        let mut hurry = None;
+        let mut deadline = None;
+        let mut stop_seen = stop.borrow_and_update().is_some();
+        if stop_seen {
+            deadline = *stop.borrow();
         }
         loop {
+            if stop_seen {
+                signals.cancel();
+                self.entry.set_phase(TaskPhase::Stopping);
+                if let (TaskBody::Plugin(p), Some(at)) = (&self.body, deadline) {
+                    hurry = Some(p.runtime.hurry_at(at.into_std()));
+                }
+                stop_seen = false;
+            }
+            // Biased: once the deadline has passed, abort without giving the
+            // guest another slice; a stop that arrives with a result makes
+            // the attempt Stopped (SEMANTICS §4: an Ok after a stop is
+            // Canceled).
             tokio::select! {
-                result = &mut body => {
-                    return if deadline.is_some() { AttemptEnd::Stopped } else { AttemptEnd::Done(result) };
-                }
-                changed = stop.changed() => {
-                    if changed.is_err() {
-                        // The entry (and its sender) lives as long as we do.
-                        continue;
-                    }
-                    deadline = *stop.borrow_and_update();
-                    signals.cancel();
-                    self.entry.set_phase(TaskPhase::Stopping);
-                }
-                () = sleep_until_opt(deadline) => {
+                biased;
+                () = deadline_passed(deadline) => {
                     if history.len() == MAX_HISTORY {
                         history.pop_front();
                     }
@@ -269,7 +273,19 @@ impl Actor {
                     // Stop the instance: it traps at its next epoch tick if
                     // it is polled again; dropping the future drops it now.
                     signals.abort();
+                    drop(hurry);
                     return AttemptEnd::Forced;
+                }
+                changed = stop.changed() => {
+                    if changed.is_err() {
+                        // The entry (and its sender) lives as long as we do.
+                        continue;
+                    }
+                    deadline = *stop.borrow_and_update();
+                    stop_seen = deadline.is_some();
+                }
+                result = &mut body => {
+                    return if deadline.is_some() { AttemptEnd::Stopped } else { AttemptEnd::Done(result) };
                 }
             }
         }
@@ -410,11 +426,22 @@ async fn stop_requested(stop: &mut watch::Receiver<Option<Instant>>) {
     }
 }
 
-async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
+/// Ready once `deadline` has passed. The clock is read at every poll, not
+/// only when the timer fires: a Tokio timer fires when the scheduler gets to
+/// its driver, which spinning guests on the same thread can delay by whole
+/// ticks.
+fn deadline_passed(deadline: Option<Instant>) -> impl Future<Output = ()> {
+    let mut sleep = deadline.map(|at| Box::pin(tokio::time::sleep_until(at)));
+    std::future::poll_fn(move |cx| match (deadline, sleep.as_mut()) {
+        (Some(at), Some(sleep)) => {
+            if Instant::now() >= at {
+                std::task::Poll::Ready(())
+            } else {
+                sleep.as_mut().poll(cx)
+            }
+        }
+        _ => std::task::Poll::Pending,
+    })
 }
 
 /// Decides the outcome: TaskFinished, then delivery to every waiter. Does
