@@ -265,6 +265,15 @@ impl Controller {
                 "the slot vanished (host bug)".into(),
             ));
         };
+        let pending_full = || {
+            (
+                RejectionKind::ResourceLimit,
+                format!(
+                    "the controller already holds its limit of {} pending submissions",
+                    config.max_total_pending
+                ),
+            )
+        };
         match policy {
             AdmissionPolicy::DropIfRunning => Some((
                 RejectionKind::SlotBusy,
@@ -282,13 +291,7 @@ impl Controller {
                     ));
                 }
                 if total >= config.max_total_pending {
-                    return Some((
-                        RejectionKind::ResourceLimit,
-                        format!(
-                            "the controller already holds its limit of {} pending submissions",
-                            config.max_total_pending
-                        ),
-                    ));
+                    return Some(pending_full());
                 }
                 let id = pending.id;
                 slot.queue.push_back(pending);
@@ -299,13 +302,7 @@ impl Controller {
             AdmissionPolicy::Replace => {
                 let displaced = slot.queue.pop_front();
                 if displaced.is_none() && total >= config.max_total_pending {
-                    return Some((
-                        RejectionKind::ResourceLimit,
-                        format!(
-                            "the controller already holds its limit of {} pending submissions",
-                            config.max_total_pending
-                        ),
-                    ));
+                    return Some(pending_full());
                 }
                 let id = pending.id;
                 slot.queue.push_front(pending);

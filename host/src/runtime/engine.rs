@@ -5,8 +5,8 @@
 //! store to `attempt` and what gets compiled to `plugin`.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use wasmtime::{
@@ -253,7 +253,10 @@ pub struct HurryGuard {
 impl Hurry {
     fn sleep(&self, tick: Duration) -> Duration {
         let now = std::time::Instant::now();
-        let mut deadlines = self.deadlines.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut deadlines = self
+            .deadlines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         deadlines.retain(|(_, alive)| alive.strong_count() > 0);
         let mut sleep = tick;
         for (at, _) in deadlines.iter() {

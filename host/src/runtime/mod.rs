@@ -29,9 +29,8 @@ use wasmtime::component::Linker;
 
 pub use attempt::{AttemptError, AttemptFacts, MAX_OUTPUT_BYTES, PreparedAttempt, StopSignals};
 pub use engine::{
-    HurryGuard,
     Allocator, AllocatorChoice, DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES,
-    POOL_RESERVE, RuntimeConfig, default_cache_dir,
+    HurryGuard, POOL_RESERVE, RuntimeConfig, default_cache_dir,
 };
 pub use output::{
     GuestSink, LogLevel, MAX_LINE_BYTES, MAX_OUTPUT_BYTES_PER_ATTEMPT, NullSink, Stream,
