@@ -4,28 +4,23 @@
 //! of `host ps`, never on sleeps alone.
 
 mod common;
+#[path = "common/daemon.rs"]
+mod daemon;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::Duration;
 
 use common::{Finished, Running, plugin};
+use daemon::{Daemon, LIMIT, p};
 use serde_json::Value;
 use taskhost::daemon::protocol::{
     Envelope, Hello, MAGIC, PROTOCOL_VERSION, Reply, Request, Target, Welcome, decode, encode,
 };
-
-/// How long anything may take before a test gives up (generous: the machine
-/// is shared and the first compile of a plugin is slow in a cold cache).
-const LIMIT: Duration = Duration::from_secs(60);
-
-fn p(name: &str) -> String {
-    plugin(name).display().to_string()
-}
 
 /// The one JSON object a `--json` verb prints.
 fn json(out: &Finished) -> Value {
@@ -45,121 +40,9 @@ fn json(out: &Finished) -> Value {
     serde_json::from_str(first).expect("valid JSON")
 }
 
-/// A `host serve` on `<tempdir>/h.sock` (or in a subdirectory the daemon
-/// creates itself), killed on drop if it is still running.
-struct Daemon {
-    dir: tempfile::TempDir,
-    socket: PathBuf,
-    process: Option<Running>,
-}
-
-impl Daemon {
-    fn start() -> Self {
-        Self::start_with("h.sock", &[])
-    }
-
-    /// Starts a daemon whose socket is `socket` under a fresh tempdir, with
-    /// extra `serve` flags; returns once it says it is listening.
-    fn start_with(socket: &str, extra: &[&str]) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let socket = dir.path().join(socket);
-        let state = dir.path().join("state");
-        let mut args = vec![
-            "serve",
-            "--socket",
-            socket.to_str().unwrap(),
-            "--state-dir",
-            state.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        let mut process = Running::spawn(&args);
-        process.wait_for_line("taskhost daemon listening on", LIMIT);
-        Self {
-            dir,
-            socket,
-            process: Some(process),
-        }
-    }
-
-    fn socket(&self) -> &str {
-        self.socket.to_str().unwrap()
-    }
-
-    fn args<'a>(&'a self, args: &[&'a str]) -> Vec<&'a str> {
-        let mut all = args.to_vec();
-        all.extend(["--socket", self.socket()]);
-        all
-    }
-
-    /// Runs a client verb against this daemon to completion.
-    fn run(&self, args: &[&str]) -> Finished {
-        common::run_host(&self.args(args))
-    }
-
-    /// Starts a client verb against this daemon in the background.
-    fn spawn(&self, args: &[&str]) -> Running {
-        Running::spawn(&self.args(args))
-    }
-
-    /// Submits without waiting; returns the id printed on stdout.
-    fn submit(&self, args: &[&str]) -> String {
-        let mut all = vec!["submit"];
-        all.extend_from_slice(args);
-        let out = self.run(&all);
-        assert_eq!(out.code, Some(0), "submit {args:?}: {}", out.stderr);
-        let id = out.stdout.trim_end().to_owned();
-        assert!(
-            !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()),
-            "stdout is just the id: {:?}",
-            out.stdout
-        );
-        id
-    }
-
-    /// `host ps --json`.
-    fn ps(&self) -> Vec<Value> {
-        let out = self.run(&["ps", "--json"]);
-        assert_eq!(out.code, Some(0), "ps: {}", out.stderr);
-        serde_json::from_str(&out.stdout).expect("ps --json is an array")
-    }
-
-    /// Polls `host ps` (a bounded number of times) until the task called
-    /// `name` is in `state`; returns its row.
-    fn wait_until_state(&self, name: &str, state: &str) -> Value {
-        for _ in 0..500 {
-            if let Some(row) = self
-                .ps()
-                .into_iter()
-                .find(|t| t["name"] == name && t["state"] == state)
-            {
-                return row;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!("`{name}` never became {state}: ps shows {:?}", self.ps());
-    }
-
-    /// Waits for the daemon to exit on its own.
-    fn finish(&mut self) -> (ExitStatus, Finished) {
-        self.process
-            .take()
-            .expect("the daemon is running")
-            .finish(Duration::from_secs(20))
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(process) = self.process.as_mut() {
-            let _ = process.child.kill();
-            let _ = process.child.wait();
-        }
-    }
-}
-
 #[test]
 fn submit_wait_and_wait_by_id() {
-    let d = Daemon::start();
+    let d = Daemon::start(&[]);
     let out = d.run(&["submit", &p("deploy"), "--param", "env=prod", "--wait"]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert_eq!(out.stdout, "deployed to prod");
@@ -185,7 +68,7 @@ fn submit_wait_and_wait_by_id() {
 
 #[test]
 fn drop_if_running_rejects_a_second_submission_with_slot_busy() {
-    let d = Daemon::start();
+    let d = Daemon::start(&[]);
     let sleeper = [
         "submit",
         &p("sleeper"),
@@ -216,7 +99,7 @@ fn drop_if_running_rejects_a_second_submission_with_slot_busy() {
 
 #[test]
 fn replace_cancels_the_running_owner() {
-    let d = Daemon::start();
+    let d = Daemon::start(&[]);
     let first = d.spawn(&[
         "submit",
         &p("sleeper"),
@@ -254,7 +137,7 @@ fn replace_cancels_the_running_owner() {
 
 #[test]
 fn slots_and_ps_show_the_owner_and_its_queue_and_cancel_removes_queued_work() {
-    let d = Daemon::start();
+    let d = Daemon::start(&[]);
     let owner = d.submit(&[
         &p("sleeper"),
         "--param",
@@ -312,7 +195,7 @@ fn slots_and_ps_show_the_owner_and_its_queue_and_cancel_removes_queued_work() {
 
 #[test]
 fn shutdown_force_aborts_a_spinner_and_removes_the_socket() {
-    let mut d = Daemon::start();
+    let mut d = Daemon::start(&[]);
     let waiter = d.spawn(&[
         "submit",
         &p("spin"),
@@ -328,7 +211,7 @@ fn shutdown_force_aborts_a_spinner_and_removes_the_socket() {
     assert!(out.stderr.contains("force-aborted"), "{}", out.stderr);
     assert!(out.stderr.contains("spinner"), "{}", out.stderr);
 
-    let (status, daemon_out) = d.finish();
+    let (status, daemon_out) = d.finish(Duration::from_secs(20));
     assert_eq!(status.code(), Some(0), "{}", daemon_out.stderr);
     assert!(
         !d.socket.exists(),
@@ -343,7 +226,7 @@ fn shutdown_force_aborts_a_spinner_and_removes_the_socket() {
 
 #[test]
 fn sigterm_shuts_down_gracefully_and_waiters_get_their_reports() {
-    let mut d = Daemon::start();
+    let mut d = Daemon::start(&[]);
     let waiters: Vec<Running> = ["nap-1", "nap-2"]
         .iter()
         .map(|name| {
@@ -363,7 +246,7 @@ fn sigterm_shuts_down_gracefully_and_waiters_get_their_reports() {
     d.wait_until_state("nap-2", "running");
 
     d.process.as_ref().unwrap().signal("TERM");
-    let (status, daemon_out) = d.finish();
+    let (status, daemon_out) = d.finish(Duration::from_secs(20));
     assert_eq!(status.code(), Some(0), "{}", daemon_out.stderr);
     assert!(
         daemon_out
@@ -393,7 +276,7 @@ fn serve_args<'a>(socket: &'a Path, state: &'a Path) -> [&'a str; 5] {
 
 #[test]
 fn a_live_socket_is_refused_a_stale_one_replaced_and_other_files_kept() {
-    let mut d = Daemon::start();
+    let mut d = Daemon::start(&[]);
     let state = d.dir.path().join("state2");
 
     // A second daemon on a live socket does not start; the first carries on.
@@ -468,7 +351,7 @@ fn assert_served(d: &Daemon, input: &str) {
 
 #[test]
 fn hostile_clients_cost_only_their_own_connection() {
-    let d = Daemon::start();
+    let d = Daemon::start(&[]);
     let socket = d.socket.clone();
     // A well-behaved client stays connected throughout.
     let survivor = d.spawn(&[
@@ -591,7 +474,7 @@ fn a_waiter_that_vanishes_gives_its_connection_back() {
     let config_dir = tempfile::tempdir().unwrap();
     let config = config_dir.path().join("host.toml");
     std::fs::write(&config, "max_connections = 2\n").unwrap();
-    let d = Daemon::start_with("h.sock", &["--config", config.to_str().unwrap()]);
+    let d = Daemon::start_at("h.sock", &["--config", config.to_str().unwrap()]);
     let id: u64 = d
         .submit(&[&p("sleeper"), "--param", "ms=60000"])
         .parse()
@@ -667,7 +550,7 @@ fn as_nobody(program: &Path) -> Command {
 #[test]
 fn other_users_cannot_connect() {
     // The daemon creates its socket directory itself.
-    let d = Daemon::start_with("run/h.sock", &[]);
+    let d = Daemon::start_at("run/h.sock", &[]);
     let run_dir = d.socket.parent().unwrap().to_path_buf();
     assert_eq!(mode(&d.socket), 0o600, "the socket is owner-only");
     assert_eq!(mode(&run_dir), 0o700, "its directory is owner-only");
@@ -750,7 +633,7 @@ fn no_daemon_is_exit_5_with_a_hint() {
 
 #[test]
 fn logs_show_guest_output() {
-    let d = Daemon::start();
+    let d = Daemon::start(&[]);
     let id = d.submit(&[&p("chatty")]);
     let out = d.run(&["wait", &id]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
@@ -787,7 +670,7 @@ fn spawn_stdout_lines(args: &[&str]) -> (std::process::Child, Receiver<String>) 
 
 #[test]
 fn logs_follow_streams_until_the_task_ends() {
-    let d = Daemon::start();
+    let d = Daemon::start(&[]);
     // deploy logs a line, then sleeps (cancellably) and logs again when
     // cancelled: both halves of a follow are visible.
     let id = d.submit(&[&p("deploy"), "--param", "env=logs", "--param", "ms=60000"]);
@@ -817,7 +700,7 @@ fn logs_follow_streams_until_the_task_ends() {
 
 #[test]
 fn events_json_includes_task_finished() {
-    let d = Daemon::start();
+    let d = Daemon::start(&[]);
     let out = d.run(&["submit", &p("hello"), "--input", "x", "--wait", "--json"]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     let id = json(&out)["id"].clone();
@@ -841,7 +724,7 @@ fn events_json_includes_task_finished() {
 
 #[test]
 fn a_plugin_file_changed_after_submission_does_not_change_queued_work() {
-    let d = Daemon::start();
+    let d = Daemon::start(&[]);
     let owner = d.submit(&[&p("sleeper"), "--param", "ms=60000", "--slot", "q"]);
     let file = d.dir.path().join("mine.wasm");
     std::fs::copy(plugin("hello"), &file).unwrap();

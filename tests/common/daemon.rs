@@ -27,8 +27,14 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `host serve` with extra flags; returns once it listens.
     pub fn start(extra: &[&str]) -> Self {
+        Self::start_at("h.sock", extra)
+    }
+
+    /// Starts `host serve` with its socket at `socket` under a fresh
+    /// tempdir (a subdirectory the daemon creates itself, if any).
+    pub fn start_at(socket: &str, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let socket = dir.path().join("h.sock");
+        let socket = dir.path().join(socket);
         let state = dir.path().join("state");
         let mut args = vec![
             "serve",
@@ -97,15 +103,16 @@ impl Daemon {
         serde_json::from_str(&out.stdout).expect("ps --json is an array")
     }
 
-    /// Polls `host ps` until the task called `name` is in `state`.
-    pub fn wait_until_state(&self, name: &str, state: &str) {
+    /// Polls `host ps` (a bounded number of times) until the task called
+    /// `name` is in `state`; returns its row.
+    pub fn wait_until_state(&self, name: &str, state: &str) -> serde_json::Value {
         for _ in 0..1000 {
-            if self
+            if let Some(row) = self
                 .ps()
-                .iter()
-                .any(|t| t["name"] == name && t["state"] == state)
+                .into_iter()
+                .find(|t| t["name"] == name && t["state"] == state)
             {
-                return;
+                return row;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -118,7 +125,13 @@ impl Daemon {
         all.extend_from_slice(args);
         let out = self.run(&all);
         assert_eq!(out.code, Some(0), "submit {args:?}: {}", out.stderr);
-        out.stdout.trim().to_owned()
+        let id = out.stdout.trim_end().to_owned();
+        assert!(
+            !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()),
+            "stdout is just the id: {:?}",
+            out.stdout
+        );
+        id
     }
 
     /// Client connections the daemon holds: its socket descriptors less
