@@ -398,9 +398,8 @@ pub async fn ps(args: ListArgs) -> anyhow::Result<u8> {
         ));
     };
     if args.json {
-        println!("{}", serde_json::to_string(&tasks.iter().map(|t| json!({
-            "id": t.id, "name": t.name, "slot": t.slot, "state": t.state, "attempts": t.attempts
-        })).collect::<Vec<_>>())?);
+        // The wire rows are the JSON rows: id, name, slot, state, attempts.
+        println!("{}", serde_json::to_string(&tasks)?);
         return Ok(0);
     }
     let rows: Vec<Vec<String>> = tasks
@@ -428,9 +427,9 @@ pub async fn slots(args: ListArgs) -> anyhow::Result<u8> {
         ));
     };
     if args.json {
-        println!("{}", serde_json::to_string(&slots.iter().map(|s| json!({
-            "key": s.key, "state": s.state, "owner": s.owner, "queue_depth": s.queue_depth, "in_state_ms": s.in_state_ms
-        })).collect::<Vec<_>>())?);
+        // The wire rows are the JSON rows: key, state, owner, queue_depth,
+        // in_state_ms.
+        println!("{}", serde_json::to_string(&slots)?);
         return Ok(0);
     }
     let rows: Vec<Vec<String>> = slots
