@@ -4,6 +4,9 @@
 //! contract. All behaviour lives in the library.
 
 #![forbid(unsafe_code)]
+// Doc comments of the CLI are its --help text, where `<plugin name>` is meant
+// literally, not as HTML.
+#![allow(rustdoc::invalid_html_tags)]
 
 mod cli;
 
