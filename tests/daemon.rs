@@ -7,12 +7,11 @@ mod common;
 #[path = "common/daemon.rs"]
 mod daemon;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
 use std::time::Duration;
 
 use common::{Finished, Running, plugin};
@@ -647,34 +646,13 @@ fn logs_show_guest_output() {
     assert_eq!(lines.len(), 6, "{lines:?}");
 }
 
-/// A client whose stdout lines arrive as they are written.
-fn spawn_stdout_lines(args: &[&str]) -> (std::process::Child, Receiver<String>) {
-    let mut child = common::host()
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn host");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    (child, rx)
-}
-
 #[test]
 fn logs_follow_streams_until_the_task_ends() {
     let d = Daemon::start(&[]);
     // deploy logs a line, then sleeps (cancellably) and logs again when
     // cancelled: both halves of a follow are visible.
     let id = d.submit(&[&p("deploy"), "--param", "env=logs", "--param", "ms=60000"]);
-    let (mut follow, lines) = spawn_stdout_lines(&d.args(&["logs", &id, "--follow"]));
+    let (mut follow, lines) = d.spawn_stdout_lines(&["logs", &id, "--follow"]);
     let first = lines.recv_timeout(LIMIT).expect("the line logged so far");
     assert!(first.contains("deploying to logs"), "{first}");
     assert_eq!(

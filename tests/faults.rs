@@ -12,8 +12,6 @@ mod daemon;
 #[path = "common/wire.rs"]
 mod wire;
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
 use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
 
@@ -27,36 +25,12 @@ use taskhost::supervisor::{
 };
 use wire::{Wire, submission};
 
-/// A client whose stdout lines arrive on a channel.
-fn spawn_lines(
-    d: &Daemon,
-    args: &[&str],
-) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
-    let mut child = common::host()
-        .args(d.args(args))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn host");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    (child, rx)
-}
-
 #[test]
 fn clients_killed_mid_stream_cost_only_their_connection() {
     let mut d = Daemon::start(&[]);
     let id = d.submit(&[&p("deploy"), "--param", "env=k", "--param", "ms=600000"]);
-    let (mut events, event_lines) = spawn_lines(&d, &["events", "--follow"]);
-    let (mut logs, log_lines) = spawn_lines(&d, &["logs", &id, "--follow"]);
+    let (mut events, event_lines) = d.spawn_stdout_lines(&["events", "--follow"]);
+    let (mut logs, log_lines) = d.spawn_stdout_lines(&["logs", &id, "--follow"]);
     event_lines
         .recv_timeout(LIMIT)
         .expect("events are streaming");

@@ -72,6 +72,32 @@ impl Daemon {
         common::run_host(&self.args(args))
     }
 
+    /// Starts a client verb in the background; its stdout lines arrive on
+    /// the channel as they are written (stderr is discarded).
+    pub fn spawn_stdout_lines(
+        &self,
+        args: &[&str],
+    ) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+        use std::io::{BufRead, BufReader};
+        let mut child = common::host()
+            .args(self.args(args))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn host");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        (child, rx)
+    }
+
     /// Starts a client verb in the background.
     pub fn spawn(&self, args: &[&str]) -> Running {
         Running::spawn(&self.args(args))
