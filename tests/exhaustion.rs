@@ -14,17 +14,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use daemon::{Daemon, LIMIT, proc_kib};
-use taskhost::daemon::protocol::{Reply, Request, Target};
+use taskhost::daemon::Client;
+use taskhost::daemon::protocol::{Placement, Reply, Request, SubmitRequest, TaskRow, TaskState};
 use taskhost::outcome::TaskOutcome;
+use taskhost::plugin_task::PluginTask;
 use taskhost::runtime::{
     AllocatorChoice, AttemptError, AttemptFacts, AttemptRequest, NullSink, Runtime, RuntimeConfig,
     Sandbox, StopSignals,
 };
 use taskhost::supervisor::{
-    BackoffPolicy, Jitter, PluginBody, RestartPolicy, Supervisor, SupervisorConfig, TaskBody,
-    TaskSpec,
+    BackoffPolicy, Jitter, RestartPolicy, ShutdownReport, Supervisor, TaskSpec,
 };
-use wire::{Wire, params, submission};
+use wire::params;
 
 /// Parked sleepers in the RSS test.
 const SLEEPERS: usize = 1_000;
@@ -34,15 +35,13 @@ const PARKED_RSS_BOUND_MIB: u64 = 256;
 
 /// Polls `List` until `pred` holds for the rows, at most `limit`.
 async fn until_tasks(
-    conn: &Wire,
+    conn: &Client,
     limit: Duration,
-    mut pred: impl FnMut(&[taskhost::daemon::protocol::WireTask]) -> bool,
-) -> Vec<taskhost::daemon::protocol::WireTask> {
+    mut pred: impl FnMut(&[TaskRow]) -> bool,
+) -> Vec<TaskRow> {
     let deadline = Instant::now() + limit;
     loop {
-        let Reply::Tasks(rows) = conn.call(Request::List).await else {
-            panic!("List answers Tasks");
-        };
+        let rows = conn.list(false).await.expect("ps");
         if pred(&rows) {
             return rows;
         }
@@ -67,32 +66,31 @@ async fn a_thousand_parked_sleepers_stay_under_the_rss_bound_and_all_resolve() {
     ]);
     let pid = d.pid();
     let idle_kib = proc_kib(pid, "VmRSS");
-    let conn = Wire::connect(&d.socket).await;
-    let digest = conn.upload_plugin("sleeper").await;
+    let conn = wire::connect(&d.socket).await;
+    let digest = wire::upload_plugin(&conn, "sleeper").await;
 
     // 1,000 submissions, pipelined; each sleeps ten minutes in one host
     // sleep (step_ms = ms), in its own slot.
     let started = Instant::now();
     let mut pending = Vec::new();
     for _ in 0..SLEEPERS {
-        let mut s = submission(digest);
+        let mut s = SubmitRequest::new(digest);
         s.params = params(&[("ms", "600000"), ("step_ms", "600000")]);
-        pending.push(conn.start(Request::Submit(Box::new(s))).await);
+        pending.push(
+            conn.request(Request::Submit(Box::new(s)))
+                .await
+                .expect("a submission"),
+        );
     }
     let mut ids = Vec::new();
     for mut rx in pending {
-        match rx.recv().await {
-            Some(Reply::Submitted {
-                id,
-                queued: false,
-                rejected: None,
-                ..
-            }) => ids.push(id),
+        match rx.next().await {
+            Some(Reply::Submitted(s)) if s.placement == Placement::Running => ids.push(s.id),
             other => panic!("a sleeper was not admitted: {other:?}"),
         }
     }
     until_tasks(&conn, LIMIT, |rows| {
-        rows.len() == SLEEPERS && rows.iter().all(|r| r.state == "running")
+        rows.len() == SLEEPERS && rows.iter().all(|r| r.state == TaskState::Running)
     })
     .await;
     // Running means it holds a permit; wait until every instance exists and
@@ -132,26 +130,33 @@ async fn a_thousand_parked_sleepers_stay_under_the_rss_bound_and_all_resolve() {
     // has at most 64 requests in flight).
     let mut waits = Vec::new();
     for chunk in ids.chunks(50) {
-        let waiter = Wire::connect(&d.socket).await;
+        // Each wait keeps its connection open until it is answered.
+        let waiter = wire::connect(&d.socket).await;
         for id in chunk {
-            waits.push((*id, waiter.start(Request::Wait(Target::Id(*id))).await));
+            waits.push((
+                *id,
+                waiter
+                    .request(Request::Wait((*id).into()))
+                    .await
+                    .expect("a wait"),
+            ));
         }
-        // Keep the connection open until its waits are answered.
-        std::mem::forget(Arc::clone(&waiter));
     }
     let stopping = Instant::now();
-    let reply = conn
-        .call(Request::Shutdown {
-            grace_ms: Some(10_000),
-        })
-        .await;
+    let reply = wire::call(
+        &conn,
+        Request::Shutdown {
+            grace: Some(Duration::from_secs(10)),
+        },
+    )
+    .await;
     assert_eq!(
         reply,
-        Reply::ShutdownDone { stuck: vec![] },
+        Reply::ShutdownDone(ShutdownReport::AllStopped),
         "all stop within the grace"
     );
     for (id, mut rx) in waits {
-        match rx.recv().await {
+        match rx.next().await {
             Some(Reply::Report(report)) => {
                 assert_eq!(report.outcome, TaskOutcome::Canceled, "sleeper {id}")
             }
@@ -176,31 +181,28 @@ async fn a_full_instance_pool_admits_work_later_and_never_crashes() {
         log.contains("running at most 16 attempts at once"),
         "the daemon says it lowered max_concurrent: {log}"
     );
-    let conn = Wire::connect(&d.socket).await;
-    let digest = conn.upload_plugin("sleeper").await;
+    let conn = wire::connect(&d.socket).await;
+    let digest = wire::upload_plugin(&conn, "sleeper").await;
     let mut waits = Vec::new();
     for _ in 0..48 {
-        let mut s = submission(digest);
+        let mut s = SubmitRequest::new(digest);
         s.params = params(&[("ms", "300")]);
-        let Reply::Submitted {
-            id, rejected: None, ..
-        } = conn.call(Request::Submit(Box::new(s))).await
-        else {
-            panic!("admitted");
-        };
-        waits.push(id);
+        let submitted = conn.submit(s).await.expect("admitted");
+        assert_eq!(submitted.placement, Placement::Running);
+        waits.push(submitted.id);
     }
     // While they run: never more than 16 running, the rest wait for a permit.
     let mut most = 0;
     let mut saw_waiting = false;
     let deadline = Instant::now() + LIMIT;
     loop {
-        let Reply::Tasks(rows) = conn.call(Request::List).await else {
-            panic!("Tasks");
-        };
-        let running = rows.iter().filter(|r| r.state == "running").count();
+        let rows = conn.list(false).await.expect("ps");
+        let running = rows
+            .iter()
+            .filter(|r| r.state == TaskState::Running)
+            .count();
         most = most.max(running);
-        saw_waiting |= rows.iter().any(|r| r.state == "waiting");
+        saw_waiting |= rows.iter().any(|r| r.state == TaskState::Waiting);
         if rows.is_empty() {
             break;
         }
@@ -209,28 +211,26 @@ async fn a_full_instance_pool_admits_work_later_and_never_crashes() {
     }
     assert!(most <= 16, "{most} attempts ran at once in a pool for 16");
     assert!(saw_waiting, "work beyond the pool waited for a permit");
-    let waiter = Wire::connect(&d.socket).await;
+    let waiter = wire::connect(&d.socket).await;
     for id in waits {
-        match waiter.call(Request::Wait(Target::Id(id))).await {
-            Reply::Report(r) => assert!(
-                matches!(r.outcome, TaskOutcome::Completed { .. }),
-                "{id}: {:?}",
-                r.outcome
-            ),
-            other => panic!("{other:?}"),
-        }
+        let r = waiter.wait(id.into()).await.expect("a report");
+        assert!(
+            matches!(r.outcome, TaskOutcome::Completed { .. }),
+            "{id}: {:?}",
+            r.outcome
+        );
     }
     d.assert_served("after-a-full-pool");
 }
 
 fn pooled_runtime(instances: u32) -> Arc<Runtime> {
     Arc::new(
-        Runtime::new(&RuntimeConfig {
-            cache_dir: Some(common::cache_dir()),
-            allocator: AllocatorChoice::Pooling,
-            pool_instances: instances,
-            ..RuntimeConfig::default()
-        })
+        Runtime::new(
+            &RuntimeConfig::default()
+                .cache_dir(Some(common::cache_dir()))
+                .allocator(AllocatorChoice::Pooling)
+                .pool_instances(instances),
+        )
         .expect("a pooled runtime"),
     )
 }
@@ -274,7 +274,7 @@ async fn an_attempt_that_finds_the_pool_full_fails_retryably_and_runs_later() {
 
     // Through a supervisor without a concurrency limit: the tasks that find
     // the pool full retry after a backoff and complete once slots free up.
-    let supervisor = Supervisor::new(SupervisorConfig::default());
+    let supervisor = Supervisor::default();
     let backoff = BackoffPolicy::new(
         Duration::from_millis(50),
         Duration::from_millis(200),
@@ -284,14 +284,7 @@ async fn an_attempt_that_finds_the_pool_full_fails_retryably_and_runs_later() {
     .unwrap();
     let waiters: Vec<_> = (0..24)
         .map(|i| {
-            let body = TaskBody::Plugin(PluginBody {
-                runtime: Arc::clone(&runtime),
-                plugin: Arc::clone(&plugin),
-                input: Arc::from(&b""[..]),
-                params: params(&[("ms", "200")]),
-                sandbox: Arc::new(Sandbox::default()),
-                sink: None,
-            });
+            let body = PluginTask::new(&runtime, &plugin).params(params(&[("ms", "200")]));
             supervisor.add(
                 TaskSpec::from_defaults(format!("s{i}"), body)
                     .with_restart(RestartPolicy::OnFailure)

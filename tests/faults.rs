@@ -17,13 +17,11 @@ use std::time::{Duration, Instant};
 
 use daemon::{Daemon, LIMIT, p};
 use serde_json::Value;
-use taskhost::daemon::protocol::{Reply, Request, Target};
+use taskhost::daemon::protocol::{Placement, Request, SubmitRequest};
 use taskhost::outcome::TaskOutcome;
 use taskhost::supervisor::{
-    Event, EventKind, Received, ShutdownReport, Subscriber, Supervisor, SupervisorConfig, TaskBody,
-    TaskSpec, native,
+    Event, EventKind, Received, ShutdownReport, Subscriber, Supervisor, TaskSpec, native,
 };
-use wire::{Wire, submission};
 
 #[test]
 fn clients_killed_mid_stream_cost_only_their_connection() {
@@ -55,8 +53,14 @@ async fn a_client_that_stops_reading_its_event_stream_stalls_nobody() {
     let mut d = Daemon::start(&[]);
     // A follower that never reads: its socket buffer and reply queue fill,
     // then its lane drops events. It is never read and never closed here.
-    let stuck = Wire::connect(&d.socket).await;
-    let _never_read = stuck.start(Request::Events { follow: true }).await;
+    let stuck = wire::connect(&d.socket).await;
+    let _never_read = stuck
+        .request(Request::Events {
+            follow: true,
+            filter: Default::default(),
+        })
+        .await
+        .expect("a follower");
     let stuck_raw = {
         use std::io::Write;
         let mut s = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
@@ -67,7 +71,10 @@ async fn a_client_that_stops_reading_its_event_stream_stalls_nobody() {
         .unwrap();
         let events = taskhost::daemon::protocol::encode(&taskhost::daemon::protocol::Envelope {
             id: 1,
-            body: Request::Events { follow: true },
+            body: Request::Events {
+                follow: true,
+                filter: Default::default(),
+            },
         })
         .unwrap();
         s.write_all(&hello).unwrap();
@@ -76,32 +83,29 @@ async fn a_client_that_stops_reading_its_event_stream_stalls_nobody() {
     };
 
     // Meanwhile 500 submissions, with chatty guests, go through on time.
-    let conn = Wire::connect(&d.socket).await;
-    let chatty = conn.upload_plugin("chatty").await;
+    let conn = wire::connect(&d.socket).await;
+    let chatty = wire::upload_plugin(&conn, "chatty").await;
     let started = Instant::now();
     let mut waits = Vec::new();
     for i in 0..500 {
-        let mut s = submission(chatty);
+        let mut s = SubmitRequest::new(chatty);
         s.params = wire::params(&[("lines", "20")]);
         s.slot = Some(format!("c{}", i % 20));
-        let Reply::Submitted {
-            id, rejected: None, ..
-        } = conn.call(Request::Submit(Box::new(s))).await
-        else {
-            panic!("taken in");
-        };
-        waits.push(id);
+        let submitted = conn.submit(s).await.expect("taken in");
+        assert!(
+            !matches!(submitted.placement, Placement::Rejected(_)),
+            "{submitted:?}"
+        );
+        waits.push(submitted.id);
     }
-    let waiter = Wire::connect(&d.socket).await;
+    let waiter = wire::connect(&d.socket).await;
     for id in waits {
-        match waiter.call(Request::Wait(Target::Id(id))).await {
-            Reply::Report(r) => assert!(
-                matches!(r.outcome, TaskOutcome::Completed { .. }),
-                "{:?}",
-                r.outcome
-            ),
-            other => panic!("{other:?}"),
-        }
+        let r = waiter.wait(id.into()).await.expect("a report");
+        assert!(
+            matches!(r.outcome, TaskOutcome::Completed { .. }),
+            "{:?}",
+            r.outcome
+        );
     }
     let took = started.elapsed();
     eprintln!("500 chatty tasks past two stuck followers in {took:?}");
@@ -127,21 +131,16 @@ impl Subscriber for Blocker {
 async fn a_subscriber_that_blocks_forever_stalls_no_task_lane_or_shutdown() {
     let (_keep, never) = channel();
     let drain = Duration::from_millis(300);
-    let supervisor = Supervisor::with_subscribers(
-        SupervisorConfig {
-            drain_deadline: drain,
-            ..SupervisorConfig::default()
-        },
-        vec![Box::new(Blocker(never))],
-    );
+    let supervisor = Supervisor::builder()
+        .drain_deadline(drain)
+        .subscriber(Blocker(never))
+        .build();
     let mut lane = supervisor.subscribe();
     let waiters: Vec<_> = (0..200)
         .map(|i| {
             supervisor.add(TaskSpec::once(
                 format!("t{i}"),
-                TaskBody::Native(native(move |_ctx| async move {
-                    Ok(format!("{i}").into_bytes())
-                })),
+                native(move |_ctx| async move { Ok(format!("{i}").into_bytes()) }),
             ))
         })
         .collect();

@@ -29,10 +29,13 @@ use std::time::{Duration, Instant};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
+use taskhost::controller::AdmissionPolicy;
 use taskhost::daemon::protocol::{
-    Envelope, FrameError, Hello, MAGIC, MAX_FRAME, PROTOCOL_VERSION, Reply, Request, SubmitRequest,
-    Target, Welcome, WireDir, decode, encode, read_frame,
+    Envelope, EventFilter, FrameError, Hello, MAGIC, MAX_FRAME, PROTOCOL_VERSION, Reply, Request,
+    SubmitRequest, Welcome, decode, encode, read_frame,
 };
+use taskhost::runtime::{Digest, DirGrant};
+use taskhost::supervisor::{BackoffPolicy, EventKind, Jitter, RestartPolicy, TaskId, TaskRef};
 
 // ---------------------------------------------------------------------------
 // Allocation accounting: the peak of live bytes allocated by this thread.
@@ -159,11 +162,56 @@ fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
     vec(any::<u8>(), 0..max)
 }
 
-fn target() -> impl Strategy<Value = Target> {
+fn target() -> impl Strategy<Value = TaskRef> {
     prop_oneof![
-        any::<u64>().prop_map(Target::Id),
-        text().prop_map(Target::Name)
+        any::<u64>().prop_map(|id| TaskRef::Id(TaskId::from_u64(id))),
+        text().prop_map(TaskRef::Name)
     ]
+}
+
+fn digest() -> impl Strategy<Value = Digest> {
+    any::<[u8; 32]>().prop_map(Digest)
+}
+
+fn duration() -> impl Strategy<Value = Duration> {
+    (any::<u64>(), 0u32..1_000_000_000).prop_map(|(s, n)| Duration::new(s, n))
+}
+
+fn policy() -> impl Strategy<Value = AdmissionPolicy> {
+    prop_oneof![
+        Just(AdmissionPolicy::Queue),
+        Just(AdmissionPolicy::Replace),
+        Just(AdmissionPolicy::DropIfRunning),
+    ]
+}
+
+fn restart() -> impl Strategy<Value = RestartPolicy> {
+    prop_oneof![
+        Just(RestartPolicy::Never),
+        Just(RestartPolicy::OnFailure),
+        duration().prop_map(|interval| RestartPolicy::Always { interval }),
+    ]
+}
+
+fn backoff() -> impl Strategy<Value = BackoffPolicy> {
+    let jitter = prop_oneof![
+        Just(Jitter::None),
+        Just(Jitter::Full),
+        Just(Jitter::Equal),
+        Just(Jitter::Decorrelated),
+    ];
+    (0u64..100_000, 0u64..100_000, 1.0f64..1e6, jitter).prop_filter_map(
+        "a valid backoff",
+        |(first, max, factor, jitter)| {
+            BackoffPolicy::new(
+                Duration::from_millis(first),
+                Duration::from_millis(max),
+                factor,
+                jitter,
+            )
+            .ok()
+        },
+    )
 }
 
 fn pairs() -> impl Strategy<Value = Vec<(String, String)>> {
@@ -172,23 +220,22 @@ fn pairs() -> impl Strategy<Value = Vec<(String, String)>> {
 
 fn submit() -> impl Strategy<Value = SubmitRequest> {
     let head = (
-        any::<[u8; 32]>(),
+        digest(),
         proptest::option::of(text()),
         proptest::option::of(text()),
-        proptest::option::of(text()),
+        proptest::option::of(policy()),
         pairs(),
         bytes(256),
-        proptest::option::of(text()),
+        proptest::option::of(restart()),
     );
     let tail = (
-        proptest::option::of(any::<u64>()),
         proptest::option::of(any::<u32>()),
-        proptest::option::of((any::<u64>(), any::<u64>(), -1e6f64..1e6, text())),
-        proptest::option::of(any::<u64>()),
+        proptest::option::of(backoff()),
+        proptest::option::of(duration()),
         proptest::option::of(any::<u64>()),
         vec(
-            (text(), text(), any::<bool>()).prop_map(|(host, guest, read_only)| WireDir {
-                host,
+            (text(), text(), any::<bool>()).prop_map(|(host, guest, read_only)| DirGrant {
+                host: host.into(),
                 guest,
                 read_only,
             }),
@@ -199,30 +246,40 @@ fn submit() -> impl Strategy<Value = SubmitRequest> {
     (head, tail).prop_map(
         |(
             (digest, name, slot, policy, params, input, restart),
-            (every_ms, max_retries, backoff, timeout_ms, max_memory, dirs, env),
-        )| SubmitRequest {
-            digest,
-            name,
-            slot,
-            policy,
-            params,
-            input,
-            restart,
-            every_ms,
-            max_retries,
-            backoff,
-            timeout_ms,
-            max_memory,
-            dirs,
-            env,
+            (max_retries, backoff, timeout, max_memory, dirs, env),
+        )| {
+            let mut s = SubmitRequest::new(digest);
+            s.name = name;
+            s.slot = slot;
+            s.policy = policy;
+            s.params = params;
+            s.input = input;
+            s.restart = restart;
+            s.max_retries = max_retries;
+            s.backoff = backoff;
+            s.timeout = timeout;
+            s.max_memory = max_memory;
+            s.dirs = dirs;
+            s.env = env;
+            s
         },
     )
 }
 
+fn filter() -> impl Strategy<Value = EventFilter> {
+    let kind = prop_oneof![
+        Just(EventKind::TaskAdded),
+        Just(EventKind::TaskFinished),
+        Just(EventKind::GuestLog),
+    ];
+    (proptest::option::of(target()), vec(kind, 0..3))
+        .prop_map(|(task, kinds)| EventFilter { task, kinds })
+}
+
 fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
-        any::<[u8; 32]>().prop_map(Request::HasPlugin),
-        (any::<[u8; 32]>(), any::<u64>(), bytes(512), any::<bool>()).prop_map(
+        digest().prop_map(Request::HasPlugin),
+        (digest(), any::<u64>(), bytes(512), any::<bool>()).prop_map(
             |(digest, offset, data, last)| Request::Upload {
                 digest,
                 offset,
@@ -233,11 +290,11 @@ fn request() -> impl Strategy<Value = Request> {
         submit().prop_map(|s| Request::Submit(Box::new(s))),
         target().prop_map(Request::Wait),
         (target(), any::<bool>()).prop_map(|(target, wait)| Request::Cancel { target, wait }),
-        Just(Request::List),
+        any::<bool>().prop_map(|all| Request::List { all }),
         Just(Request::Slots),
-        any::<bool>().prop_map(|follow| Request::Events { follow }),
+        (any::<bool>(), filter()).prop_map(|(follow, filter)| Request::Events { follow, filter }),
         (target(), any::<bool>()).prop_map(|(target, follow)| Request::Logs { target, follow }),
-        proptest::option::of(any::<u64>()).prop_map(|grace_ms| Request::Shutdown { grace_ms }),
+        proptest::option::of(duration()).prop_map(|grace| Request::Shutdown { grace }),
     ]
 }
 
@@ -416,61 +473,64 @@ fn frame(body: Request) -> Vec<u8> {
 /// The seed frames: valid frames of every request kind, and frames that are
 /// cut short, oversized or malformed, named by what reading them gives.
 fn seeds() -> Vec<(String, Vec<u8>)> {
-    let submit = SubmitRequest {
-        digest: [0xab; 32],
-        name: Some("nap".into()),
-        slot: Some("deploy/prod".into()),
-        policy: Some("replace".into()),
-        params: vec![("env".into(), "prod".into()), ("ms".into(), "50".into())],
-        input: b"hello".to_vec(),
-        restart: Some("on-failure".into()),
-        every_ms: None,
-        max_retries: Some(3),
-        backoff: Some((100, 5000, 2.0, "equal".into())),
-        timeout_ms: Some(30_000),
-        max_memory: Some(64 << 20),
-        dirs: vec![WireDir {
-            host: "/tmp".into(),
-            guest: "/data".into(),
-            read_only: true,
-        }],
-        env: vec![("TOKEN".into(), "x".into())],
-    };
+    let mut submit = SubmitRequest::new(Digest([0xab; 32]));
+    submit.name = Some("nap".into());
+    submit.slot = Some("deploy/prod".into());
+    submit.policy = Some(AdmissionPolicy::Replace);
+    submit.params = vec![("env".into(), "prod".into()), ("ms".into(), "50".into())];
+    submit.input = b"hello".to_vec();
+    submit.restart = Some(RestartPolicy::OnFailure);
+    submit.max_retries = Some(3);
+    submit.backoff = Some("100ms,5s,2,equal".parse().unwrap());
+    submit.timeout = Some(Duration::from_secs(30));
+    submit.max_memory = Some(64 << 20);
+    submit.dirs = vec![DirGrant {
+        host: "/tmp".into(),
+        guest: "/data".into(),
+        read_only: true,
+    }];
+    submit.env = vec![("TOKEN".into(), "x".into())];
     let valid = vec![
-        ("has-plugin", Request::HasPlugin([1; 32])),
+        ("has-plugin", Request::HasPlugin(Digest([1; 32]))),
         (
             "upload",
             Request::Upload {
-                digest: [2; 32],
+                digest: Digest([2; 32]),
                 offset: 0,
                 data: b"\0asm\x0d\0\x01\0".to_vec(),
                 last: true,
             },
         ),
         ("submit", Request::Submit(Box::new(submit))),
-        ("wait-id", Request::Wait(Target::Id(42))),
-        ("wait-name", Request::Wait(Target::Name("deploy-1".into()))),
+        ("wait-id", Request::Wait(TaskRef::Id(TaskId::from_u64(42)))),
+        ("wait-name", Request::Wait(TaskRef::Name("deploy-1".into()))),
         (
             "cancel",
             Request::Cancel {
-                target: Target::Id(9),
+                target: TaskRef::Id(TaskId::from_u64(9)),
                 wait: true,
             },
         ),
-        ("list", Request::List),
+        ("list", Request::List { all: true }),
         ("slots", Request::Slots),
-        ("events-follow", Request::Events { follow: true }),
+        (
+            "events-follow",
+            Request::Events {
+                follow: true,
+                filter: EventFilter::default(),
+            },
+        ),
         (
             "logs-follow",
             Request::Logs {
-                target: Target::Name("x".into()),
+                target: TaskRef::Name("x".into()),
                 follow: true,
             },
         ),
         (
             "shutdown",
             Request::Shutdown {
-                grace_ms: Some(250),
+                grace: Some(Duration::from_millis(250)),
             },
         ),
     ];
@@ -649,20 +709,27 @@ fn handshake(socket: &Path) -> UnixStream {
     stream
 }
 
-/// One List round trip on a normal client's connection.
+/// One List round trip (pages of tasks, then the end) on a normal client's
+/// connection.
 fn assert_normal_client_served(stream: &mut UnixStream, id: u32) {
     stream
         .write_all(
             &encode(&Envelope {
                 id,
-                body: Request::List,
+                body: Request::List { all: true },
             })
             .unwrap(),
         )
         .expect("the normal client can still write");
-    let reply: Envelope<Reply> = decode(&read_frame_sync(stream)).expect("a reply");
-    assert_eq!(reply.id, id);
-    assert!(matches!(reply.body, Reply::Tasks(_)), "{reply:?}");
+    loop {
+        let reply: Envelope<Reply> = decode(&read_frame_sync(stream)).expect("a reply");
+        assert_eq!(reply.id, id);
+        match reply.body {
+            Reply::Tasks(_) => continue,
+            Reply::End => return,
+            other => panic!("List answers pages of tasks, then End: {other:?}"),
+        }
+    }
 }
 
 /// Sends one hostile connection's bytes, then leaves.

@@ -27,11 +27,14 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-use taskhost::daemon::protocol::{Reply, Request, Target, WireEvent};
+use taskhost::controller::AdmissionPolicy;
+use taskhost::daemon::Replies;
+use taskhost::daemon::protocol::{Placement, Reply, Request, SubmitRequest};
 use taskhost::outcome::TaskOutcome;
+use taskhost::runtime::Digest;
+use taskhost::supervisor::{BackoffPolicy, Event, EventKind, Jitter, RestartPolicy, TaskId};
 use tokio::sync::mpsc;
-use wire::{Wire, params, submission};
+use wire::params;
 
 const CLIENTS: usize = 8;
 /// Waits a client keeps in flight (a connection may have 64 requests).
@@ -59,55 +62,63 @@ impl Rng {
 /// The final outcome of a submission as its client saw it.
 #[derive(Debug)]
 struct Seen {
-    id: u64,
+    id: TaskId,
     outcome: TaskOutcome,
 }
 
 struct Digests {
-    hello: [u8; 32],
-    sleeper: [u8; 32],
-    flaky: [u8; 32],
-    deploy: [u8; 32],
+    hello: Digest,
+    sleeper: Digest,
+    flaky: Digest,
+    deploy: Digest,
 }
 
-fn random_request(rng: &mut Rng, d: &Digests) -> taskhost::daemon::protocol::SubmitRequest {
+fn random_request(rng: &mut Rng, d: &Digests) -> SubmitRequest {
     let policy = match rng.below(100) {
-        0..60 => "queue",
-        60..85 => "replace",
-        _ => "drop-if-running",
+        0..60 => AdmissionPolicy::Queue,
+        60..85 => AdmissionPolicy::Replace,
+        _ => AdmissionPolicy::DropIfRunning,
     };
     let slot = format!("s{}", rng.below(50));
     let mut s = match rng.below(4) {
         0 => {
-            let mut s = submission(d.hello);
+            let mut s = SubmitRequest::new(d.hello);
             s.input = format!("hi {}", rng.below(1000)).into_bytes();
             s.slot = Some(slot);
             s
         }
         1 => {
-            let mut s = submission(d.sleeper);
+            let mut s = SubmitRequest::new(d.sleeper);
             s.params = params(&[("ms", &(1 + rng.below(50)).to_string())]);
             s.slot = Some(slot);
             s
         }
         2 => {
-            let mut s = submission(d.flaky);
+            let mut s = SubmitRequest::new(d.flaky);
             s.params = params(&[("fail_times", &rng.below(3).to_string())]);
-            s.restart = Some("on-failure".into());
+            s.restart = Some(RestartPolicy::OnFailure);
             s.max_retries = Some(rng.below(3) as u32);
-            s.backoff = Some((1 + rng.below(10), 50, 2.0, "none".into()));
+            s.backoff = Some(
+                BackoffPolicy::new(
+                    Duration::from_millis(1 + rng.below(10)),
+                    Duration::from_millis(50),
+                    2.0,
+                    Jitter::None,
+                )
+                .unwrap(),
+            );
             s.slot = Some(slot);
             s
         }
         _ => {
             // The slot comes from the plugin's resource template.
-            let mut s = submission(d.deploy);
+            let mut s = SubmitRequest::new(d.deploy);
             let env = format!("e{}", rng.below(10));
             s.params = params(&[("env", &env), ("ms", &(1 + rng.below(30)).to_string())]);
             s
         }
     };
-    s.policy = Some(policy.into());
+    s.policy = Some(policy);
     s
 }
 
@@ -119,31 +130,38 @@ async fn client(
     seed: u64,
     count: usize,
 ) -> Vec<Seen> {
-    let conn = Wire::connect(&socket).await;
+    let conn = wire::connect(&socket).await;
     let mut rng = Rng(seed);
     let mut seen = Vec::new();
-    let mut waits: std::collections::VecDeque<(u64, mpsc::UnboundedReceiver<Reply>)> =
-        Default::default();
-    let mut mine: Vec<u64> = Vec::new();
+    let mut waits: std::collections::VecDeque<(TaskId, Replies)> = Default::default();
+    let mut mine: Vec<TaskId> = Vec::new();
     for _ in 0..count {
         let request = random_request(&mut rng, &digests);
-        let reply = conn.call(Request::Submit(Box::new(request))).await;
-        let Reply::Submitted { id, rejected, .. } = reply else {
-            panic!("a submission was not taken in: {reply:?}");
-        };
+        let submitted = conn
+            .submit(request)
+            .await
+            .unwrap_or_else(|e| panic!("a submission was not taken in: {e}"));
+        let id = submitted.id;
         mine.push(id);
-        match rejected {
-            Some(outcome) => seen.push(Seen { id, outcome }),
-            None => waits.push_back((id, conn.start(Request::Wait(Target::Id(id))).await)),
+        match submitted.placement {
+            Placement::Rejected(outcome) => seen.push(Seen { id, outcome }),
+            _ => waits.push_back((
+                id,
+                conn.request(Request::Wait(id.into()))
+                    .await
+                    .expect("a wait"),
+            )),
         }
         if rng.chance(10) {
             let victim = mine[rng.below(mine.len() as u64) as usize];
-            let _ = conn
-                .call(Request::Cancel {
-                    target: Target::Id(victim),
+            let _ = wire::call(
+                &conn,
+                Request::Cancel {
+                    target: victim.into(),
                     wait: false,
-                })
-                .await;
+                },
+            )
+            .await;
         }
         while waits.len() >= MAX_WAITS {
             let (id, rx) = waits.pop_front().unwrap();
@@ -162,8 +180,8 @@ async fn client(
     seen
 }
 
-async fn report(id: u64, mut rx: mpsc::UnboundedReceiver<Reply>) -> TaskOutcome {
-    match rx.recv().await {
+async fn report(id: TaskId, mut rx: Replies) -> TaskOutcome {
+    match rx.next().await {
         Some(Reply::Report(r)) => {
             assert_eq!(r.id, id);
             r.outcome
@@ -173,11 +191,11 @@ async fn report(id: u64, mut rx: mpsc::UnboundedReceiver<Reply>) -> TaskOutcome 
 }
 
 /// The invariant checker over the recorded stream.
-fn check(events: &[WireEvent], seen: &[Seen]) -> HashMap<&'static str, usize> {
-    let mut owner: HashMap<String, u64> = HashMap::new();
-    let mut finals: HashMap<u64, Vec<String>> = HashMap::new();
-    let mut added: HashSet<u64> = HashSet::new();
-    let mut removed: HashSet<u64> = HashSet::new();
+fn check(events: &[Event], seen: &[Seen]) -> HashMap<&'static str, usize> {
+    let mut owner: HashMap<String, TaskId> = HashMap::new();
+    let mut finals: HashMap<TaskId, Vec<String>> = HashMap::new();
+    let mut added: HashSet<TaskId> = HashSet::new();
+    let mut removed: HashSet<TaskId> = HashSet::new();
     let mut last_seq = 0;
     let mut counts: HashMap<&'static str, usize> = HashMap::new();
     for e in events {
@@ -187,21 +205,25 @@ fn check(events: &[WireEvent], seen: &[Seen]) -> HashMap<&'static str, usize> {
             e.seq
         );
         last_seq = e.seq;
-        let kind = e.kind.as_str();
+        let kind = e.kind;
         if !matches!(
             kind,
-            "TaskAdded" | "TaskRemoved" | "TaskFinished" | "TaskAddFailed" | "ControllerRejected"
+            EventKind::TaskAdded
+                | EventKind::TaskRemoved
+                | EventKind::TaskFinished
+                | EventKind::TaskAddFailed
+                | EventKind::ControllerRejected
         ) {
             continue;
         }
-        let json: Value = serde_json::from_str(&e.json).expect("event JSON");
         let id = e.task_id.expect("a task event has a task id");
-        let slot = json["slot"]
-            .as_str()
+        let slot = e
+            .slot
+            .as_deref()
             .expect("a task event has a slot")
             .to_owned();
         match kind {
-            "TaskAdded" => {
+            EventKind::TaskAdded => {
                 if let Some(other) = owner.get(&slot) {
                     panic!(
                         "two owners: task {id} added to slot `{slot}` (seq {}) while task {other} \
@@ -213,7 +235,7 @@ fn check(events: &[WireEvent], seen: &[Seen]) -> HashMap<&'static str, usize> {
                 assert!(added.insert(id), "task {id} added twice");
                 *counts.entry("added").or_default() += 1;
             }
-            "TaskRemoved" => {
+            EventKind::TaskRemoved => {
                 assert_eq!(
                     owner.remove(&slot),
                     Some(id),
@@ -227,13 +249,13 @@ fn check(events: &[WireEvent], seen: &[Seen]) -> HashMap<&'static str, usize> {
                 removed.insert(id);
             }
             _ => {
-                let outcome = json["outcome"].as_str().unwrap_or("?").to_owned();
-                let label = match json["rejection"].as_str() {
+                let outcome = e.outcome.map_or("?", |o| o.as_str()).to_owned();
+                let label = match e.rejection {
                     Some(r) => format!("{outcome}:{r}"),
                     None => outcome,
                 };
                 finals.entry(id).or_default().push(label);
-                if kind == "TaskFinished" {
+                if kind == EventKind::TaskFinished {
                     assert!(
                         added.contains(&id),
                         "task {id} finished without being added"
@@ -244,7 +266,7 @@ fn check(events: &[WireEvent], seen: &[Seen]) -> HashMap<&'static str, usize> {
     }
     assert!(owner.is_empty(), "slots still owned at the end: {owner:?}");
     assert_eq!(added, removed, "every added task was removed");
-    let submitted: HashSet<u64> = seen.iter().map(|s| s.id).collect();
+    let submitted: HashSet<TaskId> = seen.iter().map(|s| s.id).collect();
     assert_eq!(submitted.len(), seen.len(), "one reply per submission");
     for s in seen {
         let labels = finals
@@ -259,7 +281,7 @@ fn check(events: &[WireEvent], seen: &[Seen]) -> HashMap<&'static str, usize> {
         );
         let expected = match &s.outcome {
             TaskOutcome::Rejected { kind, .. } => format!("rejected:{kind}"),
-            other => other.kind().to_owned(),
+            other => other.kind().as_str().to_owned(),
         };
         assert_eq!(labels[0], expected, "submission {}: event vs reply", s.id);
         *counts.entry(outcome_label(&s.outcome)).or_default() += 1;
@@ -281,7 +303,7 @@ fn outcome_label(o: &TaskOutcome) -> &'static str {
             "RemovedFromQueue" => "rejected RemovedFromQueue",
             _ => "rejected (other)",
         },
-        other => other.kind(),
+        other => other.kind().as_str(),
     }
 }
 
@@ -314,23 +336,29 @@ async fn soak_mixed_submissions_keep_every_invariant() {
         daemon::Daemon::start(&["--grace", "2s", "--config", config_file.to_str().unwrap()]);
     let started = Instant::now();
     let run = async {
-        let setup = Wire::connect(&d.socket).await;
+        let setup = wire::connect(&d.socket).await;
         let digests = Arc::new(Digests {
-            hello: setup.upload_plugin("hello").await,
-            sleeper: setup.upload_plugin("sleeper").await,
-            flaky: setup.upload_plugin("flaky").await,
-            deploy: setup.upload_plugin("deploy").await,
+            hello: wire::upload_plugin(&setup, "hello").await,
+            sleeper: wire::upload_plugin(&setup, "sleeper").await,
+            flaky: wire::upload_plugin(&setup, "flaky").await,
+            deploy: wire::upload_plugin(&setup, "deploy").await,
         });
 
         // The recorder: every event from before the first submission on.
-        let recorder = Wire::connect(&d.socket).await;
-        let mut stream = recorder.start(Request::Events { follow: true }).await;
+        let recorder = wire::connect(&d.socket).await;
+        let mut stream = recorder
+            .request(Request::Events {
+                follow: true,
+                filter: Default::default(),
+            })
+            .await
+            .expect("the event stream");
         let (marks, mut marked) = mpsc::unbounded_channel::<()>();
         let recording = tokio::spawn(async move {
             let mut events = Vec::new();
             let mut dropped = 0;
             let mut first = true;
-            while let Some(reply) = stream.recv().await {
+            while let Some(reply) = stream.next().await {
                 match reply {
                     Reply::Event(e) => events.push(e),
                     Reply::Dropped(n) => dropped += n,
@@ -345,13 +373,9 @@ async fn soak_mixed_submissions_keep_every_invariant() {
             (events, dropped)
         });
         // Something to see: the stream is live before the soak starts.
-        let mut probe = submission(digests.hello);
+        let mut probe = SubmitRequest::new(digests.hello);
         probe.slot = Some("probe".into());
-        let Reply::Submitted { id: probe_id, .. } =
-            setup.call(Request::Submit(Box::new(probe))).await
-        else {
-            panic!("the probe is taken in");
-        };
+        let probe_id = setup.submit(probe).await.expect("the probe is taken in").id;
         marked.recv().await.expect("the event stream is live");
 
         let clients: Vec<_> = (0..CLIENTS)
@@ -365,9 +389,10 @@ async fn soak_mixed_submissions_keep_every_invariant() {
                 ))
             })
             .collect();
-        let Reply::Report(probed) = setup.call(Request::Wait(Target::Id(probe_id))).await else {
-            panic!("the probe has a report");
-        };
+        let probed = setup
+            .wait(probe_id.into())
+            .await
+            .expect("the probe has a report");
         let mut seen = vec![Seen {
             id: probe_id,
             outcome: probed.outcome,
@@ -380,9 +405,9 @@ async fn soak_mixed_submissions_keep_every_invariant() {
         // The drain: no slot and no task left.
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let slots = setup.call(Request::Slots).await;
-            let tasks = setup.call(Request::List).await;
-            if slots == Reply::Slots(vec![]) && tasks == Reply::Tasks(vec![]) {
+            let slots = setup.slots().await.expect("slots");
+            let tasks = setup.list(false).await.expect("ps");
+            if slots.is_empty() && tasks.is_empty() {
                 break;
             }
             assert!(
@@ -394,12 +419,17 @@ async fn soak_mixed_submissions_keep_every_invariant() {
         let drained_in = started.elapsed();
 
         // Shut down so the stream ends with everything in it.
-        let done = setup
-            .call(Request::Shutdown {
-                grace_ms: Some(1000),
-            })
-            .await;
-        assert_eq!(done, Reply::ShutdownDone { stuck: vec![] });
+        let done = wire::call(
+            &setup,
+            Request::Shutdown {
+                grace: Some(Duration::from_secs(1)),
+            },
+        )
+        .await;
+        assert_eq!(
+            done,
+            Reply::ShutdownDone(taskhost::supervisor::ShutdownReport::AllStopped)
+        );
         let (events, dropped) = recording.await.unwrap();
         assert_eq!(
             dropped, 0,

@@ -19,11 +19,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use taskhost::daemon::protocol::{
-    Envelope, Hello, MAGIC, PROTOCOL_VERSION, Reply, Request, SubmitRequest, Target, Welcome,
-    encode, read_frame, write_frame,
+    Envelope, Hello, MAGIC, PROTOCOL_VERSION, Placement, Reply, Request, SubmitRequest, Submitted,
+    Welcome, encode, read_frame, write_frame,
 };
 use taskhost::outcome::TaskOutcome;
 use taskhost::runtime::Digest;
+use taskhost::supervisor::TaskRef;
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -175,8 +176,8 @@ async fn call(reader: &mut OwnedReadHalf, writer: &mut OwnedWriteHalf, body: Req
     reply.body
 }
 
-async fn upload(socket: &Path, bytes: &[u8]) -> [u8; 32] {
-    let digest = Digest::of(bytes).0;
+async fn upload(socket: &Path, bytes: &[u8]) -> Digest {
+    let digest = Digest::of(bytes);
     let (mut reader, mut writer) = connect(socket).await;
     let reply = call(
         &mut reader,
@@ -196,28 +197,15 @@ async fn upload(socket: &Path, bytes: &[u8]) -> [u8; 32] {
     digest
 }
 
-fn submit_request(digest: [u8; 32]) -> Request {
-    Request::Submit(Box::new(SubmitRequest {
-        digest,
-        name: None,
-        slot: None,
-        policy: None,
-        params: Vec::new(),
-        input: b"hi".to_vec(),
-        restart: None,
-        every_ms: None,
-        max_retries: None,
-        backoff: None,
-        timeout_ms: None,
-        max_memory: None,
-        dirs: Vec::new(),
-        env: Vec::new(),
-    }))
+fn submit_request(digest: Digest) -> Request {
+    let mut request = SubmitRequest::new(digest);
+    request.input = b"hi".to_vec();
+    Request::Submit(Box::new(request))
 }
 
 /// `total` submissions spread over `clients` pipelined connections; returns
 /// submissions acknowledged per second (first write to last reply).
-async fn intake(socket: &Path, digest: [u8; 32], clients: usize, total: usize) -> f64 {
+async fn intake(socket: &Path, digest: Digest, clients: usize, total: usize) -> f64 {
     let per_client = total / clients;
     let mut connections = Vec::new();
     for _ in 0..clients {
@@ -250,10 +238,11 @@ async fn intake(socket: &Path, digest: [u8; 32], clients: usize, total: usize) -
             for _ in 0..per_client {
                 let reply: Envelope<Reply> = read_frame(&mut reader).await.expect("reply");
                 match reply.body {
-                    Reply::Submitted { rejected: None, .. } => accepted += 1,
-                    Reply::Submitted {
-                        rejected: Some(_), ..
-                    } => rejected += 1,
+                    Reply::Submitted(Submitted {
+                        placement: Placement::Rejected(_),
+                        ..
+                    }) => rejected += 1,
+                    Reply::Submitted(_) => accepted += 1,
                     other => panic!("unexpected reply {other:?}"),
                 }
             }
@@ -282,11 +271,19 @@ async fn drain(socket: &Path) -> Duration {
     let start = Instant::now();
     let (mut reader, mut writer) = connect(socket).await;
     loop {
-        match call(&mut reader, &mut writer, Request::Slots).await {
-            Reply::Slots(slots) if slots.is_empty() => return start.elapsed(),
-            Reply::Slots(_) => tokio::time::sleep(Duration::from_millis(5)).await,
-            other => panic!("unexpected reply {other:?}"),
+        // A page of slots (absent when there are none), then the end.
+        let mut empty = true;
+        let mut reply = call(&mut reader, &mut writer, Request::Slots).await;
+        while let Reply::Slots(slots) = reply {
+            empty &= slots.is_empty();
+            let next: Envelope<Reply> = read_frame(&mut reader).await.expect("reply");
+            reply = next.body;
         }
+        assert!(matches!(reply, Reply::End), "unexpected reply {reply:?}");
+        if empty {
+            return start.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
         assert!(
             start.elapsed() < Duration::from_secs(60),
             "the daemon did not drain"
@@ -296,19 +293,21 @@ async fn drain(socket: &Path) -> Duration {
 
 /// Closed loop on one connection: Submit, then Wait for the report;
 /// returns each iteration's latency in µs.
-async fn latency(socket: &Path, digest: [u8; 32], iterations: usize) -> Vec<f64> {
+async fn latency(socket: &Path, digest: Digest, iterations: usize) -> Vec<f64> {
     let (mut reader, mut writer) = connect(socket).await;
     let mut samples = Vec::with_capacity(iterations);
     for _ in 0..iterations {
         let start = Instant::now();
-        let Reply::Submitted {
-            id, rejected: None, ..
-        } = call(&mut reader, &mut writer, submit_request(digest)).await
+        let Reply::Submitted(Submitted {
+            id,
+            placement: Placement::Running,
+            ..
+        }) = call(&mut reader, &mut writer, submit_request(digest)).await
         else {
             panic!("the submission was not taken");
         };
         let Reply::Report(report) =
-            call(&mut reader, &mut writer, Request::Wait(Target::Id(id))).await
+            call(&mut reader, &mut writer, Request::Wait(TaskRef::Id(id))).await
         else {
             panic!("no report");
         };

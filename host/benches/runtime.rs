@@ -67,11 +67,9 @@ fn main() {
 }
 
 async fn instantiate_and_run(plugin: &Path, allocator: AllocatorChoice) -> Vec<f64> {
-    let config = RuntimeConfig {
-        allocator,
-        cache_dir: None,
-        ..RuntimeConfig::default()
-    };
+    let config = RuntimeConfig::default()
+        .allocator(allocator)
+        .cache_dir(None);
     let runtime = Runtime::new(&config).expect("runtime");
     let plugin = runtime.load_file(plugin).await.expect("load hello");
     let request = AttemptRequest {
@@ -129,10 +127,7 @@ fn child_load(plugin: &Path, cache: Option<PathBuf>) {
         .enable_all()
         .build()
         .unwrap();
-    let config = RuntimeConfig {
-        cache_dir: cache,
-        ..RuntimeConfig::default()
-    };
+    let config = RuntimeConfig::default().cache_dir(cache);
     let runtime = Runtime::new(&config).expect("runtime");
     let start = Instant::now();
     rt.block_on(runtime.load_file(plugin)).expect("load");

@@ -62,14 +62,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use taskhost::controller::{Controller, ControllerConfig, Submission};
+use taskhost::controller::{AdmissionPolicy, Controller, Submission};
+use taskhost::logline::{LineSink, Stream};
 use taskhost::outcome::{RejectionKind, TaskOutcome};
-use taskhost::runtime::{
-    AdmissionPolicy, GuestSink, Plugin, Runtime, RuntimeConfig, Sandbox, Stream,
-};
+use taskhost::plugin_task::PluginTask;
+use taskhost::runtime::{Plugin, Runtime, RuntimeConfig};
 use taskhost::supervisor::{
-    EventKind, PluginBody, Received, ShutdownReport, Supervisor, SupervisorConfig, TaskBody,
-    TaskError, TaskPhase, TaskSpec, TaskWaiter, native,
+    EventKind, Received, RestartPolicy, ShutdownReport, Supervisor, TaskBody, TaskError, TaskId,
+    TaskPhase, TaskSpec, TaskWaiter, native,
 };
 use taskvisor as tv;
 
@@ -281,27 +281,29 @@ enum Harness {
     Tv { handle: tv::SupervisorHandle },
 }
 
-fn ours_config(grace: Duration) -> (SupervisorConfig, ControllerConfig) {
-    (
-        SupervisorConfig {
-            max_concurrent: None,
-            max_registered_tasks: LIMIT,
-            grace,
-            bus_capacity: BUS,
-            ..SupervisorConfig::default()
-        },
-        ControllerConfig {
-            max_slot_queue: LIMIT,
-            max_total_pending: LIMIT,
-            max_slots: LIMIT,
-        },
-    )
+/// A run-once spec of a shared body.
+fn once(name: impl Into<String>, body: Arc<dyn TaskBody>) -> TaskSpec {
+    TaskSpec::with_body(name, body).with_restart(RestartPolicy::Never)
+}
+
+/// Our supervisor and controller: unlimited concurrency, every bound at
+/// `LIMIT`, the event bus at `BUS`.
+fn ours_controller(grace: Duration) -> Controller {
+    let supervisor = Supervisor::builder()
+        .max_registered_tasks(LIMIT)
+        .grace(grace)
+        .bus_capacity(BUS)
+        .build();
+    Controller::builder(supervisor)
+        .max_slot_queue(LIMIT)
+        .max_total_pending(LIMIT)
+        .max_slots(LIMIT)
+        .build()
 }
 
 fn ours(bodies: Bodies, grace: Duration) -> Harness {
-    let (sup, ctl) = ours_config(grace);
     Harness::Ours {
-        ctl: Controller::new(Supervisor::new(sup), ctl),
+        ctl: ours_controller(grace),
         bodies,
     }
 }
@@ -389,7 +391,7 @@ impl Harness {
             waiters.push(match self {
                 Self::Ours { ctl, bodies } => Waiter::Ours(
                     ctl.supervisor()
-                        .add(TaskSpec::once(name, bodies.parked(Some(ready), None))),
+                        .add(once(name, bodies.parked(Some(ready), None))),
                 ),
                 Self::Tv { handle } => Waiter::Tv(
                     handle
@@ -443,18 +445,19 @@ impl Plugins {
         plugin: &Arc<Plugin>,
         params: &[(&str, &str)],
         input: &[u8],
-        sink: Option<Arc<dyn GuestSink>>,
-    ) -> TaskBody {
-        TaskBody::Plugin(PluginBody {
-            runtime: Arc::clone(&self.runtime),
-            plugin: Arc::clone(plugin),
-            input: Arc::from(input),
-            params: params
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            sandbox: Arc::new(Sandbox::default()),
-            sink,
+        sink: Option<Arc<dyn LineSink>>,
+    ) -> Arc<dyn TaskBody> {
+        let task = PluginTask::new(&self.runtime, plugin)
+            .input(input.to_vec())
+            .params(
+                params
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            );
+        Arc::new(match sink {
+            Some(sink) => task.sink(sink),
+            None => task,
         })
     }
 }
@@ -466,11 +469,9 @@ fn cache_dir() -> PathBuf {
 }
 
 async fn load_plugins(cache: &Path) -> Arc<Plugins> {
-    let config = RuntimeConfig {
-        cache_dir: Some(cache.to_path_buf()),
-        pool_instances: POOL_INSTANCES,
-        ..RuntimeConfig::default()
-    };
+    let config = RuntimeConfig::default()
+        .cache_dir(Some(cache.to_path_buf()))
+        .pool_instances(POOL_INSTANCES);
     let runtime = Arc::new(Runtime::new(&config).expect("the runtime starts"));
     let mut loaded = Vec::new();
     for name in ["hello", "sleeper", "spin"] {
@@ -500,11 +501,11 @@ enum Bodies {
 
 impl Bodies {
     /// A body that returns at once (native: empty output; plugin: `hello`).
-    fn instant(&self, owners: Option<&Arc<Owners>>) -> TaskBody {
+    fn instant(&self, owners: Option<&Arc<Owners>>) -> Arc<dyn TaskBody> {
         match self {
             Self::Native => {
                 let owners = owners.cloned();
-                TaskBody::Native(native(move |_| {
+                Arc::new(native(move |_| {
                     let owners = owners.clone();
                     async move {
                         let _owner = owners.as_ref().map(|o| o.enter());
@@ -527,12 +528,16 @@ impl Bodies {
     /// A body that stays alive until it is cancelled (native: awaits the
     /// cancel token; plugin: `sleeper` for 10 minutes, parked in one
     /// cancellable host sleep).
-    fn parked(&self, ready: Option<&Arc<Ready>>, owners: Option<&Arc<Owners>>) -> TaskBody {
+    fn parked(
+        &self,
+        ready: Option<&Arc<Ready>>,
+        owners: Option<&Arc<Owners>>,
+    ) -> Arc<dyn TaskBody> {
         match self {
             Self::Native => {
                 let ready = ready.cloned();
                 let owners = owners.cloned();
-                TaskBody::Native(native(move |ctx| {
+                Arc::new(native(move |ctx| {
                     let ready = ready.clone();
                     let owners = owners.clone();
                     async move {
@@ -540,7 +545,7 @@ impl Bodies {
                         if let Some(ready) = &ready {
                             ready.mark();
                         }
-                        ctx.cancel.cancelled().await;
+                        ctx.cancellation().cancelled().await;
                         Err(TaskError::Canceled)
                     }
                 }))
@@ -550,7 +555,7 @@ impl Bodies {
                     Arc::new(FirstProgress {
                         seen: AtomicBool::new(false),
                         ready: Arc::clone(r),
-                    }) as Arc<dyn GuestSink>
+                    }) as Arc<dyn LineSink>
                 });
                 // One host sleep of 10 minutes (`step_ms`; older sleepers
                 // ignore it and wake every 50 ms).
@@ -624,10 +629,10 @@ struct FirstProgress {
     ready: Arc<Ready>,
 }
 
-impl GuestSink for FirstProgress {
-    fn line(&self, _: Stream, _: &str) {}
+impl LineSink for FirstProgress {
+    fn push(&self, _: u32, _: Stream, _: &str) {}
 
-    fn progress(&self, _: u64, _: u64) {
+    fn progress(&self, _: u32, _: u64, _: u64) {
         if !self.seen.swap(true, Ordering::Relaxed) {
             self.ready.mark();
         }
@@ -826,7 +831,7 @@ async fn oneshot_round(h: Harness, round: usize) -> f64 {
             started = Instant::now();
             let mut waiters = Vec::with_capacity(TASKS);
             for i in 0..TASKS {
-                waiters.push(sup.add(TaskSpec::once(format!("o{round}-{i}"), body.clone())));
+                waiters.push(sup.add(once(format!("o{round}-{i}"), body.clone())));
             }
             for w in waiters {
                 expect_completed(w, bodies.instant_output()).await;
@@ -865,8 +870,8 @@ async fn queue_round(h: Harness, round: usize, one_slot: bool) -> f64 {
             started = Instant::now();
             let mut waiters = Vec::with_capacity(TASKS);
             for i in 0..TASKS {
-                let spec = TaskSpec::once(format!("q{round}-{i}"), body.clone()).with_slot(slot(i));
-                waiters.push(ctl.submit(Submission::new(spec, AdmissionPolicy::Queue)));
+                let spec = once(format!("q{round}-{i}"), body.clone()).with_slot(slot(i));
+                waiters.push(ctl.submit(Submission::new(spec).policy(AdmissionPolicy::Queue)));
             }
             for w in waiters {
                 expect_completed(w, bodies.instant_output()).await;
@@ -913,12 +918,12 @@ async fn replace_round(h: Harness, round: usize, yield_each: bool) -> ReplaceRou
     let started;
     match &h {
         Harness::Ours { ctl, bodies } => {
-            let spec = TaskSpec::once(
+            let spec = once(
                 format!("r{round}-owner"),
                 bodies.parked(Some(&ready), Some(&owners)),
             )
             .with_slot(slot.clone());
-            let owner = ctl.submit(Submission::new(spec, AdmissionPolicy::Queue));
+            let owner = ctl.submit(Submission::new(spec).policy(AdmissionPolicy::Queue));
             ready.wait_for(1).await;
             let parked = bodies.parked(None, Some(&owners));
             let last = bodies.instant(Some(&owners));
@@ -930,8 +935,8 @@ async fn replace_round(h: Harness, round: usize, yield_each: bool) -> ReplaceRou
                 } else {
                     parked.clone()
                 };
-                let spec = TaskSpec::once(format!("r{round}-{i}"), body).with_slot(slot.clone());
-                waiters.push(ctl.submit(Submission::new(spec, AdmissionPolicy::Replace)));
+                let spec = once(format!("r{round}-{i}"), body).with_slot(slot.clone());
+                waiters.push(ctl.submit(Submission::new(spec).policy(AdmissionPolicy::Replace)));
                 if yield_each {
                     tokio::task::yield_now().await;
                 }
@@ -1026,7 +1031,7 @@ async fn replace_checked(h: Harness) -> (ReplaceRound, Option<usize>) {
     let reader = tokio::spawn({
         let done = Arc::clone(&done);
         async move {
-            let mut owner: Option<u64> = None;
+            let mut owner: Option<TaskId> = None;
             let mut admissions = 0;
             loop {
                 let event =
@@ -1136,7 +1141,7 @@ async fn closed_loop_round(h: Harness, round: usize) -> Vec<f64> {
             let body = bodies.instant(None);
             for i in 0..iterations {
                 let started = Instant::now();
-                let w = sup.add(TaskSpec::once(format!("l{round}-{i}"), body.clone()));
+                let w = sup.add(once(format!("l{round}-{i}"), body.clone()));
                 expect_completed(w, bodies.instant_output()).await;
                 samples.push(started.elapsed().as_secs_f64() * 1e6);
             }
@@ -1253,7 +1258,7 @@ async fn force_abort_rounds(plugins: Arc<Plugins>) -> Vec<(f64, f64)> {
     let spin = || plugins.body(&plugins.spin, &[], b"", None);
     let mut others = Vec::new();
     for i in 0..OTHER_SPINNERS {
-        let w = sup.add(TaskSpec::once(format!("other-{i}"), spin()));
+        let w = sup.add(once(format!("other-{i}"), spin()));
         wait_running(&sup, w.id()).await;
         others.push(w);
     }
@@ -1261,7 +1266,7 @@ async fn force_abort_rounds(plugins: Arc<Plugins>) -> Vec<(f64, f64)> {
     for round in 0..=FORCE_ROUNDS {
         let mut this_round = Vec::new();
         for i in 0..FORCE_SAMPLES {
-            let waiter = sup.add(TaskSpec::once(format!("victim-{round}-{i}"), spin()));
+            let waiter = sup.add(once(format!("victim-{round}-{i}"), spin()));
             let id = waiter.id();
             wait_running(&sup, id).await;
             tokio::time::sleep(TICK * 2).await;
@@ -1320,7 +1325,7 @@ async fn force_abort_rounds(plugins: Arc<Plugins>) -> Vec<(f64, f64)> {
     samples
 }
 
-async fn wait_running(sup: &Supervisor, id: u64) {
+async fn wait_running(sup: &Supervisor, id: TaskId) {
     let started = Instant::now();
     while !sup
         .list()
@@ -1801,7 +1806,6 @@ impl Table {
 }
 
 fn print_header(plugins: &Plugins) {
-    let (sup, ctl) = ours_config(GRACE);
     let (tsup, tctl) = taskvisor_config(GRACE);
     println!("# benchmark suite: ours (a) native, (b) plugin, vs (c) taskvisor 0.9 native");
     println!(
@@ -1811,15 +1815,8 @@ fn print_header(plugins: &Plugins) {
         TICK
     );
     println!(
-        "ours: SupervisorConfig {{ max_concurrent: {:?}, max_registered_tasks: {}, bus_capacity: {}, grace: {:?} }}, \
-         ControllerConfig {{ max_slot_queue: {}, max_total_pending: {}, max_slots: {} }}",
-        sup.max_concurrent,
-        sup.max_registered_tasks,
-        sup.bus_capacity,
-        sup.grace,
-        ctl.max_slot_queue,
-        ctl.max_total_pending,
-        ctl.max_slots
+        "ours: supervisor {{ max_concurrent: unlimited, max_registered_tasks: {LIMIT}, bus_capacity: {BUS}, grace: {GRACE:?} }}, \
+         controller {{ max_slot_queue: {LIMIT}, max_total_pending: {LIMIT}, max_slots: {LIMIT} }}"
     );
     println!(
         "taskvisor: SupervisorConfig {{ max_concurrent: {:?}, max_registered_tasks: {:?}, ownership_capacity: {:?}, \

@@ -6,76 +6,182 @@
 //!
 //! Intake is synchronous: a submission is placed (admitted, queued or
 //! rejected) under one lock before `submit` returns, so there is no command
-//! queue to bound; the slot queues and the slot table are bounded by
-//! [`ControllerConfig`].
+//! queue to bound; the slot queues and the slot table are bounded (see
+//! [`ControllerBuilder`]).
+//!
+//! ```
+//! use std::time::Duration;
+//! use taskhost::prelude::*;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let controller = Controller::builder(Supervisor::default()).max_slot_queue(10).build();
+//! let job = |n: u32| native(move |_ctx| async move { Ok(n.to_string().into_bytes()) });
+//! let first = controller.submit(Submission::new(TaskSpec::once("a", job(1)).with_slot("db")));
+//! let second = controller.submit(Submission::new(TaskSpec::once("b", job(2)).with_slot("db")));
+//! // "b" waits in the queue of slot `db` until "a" is physically gone.
+//! assert_eq!(first.wait().await, TaskOutcome::Completed { output: b"1".to_vec() });
+//! assert_eq!(second.wait().await, TaskOutcome::Completed { output: b"2".to_vec() });
+//! controller.shutdown(Duration::from_secs(1)).await;
+//! # }
+//! ```
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
 use crate::outcome::{RejectionKind, TaskOutcome};
-use crate::resource::{ResourceTemplate, TemplateError};
-use crate::runtime::AdmissionPolicy;
 use crate::supervisor::{
-    Event, EventKind, OutcomeCell, ShutdownReport, Supervisor, TaskRef, TaskReport, TaskSpec,
-    TaskWaiter,
+    Event, EventKind, OutcomeCell, Reservation, ShutdownReport, Supervisor, TaskId, TaskRef,
+    TaskReport, TaskSpec, TaskWaiter,
 };
 
-/// Bounds of the controller.
-#[derive(Debug, Clone)]
-pub struct ControllerConfig {
-    /// Pending submissions behind one owner, counting a replacement head.
-    pub max_slot_queue: usize,
-    /// Pending submissions over all slots.
-    pub max_total_pending: usize,
-    /// Slots tracked at once (owned or with a queue).
-    pub max_slots: usize,
+/// What the controller does with a submission whose slot is busy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AdmissionPolicy {
+    /// Wait in the slot's FIFO queue.
+    #[default]
+    Queue,
+    /// Stop the current owner and go next.
+    Replace,
+    /// Give up when the slot is busy (Rejected SlotBusy).
+    DropIfRunning,
 }
 
-impl Default for ControllerConfig {
-    fn default() -> Self {
-        Self {
-            max_slot_queue: 100,
-            max_total_pending: 10_000,
-            max_slots: 10_000,
+impl std::fmt::Display for AdmissionPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Queue => "queue",
+            Self::Replace => "replace",
+            Self::DropIfRunning => "drop-if-running",
+        })
+    }
+}
+
+impl std::str::FromStr for AdmissionPolicy {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "queue" => Ok(Self::Queue),
+            "replace" => Ok(Self::Replace),
+            "drop-if-running" => Ok(Self::DropIfRunning),
+            other => Err(format!(
+                "unknown policy `{other}`: use queue, replace or drop-if-running"
+            )),
         }
     }
 }
 
-/// One submission: a task, the policy for a busy slot, and its slot.
+/// Builds a [`Controller`]; every bound has a default.
+#[derive(Debug)]
+pub struct ControllerBuilder {
+    supervisor: Supervisor,
+    limits: Limits,
+}
+
+#[derive(Debug, Clone)]
+struct Limits {
+    max_slot_queue: usize,
+    max_total_pending: usize,
+    max_slots: usize,
+}
+
+impl ControllerBuilder {
+    /// Pending submissions behind one owner, counting a replacement head
+    /// [default: 100]. Over it, Queue submissions are Rejected QueueFull.
+    pub fn max_slot_queue(mut self, n: usize) -> Self {
+        self.limits.max_slot_queue = n;
+        self
+    }
+
+    /// Pending submissions over all slots [default: 10,000]. Over it,
+    /// submissions are Rejected ResourceLimit.
+    pub fn max_total_pending(mut self, n: usize) -> Self {
+        self.limits.max_total_pending = n;
+        self
+    }
+
+    /// Slots tracked at once, owned or with a queue [default: 10,000].
+    pub fn max_slots(mut self, n: usize) -> Self {
+        self.limits.max_slots = n;
+        self
+    }
+
+    /// Builds the controller.
+    pub fn build(self) -> Controller {
+        Controller {
+            inner: Arc::new(Inner {
+                supervisor: self.supervisor,
+                config: self.limits,
+                state: Mutex::new(State::default()),
+            }),
+        }
+    }
+}
+
+/// One submission: a task and the policy for a busy slot. The slot is the
+/// spec's slot ([`TaskSpec::with_slot`]), else its name.
 #[derive(Debug, Clone)]
 pub struct Submission {
-    /// The task.
-    pub spec: TaskSpec,
-    /// What to do if the slot is busy.
-    pub policy: AdmissionPolicy,
+    spec: TaskSpec,
+    policy: AdmissionPolicy,
 }
 
 impl Submission {
-    /// A submission whose slot is the spec's slot (set with
-    /// [`TaskSpec::with_slot`]), else its name.
-    pub fn new(spec: TaskSpec, policy: AdmissionPolicy) -> Self {
-        Self { spec, policy }
+    /// A submission with the Queue policy.
+    pub fn new(spec: TaskSpec) -> Self {
+        Self {
+            spec,
+            policy: AdmissionPolicy::Queue,
+        }
+    }
+
+    /// Sets the policy for a busy slot.
+    pub fn policy(mut self, policy: AdmissionPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The task.
+    pub fn spec(&self) -> &TaskSpec {
+        &self.spec
+    }
+
+    /// The policy for a busy slot.
+    pub fn admission_policy(&self) -> AdmissionPolicy {
+        self.policy
+    }
+
+    /// The slot it asks for.
+    pub fn slot(&self) -> &str {
+        self.spec.slot().unwrap_or(self.spec.name())
     }
 }
 
-/// Resolves a submission's slot: an explicit slot wins, else the plugin's
-/// resource template filled from the params, else the task name.
-pub fn resolve_slot(
-    explicit: Option<&str>,
-    template: Option<&ResourceTemplate>,
-    params: &[(String, String)],
-    name: &str,
-) -> Result<String, TemplateError> {
-    match (explicit, template) {
-        (Some(slot), _) => Ok(slot.to_owned()),
-        (None, Some(template)) => template.fill(params),
-        (None, None) => Ok(name.to_owned()),
-    }
+/// Where [`Controller::submit_placed`] put a submission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placed {
+    /// It owns its slot and is registered with the supervisor.
+    Admitted,
+    /// It waits in its slot's queue behind `owner`.
+    Queued {
+        /// The slot's owner when it was queued.
+        owner: Option<TaskId>,
+    },
+    /// It is the slot's next owner; `owner` was asked to stop.
+    Replacing {
+        /// The owner asked to stop.
+        owner: TaskId,
+    },
+    /// It was rejected; its waiter holds the outcome.
+    Rejected,
 }
 
 /// The state of a slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SlotState {
     /// No owner (slots are forgotten when idle with an empty queue).
@@ -90,7 +196,8 @@ pub enum SlotState {
 }
 
 impl SlotState {
-    fn as_str(self) -> &'static str {
+    /// The state as a word.
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Idle => "idle",
             Self::Admitting => "admitting",
@@ -101,31 +208,53 @@ impl SlotState {
 }
 
 /// A point-in-time view of one slot (it may be stale when read).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SlotView {
     /// The slot key.
     pub key: String,
     /// Its state.
     pub state: SlotState,
     /// The owner's task id.
-    pub owner: Option<u64>,
+    pub owner: Option<TaskId>,
     /// Submissions waiting behind the owner.
     pub queue_depth: usize,
     /// How long it has been in this state.
     pub in_state_for: Duration,
     /// The ids waiting, in order.
-    pub queued: Vec<u64>,
+    pub queued: Vec<TaskId>,
+}
+
+/// A queued submission as seen from outside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedView {
+    /// Its id.
+    pub id: TaskId,
+    /// Its name.
+    pub name: String,
+    /// The slot it waits for.
+    pub slot: String,
+    /// What its body is.
+    pub body: String,
+    /// How long it has waited.
+    pub age: Duration,
 }
 
 struct Pending {
-    id: u64,
+    reservation: Reservation,
     spec: TaskSpec,
     cell: Arc<OutcomeCell>,
+    since: Instant,
+}
+
+impl Pending {
+    fn id(&self) -> TaskId {
+        self.reservation.id()
+    }
 }
 
 struct Slot {
     state: SlotState,
-    owner: Option<u64>,
+    owner: Option<TaskId>,
     since: Instant,
     queue: VecDeque<Pending>,
 }
@@ -134,16 +263,16 @@ struct Slot {
 struct State {
     slots: HashMap<Arc<str>, Slot>,
     /// Queued id -> slot key.
-    queued: HashMap<u64, Arc<str>>,
+    queued: HashMap<TaskId, Arc<str>>,
     /// Owner id -> slot key.
-    owners: HashMap<u64, Arc<str>>,
+    owners: HashMap<TaskId, Arc<str>>,
     pending: usize,
     closed: bool,
 }
 
 struct Inner {
     supervisor: Supervisor,
-    config: ControllerConfig,
+    config: Limits,
     state: Mutex<State>,
 }
 
@@ -160,14 +289,15 @@ impl std::fmt::Debug for Controller {
 }
 
 impl Controller {
-    /// A controller admitting into `supervisor`.
-    pub fn new(supervisor: Supervisor, config: ControllerConfig) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                supervisor,
-                config,
-                state: Mutex::new(State::default()),
-            }),
+    /// A builder for a controller admitting into `supervisor`.
+    pub fn builder(supervisor: Supervisor) -> ControllerBuilder {
+        ControllerBuilder {
+            supervisor,
+            limits: Limits {
+                max_slot_queue: 100,
+                max_total_pending: 10_000,
+                max_slots: 10_000,
+            },
         }
     }
 
@@ -180,14 +310,24 @@ impl Controller {
     /// the replacement head, or rejects it. Returns once it is placed; the
     /// waiter resolves to Rejected or to the task's final outcome.
     pub fn submit(&self, submission: Submission) -> TaskWaiter {
-        let id = self.inner.supervisor.next_id();
-        self.submit_with_id(id, submission)
+        self.submit_reserved(self.inner.supervisor.reserve(), submission)
     }
 
-    /// Like [`Controller::submit`] with an id from
-    /// [`Supervisor::next_id`].
-    pub fn submit_with_id(&self, id: u64, submission: Submission) -> TaskWaiter {
+    /// Like [`Controller::submit`] with an id reserved before
+    /// ([`Supervisor::reserve`]).
+    pub fn submit_reserved(&self, reservation: Reservation, submission: Submission) -> TaskWaiter {
+        self.submit_placed(reservation, submission).0
+    }
+
+    /// Like [`Controller::submit_reserved`], and says where the submission
+    /// went.
+    pub fn submit_placed(
+        &self,
+        reservation: Reservation,
+        submission: Submission,
+    ) -> (TaskWaiter, Placed) {
         let Submission { spec, policy } = submission;
+        let id = reservation.id();
         let name: Arc<str> = Arc::from(spec.name());
         let slot: Arc<str> = Arc::from(spec.slot().unwrap_or(spec.name()));
         let cell = Arc::new(OutcomeCell::new());
@@ -196,12 +336,17 @@ impl Controller {
         event.detail = Some(policy.to_string());
         self.inner.supervisor.bus().publish(event);
 
+        let pending = Pending {
+            reservation,
+            spec,
+            cell: Arc::clone(&cell),
+            since: Instant::now(),
+        };
         let mut state = self.lock();
-        let reject = |kind: RejectionKind, reason: String| (kind, reason);
-        let rejection = if state.closed {
-            Some(reject(
+        let placed = if state.closed {
+            Err((
                 RejectionKind::ShuttingDown,
-                "the host is shutting down".into(),
+                "the host is shutting down".to_owned(),
             ))
         } else {
             match state.slots.get(&slot).map(|s| s.state) {
@@ -209,62 +354,51 @@ impl Controller {
                     if !state.slots.contains_key(&slot)
                         && state.slots.len() >= self.inner.config.max_slots
                     {
-                        Some(reject(
+                        Err((
                             RejectionKind::ResourceLimit,
                             format!(
                                 "the controller already tracks its limit of {} slots",
                                 self.inner.config.max_slots
                             ),
                         ))
+                    } else if self.admit(&mut state, &slot, pending) {
+                        Ok(Placed::Admitted)
                     } else {
-                        self.admit(
-                            &mut state,
-                            &slot,
-                            Pending {
-                                id,
-                                spec,
-                                cell: Arc::clone(&cell),
-                            },
-                        );
-                        None
+                        // Registration failed: the waiter holds the Rejected.
+                        Ok(Placed::Rejected)
                     }
                 }
-                Some(_) => self.place_busy(
-                    &mut state,
-                    &slot,
-                    policy,
-                    Pending {
-                        id,
-                        spec,
-                        cell: Arc::clone(&cell),
-                    },
-                ),
+                Some(_) => self.place_busy(&mut state, &slot, policy, pending),
             }
         };
         drop(state);
-        if let Some((kind, reason)) = rejection {
-            self.resolve_rejected(id, &name, &slot, &cell, kind, reason);
-        }
-        waiter
+        let placed = match placed {
+            Ok(placed) => placed,
+            Err((kind, reason)) => {
+                self.resolve_rejected(id, &name, &slot, &cell, kind, reason);
+                Placed::Rejected
+            }
+        };
+        (waiter, placed)
     }
 
-    /// Places a submission into a busy slot per its policy; returns the
-    /// rejection, if any.
+    /// Places a submission into a busy slot per its policy.
     fn place_busy(
         &self,
         state: &mut State,
         slot_key: &Arc<str>,
         policy: AdmissionPolicy,
         pending: Pending,
-    ) -> Option<(RejectionKind, String)> {
+    ) -> Result<Placed, (RejectionKind, String)> {
         let config = &self.inner.config;
         let total = state.pending;
         let Some(slot) = state.slots.get_mut(slot_key) else {
-            return Some((
+            return Err((
                 RejectionKind::AdmissionFailed,
                 "the slot vanished (host bug)".into(),
             ));
         };
+        let owner = slot.owner;
         let pending_full = || {
             (
                 RejectionKind::ResourceLimit,
@@ -275,13 +409,13 @@ impl Controller {
             )
         };
         match policy {
-            AdmissionPolicy::DropIfRunning => Some((
+            AdmissionPolicy::DropIfRunning => Err((
                 RejectionKind::SlotBusy,
                 format!("slot `{slot_key}` is busy and the policy is drop-if-running"),
             )),
             AdmissionPolicy::Queue => {
                 if slot.queue.len() >= config.max_slot_queue {
-                    return Some((
+                    return Err((
                         RejectionKind::QueueFull,
                         format!(
                             "slot `{slot_key}` already has {} waiting (max_slot_queue {})",
@@ -291,20 +425,20 @@ impl Controller {
                     ));
                 }
                 if total >= config.max_total_pending {
-                    return Some(pending_full());
+                    return Err(pending_full());
                 }
-                let id = pending.id;
+                let id = pending.id();
                 slot.queue.push_back(pending);
                 state.pending += 1;
                 state.queued.insert(id, Arc::clone(slot_key));
-                None
+                Ok(Placed::Queued { owner })
             }
             AdmissionPolicy::Replace => {
                 let displaced = slot.queue.pop_front();
                 if displaced.is_none() && total >= config.max_total_pending {
-                    return Some(pending_full());
+                    return Err(pending_full());
                 }
-                let id = pending.id;
+                let id = pending.id();
                 slot.queue.push_front(pending);
                 let retire = (slot.state == SlotState::Running)
                     .then_some(slot.owner)
@@ -320,10 +454,10 @@ impl Controller {
                 state.queued.insert(id, Arc::clone(slot_key));
                 match displaced {
                     Some(old) => {
-                        state.queued.remove(&old.id);
+                        state.queued.remove(&old.id());
                         let name: Arc<str> = Arc::from(old.spec.name());
                         self.resolve_rejected(
-                            old.id,
+                            old.id(),
                             &name,
                             slot_key,
                             &old.cell,
@@ -333,16 +467,20 @@ impl Controller {
                     }
                     None => state.pending += 1,
                 }
-                if let Some(owner) = retire {
-                    self.inner.supervisor.remove(owner);
-                }
-                None
+                Ok(match retire {
+                    Some(owner) => {
+                        self.inner.supervisor.remove(owner);
+                        Placed::Replacing { owner }
+                    }
+                    None => Placed::Queued { owner },
+                })
             }
         }
     }
 
-    /// Makes `pending` the owner of `slot_key` and registers it.
-    fn admit(&self, state: &mut State, slot_key: &Arc<str>, pending: Pending) {
+    /// Makes `pending` the owner of `slot_key` and registers it; false if
+    /// the supervisor refused it (its waiter then holds the Rejected).
+    fn admit(&self, state: &mut State, slot_key: &Arc<str>, pending: Pending) -> bool {
         let now = Instant::now();
         let slot = state
             .slots
@@ -353,34 +491,37 @@ impl Controller {
                 since: now,
                 queue: VecDeque::new(),
             });
-        slot.owner = Some(pending.id);
+        let id = pending.id();
+        slot.owner = Some(id);
         self.transition(slot_key, slot, SlotState::Admitting, "admitted");
         let controller = self.clone();
         let key = Arc::clone(slot_key);
-        let id = pending.id;
         let on_gone: Box<dyn FnOnce() + Send + Sync> =
             Box::new(move || controller.owner_gone(&key, id));
-        match self
-            .inner
-            .supervisor
-            .admit(id, pending.spec, pending.cell, Some(on_gone))
-        {
+        match self.inner.supervisor.admit(
+            pending.reservation,
+            pending.spec,
+            pending.cell,
+            Some(on_gone),
+        ) {
             Ok(()) => {
                 state.owners.insert(id, Arc::clone(slot_key));
                 if let Some(slot) = state.slots.get_mut(slot_key) {
                     self.transition(slot_key, slot, SlotState::Running, "registered");
                 }
+                true
             }
             Err(_) => {
                 // The waiter already holds the Rejected outcome; the slot
                 // moves on at once.
                 self.release(state, slot_key, "registration failed");
+                false
             }
         }
     }
 
     /// Called by the owner's actor once it is physically gone.
-    fn owner_gone(&self, slot_key: &Arc<str>, id: u64) {
+    fn owner_gone(&self, slot_key: &Arc<str>, id: TaskId) {
         let mut state = self.lock();
         state.owners.remove(&id);
         if state
@@ -406,7 +547,7 @@ impl Controller {
         match next {
             Some(next) => {
                 state.pending -= 1;
-                state.queued.remove(&next.id);
+                state.queued.remove(&next.id());
                 self.admit(state, slot_key, next);
             }
             None => {
@@ -428,7 +569,7 @@ impl Controller {
 
     fn resolve_rejected(
         &self,
-        id: u64,
+        id: TaskId,
         name: &Arc<str>,
         slot: &Arc<str>,
         cell: &OutcomeCell,
@@ -441,14 +582,12 @@ impl Controller {
                 .task(id, name, slot)
                 .outcome(&outcome),
         );
-        cell.set(TaskReport {
+        cell.set(TaskReport::never_ran(
             id,
-            name: Arc::clone(name),
-            slot: Arc::clone(slot),
+            Arc::clone(name),
+            Arc::clone(slot),
             outcome,
-            attempts: 0,
-            history: Vec::new(),
-        });
+        ));
     }
 
     /// Removes queued work (it ends Rejected RemovedFromQueue) or asks a
@@ -485,7 +624,7 @@ impl Controller {
                         slot.queue
                             .iter()
                             .find(|p| p.spec.name() == name)
-                            .map(|p| (p.id, Arc::clone(key)))
+                            .map(|p| (p.id(), Arc::clone(key)))
                     })
                 }
             }
@@ -494,7 +633,7 @@ impl Controller {
         let Some(slot) = state.slots.get_mut(&key) else {
             return false;
         };
-        let Some(pos) = slot.queue.iter().position(|p| p.id == id) else {
+        let Some(pos) = slot.queue.iter().position(|p| p.id() == id) else {
             return false;
         };
         let Some(pending) = slot.queue.remove(pos) else {
@@ -546,7 +685,7 @@ impl Controller {
                 owner: slot.owner,
                 queue_depth: slot.queue.len(),
                 in_state_for: now.saturating_duration_since(slot.since),
-                queued: slot.queue.iter().map(|p| p.id).collect(),
+                queued: slot.queue.iter().map(Pending::id).collect(),
             })
             .collect();
         views.sort_by(|a, b| a.key.cmp(&b.key));
@@ -554,8 +693,60 @@ impl Controller {
     }
 
     /// The slot a queued submission waits in, if it is queued.
-    pub fn queued_slot(&self, id: u64) -> Option<String> {
+    pub fn queued_slot(&self, id: TaskId) -> Option<String> {
         self.lock().queued.get(&id).map(|s| s.to_string())
+    }
+
+    /// The queued submission with this id or name, if any (a name finds the
+    /// oldest queued submission of that name).
+    pub fn queued(&self, target: &TaskRef) -> Option<QueuedView> {
+        let state = self.lock();
+        let now = Instant::now();
+        let view = |key: &Arc<str>, p: &Pending| QueuedView {
+            id: p.id(),
+            name: p.spec.name().to_owned(),
+            slot: key.to_string(),
+            body: p.spec.body().describe(),
+            age: now.saturating_duration_since(p.since),
+        };
+        match target {
+            TaskRef::Id(id) => {
+                let key = state.queued.get(id)?;
+                let slot = state.slots.get(key)?;
+                slot.queue
+                    .iter()
+                    .find(|p| p.id() == *id)
+                    .map(|p| view(key, p))
+            }
+            TaskRef::Name(name) => state
+                .slots
+                .iter()
+                .flat_map(|(key, slot)| slot.queue.iter().map(move |p| (key, p)))
+                .filter(|(_, p)| p.spec.name() == name)
+                .min_by_key(|(_, p)| p.id())
+                .map(|(key, p)| view(key, p)),
+        }
+    }
+
+    /// Every queued submission, by id.
+    pub fn queued_all(&self) -> Vec<QueuedView> {
+        let state = self.lock();
+        let now = Instant::now();
+        let mut all: Vec<QueuedView> = state
+            .slots
+            .iter()
+            .flat_map(|(key, slot)| {
+                slot.queue.iter().map(move |p| QueuedView {
+                    id: p.id(),
+                    name: p.spec.name().to_owned(),
+                    slot: key.to_string(),
+                    body: p.spec.body().describe(),
+                    age: now.saturating_duration_since(p.since),
+                })
+            })
+            .collect();
+        all.sort_by_key(|q| q.id);
+        all
     }
 
     /// Shuts down: no queued work starts (it ends Rejected ShuttingDown),
@@ -576,7 +767,7 @@ impl Controller {
         for (slot, p) in rejected {
             let name: Arc<str> = Arc::from(p.spec.name());
             self.resolve_rejected(
-                p.id,
+                p.id(),
                 &name,
                 &slot,
                 &p.cell,

@@ -1,38 +1,58 @@
 //! # taskhost
 //!
-//! The library behind the `host` binary: a sandboxed WebAssembly runtime for
-//! task plugins (this crate's [`runtime`]), with the supervisor and the keyed
-//! admission controller built on top of it.
+//! The library behind the `host` binary: a task [`supervisor`] (retries with
+//! backoff, per-attempt timeouts, a concurrency limit, graceful stop with
+//! force-abort, exactly one outcome per task, lifecycle events), a keyed
+//! admission [`controller`] in front of it (one owner per slot; a busy slot
+//! queues, replaces or rejects), a sandboxed WebAssembly [`runtime`] for task
+//! plugins, and the [`daemon`] that serves all of it on a Unix socket.
 //!
-//! Reading order: [`runtime`] (how one attempt runs), then [`resource`] and
-//! [`units`] (small value types used at the edges). See `ARCHITECTURE.md` at
-//! the repository root for the code map and the path of one submission.
+//! The supervisor runs any [`TaskBody`](supervisor::TaskBody): an async
+//! closure ([`native`](supervisor::native)) or a plugin
+//! ([`PluginTask`](plugin_task::PluginTask)). Start with the [`prelude`]:
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use std::sync::Arc;
-//! use taskhost::runtime::{AttemptFacts, AttemptRequest, NullSink, Runtime, RuntimeConfig, Sandbox, StopSignals};
-//!
-//! let runtime = Runtime::new(&RuntimeConfig::default())?;
-//! let plugin = runtime.load_file("target/plugins/hello.wasm".as_ref()).await?;
-//! let request = AttemptRequest {
-//!     facts: Arc::new(AttemptFacts { task_id: 1, name: "hello-1".into(), slot: "hello-1".into(), attempt: 1, params: vec![] }),
-//!     input: Arc::from(&b"hi"[..]),
-//!     sandbox: Arc::new(Sandbox::default()),
-//!     sink: Arc::new(NullSink),
-//! };
-//! let output = runtime.run_attempt(&plugin, &request, &StopSignals::default()).await?;
-//! assert_eq!(output, b"hi");
-//! # Ok(()) }
 //! ```
+//! use std::time::Duration;
+//! use taskhost::prelude::*;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let supervisor = Supervisor::builder().grace(Duration::from_secs(5)).build();
+//! let flaky = native(|ctx| async move {
+//!     if ctx.attempt() < 3 { Err(TaskError::fail("not yet")) } else { Ok(b"ok".to_vec()) }
+//! });
+//! let spec = TaskSpec::restartable("flaky", flaky)
+//!     .with_backoff(BackoffPolicy::constant(Duration::from_millis(1)));
+//! let report = supervisor.add(spec).report().await;
+//! assert_eq!(report.attempts, 3);
+//! assert_eq!(report.outcome, TaskOutcome::Completed { output: b"ok".to_vec() });
+//! # }
+//! ```
+//!
+//! Reading order: [`supervisor`], [`controller`], [`runtime`],
+//! [`plugin_task`], [`daemon`]. `ARCHITECTURE.md` at the repository root has
+//! the code map and the path of one submission; `examples/` has a runnable
+//! program per way of using the library.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod controller;
 pub mod daemon;
+pub mod logline;
 pub mod outcome;
-pub mod resource;
+pub mod plugin_task;
 pub mod runtime;
 pub mod supervisor;
 pub mod units;
+
+/// The types most embedders need, in one `use`.
+pub mod prelude {
+    pub use crate::controller::{AdmissionPolicy, Controller, Submission};
+    pub use crate::outcome::{OutcomeKind, RejectionKind, TaskOutcome};
+    pub use crate::plugin_task::PluginTask;
+    pub use crate::runtime::{Runtime, RuntimeConfig, Sandbox};
+    pub use crate::supervisor::{
+        AttemptContext, BackoffPolicy, Jitter, RestartPolicy, ShutdownReport, Supervisor, TaskBody,
+        TaskError, TaskId, TaskReport, TaskSpec, TaskWaiter, native,
+    };
+}

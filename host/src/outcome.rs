@@ -1,7 +1,8 @@
 //! Owns the vocabulary of how a task ends: the final [`TaskOutcome`] every
-//! watcher receives exactly once, the [`RejectionKind`] of work that never
-//! ran, and the process exit code each maps to. Deciding *which* outcome a
-//! task gets is the supervisor's business.
+//! watcher receives exactly once, its [`OutcomeKind`], and the
+//! [`RejectionKind`] of work that never ran. Deciding *which* outcome a task
+//! gets is the supervisor's and the controller's business; what an outcome
+//! means for a process exit code is the CLI's.
 
 use serde::{Deserialize, Serialize};
 
@@ -85,17 +86,66 @@ pub enum TaskOutcome {
     },
 }
 
-impl TaskOutcome {
-    /// The outcome's kind as a stable lowercase word, as used in JSON.
-    pub fn kind(&self) -> &'static str {
+/// The kind of a [`TaskOutcome`], without its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutcomeKind {
+    /// [`TaskOutcome::Completed`].
+    Completed,
+    /// [`TaskOutcome::Failed`].
+    Failed,
+    /// [`TaskOutcome::Fatal`].
+    Fatal,
+    /// [`TaskOutcome::Canceled`].
+    Canceled,
+    /// [`TaskOutcome::ForceAborted`].
+    ForceAborted,
+    /// [`TaskOutcome::Panicked`].
+    Panicked,
+    /// [`TaskOutcome::Rejected`].
+    Rejected,
+}
+
+impl OutcomeKind {
+    /// The kind as a stable lowercase word, as used in JSON.
+    pub fn as_str(self) -> &'static str {
         match self {
-            Self::Completed { .. } => "completed",
-            Self::Failed { .. } => "failed",
-            Self::Fatal { .. } => "fatal",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Fatal => "fatal",
             Self::Canceled => "canceled",
             Self::ForceAborted => "force-aborted",
-            Self::Panicked { .. } => "panicked",
-            Self::Rejected { .. } => "rejected",
+            Self::Panicked => "panicked",
+            Self::Rejected => "rejected",
+        }
+    }
+}
+
+impl std::fmt::Display for OutcomeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl TaskOutcome {
+    /// The outcome's kind.
+    pub fn kind(&self) -> OutcomeKind {
+        match self {
+            Self::Completed { .. } => OutcomeKind::Completed,
+            Self::Failed { .. } => OutcomeKind::Failed,
+            Self::Fatal { .. } => OutcomeKind::Fatal,
+            Self::Canceled => OutcomeKind::Canceled,
+            Self::ForceAborted => OutcomeKind::ForceAborted,
+            Self::Panicked { .. } => OutcomeKind::Panicked,
+            Self::Rejected { .. } => OutcomeKind::Rejected,
+        }
+    }
+
+    /// The rejection kind, for a rejected outcome.
+    pub fn rejection(&self) -> Option<RejectionKind> {
+        match self {
+            Self::Rejected { kind, .. } => Some(*kind),
+            _ => None,
         }
     }
 
@@ -115,17 +165,6 @@ impl TaskOutcome {
         match self {
             Self::Failed { exit_code, .. } | Self::Fatal { exit_code, .. } => *exit_code,
             _ => None,
-        }
-    }
-
-    /// The process exit code of the CLI contract: 0 completed, 1 failed or
-    /// fatal (or a host panic), 3 rejected, 4 canceled or force-aborted.
-    pub fn process_exit_code(&self) -> u8 {
-        match self {
-            Self::Completed { .. } => 0,
-            Self::Failed { .. } | Self::Fatal { .. } | Self::Panicked { .. } => 1,
-            Self::Rejected { .. } => 3,
-            Self::Canceled | Self::ForceAborted => 4,
         }
     }
 }

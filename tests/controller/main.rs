@@ -13,20 +13,20 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common_sup::*;
-use taskhost::controller::{Controller, ControllerConfig, SlotState, Submission, resolve_slot};
-use taskhost::outcome::{RejectionKind, TaskOutcome};
-use taskhost::runtime::AdmissionPolicy;
-use taskhost::supervisor::{
-    EventKind, Received, Supervisor, SupervisorConfig, TaskBody, TaskError, TaskSpec, TaskWaiter,
-};
+use taskhost::controller::{ControllerBuilder, SlotState};
+use taskhost::plugin_task::resolve_slot;
+use taskhost::prelude::*;
+use taskhost::supervisor::{EventKind, Received};
 use tokio::sync::Notify;
 
-fn controller(config: ControllerConfig) -> Controller {
-    controller_with(SupervisorConfig::default(), config)
+/// A controller with every default in front of a default supervisor.
+fn controller() -> Controller {
+    builder().build()
 }
 
-fn controller_with(sup: SupervisorConfig, config: ControllerConfig) -> Controller {
-    Controller::new(Supervisor::new(sup), config)
+/// A builder for a controller in front of a default supervisor.
+fn builder() -> ControllerBuilder {
+    Controller::builder(Supervisor::default())
 }
 
 fn submit(
@@ -34,22 +34,19 @@ fn submit(
     name: &str,
     slot: &str,
     policy: AdmissionPolicy,
-    body: TaskBody,
+    body: impl TaskBody,
 ) -> TaskWaiter {
-    c.submit(Submission::new(
-        TaskSpec::once(name, body).with_slot(slot),
-        policy,
-    ))
+    c.submit(Submission::new(TaskSpec::once(name, body).with_slot(slot)).policy(policy))
 }
 
 /// A body that says it started, then waits to be stopped.
-fn owner(started: &Arc<Notify>) -> TaskBody {
+fn owner(started: &Arc<Notify>) -> impl TaskBody {
     let started = Arc::clone(started);
-    body(move |ctx| {
+    native(move |ctx| {
         let started = Arc::clone(&started);
         async move {
             started.notify_one();
-            ctx.cancel.cancelled().await;
+            ctx.cancellation().cancelled().await;
             Err(TaskError::Canceled)
         }
     })
@@ -64,7 +61,7 @@ fn rejected(outcome: &TaskOutcome) -> Option<RejectionKind> {
 
 #[tokio::test(start_paused = true)]
 async fn queue_runs_in_order_without_overlap() {
-    let c = controller(ControllerConfig::default());
+    let c = controller();
     let mut rec = Recorder::new(c.supervisor(), NATIVE_LIMIT);
     let waiters: Vec<TaskWaiter> = (1..=3)
         .map(|i| {
@@ -77,7 +74,7 @@ async fn queue_runs_in_order_without_overlap() {
             )
         })
         .collect();
-    let ids: Vec<u64> = waiters.iter().map(TaskWaiter::id).collect();
+    let ids: Vec<TaskId> = waiters.iter().map(TaskWaiter::id).collect();
     for w in waiters {
         assert_eq!(
             w.wait().await,
@@ -88,7 +85,7 @@ async fn queue_runs_in_order_without_overlap() {
     }
     rec.until_removed(ids[2]).await;
     // Order: each task starts after the previous one is removed.
-    let seq = |id: u64, kind| rec.of_kind(id, kind)[0].seq;
+    let seq = |id: TaskId, kind| rec.of_kind(id, kind)[0].seq;
     for pair in ids.windows(2) {
         assert!(seq(pair[0], EventKind::TaskRemoved) < seq(pair[1], EventKind::TaskAdded));
         assert!(seq(pair[0], EventKind::TaskRemoved) < seq(pair[1], EventKind::AttemptStarting));
@@ -101,7 +98,7 @@ async fn queue_runs_in_order_without_overlap() {
 
 #[tokio::test(start_paused = true)]
 async fn drop_if_running_rejects_without_running_the_body() {
-    let c = controller(ControllerConfig::default());
+    let c = controller();
     let started = Arc::new(Notify::new());
     let first = submit(&c, "owner", "s", AdmissionPolicy::Queue, owner(&started));
     started.notified().await;
@@ -112,7 +109,7 @@ async fn drop_if_running_rejects_without_running_the_body() {
         "contender",
         "s",
         AdmissionPolicy::DropIfRunning,
-        body(move |_| {
+        native(move |_| {
             flag.store(true, Ordering::SeqCst);
             async { Ok(Vec::new()) }
         }),
@@ -136,14 +133,14 @@ async fn drop_if_running_rejects_without_running_the_body() {
 async fn replace_stops_a_plugin_owner_and_runs_the_replacement() {
     let rt = runtime();
     let sleeper = load(&rt, "sleeper").await;
-    let c = controller(ControllerConfig::default());
+    let c = controller();
     let mut rec = Recorder::new(c.supervisor(), WASM_LIMIT);
     let first = submit(
         &c,
         "sleepy",
         "s",
         AdmissionPolicy::Queue,
-        plugin_body(&rt, &sleeper, &[("ms", "60000")], b""),
+        PluginTask::new(&rt, &sleeper).params(params(&[("ms", "60000")])),
     );
     rec.until_kind(first.id(), EventKind::Progress).await;
     let second = submit(
@@ -151,7 +148,7 @@ async fn replace_stops_a_plugin_owner_and_runs_the_replacement() {
         "quick",
         "s",
         AdmissionPolicy::Replace,
-        plugin_body(&rt, &sleeper, &[("ms", "1")], b""),
+        PluginTask::new(&rt, &sleeper).params(params(&[("ms", "1")])),
     );
     let first_outcome = within(WASM_LIMIT, "owner ends", first.wait()).await;
     assert_eq!(first_outcome, TaskOutcome::Canceled);
@@ -166,7 +163,7 @@ async fn replace_stops_a_plugin_owner_and_runs_the_replacement() {
 
 #[tokio::test(start_paused = true)]
 async fn fifty_concurrent_replaces_settle_to_one_owner() {
-    let c = controller(ControllerConfig::default());
+    let c = controller();
     let started = Arc::new(Notify::new());
     let first = submit(&c, "owner-0", "s", AdmissionPolicy::Queue, owner(&started));
     started.notified().await;
@@ -227,7 +224,7 @@ async fn fifty_concurrent_replaces_settle_to_one_owner() {
 
 #[tokio::test(start_paused = true)]
 async fn replace_displaces_the_head_and_keeps_the_tail() {
-    let c = controller(ControllerConfig::default());
+    let c = controller();
     let mut rec = Recorder::new(c.supervisor(), NATIVE_LIMIT);
     let started = Arc::new(Notify::new());
     let own = submit(&c, "owner", "s", AdmissionPolicy::Queue, owner(&started));
@@ -273,10 +270,7 @@ async fn replace_displaces_the_head_and_keeps_the_tail() {
 
 #[tokio::test(start_paused = true)]
 async fn slot_queue_bounds() {
-    let c = controller(ControllerConfig {
-        max_slot_queue: 1,
-        ..ControllerConfig::default()
-    });
+    let c = builder().max_slot_queue(1).build();
     let started = Arc::new(Notify::new());
     let own = submit(&c, "owner", "s", AdmissionPolicy::Queue, owner(&started));
     started.notified().await;
@@ -293,10 +287,7 @@ async fn slot_queue_bounds() {
         TaskOutcome::Completed { output: vec![] }
     );
 
-    let c = controller(ControllerConfig {
-        max_slot_queue: 0,
-        ..ControllerConfig::default()
-    });
+    let c = builder().max_slot_queue(0).build();
     let started = Arc::new(Notify::new());
     let own = submit(&c, "owner", "s", AdmissionPolicy::Queue, owner(&started));
     started.notified().await;
@@ -317,11 +308,7 @@ async fn slot_queue_bounds() {
 
 #[tokio::test(start_paused = true)]
 async fn total_pending_and_slot_limits() {
-    let c = controller(ControllerConfig {
-        max_total_pending: 1,
-        max_slots: 2,
-        ..ControllerConfig::default()
-    });
+    let c = builder().max_total_pending(1).max_slots(2).build();
     let s1 = Arc::new(Notify::new());
     let s2 = Arc::new(Notify::new());
     let o1 = submit(&c, "o1", "a", AdmissionPolicy::Queue, owner(&s1));
@@ -352,7 +339,7 @@ async fn total_pending_and_slot_limits() {
 
 #[tokio::test(start_paused = true)]
 async fn queued_work_removed_by_id_or_name_is_rejected_not_canceled() {
-    let c = controller(ControllerConfig::default());
+    let c = controller();
     let started = Arc::new(Notify::new());
     let own = submit(&c, "owner", "s", AdmissionPolicy::Queue, owner(&started));
     started.notified().await;
@@ -376,7 +363,7 @@ async fn queued_work_removed_by_id_or_name_is_rejected_not_canceled() {
 
 #[tokio::test(start_paused = true)]
 async fn shutdown_rejects_queued_work() {
-    let c = controller(ControllerConfig::default());
+    let c = controller();
     let started = Arc::new(Notify::new());
     let own = submit(&c, "owner", "s", AdmissionPolicy::Queue, owner(&started));
     started.notified().await;
@@ -396,14 +383,16 @@ async fn shutdown_rejects_queued_work() {
 
 #[tokio::test(start_paused = true)]
 async fn the_timeout_never_counts_time_spent_queued() {
-    let c = controller(ControllerConfig::default());
+    let c = controller();
     let first = submit(&c, "first", "s", AdmissionPolicy::Queue, sleeps(ms(500)));
-    let second = c.submit(Submission::new(
-        TaskSpec::once("second", sleeps(ms(80)))
-            .with_slot("s")
-            .with_timeout(ms(100)),
-        AdmissionPolicy::Queue,
-    ));
+    let second = c.submit(
+        Submission::new(
+            TaskSpec::once("second", sleeps(ms(80)))
+                .with_slot("s")
+                .with_timeout(ms(100)),
+        )
+        .policy(AdmissionPolicy::Queue),
+    );
     assert_eq!(
         first.wait().await,
         TaskOutcome::Completed {
@@ -423,20 +412,14 @@ async fn a_force_aborted_spinner_frees_its_slot_only_when_gone() {
     let rt = runtime();
     let spin = load(&rt, "spin").await;
     let hello = load(&rt, "hello").await;
-    let c = controller_with(
-        SupervisorConfig {
-            grace: ms(50),
-            ..SupervisorConfig::default()
-        },
-        ControllerConfig::default(),
-    );
+    let c = Controller::builder(Supervisor::builder().grace(ms(50)).build()).build();
     let mut rec = Recorder::new(c.supervisor(), WASM_LIMIT);
     let spinner = submit(
         &c,
         "spinner",
         "s",
         AdmissionPolicy::Queue,
-        plugin_body(&rt, &spin, &[], b""),
+        PluginTask::new(&rt, &spin),
     );
     rec.until_kind(spinner.id(), EventKind::AttemptStarting)
         .await;
@@ -445,7 +428,7 @@ async fn a_force_aborted_spinner_frees_its_slot_only_when_gone() {
         "next",
         "s",
         AdmissionPolicy::Queue,
-        plugin_body(&rt, &hello, &[], b"hi"),
+        PluginTask::new(&rt, &hello).input(b"hi".to_vec()),
     );
     assert!(c.remove(spinner.id()));
     assert_eq!(
@@ -480,29 +463,24 @@ async fn deploy_resources_share_a_slot_per_environment() {
         .clone()
         .expect("deploy declares a resource");
     assert_eq!(template.as_str(), "deploy/{env}");
-    let c = controller(ControllerConfig::default());
+    let c = controller();
     let mut rec = Recorder::new(c.supervisor(), WASM_LIMIT);
     let mut waiters = Vec::new();
     for (i, env) in ["prod", "prod", "dev"].iter().enumerate() {
-        let params = vec![
-            ("env".to_string(), env.to_string()),
-            ("ms".to_string(), "200".to_string()),
-        ];
+        let params = params(&[("env", env), ("ms", "200")]);
         let slot = resolve_slot(None, Some(&template), &params, "unused").unwrap();
         let name = format!("deploy-{i}");
-        let pairs: Vec<(&str, &str)> = params
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let body = plugin_body(&rt, &deploy, &pairs, b"");
-        waiters.push(c.submit(Submission::new(
-            TaskSpec::once(name, body).with_slot(slot),
-            AdmissionPolicy::Queue,
-        )));
+        let body = PluginTask::new(&rt, &deploy).params(params);
+        waiters.push(
+            c.submit(
+                Submission::new(TaskSpec::once(name, body).with_slot(slot))
+                    .policy(AdmissionPolicy::Queue),
+            ),
+        );
     }
     let missing = resolve_slot(None, Some(&template), &[], "x").unwrap_err();
     assert!(missing.to_string().contains("--param env=VALUE"));
-    let ids: Vec<u64> = waiters.iter().map(TaskWaiter::id).collect();
+    let ids: Vec<TaskId> = waiters.iter().map(TaskWaiter::id).collect();
     for w in waiters {
         assert!(matches!(
             within(WASM_LIMIT, "deploy", w.wait()).await,
@@ -532,17 +510,14 @@ async fn deploy_resources_share_a_slot_per_environment() {
 async fn storm_of_mixed_submissions_keeps_one_owner_per_slot() {
     const SUBMITTERS: usize = 8;
     const PER_SUBMITTER: usize = 1250;
-    let c = controller_with(
-        SupervisorConfig {
-            bus_capacity: 1 << 21,
-            grace: ms(1000),
-            ..SupervisorConfig::default()
-        },
-        ControllerConfig {
-            max_total_pending: 100_000,
-            ..ControllerConfig::default()
-        },
-    );
+    let c = Controller::builder(
+        Supervisor::builder()
+            .bus_capacity(1 << 21)
+            .grace(ms(1000))
+            .build(),
+    )
+    .max_total_pending(100_000)
+    .build();
     let mut stream = c.supervisor().subscribe();
     let ran = Arc::new(AtomicUsize::new(0));
     let mut submitters = Vec::new();
@@ -561,12 +536,12 @@ async fn storm_of_mixed_submissions_keeps_one_owner_per_slot() {
                 };
                 let ran = Arc::clone(&ran);
                 let yields = rng.usize(0..4);
-                let body = body(move |ctx| {
+                let body = native(move |ctx| {
                     let ran = Arc::clone(&ran);
                     async move {
                         ran.fetch_add(1, Ordering::Relaxed);
                         for _ in 0..yields {
-                            if ctx.cancel.is_cancelled() {
+                            if ctx.is_cancelled() {
                                 return Err(TaskError::Canceled);
                             }
                             tokio::task::yield_now().await;
@@ -603,8 +578,8 @@ async fn storm_of_mixed_submissions_keeps_one_owner_per_slot() {
     c.shutdown(ms(1000)).await;
 
     // Replay the events.
-    let mut holder: HashMap<Arc<str>, u64> = HashMap::new();
-    let mut finished: HashMap<u64, usize> = HashMap::new();
+    let mut holder: HashMap<Arc<str>, TaskId> = HashMap::new();
+    let mut finished: HashMap<TaskId, usize> = HashMap::new();
     let mut rejected_by_controller = 0;
     while let Some(received) = stream.recv().await {
         let e = match received {

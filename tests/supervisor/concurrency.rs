@@ -5,22 +5,17 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use taskhost::outcome::TaskOutcome;
-use taskhost::supervisor::{EventKind as K, Supervisor, SupervisorConfig, TaskSpec, TaskWaiter};
+use taskhost::prelude::*;
+use taskhost::supervisor::EventKind as K;
 
-use crate::common_sup::{
-    NATIVE_LIMIT, Recorder, WASM_LIMIT, body, load, ms, plugin_body, runtime, within,
-};
+use crate::common_sup::{Fixture, NATIVE_LIMIT, WASM_LIMIT, load, ms, params, runtime, within};
 
 const LIMIT: usize = 4;
 
 #[tokio::test(start_paused = true)]
 async fn at_most_max_concurrent_native_bodies_run_at_once() {
     const TASKS: usize = 100;
-    let sup = Supervisor::new(SupervisorConfig {
-        max_concurrent: Some(LIMIT),
-        ..SupervisorConfig::default()
-    });
+    let sup = Supervisor::builder().max_concurrent(LIMIT).build();
     let running = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
     let waiters: Vec<TaskWaiter> = (0..TASKS)
@@ -29,7 +24,7 @@ async fn at_most_max_concurrent_native_bodies_run_at_once() {
             let most = Arc::clone(&most);
             sup.add(TaskSpec::once(
                 format!("native-{i}"),
-                body(move |_| {
+                native(move |_| {
                     let running = Arc::clone(&running);
                     let most = Arc::clone(&most);
                     async move {
@@ -69,25 +64,22 @@ async fn at_most_max_concurrent_plugin_attempts_run_at_once() {
     const TASKS: usize = 100;
     let rt = runtime();
     let sleeper = load(&rt, "sleeper").await;
-    let sup = Supervisor::new(SupervisorConfig {
-        max_concurrent: Some(LIMIT),
-        ..SupervisorConfig::default()
-    });
-    let mut events = Recorder::new(&sup, WASM_LIMIT);
+    let mut fx = Fixture::new(
+        Supervisor::builder().max_concurrent(LIMIT).build(),
+        WASM_LIMIT,
+    );
     let waiters: Vec<TaskWaiter> = (0..TASKS)
         .map(|i| {
-            sup.add(TaskSpec::once(
+            fx.add(TaskSpec::once(
                 format!("sleeper-{i}"),
-                plugin_body(&rt, &sleeper, &[("ms", "20")], b""),
+                PluginTask::new(&rt, &sleeper).params(params(&[("ms", "20")])),
             ))
         })
         .collect();
-    for w in &waiters {
-        events.until_removed(w.id()).await;
-    }
     for w in waiters {
+        let (_, report) = fx.settle(w).await;
         assert_eq!(
-            within(WASM_LIMIT, "sleeper", w.wait()).await,
+            report.outcome,
             TaskOutcome::Completed {
                 output: b"slept 20 ms".to_vec()
             }
@@ -96,9 +88,9 @@ async fn at_most_max_concurrent_plugin_attempts_run_at_once() {
 
     // Replay the attempts in seq order: a start holds a permit until the
     // attempt's end event.
-    let mut alive: HashSet<u64> = HashSet::new();
+    let mut alive: HashSet<TaskId> = HashSet::new();
     let mut most = 0;
-    for e in &events.seen {
+    for e in &fx.events.seen {
         let Some(id) = e.task_id else { continue };
         match e.kind {
             K::AttemptStarting => {

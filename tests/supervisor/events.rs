@@ -8,13 +8,10 @@ use std::io::Write;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 
-use taskhost::outcome::TaskOutcome;
-use taskhost::supervisor::{
-    BackoffPolicy, Event, EventKind as K, JsonLinesWriter, Received, ShutdownReport, Subscriber,
-    Supervisor, SupervisorConfig, TaskError, TaskSpec, TaskWaiter,
-};
+use taskhost::prelude::*;
+use taskhost::supervisor::{Event, EventKind as K, JsonLinesWriter, Received, Subscriber};
 
-use crate::common_sup::{Recorder, WASM_LIMIT, body, ms, returns, within};
+use crate::common_sup::{Recorder, WASM_LIMIT, ms, returns, within};
 
 /// A subscriber that blocks on its first event until the test opens it.
 struct Gate {
@@ -50,16 +47,13 @@ async fn a_slow_lane_drops_and_reports_it_while_outcomes_stay_exact() {
     const FAILURES: u32 = 5;
     let open = Arc::new((Mutex::new(false), Condvar::new()));
     let (entered, gate_entered) = mpsc::channel();
-    let sup = Supervisor::with_subscribers(
-        SupervisorConfig {
-            bus_capacity: 2,
-            ..SupervisorConfig::default()
-        },
-        vec![Box::new(Gate {
+    let sup = Supervisor::builder()
+        .bus_capacity(2)
+        .subscriber(Gate {
             entered: Some(entered),
             open: Arc::clone(&open),
-        })],
-    );
+        })
+        .build();
     // A lane the test reads only after every task has ended.
     let mut unread = sup.subscribe();
 
@@ -68,9 +62,9 @@ async fn a_slow_lane_drops_and_reports_it_while_outcomes_stay_exact() {
             sup.add(
                 TaskSpec::restartable(
                     format!("noisy-{i}"),
-                    body(|ctx| async move {
-                        if ctx.attempt <= FAILURES {
-                            Err(TaskError::fail(format!("noise {}", ctx.attempt)))
+                    native(|ctx| async move {
+                        if ctx.attempt() <= FAILURES {
+                            Err(TaskError::fail(format!("noise {}", ctx.attempt())))
                         } else {
                             Ok(b"quiet".to_vec())
                         }
@@ -84,7 +78,7 @@ async fn a_slow_lane_drops_and_reports_it_while_outcomes_stay_exact() {
         .recv_timeout(WASM_LIMIT)
         .expect("the gate's lane receives its first event");
 
-    let ids: Vec<u64> = waiters.iter().map(TaskWaiter::id).collect();
+    let ids: Vec<TaskId> = waiters.iter().map(TaskWaiter::id).collect();
     for w in waiters {
         let report = within(WASM_LIMIT, "noisy task", w.report()).await;
         assert_eq!(
@@ -124,21 +118,22 @@ async fn a_slow_lane_drops_and_reports_it_while_outcomes_stay_exact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_task_order_is_finished_then_outcome_then_removed() {
     const TASKS: usize = 20;
-    let sup = Supervisor::new(SupervisorConfig::default());
+    let sup = Supervisor::default();
     let mut events = Recorder::new(&sup, WASM_LIMIT);
-    let waiters: HashMap<u64, TaskWaiter> = (0..TASKS)
+    let waiters: HashMap<TaskId, TaskWaiter> = (0..TASKS)
         .map(|i| {
             let name = format!("mixed-{i}");
             let spec = match i % 4 {
                 0 => TaskSpec::once(name, returns(b"ok")),
-                1 => TaskSpec::once(name, body(|_| async { Err(TaskError::fail("no")) })),
-                2 => {
-                    TaskSpec::restartable(name, body(|_| async { Err(TaskError::fatal("never")) }))
-                }
+                1 => TaskSpec::once(name, native(|_| async { Err(TaskError::fail("no")) })),
+                2 => TaskSpec::restartable(
+                    name,
+                    native(|_| async { Err(TaskError::fatal("never")) }),
+                ),
                 _ => TaskSpec::restartable(
                     name,
-                    body(|ctx| async move {
-                        if ctx.attempt == 1 {
+                    native(|ctx| async move {
+                        if ctx.attempt() == 1 {
                             Err(TaskError::fail("once"))
                         } else {
                             Ok(b"ok".to_vec())
@@ -220,13 +215,10 @@ impl Write for SharedBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_subscriber_is_reported_and_stops_nobody() {
     let buf = SharedBuf::default();
-    let sup = Supervisor::with_subscribers(
-        SupervisorConfig::default(),
-        vec![
-            Box::new(Panicky),
-            Box::new(JsonLinesWriter::new(buf.clone())),
-        ],
-    );
+    let sup = Supervisor::builder()
+        .subscriber(Panicky)
+        .subscriber(JsonLinesWriter::new(buf.clone()))
+        .build();
     let mut events = Recorder::new(&sup, WASM_LIMIT);
 
     let first = sup.add(TaskSpec::once("first", returns(b"1")));
@@ -273,8 +265,9 @@ async fn a_panicking_subscriber_is_reported_and_stops_nobody() {
     let position = |pred: &dyn Fn(&serde_json::Value) -> bool| lines.iter().position(pred);
     let first_panic = position(&|v| v["kind"] == "SubscriberPanicked")
         .expect("the writer sees the SubscriberPanicked event");
-    let second_removed = position(&|v| v["kind"] == "TaskRemoved" && v["task_id"] == second_id)
-        .expect("the writer sees later events");
+    let second_removed =
+        position(&|v| v["kind"] == "TaskRemoved" && v["task_id"] == second_id.get())
+            .expect("the writer sees later events");
     assert!(first_panic < second_removed);
     assert_eq!(
         lines

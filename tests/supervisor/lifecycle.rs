@@ -6,26 +6,19 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use taskhost::outcome::{RejectionKind, TaskOutcome};
-use taskhost::supervisor::{
-    BackoffPolicy, BackoffSource, EventKind as K, RestartPolicy, Supervisor, SupervisorConfig,
-    TaskDefaults, TaskError, TaskSpec,
-};
+use taskhost::prelude::*;
+use taskhost::supervisor::{BackoffSource, EventKind as K, TaskDefaults};
 use tokio::time::Instant;
 
 use crate::common_sup::{
-    NATIVE_LIMIT, Recorder, WASM_LIMIT, body, load, ms, plugin_body, returns, runtime, sleeps,
-    until_canceled, within,
+    COMPLETED_ONCE, ENDED, FAILED_ONCE, Fixture, NATIVE_LIMIT, REGISTERED, REJECTED_AT_ADD,
+    SUCCEEDED_THEN_PAUSED, load, ms, returns, runtime, sequence, sleeps, until_canceled, within,
 };
 
 #[tokio::test(start_paused = true)]
 async fn once_task_completes_with_its_output() {
-    let sup = Supervisor::new(SupervisorConfig::default());
-    let mut events = Recorder::new(&sup, NATIVE_LIMIT);
-    let waiter = sup.add(TaskSpec::once("one", returns(b"done")));
-    let id = waiter.id();
-
-    let report = within(NATIVE_LIMIT, "outcome", waiter.report()).await;
+    let mut fx = Fixture::native();
+    let (id, report) = fx.run(TaskSpec::once("one", returns(b"done"))).await;
     assert_eq!(
         report.outcome,
         TaskOutcome::Completed {
@@ -36,42 +29,26 @@ async fn once_task_completes_with_its_output() {
     assert_eq!((&*report.name, &*report.slot), ("one", "one"));
     assert_eq!(report.history.len(), 1);
     assert_eq!(report.history[0].result, "succeeded");
+    assert_eq!(report.duration, Duration::ZERO, "it returned at once");
 
-    events.until_removed(id).await;
-    assert_eq!(
-        events.kinds(id),
-        [
-            K::TaskAddRequested,
-            K::TaskAdded,
-            K::AttemptStarting,
-            K::AttemptSucceeded,
-            K::TaskFinished,
-            K::TaskRemoved
-        ]
-    );
-    let finished = &events.of_kind(id, K::TaskFinished)[0];
-    assert_eq!(finished.outcome, Some("completed"));
+    fx.assert_kinds(id, &COMPLETED_ONCE);
+    let finished = &fx.events.of_kind(id, K::TaskFinished)[0];
+    assert_eq!(finished.outcome, Some(OutcomeKind::Completed));
     assert_eq!(finished.attempt, Some(1));
     assert!(
-        !sup.is_alive("one"),
+        !fx.sup.is_alive("one"),
         "the name is free once the task is removed"
     );
-    assert!(sup.list().is_empty());
+    assert!(fx.sup.list().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn once_plugin_task_completes_with_its_output_and_guest_log() {
     let rt = runtime();
     let hello = load(&rt, "hello").await;
-    let sup = Supervisor::new(SupervisorConfig::default());
-    let mut events = Recorder::new(&sup, WASM_LIMIT);
-    let waiter = sup.add(TaskSpec::once(
-        "hello",
-        plugin_body(&rt, &hello, &[], b"hi"),
-    ));
-    let id = waiter.id();
-
-    let report = within(WASM_LIMIT, "outcome", waiter.report()).await;
+    let mut fx = Fixture::wasm();
+    let task = PluginTask::new(&rt, &hello).input(b"hi".to_vec());
+    let (id, report) = fx.run(TaskSpec::once("hello", task)).await;
     assert_eq!(
         report.outcome,
         TaskOutcome::Completed {
@@ -80,19 +57,9 @@ async fn once_plugin_task_completes_with_its_output_and_guest_log() {
     );
     assert_eq!(report.attempts, 1);
 
-    events.until_removed(id).await;
-    assert_eq!(
-        events.kinds(id),
-        [
-            K::TaskAddRequested,
-            K::TaskAdded,
-            K::AttemptStarting,
-            K::AttemptSucceeded,
-            K::TaskFinished,
-            K::TaskRemoved
-        ]
-    );
-    let logs: Vec<_> = events
+    fx.assert_kinds(id, &COMPLETED_ONCE);
+    let logs: Vec<_> = fx
+        .events
         .seen
         .iter()
         .filter(|e| e.task_id == Some(id) && e.kind == K::GuestLog)
@@ -106,24 +73,23 @@ async fn once_plugin_task_completes_with_its_output_and_guest_log() {
 
 #[tokio::test(start_paused = true)]
 async fn once_task_failure_is_final_and_keeps_the_exit_code() {
-    let sup = Supervisor::new(SupervisorConfig::default());
-    let mut events = Recorder::new(&sup, NATIVE_LIMIT);
+    let mut fx = Fixture::native();
     let calls = Arc::new(AtomicU32::new(0));
     let counted = Arc::clone(&calls);
-    let waiter = sup.add(TaskSpec::once(
-        "fails",
-        body(move |_| {
-            counted.fetch_add(1, Ordering::SeqCst);
-            async {
-                Err(TaskError::Fail {
-                    reason: "disk full".into(),
-                    exit_code: Some(5),
-                })
-            }
-        }),
-    ));
-    let id = waiter.id();
-    let report = within(NATIVE_LIMIT, "outcome", waiter.report()).await;
+    let (id, report) = fx
+        .run(TaskSpec::once(
+            "fails",
+            native(move |_| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async {
+                    Err(TaskError::Fail {
+                        reason: "disk full".into(),
+                        exit_code: Some(5),
+                    })
+                }
+            }),
+        ))
+        .await;
     assert_eq!(
         report.outcome,
         TaskOutcome::Failed {
@@ -133,29 +99,18 @@ async fn once_task_failure_is_final_and_keeps_the_exit_code() {
     );
     assert_eq!(report.attempts, 1);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
-    events.until_removed(id).await;
-    assert_eq!(
-        events.kinds(id),
-        [
-            K::TaskAddRequested,
-            K::TaskAdded,
-            K::AttemptStarting,
-            K::AttemptFailed,
-            K::TaskFinished,
-            K::TaskRemoved
-        ]
-    );
-    let failed = &events.of_kind(id, K::AttemptFailed)[0];
+    fx.assert_kinds(id, &FAILED_ONCE);
+    let failed = &fx.events.of_kind(id, K::AttemptFailed)[0];
     assert_eq!(failed.reason.as_deref(), Some("disk full"));
     assert_eq!(failed.exit_code, Some(5));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_panicking_native_body_is_a_failed_attempt() {
-    let sup = Supervisor::new(SupervisorConfig::default());
+    let sup = Supervisor::default();
     let waiter = sup.add(TaskSpec::once(
         "panics",
-        body(|_| async { panic!("body blew up") }),
+        native(|_| async { panic!("body blew up") }),
     ));
     match within(NATIVE_LIMIT, "outcome", waiter.wait()).await {
         TaskOutcome::Failed { reason, exit_code } => {
@@ -171,12 +126,11 @@ async fn a_panicking_native_body_is_a_failed_attempt() {
 
 #[tokio::test(start_paused = true)]
 async fn duplicate_name_is_rejected_already_exists() {
-    let sup = Supervisor::new(SupervisorConfig::default());
-    let mut events = Recorder::new(&sup, NATIVE_LIMIT);
-    let first = sup.add(TaskSpec::once("dup", until_canceled()));
-    events.until_kind(first.id(), K::AttemptStarting).await;
+    let mut fx = Fixture::native();
+    let first = fx.add(TaskSpec::once("dup", until_canceled()));
+    fx.events.until_kind(first.id(), K::AttemptStarting).await;
 
-    let second = sup.add(TaskSpec::once("dup", returns(b"never")));
+    let second = fx.add(TaskSpec::once("dup", returns(b"never")));
     assert!(second.id() > first.id());
     match second.try_outcome() {
         Some(TaskOutcome::Rejected {
@@ -187,27 +141,22 @@ async fn duplicate_name_is_rejected_already_exists() {
     }
     let report = second.report().await;
     assert_eq!(report.attempts, 0);
-    let failed = events.until_kind(report.id, K::TaskAddFailed).await;
+    assert_eq!(report.duration, Duration::ZERO);
+    let failed = fx.events.until_kind(report.id, K::TaskAddFailed).await;
     assert_eq!(failed.rejection, Some(RejectionKind::AlreadyExists));
-    assert_eq!(failed.outcome, Some("rejected"));
-    assert_eq!(
-        events.kinds(report.id),
-        [K::TaskAddRequested, K::TaskAddFailed]
-    );
+    assert_eq!(failed.outcome, Some(OutcomeKind::Rejected));
+    fx.assert_kinds(report.id, &REJECTED_AT_ADD);
 
     // The first task is untouched.
     assert_eq!(first.try_outcome(), None);
-    assert!(sup.is_alive("dup"));
-    assert!(sup.cancel(first.id()).await);
+    assert!(fx.sup.is_alive("dup"));
+    assert!(fx.sup.cancel(first.id()).await);
     assert_eq!(first.wait().await, TaskOutcome::Canceled);
 }
 
 #[tokio::test(start_paused = true)]
 async fn registry_bound_rejects_with_resource_limit() {
-    let sup = Supervisor::new(SupervisorConfig {
-        max_registered_tasks: 2,
-        ..SupervisorConfig::default()
-    });
+    let sup = Supervisor::builder().max_registered_tasks(2).build();
     let a = sup.add(TaskSpec::once("a", until_canceled()));
     let b = sup.add(TaskSpec::once("b", until_canceled()));
     let c = sup.add(TaskSpec::once("c", returns(b"c")));
@@ -238,13 +187,12 @@ async fn registry_bound_rejects_with_resource_limit() {
 
 #[tokio::test(start_paused = true)]
 async fn periodic_task_reruns_every_interval_until_canceled() {
-    let sup = Supervisor::new(SupervisorConfig::default());
-    let mut events = Recorder::new(&sup, NATIVE_LIMIT);
+    let mut fx = Fixture::native();
     let starts = Arc::new(Mutex::new(Vec::new()));
     let log = Arc::clone(&starts);
-    let waiter = sup.add(TaskSpec::periodic(
+    let waiter = fx.add(TaskSpec::periodic(
         "tick",
-        body(move |_| {
+        native(move |_| {
             log.lock().unwrap().push(Instant::now());
             async {
                 tokio::time::sleep(ms(10)).await;
@@ -254,15 +202,15 @@ async fn periodic_task_reruns_every_interval_until_canceled() {
         ms(100),
     ));
     let id = waiter.id();
-    events.until_count(id, K::AttemptSucceeded, 3).await;
+    fx.events.until_count(id, K::AttemptSucceeded, 3).await;
     assert_eq!(
         waiter.try_outcome(),
         None,
         "a periodic task never completes"
     );
 
-    assert!(sup.cancel(id).await);
-    let report = waiter.report().await;
+    assert!(fx.sup.cancel(id).await);
+    let (_, report) = fx.settle(waiter).await;
     assert_eq!(report.outcome, TaskOutcome::Canceled);
     assert_eq!(report.attempts, 3);
 
@@ -270,14 +218,16 @@ async fn periodic_task_reruns_every_interval_until_canceled() {
     let gaps: Vec<Duration> = starts.windows(2).map(|w| w[1] - w[0]).collect();
     assert_eq!(gaps, [ms(110), ms(110)], "10 ms run + 100 ms interval");
 
-    events.until_removed(id).await;
-    let mut expected = vec![K::TaskAddRequested, K::TaskAdded];
-    for _ in 0..3 {
-        expected.extend([K::AttemptStarting, K::AttemptSucceeded, K::BackoffScheduled]);
-    }
-    expected.extend([K::TaskRemoveRequested, K::TaskFinished, K::TaskRemoved]);
-    assert_eq!(events.kinds(id), expected);
-    for e in events.of_kind(id, K::BackoffScheduled) {
+    fx.assert_kinds(
+        id,
+        &sequence(&[
+            &REGISTERED,
+            &SUCCEEDED_THEN_PAUSED.repeat(3),
+            &[K::TaskRemoveRequested],
+            &ENDED,
+        ]),
+    );
+    for e in fx.events.of_kind(id, K::BackoffScheduled) {
         assert_eq!(e.source, Some(BackoffSource::Success));
         assert_eq!(e.delay_ms, Some(100));
     }
@@ -285,27 +235,27 @@ async fn periodic_task_reruns_every_interval_until_canceled() {
 
 #[tokio::test(start_paused = true)]
 async fn periodic_task_with_zero_interval_still_waits_one_millisecond() {
-    let sup = Supervisor::new(SupervisorConfig::default());
-    let mut events = Recorder::new(&sup, NATIVE_LIMIT);
+    let mut fx = Fixture::native();
     let starts = Arc::new(Mutex::new(Vec::new()));
     let log = Arc::clone(&starts);
-    let waiter = sup.add(TaskSpec::periodic(
+    let waiter = fx.add(TaskSpec::periodic(
         "busy",
-        body(move |_| {
+        native(move |_| {
             log.lock().unwrap().push(Instant::now());
             async { Ok(Vec::new()) }
         }),
         Duration::ZERO,
     ));
     let id = waiter.id();
-    events.until_count(id, K::AttemptSucceeded, 3).await;
-    assert!(sup.cancel(id).await);
-    assert_eq!(waiter.wait().await, TaskOutcome::Canceled);
+    fx.events.until_count(id, K::AttemptSucceeded, 3).await;
+    assert!(fx.sup.cancel(id).await);
+    let (_, report) = fx.settle(waiter).await;
+    assert_eq!(report.outcome, TaskOutcome::Canceled);
     let starts = starts.lock().unwrap().clone();
     let gaps: Vec<Duration> = starts.windows(2).map(|w| w[1] - w[0]).collect();
     assert_eq!(gaps, [ms(1), ms(1)]);
-    events.until_removed(id).await;
-    let delays: Vec<_> = events
+    let delays: Vec<_> = fx
+        .events
         .of_kind(id, K::BackoffScheduled)
         .iter()
         .map(|e| e.delay_ms)
@@ -315,18 +265,17 @@ async fn periodic_task_with_zero_interval_still_waits_one_millisecond() {
 
 #[tokio::test(start_paused = true)]
 async fn from_defaults_inherits_the_supervisors_task_defaults() {
-    let sup = Supervisor::new(SupervisorConfig {
-        defaults: TaskDefaults {
-            restart: RestartPolicy::OnFailure,
-            backoff: BackoffPolicy::constant(ms(5)),
-            timeout: Some(ms(50)),
-            max_retries: Some(2),
-        },
-        ..SupervisorConfig::default()
-    });
-    let mut events = Recorder::new(&sup, NATIVE_LIMIT);
+    let mut defaults = TaskDefaults::default();
+    defaults.restart = RestartPolicy::OnFailure;
+    defaults.backoff = BackoffPolicy::constant(ms(5));
+    defaults.timeout = Some(ms(50));
+    defaults.max_retries = Some(2);
+    let mut fx = Fixture::new(
+        Supervisor::builder().defaults(defaults).build(),
+        NATIVE_LIMIT,
+    );
     let always_fails = || {
-        body(|_| async {
+        native(|_| async {
             Err(TaskError::Fail {
                 reason: "nope".into(),
                 exit_code: Some(7),
@@ -336,12 +285,12 @@ async fn from_defaults_inherits_the_supervisors_task_defaults() {
 
     // Restart OnFailure, the retry budget and the backoff come from the
     // defaults.
-    let inherits = sup.add(TaskSpec::from_defaults("inherits", always_fails()));
+    let inherits = fx.add(TaskSpec::from_defaults("inherits", always_fails()));
     // OnFailure: a success after a failure completes the task.
-    let recovers = sup.add(TaskSpec::from_defaults(
+    let recovers = fx.add(TaskSpec::from_defaults(
         "recovers",
-        body(|ctx| async move {
-            if ctx.attempt == 1 {
+        native(|ctx| async move {
+            if ctx.attempt() == 1 {
                 Err(TaskError::fail("first try fails"))
             } else {
                 Ok(b"second try".to_vec())
@@ -349,14 +298,14 @@ async fn from_defaults_inherits_the_supervisors_task_defaults() {
         }),
     ));
     // An explicit restart policy overrides the default.
-    let overrides = sup.add(TaskSpec::once("overrides", always_fails()));
+    let overrides = fx.add(TaskSpec::once("overrides", always_fails()));
     // The default timeout applies...
-    let slow = sup.add(TaskSpec::from_defaults("slow", sleeps(ms(200))));
+    let slow = fx.add(TaskSpec::from_defaults("slow", sleeps(ms(200))));
     // ...unless the spec sets zero, which means none.
     let untimed =
-        sup.add(TaskSpec::from_defaults("untimed", sleeps(ms(200))).with_timeout(Duration::ZERO));
+        fx.add(TaskSpec::from_defaults("untimed", sleeps(ms(200))).with_timeout(Duration::ZERO));
 
-    let report = within(NATIVE_LIMIT, "inherits", inherits.report()).await;
+    let (id, report) = fx.settle(inherits).await;
     assert_eq!(report.attempts, 3);
     match &report.outcome {
         TaskOutcome::Failed { reason, exit_code } => {
@@ -368,9 +317,9 @@ async fn from_defaults_inherits_the_supervisors_task_defaults() {
         }
         other => panic!("expected Failed, got {other:?}"),
     }
-    events.until_removed(report.id).await;
-    let delays: Vec<_> = events
-        .of_kind(report.id, K::BackoffScheduled)
+    let delays: Vec<_> = fx
+        .events
+        .of_kind(id, K::BackoffScheduled)
         .iter()
         .map(|e| (e.delay_ms, e.source))
         .collect();
@@ -395,7 +344,7 @@ async fn from_defaults_inherits_the_supervisors_task_defaults() {
     );
     assert_eq!(report.attempts, 1);
 
-    let report = within(NATIVE_LIMIT, "slow", slow.report()).await;
+    let (id, report) = fx.settle(slow).await;
     assert_eq!(report.attempts, 3, "timeouts are retried within the budget");
     match &report.outcome {
         TaskOutcome::Failed { reason, exit_code } => {
@@ -407,9 +356,9 @@ async fn from_defaults_inherits_the_supervisors_task_defaults() {
         }
         other => panic!("expected Failed, got {other:?}"),
     }
-    events.until_removed(report.id).await;
-    let timeouts: Vec<_> = events
-        .of_kind(report.id, K::AttemptTimedOut)
+    let timeouts: Vec<_> = fx
+        .events
+        .of_kind(id, K::AttemptTimedOut)
         .iter()
         .map(|e| e.timeout_ms)
         .collect();

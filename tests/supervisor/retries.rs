@@ -6,33 +6,24 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use taskhost::outcome::TaskOutcome;
-use taskhost::supervisor::{
-    BackoffPolicy, BackoffSource, EventKind as K, Jitter, RestartPolicy, Supervisor,
-    SupervisorConfig, TaskError, TaskSpec,
-};
+use taskhost::prelude::*;
+use taskhost::supervisor::{BackoffSource, EventKind as K};
 use tokio::time::Instant;
 
 use crate::common_sup::{
-    NATIVE_LIMIT, Recorder, WASM_LIMIT, body, load, ms, plugin_body, runtime, within,
+    ENDED, FAILED_ONCE, FAILED_THEN_PAUSED, Fixture, NATIVE_LIMIT, REGISTERED, load, ms, params,
+    runtime, sequence, within,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flaky_plugin_succeeds_on_its_third_attempt() {
     let rt = runtime();
     let flaky = load(&rt, "flaky").await;
-    let sup = Supervisor::new(SupervisorConfig::default());
-    let mut events = Recorder::new(&sup, WASM_LIMIT);
-    let waiter = sup.add(
-        TaskSpec::restartable(
-            "flaky",
-            plugin_body(&rt, &flaky, &[("fail_times", "2")], b""),
-        )
-        .with_backoff(BackoffPolicy::constant(ms(1))),
-    );
-    let id = waiter.id();
-
-    let report = within(WASM_LIMIT, "flaky", waiter.report()).await;
+    let mut fx = Fixture::wasm();
+    let task = PluginTask::new(&rt, &flaky).params(params(&[("fail_times", "2")]));
+    let (id, report) = fx
+        .run(TaskSpec::restartable("flaky", task).with_backoff(BackoffPolicy::constant(ms(1))))
+        .await;
     assert_eq!(
         report.outcome,
         TaskOutcome::Completed {
@@ -50,37 +41,30 @@ async fn flaky_plugin_succeeds_on_its_third_attempt() {
         ]
     );
 
-    events.until_removed(id).await;
-    assert_eq!(
-        events.kinds(id),
-        [
-            K::TaskAddRequested,
-            K::TaskAdded,
-            K::AttemptStarting,
-            K::AttemptFailed,
-            K::BackoffScheduled,
-            K::AttemptStarting,
-            K::AttemptFailed,
-            K::BackoffScheduled,
-            K::AttemptStarting,
-            K::AttemptSucceeded,
-            K::TaskFinished,
-            K::TaskRemoved
-        ]
+    fx.assert_kinds(
+        id,
+        &sequence(&[
+            &REGISTERED,
+            &FAILED_THEN_PAUSED.repeat(2),
+            &[K::AttemptStarting, K::AttemptSucceeded],
+            &ENDED,
+        ]),
     );
-    let failed: Vec<_> = events
+    let failed: Vec<_> = fx
+        .events
         .of_kind(id, K::AttemptFailed)
         .iter()
         .map(|e| (e.attempt, e.exit_code))
         .collect();
     assert_eq!(failed, [(Some(1), Some(3)), (Some(2), Some(3))]);
-    for e in events.of_kind(id, K::BackoffScheduled) {
+    for e in fx.events.of_kind(id, K::BackoffScheduled) {
         assert_eq!(
             (e.delay_ms, e.source),
             (Some(1), Some(BackoffSource::Failure))
         );
     }
-    let starting: Vec<_> = events
+    let starting: Vec<_> = fx
+        .events
         .of_kind(id, K::AttemptStarting)
         .iter()
         .map(|e| e.attempt)
@@ -90,28 +74,27 @@ async fn flaky_plugin_succeeds_on_its_third_attempt() {
 
 #[tokio::test(start_paused = true)]
 async fn fatal_error_is_never_retried() {
-    let sup = Supervisor::new(SupervisorConfig::default());
-    let mut events = Recorder::new(&sup, NATIVE_LIMIT);
+    let mut fx = Fixture::native();
     let calls = Arc::new(AtomicU32::new(0));
     let counted = Arc::clone(&calls);
-    let waiter = sup.add(
-        TaskSpec::restartable(
-            "fatal",
-            body(move |_| {
-                counted.fetch_add(1, Ordering::SeqCst);
-                async {
-                    Err(TaskError::Fatal {
-                        reason: "bad config".into(),
-                        exit_code: Some(2),
-                    })
-                }
-            }),
+    let (id, report) = fx
+        .run(
+            TaskSpec::restartable(
+                "fatal",
+                native(move |_| {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    async {
+                        Err(TaskError::Fatal {
+                            reason: "bad config".into(),
+                            exit_code: Some(2),
+                        })
+                    }
+                }),
+            )
+            .with_backoff(BackoffPolicy::constant(ms(1)))
+            .with_max_retries(None),
         )
-        .with_backoff(BackoffPolicy::constant(ms(1)))
-        .with_max_retries(None),
-    );
-    let id = waiter.id();
-    let report = within(NATIVE_LIMIT, "fatal", waiter.report()).await;
+        .await;
     assert_eq!(
         report.outcome,
         TaskOutcome::Fatal {
@@ -121,49 +104,37 @@ async fn fatal_error_is_never_retried() {
     );
     assert_eq!(report.attempts, 1);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
-    events.until_removed(id).await;
+    fx.assert_kinds(id, &FAILED_ONCE);
     assert_eq!(
-        events.kinds(id),
-        [
-            K::TaskAddRequested,
-            K::TaskAdded,
-            K::AttemptStarting,
-            K::AttemptFailed,
-            K::TaskFinished,
-            K::TaskRemoved
-        ]
-    );
-    assert_eq!(
-        events.of_kind(id, K::TaskFinished)[0].outcome,
-        Some("fatal")
+        fx.events.of_kind(id, K::TaskFinished)[0].outcome,
+        Some(OutcomeKind::Fatal)
     );
 }
 
 #[tokio::test(start_paused = true)]
 async fn retry_budget_allows_exactly_n_plus_one_attempts() {
-    let sup = Supervisor::new(SupervisorConfig::default());
-    let mut events = Recorder::new(&sup, NATIVE_LIMIT);
+    let mut fx = Fixture::native();
     let starts = Arc::new(Mutex::new(Vec::new()));
     let log = Arc::clone(&starts);
     let backoff = BackoffPolicy::new(ms(10), ms(1000), 2.0, Jitter::None).unwrap();
-    let waiter = sup.add(
-        TaskSpec::restartable(
-            "budget",
-            body(move |ctx| {
-                log.lock().unwrap().push(Instant::now());
-                async move {
-                    Err(TaskError::Fail {
-                        reason: format!("boom {}", ctx.attempt),
-                        exit_code: Some(10 + ctx.attempt as i32),
-                    })
-                }
-            }),
+    let (id, report) = fx
+        .run(
+            TaskSpec::restartable(
+                "budget",
+                native(move |ctx| {
+                    log.lock().unwrap().push(Instant::now());
+                    async move {
+                        Err(TaskError::Fail {
+                            reason: format!("boom {}", ctx.attempt()),
+                            exit_code: Some(10 + ctx.attempt() as i32),
+                        })
+                    }
+                }),
+            )
+            .with_backoff(backoff)
+            .with_max_retries(Some(3)),
         )
-        .with_backoff(backoff)
-        .with_max_retries(Some(3)),
-    );
-    let id = waiter.id();
-    let report = within(NATIVE_LIMIT, "budget", waiter.report()).await;
+        .await;
     assert_eq!(report.attempts, 4);
     match &report.outcome {
         TaskOutcome::Failed { reason, exit_code } => {
@@ -176,20 +147,23 @@ async fn retry_budget_allows_exactly_n_plus_one_attempts() {
         }
         other => panic!("expected Failed, got {other:?}"),
     }
+    assert_eq!(
+        report.duration,
+        ms(10 + 20 + 40),
+        "from the first start to the outcome: the backoffs"
+    );
 
-    events.until_removed(id).await;
-    let mut expected = vec![K::TaskAddRequested, K::TaskAdded];
-    for _ in 0..3 {
-        expected.extend([K::AttemptStarting, K::AttemptFailed, K::BackoffScheduled]);
-    }
-    expected.extend([
-        K::AttemptStarting,
-        K::AttemptFailed,
-        K::TaskFinished,
-        K::TaskRemoved,
-    ]);
-    assert_eq!(events.kinds(id), expected);
-    let delays: Vec<_> = events
+    fx.assert_kinds(
+        id,
+        &sequence(&[
+            &REGISTERED,
+            &FAILED_THEN_PAUSED.repeat(3),
+            &[K::AttemptStarting, K::AttemptFailed],
+            &ENDED,
+        ]),
+    );
+    let delays: Vec<_> = fx
+        .events
         .of_kind(id, K::BackoffScheduled)
         .iter()
         .map(|e| e.delay_ms)
@@ -206,16 +180,15 @@ async fn retry_budget_allows_exactly_n_plus_one_attempts() {
 
 #[tokio::test(start_paused = true)]
 async fn always_reruns_after_success_and_a_success_resets_the_failure_streak() {
-    let sup = Supervisor::new(SupervisorConfig::default());
-    let mut events = Recorder::new(&sup, NATIVE_LIMIT);
+    let mut fx = Fixture::native();
     // Odd attempts fail, even ones succeed: with max_retries = 1 two
     // failures in a row would end the task, alternating ones never do.
-    let waiter = sup.add(
+    let waiter = fx.add(
         TaskSpec::from_defaults(
             "alternating",
-            body(|ctx| async move {
-                if ctx.attempt % 2 == 1 {
-                    Err(TaskError::fail(format!("odd attempt {}", ctx.attempt)))
+            native(|ctx| async move {
+                if ctx.attempt() % 2 == 1 {
+                    Err(TaskError::fail(format!("odd attempt {}", ctx.attempt())))
                 } else {
                     Ok(b"even".to_vec())
                 }
@@ -227,15 +200,16 @@ async fn always_reruns_after_success_and_a_success_resets_the_failure_streak() {
     );
     let id = waiter.id();
     // The 10th pause is the one after the 5th success.
-    events.until_count(id, K::BackoffScheduled, 10).await;
-    assert_eq!(events.of_kind(id, K::AttemptSucceeded).len(), 5);
+    fx.events.until_count(id, K::BackoffScheduled, 10).await;
+    assert_eq!(fx.events.of_kind(id, K::AttemptSucceeded).len(), 5);
     assert_eq!(
         waiter.try_outcome(),
         None,
         "Always never ends on its own, and the streak never exceeds 1"
     );
     // The task is now pausing after its 5th success (10th attempt).
-    let backoffs: Vec<_> = events
+    let backoffs: Vec<_> = fx
+        .events
         .of_kind(id, K::BackoffScheduled)
         .iter()
         .map(|e| (e.source, e.delay_ms))
@@ -247,14 +221,13 @@ async fn always_reruns_after_success_and_a_success_resets_the_failure_streak() {
     }
     assert_eq!(backoffs, expected);
 
-    assert!(sup.cancel(id).await);
-    let report = waiter.report().await;
+    assert!(fx.sup.cancel(id).await);
+    let (_, report) = fx.settle(waiter).await;
     assert_eq!(report.outcome, TaskOutcome::Canceled);
     assert_eq!(report.attempts, 10);
 
     // A stop during the pause ends the task without another attempt.
-    events.until_removed(id).await;
-    let kinds = events.kinds(id);
+    let kinds = fx.events.kinds(id);
     assert_eq!(
         kinds[kinds.len() - 4..],
         [
@@ -264,19 +237,19 @@ async fn always_reruns_after_success_and_a_success_resets_the_failure_streak() {
             K::TaskRemoved
         ]
     );
-    assert_eq!(events.of_kind(id, K::AttemptStarting).len(), 10);
-    assert!(events.of_kind(id, K::AttemptCanceled).is_empty());
+    assert_eq!(fx.events.of_kind(id, K::AttemptStarting).len(), 10);
+    assert!(fx.events.of_kind(id, K::AttemptCanceled).is_empty());
 }
 
 #[tokio::test(start_paused = true)]
 async fn always_with_consecutive_failures_still_hits_the_budget() {
     // The counterpart of the test above: without successes in between, the
     // same budget ends an Always task.
-    let sup = Supervisor::new(SupervisorConfig::default());
+    let sup = Supervisor::default();
     let waiter = sup.add(
         TaskSpec::periodic(
             "always-fails",
-            body(|_| async { Err(TaskError::fail("down")) }),
+            native(|_| async { Err(TaskError::fail("down")) }),
             ms(5),
         )
         .with_backoff(BackoffPolicy::constant(ms(1)))

@@ -5,13 +5,13 @@
 
 use std::time::Duration;
 
-use taskhost::outcome::TaskOutcome;
-use taskhost::supervisor::{BackoffPolicy, EventKind as K, Supervisor, SupervisorConfig, TaskSpec};
+use taskhost::prelude::*;
+use taskhost::supervisor::EventKind as K;
 use tokio::time::Instant;
 
 use crate::common_sup::{
-    NATIVE_LIMIT, Recorder, WASM_LIMIT, body, load, ms, plugin_body, runtime, sleeps, stubborn,
-    within,
+    ENDED, Fixture, NATIVE_LIMIT, REGISTERED, TIMED_OUT_ONCE, TIMED_OUT_THEN_PAUSED, WASM_LIMIT,
+    load, ms, runtime, sequence, sleeps, stubborn, within,
 };
 
 /// How many 10 ms sleeps the timer probe takes while guests spin.
@@ -21,24 +21,23 @@ const TIMER_SAMPLES: u32 = 5;
 async fn spinning_plugin_times_out_twice_then_fails_and_timers_keep_firing() {
     let rt = runtime();
     let spin = load(&rt, "spin").await;
-    let sup = Supervisor::new(SupervisorConfig::default());
-    let mut events = Recorder::new(&sup, WASM_LIMIT);
+    let mut fx = Fixture::wasm();
     let spec = |name: &str| {
-        TaskSpec::restartable(name, plugin_body(&rt, &spin, &[], b""))
+        TaskSpec::restartable(name, PluginTask::new(&rt, &spin))
             .with_timeout(ms(50))
             .with_max_retries(Some(1))
             .with_backoff(BackoffPolicy::constant(ms(1)))
     };
     // Two spinning guests: as many as there are worker threads.
-    let spinners = [sup.add(spec("spin-a")), sup.add(spec("spin-b"))];
+    let spinners = [fx.add(spec("spin-a")), fx.add(spec("spin-b"))];
     for s in &spinners {
-        events.until_count(s.id(), K::AttemptStarting, 1).await;
+        fx.events.until_count(s.id(), K::AttemptStarting, 1).await;
     }
 
     // A native task measures how late its 10 ms timers fire meanwhile.
-    let timer = sup.add(TaskSpec::once(
+    let timer = fx.add(TaskSpec::once(
         "timer",
-        body(|_| async {
+        native(|_| async {
             let mut worst = Duration::ZERO;
             for _ in 0..TIMER_SAMPLES {
                 let started = std::time::Instant::now();
@@ -50,8 +49,7 @@ async fn spinning_plugin_times_out_twice_then_fails_and_timers_keep_firing() {
     ));
 
     for s in spinners {
-        let id = s.id();
-        let report = within(WASM_LIMIT, "spinner", s.report()).await;
+        let (id, report) = fx.settle(s).await;
         assert_eq!(report.attempts, 2);
         match &report.outcome {
             TaskOutcome::Failed { reason, exit_code } => {
@@ -61,22 +59,16 @@ async fn spinning_plugin_times_out_twice_then_fails_and_timers_keep_firing() {
             }
             other => panic!("expected Failed, got {other:?}"),
         }
-        events.until_removed(id).await;
-        assert_eq!(
-            events.kinds(id),
-            [
-                K::TaskAddRequested,
-                K::TaskAdded,
-                K::AttemptStarting,
-                K::AttemptTimedOut,
-                K::BackoffScheduled,
-                K::AttemptStarting,
-                K::AttemptTimedOut,
-                K::TaskFinished,
-                K::TaskRemoved
-            ]
+        fx.assert_kinds(
+            id,
+            &sequence(&[
+                &REGISTERED,
+                &TIMED_OUT_THEN_PAUSED,
+                &[K::AttemptStarting, K::AttemptTimedOut],
+                &ENDED,
+            ]),
         );
-        for e in events.of_kind(id, K::AttemptTimedOut) {
+        for e in fx.events.of_kind(id, K::AttemptTimedOut) {
             assert_eq!(e.timeout_ms, Some(50));
             let took = e.duration_ms.unwrap();
             assert!(
@@ -102,18 +94,17 @@ async fn spinning_plugin_times_out_twice_then_fails_and_timers_keep_firing() {
 
 #[tokio::test(start_paused = true)]
 async fn timeout_starts_when_the_attempt_starts_not_while_waiting() {
-    let sup = Supervisor::new(SupervisorConfig {
-        max_concurrent: Some(1),
-        ..SupervisorConfig::default()
-    });
-    let mut events = Recorder::new(&sup, NATIVE_LIMIT);
-    let holder = sup.add(TaskSpec::once("holder", sleeps(ms(300))));
-    events.until_kind(holder.id(), K::AttemptStarting).await;
+    let mut fx = Fixture::new(
+        Supervisor::builder().max_concurrent(1).build(),
+        NATIVE_LIMIT,
+    );
+    let holder = fx.add(TaskSpec::once("holder", sleeps(ms(300))));
+    fx.events.until_kind(holder.id(), K::AttemptStarting).await;
 
     // Waits 300 ms for the permit, then runs 80 ms under a 100 ms timeout.
     let added = Instant::now();
-    let patient = sup.add(TaskSpec::once("patient", sleeps(ms(80))).with_timeout(ms(100)));
-    events.until_kind(patient.id(), K::AttemptStarting).await;
+    let patient = fx.add(TaskSpec::once("patient", sleeps(ms(80))).with_timeout(ms(100)));
+    fx.events.until_kind(patient.id(), K::AttemptStarting).await;
     assert_eq!(added.elapsed(), ms(300), "it waited for the permit");
     assert_eq!(
         within(NATIVE_LIMIT, "patient", patient.wait()).await,
@@ -129,17 +120,18 @@ async fn timeout_starts_when_the_attempt_starts_not_while_waiting() {
     );
 
     // A body that never returns is stopped exactly when its timeout expires.
-    let stuck = sup.add(TaskSpec::once("stuck", stubborn()).with_timeout(ms(100)));
+    let stuck = fx.add(TaskSpec::once("stuck", stubborn()).with_timeout(ms(100)));
     let id = stuck.id();
-    events.until_kind(id, K::AttemptStarting).await;
+    fx.events.until_kind(id, K::AttemptStarting).await;
     let started = Instant::now();
-    let timed_out = events.until_kind(id, K::AttemptTimedOut).await;
+    let timed_out = fx.events.until_kind(id, K::AttemptTimedOut).await;
     assert_eq!(started.elapsed(), ms(100));
     assert_eq!(timed_out.timeout_ms, Some(100));
     assert_eq!(timed_out.duration_ms, Some(100));
     assert_eq!(timed_out.attempt, Some(1));
-    let report = stuck.report().await;
+    let (_, report) = fx.settle(stuck).await;
     assert_eq!(report.attempts, 1);
+    assert_eq!(report.duration, ms(100));
     match &report.outcome {
         TaskOutcome::Failed { reason, exit_code } => {
             assert!(reason.contains("timed out"), "{reason}");
@@ -147,16 +139,5 @@ async fn timeout_starts_when_the_attempt_starts_not_while_waiting() {
         }
         other => panic!("expected Failed, got {other:?}"),
     }
-    events.until_removed(id).await;
-    assert_eq!(
-        events.kinds(id),
-        [
-            K::TaskAddRequested,
-            K::TaskAdded,
-            K::AttemptStarting,
-            K::AttemptTimedOut,
-            K::TaskFinished,
-            K::TaskRemoved
-        ]
-    );
+    fx.assert_kinds(id, &TIMED_OUT_ONCE);
 }

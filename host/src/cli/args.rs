@@ -7,20 +7,45 @@ use std::time::Duration;
 
 use clap::Args;
 use taskhost::runtime::{DirGrant, Sandbox, parse_env};
-use taskhost::supervisor::{BackoffPolicy, Jitter, RestartPolicy, TaskSpec};
+use taskhost::supervisor::{BackoffPolicy, RestartPolicy, TaskSpec};
 use taskhost::units::{parse_duration, parse_size};
 
-use super::usage;
+use super::exit::usage;
 
-/// Flags every verb accepts.
+/// The compiled-plugin cache flags of the verbs that compile (`run`,
+/// `inspect`).
 #[derive(Debug, Args)]
-pub struct GlobalArgs {
+pub struct CacheArgs {
     /// Directory of the compiled-plugin cache [default: $XDG_CACHE_HOME/taskhost/wasmtime, else ~/.cache/taskhost/wasmtime].
-    #[arg(long, global = true, env = "TASKHOST_CACHE_DIR", value_name = "DIR")]
+    #[arg(long, env = "TASKHOST_CACHE_DIR", value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Compile plugins without the on-disk cache.
-    #[arg(long, global = true)]
+    #[arg(long)]
     pub no_cache: bool,
+}
+
+impl CacheArgs {
+    /// Where compiled plugins are cached on disk (absolute), if anywhere.
+    pub fn dir(&self) -> anyhow::Result<Option<PathBuf>> {
+        if self.no_cache {
+            return Ok(None);
+        }
+        match &self.cache_dir {
+            Some(dir) => Ok(Some(std::path::absolute(dir).map_err(|e| {
+                usage(format!("cannot use --cache-dir `{}`: {e}", dir.display()))
+            })?)),
+            None => Ok(taskhost::runtime::default_cache_dir()),
+        }
+    }
+}
+
+/// `--socket` of the verbs that talk to the daemon (also accepted before
+/// the verb).
+#[derive(Debug, Args)]
+pub struct SocketArg {
+    /// The daemon's socket [default: $TASKHOST_SOCKET, else $XDG_RUNTIME_DIR/taskhost/host.sock, else /tmp/taskhost-<uid>/host.sock].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
 }
 
 /// The flags that describe one task, shared by `run` (and `submit`).
@@ -51,7 +76,7 @@ pub struct TaskArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_memory: Option<u64>,
     /// Grant a host directory at a guest path: HOST::GUEST, or HOST::GUEST:ro for read-only (repeatable).
-    #[arg(long = "dir", value_name = "HOST::GUEST[:ro]", value_parser = DirGrant::parse)]
+    #[arg(long = "dir", value_name = "HOST::GUEST[:ro]", value_parser = parse_dir)]
     pub dirs: Vec<DirGrant>,
     /// Grant an environment variable to the guest (repeatable); nothing is inherited.
     #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
@@ -132,7 +157,7 @@ pub struct PolicyArgs {
     pub max_retries: Option<u32>,
     /// Delay between failed attempts: FIRST,MAX,FACTOR,JITTER or key=value pairs (first=, max=, factor=, jitter=none|full|equal|decorrelated) [default: 200ms,30s,2,equal].
     #[arg(long, value_name = "SPEC", value_parser = parse_backoff)]
-    pub backoff: Option<BackoffSpec>,
+    pub backoff: Option<BackoffPolicy>,
 }
 
 /// The `--restart` values.
@@ -149,10 +174,10 @@ pub enum Restart {
 /// Policies resolved from the flags.
 #[derive(Debug, Clone)]
 pub struct Policies {
-    restart: RestartPolicy,
-    max_retries: Option<u32>,
-    backoff: Option<BackoffPolicy>,
-    timeout: Option<Duration>,
+    pub restart: RestartPolicy,
+    pub max_retries: Option<u32>,
+    pub backoff: Option<BackoffPolicy>,
+    pub timeout: Option<Duration>,
 }
 
 impl Policies {
@@ -190,96 +215,25 @@ impl PolicyArgs {
         Ok(Policies {
             restart,
             max_retries: self.max_retries,
-            backoff: self.backoff.as_ref().map(BackoffSpec::policy),
+            backoff: self.backoff.clone(),
             timeout,
         })
     }
 }
 
-/// A parsed `--backoff`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BackoffSpec {
-    /// First delay.
-    pub first: Duration,
-    /// Largest delay.
-    pub max: Duration,
-    /// Growth factor.
-    pub factor: f64,
-    /// Jitter name: none, full, equal, decorrelated.
-    pub jitter: &'static str,
+fn parse_backoff(text: &str) -> Result<BackoffPolicy, String> {
+    text.parse()
+        .map_err(|e: taskhost::supervisor::BackoffError| e.to_string())
 }
 
-impl BackoffSpec {
-    /// The policy (validated when parsed).
-    pub fn policy(&self) -> BackoffPolicy {
-        let jitter = match self.jitter {
-            "none" => Jitter::None,
-            "full" => Jitter::Full,
-            "decorrelated" => Jitter::Decorrelated,
-            _ => Jitter::Equal,
-        };
-        BackoffPolicy::new(self.first, self.max, self.factor, jitter).unwrap_or_default()
-    }
-
-    /// The wire form: first ms, max ms, factor, jitter.
-    pub fn wire(&self) -> (u64, u64, f64, String) {
-        (
-            self.first.as_millis() as u64,
-            self.max.as_millis() as u64,
-            self.factor,
-            self.jitter.to_owned(),
-        )
-    }
-}
-
-/// Parses `--backoff`: `FIRST,MAX,FACTOR,JITTER` (a prefix is enough) or
-/// `key=value` pairs.
-pub fn parse_backoff(text: &str) -> Result<BackoffSpec, String> {
-    let (mut first, mut max, mut factor, mut jitter) = ("200ms", "30s", "2", "equal");
-    for (i, item) in text.split(',').map(str::trim).enumerate() {
-        let (key, value) = match item.split_once('=') {
-            Some((k, v)) => (k.trim(), v.trim()),
-            None => (
-                ["first", "max", "factor", "jitter"]
-                    .get(i)
-                    .copied()
-                    .unwrap_or("?"),
-                item,
-            ),
-        };
-        match key {
-            "first" => first = value,
-            "max" => max = value,
-            "factor" => factor = value,
-            "jitter" => jitter = value,
-            _ => {
-                return Err(format!(
-                    "unknown backoff part `{item}`; use FIRST,MAX,FACTOR,JITTER such as 100ms,10s,2,equal"
-                ));
-            }
+/// `--dir`, with a hint for the Docker-style `HOST:GUEST` form.
+fn parse_dir(text: &str) -> Result<DirGrant, String> {
+    DirGrant::parse(text).map_err(|e| match text.split_once(':') {
+        Some((host, guest))
+            if !host.is_empty() && guest.starts_with('/') && !text.contains("::") =>
+        {
+            format!("{e}; did you mean --dir {host}::{guest}?")
         }
-    }
-    let first = parse_duration(first).map_err(|e| e.to_string())?;
-    let max = parse_duration(max).map_err(|e| e.to_string())?;
-    let factor: f64 = factor
-        .parse()
-        .map_err(|_| format!("invalid backoff factor `{factor}`: use a number >= 1"))?;
-    let (jitter, name) = match jitter {
-        "none" => (Jitter::None, "none"),
-        "full" => (Jitter::Full, "full"),
-        "equal" => (Jitter::Equal, "equal"),
-        "decorrelated" => (Jitter::Decorrelated, "decorrelated"),
-        other => {
-            return Err(format!(
-                "invalid jitter `{other}`: use none, full, equal or decorrelated"
-            ));
-        }
-    };
-    BackoffPolicy::new(first, max, factor, jitter).map_err(|e| e.to_string())?;
-    Ok(BackoffSpec {
-        first,
-        max,
-        factor,
-        jitter: name,
+        _ => e.to_string(),
     })
 }

@@ -7,8 +7,8 @@ use serde_json::json;
 use taskhost::runtime::{Runtime, RuntimeConfig};
 use taskhost::units::format_size;
 
-use super::args::GlobalArgs;
-use super::usage;
+use super::args::CacheArgs;
+use super::exit::usage;
 
 #[derive(Debug, Args)]
 pub struct InspectArgs {
@@ -18,13 +18,12 @@ pub struct InspectArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    cache: CacheArgs,
 }
 
-pub async fn inspect(global: &GlobalArgs, args: InspectArgs) -> anyhow::Result<u8> {
-    let config = RuntimeConfig {
-        cache_dir: super::cache_dir(global),
-        ..RuntimeConfig::default()
-    };
+pub async fn inspect(args: InspectArgs) -> anyhow::Result<u8> {
+    let config = RuntimeConfig::default().cache_dir(args.cache.dir()?);
     let runtime = Runtime::new(&config)?;
     let plugin = runtime.load_file(&args.plugin).await.map_err(usage)?;
     let info = plugin.info();

@@ -1,22 +1,29 @@
 //! Owns the command line: the clap definitions of every verb, the parsing of
-//! units at the edge, and the exit codes (0 completed, 1 failed or fatal,
-//! 2 usage or invalid input, 3 rejected, 4 canceled or force-aborted,
-//! 5 daemon unreachable).
+//! units at the edge, and turning results into output and exit codes.
+//!
+//! | module | owns |
+//! |---|---|
+//! | `args` | flags shared by several verbs, parsed into library types |
+//! | `exit` | exit codes and the errors that carry them |
+//! | `report` | how results, summaries and guest lines look |
+//! | `run`, `inspect` | the verbs that need no daemon |
+//! | `serve` | the daemon verb |
+//! | `client` | the verbs that talk to a daemon |
 
 mod args;
 mod client;
-mod daemon;
+mod exit;
 mod inspect;
 mod report;
 mod run;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// Exit code for usage errors and invalid input.
-pub const EXIT_USAGE: u8 = 2;
+use exit::ExitError;
 
 /// Runs WebAssembly task plugins under a supervisor with keyed admission.
 ///
@@ -26,8 +33,9 @@ pub const EXIT_USAGE: u8 = 2;
 #[derive(Debug, Parser)]
 #[command(name = "host", version, about, long_about, propagate_version = true)]
 pub struct Cli {
-    #[command(flatten)]
-    global: args::GlobalArgs,
+    /// The daemon's socket, for the verbs that talk to one (also accepted after the verb).
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -56,36 +64,36 @@ enum Command {
     /// Logs go to stderr (RUST_LOG filters them). SIGINT, SIGTERM or
     /// `host shutdown` stop it gracefully: running tasks get the grace, then
     /// are force-aborted; queued work is rejected; the socket is removed.
-    Serve(Box<daemon::ServeArgs>),
+    Serve(Box<serve::ServeArgs>),
     /// Send one task to the daemon; prints its id (or, with --wait, its result).
     ///
     /// The plugin is uploaded once per daemon (by content digest). The slot
     /// is --slot, else the plugin's resource filled from --param, else the
     /// task name. Exit codes with --wait: as `host run`; 3 when rejected.
-    Submit(Box<daemon::SubmitArgs>),
+    Submit(Box<client::submit::SubmitArgs>),
     /// Wait for a task's final outcome and print it (exit code by outcome).
-    Wait(daemon::TargetArgs),
+    Wait(client::tasks::TargetArgs),
     /// Stop a task (queued work is removed) and wait until it has ended.
-    Cancel(daemon::TargetArgs),
+    Cancel(client::tasks::TargetArgs),
     /// Ask a task to stop (queued work is removed) without waiting.
-    Remove(daemon::TargetArgs),
-    /// List the daemon's live tasks, queued ones included.
-    Ps(daemon::ListArgs),
+    Remove(client::tasks::TargetArgs),
+    /// List the daemon's live tasks, queued ones included (--all: finished ones too).
+    Ps(client::tasks::PsArgs),
     /// Show the controller's slots: state, owner, queue depth, time in state.
-    Slots(daemon::ListArgs),
+    Slots(client::tasks::SlotsArgs),
     /// Print the daemon's recent events; --follow keeps streaming.
-    Events(daemon::EventsArgs),
+    Events(client::streams::EventsArgs),
     /// Print a task's guest output and log lines; --follow keeps streaming.
-    Logs(daemon::LogsArgs),
+    Logs(client::streams::LogsArgs),
     /// Shut the daemon down gracefully.
-    Shutdown(daemon::ShutdownArgs),
+    Shutdown(client::admin::ShutdownArgs),
 }
 
 /// Parses the command line, runs the verb, returns the process exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let json_logs =
-        matches!(&cli.command, Command::Serve(a) if a.log_format == daemon::LogFormat::Json);
+        matches!(&cli.command, Command::Serve(a) if a.log_format == serve::LogFormat::Json);
     let default_level = if matches!(cli.command, Command::Serve(_)) {
         "info"
     } else {
@@ -103,20 +111,21 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let socket = cli.socket;
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => run::run(&cli.global, *args).await,
-            Command::Inspect(args) => inspect::inspect(&cli.global, args).await,
-            Command::Serve(args) => daemon::serve_cmd(*args).await,
-            Command::Submit(args) => daemon::submit(*args).await,
-            Command::Wait(args) => daemon::wait(args).await,
-            Command::Cancel(args) => daemon::cancel(args, true).await,
-            Command::Remove(args) => daemon::cancel(args, false).await,
-            Command::Ps(args) => daemon::ps(args).await,
-            Command::Slots(args) => daemon::slots(args).await,
-            Command::Events(args) => daemon::events(args).await,
-            Command::Logs(args) => daemon::logs(args).await,
-            Command::Shutdown(args) => daemon::shutdown(args).await,
+            Command::Run(args) => run::run(*args).await,
+            Command::Inspect(args) => inspect::inspect(args).await,
+            Command::Serve(args) => serve::serve_cmd(*args, socket).await,
+            Command::Submit(args) => client::submit::submit(*args, socket).await,
+            Command::Wait(args) => client::tasks::wait(args, socket).await,
+            Command::Cancel(args) => client::tasks::cancel(args, true, socket).await,
+            Command::Remove(args) => client::tasks::cancel(args, false, socket).await,
+            Command::Ps(args) => client::tasks::ps(args, socket).await,
+            Command::Slots(args) => client::tasks::slots(args, socket).await,
+            Command::Events(args) => client::streams::events(args, socket).await,
+            Command::Logs(args) => client::streams::logs(args, socket).await,
+            Command::Shutdown(args) => client::admin::shutdown(args, socket).await,
         }
     });
     // Do not wait for stray blocking work (a compile of a plugin we no longer
@@ -131,30 +140,6 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// An error with the exit code it means (2 for the user's input, 5 for the
-/// daemon, ...).
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct ExitError {
-    code: u8,
-    message: String,
-}
-
-impl ExitError {
-    /// An error that exits with `code`.
-    pub fn error(code: u8, message: impl Into<String>) -> anyhow::Error {
-        anyhow::Error::new(Self {
-            code,
-            message: message.into(),
-        })
-    }
-}
-
-/// Wraps any displayable error as a usage error (exit code 2).
-pub fn usage(err: impl std::fmt::Display) -> anyhow::Error {
-    ExitError::error(EXIT_USAGE, err.to_string())
-}
-
 fn init_tracing(default_level: &str, json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
@@ -167,17 +152,5 @@ fn init_tracing(default_level: &str, json: bool) {
         builder.json().init();
     } else {
         builder.init();
-    }
-}
-
-/// Where compiled plugins are cached on disk.
-fn cache_dir(global: &args::GlobalArgs) -> Option<PathBuf> {
-    if global.no_cache {
-        None
-    } else {
-        global
-            .cache_dir
-            .clone()
-            .or_else(taskhost::runtime::default_cache_dir)
     }
 }

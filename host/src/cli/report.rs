@@ -4,12 +4,11 @@
 
 use std::io::{IsTerminal, Write};
 use std::sync::Mutex;
-use std::time::Duration;
 
 use base64::Engine as _;
 use serde::Serialize;
+use taskhost::logline::Stream;
 use taskhost::outcome::TaskOutcome;
-use taskhost::runtime::{GuestSink, Stream};
 use taskhost::supervisor::TaskReport;
 use taskhost::units::format_duration;
 
@@ -30,7 +29,7 @@ pub struct JsonResult<'a> {
 }
 
 impl<'a> JsonResult<'a> {
-    pub fn new(report: &'a TaskReport, took: Duration) -> Self {
+    pub fn new(report: &'a TaskReport) -> Self {
         let outcome = &report.outcome;
         let (output, output_encoding) = match outcome {
             TaskOutcome::Completed { output } => match std::str::from_utf8(output) {
@@ -43,18 +42,15 @@ impl<'a> JsonResult<'a> {
             _ => (None, None),
         };
         Self {
-            id: report.id,
+            id: report.id.get(),
             name: &report.name,
             slot: &report.slot,
-            outcome: outcome.kind(),
+            outcome: outcome.kind().as_str(),
             reason: outcome.reason(),
             exit_code: outcome.exit_code(),
-            rejection: match outcome {
-                TaskOutcome::Rejected { kind, .. } => Some(kind.to_string()),
-                _ => None,
-            },
+            rejection: outcome.rejection().map(|k| k.to_string()),
             attempts: report.attempts,
-            duration_ms: took.as_millis() as u64,
+            duration_ms: report.duration.as_millis() as u64,
             output,
             output_encoding,
         }
@@ -63,7 +59,7 @@ impl<'a> JsonResult<'a> {
 
 /// Writes the task's result: raw output or one JSON object on stdout, the
 /// human summary on stderr.
-pub fn print_result(json: Option<&JsonResult<'_>>, report: &TaskReport, took: Duration) {
+pub fn print_result(json: Option<&JsonResult<'_>>, report: &TaskReport) {
     let outcome = &report.outcome;
     let mut stdout = std::io::stdout().lock();
     match json {
@@ -85,17 +81,16 @@ pub fn print_result(json: Option<&JsonResult<'_>>, report: &TaskReport, took: Du
     }
     let _ = stdout.flush();
     if json.is_none() {
-        eprintln!(
-            "{}",
-            summary(&report.name, outcome, report.attempts, Some(took))
-        );
+        eprintln!("{}", summary(report));
     }
 }
 
-/// `deploy-1 completed in 1 attempt (52.1ms)` and the like.
-pub fn summary(name: &str, outcome: &TaskOutcome, attempts: u32, took: Option<Duration>) -> String {
+/// `deploy-1 completed in 1 attempt (52.1ms)` and the like; the time is the
+/// task's own run time, from its first attempt's start to its outcome.
+pub fn summary(report: &TaskReport) -> String {
+    let (name, outcome, attempts) = (&report.name, &report.outcome, report.attempts);
     let plural = if attempts == 1 { "attempt" } else { "attempts" };
-    let took = took.map_or_else(|| "final".to_owned(), format_duration);
+    let took = format_duration(report.duration);
     match outcome {
         TaskOutcome::Completed { .. } => {
             format!("{name} completed in {attempts} {plural} ({took})")
@@ -109,9 +104,12 @@ pub fn summary(name: &str, outcome: &TaskOutcome, attempts: u32, took: Option<Du
                 outcome.kind()
             )
         }
-        TaskOutcome::Canceled => format!("{name} canceled ({took})"),
+        TaskOutcome::Canceled if attempts == 0 => format!("{name} canceled before it ran"),
+        TaskOutcome::Canceled => format!("{name} canceled after {attempts} {plural} ({took})"),
         TaskOutcome::ForceAborted => {
-            format!("{name} force-aborted: it was stopped by force ({took})")
+            format!(
+                "{name} force-aborted: it was stopped by force after {attempts} {plural} ({took})"
+            )
         }
         TaskOutcome::Panicked { reason } => format!("{name} ended by a host bug: {reason}"),
         TaskOutcome::Rejected { kind, reason } => format!("{name} rejected ({kind}): {reason}"),
@@ -166,12 +164,14 @@ impl StderrSink {
     }
 }
 
-impl GuestSink for StderrSink {
-    fn line(&self, stream: Stream, text: &str) {
+impl StderrSink {
+    /// Prints one guest line.
+    pub fn line(&self, stream: Stream, text: &str) {
         self.print(&format!("[{} {stream}] {text}", self.tag));
     }
 
-    fn progress(&self, done: u64, total: u64) {
+    /// Shows a live status line (on a terminal only), redrawn in place.
+    pub fn status(&self, text: &str) {
         if !self.tty {
             return;
         }
@@ -179,19 +179,20 @@ impl GuestSink for StderrSink {
             .progress_shown
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let text = if total > 0 {
-            format!(
-                "{done}/{total} ({:.0}%)",
-                done as f64 * 100.0 / total as f64
-            )
-        } else {
-            format!("{done}")
-        };
-        let _ = write!(
-            std::io::stderr().lock(),
-            "\r\x1b[K[{} progress] {text}",
-            self.tag
-        );
+        let _ = write!(std::io::stderr().lock(), "\r\x1b[K[{}] {text}", self.tag);
         *shown = true;
+    }
+}
+
+/// How progress reads, in `host run`, `submit --wait`, `wait` and `ps`:
+/// `3/10 (30%)`, or `3` when the total is unknown.
+pub fn progress_text(done: u64, total: u64) -> String {
+    if total > 0 {
+        format!(
+            "{done}/{total} ({:.0}%)",
+            done as f64 * 100.0 / total as f64
+        )
+    } else {
+        format!("{done}")
     }
 }

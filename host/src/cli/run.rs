@@ -3,22 +3,19 @@
 //! signal, the instance is stopped by force.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Args;
-use taskhost::controller::resolve_slot;
 use taskhost::outcome::TaskOutcome;
-use taskhost::runtime::{GuestSink, Runtime, RuntimeConfig};
-use taskhost::supervisor::{
-    Event, EventKind, PluginBody, Received, Supervisor, SupervisorConfig, TaskBody, TaskReport,
-    TaskSpec,
-};
+use taskhost::plugin_task::{PluginTask, resolve_slot};
+use taskhost::runtime::{Runtime, RuntimeConfig};
+use taskhost::supervisor::{Event, EventKind, Received, Supervisor, TaskReport, TaskSpec};
 use taskhost::units::{format_duration, parse_duration};
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::args::{GlobalArgs, PolicyArgs, TaskArgs};
-use super::report::{JsonResult, StderrSink, print_result};
-use super::usage;
+use super::args::{CacheArgs, PolicyArgs, TaskArgs};
+use super::exit::{outcome_code, usage};
+use super::report::{JsonResult, StderrSink, print_result, progress_text};
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -26,36 +23,35 @@ pub struct RunArgs {
     task: TaskArgs,
     #[command(flatten)]
     policy: PolicyArgs,
+    #[command(flatten)]
+    cache: CacheArgs,
     /// After Ctrl-C, how long the task may take to stop before it is stopped by force.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
     grace: Duration,
 }
 
-pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<u8> {
+pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let task = &args.task;
     let params = task.params()?;
     let sandbox = task.sandbox()?;
     let input = task.input()?;
     let policies = args.policy.resolve(task.timeout)?;
 
-    let config = RuntimeConfig {
-        cache_dir: super::cache_dir(global),
-        ..RuntimeConfig::default()
-    };
+    let config = RuntimeConfig::default().cache_dir(args.cache.dir()?);
     let runtime = Arc::new(Runtime::new(&config)?);
     let plugin = runtime.load_file(&task.plugin).await.map_err(usage)?;
     sandbox
         .check_capabilities(&plugin.info().capabilities)
         .map_err(usage)?;
 
-    let supervisor = Supervisor::new(SupervisorConfig {
-        max_concurrent: Some(1),
-        grace: args.grace,
+    let supervisor = Supervisor::builder()
+        .max_concurrent(1)
+        .grace(args.grace)
         // One task and one fast reader: room for a burst of guest output.
-        bus_capacity: 1 << 16,
-        ..SupervisorConfig::default()
-    });
-    let id = supervisor.next_id();
+        .bus_capacity(1 << 16)
+        .build();
+    let reservation = supervisor.reserve();
+    let id = reservation.id();
     let info = plugin.info();
     let name = task
         .name
@@ -64,23 +60,18 @@ pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<u8> {
     let slot = resolve_slot(task.slot.as_deref(), info.resource.as_ref(), &params, &name)
         .map_err(usage)?;
     let sink = Arc::new(StderrSink::new(name.clone()));
-    let body = TaskBody::Plugin(PluginBody {
-        runtime: Arc::clone(&runtime),
-        plugin: Arc::clone(&plugin),
-        input: input.into(),
-        params,
-        sandbox: Arc::new(sandbox),
-        // Guest lines reach stderr through the event stream, so they and
-        // the lifecycle notes come out in one order.
-        sink: None,
-    });
+    // Guest lines reach stderr through the event stream, so they and the
+    // lifecycle notes come out in one order.
+    let body = PluginTask::new(&runtime, &plugin)
+        .input(input)
+        .params(params)
+        .sandbox(sandbox);
     let spec = policies.apply(TaskSpec::from_defaults(name.clone(), body).with_slot(slot));
 
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
     let mut events = supervisor.subscribe();
-    let started = Instant::now();
-    let waiter = supervisor.add_with_id(id, spec);
+    let waiter = supervisor.add_reserved(reservation, spec);
     let printer = {
         let sink = Arc::clone(&sink);
         tokio::spawn(async move {
@@ -99,9 +90,11 @@ pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<u8> {
                 }
                 match (event.kind, event.stream, &event.reason) {
                     (EventKind::GuestLog, Some(stream), Some(text)) => sink.line(stream, text),
-                    (EventKind::Progress, _, _) => {
-                        sink.progress(event.done.unwrap_or(0), event.total.unwrap_or(0))
-                    }
+                    (EventKind::Progress, _, _) => sink.status(&format!(
+                        "attempt {}: {}",
+                        event.attempt.unwrap_or(0),
+                        progress_text(event.done.unwrap_or(0), event.total.unwrap_or(0))
+                    )),
                     _ => {
                         if let Some(note) = lifecycle_note(&event) {
                             sink.note(&note);
@@ -134,7 +127,6 @@ pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<u8> {
             }
         }
     };
-    let took = started.elapsed();
     // Wait until the instance is gone and the event printer has caught up.
     supervisor.shutdown(Duration::ZERO).await;
     let _ = printer.await;
@@ -142,9 +134,9 @@ pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<u8> {
     if !matches!(report.outcome, TaskOutcome::Completed { .. }) && report.attempts > 1 {
         print_history(&sink, &report);
     }
-    let json = task.json.then(|| JsonResult::new(&report, took));
-    print_result(json.as_ref(), &report, took);
-    Ok(report.outcome.process_exit_code())
+    let json = task.json.then(|| JsonResult::new(&report));
+    print_result(json.as_ref(), &report);
+    Ok(outcome_code(&report.outcome))
 }
 
 /// The host-side line for a lifecycle event of the task, if it gets one.

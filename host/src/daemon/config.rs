@@ -15,6 +15,7 @@ pub const DEFAULT_DAEMON_GRACE: Duration = Duration::from_secs(10);
 
 /// Settings of `host serve`.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct DaemonConfig {
     /// Where plugins and the compilation cache live.
     pub state_dir: PathBuf,

@@ -1,33 +1,38 @@
 //! The daemon behind `host serve`: the runtime, supervisor and controller of
-//! one process behind an owner-only Unix socket. It owns the socket's
-//! life (permissions, stale files, removal at exit), the connections (a
-//! handshake, many requests in flight per connection, streaming replies),
-//! content-addressed plugin storage, and the translation of requests into
-//! controller calls. A bad client costs its own connection only.
+//! one process behind an owner-only Unix socket, and [`Client`], the other
+//! end of its protocol. A bad client costs its own connection only.
 //!
 //! | module | owns |
 //! |---|---|
 //! | `protocol` | message types, version handshake, framing limits |
+//! | `client` | the client: pipelined requests, replies routed by id |
 //! | `socket` | socket paths and owner-only permissions |
-//! | `tasks` | what the daemon remembers of submissions (waiters, logs) |
-//! | `server` | connections and request handling |
 //! | `config` | daemon settings from flags and the TOML file |
+//! | `listener` | start-up, the accept loop, shutdown |
+//! | `connection` | one connection: handshake, requests in order, batched replies |
+//! | `dispatch` | what each request does |
+//! | `uploads` | plugin uploads in chunks |
+//! | `submissions` | a submit request into a controller submission |
+//! | `plugins` | plugins stored by digest under the state directory |
+//! | `tasks` | what the daemon remembers of submissions (waiters, logs, names) |
+//! | `history` | recent events, bridged to the daemon's log |
+//! | `state` | what the connections share |
 
+mod client;
 pub mod config;
+mod connection;
+mod dispatch;
+mod history;
+mod listener;
+mod plugins;
 pub mod protocol;
-mod server;
 pub mod socket;
+mod state;
+mod submissions;
 mod tasks;
+mod uploads;
 
-use std::path::PathBuf;
-
+pub use client::{Client, ClientError, Replies};
 pub use config::DaemonConfig;
-pub use server::{default_state_dir, serve};
-
-use crate::runtime::Digest;
-
-/// Where the daemon keeps uploaded plugins: `<state dir>/plugins/<hex>.wasm`.
-pub fn plugin_path(state_dir: &std::path::Path, digest: &Digest) -> PathBuf {
-    let hex: String = digest.0.iter().map(|b| format!("{b:02x}")).collect();
-    state_dir.join("plugins").join(format!("{hex}.wasm"))
-}
+pub use listener::{ServeError, default_state_dir, serve};
+pub use plugins::plugin_path;

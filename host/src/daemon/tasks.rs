@@ -1,43 +1,46 @@
-//! Owns the daemon's memory of tasks: each submission's waiter, name and
-//! slot, and its log (a bounded ring of guest lines with live followers), for
-//! as long as the task lives plus a bounded number of finished ones, so
-//! `host wait` and `host logs` work after the end too.
+//! Owns the daemon's memory of submissions: each one's waiter, name, slot,
+//! plugin and log (a bounded ring of lines with live followers), for as long
+//! as the task lives plus a bounded number of finished ones, so `host wait`,
+//! `host logs` and `host ps --all` work after the end too. It also decides
+//! what a name refers to: the live task that holds it (as `host ps` shows),
+//! else the newest finished task that held it; a submission rejected at
+//! intake never held its name.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use tokio::sync::broadcast;
 
-use crate::runtime::{GuestSink, Stream};
-use crate::supervisor::TaskWaiter;
-
-use super::protocol::{Target, WireLogLine};
+use crate::controller::Controller;
+use crate::logline::{LineSink, LogLine, Stream};
+use crate::supervisor::{TaskId, TaskRef, TaskWaiter};
 
 /// Lines kept per task log.
 pub const MAX_LOG_LINES: usize = 2_000;
-/// Finished tasks remembered for `wait` and `logs`.
+/// Finished tasks remembered for `wait`, `logs` and `ps --all`.
 pub const MAX_FINISHED: usize = 10_000;
 
 /// Lines buffered per live follower before it is told it fell behind.
 const LIVE_BUFFER: usize = 256;
 
-/// One task's guest output: a bounded ring plus live followers.
+/// One task's lines: a bounded ring plus live followers.
 #[derive(Debug, Default)]
-pub struct TaskLog {
+pub(crate) struct TaskLog {
     state: Mutex<LogState>,
 }
 
 #[derive(Debug, Default)]
 struct LogState {
-    lines: VecDeque<WireLogLine>,
+    lines: VecDeque<LogLine>,
     /// Created by the first follower and dropped at the end, so the many
     /// tasks nobody follows (and every finished one) hold no channel buffer.
-    live: Option<broadcast::Sender<Option<WireLogLine>>>,
+    live: Option<broadcast::Sender<Option<LogLine>>>,
     closed: bool,
 }
 
 impl TaskLog {
-    fn new() -> Arc<Self> {
+    pub(crate) fn new() -> Arc<Self> {
         Arc::default()
     }
 
@@ -47,7 +50,7 @@ impl TaskLog {
 
     /// The lines so far and a receiver for later ones (`None`, or the
     /// channel closing, means the task ended).
-    pub fn follow(&self) -> (Vec<WireLogLine>, broadcast::Receiver<Option<WireLogLine>>) {
+    pub(crate) fn follow(&self) -> (Vec<LogLine>, broadcast::Receiver<Option<LogLine>>) {
         let mut state = self.lock();
         let lines = state.lines.iter().cloned().collect();
         let live = if state.closed {
@@ -63,15 +66,22 @@ impl TaskLog {
     }
 
     /// Marks the end of the log for followers.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         let mut state = self.lock();
         state.closed = true;
         if let Some(live) = state.live.take() {
             let _ = live.send(None);
         }
     }
+}
 
-    fn push(&self, line: WireLogLine) {
+impl LineSink for TaskLog {
+    fn push(&self, attempt: u32, stream: Stream, text: &str) {
+        let line = LogLine {
+            attempt,
+            stream,
+            text: text.to_owned(),
+        };
         let mut state = self.lock();
         if state.lines.len() == MAX_LOG_LINES {
             state.lines.pop_front();
@@ -83,42 +93,33 @@ impl TaskLog {
     }
 }
 
-impl GuestSink for TaskLog {
-    fn line(&self, stream: Stream, text: &str) {
-        self.push(WireLogLine {
-            stream: stream.to_string(),
-            text: text.to_owned(),
-        });
-    }
-
-    fn progress(&self, _done: u64, _total: u64) {}
-}
-
 /// What the daemon remembers of one submission.
 #[derive(Debug, Clone)]
-pub struct TaskRecord {
-    /// The submission's id.
-    pub id: u64,
-    /// Its name.
+pub(crate) struct TaskRecord {
+    pub id: TaskId,
     pub name: String,
-    /// Its slot.
     pub slot: String,
-    /// Its outcome.
+    /// The plugin's name.
+    pub plugin: String,
     pub waiter: TaskWaiter,
-    /// Its guest output.
     pub log: Arc<TaskLog>,
+    /// When it was submitted.
+    pub submitted: Instant,
+    /// Whether it ever held its name (was admitted or queued); a submission
+    /// rejected at intake never did.
+    pub placed: bool,
 }
 
 /// Every live submission and the most recent finished ones.
 #[derive(Debug, Default)]
-pub struct Tasks {
+pub(crate) struct Tasks {
     inner: Mutex<Inner>,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    by_id: HashMap<u64, TaskRecord>,
-    finished: VecDeque<u64>,
+    by_id: HashMap<TaskId, TaskRecord>,
+    finished: VecDeque<TaskId>,
 }
 
 impl Tasks {
@@ -126,19 +127,14 @@ impl Tasks {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A fresh log for a task about to be submitted.
-    pub fn new_log() -> Arc<TaskLog> {
-        TaskLog::new()
-    }
-
     /// Remembers a submission.
-    pub fn insert(&self, record: TaskRecord) {
+    pub(crate) fn insert(&self, record: TaskRecord) {
         self.lock().by_id.insert(record.id, record);
     }
 
     /// Marks a submission finished; the oldest finished ones are forgotten
     /// beyond [`MAX_FINISHED`].
-    pub fn finished(&self, id: u64) {
+    pub(crate) fn finished(&self, id: TaskId) {
         let mut inner = self.lock();
         inner.finished.push_back(id);
         while inner.finished.len() > MAX_FINISHED {
@@ -148,26 +144,44 @@ impl Tasks {
         }
     }
 
-    /// The record of a task by id, or the newest one with this name.
-    pub fn get(&self, target: &Target) -> Option<TaskRecord> {
+    /// The record a target refers to. An id is that submission. A name is
+    /// the live task holding it (registered or queued), else the newest
+    /// finished task that held it.
+    pub(crate) fn resolve(&self, target: &TaskRef, controller: &Controller) -> Option<TaskRecord> {
+        let name = match target {
+            TaskRef::Id(id) => return self.lock().by_id.get(id).cloned(),
+            TaskRef::Name(name) => name,
+        };
+        let live = controller
+            .supervisor()
+            .info(target.clone())
+            .map(|info| info.id)
+            .or_else(|| controller.queued(target).map(|q| q.id));
         let inner = self.lock();
-        match target {
-            Target::Id(id) => inner.by_id.get(id).cloned(),
-            Target::Name(name) => inner
-                .by_id
-                .values()
-                .filter(|r| &r.name == name)
-                .max_by_key(|r| r.id)
-                .cloned(),
+        if let Some(id) = live {
+            return inner.by_id.get(&id).cloned();
         }
+        inner
+            .by_id
+            .values()
+            .filter(|r| r.placed && &r.name == name)
+            .max_by_key(|r| r.id)
+            .cloned()
     }
 
-    /// The records of queued submissions (not yet registered): those the
-    /// controller still holds.
-    pub fn all(&self) -> Vec<TaskRecord> {
-        let mut all: Vec<TaskRecord> = self.lock().by_id.values().cloned().collect();
-        all.sort_by_key(|r| r.id);
-        all
+    /// The finished records still remembered, oldest first.
+    pub(crate) fn finished_records(&self) -> Vec<TaskRecord> {
+        let inner = self.lock();
+        inner
+            .finished
+            .iter()
+            .filter_map(|id| inner.by_id.get(id).cloned())
+            .collect()
+    }
+
+    /// The record of a submission by id.
+    pub(crate) fn get(&self, id: TaskId) -> Option<TaskRecord> {
+        self.lock().by_id.get(&id).cloned()
     }
 }
 
@@ -180,7 +194,7 @@ mod tests {
     #[test]
     fn followers_get_the_backlog_then_live_lines_then_the_end() {
         let log = TaskLog::new();
-        log.line(Stream::Stdout, "one");
+        log.push(1, Stream::Stdout, "one");
         assert!(
             log.lock().live.is_none(),
             "no channel until someone follows"
@@ -188,7 +202,7 @@ mod tests {
 
         let (backlog, mut live) = log.follow();
         assert_eq!(backlog.len(), 1);
-        log.line(Stream::Stderr, "two");
+        log.push(1, Stream::Stderr, "two");
         log.close();
         assert_eq!(live.try_recv().unwrap().unwrap().text, "two");
         assert_eq!(live.try_recv().unwrap(), None);

@@ -13,8 +13,9 @@ use wasmtime::{Engine, ResourceLimiter, Store, Trap, UpdateDeadline, WasmBacktra
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::{self, taskhost::plugin::host, taskhost::plugin::types};
-use super::output::{Capture, CapturedStream, GuestSink, LogLevel, Stream};
+use super::output::{Capture, CapturedStream, GuestSink};
 use super::sandbox::Sandbox;
+use crate::logline::{LogLevel, Stream};
 use crate::units::format_size;
 
 /// Largest output a `run` may return; larger output fails the attempt.

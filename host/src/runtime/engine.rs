@@ -44,19 +44,56 @@ pub enum AllocatorChoice {
     OnDemand,
 }
 
-/// Settings of the wasm runtime.
+/// Settings of the wasm runtime: start from the default and change what you
+/// need.
+///
+/// ```
+/// use std::time::Duration;
+/// use taskhost::runtime::{AllocatorChoice, RuntimeConfig};
+///
+/// let config = RuntimeConfig::default()
+///     .cache_dir(None)
+///     .epoch_tick(Duration::from_millis(5))
+///     .allocator(AllocatorChoice::OnDemand);
+/// ```
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
-    /// Directory for wasmtime's compilation cache; `None` disables it.
-    pub cache_dir: Option<PathBuf>,
+    pub(crate) cache_dir: Option<PathBuf>,
+    pub(crate) epoch_tick: Duration,
+    pub(crate) allocator: AllocatorChoice,
+    pub(crate) pool_instances: u32,
+}
+
+impl RuntimeConfig {
+    /// Directory for wasmtime's compilation cache; `None` disables it
+    /// [default: [`default_cache_dir`]]. A relative path is made absolute
+    /// against the current directory (wasmtime's cache needs an absolute
+    /// one).
+    pub fn cache_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.cache_dir = dir.map(|d| std::path::absolute(&d).unwrap_or(d));
+        self
+    }
+
     /// Interval of the epoch ticker: the granularity of interruption,
-    /// timeouts of spinning guests and force-abort.
-    pub epoch_tick: Duration,
-    /// Instance allocation strategy.
-    pub allocator: AllocatorChoice,
-    /// Instance slots of the pooling allocator (an upper bound on instances
-    /// alive at once when pooling).
-    pub pool_instances: u32,
+    /// timeouts of spinning guests and force-abort (at least 1 ms)
+    /// [default: 10 ms].
+    pub fn epoch_tick(mut self, tick: Duration) -> Self {
+        self.epoch_tick = tick.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Instance allocation strategy [default: pooling when possible].
+    pub fn allocator(mut self, choice: AllocatorChoice) -> Self {
+        self.allocator = choice;
+        self
+    }
+
+    /// Instance slots of the pooling allocator, an upper bound on instances
+    /// alive at once when pooling [default: 1000].
+    pub fn pool_instances(mut self, n: u32) -> Self {
+        self.pool_instances = n;
+        self
+    }
 }
 
 impl Default for RuntimeConfig {

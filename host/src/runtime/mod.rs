@@ -6,7 +6,8 @@
 //! | module | owns |
 //! |---|---|
 //! | `engine` | engine config, pooling vs on-demand, disk cache, epoch ticker |
-//! | `bindings` | the Rust side of `wit/` |
+//! | `bindings` | the Rust side of `wit/` (generated) |
+//! | `contract` | what a plugin declares: [`PluginInfo`], [`Capability`], resource templates |
 //! | `plugin` | bytes → validated [`Plugin`] (header sniffing, compile, world check, describe) |
 //! | `attempt` | one fresh instance: limits, epoch callback, host functions, error mapping |
 //! | `sandbox` | grants: dirs, env, memory; capability checks; WASI context |
@@ -14,6 +15,7 @@
 
 mod attempt;
 mod bindings;
+pub mod contract;
 mod engine;
 mod output;
 mod plugin;
@@ -28,16 +30,15 @@ use wasmtime::Engine;
 use wasmtime::component::Linker;
 
 pub use attempt::{AttemptError, AttemptFacts, MAX_OUTPUT_BYTES, PreparedAttempt, StopSignals};
+pub use contract::{Capability, DefaultPolicy, PluginInfo, ResourceTemplate, TemplateError};
 pub use engine::{
     Allocator, AllocatorChoice, DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES,
     HurryGuard, POOL_RESERVE, RuntimeConfig, default_cache_dir,
 };
-pub use output::{
-    GuestSink, LogLevel, MAX_LINE_BYTES, MAX_OUTPUT_BYTES_PER_ATTEMPT, NullSink, Stream,
-};
+pub use output::{GuestSink, MAX_LINE_BYTES, MAX_OUTPUT_BYTES_PER_ATTEMPT, NullSink};
 pub use plugin::{
-    AdmissionPolicy, Capability, DESCRIBE_MAX_MEMORY, DESCRIBE_TIMEOUT, Digest, LoadError,
-    MAX_PLUGIN_BYTES, Plugin, PluginInfo,
+    DESCRIBE_MAX_MEMORY, DESCRIBE_TIMEOUT, Digest, LoadError, MAX_PLUGIN_BYTES, Plugin,
+    check_header,
 };
 pub use sandbox::{DirGrant, GrantError, Sandbox, parse_env};
 

@@ -12,6 +12,8 @@ use bytes::Bytes;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
+use crate::logline::{LogLevel, Stream};
+
 /// Longest line forwarded; longer lines are cut and marked.
 pub const MAX_LINE_BYTES: usize = 8 * 1024;
 /// Most guest output (stdout + stderr + log) forwarded per attempt; the rest
@@ -19,50 +21,6 @@ pub const MAX_LINE_BYTES: usize = 8 * 1024;
 pub const MAX_OUTPUT_BYTES_PER_ATTEMPT: u64 = 16 << 20;
 /// Stderr lines kept to explain a trap.
 const STDERR_TAIL_LINES: usize = 6;
-
-/// Where a guest line came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Stream {
-    /// The guest's stdout.
-    Stdout,
-    /// The guest's stderr.
-    Stderr,
-    /// A `host.log` call at this level.
-    Log(LogLevel),
-}
-
-/// Severity of a guest's `host.log` line.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum LogLevel {
-    /// Very detailed.
-    Trace,
-    /// Detailed.
-    Debug,
-    /// Normal.
-    Info,
-    /// Something looks wrong.
-    Warn,
-    /// Something failed.
-    Error,
-}
-
-impl std::fmt::Display for Stream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Stream::Stdout => "stdout",
-            Stream::Stderr => "stderr",
-            Stream::Log(LogLevel::Trace) => "trace",
-            Stream::Log(LogLevel::Debug) => "debug",
-            Stream::Log(LogLevel::Info) => "info",
-            Stream::Log(LogLevel::Warn) => "warn",
-            Stream::Log(LogLevel::Error) => "error",
-        })
-    }
-}
 
 /// Receives what one attempt's guest says. Implementations must be cheap and
 /// must not block: they are called from the guest's host calls.

@@ -13,9 +13,9 @@ use wasmtime::component::Component;
 
 use super::attempt::{self, AttemptFacts, AttemptState, StopSignals, error_chain};
 use super::bindings::{self, WIT_PACKAGE, WIT_VERSION, taskhost::plugin::types};
+use super::contract::{Capability, PluginInfo, ResourceTemplate};
 use super::output::NullSink;
 use super::sandbox::Sandbox;
-use crate::resource::ResourceTemplate;
 
 /// Largest plugin file accepted.
 pub const MAX_PLUGIN_BYTES: usize = 256 << 20;
@@ -46,71 +46,6 @@ impl std::fmt::Display for Digest {
         f.write_str("sha256:")?;
         self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
     }
-}
-
-/// The admission policy a plugin suggests for its submissions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum AdmissionPolicy {
-    /// Wait in the slot's FIFO queue.
-    #[default]
-    Queue,
-    /// Stop the current owner and go next.
-    Replace,
-    /// Give up when the slot is busy.
-    DropIfRunning,
-}
-
-impl std::fmt::Display for AdmissionPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Queue => "queue",
-            Self::Replace => "replace",
-            Self::DropIfRunning => "drop-if-running",
-        })
-    }
-}
-
-/// A capability a plugin declares it needs.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Capability {
-    /// Read access to this guest directory.
-    ReadDir(String),
-    /// Read/write access to this guest directory.
-    WriteDir(String),
-    /// This environment variable.
-    Env(String),
-    /// Network access (never granted by this host).
-    Network,
-}
-
-impl std::fmt::Display for Capability {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::ReadDir(p) => write!(f, "read-dir {p}"),
-            Self::WriteDir(p) => write!(f, "write-dir {p}"),
-            Self::Env(n) => write!(f, "env {n}"),
-            Self::Network => f.write_str("network"),
-        }
-    }
-}
-
-/// What a plugin says about itself, validated.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct PluginInfo {
-    /// Short name.
-    pub name: String,
-    /// The plugin's version.
-    pub version: String,
-    /// One line for people.
-    pub description: String,
-    /// The resource template it acts on, if any.
-    pub resource: Option<ResourceTemplate>,
-    /// Its default admission policy.
-    pub default_policy: AdmissionPolicy,
-    /// What it needs granted.
-    pub capabilities: Vec<Capability>,
 }
 
 /// Why bytes could not become a plugin.
@@ -219,7 +154,7 @@ pub(crate) fn too_big(origin: &str, size: u64) -> LoadError {
 }
 
 /// Sniffs the wasm header so the common mistakes get a precise message.
-pub(crate) fn check_header(origin: &str, bytes: &[u8]) -> Result<(), LoadError> {
+pub fn check_header(origin: &str, bytes: &[u8]) -> Result<(), LoadError> {
     const MAGIC: &[u8] = b"\0asm";
     let not_wasm = |why: String| LoadError::NotWasm {
         origin: origin.to_owned(),
@@ -422,11 +357,7 @@ fn validate_info(raw: types::PluginInfo) -> Result<PluginInfo, String> {
         version: raw.version,
         description: raw.description,
         resource,
-        default_policy: match raw.default_policy {
-            types::Policy::Queue => AdmissionPolicy::Queue,
-            types::Policy::Replace => AdmissionPolicy::Replace,
-            types::Policy::DropIfRunning => AdmissionPolicy::DropIfRunning,
-        },
+        default_policy: raw.default_policy.into(),
         capabilities,
     })
 }

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
 
+use super::contract::Capability;
 use super::engine::DEFAULT_MAX_MEMORY;
-use super::plugin::Capability;
 
 /// One preopened directory.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

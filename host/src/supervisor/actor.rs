@@ -1,4 +1,4 @@
-//! Owns the life of one registered task: the attempt loop (permit, attempt,
+//! Owns the life of one registered task: the attempt loop (permit, set-up,
 //! timeout, result), the restart and retry decisions, backoff, stop requests
 //! with their grace and force-abort, and the final report. Every attempt's
 //! future is owned here, so dropping it is physical completion.
@@ -6,22 +6,23 @@
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
+use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::outcome::TaskOutcome;
-use crate::runtime::{AttemptError, AttemptFacts, AttemptRequest, GuestSink, StopSignals, Stream};
 use crate::units::format_duration;
 
 use super::Shared;
+use super::body::{AttemptContext, TaskBody};
 use super::events::{BackoffSource, Event, EventKind};
 use super::registry::{TaskEntry, TaskPhase};
-use super::spec::{
-    NativeContext, PluginBody, ResolvedPolicies, RestartPolicy, TaskBody, TaskError,
-};
+use super::spec::{ResolvedPolicies, RestartPolicy, TaskError};
 use super::waiter::{AttemptRecord, MAX_HISTORY, TaskReport};
 
 /// How one attempt ended, from the actor's point of view.
@@ -35,10 +36,31 @@ enum AttemptEnd {
     Forced,
 }
 
+/// What the actor remembers across attempts for the final report.
+#[derive(Default)]
+struct Story {
+    attempts: u32,
+    history: VecDeque<AttemptRecord>,
+    first_start: Option<Instant>,
+}
+
+impl Story {
+    fn record(&mut self, attempt: u32, result: String, duration: Duration) {
+        if self.history.len() == MAX_HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(AttemptRecord {
+            attempt,
+            result,
+            duration,
+        });
+    }
+}
+
 pub(crate) struct Actor {
     pub shared: Arc<Shared>,
     pub entry: Arc<TaskEntry>,
-    pub body: TaskBody,
+    pub body: Arc<dyn TaskBody>,
     pub policies: ResolvedPolicies,
     /// Runs after physical completion (the controller frees the slot).
     pub on_gone: Option<Box<dyn FnOnce() + Send + Sync>>,
@@ -51,20 +73,15 @@ impl Actor {
         let on_gone = self.on_gone.take();
         let shared = Arc::clone(&self.shared);
         let entry = Arc::clone(&self.entry);
-        let mut history = VecDeque::new();
-        let result = AssertUnwindSafe(self.life(&mut history))
-            .catch_unwind()
-            .await;
-        let (outcome, attempts) = match result {
-            Ok(done) => done,
-            Err(panic) => (
-                TaskOutcome::Panicked {
-                    reason: format!("the task's actor panicked: {}", panic_message(&*panic)),
-                },
-                0,
-            ),
+        let mut story = Story::default();
+        let result = AssertUnwindSafe(self.life(&mut story)).catch_unwind().await;
+        let outcome = match result {
+            Ok(outcome) => outcome,
+            Err(panic) => TaskOutcome::Panicked {
+                reason: format!("the task's actor panicked: {}", panic_message(&*panic)),
+            },
         };
-        finish_logically(&shared, &entry, outcome, attempts, &history);
+        finish_logically(&shared, &entry, outcome, &story);
         // Physical completion: the attempt futures are dropped by now.
         entry.set_phase(TaskPhase::Finishing);
         shared.registry.unregister(&entry);
@@ -75,10 +92,9 @@ impl Actor {
         }
     }
 
-    async fn life(&self, history: &mut VecDeque<AttemptRecord>) -> (TaskOutcome, u32) {
+    async fn life(&self, story: &mut Story) -> TaskOutcome {
         let entry = &self.entry;
         let mut stop = entry.stop_signal();
-        let mut attempts = 0u32;
         let mut streak = 0u32;
         loop {
             // A stop while waiting for a permit or in backoff holds nothing.
@@ -87,62 +103,54 @@ impl Actor {
                 None => None,
                 Some(semaphore) => tokio::select! {
                     biased;
-                    () = stop_requested(&mut stop) => return (TaskOutcome::Canceled, attempts),
+                    () = stop_requested(&mut stop) => return TaskOutcome::Canceled,
                     permit = Arc::clone(semaphore).acquire_owned() => permit.ok(),
                 },
             };
             if stop.borrow().is_some() {
-                return (TaskOutcome::Canceled, attempts);
+                return TaskOutcome::Canceled;
             }
-            attempts = entry.count_attempt();
+            let attempt = entry.count_attempt();
+            story.attempts = attempt;
             entry.set_phase(TaskPhase::Running);
-            self.event(EventKind::AttemptStarting, attempts);
+            self.event(EventKind::AttemptStarting, attempt);
             let started = Instant::now();
+            story.first_start.get_or_insert(started);
             let end = tracing::Instrument::instrument(
-                self.attempt(attempts, &mut stop, history),
-                tracing::debug_span!("attempt", n = attempts),
+                self.attempt(attempt, &mut stop, story),
+                tracing::debug_span!("attempt", n = attempt),
             )
             .await;
             // The permit is held until the attempt's end event is out, so
             // that no observer counting starts and ends ever sees more than
             // `max_concurrent` attempts; it is released before any backoff.
             let took = started.elapsed();
-            let mut record = |result: String| {
-                if history.len() == MAX_HISTORY {
-                    history.pop_front();
-                }
-                history.push_back(AttemptRecord {
-                    attempt: attempts,
-                    result,
-                    duration: took,
-                });
-            };
 
             let error = match end {
-                AttemptEnd::Forced => return (TaskOutcome::ForceAborted, attempts),
+                AttemptEnd::Forced => return TaskOutcome::ForceAborted,
                 AttemptEnd::Stopped => {
-                    record("canceled".into());
-                    self.event(EventKind::AttemptCanceled, attempts);
-                    return (TaskOutcome::Canceled, attempts);
+                    story.record(attempt, "canceled".into(), took);
+                    self.event(EventKind::AttemptCanceled, attempt);
+                    return TaskOutcome::Canceled;
                 }
                 AttemptEnd::Done(Ok(output)) => {
-                    record("succeeded".into());
-                    self.attempt_event(EventKind::AttemptSucceeded, attempts, took, None);
+                    story.record(attempt, "succeeded".into(), took);
+                    self.attempt_event(EventKind::AttemptSucceeded, attempt, took, None);
                     match self.policies.restart {
                         RestartPolicy::Always { interval } => {
                             drop(permit);
                             streak = 0;
                             let delay = interval.max(Duration::from_millis(1));
                             if !self
-                                .backoff(attempts, delay, BackoffSource::Success, &mut stop)
+                                .backoff(attempt, delay, BackoffSource::Success, &mut stop)
                                 .await
                             {
-                                return (TaskOutcome::Canceled, attempts);
+                                return TaskOutcome::Canceled;
                             }
                             continue;
                         }
                         RestartPolicy::Never | RestartPolicy::OnFailure => {
-                            return (TaskOutcome::Completed { output }, attempts);
+                            return TaskOutcome::Completed { output };
                         }
                     }
                 }
@@ -151,39 +159,40 @@ impl Actor {
 
             let (reason, exit_code) = match &error {
                 TaskError::Canceled => {
-                    record("canceled by the body".into());
-                    self.event(EventKind::AttemptCanceled, attempts);
-                    return (TaskOutcome::Canceled, attempts);
+                    story.record(attempt, "canceled by the body".into(), took);
+                    self.event(EventKind::AttemptCanceled, attempt);
+                    return TaskOutcome::Canceled;
                 }
                 TaskError::Fatal { reason, exit_code } => {
-                    record(format!("fatal: {reason}"));
-                    self.attempt_event(EventKind::AttemptFailed, attempts, took, Some(&error));
-                    return (
-                        TaskOutcome::Fatal {
-                            reason: reason.clone(),
-                            exit_code: *exit_code,
-                        },
-                        attempts,
-                    );
+                    story.record(attempt, format!("fatal: {reason}"), took);
+                    self.attempt_event(EventKind::AttemptFailed, attempt, took, Some(&error));
+                    return TaskOutcome::Fatal {
+                        reason: reason.clone(),
+                        exit_code: *exit_code,
+                    };
                 }
                 TaskError::Timeout(limit) => {
                     let reason = format!(
-                        "attempt {attempts} timed out after {}",
+                        "attempt {attempt} timed out after {}",
                         format_duration(*limit)
                     );
-                    record(format!("timed out after {}", format_duration(*limit)));
-                    self.attempt_event(EventKind::AttemptTimedOut, attempts, took, Some(&error));
+                    story.record(
+                        attempt,
+                        format!("timed out after {}", format_duration(*limit)),
+                        took,
+                    );
+                    self.attempt_event(EventKind::AttemptTimedOut, attempt, took, Some(&error));
                     (reason, None)
                 }
                 TaskError::Fail { reason, exit_code } => {
-                    record(format!("failed: {reason}"));
-                    self.attempt_event(EventKind::AttemptFailed, attempts, took, Some(&error));
+                    story.record(attempt, format!("failed: {reason}"), took);
+                    self.attempt_event(EventKind::AttemptFailed, attempt, took, Some(&error));
                     (reason.clone(), *exit_code)
                 }
             };
             drop(permit);
             if self.policies.restart == RestartPolicy::Never {
-                return (TaskOutcome::Failed { reason, exit_code }, attempts);
+                return TaskOutcome::Failed { reason, exit_code };
             }
             streak += 1;
             if let Some(max) = self.policies.max_retries
@@ -192,14 +201,14 @@ impl Actor {
                 let reason = format!(
                     "retry limit reached: {streak} consecutive failed attempts (max retries {max}); last error: {reason}"
                 );
-                return (TaskOutcome::Failed { reason, exit_code }, attempts);
+                return TaskOutcome::Failed { reason, exit_code };
             }
             let delay = self.policies.backoff.delay(streak - 1);
             if !self
-                .backoff(attempts, delay, BackoffSource::Failure, &mut stop)
+                .backoff(attempt, delay, BackoffSource::Failure, &mut stop)
                 .await
             {
-                return (TaskOutcome::Canceled, attempts);
+                return TaskOutcome::Canceled;
             }
         }
     }
@@ -226,19 +235,20 @@ impl Actor {
 
     /// Runs one attempt against stop requests: a stop cancels the body; if
     /// it has not ended by the stop's deadline, ForceAborted is delivered at
-    /// once and the attempt is dropped (the instance with it).
+    /// once and the attempt is dropped (a plugin's instance with it).
     async fn attempt(
         &self,
         attempt: u32,
         stop: &mut watch::Receiver<Option<Instant>>,
-        history: &mut VecDeque<AttemptRecord>,
+        story: &mut Story,
     ) -> AttemptEnd {
         let started = Instant::now();
-        let signals = StopSignals::default();
-        let body = self.body_future(attempt, &signals);
+        let cancel = CancellationToken::new();
+        let abort = Arc::new(AtomicBool::new(false));
+        let body = self.body_future(attempt, &cancel, &abort);
         tokio::pin!(body);
-        // Held while a force-abort deadline of a plugin attempt is pending:
-        // the runtime ticks faster once it has passed (see `Runtime::hurry_at`).
+        // Held while a force-abort deadline is pending: a body that cannot
+        // be preempted (a spinning guest) makes sure it yields by then.
         let mut hurry = None;
         let mut deadline = None;
         let mut stop_seen = stop.borrow_and_update().is_some();
@@ -247,32 +257,24 @@ impl Actor {
         }
         loop {
             if stop_seen {
-                signals.cancel();
+                cancel.cancel();
                 self.entry.set_phase(TaskPhase::Stopping);
-                if let (TaskBody::Plugin(p), Some(at)) = (&self.body, deadline) {
-                    hurry = Some(p.runtime.hurry_at(at.into_std()));
+                if let Some(at) = deadline {
+                    hurry = self.body.hurry(at.into_std());
                 }
                 stop_seen = false;
             }
             // Biased: once the deadline has passed, abort without giving the
-            // guest another slice; a stop that arrives with a result makes
-            // the attempt Stopped (SEMANTICS §4: an Ok after a stop is
-            // Canceled).
+            // body another slice; a stop that arrives with a result makes
+            // the attempt Stopped (an Ok after a stop is Canceled).
             tokio::select! {
                 biased;
                 () = deadline_passed(deadline) => {
-                    if history.len() == MAX_HISTORY {
-                        history.pop_front();
-                    }
-                    history.push_back(AttemptRecord {
-                        attempt,
-                        result: "force-aborted".into(),
-                        duration: started.elapsed(),
-                    });
-                    finish_logically(&self.shared, &self.entry, TaskOutcome::ForceAborted, attempt, history);
-                    // Stop the instance: it traps at its next epoch tick if
+                    story.record(attempt, "force-aborted".into(), started.elapsed());
+                    finish_logically(&self.shared, &self.entry, TaskOutcome::ForceAborted, story);
+                    // Stop the body: a guest traps at its next epoch tick if
                     // it is polled again; dropping the future drops it now.
-                    signals.abort();
+                    abort.store(true, Ordering::SeqCst);
                     drop(hurry);
                     return AttemptEnd::Forced;
                 }
@@ -291,57 +293,31 @@ impl Actor {
         }
     }
 
-    /// The future of one attempt: instance creation, then the body under its
-    /// timeout (which starts only once the instance exists).
+    /// The future of one attempt: the body's set-up, then its running part
+    /// under the timeout (which starts only once the set-up is done). A
+    /// panic in the body is a retryable failure of the attempt.
     fn body_future(
         &self,
         attempt: u32,
-        signals: &StopSignals,
-    ) -> futures::future::BoxFuture<'static, Result<Vec<u8>, TaskError>> {
+        cancel: &CancellationToken,
+        abort: &Arc<AtomicBool>,
+    ) -> BoxFuture<'static, Result<Vec<u8>, TaskError>> {
+        let ctx = AttemptContext {
+            entry: Arc::clone(&self.entry),
+            attempt,
+            cancel: cancel.clone(),
+            abort: Arc::clone(abort),
+            bus: Arc::clone(&self.shared.bus),
+        };
+        let setup = AssertUnwindSafe(self.body.attempt(ctx)).catch_unwind();
         let timeout = self.policies.timeout;
-        let entry = &self.entry;
-        match &self.body {
-            TaskBody::Native(f) => {
-                let ctx = NativeContext {
-                    task_id: entry.id,
-                    name: Arc::clone(&entry.name),
-                    attempt,
-                    cancel: signals.cancel.clone(),
-                };
-                let fut = AssertUnwindSafe(f(ctx)).catch_unwind().map(|r| {
-                    r.unwrap_or_else(|panic| {
-                        Err(TaskError::fail(format!(
-                            "the task body panicked: {}",
-                            panic_message(&*panic)
-                        )))
-                    })
-                });
-                Box::pin(with_timeout(fut, timeout))
-            }
-            TaskBody::Plugin(body) => {
-                let body = body.clone();
-                let signals = signals.clone();
-                let sink = Arc::new(TaskSink {
-                    shared: Arc::clone(&self.shared),
-                    entry: Arc::clone(entry),
-                    attempt,
-                    forward: body.sink.clone(),
-                });
-                let request = AttemptRequest {
-                    facts: Arc::new(AttemptFacts {
-                        task_id: entry.id,
-                        name: entry.name.to_string(),
-                        slot: entry.slot.to_string(),
-                        attempt,
-                        params: body.params.clone(),
-                    }),
-                    input: Arc::clone(&body.input),
-                    sandbox: Arc::clone(&body.sandbox),
-                    sink,
-                };
-                Box::pin(async move { run_plugin(body, request, signals, timeout).await })
-            }
-        }
+        Box::pin(async move {
+            let run = setup.await.unwrap_or_else(|panic| Err(panicked(&*panic)))?;
+            let run = AssertUnwindSafe(run)
+                .catch_unwind()
+                .map(|r| r.unwrap_or_else(|panic| Err(panicked(&*panic))));
+            with_timeout(run, timeout).await
+        })
     }
 
     fn base_event(&self, kind: EventKind, attempt: u32) -> Event {
@@ -380,30 +356,8 @@ impl Actor {
     }
 }
 
-async fn run_plugin(
-    body: PluginBody,
-    request: AttemptRequest,
-    signals: StopSignals,
-    timeout: Option<Duration>,
-) -> Result<Vec<u8>, TaskError> {
-    let prepared = body
-        .runtime
-        .prepare_attempt(&body.plugin, &request, &signals)
-        .await
-        .map_err(task_error)?;
-    with_timeout(
-        prepared.run(&request.input).map(|r| r.map_err(task_error)),
-        timeout,
-    )
-    .await
-}
-
-fn task_error(err: AttemptError) -> TaskError {
-    match err {
-        AttemptError::Fail { reason, exit_code } => TaskError::Fail { reason, exit_code },
-        AttemptError::Fatal { reason, exit_code } => TaskError::Fatal { reason, exit_code },
-        AttemptError::Canceled | AttemptError::Aborted => TaskError::Canceled,
-    }
+fn panicked(panic: &(dyn std::any::Any + Send)) -> TaskError {
+    TaskError::fail(format!("the task body panicked: {}", panic_message(panic)))
 }
 
 /// Applies the per-attempt timeout: on expiry the body is dropped (for a
@@ -446,28 +400,23 @@ fn deadline_passed(deadline: Option<Instant>) -> impl Future<Output = ()> {
 
 /// Decides the outcome: TaskFinished, then delivery to every waiter. Does
 /// nothing if the outcome was already delivered (force-abort delivers first).
-fn finish_logically(
-    shared: &Shared,
-    entry: &TaskEntry,
-    outcome: TaskOutcome,
-    attempts: u32,
-    history: &VecDeque<AttemptRecord>,
-) {
+fn finish_logically(shared: &Shared, entry: &TaskEntry, outcome: TaskOutcome, story: &Story) {
     if entry.outcome.is_set() {
         return;
     }
     let mut event = Event::new(EventKind::TaskFinished)
         .task(entry.id, &entry.name, &entry.slot)
         .outcome(&outcome);
-    event.attempt = (attempts > 0).then_some(attempts);
+    event.attempt = (story.attempts > 0).then_some(story.attempts);
     shared.publish(event);
     entry.outcome.set(TaskReport {
         id: entry.id,
         name: Arc::clone(&entry.name),
         slot: Arc::clone(&entry.slot),
         outcome,
-        attempts,
-        history: history.iter().cloned().collect(),
+        attempts: story.attempts,
+        history: story.history.iter().cloned().collect(),
+        duration: story.first_start.map_or(Duration::ZERO, |t| t.elapsed()),
     });
 }
 
@@ -477,39 +426,4 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic payload".to_owned())
-}
-
-/// Turns a guest's lines into events and forwards them to the body's own
-/// sink (the CLI's stderr, the daemon's task log).
-struct TaskSink {
-    shared: Arc<Shared>,
-    entry: Arc<TaskEntry>,
-    attempt: u32,
-    forward: Option<Arc<dyn GuestSink>>,
-}
-
-impl GuestSink for TaskSink {
-    fn line(&self, stream: Stream, text: &str) {
-        let mut event = Event::new(EventKind::GuestLog)
-            .task(self.entry.id, &self.entry.name, &self.entry.slot)
-            .reason(text);
-        event.attempt = Some(self.attempt);
-        event.stream = Some(stream);
-        self.shared.publish(event);
-        if let Some(forward) = &self.forward {
-            forward.line(stream, text);
-        }
-    }
-
-    fn progress(&self, done: u64, total: u64) {
-        let mut event =
-            Event::new(EventKind::Progress).task(self.entry.id, &self.entry.name, &self.entry.slot);
-        event.attempt = Some(self.attempt);
-        event.done = Some(done);
-        event.total = Some(total);
-        self.shared.publish(event);
-        if let Some(forward) = &self.forward {
-            forward.progress(done, total);
-        }
-    }
 }

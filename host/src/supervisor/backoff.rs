@@ -1,11 +1,17 @@
 //! Owns the delay between attempts: `min(first * factor^i, max)`, then
 //! jitter, then raised to `floor`, at least 1 ms when non-zero, capped at
-//! `max` (SEMANTICS §2).
+//! `max`; and the one textual form of a backoff (`FIRST,MAX,FACTOR,JITTER`)
+//! that the CLI and the config file share.
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
+use crate::units::parse_duration;
+
 /// How the delay is randomised.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Jitter {
     /// Exactly the computed delay.
     None,
@@ -18,8 +24,49 @@ pub enum Jitter {
     Decorrelated,
 }
 
-/// The backoff between failed attempts.
-#[derive(Debug, Clone, PartialEq)]
+impl std::fmt::Display for Jitter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::None => "none",
+            Self::Full => "full",
+            Self::Equal => "equal",
+            Self::Decorrelated => "decorrelated",
+        })
+    }
+}
+
+impl std::str::FromStr for Jitter {
+    type Err = BackoffError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim() {
+            "none" => Ok(Self::None),
+            "full" => Ok(Self::Full),
+            "equal" => Ok(Self::Equal),
+            "decorrelated" => Ok(Self::Decorrelated),
+            other => Err(BackoffError::Syntax(format!(
+                "invalid jitter `{other}`: use none, full, equal or decorrelated"
+            ))),
+        }
+    }
+}
+
+/// The backoff between failed attempts. Its text form is
+/// `FIRST,MAX,FACTOR,JITTER` (a prefix is enough; the rest keeps the
+/// defaults) or `key=value` pairs:
+///
+/// ```
+/// use std::time::Duration;
+/// use taskhost::supervisor::{BackoffPolicy, Jitter};
+///
+/// let b: BackoffPolicy = "100ms,10s,3".parse().unwrap();
+/// assert_eq!(b, BackoffPolicy::new(Duration::from_millis(100), Duration::from_secs(10), 3.0, Jitter::Equal).unwrap());
+/// let b: BackoffPolicy = "jitter=none, first=1s".parse().unwrap();
+/// assert_eq!(b.delay(0), Duration::from_secs(1));
+/// assert!("1s,100ms".parse::<BackoffPolicy>().is_err()); // first above max
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "RawBackoff", into = "RawBackoff")]
 pub struct BackoffPolicy {
     first: Duration,
     max: Duration,
@@ -28,9 +75,101 @@ pub struct BackoffPolicy {
     floor: Duration,
 }
 
+/// The serde form of a [`BackoffPolicy`], validated on the way in.
+#[derive(Serialize, Deserialize)]
+struct RawBackoff {
+    first: Duration,
+    max: Duration,
+    factor: f64,
+    jitter: Jitter,
+    floor: Duration,
+}
+
+impl TryFrom<RawBackoff> for BackoffPolicy {
+    type Error = BackoffError;
+
+    fn try_from(raw: RawBackoff) -> Result<Self, Self::Error> {
+        Ok(Self::new(raw.first, raw.max, raw.factor, raw.jitter)?.with_floor(raw.floor))
+    }
+}
+
+impl From<BackoffPolicy> for RawBackoff {
+    fn from(b: BackoffPolicy) -> Self {
+        Self {
+            first: b.first,
+            max: b.max,
+            factor: b.factor,
+            jitter: b.jitter,
+            floor: b.floor,
+        }
+    }
+}
+
+impl std::str::FromStr for BackoffPolicy {
+    type Err = BackoffError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let defaults = Self::default();
+        let (mut first, mut max, mut factor, mut jitter) = (
+            defaults.first,
+            defaults.max,
+            defaults.factor,
+            defaults.jitter,
+        );
+        for (i, item) in text.split(',').map(str::trim).enumerate() {
+            let (key, value) = match item.split_once('=') {
+                Some((k, v)) => (k.trim(), v.trim()),
+                None => (
+                    ["first", "max", "factor", "jitter"]
+                        .get(i)
+                        .copied()
+                        .unwrap_or("?"),
+                    item,
+                ),
+            };
+            let duration =
+                |v: &str| parse_duration(v).map_err(|e| BackoffError::Syntax(e.to_string()));
+            match key {
+                "first" => first = duration(value)?,
+                "max" => max = duration(value)?,
+                "factor" => {
+                    factor = value.parse().map_err(|_| {
+                        BackoffError::Syntax(format!(
+                            "invalid backoff factor `{value}`: use a number >= 1"
+                        ))
+                    })?;
+                }
+                "jitter" => jitter = value.parse()?,
+                _ => {
+                    return Err(BackoffError::Syntax(format!(
+                        "unknown backoff part `{item}`; use FIRST,MAX,FACTOR,JITTER such as 100ms,10s,2,equal"
+                    )));
+                }
+            }
+        }
+        Self::new(first, max, factor, jitter)
+    }
+}
+
+impl std::fmt::Display for BackoffPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{},{},{},{}",
+            crate::units::format_duration(self.first),
+            crate::units::format_duration(self.max),
+            self.factor,
+            self.jitter
+        )
+    }
+}
+
 /// A backoff that makes no sense.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BackoffError {
+    /// The text form could not be read.
+    #[error("{0}")]
+    Syntax(String),
     /// The factor is below 1 or not a finite number.
     #[error("backoff factor must be a finite number >= 1")]
     Factor,

@@ -1,22 +1,23 @@
-//! Owns observability: the [`Event`] vocabulary, the bounded bus that never
-//! blocks the runtime (a full lane drops and counts), and subscribers as
-//! bounded lanes on their own threads, so a slow or panicking subscriber
-//! stalls nobody. Events are best-effort; outcomes (see `waiter`) are not.
+//! Owns the event vocabulary ([`Event`], [`EventKind`]) and the bounded bus
+//! that never blocks the runtime: every reader is a lane that holds at most
+//! the bus capacity; a lane that falls behind loses the oldest events and is
+//! told how many. Only the crate publishes. Events are best-effort; outcomes
+//! (see `waiter`) are not.
 
-use std::io::Write;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
-use crate::outcome::{RejectionKind, TaskOutcome};
-use crate::runtime::Stream;
+use crate::logline::Stream;
+use crate::outcome::{OutcomeKind, RejectionKind, TaskOutcome};
+
+use super::TaskId;
 
 /// What happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum EventKind {
     /// `add` was called.
@@ -66,7 +67,7 @@ pub enum EventKind {
 }
 
 /// Why a backoff was scheduled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackoffSource {
     /// After a failed attempt.
@@ -75,8 +76,11 @@ pub enum BackoffSource {
     Success,
 }
 
-/// One event. Fields not relevant to the kind are `None`.
-#[derive(Debug, Clone, Serialize)]
+/// One event. Fields not relevant to the kind are `None`. (Every field is
+/// always serialized, `None` included, because the daemon's wire format is
+/// not self-describing; JSON writers drop the nulls.)
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Event {
     /// Process-local, strictly increasing.
     pub seq: u64,
@@ -85,62 +89,45 @@ pub struct Event {
     /// What happened.
     pub kind: EventKind,
     /// The task's id.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub task_id: Option<u64>,
+    pub task_id: Option<TaskId>,
     /// The task's name.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<Arc<str>>,
     /// The task's slot.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub slot: Option<Arc<str>>,
     /// 1-based attempt number.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
     /// A reason, message or guest line.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// The outcome kind (`completed`, `failed`, ...), for TaskFinished.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub outcome: Option<&'static str>,
+    /// The outcome kind, for TaskFinished and rejections.
+    pub outcome: Option<OutcomeKind>,
     /// The rejection kind.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub rejection: Option<RejectionKind>,
     /// A timeout in ms.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
     /// A delay in ms.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<u64>,
     /// A duration in ms (of an attempt).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
     /// An exit code.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     /// How many events were dropped.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub dropped: Option<u64>,
     /// Why a backoff was scheduled.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<BackoffSource>,
     /// Which guest stream a GuestLog line came from.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub stream: Option<Stream>,
     /// Free-form detail (slot transitions `from->to`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
     /// Progress: units done.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub done: Option<u64>,
     /// Progress: units in total (0 if unknown).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub total: Option<u64>,
 }
 
 impl Event {
     /// An event of this kind with every field empty (seq and time are set
     /// when it is published).
-    pub fn new(kind: EventKind) -> Self {
+    pub(crate) fn new(kind: EventKind) -> Self {
         Self {
             seq: 0,
             at_ms: 0,
@@ -165,8 +152,18 @@ impl Event {
         }
     }
 
+    /// The event as one JSON object, without the fields that do not apply
+    /// (the form `host events --json` and [`JsonLinesWriter`](super::JsonLinesWriter) write).
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut value = serde_json::to_value(self).unwrap_or_default();
+        if let serde_json::Value::Object(fields) = &mut value {
+            fields.retain(|_, v| !v.is_null());
+        }
+        value
+    }
+
     /// Sets the task identity fields.
-    pub fn task(mut self, id: u64, name: &Arc<str>, slot: &Arc<str>) -> Self {
+    pub(crate) fn task(mut self, id: TaskId, name: &Arc<str>, slot: &Arc<str>) -> Self {
         self.task_id = Some(id);
         self.name = Some(Arc::clone(name));
         self.slot = Some(Arc::clone(slot));
@@ -174,19 +171,17 @@ impl Event {
     }
 
     /// Sets the reason.
-    pub fn reason(mut self, reason: impl Into<String>) -> Self {
+    pub(crate) fn reason(mut self, reason: impl Into<String>) -> Self {
         self.reason = Some(reason.into());
         self
     }
 
     /// Sets the outcome fields from a final outcome.
-    pub fn outcome(mut self, outcome: &TaskOutcome) -> Self {
+    pub(crate) fn outcome(mut self, outcome: &TaskOutcome) -> Self {
         self.outcome = Some(outcome.kind());
         self.reason = outcome.reason().map(str::to_owned);
         self.exit_code = outcome.exit_code();
-        if let TaskOutcome::Rejected { kind, .. } = outcome {
-            self.rejection = Some(*kind);
-        }
+        self.rejection = outcome.rejection();
         self
     }
 }
@@ -195,28 +190,26 @@ impl Event {
 /// more than `capacity` events behind loses the oldest ones and is told how
 /// many.
 #[derive(Debug)]
-pub struct Bus {
+pub(crate) struct Bus {
     sender: Mutex<Option<broadcast::Sender<Arc<Event>>>>,
     seq: AtomicU64,
-    capacity: usize,
     epoch: (Instant, SystemTime),
 }
 
 impl Bus {
     /// A bus holding at most `capacity` undelivered events per lane.
-    pub fn new(capacity: usize) -> Arc<Self> {
+    pub(crate) fn new(capacity: usize) -> Arc<Self> {
         let (sender, _) = broadcast::channel(capacity.max(1));
         Arc::new(Self {
             sender: Mutex::new(Some(sender)),
             seq: AtomicU64::new(0),
-            capacity: capacity.max(1),
             epoch: (Instant::now(), SystemTime::now()),
         })
     }
 
     /// Publishes an event, stamping its seq and time. Events published
     /// after [`Bus::close`] are discarded.
-    pub fn publish(&self, mut event: Event) {
+    pub(crate) fn publish(&self, mut event: Event) {
         let guard = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(sender) = guard.as_ref() else { return };
         if sender.receiver_count() == 0 {
@@ -248,13 +241,8 @@ impl Bus {
         (stream, self.seq.load(Ordering::Relaxed))
     }
 
-    /// The bound of every lane.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
     /// Closes the bus: lanes drain what they hold, then end.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.sender
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -308,160 +296,3 @@ impl EventStream {
         }
     }
 }
-
-/// A callback that receives events on its own thread.
-pub trait Subscriber: Send + 'static {
-    /// A short name for diagnostics.
-    fn name(&self) -> &str;
-    /// Handles one event. May be slow; may panic (it is reported, and the
-    /// lane carries on).
-    fn on_event(&mut self, event: &Event);
-}
-
-/// A running subscriber lane.
-#[derive(Debug)]
-pub(crate) struct SubscriberLane {
-    done: std::sync::mpsc::Receiver<()>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    name: String,
-}
-
-impl SubscriberLane {
-    /// Starts a thread feeding `subscriber` from a new lane of `bus`.
-    pub(crate) fn start(
-        bus: &Arc<Bus>,
-        mut subscriber: Box<dyn Subscriber>,
-    ) -> std::io::Result<Self> {
-        let mut stream = bus.subscribe();
-        let bus_for_lane = Arc::downgrade(bus);
-        let name = subscriber.name().to_owned();
-        let (done_tx, done) = std::sync::mpsc::channel();
-        let lane_name = name.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("taskhost-sub-{name}"))
-            .spawn(move || {
-                // Events this lane lost and has not reported yet. The report
-                // waits until the lane has read the next event: right after a
-                // drop the lane stands at the oldest event of a full lane, and
-                // publishing then would push out exactly that event, make the
-                // lane drop again, and so on forever.
-                let mut missed = 0u64;
-                while let Some(received) = stream.blocking_recv() {
-                    match received {
-                        Received::Event(event) => {
-                            if missed > 0
-                                && let Some(bus) = bus_for_lane.upgrade()
-                            {
-                                let mut e = Event::new(EventKind::SubscriberOverflow)
-                                    .reason(format!("subscriber `{lane_name}` fell behind"));
-                                e.dropped = Some(missed);
-                                bus.publish(e);
-                            }
-                            missed = 0;
-                            let result =
-                                catch_unwind(AssertUnwindSafe(|| subscriber.on_event(&event)));
-                            if result.is_err()
-                                && event.kind != EventKind::SubscriberPanicked
-                                && let Some(bus) = bus_for_lane.upgrade()
-                            {
-                                bus.publish(Event::new(EventKind::SubscriberPanicked).reason(
-                                    format!(
-                                        "subscriber `{lane_name}` panicked on event {}",
-                                        event.seq
-                                    ),
-                                ));
-                            }
-                        }
-                        Received::Dropped(n) => missed = missed.saturating_add(n),
-                    }
-                }
-                let _ = done_tx.send(());
-            })?;
-        Ok(Self {
-            done,
-            thread: Some(thread),
-            name,
-        })
-    }
-
-    /// Waits until the lane has drained (after the bus closed), at most
-    /// until `deadline`. Returns false if it did not finish in time (its
-    /// thread is left to finish on its own).
-    pub(crate) fn drain(mut self, deadline: Instant) -> bool {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let finished = self.done.recv_timeout(left).is_ok();
-        if finished && let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-        if !finished {
-            tracing::warn!(subscriber = %self.name, "subscriber did not drain before its deadline");
-        }
-        finished
-    }
-}
-
-/// Forwards events to `tracing` (target `taskhost::events`).
-#[derive(Debug, Default)]
-pub struct TracingBridge;
-
-impl Subscriber for TracingBridge {
-    fn name(&self) -> &str {
-        "tracing"
-    }
-
-    fn on_event(&mut self, event: &Event) {
-        TracingBridge::trace(event);
-    }
-}
-
-impl TracingBridge {
-    /// Emits one event to `tracing`: failures and grace overruns at warn,
-    /// guest output at trace, everything else at debug. Usable without a
-    /// lane of its own by a component that already reads the bus.
-    pub fn trace(e: &Event) {
-        let name = e.name.as_deref().unwrap_or("");
-        let kind = e.kind;
-        match kind {
-            EventKind::AttemptFailed
-            | EventKind::AttemptTimedOut
-            | EventKind::GraceExceeded
-            | EventKind::TaskAddFailed => {
-                tracing::warn!(target: "taskhost::events", seq = e.seq, ?kind, task_id = e.task_id, name, attempt = e.attempt, reason = e.reason.as_deref())
-            }
-            EventKind::GuestLog | EventKind::Progress => {
-                tracing::trace!(target: "taskhost::events", seq = e.seq, ?kind, task_id = e.task_id, name, line = e.reason.as_deref())
-            }
-            _ => {
-                tracing::debug!(target: "taskhost::events", seq = e.seq, ?kind, task_id = e.task_id, name, attempt = e.attempt, outcome = e.outcome, reason = e.reason.as_deref())
-            }
-        }
-    }
-}
-
-/// Writes every event as one JSON line.
-pub struct JsonLinesWriter<W: Write + Send + 'static> {
-    out: W,
-}
-
-impl<W: Write + Send + 'static> JsonLinesWriter<W> {
-    /// Writes to `out`.
-    pub fn new(out: W) -> Self {
-        Self { out }
-    }
-}
-
-impl<W: Write + Send + 'static> Subscriber for JsonLinesWriter<W> {
-    fn name(&self) -> &str {
-        "json-lines"
-    }
-
-    fn on_event(&mut self, event: &Event) {
-        if let Ok(line) = serde_json::to_string(event) {
-            let _ = writeln!(self.out, "{line}");
-            let _ = self.out.flush();
-        }
-    }
-}
-
-/// How long subscribers get to drain at shutdown by default.
-pub const DEFAULT_DRAIN_DEADLINE: Duration = Duration::from_secs(2);

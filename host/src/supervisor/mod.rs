@@ -1,26 +1,49 @@
 //! The supervisor: registers tasks, runs each in its own actor with retries,
 //! backoff, timeouts and a global concurrency limit, delivers exactly one
 //! final outcome per task, publishes lifecycle events, and shuts down
-//! gracefully with force-abort (SEMANTICS §1-5, §7). Task bodies are plugin
-//! attempts or native Rust futures; both go through the same actor.
+//! gracefully with force-abort. It knows task bodies only through the
+//! [`TaskBody`] trait: a WebAssembly plugin is one kind of body, a native
+//! async closure ([`native`]) another. Admission by slot is the controller's
+//! business (`crate::controller`), not this module's.
 //!
 //! | module | owns |
 //! |---|---|
+//! | `id` | [`TaskId`] and the [`Reservation`] a registration consumes |
+//! | `body` | the [`TaskBody`] trait, [`AttemptContext`], native bodies |
 //! | `spec` | what a task is: body, restart, backoff, timeout, retry budget |
 //! | `backoff` | the delay before retry `i` |
-//! | `registry` | ids, unique names, stop claims, per-task handles |
+//! | `registry` | unique names, stop claims, per-task handles |
 //! | `actor` | one task's life: attempts, decisions, stop and force-abort |
 //! | `waiter` | reliable outcome delivery |
-//! | `events` | the event vocabulary, the bounded bus, subscriber lanes |
+//! | `events` | the event vocabulary and the bounded bus |
+//! | `subscribers` | callbacks on lanes of their own |
+//!
+//! ```
+//! use std::time::Duration;
+//! use taskhost::prelude::*;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let supervisor = Supervisor::builder().max_concurrent(4).build();
+//! let waiter = supervisor.add(TaskSpec::once(
+//!     "greet",
+//!     native(|ctx| async move { Ok(format!("hello from attempt {}", ctx.attempt()).into_bytes()) }),
+//! ));
+//! let report = waiter.report().await;
+//! assert_eq!(report.outcome, TaskOutcome::Completed { output: b"hello from attempt 1".to_vec() });
+//! assert_eq!(supervisor.shutdown(Duration::from_secs(1)).await, ShutdownReport::AllStopped);
+//! # }
+//! ```
 
 mod actor;
 pub mod backoff;
-pub mod events;
+mod body;
+mod events;
+mod id;
 mod registry;
-pub mod spec;
+mod spec;
+mod subscribers;
 mod waiter;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -29,40 +52,44 @@ use tokio::sync::{OnceCell, Semaphore};
 use crate::outcome::{RejectionKind, TaskOutcome};
 
 pub use backoff::{BackoffError, BackoffPolicy, Jitter};
-pub use events::{
-    BackoffSource, Bus, DEFAULT_DRAIN_DEADLINE, Event, EventKind, EventStream, JsonLinesWriter,
-    Received, Subscriber, TracingBridge,
-};
+pub use body::{AttemptContext, NativeBody, RunFuture, TaskBody, native};
+pub use events::{BackoffSource, Event, EventKind, EventStream, Received};
+pub use id::{Reservation, TaskId};
 pub use registry::{TaskInfo, TaskPhase, TaskRef};
-pub use spec::{
-    NativeContext, NativeFn, PluginBody, RestartPolicy, TaskBody, TaskDefaults, TaskError,
-    TaskSpec, native,
-};
-pub(crate) use waiter::OutcomeCell;
+pub use spec::{RestartPolicy, TaskDefaults, TaskError, TaskSpec};
+pub use subscribers::{DEFAULT_DRAIN_DEADLINE, JsonLinesWriter, Subscriber, TracingBridge};
 pub use waiter::{AttemptRecord, MAX_HISTORY, TaskReport, TaskWaiter};
 
-use events::SubscriberLane;
-use registry::{RegisterError, Registry, TaskEntry};
+pub(crate) use events::Bus;
+pub(crate) use waiter::OutcomeCell;
 
-/// Limits and defaults of a supervisor.
-#[derive(Debug, Clone)]
-pub struct SupervisorConfig {
-    /// Most attempts running at once; `None` is unlimited.
-    pub max_concurrent: Option<usize>,
-    /// Most tasks registered at once (including those still stopping).
-    pub max_registered_tasks: usize,
-    /// How long a stopped task may take to end before it is force-aborted
-    /// (for cancel and remove; shutdown takes its own).
-    pub grace: Duration,
-    /// Undelivered events each subscriber lane may hold before it drops.
-    pub bus_capacity: usize,
-    /// How long subscribers get to drain at shutdown.
-    pub drain_deadline: Duration,
-    /// Policies for specs that leave them unset.
-    pub defaults: TaskDefaults,
+use id::Ids;
+use registry::{RegisterError, Registry, TaskEntry};
+use subscribers::SubscriberLane;
+
+/// Builds a [`Supervisor`]; every knob has a default.
+pub struct SupervisorBuilder {
+    max_concurrent: Option<usize>,
+    max_registered_tasks: usize,
+    grace: Duration,
+    bus_capacity: usize,
+    drain_deadline: Duration,
+    defaults: TaskDefaults,
+    subscribers: Vec<Box<dyn Subscriber>>,
+    first_id: u64,
 }
 
-impl Default for SupervisorConfig {
+impl std::fmt::Debug for SupervisorBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SupervisorBuilder")
+            .field("max_concurrent", &self.max_concurrent)
+            .field("max_registered_tasks", &self.max_registered_tasks)
+            .field("grace", &self.grace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for SupervisorBuilder {
     fn default() -> Self {
         Self {
             max_concurrent: None,
@@ -71,6 +98,99 @@ impl Default for SupervisorConfig {
             bus_capacity: 4096,
             drain_deadline: DEFAULT_DRAIN_DEADLINE,
             defaults: TaskDefaults::default(),
+            subscribers: Vec::new(),
+            first_id: 1,
+        }
+    }
+}
+
+impl SupervisorBuilder {
+    /// Most attempts running at once (at least 1) [default: unlimited].
+    /// Waiting for a permit or backing off holds none.
+    pub fn max_concurrent(mut self, n: usize) -> Self {
+        self.max_concurrent = Some(n.max(1));
+        self
+    }
+
+    /// Most tasks registered at once, including those still stopping
+    /// [default: 100,000]. Over it, `add` resolves to Rejected ResourceLimit.
+    pub fn max_registered_tasks(mut self, n: usize) -> Self {
+        self.max_registered_tasks = n;
+        self
+    }
+
+    /// How long a stopped task may take to end before it is force-aborted,
+    /// for cancel and remove (shutdown takes its own) [default: 60 s].
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Undelivered events each reader (subscriber or [`EventStream`]) may
+    /// hold before it drops the oldest [default: 4096].
+    pub fn bus_capacity(mut self, n: usize) -> Self {
+        self.bus_capacity = n.max(1);
+        self
+    }
+
+    /// How long subscribers get to drain at shutdown [default: 2 s].
+    pub fn drain_deadline(mut self, deadline: Duration) -> Self {
+        self.drain_deadline = deadline;
+        self
+    }
+
+    /// Policies for specs that leave them unset.
+    pub fn defaults(mut self, defaults: TaskDefaults) -> Self {
+        self.defaults = defaults;
+        self
+    }
+
+    /// Adds a subscriber: it gets every event on a bounded lane and a thread
+    /// of its own.
+    pub fn subscriber(mut self, subscriber: impl Subscriber) -> Self {
+        self.subscribers.push(Box::new(subscriber));
+        self
+    }
+
+    /// The first id this supervisor mints [default: 1]. A host that keeps
+    /// tasks across restarts starts above every id it has handed out, and
+    /// gets the earlier ones back with [`Supervisor::restore`].
+    pub fn first_id(mut self, id: u64) -> Self {
+        self.first_id = id.max(1);
+        self
+    }
+
+    /// Builds the supervisor. Needs no runtime; tasks are spawned on the
+    /// Tokio runtime of whoever adds them.
+    pub fn build(self) -> Supervisor {
+        let bus = Bus::new(self.bus_capacity);
+        let lanes = self
+            .subscribers
+            .into_iter()
+            .filter_map(|s| match SubscriberLane::start(&bus, s) {
+                Ok(lane) => Some(lane),
+                Err(err) => {
+                    tracing::error!("cannot start a subscriber thread: {err}");
+                    None
+                }
+            })
+            .collect();
+        let permits = self.max_concurrent.map(|n| Arc::new(Semaphore::new(n)));
+        Supervisor {
+            shared: Arc::new(Shared {
+                limits: Limits {
+                    max_registered_tasks: self.max_registered_tasks,
+                    grace: self.grace,
+                    drain_deadline: self.drain_deadline,
+                },
+                defaults: self.defaults,
+                registry: Registry::default(),
+                bus,
+                permits,
+                ids: Ids::starting_at(self.first_id),
+                shutdown: OnceCell::new(),
+                subscribers: Mutex::new(lanes),
+            }),
         }
     }
 }
@@ -80,13 +200,13 @@ impl Default for SupervisorConfig {
 #[error("task {id} did not end within {timeout:?} of the cancel; it is still stopping")]
 pub struct CancelTimedOut {
     /// The task.
-    pub id: u64,
+    pub id: TaskId,
     /// The caller's timeout.
     pub timeout: Duration,
 }
 
 /// How shutdown went.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ShutdownReport {
     /// Every task ended within the grace.
     AllStopped,
@@ -97,13 +217,20 @@ pub enum ShutdownReport {
     },
 }
 
+struct Limits {
+    max_registered_tasks: usize,
+    grace: Duration,
+    drain_deadline: Duration,
+}
+
 /// State shared by the handle and every actor.
 pub(crate) struct Shared {
-    config: SupervisorConfig,
+    limits: Limits,
+    defaults: TaskDefaults,
     registry: Registry,
     bus: Arc<Bus>,
     permits: Option<Arc<Semaphore>>,
-    next_id: AtomicU64,
+    ids: Ids,
     shutdown: OnceCell<ShutdownReport>,
     subscribers: Mutex<Vec<SubscriberLane>>,
 }
@@ -114,8 +241,8 @@ impl Shared {
     }
 }
 
-/// A handle to a supervisor; cheap to clone. Must be used inside a Tokio
-/// runtime (it spawns one actor per task).
+/// A handle to a supervisor; cheap to clone. Tasks are spawned on the Tokio
+/// runtime of the caller of `add`.
 #[derive(Clone)]
 pub struct Supervisor {
     shared: Arc<Shared>,
@@ -129,58 +256,44 @@ impl std::fmt::Debug for Supervisor {
     }
 }
 
+impl Default for Supervisor {
+    fn default() -> Self {
+        Self::builder().build()
+    }
+}
+
 impl Supervisor {
-    /// A supervisor with these limits and no subscribers.
-    pub fn new(config: SupervisorConfig) -> Self {
-        Self::with_subscribers(config, Vec::new())
+    /// A builder with every default.
+    pub fn builder() -> SupervisorBuilder {
+        SupervisorBuilder::default()
     }
 
-    /// A supervisor whose subscribers each get their own bounded lane and
-    /// thread.
-    pub fn with_subscribers(
-        config: SupervisorConfig,
-        subscribers: Vec<Box<dyn Subscriber>>,
-    ) -> Self {
-        let bus = Bus::new(config.bus_capacity);
-        let lanes = subscribers
-            .into_iter()
-            .filter_map(|s| match SubscriberLane::start(&bus, s) {
-                Ok(lane) => Some(lane),
-                Err(err) => {
-                    tracing::error!("cannot start a subscriber thread: {err}");
-                    None
-                }
-            })
-            .collect();
-        let permits = config
-            .max_concurrent
-            .map(|n| Arc::new(Semaphore::new(n.max(1))));
-        Self {
-            shared: Arc::new(Shared {
-                config,
-                registry: Registry::default(),
-                bus,
-                permits,
-                next_id: AtomicU64::new(1),
-                shutdown: OnceCell::new(),
-                subscribers: Mutex::new(lanes),
-            }),
-        }
+    /// Mints the id of a task to register later with
+    /// [`Supervisor::add_reserved`] (or `Controller::submit_reserved`), for
+    /// callers that need the id first (to name the task after it).
+    pub fn reserve(&self) -> Reservation {
+        self.shared.ids.reserve()
     }
 
-    /// The next task id (strictly increasing, never reused). The controller
-    /// uses it to give queued submissions an id before they register.
-    pub fn next_id(&self) -> u64 {
-        self.shared.next_id.fetch_add(1, Ordering::Relaxed)
+    /// A reservation for an id an earlier run of the host handed out (below
+    /// [`SupervisorBuilder::first_id`]), so that recovered work keeps its id.
+    /// `None` for any other id, and for an id already restored.
+    pub fn restore(&self, id: TaskId) -> Option<Reservation> {
+        self.shared.ids.restore(id)
     }
 
-    /// A new event lane that sees every event from now on.
+    /// A new reader of every event from now on.
     pub fn subscribe(&self) -> EventStream {
         self.shared.bus.subscribe()
     }
 
-    /// The event bus (for components built on the supervisor).
-    pub fn bus(&self) -> &Arc<Bus> {
+    /// Like [`Supervisor::subscribe`], with the seq of the last event
+    /// published before the reader existed: it gets exactly the events after.
+    pub fn subscribe_after(&self) -> (EventStream, u64) {
+        self.shared.bus.subscribe_after()
+    }
+
+    pub(crate) fn bus(&self) -> &Arc<Bus> {
         &self.shared.bus
     }
 
@@ -189,15 +302,14 @@ impl Supervisor {
     /// resolves at once to Rejected (AlreadyExists, ResourceLimit,
     /// ShuttingDown).
     pub fn add(&self, spec: TaskSpec) -> TaskWaiter {
-        let id = self.next_id();
-        self.add_with_id(id, spec)
+        self.add_reserved(self.reserve(), spec)
     }
 
-    /// Like [`Supervisor::add`], with an id from [`Supervisor::next_id`].
-    pub fn add_with_id(&self, id: u64, spec: TaskSpec) -> TaskWaiter {
+    /// Like [`Supervisor::add`], with an id reserved before.
+    pub fn add_reserved(&self, reservation: Reservation, spec: TaskSpec) -> TaskWaiter {
         let cell = Arc::new(OutcomeCell::new());
-        let waiter = cell.waiter(id);
-        let _ = self.admit(id, spec, cell, None);
+        let waiter = cell.waiter(reservation.id());
+        let _ = self.admit(reservation, spec, cell, None);
         waiter
     }
 
@@ -207,12 +319,13 @@ impl Supervisor {
     /// never calls `on_gone`.
     pub(crate) fn admit(
         &self,
-        id: u64,
+        reservation: Reservation,
         spec: TaskSpec,
         cell: Arc<OutcomeCell>,
         on_gone: Option<Box<dyn FnOnce() + Send + Sync>>,
     ) -> Result<(), RejectionKind> {
         let shared = &self.shared;
+        let id = reservation.id();
         let name: Arc<str> = Arc::from(spec.name.as_str());
         let slot: Arc<str> = spec
             .slot
@@ -223,22 +336,31 @@ impl Supervisor {
             id,
             Arc::clone(&name),
             Arc::clone(&slot),
+            Arc::clone(&spec.body),
             cell,
         ));
-        if let Err(err) = shared
-            .registry
-            .register(&entry, shared.config.max_registered_tasks)
-        {
+        let registered = if reservation.issuer() == shared.ids.issuer() {
+            shared
+                .registry
+                .register(&entry, shared.limits.max_registered_tasks)
+        } else {
+            Err(RegisterError::IdTaken)
+        };
+        if let Err(err) = registered {
             let (kind, reason) = match err {
                 RegisterError::AlreadyExists => (
                     RejectionKind::AlreadyExists,
                     format!("a task named `{name}` is already registered"),
                 ),
+                RegisterError::IdTaken => (
+                    RejectionKind::AdmissionFailed,
+                    format!("id {id} was not reserved from this supervisor or is in use"),
+                ),
                 RegisterError::Full => (
                     RejectionKind::ResourceLimit,
                     format!(
                         "the supervisor already holds its limit of {} tasks",
-                        shared.config.max_registered_tasks
+                        shared.limits.max_registered_tasks
                     ),
                 ),
                 RegisterError::ShuttingDown => (
@@ -252,18 +374,13 @@ impl Supervisor {
                     .task(id, &name, &slot)
                     .outcome(&outcome),
             );
-            entry.outcome.set(TaskReport {
-                id,
-                name,
-                slot,
-                outcome,
-                attempts: 0,
-                history: Vec::new(),
-            });
+            entry
+                .outcome
+                .set(TaskReport::never_ran(id, name, slot, outcome));
             return Err(kind);
         }
         shared.publish(Event::new(EventKind::TaskAdded).task(id, &name, &slot));
-        let policies = spec.resolve(&shared.config.defaults);
+        let policies = spec.resolve(&shared.defaults);
         let actor = actor::Actor {
             shared: Arc::clone(shared),
             entry,
@@ -271,9 +388,8 @@ impl Supervisor {
             policies,
             on_gone,
         };
-        // Everything the task's actor and runtime log carries its identity.
-        let span =
-            tracing::debug_span!("task", id, name = %actor.entry.name, slot = %actor.entry.slot);
+        // Everything the task's actor and its body log carries its identity.
+        let span = tracing::debug_span!("task", id = id.get(), name = %actor.entry.name, slot = %actor.entry.slot);
         tokio::spawn(tracing::Instrument::instrument(actor.run(), span));
         Ok(())
     }
@@ -282,19 +398,14 @@ impl Supervisor {
     /// that made the stop claim; false for repeat or concurrent callers, for
     /// unknown tasks, and for tasks whose outcome is already decided.
     pub fn remove(&self, target: impl Into<TaskRef>) -> bool {
-        self.claim_stop(&target.into(), self.shared.config.grace)
+        self.claim_stop(&target.into(), self.shared.limits.grace)
             .is_some()
     }
 
     /// Like [`Supervisor::remove`], then waits for the task's logical end.
     pub async fn cancel(&self, target: impl Into<TaskRef>) -> bool {
-        match self.claim_stop(&target.into(), self.shared.config.grace) {
-            Some(waiter) => {
-                waiter.wait().await;
-                true
-            }
-            None => false,
-        }
+        self.cancel_with_grace(target, self.shared.limits.grace)
+            .await
     }
 
     /// Like [`Supervisor::cancel`] with its own grace for this stop.
@@ -318,7 +429,7 @@ impl Supervisor {
         target: impl Into<TaskRef>,
         timeout: Duration,
     ) -> Result<bool, CancelTimedOut> {
-        match self.claim_stop(&target.into(), self.shared.config.grace) {
+        match self.claim_stop(&target.into(), self.shared.limits.grace) {
             Some(waiter) => {
                 let id = waiter.id();
                 tokio::time::timeout(timeout, waiter.wait())
@@ -365,6 +476,11 @@ impl Supervisor {
         self.shared.registry.list()
     }
 
+    /// The registered task with this id or name, if any.
+    pub fn info(&self, target: impl Into<TaskRef>) -> Option<TaskInfo> {
+        self.shared.registry.get(&target.into()).map(|e| e.info())
+    }
+
     /// Whether a task with this name is registered (running, stopping, or
     /// force-aborted but still physically running).
     pub fn is_alive(&self, name: &str) -> bool {
@@ -383,7 +499,8 @@ impl Supervisor {
     /// force-aborts what remains, waits until every task is physically
     /// gone, drains subscribers within their own deadline, and reports.
     /// Single-flight and terminal: concurrent and later callers get the same
-    /// report.
+    /// report. A task whose outcome was decided before the shutdown (one an
+    /// earlier cancel force-aborted) is waited for but is not "stuck".
     pub async fn shutdown(&self, grace: Duration) -> ShutdownReport {
         self.shared
             .shutdown
@@ -392,18 +509,19 @@ impl Supervisor {
                 shared.publish(Event::new(EventKind::ShutdownRequested));
                 let entries = shared.registry.close();
                 let deadline = tokio::time::Instant::now() + grace;
+                let undecided: Vec<bool> = entries.iter().map(|e| !e.outcome.is_set()).collect();
                 for entry in &entries {
                     entry.request_stop(deadline);
                 }
                 let mut stuck = Vec::new();
-                for entry in &entries {
+                for (entry, undecided) in entries.iter().zip(undecided) {
                     entry.gone.cancelled().await;
                     let forced = entry
                         .outcome
                         .waiter(entry.id)
                         .try_outcome()
                         .is_some_and(|o| o == TaskOutcome::ForceAborted);
-                    if forced {
+                    if forced && undecided {
                         stuck.push(entry.name.to_string());
                     }
                 }
@@ -437,7 +555,7 @@ impl Supervisor {
         if lanes.is_empty() {
             return;
         }
-        let deadline = std::time::Instant::now() + self.shared.config.drain_deadline;
+        let deadline = std::time::Instant::now() + self.shared.limits.drain_deadline;
         // Joining threads blocks: off the async workers.
         let _ = tokio::task::spawn_blocking(move || {
             for lane in lanes {

@@ -1,30 +1,61 @@
-//! Owns task identity: ids, the unique-name registry, stop claims, and the
-//! per-task handles (stop signal with its grace deadline, outcome cell,
-//! physical-completion signal) shared by callers and the task's actor. A name
-//! stays taken until its task is physically gone.
+//! Owns the registry of live tasks: the unique-name and id maps, stop claims,
+//! and the per-task handles (stop signal with its grace deadline, outcome
+//! cell, physical-completion signal, phase and progress) shared by callers
+//! and the task's actor. A name stays taken until its task is physically
+//! gone.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::TaskId;
+use super::body::TaskBody;
 use super::waiter::OutcomeCell;
 
 /// A task by id or by name.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum TaskRef {
     /// By id.
-    Id(u64),
+    Id(TaskId),
     /// By name.
     Name(String),
 }
 
-impl From<u64> for TaskRef {
-    fn from(id: u64) -> Self {
+impl TaskRef {
+    /// Reads a command-line `ID|NAME`: all digits is an id, anything else a
+    /// name.
+    pub fn parse(text: &str) -> Self {
+        match text.parse() {
+            Ok(id) => Self::Id(TaskId::from_u64(id)),
+            Err(_) => Self::Name(text.to_owned()),
+        }
+    }
+}
+
+impl std::fmt::Display for TaskRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Id(id) => write!(f, "id {id}"),
+            Self::Name(name) => write!(f, "`{name}`"),
+        }
+    }
+}
+
+impl From<TaskId> for TaskRef {
+    fn from(id: TaskId) -> Self {
         Self::Id(id)
+    }
+}
+
+impl From<&TaskId> for TaskRef {
+    fn from(id: &TaskId) -> Self {
+        Self::Id(*id)
     }
 }
 
@@ -41,7 +72,7 @@ impl From<String> for TaskRef {
 }
 
 /// Where a registered task is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum TaskPhase {
     /// Waiting for a concurrency permit.
@@ -66,13 +97,25 @@ impl TaskPhase {
             _ => Self::Finishing,
         }
     }
+
+    /// The phase as a word, as shown by `host ps`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Waiting => "waiting",
+            Self::Running => "running",
+            Self::BackingOff => "backing-off",
+            Self::Stopping => "stopping",
+            Self::Finishing => "finishing",
+        }
+    }
 }
 
-/// A registered task as seen from outside.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+/// A registered task as seen from outside (a snapshot; it may be stale when
+/// read).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskInfo {
     /// Id.
-    pub id: u64,
+    pub id: TaskId,
     /// Name.
     pub name: String,
     /// Slot.
@@ -81,14 +124,21 @@ pub struct TaskInfo {
     pub phase: TaskPhase,
     /// Attempts started so far.
     pub attempts: u32,
+    /// Time since it was registered.
+    pub age: Duration,
+    /// The last progress its body reported: `(done, total)`.
+    pub progress: Option<(u64, u64)>,
+    /// What its body is (for a plugin, its name).
+    pub body: String,
 }
 
 /// The shared handle of one registered task.
-#[derive(Debug)]
 pub(crate) struct TaskEntry {
-    pub id: u64,
+    pub id: TaskId,
     pub name: Arc<str>,
     pub slot: Arc<str>,
+    body: Arc<dyn TaskBody>,
+    since: Instant,
     /// `Some(deadline)` once a stop is requested: the body must end by then.
     stop: watch::Sender<Option<Instant>>,
     claimed: AtomicBool,
@@ -98,21 +148,51 @@ pub(crate) struct TaskEntry {
     pub gone: CancellationToken,
     phase: AtomicU8,
     attempts: AtomicU32,
+    /// The last progress report; `total` is `u64::MAX` until the first one
+    /// (the two are read without a lock: a snapshot may mix two reports).
+    progress_done: AtomicU64,
+    progress_total: AtomicU64,
+}
+
+impl std::fmt::Debug for TaskEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskEntry")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TaskEntry {
-    pub(crate) fn new(id: u64, name: Arc<str>, slot: Arc<str>, outcome: Arc<OutcomeCell>) -> Self {
+    pub(crate) fn new(
+        id: TaskId,
+        name: Arc<str>,
+        slot: Arc<str>,
+        body: Arc<dyn TaskBody>,
+        outcome: Arc<OutcomeCell>,
+    ) -> Self {
         Self {
             id,
             name,
             slot,
+            body,
+            since: Instant::now(),
             stop: watch::channel(None).0,
             claimed: AtomicBool::new(false),
             outcome,
             gone: CancellationToken::new(),
             phase: AtomicU8::new(0),
             attempts: AtomicU32::new(0),
+            progress_done: AtomicU64::new(0),
+            progress_total: AtomicU64::new(u64::MAX),
         }
+    }
+
+    /// Remembers the last progress report (for `list`).
+    pub(crate) fn set_progress(&self, done: u64, total: u64) {
+        self.progress_done.store(done, Ordering::Relaxed);
+        self.progress_total
+            .store(total.min(u64::MAX - 1), Ordering::Relaxed);
     }
 
     /// Requests a stop that must complete by `deadline`; an earlier deadline
@@ -145,12 +225,17 @@ impl TaskEntry {
     }
 
     pub(crate) fn info(&self) -> TaskInfo {
+        let total = self.progress_total.load(Ordering::Relaxed);
         TaskInfo {
             id: self.id,
             name: self.name.to_string(),
             slot: self.slot.to_string(),
             phase: TaskPhase::from_u8(self.phase.load(Ordering::Relaxed)),
             attempts: self.attempts.load(Ordering::Relaxed),
+            age: self.since.elapsed(),
+            progress: (total != u64::MAX)
+                .then(|| (self.progress_done.load(Ordering::Relaxed), total)),
+            body: self.body.describe(),
         }
     }
 }
@@ -159,6 +244,8 @@ impl TaskEntry {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RegisterError {
     AlreadyExists,
+    /// The id is taken (only a foreign or reused reservation gets here).
+    IdTaken,
     Full,
     ShuttingDown,
 }
@@ -172,7 +259,7 @@ pub(crate) struct Registry {
 #[derive(Debug, Default)]
 struct Inner {
     by_name: HashMap<Arc<str>, Arc<TaskEntry>>,
-    by_id: HashMap<u64, Arc<TaskEntry>>,
+    by_id: HashMap<TaskId, Arc<TaskEntry>>,
     closed: bool,
 }
 
@@ -190,6 +277,9 @@ impl Registry {
         }
         if inner.by_name.contains_key(&entry.name) {
             return Err(RegisterError::AlreadyExists);
+        }
+        if inner.by_id.contains_key(&entry.id) {
+            return Err(RegisterError::IdTaken);
         }
         if inner.by_name.len() >= max {
             return Err(RegisterError::Full);

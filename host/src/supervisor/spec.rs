@@ -1,20 +1,19 @@
-//! Owns what a task *is*: its name, its body (a plugin attempt or a native
-//! Rust future), and the policies that say how often and how long it runs
+//! Owns what a task *is*: its name, its body (anything that implements
+//! [`TaskBody`]), and the policies that say how often and how long it runs
 //! (restart, backoff, timeout, retry budget). Validation of those policies
 //! happens here; applying them is the actor's business.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use tokio_util::sync::CancellationToken;
-
-use crate::runtime::{GuestSink, Plugin, Runtime, Sandbox};
+use serde::{Deserialize, Serialize};
 
 use super::backoff::BackoffPolicy;
+use super::body::TaskBody;
 
 /// When a task runs again after an attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum RestartPolicy {
     /// Stop after any result.
     Never,
@@ -73,84 +72,24 @@ impl TaskError {
     }
 }
 
-/// What a native body receives for one attempt.
-#[derive(Debug, Clone)]
-pub struct NativeContext {
-    /// The task's id.
-    pub task_id: u64,
-    /// The task's name.
-    pub name: Arc<str>,
-    /// 1-based attempt number.
-    pub attempt: u32,
-    /// Fires when a stop is requested; a cooperative body returns soon after.
-    pub cancel: CancellationToken,
-}
-
-/// A native Rust task body: called once per attempt.
-pub type NativeFn =
-    Arc<dyn Fn(NativeContext) -> BoxFuture<'static, Result<Vec<u8>, TaskError>> + Send + Sync>;
-
-/// Builds a [`NativeFn`] from an async closure.
-pub fn native<F, Fut>(f: F) -> NativeFn
-where
-    F: Fn(NativeContext) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<Vec<u8>, TaskError>> + Send + 'static,
-{
-    Arc::new(move |ctx| Box::pin(f(ctx)))
-}
-
-/// A plugin task body: what every attempt instantiates and runs.
-#[derive(Clone)]
-pub struct PluginBody {
-    /// The runtime that runs it.
-    pub runtime: Arc<Runtime>,
-    /// The compiled plugin.
-    pub plugin: Arc<Plugin>,
-    /// Input bytes for `run`.
-    pub input: Arc<[u8]>,
-    /// Params, visible to the guest.
-    pub params: Vec<(String, String)>,
-    /// What the guest may touch.
-    pub sandbox: Arc<Sandbox>,
-    /// Where the guest's lines go besides the event bus (the CLI's stderr,
-    /// the daemon's task log), if anywhere.
-    pub sink: Option<Arc<dyn GuestSink>>,
-}
-
-impl std::fmt::Debug for PluginBody {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PluginBody")
-            .field("plugin", &self.plugin.info().name)
-            .field("digest", &self.plugin.digest())
-            .finish_non_exhaustive()
-    }
-}
-
-/// What runs in each attempt.
-#[derive(Clone)]
-pub enum TaskBody {
-    /// A WebAssembly plugin, in a fresh instance per attempt.
-    Plugin(PluginBody),
-    /// A native Rust future (for tests and benchmarks of the semantics).
-    Native(NativeFn),
-}
-
-impl std::fmt::Debug for TaskBody {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Plugin(p) => p.fmt(f),
-            Self::Native(_) => f.write_str("Native"),
-        }
-    }
-}
-
 /// A task to register: name, body and policies. Unset policies come from
 /// the supervisor's [`TaskDefaults`].
-#[derive(Debug, Clone)]
+///
+/// ```
+/// use std::time::Duration;
+/// use taskhost::supervisor::{BackoffPolicy, TaskSpec, native};
+///
+/// let spec = TaskSpec::restartable("fetch", native(|_ctx| async { Ok(b"done".to_vec()) }))
+///     .with_max_retries(Some(3))
+///     .with_backoff(BackoffPolicy::constant(Duration::from_millis(100)))
+///     .with_timeout(Duration::from_secs(5));
+/// assert_eq!(spec.name(), "fetch");
+/// ```
+#[derive(Clone)]
 pub struct TaskSpec {
     pub(crate) name: String,
     pub(crate) slot: Option<String>,
-    pub(crate) body: TaskBody,
+    pub(crate) body: Arc<dyn TaskBody>,
     pub(crate) restart: Option<RestartPolicy>,
     pub(crate) backoff: Option<BackoffPolicy>,
     pub(crate) timeout: Option<Duration>,
@@ -159,7 +98,12 @@ pub struct TaskSpec {
 
 impl TaskSpec {
     /// A task with every policy from the supervisor's defaults.
-    pub fn from_defaults(name: impl Into<String>, body: TaskBody) -> Self {
+    pub fn from_defaults(name: impl Into<String>, body: impl TaskBody) -> Self {
+        Self::with_body(name, Arc::new(body))
+    }
+
+    /// Like [`TaskSpec::from_defaults`] with a shared body.
+    pub fn with_body(name: impl Into<String>, body: Arc<dyn TaskBody>) -> Self {
         Self {
             name: name.into(),
             slot: None,
@@ -172,17 +116,17 @@ impl TaskSpec {
     }
 
     /// A task that runs once (restart Never).
-    pub fn once(name: impl Into<String>, body: TaskBody) -> Self {
+    pub fn once(name: impl Into<String>, body: impl TaskBody) -> Self {
         Self::from_defaults(name, body).with_restart(RestartPolicy::Never)
     }
 
     /// A task that retries failures (restart OnFailure).
-    pub fn restartable(name: impl Into<String>, body: TaskBody) -> Self {
+    pub fn restartable(name: impl Into<String>, body: impl TaskBody) -> Self {
         Self::from_defaults(name, body).with_restart(RestartPolicy::OnFailure)
     }
 
     /// A task that runs every `interval` (restart Always).
-    pub fn periodic(name: impl Into<String>, body: TaskBody, interval: Duration) -> Self {
+    pub fn periodic(name: impl Into<String>, body: impl TaskBody, interval: Duration) -> Self {
         Self::from_defaults(name, body).with_restart(RestartPolicy::Always { interval })
     }
 
@@ -227,10 +171,28 @@ impl TaskSpec {
     pub fn slot(&self) -> Option<&str> {
         self.slot.as_deref()
     }
+
+    /// The task's body.
+    pub fn body(&self) -> &Arc<dyn TaskBody> {
+        &self.body
+    }
+}
+
+impl std::fmt::Debug for TaskSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskSpec")
+            .field("name", &self.name)
+            .field("slot", &self.slot)
+            .field("body", &self.body.describe())
+            .field("restart", &self.restart)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Supervisor-wide defaults for specs that leave a policy unset.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct TaskDefaults {
     /// Default restart policy: Never.
     pub restart: RestartPolicy,

@@ -5,15 +5,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::outcome::TaskOutcome;
+
+use super::TaskId;
 
 /// Most attempt records kept in a report (the newest ones).
 pub const MAX_HISTORY: usize = 32;
 
 /// One attempt, as remembered for the final report.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttemptRecord {
     /// 1-based attempt number.
     pub attempt: u32,
@@ -24,10 +27,10 @@ pub struct AttemptRecord {
 }
 
 /// A task's final outcome with the facts that led to it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskReport {
     /// The task's id.
-    pub id: u64,
+    pub id: TaskId,
     /// The task's name.
     pub name: Arc<str>,
     /// The task's slot.
@@ -38,6 +41,29 @@ pub struct TaskReport {
     pub attempts: u32,
     /// The newest attempts (at most [`MAX_HISTORY`]).
     pub history: Vec<AttemptRecord>,
+    /// The task's own run time: from the start of its first attempt to its
+    /// outcome (zero if no attempt started).
+    pub duration: Duration,
+}
+
+impl TaskReport {
+    /// The report of a task that never ran.
+    pub(crate) fn never_ran(
+        id: TaskId,
+        name: Arc<str>,
+        slot: Arc<str>,
+        outcome: TaskOutcome,
+    ) -> Self {
+        Self {
+            id,
+            name,
+            slot,
+            outcome,
+            attempts: 0,
+            history: Vec::new(),
+            duration: Duration::ZERO,
+        }
+    }
 }
 
 /// The writing side: set exactly once.
@@ -70,7 +96,7 @@ impl OutcomeCell {
         self.tx.borrow().is_some()
     }
 
-    pub(crate) fn waiter(&self, id: u64) -> TaskWaiter {
+    pub(crate) fn waiter(&self, id: TaskId) -> TaskWaiter {
         TaskWaiter {
             id,
             rx: self.tx.subscribe(),
@@ -82,13 +108,13 @@ impl OutcomeCell {
 /// same outcome.
 #[derive(Debug, Clone)]
 pub struct TaskWaiter {
-    id: u64,
+    id: TaskId,
     rx: watch::Receiver<Option<Arc<TaskReport>>>,
 }
 
 impl TaskWaiter {
     /// The task's id (assigned even if it was rejected).
-    pub fn id(&self) -> u64 {
+    pub fn id(&self) -> TaskId {
         self.id
     }
 
@@ -113,18 +139,21 @@ impl TaskWaiter {
     pub fn try_outcome(&self) -> Option<TaskOutcome> {
         self.rx.borrow().as_ref().map(|r| r.outcome.clone())
     }
+
+    /// The report if the outcome is already decided.
+    pub fn try_report(&self) -> Option<Arc<TaskReport>> {
+        self.rx.borrow().as_ref().map(Arc::clone)
+    }
 }
 
 /// The writer vanished without an outcome: a host bug, reported as such.
-fn lost(id: u64) -> Arc<TaskReport> {
-    Arc::new(TaskReport {
+fn lost(id: TaskId) -> Arc<TaskReport> {
+    Arc::new(TaskReport::never_ran(
         id,
-        name: Arc::from(""),
-        slot: Arc::from(""),
-        outcome: TaskOutcome::Panicked {
+        Arc::from(""),
+        Arc::from(""),
+        TaskOutcome::Panicked {
             reason: "the task's outcome was lost (host bug)".into(),
         },
-        attempts: 0,
-        history: Vec::new(),
-    })
+    ))
 }

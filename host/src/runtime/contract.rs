@@ -1,9 +1,14 @@
-//! Owns resource templates: the `deploy/{env}` strings plugins declare, their
-//! validation, and filling them from a submission's params to form a slot.
-//! Which slot wins (explicit, template, task name) is decided by the caller
-//! that builds the submission (the CLI today).
+//! Owns the plugin contract as the host sees it: what a plugin declares about
+//! itself ([`PluginInfo`]), the capabilities it may ask for
+//! ([`Capability`]), its default admission policy ([`DefaultPolicy`]), and
+//! the resource templates (`deploy/{env}`) it acts on, with their
+//! validation and filling from a submission's params. These are the Rust
+//! side of the types in `wit/`; checking grants against capabilities is the
+//! sandbox's business, choosing a slot the caller's.
 
 use std::collections::BTreeSet;
+
+use crate::runtime::bindings::taskhost::plugin::types;
 
 /// Longest template or filled slot accepted.
 pub const MAX_TEMPLATE_LEN: usize = 512;
@@ -170,6 +175,82 @@ impl From<ResourceTemplate> for String {
 impl std::fmt::Display for ResourceTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.text)
+    }
+}
+
+/// The admission policy a plugin suggests for its submissions (the WIT's
+/// `policy`); the controller's `AdmissionPolicy` is built from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DefaultPolicy {
+    /// Wait in the slot's FIFO queue.
+    #[default]
+    Queue,
+    /// Stop the current owner and go next.
+    Replace,
+    /// Give up when the slot is busy.
+    DropIfRunning,
+}
+
+impl std::fmt::Display for DefaultPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Queue => "queue",
+            Self::Replace => "replace",
+            Self::DropIfRunning => "drop-if-running",
+        })
+    }
+}
+
+/// A capability a plugin declares it needs.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Capability {
+    /// Read access to this guest directory.
+    ReadDir(String),
+    /// Read/write access to this guest directory.
+    WriteDir(String),
+    /// This environment variable.
+    Env(String),
+    /// Network access (never granted by this host).
+    Network,
+}
+
+impl std::fmt::Display for Capability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ReadDir(p) => write!(f, "read-dir {p}"),
+            Self::WriteDir(p) => write!(f, "write-dir {p}"),
+            Self::Env(n) => write!(f, "env {n}"),
+            Self::Network => f.write_str("network"),
+        }
+    }
+}
+
+/// What a plugin says about itself, validated.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PluginInfo {
+    /// Short name.
+    pub name: String,
+    /// The plugin's version.
+    pub version: String,
+    /// One line for people.
+    pub description: String,
+    /// The resource template it acts on, if any.
+    pub resource: Option<ResourceTemplate>,
+    /// Its default admission policy.
+    pub default_policy: DefaultPolicy,
+    /// What it needs granted.
+    pub capabilities: Vec<Capability>,
+}
+
+impl From<types::Policy> for DefaultPolicy {
+    fn from(policy: types::Policy) -> Self {
+        match policy {
+            types::Policy::Queue => Self::Queue,
+            types::Policy::Replace => Self::Replace,
+            types::Policy::DropIfRunning => Self::DropIfRunning,
+        }
     }
 }
 

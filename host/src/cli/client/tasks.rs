@@ -1,0 +1,189 @@
+//! `host wait`, `host cancel`, `host remove`, `host ps` and `host slots`.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use clap::Args;
+use serde_json::json;
+use taskhost::daemon::protocol::{Reply, Request, TaskRow};
+use taskhost::supervisor::TaskRef;
+use taskhost::units::format_duration;
+
+use super::super::args::SocketArg;
+use super::super::exit::{self, EXIT_DAEMON, ExitError};
+use super::super::report::{progress_text, summary};
+use super::print_table;
+use super::submit::{finish, wait_for};
+
+#[derive(Debug, Args)]
+pub struct TargetArgs {
+    /// The task: its id, or its name (a name means the live task holding it, else the newest finished one).
+    #[arg(value_name = "ID|NAME")]
+    target: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    pub socket: SocketArg,
+}
+
+pub async fn wait(args: TargetArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
+    let client = super::connect(&args.socket, before_verb.as_deref()).await?;
+    let live = !args.json && std::io::stderr().is_terminal();
+    let report = wait_for(&client, TaskRef::parse(&args.target), live).await?;
+    finish(&report, args.json)
+}
+
+/// `cancel` (waits for the end) and `remove` (does not).
+pub async fn cancel(
+    args: TargetArgs,
+    wait: bool,
+    before_verb: Option<PathBuf>,
+) -> anyhow::Result<u8> {
+    let client = super::connect(&args.socket, before_verb.as_deref()).await?;
+    let target = TaskRef::parse(&args.target);
+    let Reply::Canceled { claimed, report } = client
+        .call(Request::Cancel { target, wait })
+        .await
+        .map_err(exit::client)?
+    else {
+        return Err(ExitError::error(
+            EXIT_DAEMON,
+            "the daemon answered a cancel with something else",
+        ));
+    };
+    if args.json {
+        let report = report.as_ref().map(|r| {
+            json!({ "id": r.id, "name": r.name, "outcome": r.outcome.kind(), "reason": r.outcome.reason(),
+                    "rejection": r.outcome.rejection().map(|k| k.to_string()),
+                    "attempts": r.attempts, "duration_ms": r.duration.as_millis() as u64 })
+        });
+        println!("{}", json!({ "claimed": claimed, "report": report }));
+    } else {
+        match (&report, claimed) {
+            (Some(r), true) => eprintln!("{}", summary(r)),
+            (Some(r), false) => eprintln!(
+                "{} was already stopping or finished: {}",
+                args.target,
+                summary(r)
+            ),
+            (None, true) => eprintln!("stop requested for {}", args.target),
+            (None, false) => eprintln!("{} is already stopping or finished", args.target),
+        }
+    }
+    Ok(if claimed { 0 } else { 1 })
+}
+
+#[derive(Debug, Args)]
+pub struct PsArgs {
+    /// Also list recently finished tasks (the daemon remembers the last 10,000).
+    #[arg(long, short)]
+    all: bool,
+    /// Print JSON: one array of rows.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    pub socket: SocketArg,
+}
+
+pub async fn ps(args: PsArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
+    let client = super::connect(&args.socket, before_verb.as_deref()).await?;
+    let tasks = client.list(args.all).await.map_err(exit::client)?;
+    if args.json {
+        let rows: Vec<_> = tasks.iter().map(row_json).collect();
+        println!("{}", serde_json::Value::Array(rows));
+        return Ok(0);
+    }
+    if tasks.is_empty() && !args.all {
+        eprintln!("no live tasks (finished ones: host ps --all)");
+    }
+    let rows: Vec<Vec<String>> = tasks
+        .iter()
+        .map(|t| {
+            let state = match t.outcome {
+                Some(outcome) => format!("{} ({outcome})", t.state.as_str()),
+                None => t.state.as_str().to_owned(),
+            };
+            vec![
+                t.id.to_string(),
+                t.name.clone(),
+                t.slot.clone(),
+                state,
+                t.attempts.to_string(),
+                format_duration(t.age),
+                t.progress
+                    .map_or_else(|| "-".into(), |(done, total)| progress_text(done, total)),
+                t.plugin.clone(),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "ID", "NAME", "SLOT", "STATE", "ATTEMPTS", "AGE", "PROGRESS", "PLUGIN",
+        ],
+        &rows,
+    );
+    Ok(0)
+}
+
+fn row_json(t: &TaskRow) -> serde_json::Value {
+    json!({
+        "id": t.id,
+        "name": t.name,
+        "slot": t.slot,
+        "state": t.state.as_str(),
+        "attempts": t.attempts,
+        "age_ms": t.age.as_millis() as u64,
+        "progress": t.progress.map(|(done, total)| json!({ "done": done, "total": total })),
+        "plugin": t.plugin,
+        "outcome": t.outcome,
+    })
+}
+
+#[derive(Debug, Args)]
+pub struct SlotsArgs {
+    /// Print JSON: one array of slots.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    pub socket: SocketArg,
+}
+
+pub async fn slots(args: SlotsArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
+    let client = super::connect(&args.socket, before_verb.as_deref()).await?;
+    let slots = client.slots().await.map_err(exit::client)?;
+    if args.json {
+        let rows: Vec<_> = slots
+            .iter()
+            .map(|s| {
+                json!({
+                    "key": s.key,
+                    "state": s.state,
+                    "owner": s.owner,
+                    "queue_depth": s.queue_depth,
+                    "in_state_ms": s.in_state_for.as_millis() as u64,
+                    "queued": s.queued,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+        return Ok(0);
+    }
+    let rows: Vec<Vec<String>> = slots
+        .iter()
+        .map(|s| {
+            vec![
+                s.key.clone(),
+                serde_json::to_value(s.state)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
+                s.owner.map_or_else(|| "-".into(), |o| o.to_string()),
+                s.queue_depth.to_string(),
+                format_duration(s.in_state_for),
+            ]
+        })
+        .collect();
+    print_table(&["SLOT", "STATE", "OWNER", "QUEUE", "FOR"], &rows);
+    Ok(0)
+}

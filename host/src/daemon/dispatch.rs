@@ -1,0 +1,282 @@
+//! Owns what each request does. A handler runs in the order its request was
+//! sent and does the part that decides (take a chunk, place a submission,
+//! resolve a name, claim a stop, subscribe to a stream) before the next
+//! request is read; only the part that waits (for an outcome, a stream, the
+//! shutdown) goes on in a task of its own.
+
+use std::sync::Arc;
+
+use crate::logline::LogLine;
+use crate::supervisor::{Event, Received, TaskPhase, TaskRef};
+
+use super::connection::Replier;
+use super::protocol::{ErrorKind, EventFilter, LIST_PAGE, Reply, Request, TaskRow, TaskState};
+use super::state::Daemon;
+use super::submissions;
+use super::tasks::TaskRecord;
+use super::uploads::Uploads;
+
+/// Handles one request (see the module docs for what happens in order).
+pub(crate) async fn handle(
+    daemon: &Arc<Daemon>,
+    request: Request,
+    reply: Replier,
+    uploads: &mut Uploads,
+) {
+    match request {
+        Request::HasPlugin(digest) => {
+            reply
+                .send(Reply::HasPlugin(daemon.plugins.known(&digest)))
+                .await;
+        }
+        Request::Upload {
+            digest,
+            offset,
+            data,
+            last,
+        } => match uploads.take(digest, offset, data, last) {
+            Err(message) => reply.error(ErrorKind::Invalid, message).await,
+            Ok(None) => {
+                reply.send(Reply::Uploaded { plugin: None }).await;
+            }
+            // The compile happens in order: a Submit of this plugin sent
+            // right after the last chunk finds it.
+            Ok(Some(bytes)) => match daemon.plugins.store(bytes).await {
+                Ok(plugin) => {
+                    reply
+                        .send(Reply::Uploaded {
+                            plugin: Some(plugin.info().name.clone()),
+                        })
+                        .await;
+                }
+                Err(err) => reply.error(ErrorKind::Invalid, err.to_string()).await,
+            },
+        },
+        Request::Submit(request) => submissions::submit(daemon, *request, &reply).await,
+        Request::Wait(target) => {
+            if let Some(record) = resolve(daemon, &target, &reply).await {
+                tokio::spawn(async move {
+                    if let Some(report) = reply.until_gone(record.waiter.report()).await {
+                        reply.report(&report, Reply::Report).await;
+                    }
+                });
+            }
+        }
+        Request::Cancel { target, wait } => cancel(daemon, target, wait, reply).await,
+        Request::List { all } => list(daemon, all, &reply).await,
+        Request::Slots => {
+            let slots = daemon.controller.snapshot();
+            send_pages(&reply, slots, Reply::Slots).await;
+        }
+        Request::Events { follow, filter } => events(daemon, follow, filter, reply).await,
+        Request::Logs { target, follow } => {
+            let Some(record) = resolve(daemon, &target, &reply).await else {
+                return;
+            };
+            // Subscribed in order: lines written after this request are seen.
+            let (lines, live) = record.log.follow();
+            let follow = follow && record.waiter.try_outcome().is_none();
+            tokio::spawn(async move {
+                for line in lines {
+                    if !reply.send(Reply::Log(line)).await {
+                        return;
+                    }
+                }
+                if follow {
+                    stream_log(&reply, live).await;
+                }
+                reply.send(Reply::End).await;
+            });
+        }
+        Request::Shutdown { grace } => {
+            let daemon = Arc::clone(daemon);
+            tokio::spawn(async move {
+                let grace = grace.unwrap_or(daemon.config.grace);
+                let report = daemon.controller.shutdown(grace).await;
+                reply.send(Reply::ShutdownDone(report)).await;
+                // Let the writer put the reply on the wire, then let the
+                // accept loop finish (it reuses the same report).
+                tokio::task::yield_now().await;
+                let _ = daemon.stop.send(Some(grace));
+            });
+        }
+    }
+}
+
+/// The record a target refers to, or a NotFound reply.
+async fn resolve(daemon: &Daemon, target: &TaskRef, reply: &Replier) -> Option<TaskRecord> {
+    let record = daemon.tasks.resolve(target, &daemon.controller);
+    if record.is_none() {
+        reply
+            .error(
+                ErrorKind::NotFound,
+                format!("no task with {target} (see `host ps --all`)"),
+            )
+            .await;
+    }
+    record
+}
+
+/// Stops a task or removes queued work: the claim is made in order; with
+/// `wait`, the wait for its end goes on in the background.
+async fn cancel(daemon: &Arc<Daemon>, target: TaskRef, wait: bool, reply: Replier) {
+    let Some(record) = resolve(daemon, &target, &reply).await else {
+        return;
+    };
+    let claimed = daemon.controller.remove(record.id);
+    if !wait {
+        reply
+            .send(Reply::Canceled {
+                claimed,
+                report: None,
+            })
+            .await;
+        return;
+    }
+    tokio::spawn(async move {
+        let Some(report) = reply.until_gone(record.waiter.report()).await else {
+            return;
+        };
+        reply
+            .report(&report, |report| Reply::Canceled {
+                claimed,
+                report: Some(report),
+            })
+            .await;
+    });
+}
+
+/// `host ps`: registered tasks, queued ones, and with `all` the finished
+/// ones the daemon still remembers.
+async fn list(daemon: &Daemon, all: bool, reply: &Replier) {
+    let supervisor = daemon.controller.supervisor();
+    let mut rows: Vec<TaskRow> = supervisor
+        .list()
+        .into_iter()
+        .map(|t| TaskRow {
+            id: t.id,
+            state: match t.phase {
+                TaskPhase::Waiting => TaskState::Waiting,
+                TaskPhase::Running => TaskState::Running,
+                TaskPhase::BackingOff => TaskState::BackingOff,
+                TaskPhase::Stopping => TaskState::Stopping,
+                TaskPhase::Finishing => TaskState::Finishing,
+            },
+            name: t.name,
+            slot: t.slot,
+            attempts: t.attempts,
+            age: daemon
+                .tasks
+                .get(t.id)
+                .map_or(t.age, |r| r.submitted.elapsed()),
+            progress: t.progress,
+            plugin: t.body,
+            outcome: None,
+        })
+        .collect();
+    rows.extend(daemon.controller.queued_all().into_iter().map(|q| TaskRow {
+        id: q.id,
+        name: q.name,
+        slot: q.slot,
+        state: TaskState::Queued,
+        attempts: 0,
+        age: q.age,
+        progress: None,
+        plugin: q.body,
+        outcome: None,
+    }));
+    if all {
+        let live: std::collections::HashSet<_> = rows.iter().map(|r| r.id).collect();
+        rows.extend(
+            daemon
+                .tasks
+                .finished_records()
+                .into_iter()
+                .filter(|r| !live.contains(&r.id))
+                .filter_map(|r| {
+                    let report = r.waiter.try_report()?;
+                    Some(TaskRow {
+                        id: r.id,
+                        name: r.name,
+                        slot: r.slot,
+                        state: TaskState::Finished,
+                        attempts: report.attempts,
+                        age: r.submitted.elapsed(),
+                        progress: None,
+                        plugin: r.plugin,
+                        outcome: Some(report.outcome.kind()),
+                    })
+                }),
+        );
+    }
+    rows.sort_by_key(|r| r.id);
+    send_pages(reply, rows, Reply::Tasks).await;
+}
+
+/// Sends rows in pages of at most [`LIST_PAGE`], then [`Reply::End`].
+async fn send_pages<T>(reply: &Replier, rows: Vec<T>, page: impl Fn(Vec<T>) -> Reply) {
+    let mut rows = rows.into_iter().peekable();
+    while rows.peek().is_some() {
+        let chunk: Vec<T> = rows.by_ref().take(LIST_PAGE).collect();
+        if !reply.send(page(chunk)).await {
+            return;
+        }
+    }
+    reply.send(Reply::End).await;
+}
+
+/// `host events`: the recorded history, then (with `follow`) live events,
+/// with nothing falling between the two.
+async fn events(daemon: &Arc<Daemon>, follow: bool, filter: EventFilter, reply: Replier) {
+    // Subscribe before copying the history (in order: events of requests
+    // sent after this one are seen), and let the history catch up with the
+    // events published before the subscription.
+    let (mut live, before) = daemon.controller.supervisor().subscribe_after();
+    let history = Arc::clone(&daemon.history);
+    tokio::spawn(async move {
+        let recorded = history.up_to(before).await;
+        let last_seq = recorded.last().map_or(0, |e| e.seq);
+        for event in recorded.iter().filter(|e| filter.admits(e)) {
+            if !reply.send(Reply::Event(Event::clone(event))).await {
+                return;
+            }
+        }
+        if follow {
+            if last_seq < before && last_seq > 0 {
+                // The recorder lost these; say so rather than skip them.
+                if !reply.send(Reply::Dropped(before - last_seq)).await {
+                    return;
+                }
+            }
+            while let Some(Some(received)) = reply.until_gone(live.recv()).await {
+                let sent = match received {
+                    Received::Event(e) if e.seq <= before || !filter.admits(&e) => true,
+                    Received::Event(e) => reply.send(Reply::Event(Event::clone(&e))).await,
+                    Received::Dropped(n) => reply.send(Reply::Dropped(n)).await,
+                };
+                if !sent {
+                    return;
+                }
+            }
+        }
+        reply.send(Reply::End).await;
+    });
+}
+
+/// Streams a task's live log lines until it ends (or the client leaves).
+async fn stream_log(reply: &Replier, mut live: tokio::sync::broadcast::Receiver<Option<LogLine>>) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let Some(received) = reply.until_gone(live.recv()).await else {
+            return;
+        };
+        let sent = match received {
+            Ok(Some(line)) => reply.send(Reply::Log(line)).await,
+            Ok(None) | Err(RecvError::Closed) => return,
+            Err(RecvError::Lagged(n)) => reply.send(Reply::Dropped(n)).await,
+        };
+        if !sent {
+            return;
+        }
+    }
+}

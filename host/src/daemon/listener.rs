@@ -1,0 +1,206 @@
+//! Owns the daemon's life: preparing the socket (owner-only, a stale one
+//! replaced, a live one or a foreign file refused) and the state directory,
+//! building the runtime, supervisor and controller from the settings, the
+//! accept loop (bounded), and the graceful shutdown on a signal or a request.
+
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{Semaphore, watch};
+
+use crate::controller::Controller;
+use crate::runtime::{Runtime, RuntimeConfig};
+use crate::supervisor::{ShutdownReport, Supervisor};
+use crate::units::format_duration;
+
+use super::config::DaemonConfig;
+use super::connection;
+use super::history::History;
+use super::plugins::Plugins;
+use super::socket;
+use super::state::Daemon;
+use super::tasks::Tasks;
+
+/// How long, after the shutdown, open connections get to deliver their last
+/// replies (the final reports of waiters, the shutdown answer) before the
+/// process exits.
+const FLUSH_GRACE: Duration = Duration::from_secs(2);
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ServeError(String);
+
+/// Runs the daemon until SIGINT, SIGTERM or a shutdown request; removes the
+/// socket on the way out. `ready` is called once the socket accepts
+/// connections (for `--detach` and systemd's readiness notification).
+pub async fn serve(
+    socket_path: PathBuf,
+    config: DaemonConfig,
+    ready: impl FnOnce(),
+) -> Result<ShutdownReport, ServeError> {
+    let fail = |m: String| ServeError(m);
+    socket::prepare_dir(&socket_path).map_err(fail)?;
+    claim_socket_path(&socket_path).await.map_err(fail)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(config.state_dir.join("plugins"))
+        .map_err(|e| {
+            fail(format!(
+                "cannot create the state directory `{}`: {e}",
+                config.state_dir.display()
+            ))
+        })?;
+
+    let runtime = Runtime::new(
+        &RuntimeConfig::default()
+            .cache_dir(Some(config.state_dir.join("wasmtime-cache")))
+            .epoch_tick(config.epoch_tick)
+            .pool_instances(config.pool_instances),
+    )
+    .map_err(|e| fail(e.to_string()))?;
+    // Attempts wait for a permit rather than find the instance pool full.
+    let mut max_concurrent = config.max_concurrent;
+    if let Some(capacity) = runtime.allocator().attempt_capacity()
+        && capacity < max_concurrent
+    {
+        tracing::warn!(
+            "max_concurrent {max_concurrent} is more than the instance pool holds; \
+             running at most {capacity} attempts at once (raise --pool-instances)"
+        );
+        max_concurrent = capacity;
+    }
+    let supervisor = Supervisor::builder()
+        .max_concurrent(max_concurrent)
+        .grace(config.grace)
+        .bus_capacity(config.event_lane_capacity)
+        .build();
+    let controller = Controller::builder(supervisor)
+        .max_slot_queue(config.max_slot_queue)
+        .max_total_pending(config.max_total_pending)
+        .build();
+    let listener = UnixListener::bind(&socket_path)
+        .map_err(|e| fail(format!("cannot listen on `{}`: {e}", socket_path.display())))?;
+    socket::restrict(&socket_path).map_err(fail)?;
+
+    let runtime = Arc::new(runtime);
+    let history = History::start(controller.supervisor());
+    let (stop, mut stop_rx) = watch::channel(None);
+    let daemon = Arc::new(Daemon {
+        config: config.clone(),
+        plugins: Plugins::new(Arc::clone(&runtime), config.state_dir.clone()),
+        controller,
+        tasks: Tasks::default(),
+        history,
+        stop,
+    });
+    tracing::info!(
+        socket = %socket_path.display(),
+        state_dir = %config.state_dir.display(),
+        allocator = ?runtime.allocator(),
+        max_concurrent,
+        "taskhost daemon listening"
+    );
+    ready();
+
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|e| fail(e.to_string()))?;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| fail(e.to_string()))?;
+    let connections = Arc::new(Semaphore::new(config.max_connections));
+    let grace = loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(err) => {
+                        // Out of file descriptors and the like: do not spin.
+                        tracing::warn!("accept failed: {err}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+                    tracing::warn!("connection refused: {} connections are open", config.max_connections);
+                    continue;
+                };
+                let daemon = Arc::clone(&daemon);
+                tokio::spawn(async move {
+                    if let Err(err) = connection::serve(daemon, stream).await {
+                        tracing::debug!("connection ended: {err}");
+                    }
+                    drop(permit);
+                });
+            }
+            _ = interrupt.recv() => break config.grace,
+            _ = terminate.recv() => break config.grace,
+            changed = stop_rx.changed() => {
+                if changed.is_ok() && let Some(grace) = *stop_rx.borrow() {
+                    break grace;
+                }
+            }
+        }
+    };
+    // Stop taking connections first, so nobody submits into a closing host.
+    drop(listener);
+    let _ = std::fs::remove_file(&socket_path);
+    tracing::info!(grace = %format_duration(grace), "taskhost daemon shutting down");
+    // Single-flight: if a client asked for the shutdown, this is its report.
+    let report = daemon.controller.shutdown(grace).await;
+    match &report {
+        ShutdownReport::AllStopped => tracing::info!("all tasks stopped within the grace"),
+        ShutdownReport::GraceExceeded { stuck } => {
+            tracing::warn!("force-aborted after the grace: {}", stuck.join(", "));
+        }
+    }
+    // Every task has ended, so every waiter's report is on its way: let the
+    // connections put them on the wire before the process exits (a client
+    // gets its report and leaves; one that lingers is not waited for long).
+    let all = u32::try_from(config.max_connections).unwrap_or(u32::MAX);
+    let _ = tokio::time::timeout(FLUSH_GRACE, connections.acquire_many(all)).await;
+    Ok(report)
+}
+
+/// Makes the socket path free: a live daemon there is an error, a stale
+/// socket is removed, any other file is left alone and refused.
+async fn claim_socket_path(socket_path: &Path) -> Result<(), String> {
+    if !socket_path.exists() {
+        return Ok(());
+    }
+    if UnixStream::connect(socket_path).await.is_ok() {
+        return Err(format!(
+            "a daemon is already listening on `{}`; stop it with `host shutdown` or choose another --socket",
+            socket_path.display()
+        ));
+    }
+    // Only a socket is a stale daemon's to replace; never delete a file.
+    let is_socket = std::fs::symlink_metadata(socket_path)
+        .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
+    if !is_socket {
+        return Err(format!(
+            "`{}` exists and is not a socket; choose another --socket",
+            socket_path.display()
+        ));
+    }
+    std::fs::remove_file(socket_path).map_err(|e| {
+        format!(
+            "cannot remove the stale socket `{}`: {e}",
+            socket_path.display()
+        )
+    })
+}
+
+/// The state directory default: `$XDG_STATE_HOME/taskhost`, else
+/// `~/.local/state/taskhost`.
+pub fn default_state_dir() -> PathBuf {
+    std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".local").join("state")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("taskhost")
+}

@@ -1,0 +1,168 @@
+//! Owns what the supervisor knows of a task body: the [`TaskBody`] trait (set
+//! up one attempt, then run it), the [`AttemptContext`] each attempt gets
+//! (identity, cancellation, a way to report lines and progress), and
+//! [`native`] bodies built from async closures. Plugins are one
+//! implementation of the trait (`crate::plugin_task`); the supervisor never
+//! looks inside a body.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use crate::logline::Stream;
+
+use super::TaskId;
+use super::events::{Bus, Event, EventKind};
+use super::registry::TaskEntry;
+use super::spec::TaskError;
+
+/// The running part of one attempt: resolves to the output bytes or an
+/// error. The per-attempt timeout applies to this future only.
+pub type RunFuture = BoxFuture<'static, Result<Vec<u8>, TaskError>>;
+
+/// What one attempt of a task runs.
+///
+/// An attempt has two steps: [`TaskBody::attempt`] sets it up (for a plugin:
+/// a fresh instance) and returns the [`RunFuture`] that does the work. The
+/// per-attempt timeout starts when the set-up is done, so instantiation never
+/// counts against it. Dropping either future stops the attempt at once: that
+/// is how the supervisor force-aborts a body that ignored its cancellation.
+pub trait TaskBody: Send + Sync + 'static {
+    /// Sets up one attempt and returns its running part.
+    fn attempt(&self, ctx: AttemptContext) -> BoxFuture<'static, Result<RunFuture, TaskError>>;
+
+    /// Called when a stop with a force-abort deadline is requested: a body
+    /// whose work cannot be preempted at any await point (a WebAssembly guest
+    /// in a loop) can make sure it gives up its thread by then. The returned
+    /// guard is dropped when the attempt is gone.
+    fn hurry(&self, deadline: std::time::Instant) -> Option<Box<dyn Send>> {
+        let _ = deadline;
+        None
+    }
+
+    /// A short description for debug output, such as the plugin's name.
+    fn describe(&self) -> String {
+        "task body".to_owned()
+    }
+}
+
+/// What one attempt of a task gets: who it is, a cancellation token to
+/// watch, and a way to report lines and progress (published as events).
+#[derive(Clone)]
+pub struct AttemptContext {
+    pub(crate) entry: Arc<TaskEntry>,
+    pub(crate) attempt: u32,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) abort: Arc<AtomicBool>,
+    pub(crate) bus: Arc<Bus>,
+}
+
+impl std::fmt::Debug for AttemptContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttemptContext")
+            .field("id", &self.entry.id)
+            .field("name", &self.entry.name)
+            .field("attempt", &self.attempt)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AttemptContext {
+    /// The task's id.
+    pub fn task_id(&self) -> TaskId {
+        self.entry.id
+    }
+
+    /// The task's name.
+    pub fn name(&self) -> &Arc<str> {
+        &self.entry.name
+    }
+
+    /// The task's slot.
+    pub fn slot(&self) -> &Arc<str> {
+        &self.entry.slot
+    }
+
+    /// 1 for the first attempt, 2 for the first retry, and so on.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Fires when a stop is requested; a cooperative body returns soon after
+    /// (with [`TaskError::Canceled`] or its result).
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Whether a stop was requested.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Set once the attempt is being force-aborted (its grace expired).
+    /// Shared so that code which cannot await (a WebAssembly epoch callback)
+    /// can check it.
+    pub fn abort_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.abort)
+    }
+
+    /// Whether the attempt is being force-aborted.
+    pub fn is_aborted(&self) -> bool {
+        self.abort.load(Ordering::Relaxed)
+    }
+
+    /// Reports one line the body wrote (a `GuestLog` event).
+    pub fn line(&self, stream: Stream, text: &str) {
+        let entry = &self.entry;
+        let mut event = Event::new(EventKind::GuestLog)
+            .task(entry.id, &entry.name, &entry.slot)
+            .reason(text);
+        event.attempt = Some(self.attempt);
+        event.stream = Some(stream);
+        self.bus.publish(event);
+    }
+
+    /// Reports progress: `done` units of `total` (0 if unknown).
+    pub fn progress(&self, done: u64, total: u64) {
+        let entry = &self.entry;
+        entry.set_progress(done, total);
+        let mut event = Event::new(EventKind::Progress).task(entry.id, &entry.name, &entry.slot);
+        event.attempt = Some(self.attempt);
+        event.done = Some(done);
+        event.total = Some(total);
+        self.bus.publish(event);
+    }
+}
+
+/// A task body made of an async closure, called once per attempt.
+pub struct NativeBody<F> {
+    f: F,
+}
+
+/// Builds a [`TaskBody`] from an async closure: `native(|ctx| async move {
+/// Ok(b"done".to_vec()) })`. The closure is called once per attempt; a panic
+/// in it is a retryable failure of that attempt.
+pub fn native<F, Fut>(f: F) -> NativeBody<F>
+where
+    F: Fn(AttemptContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Vec<u8>, TaskError>> + Send + 'static,
+{
+    NativeBody { f }
+}
+
+impl<F, Fut> TaskBody for NativeBody<F>
+where
+    F: Fn(AttemptContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Vec<u8>, TaskError>> + Send + 'static,
+{
+    fn attempt(&self, ctx: AttemptContext) -> BoxFuture<'static, Result<RunFuture, TaskError>> {
+        let run: RunFuture = Box::pin((self.f)(ctx));
+        Box::pin(std::future::ready(Ok(run)))
+    }
+
+    fn describe(&self) -> String {
+        "native".to_owned()
+    }
+}
