@@ -1,14 +1,18 @@
 //! Builds every crate of the `plugins/` workspace for `wasm32-wasip2` with a
 //! nested cargo (like wasmtime's `crates/test-programs/artifacts`), copies each
-//! component to `<root>/target/plugins/<name>.wasm`, and writes
-//! `$OUT_DIR/plugins.rs` with one path constant per plugin.
+//! component to `<target dir>/plugins/<name>.wasm`, and writes
+//! `$OUT_DIR/plugins.rs` with one path constant per plugin. The target dir is
+//! the outer build's (so `CARGO_TARGET_DIR` and `build.target-dir` are
+//! honoured); the nested build's progress goes to the terminal, when there is
+//! one, because cargo shows a build script's own output only if it fails.
 
 use std::env;
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 const WASM_TARGET: &str = "wasm32-wasip2";
 
@@ -20,9 +24,11 @@ fn main() {
         .canonicalize()
         .expect("the workspace root (two levels above plugins/artifacts) exists");
     let plugins_dir = root.join("plugins");
-    let wasm_target_dir = root.join("target").join("wasm-plugins");
-    let copy_dir = root.join("target").join("plugins");
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
+    let target_dir = outer_target_dir(&out_dir).unwrap_or_else(|| root.join("target"));
+    let wasm_target_dir = target_dir.join("wasm-plugins");
+    let copy_dir = target_dir.join("plugins");
+    check_wasm_target();
 
     // Inputs that do not show up in the build output below.
     for input in [
@@ -54,6 +60,63 @@ fn main() {
 
     let generated = generate(&plugins);
     fs::write(out_dir.join("plugins.rs"), generated).expect("write $OUT_DIR/plugins.rs");
+}
+
+/// The outer build's target directory: the nearest ancestor of `OUT_DIR`
+/// (`<target>/[<triple>/]<profile>/build/<pkg>-<hash>/out`) that holds the
+/// `CACHEDIR.TAG` cargo writes at the root of every target directory.
+fn outer_target_dir(out_dir: &Path) -> Option<PathBuf> {
+    out_dir
+        .ancestors()
+        .skip(3)
+        .take(3)
+        .find(|dir| dir.join("CACHEDIR.TAG").is_file())
+        .map(Path::to_path_buf)
+}
+
+/// Fails early, naming the one command that fixes it, when the toolchain
+/// has no `wasm32-wasip2` standard library (rustup installs it from
+/// `rust-toolchain.toml`, unless auto-install is disabled).
+fn check_wasm_target() {
+    let rustc = env::var_os("RUSTC").unwrap_or_else(|| OsString::from("rustc"));
+    let Ok(output) = Command::new(rustc).args(["--print", "sysroot"]).output() else {
+        return;
+    };
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    let lib = sysroot.join("lib/rustlib").join(WASM_TARGET);
+    if output.status.success() && !lib.exists() {
+        panic!(
+            "\n\nThe plugins are built for {WASM_TARGET}, and this toolchain ({}) has no \
+             {WASM_TARGET} target.\nFix: rustup target add {WASM_TARGET}\n\n",
+            sysroot.display()
+        );
+    }
+}
+
+/// Writes the nested build's progress lines to the terminal, if any.
+fn forward_progress(stderr: impl Read) -> String {
+    let mut tty = fs::OpenOptions::new().write(true).open("/dev/tty").ok();
+    let mut all = String::new();
+    for line in BufReader::new(stderr).lines() {
+        let Ok(line) = line else { break };
+        let trimmed = line.trim_start();
+        if let Some(tty) = tty.as_mut()
+            && [
+                "Compiling",
+                "Finished",
+                "Updating",
+                "Downloading",
+                "Downloaded",
+            ]
+            .iter()
+            .any(|w| trimmed.starts_with(w))
+        {
+            let _ = writeln!(tty, "\r\x1b[2K     plugins {trimmed} ({WASM_TARGET})");
+        }
+        all.push_str(&line);
+        all.push('\n');
+    }
+    all
 }
 
 /// One component produced by the nested build.
@@ -106,14 +169,23 @@ fn build_plugins(plugins_dir: &Path, target_dir: &Path) -> Vec<Artifact> {
     }
     eprintln!("running: {cmd:?}");
 
-    let output = match cmd.output() {
-        Ok(output) => output,
+    let mut child = match cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn() {
+        Ok(child) => child,
         Err(e) => panic!("plugin-artifacts: cannot run {cmd:?}: {e}"),
     };
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = child.stderr.take().expect("piped stderr");
+    let progress = std::thread::spawn(move || forward_progress(stderr));
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .expect("piped stdout")
+        .read_to_string(&mut stdout)
+        .expect("read the nested cargo's output");
+    let stderr = progress.join().expect("the progress thread");
+    let status = child.wait().expect("wait for the nested cargo");
 
-    if !output.status.success() {
+    if !status.success() {
         // Cargo shows a build script's stderr when it fails.
         eprintln!("{stderr}");
         for line in stdout.lines().filter(|l| !l.starts_with('{')) {
@@ -125,7 +197,7 @@ fn build_plugins(plugins_dir: &Path, target_dir: &Path) -> Vec<Artifact> {
             "can't find crate for `core`",
         ]
         .iter()
-        .any(|needle| stderr.contains(needle));
+        .any(|needle| stderr.contains(needle) || stdout.contains(needle));
         if target_missing {
             panic!(
                 "plugin-artifacts: building the plugins needs the {WASM_TARGET} target, which is \
@@ -137,7 +209,7 @@ fn build_plugins(plugins_dir: &Path, target_dir: &Path) -> Vec<Artifact> {
              the compiler output is above. To reproduce: cargo build --release --target \
              {WASM_TARGET} --manifest-path plugins/Cargo.toml",
             plugins_dir.display(),
-            output.status
+            status
         );
     }
 

@@ -9,6 +9,7 @@
 //! | `run`, `inspect` | the verbs that need no daemon |
 //! | `serve` | the daemon verb |
 //! | `client` | the verbs that talk to a daemon |
+//! | `tools` | `version`, `completions`, `man`, `new` |
 
 mod args;
 mod client;
@@ -17,6 +18,7 @@ mod inspect;
 mod report;
 mod run;
 mod serve;
+mod tools;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -51,12 +53,18 @@ enum Command {
     ///
     /// Exit codes: 0 completed, 1 failed or fatal, 2 invalid input,
     /// 4 canceled or force-aborted.
+    #[command(
+        after_long_help = "EXAMPLES:\n  host run target/plugins/hello.wasm --input hi\n  host run target/plugins/flaky.wasm --param fail_times=2 --restart on-failure --backoff 10ms,1s,2,full\n  host run target/plugins/sleeper.wasm --param ms=5000 --timeout 1s\n  host run my.wasm --dir ./data:/data:ro --env API_KEY --max-memory 64MiB --json"
+    )]
     Run(Box<run::RunArgs>),
     /// Validate a plugin and show what it declares.
     ///
     /// Compiles the component, checks it targets the taskhost:plugin world,
     /// calls its describe() under a small time and memory limit, and prints
     /// its name, version, resource template, default policy and capabilities.
+    #[command(
+        after_long_help = "EXAMPLES:\n  host inspect target/plugins/deploy.wasm\n  host inspect my.wasm --json"
+    )]
     Inspect(inspect::InspectArgs),
     /// Run the daemon in the foreground: supervisor and controller behind a
     /// Unix socket only its owner can use.
@@ -64,29 +72,71 @@ enum Command {
     /// Logs go to stderr (RUST_LOG filters them). SIGINT, SIGTERM or
     /// `host shutdown` stop it gracefully: running tasks get the grace, then
     /// are force-aborted; queued work is rejected; the socket is removed.
+    #[command(
+        after_long_help = "EXAMPLES:\n  host serve --detach                  # returns once the daemon accepts; logs in <state dir>/daemon.log\n  host serve --grace 30s --max-concurrent 8\n  host --socket /tmp/h.sock serve --state-dir /tmp/h-state\n  (systemd: Type=notify; the daemon reports READY=1 once it listens)"
+    )]
     Serve(Box<serve::ServeArgs>),
     /// Send one task to the daemon; prints its id (or, with --wait, its result).
     ///
     /// The plugin is uploaded once per daemon (by content digest). The slot
     /// is --slot, else the plugin's resource filled from --param, else the
     /// task name. Exit codes with --wait: as `host run`; 3 when rejected.
+    #[command(
+        after_long_help = "EXAMPLES:\n  host submit target/plugins/hello.wasm --slot x --input hi --wait\n  host submit target/plugins/deploy.wasm --param env=prod          # slot deploy/prod, policy replace\n  host submit target/plugins/sleeper.wasm --name nap --param ms=60000\n  host submit my.wasm --slot db --policy queue --restart on-failure --max-retries 3"
+    )]
     Submit(Box<client::submit::SubmitArgs>),
     /// Wait for a task's final outcome and print it (exit code by outcome).
+    #[command(after_long_help = "EXAMPLES:\n  host wait 42\n  host wait nap --json")]
     Wait(client::tasks::TargetArgs),
     /// Stop a task (queued work is removed) and wait until it has ended.
+    #[command(after_long_help = "EXAMPLES:\n  host cancel nap\n  host cancel 42 --json")]
     Cancel(client::tasks::TargetArgs),
     /// Ask a task to stop (queued work is removed) without waiting.
+    #[command(after_long_help = "EXAMPLES:\n  host remove nap")]
     Remove(client::tasks::TargetArgs),
     /// List the daemon's live tasks, queued ones included (--all: finished ones too).
+    #[command(after_long_help = "EXAMPLES:\n  host ps\n  host ps --all --json")]
     Ps(client::tasks::PsArgs),
     /// Show the controller's slots: state, owner, queue depth, time in state.
+    #[command(after_long_help = "EXAMPLES:\n  host slots\n  host slots --json")]
     Slots(client::tasks::SlotsArgs),
     /// Print the daemon's recent events; --follow keeps streaming.
+    #[command(
+        after_long_help = "EXAMPLES:\n  host events\n  host events --follow --task nap\n  host events --kind task-finished --json"
+    )]
     Events(client::streams::EventsArgs),
     /// Print a task's guest output and log lines; --follow keeps streaming.
+    #[command(after_long_help = "EXAMPLES:\n  host logs nap\n  host logs 42 --follow --json")]
     Logs(client::streams::LogsArgs),
     /// Shut the daemon down gracefully.
+    #[command(after_long_help = "EXAMPLES:\n  host shutdown\n  host shutdown --grace 0s --json")]
     Shutdown(client::admin::ShutdownArgs),
+    /// Print this host's version and the running daemon's.
+    #[command(
+        after_long_help = "EXAMPLES:\n  host version\n  host --socket /tmp/h.sock version --json"
+    )]
+    Version(tools::VersionArgs),
+    /// Print a shell completion script.
+    ///
+    /// Load it in the current shell, or install it where your shell looks.
+    #[command(
+        after_long_help = "EXAMPLES:\n  source <(host completions bash)\n  host completions zsh > ~/.zfunc/_host\n  host completions fish > ~/.config/fish/completions/host.fish"
+    )]
+    Completions(tools::CompletionsArgs),
+    /// Print the man page (or write one per verb into a directory).
+    #[command(
+        after_long_help = "EXAMPLES:\n  host man | man -l -\n  host man --out-dir /usr/local/share/man/man1"
+    )]
+    Man(tools::ManArgs),
+    /// Create a plugin crate that builds and runs as it is.
+    ///
+    /// Writes Cargo.toml (a cdylib depending on the guest SDK), src/lib.rs
+    /// (a plugin that greets its input), .cargo/config.toml (builds for
+    /// wasm32-wasip2) and rust-toolchain.toml.
+    #[command(
+        after_long_help = "EXAMPLES:\n  host new greeter\n  (cd greeter && cargo build --release)\n  host run greeter/target/wasm32-wasip2/release/greeter.wasm --input world"
+    )]
+    New(tools::NewArgs),
 }
 
 /// Parses the command line, runs the verb, returns the process exit code.
@@ -126,6 +176,10 @@ pub fn main() -> ExitCode {
             Command::Events(args) => client::streams::events(args, socket).await,
             Command::Logs(args) => client::streams::logs(args, socket).await,
             Command::Shutdown(args) => client::admin::shutdown(args, socket).await,
+            Command::Version(args) => tools::version(args, socket).await,
+            Command::Completions(args) => tools::completions(args),
+            Command::Man(args) => tools::man(args),
+            Command::New(args) => tools::new(args),
         }
     });
     // Do not wait for stray blocking work (a compile of a plugin we no longer

@@ -1,11 +1,11 @@
 //! `host serve`: the daemon's flags and settings (a flag wins over the TOML
 //! file, which wins over the default), and running it in the foreground.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
-use taskhost::daemon::{DaemonConfig, default_state_dir, serve, socket};
+use taskhost::daemon::{Client, DaemonConfig, default_state_dir, serve, socket};
 use taskhost::units::{parse_duration, parse_size};
 
 use super::args::SocketArg;
@@ -45,6 +45,10 @@ pub struct ServeArgs {
     /// Log format on stderr (filter with RUST_LOG, default info).
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Start the daemon in the background and return once its socket
+    /// accepts connections; its logs go to <state dir>/daemon.log.
+    #[arg(long)]
+    detach: bool,
 }
 
 /// How `host serve` writes its logs.
@@ -110,11 +114,123 @@ impl ServeArgs {
 pub async fn serve_cmd(args: ServeArgs, socket_flag: Option<PathBuf>) -> anyhow::Result<u8> {
     let config = args.config()?;
     let socket_path = socket::resolve(args.socket.socket.as_deref().or(socket_flag.as_deref()));
+    if args.detach {
+        return detach(&socket_path, &config.state_dir).await;
+    }
     let announce = socket_path.clone();
     serve(socket_path, config, move || {
         eprintln!("taskhost daemon listening on {}", announce.display());
+        notify_systemd("READY=1");
     })
     .await
     .map_err(|e| ExitError::error(1, e.to_string()))?;
+    notify_systemd("STOPPING=1");
     Ok(0)
+}
+
+/// How long `serve --detach` waits for the daemon to accept connections.
+const DETACH_PATIENCE: Duration = Duration::from_secs(60);
+
+/// `serve --detach`: runs this same command line without `--detach` as a
+/// background process of its own process group (a Ctrl-C in this terminal
+/// does not reach it), its output appended to `<state dir>/daemon.log`, and
+/// returns once its socket accepts a connection, or with the log's tail if
+/// it exits first.
+async fn detach(socket_path: &Path, state_dir: &Path) -> anyhow::Result<u8> {
+    use std::os::unix::process::CommandExt;
+
+    std::fs::create_dir_all(state_dir).map_err(|e| {
+        usage(format!(
+            "cannot create the state directory `{}`: {e}",
+            state_dir.display()
+        ))
+    })?;
+    let log_path = state_dir.join("daemon.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| usage(format!("cannot open `{}`: {e}", log_path.display())))?;
+    let log_len = log.metadata().map(|m| m.len()).unwrap_or(0);
+    let exe = std::env::current_exe()
+        .map_err(|e| ExitError::error(1, format!("cannot find this program: {e}")))?;
+    let args: Vec<_> = std::env::args_os()
+        .skip(1)
+        .filter(|a| a != "--detach")
+        .collect();
+    let mut child = std::process::Command::new(exe)
+        .args(&args)
+        // The child must not see a socket it should not notify.
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| ExitError::error(1, format!("cannot start the daemon: {e}")))?;
+    let started = std::time::Instant::now();
+    loop {
+        if let Ok(client) = Client::connect(socket_path).await {
+            drop(client);
+            eprintln!(
+                "taskhost daemon started (pid {}), listening on {}; logs in {}",
+                child.id(),
+                socket_path.display(),
+                log_path.display()
+            );
+            return Ok(0);
+        }
+        if let Some(status) = child.try_wait()? {
+            let tail = std::fs::read(&log_path)
+                .map(|b| String::from_utf8_lossy(&b[log_len as usize..]).into_owned())
+                .unwrap_or_default();
+            return Err(ExitError::error(
+                1,
+                format!(
+                    "the daemon exited ({status}) before it listened; its log ({}):\n{}",
+                    log_path.display(),
+                    tail.trim_end()
+                ),
+            ));
+        }
+        if started.elapsed() > DETACH_PATIENCE {
+            return Err(ExitError::error(
+                1,
+                format!(
+                    "the daemon (pid {}) did not accept connections on {} within {DETACH_PATIENCE:?}; see {}",
+                    child.id(),
+                    socket_path.display(),
+                    log_path.display()
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Tells systemd (a `Type=notify` unit) about the daemon's state, when it
+/// runs under one: a datagram to `$NOTIFY_SOCKET` (a path, or an abstract
+/// name starting with `@`). Without the variable, nothing happens.
+fn notify_systemd(state: &str) {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+
+    let Some(target) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let target = target.to_string_lossy().into_owned();
+    let addr = match target.strip_prefix('@') {
+        Some(name) => SocketAddr::from_abstract_name(name.as_bytes()),
+        None => SocketAddr::from_pathname(&target),
+    };
+    let sent = UnixDatagram::unbound().and_then(|socket| {
+        let addr = addr?;
+        socket.send_to_addr(
+            format!("{state}\nMAINPID={}\n", std::process::id()).as_bytes(),
+            &addr,
+        )
+    });
+    if let Err(err) = sent {
+        tracing::warn!("cannot notify systemd at {target}: {err}");
+    }
 }
