@@ -207,7 +207,9 @@ fn shutdown_force_aborts_a_spinner_and_removes_the_socket() {
     ]);
     d.wait_until_state("spinner", "running");
 
-    let out = d.run(&["shutdown", "--grace", "200ms"]);
+    // --cancel-all: every task gets its final outcome now (without it, a
+    // durable store keeps the work for the next start).
+    let out = d.run(&["shutdown", "--grace", "200ms", "--cancel-all"]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(out.stderr.contains("force-aborted"), "{}", out.stderr);
     assert!(out.stderr.contains("spinner"), "{}", out.stderr);
@@ -225,9 +227,12 @@ fn shutdown_force_aborts_a_spinner_and_removes_the_socket() {
     assert_eq!(json(&waited)["outcome"], "force-aborted");
 }
 
+/// The memory store keeps nothing for a next start, so a graceful stop
+/// gives every task its final outcome now (the durable store's graceful
+/// stop is in tests/durability.rs).
 #[test]
-fn sigterm_shuts_down_gracefully_and_waiters_get_their_reports() {
-    let mut d = Daemon::start(&[]);
+fn sigterm_with_the_memory_store_shuts_down_gracefully_and_waiters_get_their_reports() {
+    let mut d = Daemon::start(&["--store", "memory"]);
     let waiters: Vec<Running> = ["nap-1", "nap-2"]
         .iter()
         .map(|name| {

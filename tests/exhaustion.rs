@@ -147,6 +147,7 @@ async fn a_thousand_parked_sleepers_stay_under_the_rss_bound_and_all_resolve() {
         &conn,
         Request::Shutdown {
             grace: Some(Duration::from_secs(10)),
+            cancel_all: true,
         },
     )
     .await;

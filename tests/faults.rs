@@ -191,7 +191,17 @@ fn json(out: &common::Finished) -> Value {
 
 #[test]
 fn sigterm_with_work_in_every_state_resolves_every_waiter() {
-    let mut d = Daemon::start(&["--grace", "3s", "--max-concurrent", "4"]);
+    // The memory store: a graceful stop gives every task its outcome now
+    // (with the durable store the work waits for the next start instead;
+    // tests/durability.rs).
+    let mut d = Daemon::start(&[
+        "--grace",
+        "3s",
+        "--max-concurrent",
+        "4",
+        "--store",
+        "memory",
+    ]);
     let baseline = d.socket_fds();
     let sleeper = p("sleeper");
     let spin = p("spin");

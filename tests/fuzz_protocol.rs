@@ -294,7 +294,8 @@ fn request() -> impl Strategy<Value = Request> {
         Just(Request::Slots),
         (any::<bool>(), filter()).prop_map(|(follow, filter)| Request::Events { follow, filter }),
         (target(), any::<bool>()).prop_map(|(target, follow)| Request::Logs { target, follow }),
-        proptest::option::of(duration()).prop_map(|grace| Request::Shutdown { grace }),
+        (proptest::option::of(duration()), any::<bool>())
+            .prop_map(|(grace, cancel_all)| Request::Shutdown { grace, cancel_all }),
     ]
 }
 
@@ -531,6 +532,7 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
             "shutdown",
             Request::Shutdown {
                 grace: Some(Duration::from_millis(250)),
+                cancel_all: true,
             },
         ),
     ];

@@ -423,6 +423,7 @@ async fn soak_mixed_submissions_keep_every_invariant() {
             &setup,
             Request::Shutdown {
                 grace: Some(Duration::from_secs(1)),
+                cancel_all: true,
             },
         )
         .await;

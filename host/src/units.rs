@@ -17,7 +17,7 @@ pub struct UnitError {
 const DURATION_HINT: &str = "use a number with a unit, such as 250ms, 10s, 5m or 1h";
 const SIZE_HINT: &str = "use a number with a unit, such as 512KiB, 64MiB or 1GiB (or plain bytes)";
 
-/// Parses a duration such as `250ms`, `1.5s`, `10s`, `5m`, `2h` or `0`.
+/// Parses a duration such as `250ms`, `1.5s`, `10s`, `5m`, `2h`, `7d` or `0`.
 ///
 /// A bare `0` is accepted (it means "none" for timeouts); other numbers need
 /// a unit so that `--timeout 5` is not silently read as 5 ms or 5 s.
@@ -43,6 +43,7 @@ pub fn parse_duration(input: &str) -> Result<Duration, UnitError> {
         "s" | "sec" => 1.0,
         "m" | "min" => 60.0,
         "h" => 3600.0,
+        "d" => 86_400.0,
         _ => return Err(err()),
     };
     let secs = value * scale;

@@ -18,7 +18,7 @@ pub struct ServeArgs {
     /// Where uploaded plugins and the compilation cache live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, retain_finished, retain_for, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -45,6 +45,15 @@ pub struct ServeArgs {
     /// Log format on stderr (filter with RUST_LOG, default info).
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Where accepted work is kept: `sqlite` (a file under the state directory; survives a crash), `sqlite:PATH`, or `memory` (lost when the daemon stops) [default: sqlite].
+    #[arg(long, value_name = "STORE")]
+    store: Option<String>,
+    /// Most finished tasks whose reports and logs are kept [default: 10000].
+    #[arg(long, value_name = "N")]
+    retain_finished: Option<usize>,
+    /// How long finished tasks' reports and logs are kept [default: 7d].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    retain_for: Option<Duration>,
     /// Start the daemon in the background and return once its socket
     /// accepts connections; its logs go to <state dir>/daemon.log.
     #[arg(long)]
@@ -92,6 +101,15 @@ impl ServeArgs {
         }
         if let Some(v) = self.pool_instances {
             config.pool_instances = v;
+        }
+        if let Some(v) = &self.store {
+            config.store = v.clone();
+        }
+        if let Some(v) = self.retain_finished {
+            config.retain_finished = v;
+        }
+        if let Some(v) = self.retain_for {
+            config.retain_for = v;
         }
         if let Some(v) = self.epoch_tick {
             if v < Duration::from_millis(1) {

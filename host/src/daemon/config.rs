@@ -38,6 +38,13 @@ pub struct DaemonConfig {
     /// Undelivered events each event reader (`host events --follow`) may
     /// fall behind before it loses the oldest.
     pub event_lane_capacity: usize,
+    /// Where accepted work is kept: `sqlite` (a file under the state
+    /// directory), `sqlite:PATH` or `memory`.
+    pub store: String,
+    /// Most finished tasks whose reports and logs are kept.
+    pub retain_finished: usize,
+    /// How long finished tasks' reports and logs are kept.
+    pub retain_for: Duration,
 }
 
 impl DaemonConfig {
@@ -54,6 +61,9 @@ impl DaemonConfig {
             max_connections: 256,
             pool_instances: DEFAULT_POOL_INSTANCES,
             event_lane_capacity: 4096,
+            store: "sqlite".into(),
+            retain_finished: 10_000,
+            retain_for: Duration::from_secs(7 * 24 * 3600),
         }
     }
 
@@ -103,6 +113,18 @@ impl DaemonConfig {
             }
             self.event_lane_capacity = v;
         }
+        if let Some(v) = file.store {
+            self.store = v;
+        }
+        if let Some(v) = file.retain_finished {
+            self.retain_finished = v;
+        }
+        if let Some(v) = file.retain_for {
+            self.retain_for = dur(&v, "retain_for")?;
+        }
+        if self.max_connections == 0 {
+            return Err("max_connections: must be at least 1".into());
+        }
         Ok(())
     }
 }
@@ -121,6 +143,9 @@ struct FileConfig {
     max_connections: Option<usize>,
     pool_instances: Option<u32>,
     event_lane_capacity: Option<usize>,
+    store: Option<String>,
+    retain_finished: Option<usize>,
+    retain_for: Option<String>,
 }
 
 #[cfg(test)]

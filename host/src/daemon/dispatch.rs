@@ -5,6 +5,7 @@
 //! shutdown) goes on in a task of its own.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use crate::logline::LogLine;
 use crate::supervisor::{Event, Received, TaskPhase, TaskRef};
@@ -12,8 +13,9 @@ use crate::supervisor::{Event, Received, TaskPhase, TaskRef};
 use super::connection::Replier;
 use super::protocol::{ErrorKind, EventFilter, LIST_PAGE, Reply, Request, TaskRow, TaskState};
 use super::state::Daemon;
+use super::store::{self, Finished};
 use super::submissions;
-use super::tasks::TaskRecord;
+use super::tasks::{MAX_FINISHED, TaskRecord};
 use super::uploads::Uploads;
 
 /// Handles one request (see the module docs for what happens in order).
@@ -52,16 +54,20 @@ pub(crate) async fn handle(
                 Err(err) => reply.error(ErrorKind::Invalid, err.to_string()).await,
             },
         },
-        Request::Submit(request) => submissions::submit(daemon, *request, &reply).await,
-        Request::Wait(target) => {
-            if let Some(record) = resolve(daemon, &target, &reply).await {
+        Request::Submit(request) => submissions::submit(daemon, *request, reply).await,
+        Request::Wait(target) => match resolve(daemon, &target, &reply).await {
+            Some(Found::Live(record)) => {
                 tokio::spawn(async move {
-                    if let Some(report) = reply.until_gone(record.waiter.report()).await {
+                    if let Some(report) = reply.until_gone(record.outcome.report()).await {
                         reply.report(&report, Reply::Report).await;
                     }
                 });
             }
-        }
+            Some(Found::Stored(finished)) => {
+                reply.report(&finished.report, Reply::Report).await;
+            }
+            None => {}
+        },
         Request::Cancel { target, wait } => cancel(daemon, target, wait, reply).await,
         Request::List { all } => list(daemon, all, &reply).await,
         Request::Slots => {
@@ -70,12 +76,22 @@ pub(crate) async fn handle(
         }
         Request::Events { follow, filter } => events(daemon, follow, filter, reply).await,
         Request::Logs { target, follow } => {
-            let Some(record) = resolve(daemon, &target, &reply).await else {
-                return;
+            let record = match resolve(daemon, &target, &reply).await {
+                Some(Found::Live(record)) => record,
+                Some(Found::Stored(finished)) => {
+                    for line in finished.log {
+                        if !reply.send(Reply::Log(line)).await {
+                            return;
+                        }
+                    }
+                    reply.send(Reply::End).await;
+                    return;
+                }
+                None => return,
             };
             // Subscribed in order: lines written after this request are seen.
             let (lines, live) = record.log.follow();
-            let follow = follow && record.waiter.try_outcome().is_none();
+            let follow = follow && record.outcome.get().is_none();
             tokio::spawn(async move {
                 for line in lines {
                     if !reply.send(Reply::Log(line)).await {
@@ -88,8 +104,12 @@ pub(crate) async fn handle(
                 reply.send(Reply::End).await;
             });
         }
-        Request::Shutdown { grace } => {
+        Request::Shutdown { grace, cancel_all } => {
             let daemon = Arc::clone(daemon);
+            daemon.shutdown_requested.store(true, Ordering::SeqCst);
+            daemon
+                .keep_unfinished
+                .store(daemon.store.is_durable() && !cancel_all, Ordering::SeqCst);
             tokio::spawn(async move {
                 let grace = grace.unwrap_or(daemon.config.grace);
                 let report = daemon.controller.shutdown(grace).await;
@@ -103,27 +123,57 @@ pub(crate) async fn handle(
     }
 }
 
-/// The record a target refers to, or a NotFound reply.
-async fn resolve(daemon: &Daemon, target: &TaskRef, reply: &Replier) -> Option<TaskRecord> {
-    let record = daemon.tasks.resolve(target, &daemon.controller);
-    if record.is_none() {
-        reply
-            .error(
-                ErrorKind::NotFound,
-                format!("no task with {target} (see `host ps --all`)"),
-            )
-            .await;
+/// What a target refers to.
+enum Found {
+    /// A task this run of the daemon knows.
+    Live(TaskRecord),
+    /// A task finished before, as the store kept it.
+    Stored(Box<Finished>),
+}
+
+/// The task a target refers to (in memory, else finished in the store), or
+/// a NotFound reply.
+async fn resolve(daemon: &Daemon, target: &TaskRef, reply: &Replier) -> Option<Found> {
+    if let Some(record) = daemon.tasks.resolve(target, &daemon.controller) {
+        return Some(Found::Live(record));
     }
-    record
+    let stored = match target {
+        TaskRef::Id(id) => daemon.store.finished_task(*id),
+        TaskRef::Name(name) => daemon.store.finished_named(name),
+    };
+    if let Some(finished) = stored {
+        return Some(Found::Stored(Box::new(finished)));
+    }
+    reply
+        .error(
+            ErrorKind::NotFound,
+            format!("no task with {target} (see `host ps --all`)"),
+        )
+        .await;
+    None
 }
 
 /// Stops a task or removes queued work: the claim is made in order; with
 /// `wait`, the wait for its end goes on in the background.
 async fn cancel(daemon: &Arc<Daemon>, target: TaskRef, wait: bool, reply: Replier) {
-    let Some(record) = resolve(daemon, &target, &reply).await else {
-        return;
+    let record = match resolve(daemon, &target, &reply).await {
+        Some(Found::Live(record)) => record,
+        Some(Found::Stored(finished)) => {
+            let report = wait.then_some(finished.report);
+            reply
+                .send(Reply::Canceled {
+                    claimed: false,
+                    report,
+                })
+                .await;
+            return;
+        }
+        None => return,
     };
     let claimed = daemon.controller.remove(record.id);
+    if claimed {
+        daemon.store.stopping(record.id);
+    }
     if !wait {
         reply
             .send(Reply::Canceled {
@@ -134,7 +184,7 @@ async fn cancel(daemon: &Arc<Daemon>, target: TaskRef, wait: bool, reply: Replie
         return;
     }
     tokio::spawn(async move {
-        let Some(report) = reply.until_gone(record.waiter.report()).await else {
+        let Some(report) = reply.until_gone(record.outcome.report()).await else {
             return;
         };
         reply
@@ -194,7 +244,7 @@ async fn list(daemon: &Daemon, all: bool, reply: &Replier) {
                 .into_iter()
                 .filter(|r| !live.contains(&r.id))
                 .filter_map(|r| {
-                    let report = r.waiter.try_report()?;
+                    let report = r.outcome.get()?;
                     Some(TaskRow {
                         id: r.id,
                         name: r.name,
@@ -206,6 +256,29 @@ async fn list(daemon: &Daemon, all: bool, reply: &Replier) {
                         plugin: r.plugin,
                         outcome: Some(report.outcome.kind()),
                     })
+                }),
+        );
+        // Finished before this run of the daemon: from the store.
+        let known: std::collections::HashSet<_> = rows.iter().map(|r| r.id).collect();
+        let now = store::now_ms();
+        rows.extend(
+            daemon
+                .store
+                .finished_recent(MAX_FINISHED)
+                .into_iter()
+                .filter(|f| {
+                    !known.contains(&f.report.id) && daemon.tasks.get(f.report.id).is_none()
+                })
+                .map(|f| TaskRow {
+                    id: f.report.id,
+                    name: f.report.name.to_string(),
+                    slot: f.report.slot.to_string(),
+                    state: TaskState::Finished,
+                    attempts: f.report.attempts,
+                    age: std::time::Duration::from_millis(now.saturating_sub(f.submitted_ms)),
+                    progress: None,
+                    plugin: f.plugin,
+                    outcome: Some(f.report.outcome.kind()),
                 }),
         );
     }

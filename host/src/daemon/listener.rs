@@ -5,7 +5,8 @@
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{UnixListener, UnixStream};
@@ -20,8 +21,10 @@ use super::config::DaemonConfig;
 use super::connection;
 use super::history::History;
 use super::plugins::Plugins;
+use super::recovery;
 use super::socket;
 use super::state::Daemon;
+use super::store::{Retention, Store, StoreSpec};
 use super::tasks::Tasks;
 
 /// How long, after the shutdown, open connections get to deliver their last
@@ -74,7 +77,17 @@ pub async fn serve(
         );
         max_concurrent = capacity;
     }
+    let spec = StoreSpec::parse(&config.store, &config.state_dir).map_err(fail)?;
+    let retention = Retention {
+        max_finished: config.retain_finished,
+        max_age: config.retain_for,
+    };
+    let (store, unfinished) = Store::open(&spec, retention).map_err(|e| fail(e.to_string()))?;
+    if !store.is_durable() {
+        tracing::warn!("the store is memory: accepted work is lost when the daemon stops");
+    }
     let supervisor = Supervisor::builder()
+        .first_id(store.first_id())
         .max_concurrent(max_concurrent)
         .grace(config.grace)
         .bus_capacity(config.event_lane_capacity)
@@ -96,11 +109,27 @@ pub async fn serve(
         controller,
         tasks: Tasks::default(),
         history,
+        store,
+        admission: Mutex::new(()),
+        keep_unfinished: AtomicBool::new(false),
+        shutdown_requested: AtomicBool::new(false),
         stop,
     });
+    if !unfinished.is_empty() {
+        let started = std::time::Instant::now();
+        let done = recovery::recover(&daemon, unfinished).await;
+        tracing::info!(
+            requeued = done.requeued,
+            retried = done.retried,
+            ended = done.ended,
+            took = %format_duration(started.elapsed()),
+            "recovered unfinished work from the store"
+        );
+    }
     tracing::info!(
         socket = %socket_path.display(),
         state_dir = %config.state_dir.display(),
+        store = ?daemon.store,
         allocator = ?runtime.allocator(),
         max_concurrent,
         "taskhost daemon listening"
@@ -147,6 +176,18 @@ pub async fn serve(
     };
     // Stop taking connections first, so nobody submits into a closing host.
     drop(listener);
+    // A signal is a graceful stop: with a durable store, unfinished work
+    // waits for the next start (a shutdown request has set this already,
+    // unless it asked to cancel everything).
+    if !daemon
+        .shutdown_requested
+        .load(std::sync::atomic::Ordering::SeqCst)
+    {
+        daemon.keep_unfinished.store(
+            daemon.store.is_durable(),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+    }
     let _ = std::fs::remove_file(&socket_path);
     tracing::info!(grace = %format_duration(grace), "taskhost daemon shutting down");
     // Single-flight: if a client asked for the shutdown, this is its report.

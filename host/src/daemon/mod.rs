@@ -14,6 +14,8 @@
 //! | `uploads` | plugin uploads in chunks |
 //! | `submissions` | a submit request into a controller submission |
 //! | `plugins` | plugins stored by digest under the state directory |
+//! | `store` | what survives a restart: submissions, states, outcomes, logs |
+//! | `recovery` | rebuilding the controller from the store at start |
 //! | `tasks` | what the daemon remembers of submissions (waiters, logs, names) |
 //! | `history` | recent events, bridged to the daemon's log |
 //! | `state` | what the connections share |
@@ -26,8 +28,10 @@ mod history;
 mod listener;
 mod plugins;
 pub mod protocol;
+mod recovery;
 pub mod socket;
 mod state;
+pub mod store;
 mod submissions;
 mod tasks;
 mod uploads;

@@ -196,6 +196,10 @@ pub enum Request {
     Shutdown {
         /// Grace for running tasks; `None`: the daemon's own.
         grace: Option<Duration>,
+        /// End every task and queued submission now (Canceled,
+        /// ForceAborted, Rejected ShuttingDown) instead of keeping
+        /// unfinished work in a durable store for the next start.
+        cancel_all: bool,
     },
 }
 

@@ -1,36 +1,86 @@
 //! Owns turning a [`SubmitRequest`] into a controller submission: the plugin
 //! by digest, the task name and slot, the grants checked against the
-//! plugin's capabilities, the policies, a log for its lines; then placing it
-//! and remembering it so that later requests (a Wait sent right after, a
-//! `host ps`) find it.
+//! plugin's capabilities, the policies, a log for its lines; then recording
+//! it in the store, placing it, and remembering it so that later requests (a
+//! Wait sent right after, a `host ps`) find it. The same path re-places the
+//! work a durable store recovered at start, under its old id.
+//!
+//! Order: the id, the store write and the controller's decision happen
+//! under one lock, so the store's order of submissions is the order the
+//! controller decided them in (recovery replays that order). The
+//! acknowledgement waits for the store's commit; the next request is
+//! decided meanwhile (group commit).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
 
 use crate::controller::{AdmissionPolicy, Placed, Submission};
+use crate::outcome::{RejectionKind, TaskOutcome};
 use crate::plugin_task::{PluginTask, resolve_slot};
 use crate::runtime::Sandbox;
-use crate::supervisor::{RestartPolicy, TaskSpec};
+use crate::supervisor::{
+    AttemptContext, Reservation, RestartPolicy, Resume, RunFuture, TaskBody, TaskError, TaskSpec,
+};
 
 use super::connection::Replier;
 use super::protocol::{ErrorKind, MAX_SUBMIT_INPUT, Placement, Reply, SubmitRequest, Submitted};
 use super::state::Daemon;
-use super::tasks::{TaskLog, TaskRecord};
+use super::store::{Finished, NewTask, Store, Ticket, now_ms};
+use super::tasks::{Outcome, TaskLog, TaskRecord};
 
-/// Handles one submission, in the order it was sent.
-pub(crate) async fn submit(daemon: &Arc<Daemon>, request: SubmitRequest, reply: &Replier) {
-    match place(daemon, request).await {
-        Ok(submitted) => {
+/// Where a submission comes from.
+pub(crate) enum Origin {
+    /// A client sent it now.
+    New,
+    /// The store kept it across a restart; it keeps its id.
+    Recovered {
+        reservation: Reservation,
+        submitted_ms: u64,
+        /// Where its attempts and retry budget stood.
+        resume: Resume,
+    },
+}
+
+/// Handles one submission, in the order it was sent; the reply goes out
+/// once the submission is durable.
+pub(crate) async fn submit(daemon: &Arc<Daemon>, request: SubmitRequest, reply: Replier) {
+    match place(daemon, request, Origin::New).await {
+        Ok((submitted, ticket)) if ticket.is_immediate() => {
             reply.send(Reply::Submitted(submitted)).await;
+        }
+        Ok((submitted, ticket)) => {
+            let daemon = Arc::clone(daemon);
+            tokio::spawn(async move {
+                match ticket.committed().await {
+                    Ok(()) => {
+                        reply.send(Reply::Submitted(submitted)).await;
+                    }
+                    Err(err) => {
+                        // Not durable, so not accepted: withdraw it.
+                        daemon.controller.remove(submitted.id);
+                        reply
+                            .error(
+                                ErrorKind::Internal,
+                                format!("the submission could not be stored, so it was not accepted: {err}"),
+                            )
+                            .await;
+                    }
+                }
+            });
         }
         Err((kind, message)) => reply.error(kind, message).await,
     }
 }
 
-async fn place(
+/// Validates, records and places one submission.
+pub(crate) async fn place(
     daemon: &Arc<Daemon>,
-    request: SubmitRequest,
-) -> Result<Submitted, (ErrorKind, String)> {
+    mut request: SubmitRequest,
+    origin: Origin,
+) -> Result<(Submitted, Ticket), (ErrorKind, String)> {
     let invalid = |m: String| (ErrorKind::Invalid, m);
     let controller = &daemon.controller;
     if controller.supervisor().is_shutting_down() {
@@ -56,8 +106,8 @@ async fn place(
     })?;
     let info = plugin.info();
     let sandbox = Sandbox {
-        dirs: request.dirs,
-        env: request.env,
+        dirs: request.dirs.clone(),
+        env: request.env.clone(),
         max_memory: request.max_memory.unwrap_or(daemon.config.max_memory),
     };
     if sandbox.max_memory < 64 << 10 {
@@ -76,10 +126,29 @@ async fn place(
         .check_capabilities(&info.capabilities)
         .map_err(|e| invalid(e.to_string()))?;
 
-    let reservation = controller.supervisor().reserve();
+    let store = &daemon.store;
+    // From here to the decision, one submission at a time.
+    let admission = daemon
+        .admission
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let recovered = matches!(origin, Origin::Recovered { .. });
+    let (reservation, submitted_ms, resume) = match origin {
+        Origin::New => (
+            controller.supervisor().reserve(),
+            now_ms(),
+            Resume::default(),
+        ),
+        Origin::Recovered {
+            reservation,
+            submitted_ms,
+            resume,
+        } => (reservation, submitted_ms, resume),
+    };
     let id = reservation.id();
     let name = request
         .name
+        .clone()
         .unwrap_or_else(|| format!("{}-{id}", info.name));
     let slot = resolve_slot(
         request.slot.as_deref(),
@@ -91,17 +160,43 @@ async fn place(
     let policy = request
         .policy
         .unwrap_or_else(|| AdmissionPolicy::from(info.default_policy));
+    let ticket = if store.is_durable() && !recovered {
+        // Stored resolved, so a recovery places it exactly the same way.
+        let mut stored = request.clone();
+        stored.name = Some(name.clone());
+        stored.slot = Some(slot.clone());
+        stored.policy = Some(policy);
+        store.submit(NewTask {
+            id,
+            name: name.clone(),
+            slot: slot.clone(),
+            plugin: info.name.clone(),
+            request: stored,
+            submitted_ms,
+        })
+    } else {
+        Ticket::done()
+    };
     let log = TaskLog::new();
-    let body = PluginTask::new(daemon.plugins.runtime(), &plugin)
-        .input(request.input)
-        .params(request.params)
+    let plugin_task = PluginTask::new(daemon.plugins.runtime(), &plugin)
+        .input(std::mem::take(&mut request.input))
+        .params(std::mem::take(&mut request.params))
         .sandbox(sandbox)
         .sink(Arc::clone(&log) as _);
-    let mut spec = TaskSpec::from_defaults(name.clone(), body)
+    let body: Arc<dyn TaskBody> = if store.is_durable() {
+        Arc::new(Recorded {
+            task: plugin_task,
+            store: store.clone(),
+        })
+    } else {
+        Arc::new(plugin_task)
+    };
+    let mut spec = TaskSpec::with_body(name.clone(), body)
         .with_slot(slot.clone())
         .with_restart(request.restart.unwrap_or(RestartPolicy::Never))
         .with_max_retries(request.max_retries)
-        .with_timeout(request.timeout.unwrap_or_default());
+        .with_timeout(request.timeout.unwrap_or_default())
+        .resuming(resume);
     if let Some(backoff) = request.backoff {
         spec = spec.with_backoff(backoff);
     }
@@ -111,36 +206,112 @@ async fn place(
     let placement = match placed {
         Placed::Admitted => Placement::Running,
         Placed::Queued { owner } => Placement::Queued { owner },
-        Placed::Replacing { owner } => Placement::Replacing {
-            owner,
-            name: daemon.tasks.get(owner).map(|r| r.name).unwrap_or_default(),
-        },
-        Placed::Rejected => Placement::Rejected(waiter.try_outcome().unwrap_or(
-            crate::outcome::TaskOutcome::Panicked {
+        Placed::Replacing { owner } => {
+            store.stopping(owner);
+            Placement::Replacing {
+                owner,
+                name: daemon.tasks.get(owner).map(|r| r.name).unwrap_or_default(),
+            }
+        }
+        Placed::Rejected => {
+            Placement::Rejected(waiter.try_outcome().unwrap_or(TaskOutcome::Panicked {
                 reason: "a rejected submission has no outcome (host bug)".into(),
-            },
-        )),
+            }))
+        }
     };
+    let age = Duration::from_millis(now_ms().saturating_sub(submitted_ms));
+    let outcome = Outcome::new();
     daemon.tasks.insert(TaskRecord {
         id,
         name: name.clone(),
         slot: slot.clone(),
         plugin: info.name.clone(),
-        waiter: waiter.clone(),
+        outcome: outcome.clone(),
         log: Arc::clone(&log),
-        submitted: Instant::now(),
+        submitted: Instant::now().checked_sub(age).unwrap_or_else(Instant::now),
         placed: !matches!(placement, Placement::Rejected(_)),
     });
+    drop(admission);
+
     let watcher = Arc::clone(daemon);
+    let plugin_name = info.name.clone();
     tokio::spawn(async move {
-        waiter.report().await;
+        let report = waiter.report().await;
         log.close();
+        let store = &watcher.store;
+        if store.is_durable() {
+            if watcher.keep_unfinished.load(Ordering::SeqCst)
+                && left_for_next_start(&report.outcome)
+            {
+                // Stopped by a graceful stop that keeps work: the next
+                // start decides its end. Nobody sees an outcome now.
+                return;
+            }
+            let finished = Finished {
+                report: (*report).clone(),
+                plugin: plugin_name,
+                log: log.lines(),
+                submitted_ms,
+                finished_ms: now_ms(),
+            };
+            if let Err(err) = store.finished(finished).committed().await {
+                tracing::error!(task = %id, "cannot record the outcome: {err}");
+            }
+        }
+        outcome.set(report);
         watcher.tasks.finished(id);
     });
-    Ok(Submitted {
-        id,
-        name,
-        slot,
-        placement,
-    })
+    Ok((
+        Submitted {
+            id,
+            name,
+            slot,
+            placement,
+        },
+        ticket,
+    ))
+}
+
+/// The outcomes a graceful stop with a durable store gives, which the next
+/// start replaces with the real end.
+fn left_for_next_start(outcome: &TaskOutcome) -> bool {
+    matches!(
+        outcome,
+        TaskOutcome::Canceled
+            | TaskOutcome::ForceAborted
+            | TaskOutcome::Rejected {
+                kind: RejectionKind::ShuttingDown,
+                ..
+            }
+    )
+}
+
+/// A plugin task whose attempts start only once the store knows they did,
+/// so that after a crash a started attempt is never mistaken for one that
+/// never ran (a run-once task must not run twice).
+struct Recorded {
+    task: PluginTask,
+    store: Store,
+}
+
+impl TaskBody for Recorded {
+    fn attempt(&self, ctx: AttemptContext) -> BoxFuture<'static, Result<RunFuture, TaskError>> {
+        let ticket = self.store.attempt_started(ctx.task_id(), ctx.attempt());
+        let task = self.task.clone();
+        Box::pin(async move {
+            ticket
+                .committed()
+                .await
+                .map_err(|e| TaskError::fail(format!("the attempt could not be recorded: {e}")))?;
+            task.attempt(ctx).await
+        })
+    }
+
+    fn hurry(&self, deadline: std::time::Instant) -> Option<Box<dyn Send>> {
+        self.task.hurry(deadline)
+    }
+
+    fn describe(&self) -> String {
+        self.task.describe()
+    }
 }

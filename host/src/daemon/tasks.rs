@@ -12,9 +12,11 @@ use std::time::Instant;
 
 use tokio::sync::broadcast;
 
+use tokio::sync::watch;
+
 use crate::controller::Controller;
 use crate::logline::{LineSink, LogLine, Stream};
-use crate::supervisor::{TaskId, TaskRef, TaskWaiter};
+use crate::supervisor::{TaskId, TaskRef, TaskReport};
 
 /// Lines kept per task log.
 pub const MAX_LOG_LINES: usize = 2_000;
@@ -65,6 +67,11 @@ impl TaskLog {
         (lines, live)
     }
 
+    /// The lines kept.
+    pub(crate) fn lines(&self) -> Vec<LogLine> {
+        self.lock().lines.iter().cloned().collect()
+    }
+
     /// Marks the end of the log for followers.
     pub(crate) fn close(&self) {
         let mut state = self.lock();
@@ -93,6 +100,42 @@ impl LineSink for TaskLog {
     }
 }
 
+/// A task's final report as the daemon shows it: set once the report is
+/// recorded in the store (at once with the memory store), so no client sees
+/// an outcome a crash could take back.
+#[derive(Debug, Clone)]
+pub(crate) struct Outcome(Arc<watch::Sender<Option<Arc<TaskReport>>>>);
+
+impl Outcome {
+    pub(crate) fn new() -> Self {
+        Self(Arc::new(watch::channel(None).0))
+    }
+
+    /// Publishes the recorded report.
+    pub(crate) fn set(&self, report: Arc<TaskReport>) {
+        self.0.send_replace(Some(report));
+    }
+
+    /// The report, if recorded.
+    pub(crate) fn get(&self) -> Option<Arc<TaskReport>> {
+        self.0.borrow().clone()
+    }
+
+    /// Waits for the recorded report. Never resolves for a task whose end
+    /// is left to the next start (a graceful stop with a durable store).
+    pub(crate) async fn report(&self) -> Arc<TaskReport> {
+        let mut rx = self.0.subscribe();
+        loop {
+            if let Some(report) = rx.borrow_and_update().clone() {
+                return report;
+            }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
 /// What the daemon remembers of one submission.
 #[derive(Debug, Clone)]
 pub(crate) struct TaskRecord {
@@ -101,7 +144,8 @@ pub(crate) struct TaskRecord {
     pub slot: String,
     /// The plugin's name.
     pub plugin: String,
-    pub waiter: TaskWaiter,
+    /// Its recorded final report.
+    pub outcome: Outcome,
     pub log: Arc<TaskLog>,
     /// When it was submitted.
     pub submitted: Instant,

@@ -95,7 +95,21 @@ impl Actor {
     async fn life(&self, story: &mut Story) -> TaskOutcome {
         let entry = &self.entry;
         let mut stop = entry.stop_signal();
-        let mut streak = 0u32;
+        let resume = self.policies.resume;
+        story.attempts = resume.attempts;
+        let mut streak = resume.failures;
+        if !resume.delay.is_zero()
+            && !self
+                .backoff(
+                    resume.attempts,
+                    resume.delay,
+                    BackoffSource::Failure,
+                    &mut stop,
+                )
+                .await
+        {
+            return TaskOutcome::Canceled;
+        }
         loop {
             // A stop while waiting for a permit or in backoff holds nothing.
             entry.set_phase(TaskPhase::Waiting);

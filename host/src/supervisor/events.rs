@@ -64,6 +64,10 @@ pub enum EventKind {
     GuestLog,
     /// A guest progress report (`done`, `total`).
     Progress,
+    /// A host with a durable store restarted and found this task
+    /// unfinished; `reason` says what became of it (queued again, retried
+    /// after an interrupted attempt, ended).
+    Recovered,
 }
 
 /// Why a backoff was scheduled.

@@ -56,7 +56,7 @@ pub use body::{AttemptContext, NativeBody, RunFuture, TaskBody, native};
 pub use events::{BackoffSource, Event, EventKind, EventStream, Received};
 pub use id::{Reservation, TaskId};
 pub use registry::{TaskInfo, TaskPhase, TaskRef};
-pub use spec::{RestartPolicy, TaskDefaults, TaskError, TaskSpec};
+pub use spec::{RestartPolicy, Resume, TaskDefaults, TaskError, TaskSpec};
 pub use subscribers::{DEFAULT_DRAIN_DEADLINE, JsonLinesWriter, Subscriber, TracingBridge};
 pub use waiter::{AttemptRecord, MAX_HISTORY, TaskReport, TaskWaiter};
 
@@ -339,6 +339,7 @@ impl Supervisor {
             Arc::clone(&spec.body),
             cell,
         ));
+        entry.attempts_before(spec.resume.attempts);
         let registered = if reservation.issuer() == shared.ids.issuer() {
             shared
                 .registry

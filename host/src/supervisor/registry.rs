@@ -220,6 +220,11 @@ impl TaskEntry {
         self.phase.store(phase as u8, Ordering::Relaxed);
     }
 
+    /// Continues the attempt numbers of an earlier run.
+    pub(crate) fn attempts_before(&self, n: u32) {
+        self.attempts.store(n, Ordering::Relaxed);
+    }
+
     pub(crate) fn count_attempt(&self) -> u32 {
         self.attempts.fetch_add(1, Ordering::Relaxed) + 1
     }

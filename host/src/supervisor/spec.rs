@@ -94,6 +94,21 @@ pub struct TaskSpec {
     pub(crate) backoff: Option<BackoffPolicy>,
     pub(crate) timeout: Option<Duration>,
     pub(crate) max_retries: Option<Option<u32>>,
+    pub(crate) resume: Resume,
+}
+
+/// Where a task picks up when a host that keeps tasks across restarts
+/// registers it again: its attempt numbers continue, its failure streak
+/// (which the retry budget counts) carries over, and its first attempt waits
+/// out a backoff first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Resume {
+    /// Attempts that already started (the next is `attempts + 1`).
+    pub attempts: u32,
+    /// Consecutive failed attempts so far.
+    pub failures: u32,
+    /// The pause before the first attempt of this run.
+    pub delay: Duration,
 }
 
 impl TaskSpec {
@@ -112,7 +127,15 @@ impl TaskSpec {
             backoff: None,
             timeout: None,
             max_retries: None,
+            resume: Resume::default(),
         }
+    }
+
+    /// A task that resumes where an earlier run of the host left it (see
+    /// [`Resume`]).
+    pub fn resuming(mut self, resume: Resume) -> Self {
+        self.resume = resume;
+        self
     }
 
     /// A task that runs once (restart Never).
@@ -222,6 +245,7 @@ pub(crate) struct ResolvedPolicies {
     pub backoff: BackoffPolicy,
     pub timeout: Option<Duration>,
     pub max_retries: Option<u32>,
+    pub resume: Resume,
 }
 
 impl TaskSpec {
@@ -234,6 +258,7 @@ impl TaskSpec {
                 .unwrap_or_else(|| defaults.backoff.clone()),
             timeout: self.timeout.or(defaults.timeout).filter(|t| !t.is_zero()),
             max_retries: self.max_retries.unwrap_or(defaults.max_retries),
+            resume: self.resume,
         }
     }
 }

@@ -20,6 +20,9 @@ pub struct ShutdownArgs {
     /// Print JSON: whether every task stopped within the grace, and the names of those that did not.
     #[arg(long)]
     json: bool,
+    /// End every task and queued submission now (canceled, force-aborted after the grace, or rejected) instead of keeping unfinished work in the store for the next start.
+    #[arg(long)]
+    cancel_all: bool,
     #[command(flatten)]
     pub socket: SocketArg,
 }
@@ -27,7 +30,10 @@ pub struct ShutdownArgs {
 pub async fn shutdown(args: ShutdownArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
     let client = super::connect(&args.socket, before_verb.as_deref()).await?;
     let reply = client
-        .call(Request::Shutdown { grace: args.grace })
+        .call(Request::Shutdown {
+            grace: args.grace,
+            cancel_all: args.cancel_all,
+        })
         .await
         .map_err(exit::client)?;
     let Reply::ShutdownDone(report) = reply else {

@@ -21,7 +21,7 @@ pub struct EventsArgs {
     /// Only events of this task (its id or name).
     #[arg(long, value_name = "ID|NAME")]
     task: Option<String>,
-    /// Only events of these kinds, such as TaskFinished or AttemptFailed (repeatable, or comma-separated).
+    /// Only events of these kinds, such as task-finished or AttemptFailed (repeatable, or comma-separated).
     #[arg(long = "kind", value_name = "KIND", value_delimiter = ',', value_parser = parse_kind)]
     kinds: Vec<EventKind>,
     /// One JSON object per line.
@@ -31,8 +31,19 @@ pub struct EventsArgs {
     pub socket: SocketArg,
 }
 
+/// An event kind as written in JSON (`TaskFinished`) or in kebab case
+/// (`task-finished`).
 fn parse_kind(text: &str) -> Result<EventKind, String> {
-    serde_json::from_value(serde_json::Value::String(text.to_owned())).map_err(|_| {
+    let pascal: String = text
+        .split(['-', '_'])
+        .map(|part| {
+            let mut chars = part.chars();
+            chars.next().map_or_else(String::new, |first| {
+                first.to_ascii_uppercase().to_string() + chars.as_str()
+            })
+        })
+        .collect();
+    serde_json::from_value(serde_json::Value::String(pascal)).map_err(|_| {
         format!(
             "unknown event kind `{text}`: use one such as TaskAdded, AttemptStarting, AttemptFailed, \
              TaskFinished, GuestLog, Progress, ControllerRejected (see `host events --json`)"

@@ -1,0 +1,392 @@
+//! The SQLite backend: opening (with migrations and checks), the writer
+//! thread's group commit, and the reads.
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+
+use crate::supervisor::TaskId;
+
+use super::{
+    Finished, Op, Retention, StoreError, Unfinished, UnfinishedState, Write, digest_bytes, now_ms,
+};
+
+/// The migrations, in order; `PRAGMA user_version` counts those applied.
+const MIGRATIONS: &[&str] = &[include_str!("../../../migrations/0001_tasks.sql")];
+
+/// Most writes in one transaction.
+const MAX_BATCH: usize = 4096;
+
+/// How often retention runs (at most).
+const PRUNE_EVERY: Duration = Duration::from_secs(5);
+
+fn err(path: &Path, what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError(format!("the store `{}`: {what}: {e}", path.display()))
+}
+
+fn connect(path: &Path, flags: OpenFlags) -> Result<Connection, StoreError> {
+    let conn =
+        Connection::open_with_flags(path, flags).map_err(|e| err(path, "cannot open it", e))?;
+    conn.busy_timeout(Duration::from_secs(5))
+        .map_err(|e| err(path, "cannot configure it", e))?;
+    Ok(conn)
+}
+
+/// Opens the database: creates or migrates it, refuses one written by a
+/// newer version or one that is damaged, and reads what recovery needs.
+pub(super) fn open(
+    path: &Path,
+    retention: Retention,
+) -> Result<(Writer, Reader, u64, Vec<Unfinished>), StoreError> {
+    let mut conn = connect(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    let damaged = |e: rusqlite::Error| {
+        StoreError(format!(
+            "the store `{}` is not a usable SQLite database ({e}). Move it away to start with \
+             an empty store (its tasks are then lost), or restore it from a backup.",
+            path.display()
+        ))
+    };
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(damaged)?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(damaged)?;
+    let check: String = conn
+        .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
+        .map_err(damaged)?;
+    if check != "ok" {
+        return Err(StoreError(format!(
+            "the store `{}` is damaged ({check}). Move it away to start with an empty store (its \
+             tasks are then lost), or restore it from a backup.",
+            path.display()
+        )));
+    }
+    let version: usize = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(damaged)?;
+    if version > MIGRATIONS.len() {
+        return Err(StoreError(format!(
+            "the store `{}` was written by a newer taskhost (schema {version}; this build knows \
+             schema {}). Run the newer host, or point --state-dir elsewhere.",
+            path.display(),
+            MIGRATIONS.len()
+        )));
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
+        let tx = conn
+            .transaction()
+            .map_err(|e| err(path, "cannot migrate it", e))?;
+        tx.execute_batch(sql)
+            .map_err(|e| err(path, &format!("migration {} failed", i + 1), e))?;
+        tx.pragma_update(None, "user_version", i + 1)
+            .map_err(|e| err(path, "cannot migrate it", e))?;
+        tx.commit().map_err(|e| err(path, "cannot migrate it", e))?;
+    }
+
+    let next_id: u64 = conn
+        .query_row(
+            "SELECT max((SELECT value FROM meta WHERE key = 'next_id'), \
+                        coalesce((SELECT max(id) + 1 FROM tasks), 1))",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map_err(|e| err(path, "cannot read it", e))? as u64;
+    let unfinished = read_unfinished(&conn).map_err(|e| err(path, "cannot read it", e))?;
+    let reader = Reader {
+        conn: connect(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?,
+    };
+    let writer = Writer {
+        conn,
+        path: path.to_path_buf(),
+        retention,
+        next_id,
+        last_prune: None,
+    };
+    Ok((writer, reader, next_id, unfinished))
+}
+
+fn read_unfinished(conn: &Connection) -> rusqlite::Result<Vec<Unfinished>> {
+    let mut stmt = conn.prepare(
+        "SELECT id, plugin, request, state, attempts, submitted_ms FROM tasks \
+         WHERE state <> 'finished' ORDER BY id",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        let request: Vec<u8> = r.get(2)?;
+        let state: String = r.get(3)?;
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, String>(1)?,
+            request,
+            state,
+            r.get::<_, u32>(4)?,
+            r.get::<_, i64>(5)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (id, plugin, request, state, attempts, submitted_ms) = row?;
+        let id = TaskId::from_u64(id as u64);
+        let request = match postcard::from_bytes(&request) {
+            Ok(request) => request,
+            Err(e) => {
+                tracing::error!("task {id} in the store cannot be read ({e}); skipping it");
+                continue;
+            }
+        };
+        let state = match state.as_str() {
+            "running" => UnfinishedState::Running,
+            "stopping" => UnfinishedState::Stopping,
+            _ => UnfinishedState::Queued,
+        };
+        out.push(Unfinished {
+            id,
+            plugin,
+            request,
+            state,
+            attempts,
+            submitted_ms: submitted_ms as u64,
+        });
+    }
+    Ok(out)
+}
+
+/// The writer thread's side: one connection, one transaction per batch.
+pub(super) struct Writer {
+    conn: Connection,
+    path: std::path::PathBuf,
+    retention: Retention,
+    /// Above every id written so far.
+    next_id: u64,
+    last_prune: Option<Instant>,
+}
+
+impl Writer {
+    /// Applies writes until every sender is gone: whatever is waiting when
+    /// a transaction starts goes into it.
+    pub(super) fn run(mut self, rx: mpsc::Receiver<Write>) {
+        while let Ok(first) = rx.recv() {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(write) => batch.push(write),
+                    Err(_) => break,
+                }
+            }
+            match self.apply(&batch) {
+                Ok(()) => {
+                    for write in batch {
+                        if let Some(done) = write.done {
+                            let _ = done.send(Ok(()));
+                        }
+                    }
+                }
+                Err(e) => {
+                    // Find the writes that fail on their own; the others
+                    // still commit.
+                    tracing::warn!(
+                        "a store batch of {} failed ({e}); retrying one by one",
+                        batch.len()
+                    );
+                    for write in batch {
+                        let result = self
+                            .apply(std::slice::from_ref(&write))
+                            .map_err(|e| StoreError(format!("cannot store it: {e}")));
+                        if let Err(e) = &result {
+                            tracing::error!("{e}");
+                        }
+                        if let Some(done) = write.done {
+                            let _ = done.send(result);
+                        }
+                    }
+                }
+            }
+            if self.last_prune.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
+                self.last_prune = Some(Instant::now());
+                if let Err(e) = self.prune() {
+                    tracing::warn!("store retention failed: {e}");
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, batch: &[Write]) -> rusqlite::Result<()> {
+        let tx = self.conn.transaction()?;
+        let mut next_id = self.next_id;
+        for write in batch {
+            match &write.op {
+                Op::Submit(task) => {
+                    let request = postcard::to_allocvec(&task.request)
+                        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+                    tx.prepare_cached(
+                        "INSERT INTO tasks (id, name, slot, plugin, digest, request, state, submitted_ms) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'queued', ?7)",
+                    )?
+                    .execute(params![
+                        task.id.get() as i64,
+                        task.name,
+                        task.slot,
+                        task.plugin,
+                        digest_bytes(&task.request.plugin),
+                        request,
+                        task.submitted_ms as i64
+                    ])?;
+                    next_id = next_id.max(task.id.get() + 1);
+                }
+                Op::AttemptStarted { id, attempt } => {
+                    tx.prepare_cached(
+                        "UPDATE tasks SET state = 'running', attempts = max(attempts, ?2) \
+                         WHERE id = ?1 AND state IN ('queued', 'running')",
+                    )?
+                    .execute(params![id.get() as i64, attempt])?;
+                }
+                Op::Stopping { id } => {
+                    tx.prepare_cached(
+                        "UPDATE tasks SET state = 'stopping' WHERE id = ?1 AND state <> 'finished'",
+                    )?
+                    .execute(params![id.get() as i64])?;
+                }
+                Op::Finished(finished) => {
+                    let report = postcard::to_allocvec(&finished.report)
+                        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+                    let log = postcard::to_allocvec(&finished.log)
+                        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+                    tx.prepare_cached(
+                        "UPDATE tasks SET state = 'finished', attempts = ?2, finished_ms = ?3, \
+                         report = ?4, log = ?5 WHERE id = ?1",
+                    )?
+                    .execute(params![
+                        finished.report.id.get() as i64,
+                        finished.report.attempts,
+                        finished.finished_ms as i64,
+                        report,
+                        log
+                    ])?;
+                }
+            }
+        }
+        if next_id != self.next_id {
+            tx.prepare_cached("UPDATE meta SET value = max(value, ?1) WHERE key = 'next_id'")?
+                .execute(params![next_id as i64])?;
+        }
+        tx.commit()?;
+        self.next_id = next_id;
+        Ok(())
+    }
+
+    /// Deletes finished tasks beyond the retention bounds.
+    fn prune(&mut self) -> rusqlite::Result<()> {
+        let cutoff = now_ms().saturating_sub(self.retention.max_age.as_millis() as u64);
+        let deleted = self.conn.execute(
+            "DELETE FROM tasks WHERE state = 'finished' AND (finished_ms < ?1 OR id NOT IN \
+             (SELECT id FROM tasks WHERE state = 'finished' ORDER BY finished_ms DESC, id DESC LIMIT ?2))",
+            params![cutoff as i64, self.retention.max_finished as i64],
+        )?;
+        if deleted > 0 {
+            tracing::debug!(path = %self.path.display(), deleted, "store retention");
+        }
+        Ok(())
+    }
+}
+
+/// The read side: finished tasks.
+pub(super) struct Reader {
+    conn: Connection,
+}
+
+impl Reader {
+    fn finished_where(&self, sql: &str, param: &dyn rusqlite::ToSql) -> Option<Finished> {
+        let row = self
+            .conn
+            .prepare_cached(sql)
+            .and_then(|mut stmt| {
+                stmt.query_row([param], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, Vec<u8>>(1)?,
+                        r.get::<_, Option<Vec<u8>>>(2)?,
+                        r.get::<_, i64>(3)?,
+                        r.get::<_, i64>(4)?,
+                    ))
+                })
+                .optional()
+            })
+            .map_err(|e| tracing::warn!("cannot read the store: {e}"))
+            .ok()??;
+        decode_finished(row)
+    }
+
+    pub(super) fn finished_by_id(&self, id: TaskId) -> Option<Finished> {
+        self.finished_where(
+            "SELECT plugin, report, log, submitted_ms, finished_ms FROM tasks \
+             WHERE id = ?1 AND state = 'finished'",
+            &(id.get() as i64),
+        )
+    }
+
+    pub(super) fn finished_by_name(&self, name: &str) -> Option<Finished> {
+        self.finished_where(
+            "SELECT plugin, report, log, submitted_ms, finished_ms FROM tasks \
+             WHERE name = ?1 AND state = 'finished' ORDER BY id DESC LIMIT 1",
+            &name,
+        )
+    }
+
+    pub(super) fn finished_recent(&self, limit: usize) -> Vec<Finished> {
+        let rows = self
+            .conn
+            .prepare_cached(
+                "SELECT plugin, report, NULL, submitted_ms, finished_ms FROM tasks \
+                 WHERE state = 'finished' ORDER BY finished_ms DESC, id DESC LIMIT ?1",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_map([limit as i64], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, Vec<u8>>(1)?,
+                        r.get::<_, Option<Vec<u8>>>(2)?,
+                        r.get::<_, i64>(3)?,
+                        r.get::<_, i64>(4)?,
+                    ))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()
+            });
+        match rows {
+            Ok(rows) => {
+                let mut out: Vec<Finished> = rows.into_iter().filter_map(decode_finished).collect();
+                out.reverse();
+                out
+            }
+            Err(e) => {
+                tracing::warn!("cannot read the store: {e}");
+                Vec::new()
+            }
+        }
+    }
+}
+
+fn decode_finished(
+    (plugin, report, log, submitted_ms, finished_ms): (String, Vec<u8>, Option<Vec<u8>>, i64, i64),
+) -> Option<Finished> {
+    let report = postcard::from_bytes(&report)
+        .map_err(|e| tracing::warn!("a stored report cannot be read: {e}"))
+        .ok()?;
+    let log = log
+        .and_then(|l| postcard::from_bytes(&l).ok())
+        .unwrap_or_default();
+    Some(Finished {
+        report,
+        plugin,
+        log,
+        submitted_ms: submitted_ms as u64,
+        finished_ms: finished_ms as u64,
+    })
+}

@@ -1,0 +1,311 @@
+//! The durable store (SQLite, the default) with real processes: `kill -9`
+//! of `host serve` with work in every state, a restart on the same state
+//! directory, and the recovery contract checked case by case; the graceful
+//! stop that keeps queued work; and a damaged, newer or read-only store
+//! refused at start with one clear error.
+
+mod common;
+#[path = "common/daemon.rs"]
+mod daemon;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{Finished, Running};
+use daemon::{Daemon, LIMIT, p};
+use serde_json::Value;
+
+fn json(out: &Finished) -> Value {
+    serde_json::from_str(out.stdout.trim())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {:?} / {:?}", out.stdout, out.stderr))
+}
+
+/// Starts `host serve` on `dir`'s socket and state directory (so a second
+/// start finds the first one's store).
+fn serve(dir: &Path, extra: &[&str]) -> Running {
+    let socket = dir.join("h.sock");
+    let state = dir.join("state");
+    let mut args = vec![
+        "serve",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let mut process = Running::spawn(&args);
+    process.wait_for_line("taskhost daemon listening on", LIMIT);
+    process
+}
+
+/// A [`Daemon`] handle over a process started by [`serve`].
+fn attach(dir: tempfile::TempDir, process: Running) -> Daemon {
+    Daemon {
+        socket: dir.path().join("h.sock"),
+        dir,
+        process: Some(process),
+    }
+}
+
+fn kill_9(d: &mut Daemon) {
+    let mut process = d.process.take().expect("running");
+    process.child.kill().expect("SIGKILL");
+    let _ = process.child.wait();
+}
+
+fn restart(d: &mut Daemon, extra: &[&str]) {
+    assert!(d.process.is_none(), "the old daemon is gone");
+    d.process = Some(serve(d.dir.path(), extra));
+}
+
+#[test]
+fn kill_9_then_restart_keeps_every_accepted_task_and_its_id() {
+    let dir = tempfile::tempdir().unwrap();
+    // A long grace, so a spinner asked to stop is still stopping at the kill.
+    let process = serve(dir.path(), &["--grace", "10m"]);
+    let mut d = attach(dir, process);
+
+    // Finished before the crash.
+    let out = d.run(&[
+        "submit",
+        &p("hello"),
+        "--name",
+        "done",
+        "--input",
+        "kept",
+        "--wait",
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    // Running, run-once: must not run twice.
+    let once = d.submit(&[
+        &p("sleeper"),
+        "--name",
+        "once",
+        "--slot",
+        "a",
+        "--param",
+        "ms=600000",
+    ]);
+    d.wait_until_state("once", "running");
+    // Queued behind it in the same slot.
+    let queued = d.submit(&[
+        &p("hello"),
+        "--name",
+        "q1",
+        "--slot",
+        "a",
+        "--policy",
+        "queue",
+        "--input",
+        "after",
+    ]);
+    // Backing off between failed attempts, with retries left.
+    d.submit(&[
+        &p("flaky"),
+        "--name",
+        "retry",
+        "--param",
+        "fail_times=1",
+        "--restart",
+        "on-failure",
+        "--backoff",
+        "2s,2s,1,none",
+    ]);
+    d.wait_until_state("retry", "backing-off");
+    // Being stopped: a spinner ignores the cancel until the (long) grace.
+    d.submit(&[&p("spin"), "--name", "stopping"]);
+    d.wait_until_state("stopping", "running");
+    let out = d.run(&["remove", "stopping"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    d.wait_until_state("stopping", "stopping");
+
+    kill_9(&mut d);
+    restart(&mut d, &[]);
+
+    // Finished work is still there, by name and by id.
+    let out = d.run(&["wait", "done"]);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (Some(0), "kept"),
+        "{}",
+        out.stderr
+    );
+    // The interrupted run-once task ended Failed, naming why.
+    let out = d.run(&["wait", &once, "--json"]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let v = json(&out);
+    assert_eq!(v["outcome"], "failed");
+    assert!(
+        v["reason"]
+            .as_str()
+            .unwrap()
+            .contains("interrupted: the host stopped"),
+        "{v}"
+    );
+    // The queued one ran after the restart, under its old id.
+    let out = d.run(&["wait", &queued]);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (Some(0), "after"),
+        "{}",
+        out.stderr
+    );
+    // The restartable one was retried (its attempt 1 failed on purpose and
+    // the retry after the restart succeeds).
+    let out = d.run(&["wait", "retry", "--json"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    // The one being stopped ended Canceled.
+    let out = d.run(&["wait", "stopping", "--json"]);
+    assert_eq!(json(&out)["outcome"], "canceled", "{}", out.stderr);
+
+    // Each resumed task has a Recovered event saying what became of it.
+    let out = d.run(&["events", "--kind", "recovered", "--json"]);
+    let events: Vec<Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let about = |name: &str| {
+        events
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap_or_else(|| panic!("a Recovered event for {name}: {events:?}"))["reason"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert!(about("once").starts_with("failed"), "{events:?}");
+    assert!(about("q1").starts_with("queued again"), "{events:?}");
+    assert!(about("retry").starts_with("retrying"), "{events:?}");
+    assert!(about("stopping").starts_with("canceled"), "{events:?}");
+
+    // Ids only grow across the restart.
+    let new = d.submit(&[&p("hello")]);
+    assert!(new.parse::<u64>().unwrap() > 5, "new id {new}");
+    // ps --all lists finished work from before the restart.
+    let out = d.run(&["ps", "--all", "--json"]);
+    let rows: Vec<Value> = serde_json::from_str(&out.stdout).unwrap();
+    assert!(
+        rows.iter()
+            .any(|r| r["name"] == "done" && r["state"] == "finished"),
+        "{rows:?}"
+    );
+}
+
+#[test]
+fn a_graceful_stop_keeps_queued_work_for_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let process = serve(dir.path(), &[]);
+    let mut d = attach(dir, process);
+    d.submit(&[
+        &p("sleeper"),
+        "--name",
+        "owner",
+        "--slot",
+        "s",
+        "--param",
+        "ms=600000",
+    ]);
+    d.wait_until_state("owner", "running");
+    let queued = d.submit(&[
+        &p("hello"),
+        "--name",
+        "later",
+        "--slot",
+        "s",
+        "--policy",
+        "queue",
+        "--input",
+        "still here",
+    ]);
+    let waiter = d.spawn(&["wait", "later"]);
+
+    let out = d.run(&["shutdown", "--grace", "5s"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let _ = d.finish(LIMIT);
+    // The waiter lost its daemon (exit 5) and can wait again.
+    let (_, waited) = waiter.finish(LIMIT);
+    assert_eq!(waited.code, Some(5), "{}", waited.stderr);
+
+    restart(&mut d, &[]);
+    let out = d.run(&["wait", &queued]);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (Some(0), "still here"),
+        "{}",
+        out.stderr
+    );
+    // The owner's attempt was interrupted by the stop: run-once, so Failed.
+    let out = d.run(&["wait", "owner", "--json"]);
+    assert_eq!(json(&out)["outcome"], "failed", "{}", out.stderr);
+}
+
+#[test]
+fn a_damaged_newer_or_unwritable_store_is_refused_at_start_with_one_clear_error() {
+    let start = |dir: &Path| {
+        let socket = dir.join("h.sock");
+        let state = dir.join("state");
+        common::run_host(&[
+            "serve",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ])
+    };
+
+    // Not a database at all.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("state")).unwrap();
+    std::fs::write(dir.path().join("state/taskhost.db"), vec![b'x'; 8192]).unwrap();
+    let out = start(dir.path());
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("taskhost.db"), "{}", out.stderr);
+    assert!(out.stderr.contains("Move it away"), "{}", out.stderr);
+
+    // A database truncated mid-file.
+    let dir = tempfile::tempdir().unwrap();
+    let process = serve(dir.path(), &[]);
+    let mut d = attach(dir, process);
+    for i in 0..50 {
+        d.submit(&[&p("hello"), "--input", &format!("{i:0200}")]);
+    }
+    let _ = d.run(&["shutdown"]);
+    let _ = d.finish(LIMIT);
+    let db = d.dir.path().join("state/taskhost.db");
+    let len = std::fs::metadata(&db).unwrap().len();
+    let bytes = std::fs::read(&db).unwrap();
+    std::fs::write(&db, &bytes[..(len as usize / 2).max(100)]).unwrap();
+    let _ = std::fs::remove_file(d.dir.path().join("state/taskhost.db-wal"));
+    let out = start(d.dir.path());
+    assert_eq!(
+        out.code,
+        Some(1),
+        "a truncated store is refused: {}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("taskhost.db"), "{}", out.stderr);
+
+    // Written by a newer version.
+    let dir = tempfile::tempdir().unwrap();
+    let process = serve(dir.path(), &[]);
+    let mut d = attach(dir, process);
+    let _ = d.run(&["shutdown"]);
+    let _ = d.finish(LIMIT);
+    let db = d.dir.path().join("state/taskhost.db");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.pragma_update(None, "user_version", 99).unwrap();
+    drop(conn);
+    let out = start(d.dir.path());
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("newer taskhost"), "{}", out.stderr);
+
+    // A state directory nobody may write (root may write anywhere, so the
+    // database is made a directory instead, which nobody can open as one).
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("state/taskhost.db")).unwrap();
+    let out = start(dir.path());
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("taskhost.db"), "{}", out.stderr);
+    let _ = Duration::ZERO;
+}
