@@ -9,7 +9,6 @@ mod common;
 mod daemon;
 
 use std::path::Path;
-use std::time::Duration;
 
 use common::{Finished, Running};
 use daemon::{Daemon, LIMIT, p};
@@ -20,50 +19,16 @@ fn json(out: &Finished) -> Value {
         .unwrap_or_else(|e| panic!("not JSON ({e}): {:?} / {:?}", out.stdout, out.stderr))
 }
 
-/// Starts `host serve` on `dir`'s socket and state directory (so a second
-/// start finds the first one's store).
-fn serve(dir: &Path, extra: &[&str]) -> Running {
-    let socket = dir.join("h.sock");
-    let state = dir.join("state");
-    let mut args = vec![
-        "serve",
-        "--socket",
-        socket.to_str().unwrap(),
-        "--state-dir",
-        state.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let mut process = Running::spawn(&args);
-    process.wait_for_line("taskhost daemon listening on", LIMIT);
-    process
-}
-
-/// A [`Daemon`] handle over a process started by [`serve`].
-fn attach(dir: tempfile::TempDir, process: Running) -> Daemon {
-    Daemon {
-        socket: dir.path().join("h.sock"),
-        dir,
-        process: Some(process),
-    }
-}
-
 fn kill_9(d: &mut Daemon) {
     let mut process = d.process.take().expect("running");
     process.child.kill().expect("SIGKILL");
     let _ = process.child.wait();
 }
 
-fn restart(d: &mut Daemon, extra: &[&str]) {
-    assert!(d.process.is_none(), "the old daemon is gone");
-    d.process = Some(serve(d.dir.path(), extra));
-}
-
 #[test]
 fn kill_9_then_restart_keeps_every_accepted_task_and_its_id() {
-    let dir = tempfile::tempdir().unwrap();
     // A long grace, so a spinner asked to stop is still stopping at the kill.
-    let process = serve(dir.path(), &["--grace", "10m"]);
-    let mut d = attach(dir, process);
+    let mut d = Daemon::start(&["--grace", "10m"]);
 
     // Finished before the crash.
     let out = d.run(&[
@@ -120,7 +85,7 @@ fn kill_9_then_restart_keeps_every_accepted_task_and_its_id() {
     d.wait_until_state("stopping", "stopping");
 
     kill_9(&mut d);
-    restart(&mut d, &[]);
+    d.restart(&[]);
 
     // Finished work is still there, by name and by id.
     let out = d.run(&["wait", "done"]);
@@ -194,9 +159,7 @@ fn kill_9_then_restart_keeps_every_accepted_task_and_its_id() {
 
 #[test]
 fn a_graceful_stop_keeps_queued_work_for_the_next_start() {
-    let dir = tempfile::tempdir().unwrap();
-    let process = serve(dir.path(), &[]);
-    let mut d = attach(dir, process);
+    let mut d = Daemon::start(&[]);
     d.submit(&[
         &p("sleeper"),
         "--name",
@@ -227,7 +190,7 @@ fn a_graceful_stop_keeps_queued_work_for_the_next_start() {
     let (_, waited) = waiter.finish(LIMIT);
     assert_eq!(waited.code, Some(5), "{}", waited.stderr);
 
-    restart(&mut d, &[]);
+    d.restart(&[]);
     let out = d.run(&["wait", &queued]);
     assert_eq!(
         (out.code, out.stdout.as_str()),
@@ -264,9 +227,7 @@ fn a_damaged_newer_or_unwritable_store_is_refused_at_start_with_one_clear_error(
     assert!(out.stderr.contains("Move it away"), "{}", out.stderr);
 
     // A database truncated mid-file.
-    let dir = tempfile::tempdir().unwrap();
-    let process = serve(dir.path(), &[]);
-    let mut d = attach(dir, process);
+    let mut d = Daemon::start(&[]);
     for i in 0..50 {
         d.submit(&[&p("hello"), "--input", &format!("{i:0200}")]);
     }
@@ -287,9 +248,7 @@ fn a_damaged_newer_or_unwritable_store_is_refused_at_start_with_one_clear_error(
     assert!(out.stderr.contains("taskhost.db"), "{}", out.stderr);
 
     // Written by a newer version.
-    let dir = tempfile::tempdir().unwrap();
-    let process = serve(dir.path(), &[]);
-    let mut d = attach(dir, process);
+    let mut d = Daemon::start(&[]);
     let _ = d.run(&["shutdown"]);
     let _ = d.finish(LIMIT);
     let db = d.dir.path().join("state/taskhost.db");
@@ -307,5 +266,92 @@ fn a_damaged_newer_or_unwritable_store_is_refused_at_start_with_one_clear_error(
     let out = start(dir.path());
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(out.stderr.contains("taskhost.db"), "{}", out.stderr);
-    let _ = Duration::ZERO;
+}
+
+/// A full disk: the daemon runs with a file size limit (RLIMIT_FSIZE, with
+/// SIGXFSZ ignored, so a write past it fails with EFBIG as on a full
+/// filesystem; no root needed). Submissions are acknowledged until the store
+/// cannot grow; then a submission is refused with an error naming the store,
+/// the daemon keeps serving, and everything acknowledged before is there
+/// after a restart without the limit.
+#[test]
+fn a_full_disk_refuses_submissions_clearly_and_loses_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("h.sock");
+    let state = dir.path().join("state");
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg("-c")
+        .arg(r#"trap '' XFSZ; ulimit -f 3072; exec "$0" "$@""#)
+        .arg(common::host_bin())
+        .args(["serve", "--socket", socket.to_str().unwrap()])
+        .args(["--state-dir", state.to_str().unwrap()])
+        .env("TASKHOST_CACHE_DIR", common::cache_dir())
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null());
+    let mut process = Running::spawn_command(cmd);
+    process.wait_for_line("taskhost daemon listening on", LIMIT);
+    let mut d = Daemon {
+        dir,
+        socket,
+        process: Some(process),
+    };
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", d.pid())).unwrap();
+    assert!(
+        limits
+            .lines()
+            .any(|l| l.starts_with("Max file size") && l.contains("3145728")),
+        "the daemon runs with the file size limit: {limits}"
+    );
+
+    // 256 KiB inputs against a 3 MiB file limit: the store fills up after
+    // about a dozen (the sleeper's output is small, so outcomes fit).
+    let input = d.dir.path().join("input");
+    std::fs::write(&input, vec![b'x'; 256 << 10]).unwrap();
+    let input = input.to_str().unwrap();
+    let mut acknowledged = Vec::new();
+    let mut refused = None;
+    for i in 0..64 {
+        let name = format!("t{i}");
+        let out = d.run(&[
+            "submit",
+            &p("sleeper"),
+            "--param",
+            "ms=1",
+            "--name",
+            &name,
+            "--input-file",
+            input,
+        ]);
+        if out.code == Some(0) {
+            acknowledged.push(out.stdout.trim().to_owned());
+        } else {
+            refused = Some(out);
+            break;
+        }
+    }
+    let refused = refused.expect("the store filled up");
+    assert!(
+        refused.stderr.contains("could not be stored") && refused.stderr.contains("taskhost.db"),
+        "one clear error naming the problem and the store: {}",
+        refused.stderr
+    );
+    assert!(!acknowledged.is_empty());
+    // Still serving (a small task may or may not fit; the daemon answers).
+    let out = d.run(&["ps"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+
+    let _ = d.run(&["shutdown"]);
+    let _ = d.finish(LIMIT);
+    d.restart(&[]);
+    // Every acknowledged task is there with an outcome (completed; or, had
+    // its outcome not fitted either, ended as interrupted).
+    for id in &acknowledged {
+        let out = d.run(&["wait", id, "--json"]);
+        assert!(
+            matches!(out.code, Some(0 | 1)),
+            "task {id} after the restart: {}",
+            out.stderr
+        );
+        assert_eq!(json(&out)["id"].to_string(), *id);
+    }
 }

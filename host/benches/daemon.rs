@@ -9,6 +9,10 @@
 //! - submit-to-outcome latency of `hello` in a closed loop on one connection
 //!   (`Submit`, then `Wait` for its report), 1,000 iterations: median, p99.
 //!
+//! Each runs against the memory store and the durable SQLite store side by
+//! side (rounds interleaved); then the durable store's restart with
+//! 10,000 queued submissions after SIGKILL: how soon it accepts again.
+//!
 //! Between rounds the daemon drains (no slot left), so rounds don't overlap.
 //! Run with `cargo bench -p taskhost --bench daemon`. Prints every round and
 //! the median over rounds, because this machine is shared and noisy.
@@ -35,73 +39,164 @@ const LATENCY_ITERATIONS: usize = 1_000;
 const INTAKE_ROUNDS: usize = 5;
 const LATENCY_ROUNDS: usize = 3;
 
+/// The stores compared side by side: the memory store (nothing survives)
+/// and the durable SQLite store (acknowledged = committed).
+const STORES: [&str; 2] = ["memory", "sqlite"];
+/// Queued submissions in the restart scenario.
+const RESTART_QUEUED: usize = 10_000;
+
 fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("h.sock");
-    let mut daemon = start_daemon(&socket, &dir.path().join("state"));
-    let daemon_pid = daemon.id();
+    let mut daemons = Vec::new();
+    for store in STORES {
+        let socket = dir.path().join(format!("{store}.sock"));
+        let child = start_daemon(&socket, &dir.path().join(format!("{store}-state")), store);
+        daemons.push((store, socket, child));
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
         let hello = std::fs::read(plugin_artifacts::HELLO).expect("hello.wasm");
-        let digest = upload(&socket, &hello).await;
         println!(
             "# daemon benchmark: {SUBMISSIONS} submissions of hello per intake round, \
              {INTAKE_ROUNDS} rounds; {LATENCY_ITERATIONS} closed-loop submit+wait per latency round, \
-             {LATENCY_ROUNDS} rounds"
+             {LATENCY_ROUNDS} rounds; stores {STORES:?} side by side, rounds interleaved"
         );
-        println!("daemon resident memory after the upload: {}", rss(daemon_pid));
-        // Warm up: compile, pool slots, the daemon's allocations.
-        intake(&socket, digest, 1, 2_000).await;
-        drain(&socket).await;
-        latency(&socket, digest, 200).await;
+        let mut digest = None;
+        for (store, socket, child) in &daemons {
+            digest = Some(upload(socket, &hello).await);
+            println!("{store}: daemon resident memory after the upload: {}", rss(child.id()));
+            // Warm up: compile, pool slots, the daemon's allocations.
+            intake(socket, digest.unwrap(), 1, 2_000).await;
+            drain(socket).await;
+            latency(socket, digest.unwrap(), 200).await;
+        }
+        let digest = digest.unwrap();
 
-        let mut one = Vec::new();
+        let mut one = vec![Vec::new(); STORES.len()];
+        let mut many = vec![Vec::new(); STORES.len()];
         for round in 1..=INTAKE_ROUNDS {
-            let rate = intake(&socket, digest, 1, SUBMISSIONS).await;
-            let drained = drain(&socket).await;
-            println!(
-                "  round {round}: 1 pipelined client: {rate:.0} submissions/s (drained in {:.0} ms)",
-                drained.as_secs_f64() * 1e3
-            );
-            one.push(rate);
+            for (i, (store, socket, _)) in daemons.iter().enumerate() {
+                for (clients, rates) in [(1, &mut one[i]), (CLIENTS, &mut many[i])] {
+                    let rate = intake(socket, digest, clients, SUBMISSIONS).await;
+                    let drained = drain(socket).await;
+                    println!(
+                        "  round {round}: {store}: {clients} pipelined client(s): {rate:.0} submissions/s (drained in {:.0} ms)",
+                        drained.as_secs_f64() * 1e3
+                    );
+                    rates.push(rate);
+                }
+            }
         }
-        let mut many = Vec::new();
-        for round in 1..=INTAKE_ROUNDS {
-            let rate = intake(&socket, digest, CLIENTS, SUBMISSIONS).await;
-            let drained = drain(&socket).await;
-            println!(
-                "  round {round}: {CLIENTS} pipelined clients: {rate:.0} submissions/s (drained in {:.0} ms)",
-                drained.as_secs_f64() * 1e3
-            );
-            many.push(rate);
-        }
-        let mut p50 = Vec::new();
-        let mut p99 = Vec::new();
+        let mut p50 = vec![Vec::new(); STORES.len()];
+        let mut p99 = vec![Vec::new(); STORES.len()];
         for round in 1..=LATENCY_ROUNDS {
-            let mut samples = latency(&socket, digest, LATENCY_ITERATIONS).await;
-            samples.sort_by(f64::total_cmp);
-            let (m, t) = (quantile(&samples, 0.5), quantile(&samples, 0.99));
-            println!("  round {round}: submit-to-outcome median {m:.1} µs, p99 {t:.1} µs");
-            p50.push(m);
-            p99.push(t);
+            for (i, (store, socket, _)) in daemons.iter().enumerate() {
+                let mut samples = latency(socket, digest, LATENCY_ITERATIONS).await;
+                samples.sort_by(f64::total_cmp);
+                let (m, t) = (quantile(&samples, 0.5), quantile(&samples, 0.99));
+                println!("  round {round}: {store}: submit-to-outcome median {m:.1} µs, p99 {t:.1} µs");
+                p50[i].push(m);
+                p99[i].push(t);
+            }
         }
-        println!("intake, 1 pipelined client: median {:.0} submissions/s (min {:.0}, max {:.0})", median(&one), min(&one), max(&one));
+        for (i, store) in STORES.iter().enumerate() {
+            println!(
+                "{store}: intake, 1 pipelined client: median {:.0} submissions/s (min {:.0}, max {:.0})",
+                median(&one[i]),
+                min(&one[i]),
+                max(&one[i])
+            );
+            println!(
+                "{store}: intake, {CLIENTS} pipelined clients: median {:.0} submissions/s (min {:.0}, max {:.0})",
+                median(&many[i]),
+                min(&many[i]),
+                max(&many[i])
+            );
+            println!(
+                "{store}: submit-to-outcome latency, closed loop: median of round medians {:.1} µs, median of round p99s {:.1} µs",
+                median(&p50[i]),
+                median(&p99[i])
+            );
+        }
         println!(
-            "intake, {CLIENTS} pipelined clients: median {:.0} submissions/s (min {:.0}, max {:.0})",
-            median(&many),
-            min(&many),
-            max(&many)
+            "sqlite/memory intake, {CLIENTS} pipelined clients: {:.2}x",
+            median(&many[1]) / median(&many[0])
         );
-        println!(
-            "submit-to-outcome latency, closed loop: median of round medians {:.1} µs, median of round p99s {:.1} µs",
-            median(&p50),
-            median(&p99)
-        );
+        for (store, _, child) in &daemons {
+            println!("{store}: daemon resident memory at the end: {}", rss(child.id()));
+        }
     });
-    println!("daemon resident memory at the end: {}", rss(daemon.id()));
+    for (_, _, mut child) in daemons {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    rt.block_on(restart_with_queued(dir.path()));
+}
+
+/// The durable store's restart: a slot owner with `RESTART_QUEUED`
+/// submissions queued behind it, SIGKILL, then a new daemon on the same
+/// state directory: how long until it accepts connections again (recovery
+/// included), and whether every queued submission is back.
+async fn restart_with_queued(dir: &Path) {
+    let socket = dir.join("restart.sock");
+    let state = dir.join("restart-state");
+    let mut daemon = start_daemon(&socket, &state, "sqlite");
+    let sleeper = upload(&socket, &std::fs::read(plugin_artifacts::SLEEPER).unwrap()).await;
+    let hello = upload(&socket, &std::fs::read(plugin_artifacts::HELLO).unwrap()).await;
+    let (mut reader, mut writer) = connect(&socket).await;
+    let mut owner = SubmitRequest::new(sleeper);
+    owner.slot = Some("r".into());
+    owner.params = vec![("ms".into(), "600000".into())];
+    let reply = call(&mut reader, &mut writer, Request::Submit(Box::new(owner))).await;
+    assert!(matches!(reply, Reply::Submitted(_)), "{reply:?}");
+    let frames: Vec<Vec<u8>> = (0..RESTART_QUEUED)
+        .map(|i| {
+            let mut request = SubmitRequest::new(hello);
+            request.slot = Some("r".into());
+            request.policy = Some(taskhost::controller::AdmissionPolicy::Queue);
+            encode(&Envelope {
+                id: i as u32 + 2,
+                body: Request::Submit(Box::new(request)),
+            })
+            .unwrap()
+        })
+        .collect();
+    let mut buffered = BufWriter::new(writer);
+    for frame in &frames {
+        buffered.write_all(frame).await.unwrap();
+    }
+    buffered.flush().await.unwrap();
+    for _ in 0..RESTART_QUEUED {
+        let reply: Envelope<Reply> = read_frame(&mut reader).await.expect("reply");
+        assert!(
+            matches!(
+                reply.body,
+                Reply::Submitted(Submitted {
+                    placement: Placement::Queued { .. },
+                    ..
+                })
+            ),
+            "{:?}",
+            reply.body
+        );
+    }
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let started = Instant::now();
+    let mut daemon = start_daemon(&socket, &state, "sqlite");
+    let took = started.elapsed();
+    let (mut reader, mut writer) = connect(&socket).await;
+    let queued = match call(&mut reader, &mut writer, Request::Slots).await {
+        Reply::Slots(slots) => slots.iter().map(|s| s.queue_depth).sum::<usize>(),
+        other => panic!("{other:?}"),
+    };
+    println!(
+        "sqlite: restart with {RESTART_QUEUED} queued submissions after SIGKILL: accepting connections after {:.0} ms (process start included); {queued} queued again",
+        took.as_secs_f64() * 1e3
+    );
     let _ = daemon.kill();
     let _ = daemon.wait();
 }
@@ -120,12 +215,13 @@ fn rss(pid: u32) -> String {
 
 /// Starts the release daemon with limits high enough that nothing throttles,
 /// and returns once it listens.
-fn start_daemon(socket: &Path, state: &Path) -> Child {
+fn start_daemon(socket: &Path, state: &Path, store: &str) -> Child {
     let mut child = Command::new(env!("CARGO_BIN_EXE_host"))
         .args(["serve", "--socket"])
         .arg(socket)
         .arg("--state-dir")
         .arg(state)
+        .args(["--store", store])
         .args([
             "--max-total-pending",
             "1000000",

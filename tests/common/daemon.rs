@@ -35,7 +35,24 @@ impl Daemon {
     pub fn start_at(socket: &str, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join(socket);
-        let state = dir.path().join("state");
+        let process = Self::serve(&socket, &dir.path().join("state"), extra);
+        Self {
+            dir,
+            socket,
+            process: Some(process),
+        }
+    }
+
+    /// Starts `host serve` again on the same socket and state directory
+    /// (after the last one was killed or shut down), so it finds the first
+    /// one's store.
+    pub fn restart(&mut self, extra: &[&str]) {
+        assert!(self.process.is_none(), "the old daemon is gone");
+        let state = self.dir.path().join("state");
+        self.process = Some(Self::serve(&self.socket, &state, extra));
+    }
+
+    fn serve(socket: &std::path::Path, state: &std::path::Path, extra: &[&str]) -> Running {
         let mut args = vec![
             "serve",
             "--socket",
@@ -46,11 +63,7 @@ impl Daemon {
         args.extend_from_slice(extra);
         let mut process = Running::spawn(&args);
         process.wait_for_line("taskhost daemon listening on", LIMIT);
-        Self {
-            dir,
-            socket,
-            process: Some(process),
-        }
+        process
     }
 
     pub fn socket(&self) -> &str {

@@ -63,8 +63,15 @@ pub struct Running {
 
 impl Running {
     pub fn spawn(args: &[&str]) -> Self {
-        let mut child = host()
-            .args(args)
+        let mut cmd = host();
+        cmd.args(args);
+        Self::spawn_command(cmd)
+    }
+
+    /// Spawns any command (a wrapper around `host`, say) with its output
+    /// read like [`Running::spawn`]'s.
+    pub fn spawn_command(mut cmd: Command) -> Self {
+        let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -54,7 +54,7 @@ enum Command {
     /// Exit codes: 0 completed, 1 failed or fatal, 2 invalid input,
     /// 4 canceled or force-aborted.
     #[command(
-        after_long_help = "EXAMPLES:\n  host run target/plugins/hello.wasm --input hi\n  host run target/plugins/flaky.wasm --param fail_times=2 --restart on-failure --backoff 10ms,1s,2,full\n  host run target/plugins/sleeper.wasm --param ms=5000 --timeout 1s\n  host run my.wasm --dir ./data:/data:ro --env API_KEY --max-memory 64MiB --json"
+        after_long_help = "EXAMPLES:\n  host run target/plugins/hello.wasm --input hi\n  host run target/plugins/flaky.wasm --param fail_times=2 --restart on-failure --backoff 10ms,1s,2,full\n  host run target/plugins/sleeper.wasm --param ms=5000 --timeout 1s\n  host run my.wasm --dir ./data::/data:ro --env LANG=C --max-memory 64MiB --json"
     )]
     Run(Box<run::RunArgs>),
     /// Validate a plugin and show what it declares.
@@ -66,12 +66,17 @@ enum Command {
         after_long_help = "EXAMPLES:\n  host inspect target/plugins/deploy.wasm\n  host inspect my.wasm --json"
     )]
     Inspect(inspect::InspectArgs),
-    /// Run the daemon in the foreground: supervisor and controller behind a
-    /// Unix socket only its owner can use.
+    /// Run the daemon: supervisor and controller behind a Unix socket only
+    /// its owner can use, with accepted work kept in a store.
     ///
-    /// Logs go to stderr (RUST_LOG filters them). SIGINT, SIGTERM or
-    /// `host shutdown` stop it gracefully: running tasks get the grace, then
-    /// are force-aborted; queued work is rejected; the socket is removed.
+    /// Accepted work is committed to the store (SQLite under the state
+    /// directory by default) before `host submit` prints its id, and a
+    /// restart after a crash picks it up again. Logs go to stderr (RUST_LOG
+    /// filters them), or to <state dir>/daemon.log with --detach. SIGINT,
+    /// SIGTERM or `host shutdown` stop it gracefully: running tasks get the
+    /// grace, then are force-aborted; unfinished work stays in the store for
+    /// the next start (`host shutdown --cancel-all`, or `--store memory`,
+    /// ends it all now); the socket is removed.
     #[command(
         after_long_help = "EXAMPLES:\n  host serve --detach                  # returns once the daemon accepts; logs in <state dir>/daemon.log\n  host serve --grace 30s --max-concurrent 8\n  host --socket /tmp/h.sock serve --state-dir /tmp/h-state\n  (systemd: Type=notify; the daemon reports READY=1 once it listens)"
     )]

@@ -15,7 +15,7 @@ use super::exit::{ExitError, usage};
 pub struct ServeArgs {
     #[command(flatten)]
     pub socket: SocketArg,
-    /// Where uploaded plugins and the compilation cache live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
+    /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// A TOML file with settings (keys: state_dir, store, retain_finished, retain_for, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity); flags win over it.
@@ -117,6 +117,9 @@ impl ServeArgs {
             }
             config.epoch_tick = v;
         }
+        // A bad --store is a usage error, found before anything starts.
+        taskhost::daemon::store::StoreSpec::parse(&config.store, &config.state_dir)
+            .map_err(usage)?;
         // A relative state directory would change meaning with the working
         // directory (and disables wasmtime's cache): fix it now.
         config.state_dir = std::path::absolute(&config.state_dir).map_err(|e| {

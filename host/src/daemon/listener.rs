@@ -113,6 +113,7 @@ pub async fn serve(
         admission: Mutex::new(()),
         keep_unfinished: AtomicBool::new(false),
         shutdown_requested: AtomicBool::new(false),
+        recording: Default::default(),
         stop,
     });
     if !unfinished.is_empty() {
@@ -198,9 +199,20 @@ pub async fn serve(
             tracing::warn!("force-aborted after the grace: {}", stuck.join(", "));
         }
     }
-    // Every task has ended, so every waiter's report is on its way: let the
-    // connections put them on the wire before the process exits (a client
-    // gets its report and leaves; one that lingers is not waited for long).
+    // Every task has ended: their outcomes are recorded, and everything
+    // written so far is committed, before the process may exit.
+    if tokio::time::timeout(FLUSH_GRACE, daemon.recording.idle())
+        .await
+        .is_err()
+    {
+        tracing::warn!("some outcomes were still being recorded at exit");
+    }
+    if let Err(err) = daemon.store.flush().committed().await {
+        tracing::error!("the store's last writes failed: {err}");
+    }
+    // Every waiter's report is on its way: let the connections put them on
+    // the wire before the process exits (a client gets its report and
+    // leaves; one that lingers is not waited for long).
     let all = u32::try_from(config.max_connections).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(FLUSH_GRACE, connections.acquire_many(all)).await;
     Ok(report)

@@ -3,7 +3,7 @@
 //! memory of submissions, the durable store, the event history, and the
 //! stop request.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,7 +34,48 @@ pub(crate) struct Daemon {
     pub keep_unfinished: AtomicBool,
     /// Set by a `Shutdown` request (which chose `keep_unfinished` itself).
     pub shutdown_requested: AtomicBool,
+    /// Outcomes being recorded: the daemon exits only after they are.
+    pub recording: Recording,
     /// Set by a `Shutdown` request: the grace the accept loop shuts down
     /// with.
     pub stop: watch::Sender<Option<Duration>>,
+}
+
+/// Counts the tasks whose outcome is still to be recorded, so the daemon
+/// does not exit (and lose the store's last writes) before they are.
+#[derive(Debug, Default)]
+pub(crate) struct Recording {
+    count: AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// One task's outcome still to be recorded; dropping it says it is.
+pub(crate) struct RecordingGuard(Arc<Daemon>);
+
+impl Recording {
+    /// Waits until no outcome is left to record.
+    pub(crate) async fn idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.count.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl RecordingGuard {
+    pub(crate) fn new(daemon: &Arc<Daemon>) -> Self {
+        daemon.recording.count.fetch_add(1, Ordering::SeqCst);
+        Self(Arc::clone(daemon))
+    }
+}
+
+impl Drop for RecordingGuard {
+    fn drop(&mut self) {
+        if self.0.recording.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.recording.idle.notify_waiters();
+        }
+    }
 }

@@ -27,7 +27,7 @@ use crate::supervisor::{
 
 use super::connection::Replier;
 use super::protocol::{ErrorKind, MAX_SUBMIT_INPUT, Placement, Reply, SubmitRequest, Submitted};
-use super::state::Daemon;
+use super::state::{Daemon, RecordingGuard};
 use super::store::{Finished, NewTask, Store, Ticket, now_ms};
 use super::tasks::{Outcome, TaskLog, TaskRecord};
 
@@ -235,7 +235,9 @@ pub(crate) async fn place(
 
     let watcher = Arc::clone(daemon);
     let plugin_name = info.name.clone();
+    let recording = RecordingGuard::new(daemon);
     tokio::spawn(async move {
+        let _recording = recording;
         let report = waiter.report().await;
         log.close();
         let store = &watcher.store;

@@ -172,9 +172,16 @@ pub struct Finished {
 /// One write, with whom to tell when it is durable.
 enum Op {
     Submit(Box<NewTask>),
-    AttemptStarted { id: TaskId, attempt: u32 },
-    Stopping { id: TaskId },
+    AttemptStarted {
+        id: TaskId,
+        attempt: u32,
+    },
+    Stopping {
+        id: TaskId,
+    },
     Finished(Box<Finished>),
+    /// Nothing: its ticket resolves once every earlier write is committed.
+    Flush,
 }
 
 struct Write {
@@ -302,6 +309,11 @@ impl Store {
     /// ticket resolves.
     pub fn finished(&self, finished: Finished) -> Ticket {
         self.write(Op::Finished(Box::new(finished)), true)
+    }
+
+    /// Resolves once every write made before it is committed.
+    pub fn flush(&self) -> Ticket {
+        self.write(Op::Flush, true)
     }
 
     /// A finished task by id.

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+use rusqlite::{Connection, OpenFlags, params};
 
 use crate::supervisor::TaskId;
 
@@ -199,7 +199,7 @@ impl Writer {
                     for write in batch {
                         let result = self
                             .apply(std::slice::from_ref(&write))
-                            .map_err(|e| StoreError(format!("cannot store it: {e}")));
+                            .map_err(|e| err(&self.path, "cannot write to it", e));
                         if let Err(e) = &result {
                             tracing::error!("{e}");
                         }
@@ -254,6 +254,7 @@ impl Writer {
                     )?
                     .execute(params![id.get() as i64])?;
                 }
+                Op::Flush => {}
                 Op::Finished(finished) => {
                     let report = postcard::to_allocvec(&finished.report)
                         .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
@@ -302,79 +303,61 @@ pub(super) struct Reader {
     conn: Connection,
 }
 
+/// The columns every read of finished tasks selects, in this order.
+type FinishedRow = (String, Vec<u8>, Option<Vec<u8>>, i64, i64);
+
+fn finished_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<FinishedRow> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+}
+
 impl Reader {
-    fn finished_where(&self, sql: &str, param: &dyn rusqlite::ToSql) -> Option<Finished> {
-        let row = self
-            .conn
-            .prepare_cached(sql)
-            .and_then(|mut stmt| {
-                stmt.query_row([param], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, Vec<u8>>(1)?,
-                        r.get::<_, Option<Vec<u8>>>(2)?,
-                        r.get::<_, i64>(3)?,
-                        r.get::<_, i64>(4)?,
-                    ))
-                })
-                .optional()
-            })
-            .map_err(|e| tracing::warn!("cannot read the store: {e}"))
-            .ok()??;
-        decode_finished(row)
-    }
-
-    pub(super) fn finished_by_id(&self, id: TaskId) -> Option<Finished> {
-        self.finished_where(
-            "SELECT plugin, report, log, submitted_ms, finished_ms FROM tasks \
-             WHERE id = ?1 AND state = 'finished'",
-            &(id.get() as i64),
-        )
-    }
-
-    pub(super) fn finished_by_name(&self, name: &str) -> Option<Finished> {
-        self.finished_where(
-            "SELECT plugin, report, log, submitted_ms, finished_ms FROM tasks \
-             WHERE name = ?1 AND state = 'finished' ORDER BY id DESC LIMIT 1",
-            &name,
-        )
-    }
-
-    pub(super) fn finished_recent(&self, limit: usize) -> Vec<Finished> {
-        let rows = self
-            .conn
-            .prepare_cached(
-                "SELECT plugin, report, NULL, submitted_ms, finished_ms FROM tasks \
-                 WHERE state = 'finished' ORDER BY finished_ms DESC, id DESC LIMIT ?1",
-            )
-            .and_then(|mut stmt| {
-                stmt.query_map([limit as i64], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, Vec<u8>>(1)?,
-                        r.get::<_, Option<Vec<u8>>>(2)?,
-                        r.get::<_, i64>(3)?,
-                        r.get::<_, i64>(4)?,
-                    ))
-                })?
+    /// The finished tasks `sql` selects (its columns as [`FinishedRow`]).
+    fn finished(&self, sql: &str, param: &dyn rusqlite::ToSql) -> Vec<Finished> {
+        let rows = self.conn.prepare_cached(sql).and_then(|mut stmt| {
+            stmt.query_map([param], finished_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()
-            });
+        });
         match rows {
-            Ok(rows) => {
-                let mut out: Vec<Finished> = rows.into_iter().filter_map(decode_finished).collect();
-                out.reverse();
-                out
-            }
+            Ok(rows) => rows.into_iter().filter_map(decode_finished).collect(),
             Err(e) => {
                 tracing::warn!("cannot read the store: {e}");
                 Vec::new()
             }
         }
     }
+
+    pub(super) fn finished_by_id(&self, id: TaskId) -> Option<Finished> {
+        self.finished(
+            "SELECT plugin, report, log, submitted_ms, finished_ms FROM tasks \
+             WHERE id = ?1 AND state = 'finished'",
+            &(id.get() as i64),
+        )
+        .pop()
+    }
+
+    pub(super) fn finished_by_name(&self, name: &str) -> Option<Finished> {
+        self.finished(
+            "SELECT plugin, report, log, submitted_ms, finished_ms FROM tasks \
+             WHERE name = ?1 AND state = 'finished' ORDER BY id DESC LIMIT 1",
+            &name,
+        )
+        .pop()
+    }
+
+    /// The newest finished tasks (without their logs), oldest first.
+    pub(super) fn finished_recent(&self, limit: usize) -> Vec<Finished> {
+        let mut out = self.finished(
+            "SELECT plugin, report, NULL, submitted_ms, finished_ms FROM tasks \
+             WHERE state = 'finished' ORDER BY finished_ms DESC, id DESC LIMIT ?1",
+            &(limit as i64),
+        );
+        out.reverse();
+        out
+    }
 }
 
 fn decode_finished(
-    (plugin, report, log, submitted_ms, finished_ms): (String, Vec<u8>, Option<Vec<u8>>, i64, i64),
+    (plugin, report, log, submitted_ms, finished_ms): FinishedRow,
 ) -> Option<Finished> {
     let report = postcard::from_bytes(&report)
         .map_err(|e| tracing::warn!("a stored report cannot be read: {e}"))
