@@ -1,0 +1,234 @@
+// The taskhost:plugin@0.1.0 world (wit/task-plugin.wit) as seen from a componentize-js guest.
+// Generated with: jco guest-types wit -n task-plugin (@bytecodealliance/jco 1.35.0), files concatenated.
+// Regenerate when the WIT changes (npm run types). Imports: import { sleep } from 'taskhost:plugin/host@0.1.0';
+
+declare module 'taskhost:plugin/types@0.1.0' {
+  /**
+   * Severity of a log line sent with `host.log`.
+   * # Variants
+   * 
+   * ## `"trace"`
+   * 
+   * ## `"debug"`
+   * 
+   * ## `"info"`
+   * 
+   * ## `"warn"`
+   * 
+   * ## `"error"`
+   */
+  export type Level = 'trace' | 'debug' | 'info' | 'warn' | 'error';
+  /**
+   * What the host's admission controller does when a new submission
+   * targets a slot that is already owned by another task.
+   * # Variants
+   * 
+   * ## `"queue"`
+   * 
+   * Wait in the slot's FIFO queue behind the current owner.
+   * ## `"replace"`
+   * 
+   * Ask the current owner to stop and become the next to run.
+   * ## `"drop-if-running"`
+   * 
+   * Reject the new submission; the owner and queue are unchanged.
+   */
+  export type Policy = 'queue' | 'replace' | 'drop-if-running';
+  /**
+   * A capability the plugin needs to do its job. The host refuses a
+   * submission whose grants do not cover every declared capability, with a
+   * message that names the missing grant.
+   */
+  export type Capability = CapabilityReadDir | CapabilityWriteDir | CapabilityEnv | CapabilityNetwork;
+  /**
+   * Read access to a preopened directory at this guest path
+   * (granted with `--dir HOST::GUEST:ro` or `--dir HOST::GUEST`).
+   */
+  export interface CapabilityReadDir {
+    tag: 'read-dir',
+    val: string,
+  }
+  /**
+   * Read and write access to a preopened directory at this guest path
+   * (granted with `--dir HOST::GUEST`).
+   */
+  export interface CapabilityWriteDir {
+    tag: 'write-dir',
+    val: string,
+  }
+  /**
+   * The named environment variable (granted with `--env NAME=VALUE`).
+   */
+  export interface CapabilityEnv {
+    tag: 'env',
+    val: string,
+  }
+  /**
+   * Outbound network access. This version of the host never grants it,
+   * so a plugin that declares it cannot be submitted.
+   */
+  export interface CapabilityNetwork {
+    tag: 'network',
+  }
+  /**
+   * What a plugin says about itself. `describe` must answer quickly and
+   * without side effects: the host calls it at load time under a small
+   * time and memory limit.
+   */
+  export interface PluginInfo {
+    /**
+     * Short machine-friendly name, such as `deploy`. Task names default
+     * to `<name>-<task id>`.
+     */
+    name: string,
+    /**
+     * The plugin's own version, free-form (semver recommended).
+     */
+    version: string,
+    /**
+     * One line for humans.
+     */
+    description: string,
+    /**
+     * The resource the plugin acts on, as a template with `{param}`
+     * placeholders filled from the submission's params, such as
+     * `deploy/{env}`. Two tasks whose resources are equal take turns.
+     * `none`: the task name is the slot.
+     */
+    resource?: string,
+    /**
+     * The admission policy used when the submission does not choose one.
+     */
+    defaultPolicy: Policy,
+    /**
+     * Everything the plugin needs granted to work.
+     */
+    capabilities: Array<Capability>,
+  }
+  /**
+   * Why an attempt failed.
+   */
+  export interface Failure {
+    /**
+     * A human-readable explanation.
+     */
+    reason: string,
+    /**
+     * An optional exit code, reported to the user and used as a hint by
+     * scripts; the host's own exit code stays 1.
+     */
+    exitCode?: number,
+  }
+  /**
+   * How `run` can fail.
+   */
+  export type TaskError = TaskErrorFail | TaskErrorFatal | TaskErrorCanceled;
+  /**
+   * A failure that may go away on retry (network blip, busy resource).
+   * Retried under the `on-failure` and `always` restart policies.
+   */
+  export interface TaskErrorFail {
+    tag: 'fail',
+    val: Failure,
+  }
+  /**
+   * A failure that retrying cannot fix (bad input, missing config).
+   * Never retried.
+   */
+  export interface TaskErrorFatal {
+    tag: 'fatal',
+    val: Failure,
+  }
+  /**
+   * The plugin stopped because the host asked it to (see
+   * `host.is-cancelled`). Ends the task as canceled, not failed.
+   */
+  export interface TaskErrorCanceled {
+    tag: 'canceled',
+  }
+  /**
+   * Facts about the attempt being run.
+   */
+  export interface AttemptInfo {
+    /**
+     * The task's id, unique within one host process.
+     */
+    taskId: bigint,
+    /**
+     * The task's name.
+     */
+    name: string,
+    /**
+     * The admission slot the task owns while it runs.
+     */
+    slot: string,
+    /**
+     * 1 for the first attempt, 2 for the first retry, and so on.
+     */
+    attempt: number,
+    /**
+     * The submission's `--param K=V` pairs, in the order given.
+     */
+    params: Array<[string, string]>,
+  }
+  /**
+   * How a host sleep ended.
+   * # Variants
+   * 
+   * ## `"elapsed"`
+   * 
+   * The full duration elapsed.
+   * ## `"cancelled"`
+   * 
+   * Cancellation arrived first; the sleep returned early.
+   */
+  export type SleepStatus = 'elapsed' | 'cancelled';
+}
+
+declare module 'taskhost:plugin/host@0.1.0' {
+  /**
+   * True once the host has asked this attempt to stop (cancel, remove,
+   * replace, shutdown). A plugin should then return `canceled` soon; if it
+   * does not within the host's grace period the instance is stopped by
+   * force.
+   */
+  export function isCancelled(): boolean;
+  /**
+   * Sleeps for `ms` milliseconds, or less if cancellation arrives first.
+   * Prefer this over `std::thread::sleep`: it wakes immediately on cancel.
+   */
+  export function sleep(ms: bigint): SleepStatus;
+  /**
+   * Writes one structured line to the task's log.
+   */
+  export function log(level: Level, message: string): void;
+  /**
+   * Reports progress: `done` units out of `total` (0 if unknown).
+   */
+  export function progress(done: bigint, total: bigint): void;
+  /**
+   * The facts of the current attempt, including its params.
+   */
+  export function attempt(): AttemptInfo;
+  export type Level = import('taskhost:plugin/types@0.1.0').Level;
+  export type AttemptInfo = import('taskhost:plugin/types@0.1.0').AttemptInfo;
+  export type SleepStatus = import('taskhost:plugin/types@0.1.0').SleepStatus;
+}
+
+declare module 'taskhost:plugin/task-plugin@0.1.0' {
+  export type PluginInfo = import('taskhost:plugin/types@0.1.0').PluginInfo;
+  export type TaskError = import('taskhost:plugin/types@0.1.0').TaskError;
+  export type * as TaskhostPluginHost010 from 'taskhost:plugin/host@0.1.0'; // import taskhost:plugin/host@0.1.0
+  export type * as TaskhostPluginTypes010 from 'taskhost:plugin/types@0.1.0'; // import taskhost:plugin/types@0.1.0
+  /**
+  * Says what the plugin is, what it acts on and what it needs.
+  */
+  export function describe(): PluginInfo;
+  /**
+  * Runs one attempt. `input` is the submission's input bytes (empty if
+  * none). On success the returned bytes are the task's output.
+  */
+  export function run(input: Uint8Array): Uint8Array;
+  export type Result<T, E> = { tag: 'ok', val: T } | { tag: 'err', val: E };
+}
+

@@ -1,0 +1,36 @@
+"""py-long: a cooperative long task.
+
+Sleeps `ms` milliseconds (param, default 1000) in steps of `step_ms`
+(default 50) with the host's cancellable sleep, reporting progress after each
+step, and ends `canceled` as soon as the host asks it to stop.
+"""
+
+import taskhost
+
+
+class WitWorld:
+    def describe(self):
+        return taskhost.info(
+            "py-long",
+            "0.1.0",
+            description="Sleeps ms (default 1000) in steps of step_ms (default 50); cancellable (Python)",
+        )
+
+    @taskhost.task
+    def run(self, input: bytes) -> bytes:
+        total = taskhost.param_int("ms", 1000)
+        step = taskhost.param_int("step_ms", 50)
+        if total < 0 or step <= 0:
+            raise taskhost.Fatal("ms must be >= 0 and step_ms > 0", 2)
+        done = 0
+        taskhost.progress(0, total)
+        while done < total:
+            if taskhost.cancelled():
+                raise taskhost.Canceled()
+            this = min(step, total - done)
+            if not taskhost.sleep(this):
+                taskhost.log.info(f"cancelled after {done} ms")
+                raise taskhost.Canceled()
+            done += this
+            taskhost.progress(done, total)
+        return f"slept {done} ms"
