@@ -1,5 +1,5 @@
 //! One test per defect found by trying the host as a user and as a reviewer
-//! would (issue 10). Each failed on the code before its fix. The supervisor's
+//! would. Each failed on the code before its fix. The supervisor's
 //! own regressions (duplicate ids, the shutdown "stuck" list) live with the
 //! supervisor tests in `tests/supervisor/identity.rs` and `shutdown.rs`.
 

@@ -1,4 +1,4 @@
-//! The keyed admission controller (SEMANTICS §6): each slot has at most one
+//! The keyed admission controller (docs/semantics.md): each slot has at most one
 //! owner from admission until physical completion; a busy slot queues,
 //! replaces or rejects new work according to the submission's policy; every
 //! queue is bounded. It decides *when* a task may enter the supervisor;

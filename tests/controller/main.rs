@@ -1,4 +1,4 @@
-//! The controller's behaviour (SEMANTICS §6): keyed admission with Queue,
+//! The controller's behaviour (docs/semantics.md): keyed admission with Queue,
 //! Replace and DropIfRunning, bounds, removal of queued work, plugin-declared
 //! resources, and an invariant check over a storm of mixed submissions.
 //! Native bodies on a paused clock where timing matters, real plugins where

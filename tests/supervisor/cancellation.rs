@@ -2,7 +2,7 @@
 //! that ignores the request is force-aborted after the grace, and its name is
 //! released only once it is physically gone; stops while waiting for a
 //! permit, an Ok returned after a request, and a body that returns canceled
-//! on its own (SEMANTICS §4, §5).
+//! on its own (docs/semantics.md).
 
 use std::time::Duration;
 
@@ -42,7 +42,7 @@ async fn cancel_of_a_cooperative_sleeper_is_prompt_and_canceled() {
     assert!(!fx.sup.cancel(id).await, "a second cancel makes no claim");
 }
 
-/// SEMANTICS §5 and the bar: a cooperative guest ends within 5 ms of
+/// docs/semantics.md and the bar: a cooperative guest ends within 5 ms of
 /// the cancel. Five sleepers are canceled one after another and the median
 /// latency is held to 5 ms (one scheduling hiccup on a loaded 2-core machine
 /// must not decide the result; every single one must still be under 50 ms).

@@ -1,5 +1,5 @@
 //! The global concurrency bound: never more than `max_concurrent` attempts
-//! run at once, and all the work still gets done (SEMANTICS §7).
+//! run at once, and all the work still gets done (docs/semantics.md).
 
 use std::collections::HashSet;
 use std::sync::Arc;

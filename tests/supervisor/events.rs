@@ -1,7 +1,7 @@
 //! Events are best-effort, outcomes are not: a slow lane drops and reports
 //! how much, without changing any outcome; per task the order is
 //! TaskFinished, outcome delivery, TaskRemoved; a panicking subscriber is
-//! reported and stops nobody (SEMANTICS §4).
+//! reported and stops nobody (docs/semantics.md).
 
 use std::collections::HashMap;
 use std::io::Write;

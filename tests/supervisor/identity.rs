@@ -1,7 +1,7 @@
 //! Identities under contention: one name admits exactly one task, ids are
 //! unique and strictly increasing, exactly one stop claim wins, unknown ids
 //! make no claim, and a name is reusable (with a new id) once its task is
-//! gone (SEMANTICS §1, §5).
+//! gone (docs/semantics.md).
 
 use std::sync::Barrier;
 

@@ -1,6 +1,6 @@
 //! A task's life from add to removal: once, periodic, refused registrations
 //! (duplicate name, registry bound) and specs that inherit the supervisor's
-//! defaults (SEMANTICS §2, §4, §7).
+//! defaults (docs/semantics.md).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};

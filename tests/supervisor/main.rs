@@ -1,4 +1,4 @@
-//! The supervisor's behaviour (SEMANTICS §1-5, §7), one file per area,
+//! The supervisor's behaviour (docs/semantics.md), one file per area,
 //! through the public API of the `taskhost` library only.
 //!
 //! Native bodies test the semantics exactly on a paused clock; plugin bodies

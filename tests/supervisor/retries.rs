@@ -1,7 +1,7 @@
 //! Restart policies and the retry budget: OnFailure retries retryable errors
 //! only, Fatal is final, `max_retries = N` allows N+1 consecutive failures,
 //! backoff delays follow the policy, and Always re-runs after success with a
-//! success resetting the failure streak (SEMANTICS §2, §3).
+//! success resetting the failure streak (docs/semantics.md).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};

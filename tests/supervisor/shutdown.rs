@@ -1,6 +1,6 @@
 //! Shutdown is single-flight and terminal: it stops every task, force-aborts
 //! what outlives the grace and names it (and only it), gives every caller
-//! the same report, and rejects adds from then on (SEMANTICS §7).
+//! the same report, and rejects adds from then on (docs/semantics.md).
 
 use std::sync::{Arc, Condvar, Mutex};
 

@@ -1,7 +1,7 @@
 //! Per-attempt timeouts: they start when the attempt's body starts (never
 //! while waiting for a permit), a spinning guest is stopped by them, a
 //! timeout is a retryable failure within the budget, and spinning guests do
-//! not starve the host's timers (SEMANTICS §2, §5).
+//! not starve the host's timers (docs/semantics.md).
 
 use std::time::Duration;
 
