@@ -211,11 +211,15 @@ fn make_cache(dir: &Path) -> wasmtime::Result<Cache> {
 /// address-space limit (if any), or `None` when that leaves too few slots
 /// to be worth it (the caller then allocates on demand).
 fn pool_size(wanted: u32, limit: Option<u64>) -> Option<u32> {
-    let Some(limit) = limit else {
-        return Some(wanted);
+    let fit = match limit {
+        None => wanted,
+        Some(limit) => {
+            let per_instance = RESERVATION_PER_MEMORY * u64::from(MEMORIES_PER_INSTANCE);
+            (limit / 2 / per_instance).min(u64::from(wanted)) as u32
+        }
     };
-    let per_instance = RESERVATION_PER_MEMORY * u64::from(MEMORIES_PER_INSTANCE);
-    let fit = (limit / 2 / per_instance).min(u64::from(wanted)) as u32;
+    // A pool too small to be worth its reservation (or none at all): the
+    // on-demand allocator, as documented.
     (fit >= MIN_POOL_INSTANCES).then_some(fit)
 }
 
@@ -359,6 +363,8 @@ mod tests {
     #[test]
     fn pool_is_sized_from_the_address_space_limit() {
         assert_eq!(pool_size(1000, None), Some(1000));
+        assert_eq!(pool_size(8, None), None, "below the minimum: on-demand");
+        assert_eq!(pool_size(0, None), None);
         // 1 TiB limit: half of it fits 63 slots of two 4 GiB memories.
         assert_eq!(pool_size(1000, Some(1 << 40)), Some(63));
         // 8 GiB (a typical `ulimit -v`) is too small for a useful pool.
