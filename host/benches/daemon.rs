@@ -10,11 +10,13 @@
 //!   (`Submit`, then `Wait` for its report), 1,000 iterations: median, p99.
 //!
 //! Each runs against the memory store and the durable SQLite store side by
-//! side (rounds interleaved).
+//! side (rounds interleaved); then the durable store's restart with
+//! 10,000 queued submissions after SIGKILL: how soon it accepts again.
 //!
 //! Between rounds the daemon drains (no slot left), so rounds don't overlap.
 //! Run with `cargo bench -p taskhost --bench daemon`. Prints every round and
 //! the median over rounds, because this machine is shared and noisy.
+//! `TASKHOST_BENCH_ONLY_RESTART=1` runs only the restart scenario.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -41,9 +43,19 @@ const LATENCY_ROUNDS: usize = 3;
 /// The stores compared side by side: the memory store (nothing survives)
 /// and the durable SQLite store (acknowledged = committed).
 const STORES: [&str; 2] = ["memory", "sqlite"];
+/// Queued submissions in the restart scenario.
+const RESTART_QUEUED: usize = 10_000;
 
 fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
+    if std::env::var_os("TASKHOST_BENCH_ONLY_RESTART").is_some() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(restart_with_queued(dir.path()));
+        return;
+    }
     let mut daemons = Vec::new();
     for store in STORES {
         let socket = dir.path().join(format!("{store}.sock"));
@@ -130,6 +142,78 @@ fn main() {
         let _ = child.kill();
         let _ = child.wait();
     }
+    rt.block_on(restart_with_queued(dir.path()));
+}
+
+/// The durable store's restart: a slot owner with `RESTART_QUEUED`
+/// submissions queued behind it, SIGKILL, then a new daemon on the same
+/// state directory: how long until it accepts connections again (recovery
+/// included), and whether every queued submission is back.
+async fn restart_with_queued(dir: &Path) {
+    let socket = dir.join("restart.sock");
+    let state = dir.join("restart-state");
+    let mut daemon = start_daemon(&socket, &state, "sqlite");
+    let sleeper = upload(&socket, &std::fs::read(plugin_artifacts::SLEEPER).unwrap()).await;
+    let hello = upload(&socket, &std::fs::read(plugin_artifacts::HELLO).unwrap()).await;
+    let (mut reader, mut writer) = connect(&socket).await;
+    let mut owner = SubmitRequest::new(sleeper);
+    owner.slot = Some("r".into());
+    owner.params = vec![("ms".into(), "600000".into())];
+    let reply = call(&mut reader, &mut writer, Request::Submit(Box::new(owner))).await;
+    assert!(matches!(reply, Reply::Submitted(_)), "{reply:?}");
+    let frames: Vec<Vec<u8>> = (0..RESTART_QUEUED)
+        .map(|i| {
+            let mut request = SubmitRequest::new(hello);
+            request.slot = Some("r".into());
+            request.policy = Some(taskhost::controller::AdmissionPolicy::Queue);
+            encode(&Envelope {
+                id: i as u32 + 2,
+                body: Request::Submit(Box::new(request)),
+            })
+            .unwrap()
+        })
+        .collect();
+    // Written by another task while the replies are read here: the daemon
+    // answers in order and stops reading from a client that does not read
+    // its replies (a full socket buffer both ways would stall both sides).
+    let writing = tokio::spawn(async move {
+        let mut buffered = BufWriter::new(writer);
+        for frame in &frames {
+            buffered.write_all(frame).await.unwrap();
+        }
+        buffered.flush().await.unwrap();
+    });
+    for _ in 0..RESTART_QUEUED {
+        let reply: Envelope<Reply> = read_frame(&mut reader).await.expect("reply");
+        assert!(
+            matches!(
+                reply.body,
+                Reply::Submitted(Submitted {
+                    placement: Placement::Queued { .. },
+                    ..
+                })
+            ),
+            "{:?}",
+            reply.body
+        );
+    }
+    writing.await.unwrap();
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let started = Instant::now();
+    let mut daemon = start_daemon(&socket, &state, "sqlite");
+    let took = started.elapsed();
+    let (mut reader, mut writer) = connect(&socket).await;
+    let queued = match call(&mut reader, &mut writer, Request::Slots).await {
+        Reply::Slots(slots) => slots.iter().map(|s| s.queue_depth).sum::<usize>(),
+        other => panic!("{other:?}"),
+    };
+    println!(
+        "sqlite: restart with {RESTART_QUEUED} queued submissions after SIGKILL: accepting connections after {:.0} ms (process start included); {queued} queued again",
+        took.as_secs_f64() * 1e3
+    );
+    let _ = daemon.kill();
+    let _ = daemon.wait();
 }
 
 /// A process's resident set size, from `/proc`.
