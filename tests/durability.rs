@@ -77,12 +77,18 @@ fn kill_9_then_restart_keeps_every_accepted_task_and_its_id() {
         "2s,2s,1,none",
     ]);
     d.wait_until_state("retry", "backing-off");
+    // Periodic, waiting for its next run an hour after its first.
+    d.submit(&[&p("hello"), "--name", "periodic", "--every", "1h"]);
+    d.wait_until_state("periodic", "backing-off");
     // Being stopped: a spinner ignores the cancel until the (long) grace.
     d.submit(&[&p("spin"), "--name", "stopping"]);
     d.wait_until_state("stopping", "running");
     let out = d.run(&["remove", "stopping"]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     d.wait_until_state("stopping", "stopping");
+    // Pauses and stops are recorded without waiting; an acknowledged
+    // submission is committed after every write before it.
+    d.submit(&[&p("hello"), "--name", "fence"]);
 
     kill_9(&mut d);
     d.restart(&[]);
@@ -141,12 +147,33 @@ fn kill_9_then_restart_keeps_every_accepted_task_and_its_id() {
     };
     assert!(about("once").starts_with("failed"), "{events:?}");
     assert!(about("q1").starts_with("queued again"), "{events:?}");
-    assert!(about("retry").starts_with("retrying"), "{events:?}");
+    // Both pauses resume at their recorded deadlines, not afresh.
+    assert!(
+        about("retry").starts_with("waiting: attempt 2 is due in"),
+        "{events:?}"
+    );
+    let periodic = about("periodic");
+    assert!(
+        periodic.starts_with("waiting: attempt 2 is due in 59m")
+            || periodic.starts_with("waiting: attempt 2 is due in 1h"),
+        "{periodic}"
+    );
+    let out = d.run(&["ps", "--json"]);
+    let rows: Vec<Value> = serde_json::from_str(&out.stdout).unwrap();
+    let row = rows
+        .iter()
+        .find(|r| r["name"] == "periodic")
+        .unwrap_or_else(|| panic!("{rows:?}"));
+    assert_eq!(
+        (&row["state"], &row["attempts"]),
+        (&Value::from("backing-off"), &Value::from(1)),
+        "{row}"
+    );
     assert!(about("stopping").starts_with("canceled"), "{events:?}");
 
     // Ids only grow across the restart.
     let new = d.submit(&[&p("hello")]);
-    assert!(new.parse::<u64>().unwrap() > 5, "new id {new}");
+    assert!(new.parse::<u64>().unwrap() > 7, "new id {new}");
     // ps --all lists finished work from before the restart.
     let out = d.run(&["ps", "--all", "--json"]);
     let rows: Vec<Value> = serde_json::from_str(&out.stdout).unwrap();
@@ -201,6 +228,57 @@ fn a_graceful_stop_keeps_queued_work_for_the_next_start() {
     // The owner's attempt was interrupted by the stop: run-once, so Failed.
     let out = d.run(&["wait", "owner", "--json"]);
     assert_eq!(json(&out)["outcome"], "failed", "{}", out.stderr);
+}
+
+/// A store written by the first schema (before pauses were recorded) is
+/// migrated at start, and its work goes on.
+#[test]
+fn a_store_from_an_older_version_is_migrated_and_its_work_resumed() {
+    let mut d = Daemon::start(&[]);
+    d.submit(&[
+        &p("sleeper"),
+        "--name",
+        "owner",
+        "--slot",
+        "m",
+        "--param",
+        "ms=600000",
+    ]);
+    d.wait_until_state("owner", "running");
+    let queued = d.submit(&[
+        &p("hello"),
+        "--slot",
+        "m",
+        "--policy",
+        "queue",
+        "--input",
+        "migrated",
+    ]);
+    kill_9(&mut d);
+    // Back to schema 1, as the first durable release wrote it.
+    let db = d.dir.path().join("state/taskhost.db");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch(
+        "ALTER TABLE tasks DROP COLUMN resume_at_ms; \
+         ALTER TABLE tasks DROP COLUMN failures; \
+         PRAGMA user_version = 1;",
+    )
+    .unwrap();
+    drop(conn);
+
+    d.restart(&[]);
+    let out = d.run(&["wait", &queued]);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (Some(0), "migrated"),
+        "{}",
+        out.stderr
+    );
+    let version: u32 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 2, "every migration is applied");
 }
 
 #[test]

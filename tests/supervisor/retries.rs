@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use taskhost::prelude::*;
-use taskhost::supervisor::{BackoffSource, EventKind as K};
+use taskhost::supervisor::{BackoffSource, EventKind as K, Resume, RunFuture};
 use tokio::time::Instant;
 
 use crate::common_sup::{
@@ -266,4 +266,81 @@ async fn always_with_consecutive_failures_still_hits_the_budget() {
         }
         other => panic!("expected Failed, got {other:?}"),
     }
+}
+
+/// A body that records every pause the supervisor tells it of.
+struct Pauses {
+    inner: Box<dyn TaskBody>,
+    seen: Arc<Mutex<Vec<Resume>>>,
+}
+
+impl TaskBody for Pauses {
+    fn attempt(
+        &self,
+        ctx: AttemptContext,
+    ) -> futures::future::BoxFuture<'static, Result<RunFuture, TaskError>> {
+        self.inner.attempt(ctx)
+    }
+
+    fn pausing(&self, next: Resume) {
+        self.seen.lock().unwrap().push(next);
+    }
+}
+
+/// `TaskBody::pausing` hears of every pause with where the task stands (what
+/// the daemon records so a restart resumes at the same deadline), and a
+/// task resumed with a delay starts with that pause.
+#[tokio::test(start_paused = true)]
+async fn pausing_tells_the_body_of_each_pause_and_resume_starts_with_one() {
+    let mut fx = Fixture::native();
+    let calls = Arc::new(AtomicU32::new(0));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let counter = Arc::clone(&calls);
+    let body = Pauses {
+        inner: Box::new(native(move |_| {
+            let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                if n <= 2 {
+                    Err(TaskError::fail("not yet"))
+                } else {
+                    Ok(b"ok".to_vec())
+                }
+            }
+        })),
+        seen: Arc::clone(&seen),
+    };
+    let started = Instant::now();
+    let (_, report) = fx
+        .run(
+            TaskSpec::restartable("paused", body)
+                .with_backoff(BackoffPolicy::new(ms(100), ms(10_000), 2.0, Jitter::None).unwrap())
+                .resuming(Resume {
+                    attempts: 4,
+                    failures: 1,
+                    delay: ms(50),
+                }),
+        )
+        .await;
+    assert_eq!(report.attempts, 7, "it went on from attempt 5");
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            Resume {
+                attempts: 4,
+                failures: 1,
+                delay: ms(50)
+            },
+            Resume {
+                attempts: 5,
+                failures: 2,
+                delay: ms(200)
+            },
+            Resume {
+                attempts: 6,
+                failures: 3,
+                delay: ms(400)
+            },
+        ]
+    );
+    assert_eq!(started.elapsed(), ms(650));
 }

@@ -4,11 +4,14 @@
 //! it says:
 //!
 //! - queued (no attempt started): placed again, in its slot, in order;
+//! - pausing (its last attempt ended, the next was due at a recorded
+//!   deadline: a retry's backoff or a periodic interval): placed again with
+//!   its attempt count and failure streak, its next attempt at that same
+//!   deadline (at once if it has passed);
 //! - running (an attempt started and never reported): that attempt was
 //!   interrupted; a run-once task ends Failed (it must not run twice), a
 //!   restartable one is placed again with its attempt count and failure
-//!   streak carried over, after the backoff its policy gives (the delay
-//!   starts again at the restart: the old deadline is not kept);
+//!   streak carried over, after the backoff its policy gives from now;
 //! - stopping (a cancel, remove or replace was under way): ends Canceled.
 //!
 //! Each gets a `Recovered` event saying which. Ended ones are recorded
@@ -57,6 +60,20 @@ fn fate(task: &Unfinished) -> Fate {
             TaskOutcome::Canceled,
             "canceled: it was being stopped when the host stopped".into(),
         ),
+        UnfinishedState::Running if let Some(pause) = task.pause => {
+            let delay = std::time::Duration::from_millis(pause.until_ms.saturating_sub(now_ms()));
+            let resume = Resume {
+                attempts,
+                failures: pause.failures,
+                delay,
+            };
+            let why = format!(
+                "waiting: attempt {} is due in {}, as it was before the restart",
+                attempts + 1,
+                format_duration(delay)
+            );
+            Fate::Place(resume, why)
+        }
         UnfinishedState::Running => {
             let request = &task.request;
             let restart = request.restart.unwrap_or(RestartPolicy::Never);

@@ -22,13 +22,14 @@ use crate::outcome::{RejectionKind, TaskOutcome};
 use crate::plugin_task::{PluginTask, resolve_slot};
 use crate::runtime::Sandbox;
 use crate::supervisor::{
-    AttemptContext, Reservation, RestartPolicy, Resume, RunFuture, TaskBody, TaskError, TaskSpec,
+    AttemptContext, Reservation, RestartPolicy, Resume, RunFuture, TaskBody, TaskError, TaskId,
+    TaskSpec,
 };
 
 use super::connection::Replier;
 use super::protocol::{ErrorKind, MAX_SUBMIT_INPUT, Placement, Reply, SubmitRequest, Submitted};
 use super::state::{Daemon, RecordingGuard};
-use super::store::{Finished, NewTask, Store, Ticket, now_ms};
+use super::store::{Finished, NewTask, Pause, Store, Ticket, now_ms};
 use super::tasks::{Outcome, TaskLog, TaskRecord};
 
 /// Where a submission comes from.
@@ -185,6 +186,7 @@ pub(crate) async fn place(
         .sink(Arc::clone(&log) as _);
     let body: Arc<dyn TaskBody> = if store.is_durable() {
         Arc::new(Recorded {
+            id,
             task: plugin_task,
             store: store.clone(),
         })
@@ -292,6 +294,7 @@ fn left_for_next_start(outcome: &TaskOutcome) -> bool {
 /// so that after a crash a started attempt is never mistaken for one that
 /// never ran (a run-once task must not run twice).
 struct Recorded {
+    id: TaskId,
     task: PluginTask,
     store: Store,
 }
@@ -311,6 +314,18 @@ impl TaskBody for Recorded {
 
     fn hurry(&self, deadline: std::time::Instant) -> Option<Box<dyn Send>> {
         self.task.hurry(deadline)
+    }
+
+    fn pausing(&self, next: Resume) {
+        let until_ms = now_ms().saturating_add(next.delay.as_millis() as u64);
+        self.store.pausing(
+            self.id,
+            next.attempts,
+            Pause {
+                until_ms,
+                failures: next.failures,
+            },
+        );
     }
 
     fn describe(&self) -> String {

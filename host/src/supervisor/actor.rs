@@ -22,7 +22,7 @@ use super::Shared;
 use super::body::{AttemptContext, TaskBody};
 use super::events::{BackoffSource, Event, EventKind};
 use super::registry::{TaskEntry, TaskPhase};
-use super::spec::{ResolvedPolicies, RestartPolicy, TaskError};
+use super::spec::{ResolvedPolicies, RestartPolicy, Resume, TaskError};
 use super::waiter::{AttemptRecord, MAX_HISTORY, TaskReport};
 
 /// How one attempt ended, from the actor's point of view.
@@ -102,6 +102,7 @@ impl Actor {
             && !self
                 .backoff(
                     resume.attempts,
+                    resume.failures,
                     resume.delay,
                     BackoffSource::Failure,
                     &mut stop,
@@ -156,7 +157,7 @@ impl Actor {
                             streak = 0;
                             let delay = interval.max(Duration::from_millis(1));
                             if !self
-                                .backoff(attempt, delay, BackoffSource::Success, &mut stop)
+                                .backoff(attempt, 0, delay, BackoffSource::Success, &mut stop)
                                 .await
                             {
                                 return TaskOutcome::Canceled;
@@ -219,7 +220,7 @@ impl Actor {
             }
             let delay = self.policies.backoff.delay(streak - 1);
             if !self
-                .backoff(attempt, delay, BackoffSource::Failure, &mut stop)
+                .backoff(attempt, streak, delay, BackoffSource::Failure, &mut stop)
                 .await
             {
                 return TaskOutcome::Canceled;
@@ -227,15 +228,22 @@ impl Actor {
         }
     }
 
-    /// Pauses before the next attempt; false if a stop arrived meanwhile.
+    /// Pauses before the next attempt (`attempt` have started, the last
+    /// `failures` of them failed); false if a stop arrived meanwhile.
     async fn backoff(
         &self,
         attempt: u32,
+        failures: u32,
         delay: Duration,
         source: BackoffSource,
         stop: &mut watch::Receiver<Option<Instant>>,
     ) -> bool {
         self.entry.set_phase(TaskPhase::BackingOff);
+        self.body.pausing(Resume {
+            attempts: attempt,
+            failures,
+            delay,
+        });
         let mut event = self.base_event(EventKind::BackoffScheduled, attempt);
         event.delay_ms = Some(delay.as_millis() as u64);
         event.source = Some(source);

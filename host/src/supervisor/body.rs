@@ -16,7 +16,7 @@ use crate::logline::Stream;
 use super::TaskId;
 use super::events::{Bus, Event, EventKind};
 use super::registry::TaskEntry;
-use super::spec::TaskError;
+use super::spec::{Resume, TaskError};
 
 /// The running part of one attempt: resolves to the output bytes or an
 /// error. The per-attempt timeout applies to this future only.
@@ -40,6 +40,16 @@ pub trait TaskBody: Send + Sync + 'static {
     fn hurry(&self, deadline: std::time::Instant) -> Option<Box<dyn Send>> {
         let _ = deadline;
         None
+    }
+
+    /// Called when the supervisor pauses before the next attempt (a retry's
+    /// backoff, a periodic task's interval, or the pause a resumed task
+    /// starts with): `next` says where the task stands and how long the
+    /// pause is, so that a body that records its task elsewhere (the
+    /// daemon's durable store) can resume it at the same deadline after a
+    /// restart. It must not block.
+    fn pausing(&self, next: Resume) {
+        let _ = next;
     }
 
     /// A short description for debug output, such as the plugin's name.

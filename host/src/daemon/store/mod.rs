@@ -152,6 +152,18 @@ pub struct Unfinished {
     pub attempts: u32,
     /// When it was accepted, ms since the Unix epoch.
     pub submitted_ms: u64,
+    /// The pause before its next attempt, when its last attempt had ended
+    /// (state `Running`): the attempt was not interrupted.
+    pub pause: Option<Pause>,
+}
+
+/// A task's pause before its next attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pause {
+    /// When the next attempt is due, ms since the Unix epoch.
+    pub until_ms: u64,
+    /// Consecutive failed attempts so far.
+    pub failures: u32,
 }
 
 /// A finished task, as kept for `wait`, `logs` and `ps --all`.
@@ -175,6 +187,12 @@ enum Op {
     AttemptStarted {
         id: TaskId,
         attempt: u32,
+    },
+    /// The attempt `attempts` has ended and the next is due after a pause.
+    Pausing {
+        id: TaskId,
+        attempts: u32,
+        pause: Pause,
     },
     Stopping {
         id: TaskId,
@@ -297,6 +315,20 @@ impl Store {
     /// have started before it does anything).
     pub fn attempt_started(&self, id: TaskId, attempt: u32) -> Ticket {
         self.write(Op::AttemptStarted { id, attempt }, true)
+    }
+
+    /// Records that attempt `attempts` ended and the next is due after a
+    /// pause (not waited for: at worst the task is recovered as
+    /// interrupted, with a fresh backoff).
+    pub fn pausing(&self, id: TaskId, attempts: u32, pause: Pause) {
+        let _ = self.write(
+            Op::Pausing {
+                id,
+                attempts,
+                pause,
+            },
+            false,
+        );
     }
 
     /// Records that a stop was requested (not waited for: at worst the

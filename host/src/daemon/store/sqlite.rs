@@ -10,11 +10,15 @@ use rusqlite::{Connection, OpenFlags, params};
 use crate::supervisor::TaskId;
 
 use super::{
-    Finished, Op, Retention, StoreError, Unfinished, UnfinishedState, Write, digest_bytes, now_ms,
+    Finished, Op, Pause, Retention, StoreError, Unfinished, UnfinishedState, Write, digest_bytes,
+    now_ms,
 };
 
 /// The migrations, in order; `PRAGMA user_version` counts those applied.
-const MIGRATIONS: &[&str] = &[include_str!("../../../migrations/0001_tasks.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../../migrations/0001_tasks.sql"),
+    include_str!("../../../migrations/0002_pauses.sql"),
+];
 
 /// Most writes in one transaction.
 const MAX_BATCH: usize = 4096;
@@ -116,8 +120,8 @@ pub(super) fn open(
 
 fn read_unfinished(conn: &Connection) -> rusqlite::Result<Vec<Unfinished>> {
     let mut stmt = conn.prepare(
-        "SELECT id, plugin, request, state, attempts, submitted_ms FROM tasks \
-         WHERE state <> 'finished' ORDER BY id",
+        "SELECT id, plugin, request, state, attempts, submitted_ms, resume_at_ms, failures \
+         FROM tasks WHERE state <> 'finished' ORDER BY id",
     )?;
     let rows = stmt.query_map([], |r| {
         let request: Vec<u8> = r.get(2)?;
@@ -129,11 +133,13 @@ fn read_unfinished(conn: &Connection) -> rusqlite::Result<Vec<Unfinished>> {
             state,
             r.get::<_, u32>(4)?,
             r.get::<_, i64>(5)?,
+            r.get::<_, Option<i64>>(6)?,
+            r.get::<_, u32>(7)?,
         ))
     })?;
     let mut out = Vec::new();
     for row in rows {
-        let (id, plugin, request, state, attempts, submitted_ms) = row?;
+        let (id, plugin, request, state, attempts, submitted_ms, resume_at_ms, failures) = row?;
         let id = TaskId::from_u64(id as u64);
         let request = match postcard::from_bytes(&request) {
             Ok(request) => request,
@@ -154,6 +160,10 @@ fn read_unfinished(conn: &Connection) -> rusqlite::Result<Vec<Unfinished>> {
             state,
             attempts,
             submitted_ms: submitted_ms as u64,
+            pause: resume_at_ms.map(|at| Pause {
+                until_ms: at as u64,
+                failures,
+            }),
         });
     }
     Ok(out)
@@ -243,10 +253,26 @@ impl Writer {
                 }
                 Op::AttemptStarted { id, attempt } => {
                     tx.prepare_cached(
-                        "UPDATE tasks SET state = 'running', attempts = max(attempts, ?2) \
-                         WHERE id = ?1 AND state IN ('queued', 'running')",
+                        "UPDATE tasks SET state = 'running', attempts = max(attempts, ?2), \
+                         resume_at_ms = NULL WHERE id = ?1 AND state IN ('queued', 'running')",
                     )?
                     .execute(params![id.get() as i64, attempt])?;
+                }
+                Op::Pausing {
+                    id,
+                    attempts,
+                    pause,
+                } => {
+                    tx.prepare_cached(
+                        "UPDATE tasks SET resume_at_ms = ?3, failures = ?4 \
+                         WHERE id = ?1 AND state = 'running' AND attempts = ?2",
+                    )?
+                    .execute(params![
+                        id.get() as i64,
+                        attempts,
+                        pause.until_ms as i64,
+                        pause.failures
+                    ])?;
                 }
                 Op::Stopping { id } => {
                     tx.prepare_cached(
