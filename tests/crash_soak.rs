@@ -7,7 +7,10 @@
 //! - it ends with exactly one outcome: `wait` answers it after the last
 //!   restart, and an outcome a client saw before a crash never changes;
 //! - no acknowledged submission vanished (`wait` never says "no task");
-//! - ids only grow: every round's ids are above every earlier round's.
+//! - ids only grow: every round's ids are above every earlier round's;
+//! - no slot ever had two owners: in each daemon's event stream (followed
+//!   from its start until its kill), no attempt of a task starts in a slot
+//!   while another task that started there has not been removed.
 //!
 //! A handful of kills by default; `TASKHOST_CRASH_KILLS=50` for the long
 //! mode. The kill moments come from a seeded generator (the seed is printed,
@@ -25,9 +28,9 @@ use std::time::Duration;
 
 use daemon::Daemon;
 use taskhost::controller::AdmissionPolicy;
-use taskhost::daemon::protocol::{Placement, Reply, Request, SubmitRequest};
+use taskhost::daemon::protocol::{EventFilter, Placement, Reply, Request, SubmitRequest};
 use taskhost::outcome::TaskOutcome;
-use taskhost::supervisor::{RestartPolicy, TaskId, TaskRef};
+use taskhost::supervisor::{Event, EventKind, RestartPolicy, TaskId, TaskRef};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -47,8 +50,10 @@ async fn acknowledged_work_survives_random_kills() {
     // Every acknowledged id, and the outcome a client saw for it (if any).
     let seen: Arc<Mutex<BTreeMap<TaskId, Option<TaskOutcome>>>> = Arc::default();
     let mut highest_before = 0u64;
+    let mut attempts_checked = 0;
 
     for round in 0..kills {
+        let owners = follow_events(&d.socket).await;
         let client = wire::connect(&d.socket).await;
         let hello = wire::upload_plugin(&client, "hello").await;
         let sleeper = wire::upload_plugin(&client, "sleeper").await;
@@ -124,6 +129,8 @@ async fn acknowledged_work_survives_random_kills() {
         process.child.kill().expect("SIGKILL");
         let _ = process.child.wait();
         let _ = collector.await;
+        let events = owners.await.expect("the event follower");
+        attempts_checked += check_one_owner_per_slot(round, &events);
 
         // Ids only grow: this round's are above every earlier one's.
         {
@@ -180,9 +187,74 @@ async fn acknowledged_work_survives_random_kills() {
         let again = client.wait(TaskRef::Id(*id)).await.expect("wait again");
         assert_eq!(again.outcome, report.outcome, "task {id} has one outcome");
     }
-    println!("crash soak: {} acknowledged tasks checked", ids.len());
+    println!(
+        "crash soak: {} acknowledged tasks checked; {attempts_checked} attempt starts checked for a second owner",
+        ids.len()
+    );
+    assert!(
+        attempts_checked > 0,
+        "the event followers saw attempts start"
+    );
     let out = d.run(&["shutdown"]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
+}
+
+/// Follows a daemon's events (its recorded history first) until the daemon
+/// dies; fails on dropped events, which would blind the owner check.
+async fn follow_events(socket: &std::path::Path) -> tokio::task::JoinHandle<Vec<Event>> {
+    let client = wire::connect(socket).await;
+    let mut replies = client
+        .request(Request::Events {
+            follow: true,
+            filter: EventFilter::default(),
+        })
+        .await
+        .expect("follow events");
+    tokio::spawn(async move {
+        let _client = client;
+        let mut events = Vec::new();
+        while let Ok(reply) = replies.next_reply().await {
+            match reply {
+                Reply::Event(event) => events.push(event),
+                Reply::Dropped(n) => panic!("the event follower lost {n} events"),
+                _ => {}
+            }
+        }
+        events
+    })
+}
+
+/// In event order: an attempt of a task may start in a slot only when no
+/// other task that started there is still there (not yet removed, which
+/// comes after its instance is gone).
+fn check_one_owner_per_slot(round: u64, events: &[Event]) -> usize {
+    let mut events: Vec<&Event> = events.iter().collect();
+    events.sort_by_key(|e| e.seq);
+    let mut owners: BTreeMap<String, TaskId> = BTreeMap::new();
+    let mut starts = 0;
+    for event in events {
+        let (Some(id), Some(slot)) = (event.task_id, event.slot.as_deref()) else {
+            continue;
+        };
+        match event.kind {
+            EventKind::AttemptStarting => {
+                starts += 1;
+                if let Some(owner) = owners.insert(slot.to_owned(), id) {
+                    assert_eq!(
+                        owner, id,
+                        "round {round}: task {id} started in slot {slot} while task {owner} still owned it"
+                    );
+                }
+            }
+            EventKind::TaskRemoved => {
+                if owners.get(slot) == Some(&id) {
+                    owners.remove(slot);
+                }
+            }
+            _ => {}
+        }
+    }
+    starts
 }
 
 fn record(seen: &Mutex<BTreeMap<TaskId, Option<TaskOutcome>>>, id: TaskId, outcome: TaskOutcome) {

@@ -324,6 +324,12 @@ fn a_damaged_newer_or_unwritable_store_is_refused_at_start_with_one_clear_error(
         out.stderr
     );
     assert!(out.stderr.contains("taskhost.db"), "{}", out.stderr);
+    // Cut inside its first page: SQLite alone would take it for an empty
+    // database and start afresh.
+    std::fs::write(&db, &bytes[..2048]).unwrap();
+    let out = start(d.dir.path());
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("is damaged"), "{}", out.stderr);
 
     // Written by a newer version.
     let mut d = Daemon::start(&[]);
@@ -432,4 +438,80 @@ fn a_full_disk_refuses_submissions_clearly_and_loses_nothing_acknowledged() {
         );
         assert_eq!(json(&out)["id"].to_string(), *id);
     }
+}
+
+/// `host plugins`: what is stored and who uses it; `rm` refuses a plugin an
+/// unfinished task needs; unused plugins are collected (at start here, with
+/// no grace) once retention has let go of the tasks that used them.
+#[test]
+fn plugins_are_listed_removed_and_collected_when_no_task_needs_them() {
+    let mut d = Daemon::start(&[]);
+    let out = d.run(&["submit", &p("hello"), "--input", "x", "--wait"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    d.submit(&[&p("sleeper"), "--name", "nap", "--param", "ms=600000"]);
+    d.wait_until_state("nap", "running");
+
+    let ls = |d: &Daemon| -> Vec<Value> {
+        let out = d.run(&["plugins", "ls", "--json"]);
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+        serde_json::from_str(&out.stdout).unwrap()
+    };
+    let rows = ls(&d);
+    let row = |rows: &[Value], name: &str| rows.iter().find(|r| r["name"] == name).cloned();
+    let sleeper = row(&rows, "sleeper").expect("sleeper listed");
+    let hello = row(&rows, "hello").expect("hello listed");
+    assert_eq!(
+        (&sleeper["unfinished"], &sleeper["finished"]),
+        (&Value::from(1), &Value::from(0))
+    );
+    assert_eq!(
+        (&hello["unfinished"], &hello["finished"]),
+        (&Value::from(0), &Value::from(1))
+    );
+    let hex = |row: &Value| row["digest"].as_str().unwrap()["sha256:".len()..].to_owned();
+
+    // A plugin an unfinished task needs stays.
+    let out = d.run(&["plugins", "rm", &hex(&sleeper)[..10]]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("used by 1 unfinished task"),
+        "{}",
+        out.stderr
+    );
+    // One only finished tasks used goes, by a prefix of its digest.
+    let out = d.run(&["plugins", "rm", &hex(&hello)[..10]]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(out.stderr.contains("1 plugin(s) removed"), "{}", out.stderr);
+    assert!(row(&ls(&d), "hello").is_none());
+    assert!(
+        !d.dir
+            .path()
+            .join(format!("state/plugins/{}.wasm", hex(&hello)))
+            .exists()
+    );
+    // Submitting it again uploads it again.
+    let out = d.run(&["submit", &p("hello"), "--input", "again", "--wait"]);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (Some(0), "again"),
+        "{}",
+        out.stderr
+    );
+
+    // Nothing is unused yet: prune removes nothing.
+    let out = d.run(&["plugins", "prune", "--json"]);
+    assert_eq!(out.stdout.trim(), "[]", "{}", out.stderr);
+
+    // With retention keeping no finished task and no grace for unused
+    // plugins, the next start collects every plugin no unfinished task needs.
+    let out = d.run(&["cancel", "nap"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let _ = d.run(&["shutdown"]);
+    let _ = d.finish(LIMIT);
+    d.restart(&["--retain-finished", "0", "--keep-unused-plugins", "0s"]);
+    assert_eq!(ls(&d), Vec::<Value>::new());
+    let stored = std::fs::read_dir(d.dir.path().join("state/plugins"))
+        .unwrap()
+        .count();
+    assert_eq!(stored, 0, "no plugin file is left");
 }

@@ -296,6 +296,8 @@ fn request() -> impl Strategy<Value = Request> {
         (target(), any::<bool>()).prop_map(|(target, follow)| Request::Logs { target, follow }),
         (proptest::option::of(duration()), any::<bool>())
             .prop_map(|(grace, cancel_all)| Request::Shutdown { grace, cancel_all }),
+        Just(Request::Plugins),
+        proptest::option::of("[0-9a-f]{0,64}").prop_map(|prefix| Request::RemovePlugins { prefix }),
     ]
 }
 
@@ -535,6 +537,14 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
                 cancel_all: true,
             },
         ),
+        ("plugins", Request::Plugins),
+        (
+            "remove-plugins",
+            Request::RemovePlugins {
+                prefix: Some("3f9a".into()),
+            },
+        ),
+        ("prune-plugins", Request::RemovePlugins { prefix: None }),
     ];
     let mut out: Vec<(String, Vec<u8>)> = valid
         .into_iter()

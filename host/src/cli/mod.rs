@@ -105,6 +105,11 @@ enum Command {
     /// Show the controller's slots: state, owner, queue depth, time in state.
     #[command(after_long_help = "EXAMPLES:\n  host slots\n  host slots --json")]
     Slots(client::tasks::SlotsArgs),
+    /// List the plugins the daemon stores, or remove the ones no task needs.
+    #[command(
+        after_long_help = "EXAMPLES:\n  host plugins ls\n  host plugins rm 3f9a1c\n  host plugins prune"
+    )]
+    Plugins(client::plugins::PluginsArgs),
     /// Print the daemon's recent events; --follow keeps streaming.
     #[command(
         after_long_help = "EXAMPLES:\n  host events\n  host events --follow --task nap\n  host events --kind task-finished --json"
@@ -178,6 +183,7 @@ pub fn main() -> ExitCode {
             Command::Remove(args) => client::tasks::cancel(args, false, socket).await,
             Command::Ps(args) => client::tasks::ps(args, socket).await,
             Command::Slots(args) => client::tasks::slots(args, socket).await,
+            Command::Plugins(args) => client::plugins::plugins(args, socket).await,
             Command::Events(args) => client::streams::events(args, socket).await,
             Command::Logs(args) => client::streams::logs(args, socket).await,
             Command::Shutdown(args) => client::admin::shutdown(args, socket).await,

@@ -18,7 +18,7 @@ pub struct ServeArgs {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, store, retain_finished, retain_for, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, retain_finished, retain_for, keep_unused_plugins, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -54,6 +54,9 @@ pub struct ServeArgs {
     /// How long finished tasks' reports and logs are kept [default: 7d].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     retain_for: Option<Duration>,
+    /// How long an uploaded plugin no task uses (none unfinished, none finished and retained) is kept before it is deleted; collection runs at start and every minute. `host plugins prune` deletes unused ones at once [default: 1h].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    keep_unused_plugins: Option<Duration>,
     /// Start the daemon in the background and return once its socket
     /// accepts connections; its logs go to <state dir>/daemon.log.
     #[arg(long)]
@@ -110,6 +113,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.retain_for {
             config.retain_for = v;
+        }
+        if let Some(v) = self.keep_unused_plugins {
+            config.keep_unused_plugins = v;
         }
         if let Some(v) = self.epoch_tick {
             if v < Duration::from_millis(1) {

@@ -37,8 +37,8 @@ use crate::runtime::Digest;
 use crate::supervisor::{TaskRef, TaskReport};
 
 use super::protocol::{
-    Envelope, ErrorKind, FrameError, Hello, MAGIC, PROTOCOL_VERSION, Reply, Request, SubmitRequest,
-    Submitted, TaskRow, UPLOAD_CHUNK, Welcome, encode, read_frame, write_frame,
+    Envelope, ErrorKind, FrameError, Hello, MAGIC, PROTOCOL_VERSION, PluginRow, Reply, Request,
+    SubmitRequest, Submitted, TaskRow, UPLOAD_CHUNK, Welcome, encode, read_frame, write_frame,
 };
 
 /// Replies buffered per request before the connection's reader waits for
@@ -337,6 +337,32 @@ impl Client {
                 Reply::End => return Ok(rows),
                 other => return Err(self.unexpected("slots", &other)),
             }
+        }
+    }
+
+    /// The daemon's stored plugins, with the tasks that use them.
+    pub async fn plugins(&self) -> Result<Vec<PluginRow>, ClientError> {
+        let mut replies = self.request(Request::Plugins).await?;
+        let mut rows = Vec::new();
+        loop {
+            match replies.next_reply().await? {
+                Reply::Plugins(page) => rows.extend(page),
+                Reply::End => return Ok(rows),
+                other => return Err(self.unexpected("plugins", &other)),
+            }
+        }
+    }
+
+    /// Removes the stored plugin whose digest starts with `prefix` (refused
+    /// while an unfinished task uses it), or with `None` every plugin no
+    /// task uses; returns what was removed.
+    pub async fn remove_plugins(
+        &self,
+        prefix: Option<String>,
+    ) -> Result<Vec<PluginRow>, ClientError> {
+        match self.call(Request::RemovePlugins { prefix }).await? {
+            Reply::PluginsRemoved(rows) => Ok(rows),
+            other => Err(self.unexpected("plugins rm", &other)),
         }
     }
 

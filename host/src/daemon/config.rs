@@ -45,6 +45,8 @@ pub struct DaemonConfig {
     pub retain_finished: usize,
     /// How long finished tasks' reports and logs are kept.
     pub retain_for: Duration,
+    /// How long a stored plugin no task uses is kept before it is collected.
+    pub keep_unused_plugins: Duration,
 }
 
 impl DaemonConfig {
@@ -64,6 +66,7 @@ impl DaemonConfig {
             store: "sqlite".into(),
             retain_finished: 10_000,
             retain_for: Duration::from_secs(7 * 24 * 3600),
+            keep_unused_plugins: Duration::from_secs(3600),
         }
     }
 
@@ -122,6 +125,9 @@ impl DaemonConfig {
         if let Some(v) = file.retain_for {
             self.retain_for = dur(&v, "retain_for")?;
         }
+        if let Some(v) = file.keep_unused_plugins {
+            self.keep_unused_plugins = dur(&v, "keep_unused_plugins")?;
+        }
         if self.max_connections == 0 {
             return Err("max_connections: must be at least 1".into());
         }
@@ -146,6 +152,7 @@ struct FileConfig {
     store: Option<String>,
     retain_finished: Option<usize>,
     retain_for: Option<String>,
+    keep_unused_plugins: Option<String>,
 }
 
 #[cfg(test)]

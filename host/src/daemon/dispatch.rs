@@ -11,6 +11,7 @@ use crate::logline::LogLine;
 use crate::supervisor::{Event, Received, TaskPhase, TaskRef};
 
 use super::connection::Replier;
+use super::plugins;
 use super::protocol::{ErrorKind, EventFilter, LIST_PAGE, Reply, Request, TaskRow, TaskState};
 use super::state::Daemon;
 use super::store::{self, Finished};
@@ -51,7 +52,7 @@ pub(crate) async fn handle(
                         })
                         .await;
                 }
-                Err(err) => reply.error(ErrorKind::Invalid, err.to_string()).await,
+                Err((kind, message)) => reply.error(kind, message).await,
             },
         },
         Request::Submit(request) => submissions::submit(daemon, *request, reply).await,
@@ -70,6 +71,28 @@ pub(crate) async fn handle(
         },
         Request::Cancel { target, wait } => cancel(daemon, target, wait, reply).await,
         Request::List { all } => list(daemon, all, &reply).await,
+        Request::Plugins => {
+            let daemon = Arc::clone(daemon);
+            let rows =
+                tokio::task::spawn_blocking(move || daemon.plugins.list(&plugins::refs(&daemon)))
+                    .await
+                    .unwrap_or_default();
+            send_pages(&reply, rows, Reply::Plugins).await;
+        }
+        Request::RemovePlugins { prefix } => {
+            let daemon = Arc::clone(daemon);
+            let removed = tokio::task::spawn_blocking(move || {
+                plugins::remove(&daemon, prefix.as_deref(), std::time::Duration::ZERO)
+            })
+            .await
+            .unwrap_or_else(|e| Err((ErrorKind::Internal, e.to_string())));
+            match removed {
+                Ok(rows) => {
+                    reply.send(Reply::PluginsRemoved(rows)).await;
+                }
+                Err((kind, message)) => reply.error(kind, message).await,
+            }
+        }
         Request::Slots => {
             let slots = daemon.controller.snapshot();
             send_pages(&reply, slots, Reply::Slots).await;

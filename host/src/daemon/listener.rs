@@ -20,7 +20,7 @@ use crate::units::format_duration;
 use super::config::DaemonConfig;
 use super::connection;
 use super::history::History;
-use super::plugins::Plugins;
+use super::plugins::{self, Plugins};
 use super::recovery;
 use super::socket;
 use super::state::Daemon;
@@ -127,6 +127,26 @@ pub async fn serve(
             "recovered unfinished work from the store"
         );
     }
+    // Unused plugins: collected before the daemon listens, then every
+    // minute (blocking file work under the admission lock, off the async
+    // workers).
+    plugins::collect(&daemon);
+    {
+        // Weak: the collector must not keep the daemon (and its store's
+        // writer, which folds the WAL in when it ends) alive past the stop.
+        let daemon = Arc::downgrade(&daemon);
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(plugins::COLLECT_EVERY);
+            every.tick().await;
+            loop {
+                every.tick().await;
+                let Some(daemon) = daemon.upgrade() else {
+                    return;
+                };
+                let _ = tokio::task::spawn_blocking(move || plugins::collect(&daemon)).await;
+            }
+        });
+    }
     tracing::info!(
         socket = %socket_path.display(),
         state_dir = %config.state_dir.display(),
@@ -207,7 +227,7 @@ pub async fn serve(
     {
         tracing::warn!("some outcomes were still being recorded at exit");
     }
-    if let Err(err) = daemon.store.flush().committed().await {
+    if let Err(err) = daemon.store.close().committed().await {
         tracing::error!("the store's last writes failed: {err}");
     }
     // Every waiter's report is on its way: let the connections put them on

@@ -4,17 +4,34 @@
 //! the runtime's in-memory cache in front of them. A plugin file changed after
 //! a submission does not change the queued work: the work refers to the
 //! digest.
+//!
+//! It also collects them: a plugin no task uses (no unfinished task, no
+//! finished one the store still retains) is deleted once it has been stored
+//! for the daemon's `keep_unused_plugins`, at start and every
+//! [`COLLECT_EVERY`]; `host plugins rm|prune` remove at once. Removal happens
+//! under the admission lock, and a submission checks its plugin file under
+//! the same lock, so no accepted task refers to a plugin that is gone.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
 
-use crate::runtime::{Digest, LoadError, Plugin, Runtime};
+use crate::runtime::{Digest, Plugin, Runtime};
+
+use super::protocol::{ErrorKind, PluginRow};
+use super::state::Daemon;
+use super::store::{PluginRefs, now_ms};
+
+/// How often the daemon collects unused plugins.
+pub const COLLECT_EVERY: Duration = Duration::from_secs(60);
 
 /// Where the daemon keeps uploaded plugins: `<state dir>/plugins/<hex>.wasm`.
 pub fn plugin_path(state_dir: &Path, digest: &Digest) -> PathBuf {
-    let hex: String = digest.0.iter().map(|b| format!("{b:02x}")).collect();
-    state_dir.join("plugins").join(format!("{hex}.wasm"))
+    state_dir
+        .join("plugins")
+        .join(format!("{}.wasm", digest.hex()))
 }
 
 /// Makes every temporary file name of this process unique.
@@ -36,10 +53,10 @@ impl Plugins {
         &self.runtime
     }
 
-    /// Whether the daemon has this plugin (compiled, or stored on disk).
-    /// Cheap: compiles nothing.
+    /// Whether the daemon stores this plugin (so a submission may refer to
+    /// it). Cheap: compiles nothing.
     pub(crate) fn known(&self, digest: &Digest) -> bool {
-        self.runtime.plugin(digest).is_some() || plugin_path(&self.state_dir, digest).is_file()
+        self.is_stored(digest)
     }
 
     /// A plugin by digest: from the runtime's cache, else from the state
@@ -67,14 +84,69 @@ impl Plugins {
         }
     }
 
-    /// Validates an uploaded plugin and stores it under its digest.
-    pub(crate) async fn store(&self, bytes: Vec<u8>) -> Result<Arc<Plugin>, LoadError> {
+    /// Whether the plugin's file is stored (one `stat`).
+    pub(crate) fn is_stored(&self, digest: &Digest) -> bool {
+        plugin_path(&self.state_dir, digest).is_file()
+    }
+
+    /// The stored plugins with who uses them, by digest.
+    pub(crate) fn list(&self, refs: &HashMap<Digest, PluginRefs>) -> Vec<PluginRow> {
+        let dir = self.state_dir.join("plugins");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Vec::new();
+        };
+        let mut rows = Vec::new();
+        for entry in entries.flatten() {
+            let file = entry.file_name();
+            let Some(digest) = file
+                .to_str()
+                .and_then(|f| f.strip_suffix(".wasm"))
+                .and_then(|hex| hex.parse::<Digest>().ok())
+            else {
+                continue;
+            };
+            let Ok(meta) = entry.metadata() else { continue };
+            let used = refs.get(&digest).cloned().unwrap_or_default();
+            let name = self
+                .runtime
+                .plugin(&digest)
+                .map(|p| p.info().name.clone())
+                .or(used.name);
+            rows.push(PluginRow {
+                digest,
+                name,
+                bytes: meta.len(),
+                stored_ms: meta
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_millis() as u64),
+                unfinished: used.unfinished,
+                finished: used.finished,
+            });
+        }
+        rows.sort_by_key(|r| (r.stored_ms, r.digest.0));
+        rows
+    }
+
+    /// Deletes a stored plugin and drops it from the in-memory cache
+    /// (attempts that hold it go on). Call under the admission lock.
+    pub(crate) fn remove(&self, digest: &Digest) -> std::io::Result<()> {
+        self.runtime.forget(digest);
+        std::fs::remove_file(plugin_path(&self.state_dir, digest))
+    }
+
+    /// Validates an uploaded plugin and stores it under its digest. A plugin
+    /// that cannot be stored is refused: accepted work must find it after a
+    /// restart.
+    pub(crate) async fn store(&self, bytes: Vec<u8>) -> Result<Arc<Plugin>, (ErrorKind, String)> {
         let digest = Digest::of(&bytes);
         let bytes: Arc<[u8]> = bytes.into();
         let plugin = self
             .runtime
             .load_bytes(Arc::clone(&bytes), &digest.to_string())
-            .await?;
+            .await
+            .map_err(|e| (ErrorKind::Invalid, e.to_string()))?;
         let path = plugin_path(&self.state_dir, &digest);
         if !path.exists() {
             // Two uploads of the same digest at once each write a file of
@@ -87,8 +159,137 @@ impl Plugins {
             if let Err(err) = written {
                 let _ = std::fs::remove_file(&tmp);
                 tracing::warn!(path = %path.display(), "cannot store the plugin on disk: {err}");
+                return Err((
+                    ErrorKind::Internal,
+                    format!(
+                        "the daemon cannot store the plugin in `{}`: {err}",
+                        path.parent().unwrap_or(&path).display()
+                    ),
+                ));
             }
         }
         Ok(plugin)
+    }
+}
+
+/// Who uses each plugin: the store's tasks, and the daemon's tasks in
+/// memory (a submission is there before its store write commits; with the
+/// memory store they are the only record).
+pub(crate) fn refs(daemon: &Daemon) -> HashMap<Digest, PluginRefs> {
+    let mut refs = daemon.store.plugin_refs();
+    let durable = daemon.store.is_durable();
+    for (digest, memory) in daemon.tasks.plugin_refs() {
+        let entry = refs.entry(digest).or_default();
+        entry.name = entry.name.take().or(memory.name);
+        entry.unfinished = entry.unfinished.max(memory.unfinished);
+        if !durable {
+            entry.finished = memory.finished;
+        }
+    }
+    refs
+}
+
+/// Removes stored plugins: the one whose digest starts with `prefix`
+/// (refused while an unfinished task uses it), or, without a prefix, every
+/// plugin no task uses that was stored at least `min_age` ago. Returns what
+/// it removed.
+pub(crate) fn remove(
+    daemon: &Daemon,
+    prefix: Option<&str>,
+    min_age: Duration,
+) -> Result<Vec<PluginRow>, (ErrorKind, String)> {
+    // No submission is placed meanwhile (see the module docs).
+    let _admission = daemon
+        .admission
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let refs = refs(daemon);
+    let rows = daemon.plugins.list(&refs);
+    let chosen: Vec<PluginRow> = match prefix {
+        Some(prefix) => {
+            let hex = prefix
+                .strip_prefix("sha256:")
+                .unwrap_or(prefix)
+                .to_ascii_lowercase();
+            if hex.is_empty() || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+                return Err((
+                    ErrorKind::Invalid,
+                    format!(
+                        "`{prefix}` is not a digest or the start of one (hex digits, as `host plugins ls` shows)"
+                    ),
+                ));
+            }
+            let mut matching: Vec<PluginRow> = rows
+                .into_iter()
+                .filter(|r| r.digest.hex().starts_with(&hex))
+                .collect();
+            match matching.len() {
+                0 => {
+                    return Err((
+                        ErrorKind::NotFound,
+                        format!(
+                            "no stored plugin's digest starts with `{hex}`; `host plugins ls` lists them"
+                        ),
+                    ));
+                }
+                1 => {}
+                n => {
+                    return Err((
+                        ErrorKind::Invalid,
+                        format!("`{hex}` starts {n} plugins' digests; give more digits"),
+                    ));
+                }
+            }
+            let row = matching.remove(0);
+            if row.unfinished > 0 {
+                return Err((
+                    ErrorKind::Invalid,
+                    format!(
+                        "plugin {} ({}) is used by {} unfinished task(s); cancel them or let them \
+                         finish first",
+                        row.digest,
+                        row.name.as_deref().unwrap_or("unnamed"),
+                        row.unfinished
+                    ),
+                ));
+            }
+            vec![row]
+        }
+        None => {
+            let now = now_ms();
+            rows.into_iter()
+                .filter(|r| {
+                    r.unfinished == 0
+                        && r.finished == 0
+                        && now.saturating_sub(r.stored_ms) >= min_age.as_millis() as u64
+                })
+                .collect()
+        }
+    };
+    let mut removed = Vec::with_capacity(chosen.len());
+    for row in chosen {
+        match daemon.plugins.remove(&row.digest) {
+            Ok(()) => removed.push(row),
+            Err(err) => {
+                tracing::warn!(plugin = %row.digest, "cannot remove a stored plugin: {err}");
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// Collects unused plugins (see the module docs), logging what it removed.
+pub(crate) fn collect(daemon: &Daemon) {
+    match remove(daemon, None, daemon.config.keep_unused_plugins) {
+        Ok(removed) if !removed.is_empty() => {
+            let bytes: u64 = removed.iter().map(|r| r.bytes).sum();
+            tracing::info!(
+                plugins = removed.len(),
+                bytes,
+                "collected plugins no task uses"
+            );
+        }
+        Ok(_) => {}
+        Err((_, message)) => tracing::warn!("plugin collection failed: {message}"),
     }
 }

@@ -22,7 +22,7 @@ use crate::supervisor::{
 };
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).
@@ -201,6 +201,32 @@ pub enum Request {
         /// unfinished work in a durable store for the next start.
         cancel_all: bool,
     },
+    /// The stored plugins: pages of [`Reply::Plugins`], then [`Reply::End`].
+    Plugins,
+    /// Remove stored plugins: the one whose digest starts with `prefix`
+    /// (refused while an unfinished task uses it), or with `prefix` `None`
+    /// every plugin no task uses. Answered with [`Reply::PluginsRemoved`].
+    RemovePlugins {
+        /// A digest or its unique prefix (hex); `None`: every unused one.
+        prefix: Option<String>,
+    },
+}
+
+/// A stored plugin, as `host plugins ls` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginRow {
+    /// Its digest.
+    pub digest: Digest,
+    /// Its name, when the daemon knows it (compiled, or named by a task).
+    pub name: Option<String>,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// When it was stored, ms since the Unix epoch.
+    pub stored_ms: u64,
+    /// Unfinished tasks that use it (queued, running, pausing).
+    pub unfinished: u64,
+    /// Finished tasks, still retained, that used it.
+    pub finished: u64,
 }
 
 /// Where a submission went.
@@ -326,6 +352,10 @@ pub enum Reply {
     Tasks(Vec<TaskRow>),
     /// A page of `host slots`.
     Slots(Vec<SlotView>),
+    /// A page of `host plugins ls`.
+    Plugins(Vec<PluginRow>),
+    /// The plugins a [`Request::RemovePlugins`] removed.
+    PluginsRemoved(Vec<PluginRow>),
     /// One event of a stream.
     Event(Event),
     /// Events were dropped from this stream.

@@ -133,6 +133,17 @@ pub(crate) async fn place(
         .admission
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // A plugin removed (`host plugins rm|prune`) after it was looked up
+    // above is gone now: nothing accepted may refer to it.
+    if !daemon.plugins.is_stored(&request.plugin) {
+        return Err((
+            ErrorKind::NotFound,
+            format!(
+                "plugin {} was just removed from the daemon; upload it again",
+                request.plugin
+            ),
+        ));
+    }
     let recovered = matches!(origin, Origin::Recovered { .. });
     let (reservation, submitted_ms, resume) = match origin {
         Origin::New => (
@@ -228,6 +239,7 @@ pub(crate) async fn place(
         name: name.clone(),
         slot: slot.clone(),
         plugin: info.name.clone(),
+        digest: request.plugin,
         outcome: outcome.clone(),
         log: Arc::clone(&log),
         submitted: Instant::now().checked_sub(age).unwrap_or_else(Instant::now),

@@ -16,7 +16,10 @@ use tokio::sync::watch;
 
 use crate::controller::Controller;
 use crate::logline::{LineSink, LogLine, Stream};
+use crate::runtime::Digest;
 use crate::supervisor::{TaskId, TaskRef, TaskReport};
+
+use super::store::PluginRefs;
 
 /// Lines kept per task log.
 pub const MAX_LOG_LINES: usize = 2_000;
@@ -144,6 +147,8 @@ pub(crate) struct TaskRecord {
     pub slot: String,
     /// The plugin's name.
     pub plugin: String,
+    /// The plugin's digest.
+    pub digest: Digest,
     /// Its recorded final report.
     pub outcome: Outcome,
     pub log: Arc<TaskLog>,
@@ -221,6 +226,23 @@ impl Tasks {
             .iter()
             .filter_map(|id| inner.by_id.get(id).cloned())
             .collect()
+    }
+
+    /// For each plugin the remembered tasks use: how many are live and how
+    /// many finished.
+    pub(crate) fn plugin_refs(&self) -> HashMap<Digest, PluginRefs> {
+        let inner = self.lock();
+        let mut refs: HashMap<Digest, PluginRefs> = HashMap::new();
+        for record in inner.by_id.values() {
+            let entry = refs.entry(record.digest).or_default();
+            entry.name.get_or_insert_with(|| record.plugin.clone());
+            if record.outcome.get().is_some() {
+                entry.finished += 1;
+            } else {
+                entry.unfinished += 1;
+            }
+        }
+        refs
     }
 
     /// The record of a submission by id.

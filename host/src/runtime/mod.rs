@@ -181,6 +181,13 @@ impl Runtime {
         result
     }
 
+    /// Drops the cached plugin with this digest (attempts holding it go on;
+    /// a later load compiles it again). True if it was cached.
+    pub fn forget(&self, digest: &Digest) -> bool {
+        let mut plugins = self.plugins.lock().unwrap_or_else(PoisonError::into_inner);
+        plugins.remove(digest).is_some()
+    }
+
     /// The cached plugin with this digest, if loaded.
     pub fn plugin(&self, digest: &Digest) -> Option<Arc<Plugin>> {
         let plugins = self.plugins.lock().unwrap_or_else(PoisonError::into_inner);

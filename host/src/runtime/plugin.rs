@@ -39,6 +39,29 @@ impl Digest {
     pub fn of(bytes: &[u8]) -> Self {
         Self(Sha256::digest(bytes).into())
     }
+
+    /// The 64 lower-case hex digits.
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl std::str::FromStr for Digest {
+    type Err = String;
+
+    /// 64 hex digits, with or without `sha256:` in front.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let hex = s.strip_prefix("sha256:").unwrap_or(s);
+        let bad = || format!("`{s}` is not a sha256 digest (64 hex digits)");
+        if hex.len() != 64 || !hex.is_ascii() {
+            return Err(bad());
+        }
+        let mut out = [0u8; 32];
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        Ok(Self(out))
+    }
 }
 
 impl std::fmt::Display for Digest {

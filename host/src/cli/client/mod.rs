@@ -7,8 +7,10 @@
 //! | `tasks` | `wait`, `cancel`, `remove`, `ps`, `slots` |
 //! | `streams` | `events`, `logs` |
 //! | `admin` | `shutdown` |
+//! | `plugins` | `plugins ls`, `plugins rm`, `plugins prune` |
 
 pub mod admin;
+pub mod plugins;
 pub mod streams;
 pub mod submit;
 pub mod tasks;

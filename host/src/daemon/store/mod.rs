@@ -19,6 +19,7 @@
 
 mod sqlite;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -166,6 +167,17 @@ pub struct Pause {
     pub failures: u32,
 }
 
+/// The tasks that use one plugin.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PluginRefs {
+    /// The plugin's name, as the tasks recorded it.
+    pub name: Option<String>,
+    /// Unfinished tasks (they need the plugin to run).
+    pub unfinished: u64,
+    /// Finished tasks still retained.
+    pub finished: u64,
+}
+
 /// A finished task, as kept for `wait`, `logs` and `ps --all`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Finished {
@@ -200,6 +212,9 @@ enum Op {
     Finished(Box<Finished>),
     /// Nothing: its ticket resolves once every earlier write is committed.
     Flush,
+    /// As `Flush`, then the write-ahead log is folded into the database
+    /// file (a graceful stop leaves one file behind).
+    Checkpoint,
 }
 
 struct Write {
@@ -348,6 +363,12 @@ impl Store {
         self.write(Op::Flush, true)
     }
 
+    /// As [`Store::flush`], and folds the write-ahead log into the database
+    /// file: for the daemon's last moments (later writes still work).
+    pub fn close(&self) -> Ticket {
+        self.write(Op::Checkpoint, true)
+    }
+
     /// A finished task by id.
     pub fn finished_task(&self, id: TaskId) -> Option<Finished> {
         let reader = self.inner.reader.as_ref()?;
@@ -375,6 +396,20 @@ impl Store {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .finished_recent(limit)
+    }
+}
+
+impl Store {
+    /// For each plugin the stored tasks use, how many are unfinished and
+    /// how many finished (empty for the memory backend).
+    pub fn plugin_refs(&self) -> HashMap<Digest, PluginRefs> {
+        let Some(reader) = self.inner.reader.as_ref() else {
+            return HashMap::new();
+        };
+        reader
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .plugin_refs()
     }
 }
 

@@ -1,17 +1,19 @@
 //! The SQLite backend: opening (with migrations and checks), the writer
 //! thread's group commit, and the reads.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, params};
 
+use crate::runtime::Digest;
 use crate::supervisor::TaskId;
 
 use super::{
-    Finished, Op, Pause, Retention, StoreError, Unfinished, UnfinishedState, Write, digest_bytes,
-    now_ms,
+    Finished, Op, Pause, PluginRefs, Retention, StoreError, Unfinished, UnfinishedState, Write,
+    digest_bytes, now_ms,
 };
 
 /// The migrations, in order; `PRAGMA user_version` counts those applied.
@@ -44,6 +46,7 @@ pub(super) fn open(
     path: &Path,
     retention: Retention,
 ) -> Result<(Writer, Reader, u64, Vec<Unfinished>), StoreError> {
+    check_size(path)?;
     let mut conn = connect(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -108,14 +111,64 @@ pub(super) fn open(
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?,
     };
-    let writer = Writer {
+    let mut writer = Writer {
         conn,
         path: path.to_path_buf(),
         retention,
         next_id,
-        last_prune: None,
+        last_prune: Some(Instant::now()),
     };
+    // Retention applies from the start (a lowered bound takes effect now).
+    if let Err(e) = writer.prune() {
+        tracing::warn!("store retention failed: {e}");
+    }
     Ok((writer, reader, next_id, unfinished))
+}
+
+/// Refuses a database file shorter than its header says it is (cut short by
+/// a copy or a disk problem): SQLite would read the missing pages as an
+/// empty database and the store's tasks would be lost without a word.
+fn check_size(path: &Path) -> Result<(), StoreError> {
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return Ok(()); // a new store, or one SQLite reports on
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if len == 0 {
+        return Ok(());
+    }
+    let mut header = [0u8; 100];
+    use std::io::Read;
+    let damaged = |why: String| {
+        StoreError(format!(
+            "the store `{}` is damaged ({why}). Move it away to start with an empty store (its \
+             tasks are then lost), or restore it from a backup.",
+            path.display()
+        ))
+    };
+    if file.read_exact(&mut header).is_err() {
+        return Err(damaged(format!(
+            "{len} bytes, shorter than a database header"
+        )));
+    }
+    if &header[..16] != b"SQLite format 3\0" {
+        return Ok(()); // not SQLite at all: opening it says so
+    }
+    let page_size = match u16::from_be_bytes([header[16], header[17]]) {
+        1 => 65_536,
+        n => u64::from(n),
+    };
+    let pages = u64::from(u32::from_be_bytes([
+        header[28], header[29], header[30], header[31],
+    ]));
+    // The page count is valid when the change counter matches the
+    // "version valid for" number (every SQLite since 3.7.0 writes both).
+    let valid = header[24..28] == header[92..96];
+    if page_size >= 512 && (len % page_size != 0 || (valid && len < pages * page_size)) {
+        return Err(damaged(format!(
+            "the file has {len} bytes but its header counts {pages} pages of {page_size}"
+        )));
+    }
+    Ok(())
 }
 
 fn read_unfinished(conn: &Connection) -> rusqlite::Result<Vec<Unfinished>> {
@@ -183,6 +236,7 @@ impl Writer {
     /// Applies writes until every sender is gone: whatever is waiting when
     /// a transaction starts goes into it.
     pub(super) fn run(mut self, rx: mpsc::Receiver<Write>) {
+        let mut checkpoint = false;
         while let Ok(first) = rx.recv() {
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
@@ -191,8 +245,15 @@ impl Writer {
                     Err(_) => break,
                 }
             }
+            if batch.iter().any(|w| matches!(w.op, Op::Checkpoint)) {
+                // After this batch's commit (below, before anyone hears).
+                checkpoint = true;
+            }
             match self.apply(&batch) {
                 Ok(()) => {
+                    if std::mem::take(&mut checkpoint) {
+                        self.checkpoint();
+                    }
                     for write in batch {
                         if let Some(done) = write.done {
                             let _ = done.send(Ok(()));
@@ -280,7 +341,7 @@ impl Writer {
                     )?
                     .execute(params![id.get() as i64])?;
                 }
-                Op::Flush => {}
+                Op::Flush | Op::Checkpoint => {}
                 Op::Finished(finished) => {
                     let report = postcard::to_allocvec(&finished.report)
                         .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
@@ -307,6 +368,20 @@ impl Writer {
         tx.commit()?;
         self.next_id = next_id;
         Ok(())
+    }
+
+    /// Folds the write-ahead log into the database file and empties it.
+    fn checkpoint(&mut self) {
+        let result = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                r.get::<_, i64>(0)
+            });
+        match result {
+            Ok(0) => {}
+            Ok(_) => tracing::debug!("the store's checkpoint was blocked by a reader"),
+            Err(e) => tracing::warn!("the store's checkpoint failed: {e}"),
+        }
     }
 
     /// Deletes finished tasks beyond the retention bounds.
@@ -371,6 +446,43 @@ impl Reader {
     }
 
     /// The newest finished tasks (without their logs), oldest first.
+    pub(super) fn plugin_refs(&self) -> HashMap<Digest, PluginRefs> {
+        let read = || -> rusqlite::Result<HashMap<Digest, PluginRefs>> {
+            let mut stmt = self.conn.prepare_cached(
+                "SELECT digest, max(plugin), sum(state <> 'finished'), sum(state = 'finished') \
+                 FROM tasks GROUP BY digest",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                Ok((
+                    r.get::<_, Vec<u8>>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, i64>(3)?,
+                ))
+            })?;
+            let mut refs = HashMap::new();
+            for row in rows {
+                let (digest, name, unfinished, finished) = row?;
+                let Ok(digest) = <[u8; 32]>::try_from(digest.as_slice()) else {
+                    continue;
+                };
+                refs.insert(
+                    Digest(digest),
+                    PluginRefs {
+                        name,
+                        unfinished: unfinished as u64,
+                        finished: finished as u64,
+                    },
+                );
+            }
+            Ok(refs)
+        };
+        read().unwrap_or_else(|e| {
+            tracing::warn!("cannot read which plugins the store's tasks use: {e}");
+            HashMap::new()
+        })
+    }
+
     pub(super) fn finished_recent(&self, limit: usize) -> Vec<Finished> {
         let mut out = self.finished(
             "SELECT plugin, report, NULL, submitted_ms, finished_ms FROM tasks \
