@@ -246,10 +246,8 @@ fn check_one_owner_per_slot(round: u64, events: &[Event]) -> usize {
                     );
                 }
             }
-            EventKind::TaskRemoved => {
-                if owners.get(slot) == Some(&id) {
-                    owners.remove(slot);
-                }
+            EventKind::TaskRemoved if owners.get(slot) == Some(&id) => {
+                owners.remove(slot);
             }
             _ => {}
         }
