@@ -270,8 +270,19 @@ pub(crate) async fn place(
                 submitted_ms,
                 finished_ms: now_ms(),
             };
-            if let Err(err) = store.finished(finished).committed().await {
-                tracing::error!(task = %id, "cannot record the outcome: {err}");
+            // Nobody sees an outcome the store does not hold (a crash
+            // would take it back): a failed write (a full disk) is retried
+            // until it lands; a stop meanwhile leaves the task to the next
+            // start, which decides it as interrupted.
+            let mut delay = Duration::from_millis(50);
+            while let Err(err) = store.finished(finished.clone()).committed().await {
+                tracing::error!(
+                    task = %id,
+                    "cannot record the outcome ({err}); retrying in {}",
+                    crate::units::format_duration(delay)
+                );
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
             }
         }
         outcome.set(report);
