@@ -16,7 +16,9 @@
 //! Between rounds the daemon drains (no slot left), so rounds don't overlap.
 //! Run with `cargo bench -p taskhost --bench daemon`. Prints every round and
 //! the median over rounds, because this machine is shared and noisy.
-//! `TASKHOST_BENCH_ONLY_RESTART=1` runs only the restart scenario.
+//! `TASKHOST_BENCH_ONLY_RESTART=1` runs only the restart scenario;
+//! `TASKHOST_BENCH_BASELINE_HOST=PATH` adds the sqlite store of another
+//! `host` build (same protocol) to the same run, as a before/after baseline.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -56,11 +58,29 @@ fn main() {
         rt.block_on(restart_with_queued(dir.path()));
         return;
     }
+    // The daemons side by side: each store, and with
+    // TASKHOST_BENCH_BASELINE_HOST=PATH the sqlite store of another build
+    // (same protocol) as a before/after baseline in the same run.
+    let baseline = std::env::var_os("TASKHOST_BENCH_BASELINE_HOST").map(std::path::PathBuf::from);
+    let mut labels: Vec<String> = STORES.iter().map(|s| s.to_string()).collect();
     let mut daemons = Vec::new();
     for store in STORES {
         let socket = dir.path().join(format!("{store}.sock"));
-        let child = start_daemon(&socket, &dir.path().join(format!("{store}-state")), store);
-        daemons.push((store, socket, child));
+        let host = Path::new(env!("CARGO_BIN_EXE_host"));
+        let child = start_daemon(
+            host,
+            &socket,
+            &dir.path().join(format!("{store}-state")),
+            store,
+        );
+        daemons.push((store.to_string(), socket, child));
+    }
+    if let Some(host) = &baseline {
+        let label = "sqlite@baseline".to_string();
+        let socket = dir.path().join("baseline.sock");
+        let child = start_daemon(host, &socket, &dir.path().join("baseline-state"), "sqlite");
+        labels.push(label.clone());
+        daemons.push((label, socket, child));
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -71,7 +91,7 @@ fn main() {
         println!(
             "# daemon benchmark: {SUBMISSIONS} submissions of hello per intake round, \
              {INTAKE_ROUNDS} rounds; {LATENCY_ITERATIONS} closed-loop submit+wait per latency round, \
-             {LATENCY_ROUNDS} rounds; stores {STORES:?} side by side, rounds interleaved"
+             {LATENCY_ROUNDS} rounds; {labels:?} side by side, rounds interleaved"
         );
         let mut digest = None;
         for (store, socket, child) in &daemons {
@@ -84,8 +104,8 @@ fn main() {
         }
         let digest = digest.unwrap();
 
-        let mut one = vec![Vec::new(); STORES.len()];
-        let mut many = vec![Vec::new(); STORES.len()];
+        let mut one = vec![Vec::new(); labels.len()];
+        let mut many = vec![Vec::new(); labels.len()];
         for round in 1..=INTAKE_ROUNDS {
             for (i, (store, socket, _)) in daemons.iter().enumerate() {
                 for (clients, rates) in [(1, &mut one[i]), (CLIENTS, &mut many[i])] {
@@ -99,8 +119,8 @@ fn main() {
                 }
             }
         }
-        let mut p50 = vec![Vec::new(); STORES.len()];
-        let mut p99 = vec![Vec::new(); STORES.len()];
+        let mut p50 = vec![Vec::new(); labels.len()];
+        let mut p99 = vec![Vec::new(); labels.len()];
         for round in 1..=LATENCY_ROUNDS {
             for (i, (store, socket, _)) in daemons.iter().enumerate() {
                 let mut samples = latency(socket, digest, LATENCY_ITERATIONS).await;
@@ -111,7 +131,7 @@ fn main() {
                 p99[i].push(t);
             }
         }
-        for (i, store) in STORES.iter().enumerate() {
+        for (i, store) in labels.iter().enumerate() {
             println!(
                 "{store}: intake, 1 pipelined client: median {:.0} submissions/s (min {:.0}, max {:.0})",
                 median(&one[i]),
@@ -128,6 +148,13 @@ fn main() {
                 "{store}: submit-to-outcome latency, closed loop: median of round medians {:.1} µs, median of round p99s {:.1} µs",
                 median(&p50[i]),
                 median(&p99[i])
+            );
+        }
+        if baseline.is_some() {
+            println!(
+                "sqlite/sqlite@baseline: intake, {CLIENTS} pipelined clients {:.2}x; submit-to-outcome median {:.2}x",
+                median(&many[1]) / median(&many[2]),
+                median(&p50[1]) / median(&p50[2])
             );
         }
         println!(
@@ -152,7 +179,12 @@ fn main() {
 async fn restart_with_queued(dir: &Path) {
     let socket = dir.join("restart.sock");
     let state = dir.join("restart-state");
-    let mut daemon = start_daemon(&socket, &state, "sqlite");
+    let mut daemon = start_daemon(
+        Path::new(env!("CARGO_BIN_EXE_host")),
+        &socket,
+        &state,
+        "sqlite",
+    );
     let sleeper = upload(&socket, &std::fs::read(plugin_artifacts::SLEEPER).unwrap()).await;
     let hello = upload(&socket, &std::fs::read(plugin_artifacts::HELLO).unwrap()).await;
     let (mut reader, mut writer) = connect(&socket).await;
@@ -201,7 +233,12 @@ async fn restart_with_queued(dir: &Path) {
     let _ = daemon.kill();
     let _ = daemon.wait();
     let started = Instant::now();
-    let mut daemon = start_daemon(&socket, &state, "sqlite");
+    let mut daemon = start_daemon(
+        Path::new(env!("CARGO_BIN_EXE_host")),
+        &socket,
+        &state,
+        "sqlite",
+    );
     let took = started.elapsed();
     let (mut reader, mut writer) = connect(&socket).await;
     let queued = match call(&mut reader, &mut writer, Request::Slots).await {
@@ -230,8 +267,8 @@ fn rss(pid: u32) -> String {
 
 /// Starts the release daemon with limits high enough that nothing throttles,
 /// and returns once it listens.
-fn start_daemon(socket: &Path, state: &Path, store: &str) -> Child {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_host"))
+fn start_daemon(host: &Path, socket: &Path, state: &Path, store: &str) -> Child {
+    let mut child = Command::new(host)
         .args(["serve", "--socket"])
         .arg(socket)
         .arg("--state-dir")
