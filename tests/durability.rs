@@ -184,30 +184,36 @@ fn kill_9_then_restart_keeps_every_accepted_task_and_its_id() {
     );
 }
 
-#[test]
-fn a_graceful_stop_keeps_queued_work_for_the_next_start() {
-    let mut d = Daemon::start(&[]);
+/// A sleeper named `owner` running in `slot`, and `hello` named `name`
+/// queued behind it with this input; returns the queued one's id.
+fn owner_with_one_queued(d: &Daemon, slot: &str, name: &str, input: &str) -> String {
     d.submit(&[
         &p("sleeper"),
         "--name",
         "owner",
         "--slot",
-        "s",
+        slot,
         "--param",
         "ms=600000",
     ]);
     d.wait_until_state("owner", "running");
-    let queued = d.submit(&[
+    d.submit(&[
         &p("hello"),
         "--name",
-        "later",
+        name,
         "--slot",
-        "s",
+        slot,
         "--policy",
         "queue",
         "--input",
-        "still here",
-    ]);
+        input,
+    ])
+}
+
+#[test]
+fn a_graceful_stop_keeps_queued_work_for_the_next_start() {
+    let mut d = Daemon::start(&[]);
+    let queued = owner_with_one_queued(&d, "s", "later", "still here");
     let waiter = d.spawn(&["wait", "later"]);
 
     let out = d.run(&["shutdown", "--grace", "5s"]);
@@ -235,25 +241,7 @@ fn a_graceful_stop_keeps_queued_work_for_the_next_start() {
 #[test]
 fn a_store_from_an_older_version_is_migrated_and_its_work_resumed() {
     let mut d = Daemon::start(&[]);
-    d.submit(&[
-        &p("sleeper"),
-        "--name",
-        "owner",
-        "--slot",
-        "m",
-        "--param",
-        "ms=600000",
-    ]);
-    d.wait_until_state("owner", "running");
-    let queued = d.submit(&[
-        &p("hello"),
-        "--slot",
-        "m",
-        "--policy",
-        "queue",
-        "--input",
-        "migrated",
-    ]);
+    let queued = owner_with_one_queued(&d, "m", "queued", "migrated");
     kill_9(&mut d);
     // Back to schema 1, as the first durable release wrote it.
     let db = d.dir.path().join("state/taskhost.db");

@@ -135,8 +135,12 @@ impl TaskBody for PluginTask {
         })
     }
 
-    fn hurry(&self, deadline: std::time::Instant) -> Option<Box<dyn Send>> {
-        Some(Box::new(self.runtime.hurry_at(deadline)))
+    fn hurry(
+        &self,
+        deadline: std::time::Instant,
+        abort: &Arc<std::sync::atomic::AtomicBool>,
+    ) -> Option<Box<dyn Send>> {
+        Some(Box::new(self.runtime.hurry_at(deadline, Arc::clone(abort))))
     }
 
     fn describe(&self) -> String {

@@ -335,8 +335,12 @@ impl TaskBody for Recorded {
         })
     }
 
-    fn hurry(&self, deadline: std::time::Instant) -> Option<Box<dyn Send>> {
-        self.task.hurry(deadline)
+    fn hurry(
+        &self,
+        deadline: std::time::Instant,
+        abort: &Arc<std::sync::atomic::AtomicBool>,
+    ) -> Option<Box<dyn Send>> {
+        self.task.hurry(deadline, abort)
     }
 
     fn pausing(&self, next: Resume) {

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use wasmtime::{
@@ -280,9 +280,14 @@ pub(crate) struct EpochTicker {
 /// yields its worker thread within a millisecond, so the actor that must
 /// abort one of them gets to run (with 10 ms ticks, five spinners on one
 /// thread delayed it by several ticks).
+/// An attempt's deadline, whether the attempt is alive, and its abort flag.
+type Deadline = (std::time::Instant, Weak<()>, Arc<AtomicBool>);
+
 #[derive(Debug, Default)]
 pub(crate) struct Hurry {
-    deadlines: Mutex<Vec<(std::time::Instant, Weak<()>)>>,
+    deadlines: Mutex<Vec<Deadline>>,
+    /// Wakes the ticker when a deadline is added.
+    wake: Condvar,
 }
 
 /// Keeps a force-abort deadline registered with the ticker until dropped.
@@ -292,21 +297,45 @@ pub struct HurryGuard {
 }
 
 impl Hurry {
-    fn sleep(&self, tick: Duration) -> Duration {
-        let now = std::time::Instant::now();
+    /// Waits until the next tick is due: the regular tick (`next_tick`), a
+    /// deadline coming, or every [`HURRY_TICK`] while one is overdue. A new
+    /// deadline wakes it to recompute, so one nearer than the tick is kept
+    /// exactly. On return, the abort flags of the deadlines that have come
+    /// are set (before the tick, so the guest's next epoch check traps).
+    fn wait(&self, tick: Duration, next_tick: &mut std::time::Instant) {
         let mut deadlines = self
             .deadlines
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        deadlines.retain(|(_, alive)| alive.strong_count() > 0);
-        let mut sleep = tick;
-        for (at, _) in deadlines.iter() {
-            if *at <= now {
-                return HURRY_TICK;
+        loop {
+            let now = std::time::Instant::now();
+            deadlines.retain(|(_, alive, _)| alive.strong_count() > 0);
+            let mut due = *next_tick;
+            for (at, _, abort) in deadlines.iter() {
+                // Once overdue (the flag set), tick every HURRY_TICK after
+                // the last tick (`next_tick - tick`).
+                let at = if abort.load(Ordering::Relaxed) {
+                    (*next_tick - tick + HURRY_TICK).min(*next_tick)
+                } else {
+                    *at
+                };
+                due = due.min(at);
             }
-            sleep = sleep.min(*at - now);
+            if due <= now {
+                for (at, _, abort) in deadlines.iter() {
+                    if *at <= now {
+                        abort.store(true, Ordering::SeqCst);
+                    }
+                }
+                *next_tick = now + tick;
+                return;
+            }
+            deadlines = self
+                .wake
+                .wait_timeout(deadlines, due - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
-        sleep
     }
 }
 
@@ -314,15 +343,17 @@ impl Hurry {
 const HURRY_TICK: Duration = Duration::from_millis(1);
 
 impl EpochTicker {
-    /// Registers a force-abort deadline: the ticker ticks at it, then every
-    /// millisecond until the guard is dropped (when the attempt is gone).
-    pub(crate) fn hurry_at(&self, at: std::time::Instant) -> HurryGuard {
+    /// Registers an attempt's deadline: the ticker sets `abort` and ticks at
+    /// it, then every millisecond until the guard is dropped (when the
+    /// attempt is gone).
+    pub(crate) fn hurry_at(&self, at: std::time::Instant, abort: Arc<AtomicBool>) -> HurryGuard {
         let alive = Arc::new(());
         self.hurry
             .deadlines
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push((at, Arc::downgrade(&alive)));
+            .push((at, Arc::downgrade(&alive), abort));
+        self.hurry.wake.notify_one();
         HurryGuard { _alive: alive }
     }
 
@@ -335,8 +366,9 @@ impl EpochTicker {
         std::thread::Builder::new()
             .name("taskhost-epoch".into())
             .spawn(move || {
+                let mut next_tick = std::time::Instant::now() + tick;
                 while !flag.load(Ordering::Relaxed) {
-                    std::thread::sleep(deadlines.sleep(tick));
+                    deadlines.wait(tick, &mut next_tick);
                     match weak.upgrade() {
                         Some(engine) => engine.increment_epoch(),
                         None => break,

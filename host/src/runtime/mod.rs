@@ -23,6 +23,7 @@ mod sandbox;
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::OnceCell;
@@ -100,12 +101,14 @@ impl Runtime {
         })
     }
 
-    /// Registers a force-abort deadline of an attempt of this runtime: from
-    /// then on, until the guard is dropped, the epoch ticks every
-    /// millisecond, so spinning guests give up their threads quickly and the
-    /// abort lands within about one tick.
-    pub fn hurry_at(&self, at: std::time::Instant) -> HurryGuard {
-        self.ticker.hurry_at(at)
+    /// Registers a deadline of an attempt of this runtime (a force-abort or
+    /// the end of its timeout): at the deadline the epoch ticker sets
+    /// `abort` and ticks at once, so the guest traps at its next epoch check
+    /// (within microseconds when it is running; other running guests pay one
+    /// extra yield), and from then on, until the guard is dropped, the epoch
+    /// ticks every millisecond.
+    pub fn hurry_at(&self, at: std::time::Instant, abort: Arc<AtomicBool>) -> HurryGuard {
+        self.ticker.hurry_at(at, abort)
     }
 
     /// Which instance allocator the engine uses.

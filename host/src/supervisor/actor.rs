@@ -282,24 +282,16 @@ impl Actor {
                 cancel.cancel();
                 self.entry.set_phase(TaskPhase::Stopping);
                 if let Some(at) = deadline {
-                    hurry = self.body.hurry(at.into_std());
+                    hurry = self.body.hurry(at.into_std(), &abort);
                 }
                 stop_seen = false;
             }
             // Biased: once the deadline has passed, abort without giving the
             // body another slice; a stop that arrives with a result makes
             // the attempt Stopped (an Ok after a stop is Canceled).
-            tokio::select! {
+            let forced = tokio::select! {
                 biased;
-                () = deadline_passed(deadline) => {
-                    story.record(attempt, "force-aborted".into(), started.elapsed());
-                    finish_logically(&self.shared, &self.entry, TaskOutcome::ForceAborted, story);
-                    // Stop the body: a guest traps at its next epoch tick if
-                    // it is polled again; dropping the future drops it now.
-                    abort.store(true, Ordering::SeqCst);
-                    drop(hurry);
-                    return AttemptEnd::Forced;
-                }
+                () = deadline_passed(deadline) => true,
                 changed = stop.changed() => {
                     if changed.is_err() {
                         // The entry (and its sender) lives as long as we do.
@@ -307,10 +299,27 @@ impl Actor {
                     }
                     deadline = *stop.borrow_and_update();
                     stop_seen = deadline.is_some();
+                    false
                 }
                 result = &mut body => {
-                    return if deadline.is_some() { AttemptEnd::Stopped } else { AttemptEnd::Done(result) };
+                    // A body that ended because its force-abort deadline
+                    // came (the epoch ticker aborted a guest right at it) was
+                    // force-aborted.
+                    if deadline.is_some_and(|at| Instant::now() >= at) {
+                        true
+                    } else {
+                        return if deadline.is_some() { AttemptEnd::Stopped } else { AttemptEnd::Done(result) };
+                    }
                 }
+            };
+            if forced {
+                story.record(attempt, "force-aborted".into(), started.elapsed());
+                finish_logically(&self.shared, &self.entry, TaskOutcome::ForceAborted, story);
+                // Stop the body: a guest traps at its next epoch tick if
+                // it is polled again; dropping the future drops it now.
+                abort.store(true, Ordering::SeqCst);
+                drop(hurry);
+                return AttemptEnd::Forced;
             }
         }
     }
@@ -333,12 +342,14 @@ impl Actor {
         };
         let setup = AssertUnwindSafe(self.body.attempt(ctx)).catch_unwind();
         let timeout = self.policies.timeout;
+        let body = Arc::clone(&self.body);
+        let abort = Arc::clone(abort);
         Box::pin(async move {
             let run = setup.await.unwrap_or_else(|panic| Err(panicked(&*panic)))?;
             let run = AssertUnwindSafe(run)
                 .catch_unwind()
                 .map(|r| r.unwrap_or_else(|panic| Err(panicked(&*panic))));
-            with_timeout(run, timeout).await
+            with_timeout(run, timeout, &*body, &abort).await
         })
     }
 
@@ -383,16 +394,25 @@ fn panicked(panic: &(dyn std::any::Any + Send)) -> TaskError {
 }
 
 /// Applies the per-attempt timeout: on expiry the body is dropped (for a
-/// plugin, its instance with it) and the attempt is a retryable Timeout.
+/// plugin, its instance with it) and the attempt is a retryable Timeout. The
+/// body hears of the deadline (`TaskBody::hurry`), so a guest that holds the
+/// thread is aborted right at it; an error it ends with from then on is the
+/// timeout.
 async fn with_timeout(
-    body: impl Future<Output = Result<Vec<u8>, TaskError>>,
+    run: impl Future<Output = Result<Vec<u8>, TaskError>>,
     timeout: Option<Duration>,
+    body: &dyn TaskBody,
+    abort: &Arc<AtomicBool>,
 ) -> Result<Vec<u8>, TaskError> {
-    match timeout {
-        None => body.await,
-        Some(limit) => tokio::time::timeout(limit, body)
-            .await
-            .unwrap_or(Err(TaskError::Timeout(limit))),
+    let Some(limit) = timeout else {
+        return run.await;
+    };
+    let deadline = Instant::now() + limit;
+    let _hurry = body.hurry(deadline.into_std(), abort);
+    match tokio::time::timeout_at(deadline, run).await {
+        Ok(Err(_)) if Instant::now() >= deadline => Err(TaskError::Timeout(limit)),
+        Ok(result) => result,
+        Err(_) => Err(TaskError::Timeout(limit)),
     }
 }
 

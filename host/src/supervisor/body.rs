@@ -33,12 +33,20 @@ pub trait TaskBody: Send + Sync + 'static {
     /// Sets up one attempt and returns its running part.
     fn attempt(&self, ctx: AttemptContext) -> BoxFuture<'static, Result<RunFuture, TaskError>>;
 
-    /// Called when a stop with a force-abort deadline is requested: a body
-    /// whose work cannot be preempted at any await point (a WebAssembly guest
-    /// in a loop) can make sure it gives up its thread by then. The returned
+    /// Called when an attempt gets a deadline: a stop's force-abort
+    /// deadline, or the end of its timeout. A body whose work cannot be
+    /// preempted at any await point (a WebAssembly guest in a loop) can make
+    /// sure it ends at the deadline: `abort` is the attempt's abort flag
+    /// ([`AttemptContext::abort_flag`]), and setting it at the deadline from
+    /// a thread of the body's own (a plugin's epoch ticker does) ends the
+    /// work even when the executor thread is busy with it. The returned
     /// guard is dropped when the attempt is gone.
-    fn hurry(&self, deadline: std::time::Instant) -> Option<Box<dyn Send>> {
-        let _ = deadline;
+    fn hurry(
+        &self,
+        deadline: std::time::Instant,
+        abort: &Arc<AtomicBool>,
+    ) -> Option<Box<dyn Send>> {
+        let _ = (deadline, abort);
         None
     }
 
