@@ -5,7 +5,7 @@
 use std::sync::{Arc, Condvar, Mutex};
 
 use taskhost::prelude::*;
-use taskhost::supervisor::EventKind as K;
+use taskhost::supervisor::{EventKind as K, TaskPhase};
 use tokio::time::Instant;
 
 use crate::common_sup::{
@@ -312,4 +312,42 @@ async fn the_shutdown_stuck_list_does_not_name_a_task_an_earlier_cancel_already_
         reason.contains("stuck-at-shutdown") && !reason.contains("aborted-earlier"),
         "{reason}"
     );
+}
+
+/// A shutdown with no grace while spinning guests hold the workers: the stop
+/// reaches each guest from the caller's thread and the epoch ticker aborts
+/// it at once, often in the middle of its actor's poll of the body (before
+/// the actor has seen the stop); every one is still force-aborted, never
+/// canceled (a guest aborted by its deadline did not stop cooperatively).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_grace_shutdown_force_aborts_every_spinner() {
+    let rt = runtime();
+    let spin = load(&rt, "spin").await;
+    let fx = Fixture::wasm();
+    let spinners: Vec<_> = (0..6)
+        .map(|i| {
+            fx.add(TaskSpec::once(
+                format!("spin-{i}"),
+                PluginTask::new(&rt, &spin),
+            ))
+        })
+        .collect();
+    for s in &spinners {
+        while !fx
+            .sup
+            .list()
+            .iter()
+            .any(|t| t.id == s.id() && t.phase == TaskPhase::Running)
+        {
+            tokio::task::yield_now().await;
+        }
+    }
+    let report = within(WASM_LIMIT, "shutdown", fx.sup.shutdown(ms(0))).await;
+    assert!(
+        matches!(report, ShutdownReport::GraceExceeded { .. }),
+        "{report:?}"
+    );
+    for s in spinners {
+        assert_eq!(s.wait().await, TaskOutcome::ForceAborted);
+    }
 }

@@ -269,6 +269,10 @@ impl Actor {
         let abort = Arc::new(AtomicBool::new(false));
         let body = self.body_future(attempt, &cancel, &abort);
         tokio::pin!(body);
+        // A stop from now on reaches the body at once (see request_stop);
+        // one that came before is handled below.
+        self.entry.attempt_began(&abort);
+        let _ended = AttemptEnded(&self.entry);
         // Held while a force-abort deadline is pending: a body that cannot
         // be preempted (a spinning guest) makes sure it yields by then.
         let mut hurry = None;
@@ -302,13 +306,15 @@ impl Actor {
                     false
                 }
                 result = &mut body => {
-                    // A body that ended because its force-abort deadline
-                    // came (the epoch ticker aborted a guest right at it) was
-                    // force-aborted.
-                    if deadline.is_some_and(|at| Instant::now() >= at) {
-                        true
-                    } else {
-                        return if deadline.is_some() { AttemptEnd::Stopped } else { AttemptEnd::Done(result) };
+                    // The stop as it stands now: it may have come (and been
+                    // carried out by the body's own means, the epoch ticker)
+                    // during this very poll of the body. A body that ended
+                    // once its stop's deadline had come was force-aborted.
+                    let stop_deadline = *stop.borrow();
+                    match stop_deadline {
+                        Some(at) if Instant::now() >= at => true,
+                        Some(_) => return AttemptEnd::Stopped,
+                        None => return AttemptEnd::Done(result),
                     }
                 }
             };
@@ -391,6 +397,15 @@ impl Actor {
 
 fn panicked(panic: &(dyn std::any::Any + Send)) -> TaskError {
     TaskError::fail(format!("the task body panicked: {}", panic_message(panic)))
+}
+
+/// Tells the entry its attempt is gone when the attempt's future ends.
+struct AttemptEnded<'a>(&'a TaskEntry);
+
+impl Drop for AttemptEnded<'_> {
+    fn drop(&mut self) {
+        self.0.attempt_ended();
+    }
 }
 
 /// Applies the per-attempt timeout: on expiry the body is dropped (for a

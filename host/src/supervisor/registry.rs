@@ -152,6 +152,16 @@ pub(crate) struct TaskEntry {
     /// (the two are read without a lock: a snapshot may mix two reports).
     progress_done: AtomicU64,
     progress_total: AtomicU64,
+    /// The running attempt's abort flag, and the guard of the deadline its
+    /// body was told of, so that a stop reaches the body from the stopper's
+    /// own thread (the actor's may be held by a spinning guest).
+    running: Mutex<Option<RunningAttempt>>,
+}
+
+/// What a stop needs of the running attempt.
+struct RunningAttempt {
+    abort: Arc<AtomicBool>,
+    hurry: Option<Box<dyn Send>>,
 }
 
 impl std::fmt::Debug for TaskEntry {
@@ -185,6 +195,7 @@ impl TaskEntry {
             attempts: AtomicU32::new(0),
             progress_done: AtomicU64::new(0),
             progress_total: AtomicU64::new(u64::MAX),
+            running: Mutex::new(None),
         }
     }
 
@@ -198,13 +209,38 @@ impl TaskEntry {
     /// Requests a stop that must complete by `deadline`; an earlier deadline
     /// from a later request (shutdown after cancel) wins.
     pub(crate) fn request_stop(&self, deadline: Instant) {
-        self.stop.send_if_modified(|current| match current {
+        let earlier = self.stop.send_if_modified(|current| match current {
             Some(existing) if *existing <= deadline => false,
             _ => {
                 *current = Some(deadline);
                 true
             }
         });
+        if earlier {
+            // Tell a running attempt's body now, not when the actor next
+            // runs: a guest that cannot be preempted is stopped at the
+            // deadline by the body's own means (a plugin's epoch ticker).
+            let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(attempt) = running.as_mut() {
+                attempt.hurry = self.body.hurry(deadline.into_std(), &attempt.abort);
+            }
+        }
+    }
+
+    /// An attempt with this abort flag is running (until `attempt_ended`).
+    pub(crate) fn attempt_began(&self, abort: &Arc<AtomicBool>) {
+        *self.running.lock().unwrap_or_else(PoisonError::into_inner) = Some(RunningAttempt {
+            abort: Arc::clone(abort),
+            hurry: None,
+        });
+    }
+
+    /// The running attempt is gone (its deadline guard with it).
+    pub(crate) fn attempt_ended(&self) {
+        self.running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
     }
 
     /// Makes the stop claim; true for exactly one caller.
