@@ -10,7 +10,9 @@
 //!   (`Submit`, then `Wait` for its report), 1,000 iterations: median, p99.
 //!
 //! Each runs against the memory store and the durable SQLite store side by
-//! side (rounds interleaved); then the durable store's restart with
+//! side (rounds interleaved), both on two worker threads, and against the
+//! memory store on one worker thread (how intake scales with the daemon's
+//! workers); then the durable store's restart with
 //! 10,000 queued submissions after SIGKILL: how soon it accepts again.
 //!
 //! Between rounds the daemon drains (no slot left), so rounds don't overlap.
@@ -72,13 +74,36 @@ fn main() {
             &socket,
             &dir.path().join(format!("{store}-state")),
             store,
+            &["--worker-threads", "2"],
         );
         daemons.push((store.to_string(), socket, child));
+    }
+    // The memory store again on one worker thread: how intake scales with
+    // the daemon's workers (--worker-threads) on this machine.
+    {
+        let label = "memory@1-worker".to_string();
+        let socket = dir.path().join("one-worker.sock");
+        let host = Path::new(env!("CARGO_BIN_EXE_host"));
+        let child = start_daemon(
+            host,
+            &socket,
+            &dir.path().join("one-worker-state"),
+            "memory",
+            &["--worker-threads", "1"],
+        );
+        labels.push(label.clone());
+        daemons.push((label, socket, child));
     }
     if let Some(host) = &baseline {
         let label = "sqlite@baseline".to_string();
         let socket = dir.path().join("baseline.sock");
-        let child = start_daemon(host, &socket, &dir.path().join("baseline-state"), "sqlite");
+        let child = start_daemon(
+            host,
+            &socket,
+            &dir.path().join("baseline-state"),
+            "sqlite",
+            &[],
+        );
         labels.push(label.clone());
         daemons.push((label, socket, child));
     }
@@ -150,11 +175,16 @@ fn main() {
                 median(&p99[i])
             );
         }
+        println!(
+            "memory, 2 workers / 1 worker: intake, {CLIENTS} pipelined clients {:.2}x; 1 pipelined client {:.2}x",
+            median(&many[0]) / median(&many[2]),
+            median(&one[0]) / median(&one[2])
+        );
         if baseline.is_some() {
             println!(
                 "sqlite/sqlite@baseline: intake, {CLIENTS} pipelined clients {:.2}x; submit-to-outcome median {:.2}x",
-                median(&many[1]) / median(&many[2]),
-                median(&p50[1]) / median(&p50[2])
+                median(&many[1]) / median(&many[3]),
+                median(&p50[1]) / median(&p50[3])
             );
         }
         println!(
@@ -184,6 +214,7 @@ async fn restart_with_queued(dir: &Path) {
         &socket,
         &state,
         "sqlite",
+        &[],
     );
     let sleeper = upload(&socket, &std::fs::read(plugin_artifacts::SLEEPER).unwrap()).await;
     let hello = upload(&socket, &std::fs::read(plugin_artifacts::HELLO).unwrap()).await;
@@ -238,6 +269,7 @@ async fn restart_with_queued(dir: &Path) {
         &socket,
         &state,
         "sqlite",
+        &[],
     );
     let took = started.elapsed();
     let (mut reader, mut writer) = connect(&socket).await;
@@ -267,7 +299,7 @@ fn rss(pid: u32) -> String {
 
 /// Starts the release daemon with limits high enough that nothing throttles,
 /// and returns once it listens.
-fn start_daemon(host: &Path, socket: &Path, state: &Path, store: &str) -> Child {
+fn start_daemon(host: &Path, socket: &Path, state: &Path, store: &str, extra: &[&str]) -> Child {
     let mut child = Command::new(host)
         .args(["serve", "--socket"])
         .arg(socket)
@@ -280,6 +312,7 @@ fn start_daemon(host: &Path, socket: &Path, state: &Path, store: &str) -> Child 
             "--max-slot-queue",
             "1000000",
         ])
+        .args(extra)
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::null())

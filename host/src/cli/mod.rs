@@ -160,8 +160,14 @@ pub fn main() -> ExitCode {
         "warn"
     };
     init_tracing(default_level, json_logs);
+    // The daemon's runtime has one worker per core unless told otherwise;
+    // the other verbs need little.
+    let workers = match &cli.command {
+        Command::Serve(args) => args.worker_threads(),
+        _ => 2,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()
     {

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
-use taskhost::daemon::{Client, DaemonConfig, default_state_dir, serve, socket};
+use taskhost::daemon::{
+    Client, DaemonConfig, default_state_dir, default_worker_threads, serve, socket,
+};
 use taskhost::units::{parse_duration, parse_size};
 
 use super::args::SocketArg;
@@ -18,7 +20,7 @@ pub struct ServeArgs {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, store, retain_finished, retain_for, keep_unused_plugins, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, retain_finished, retain_for, keep_unused_plugins, worker_threads, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -57,6 +59,9 @@ pub struct ServeArgs {
     /// How long an uploaded plugin no task uses (none unfinished, none finished and retained) is kept before it is deleted; collection runs at start and every minute. `host plugins prune` deletes unused ones at once [default: 1h].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     keep_unused_plugins: Option<Duration>,
+    /// Threads of the daemon's async runtime: they run the connections, the supervisor and the guests [default: one per available core].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    worker_threads: Option<u16>,
     /// Start the daemon in the background and return once its socket
     /// accepts connections; its logs go to <state dir>/daemon.log.
     #[arg(long)]
@@ -74,6 +79,14 @@ pub enum LogFormat {
 
 impl ServeArgs {
     /// The settings: defaults, then the file, then the flags.
+    /// The async runtime's worker threads this daemon asks for (the flag,
+    /// else the file, else one per core); a bad file is reported later by
+    /// `serve_cmd`.
+    pub fn worker_threads(&self) -> usize {
+        self.config()
+            .map_or_else(|_| default_worker_threads(), |c| c.worker_threads)
+    }
+
     fn config(&self) -> anyhow::Result<DaemonConfig> {
         let mut config = DaemonConfig::with_state_dir(default_state_dir());
         if let Some(file) = &self.config {
@@ -116,6 +129,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.keep_unused_plugins {
             config.keep_unused_plugins = v;
+        }
+        if let Some(v) = self.worker_threads {
+            config.worker_threads = usize::from(v);
         }
         if let Some(v) = self.epoch_tick {
             if v < Duration::from_millis(1) {

@@ -47,6 +47,16 @@ pub struct DaemonConfig {
     pub retain_for: Duration,
     /// How long a stored plugin no task uses is kept before it is collected.
     pub keep_unused_plugins: Duration,
+    /// Threads of the daemon's async runtime (at least 1). `host serve`
+    /// builds its runtime with them; a caller of [`serve`](super::serve)
+    /// runs it on a runtime of its own.
+    pub worker_threads: usize,
+}
+
+/// The default number of the daemon's async worker threads: one per
+/// available core.
+pub fn default_worker_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
 impl DaemonConfig {
@@ -67,6 +77,7 @@ impl DaemonConfig {
             retain_finished: 10_000,
             retain_for: Duration::from_secs(7 * 24 * 3600),
             keep_unused_plugins: Duration::from_secs(3600),
+            worker_threads: default_worker_threads(),
         }
     }
 
@@ -125,6 +136,12 @@ impl DaemonConfig {
         if let Some(v) = file.retain_for {
             self.retain_for = dur(&v, "retain_for")?;
         }
+        if let Some(v) = file.worker_threads {
+            if v == 0 {
+                return Err("worker_threads: must be at least 1".into());
+            }
+            self.worker_threads = v;
+        }
         if let Some(v) = file.keep_unused_plugins {
             self.keep_unused_plugins = dur(&v, "keep_unused_plugins")?;
         }
@@ -153,6 +170,7 @@ struct FileConfig {
     retain_finished: Option<usize>,
     retain_for: Option<String>,
     keep_unused_plugins: Option<String>,
+    worker_threads: Option<usize>,
 }
 
 #[cfg(test)]

@@ -153,6 +153,7 @@ pub async fn serve(
         store = ?daemon.store,
         allocator = ?runtime.allocator(),
         max_concurrent,
+        worker_threads = config.worker_threads,
         "taskhost daemon listening"
     );
     ready();

@@ -37,6 +37,6 @@ mod tasks;
 mod uploads;
 
 pub use client::{Client, ClientError, Replies};
-pub use config::DaemonConfig;
+pub use config::{DaemonConfig, default_worker_threads};
 pub use listener::{ServeError, default_state_dir, serve};
 pub use plugins::plugin_path;
