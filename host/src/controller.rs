@@ -692,6 +692,18 @@ impl Controller {
         views
     }
 
+    /// Whether a submission into `slot` would be admitted at once (no owner,
+    /// no queue, not closing). Exact while no other submission or removal
+    /// happens meanwhile.
+    pub fn is_slot_free(&self, slot: &str) -> bool {
+        let state = self.lock();
+        !state.closed
+            && state
+                .slots
+                .get(slot)
+                .is_none_or(|s| s.state == SlotState::Idle)
+    }
+
     /// The slot a queued submission waits in, if it is queued.
     pub fn queued_slot(&self, id: TaskId) -> Option<String> {
         self.lock().queued.get(&id).map(|s| s.to_string())

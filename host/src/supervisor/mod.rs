@@ -491,6 +491,12 @@ impl Supervisor {
             .is_some()
     }
 
+    /// Concurrency permits free right now (`None`: no limit). A hint: the
+    /// next attempt to start may take the last one.
+    pub fn free_permits(&self) -> Option<usize> {
+        self.shared.permits.as_ref().map(|p| p.available_permits())
+    }
+
     /// Whether shutdown has begun.
     pub fn is_shutting_down(&self) -> bool {
         self.shared.registry.is_closed()

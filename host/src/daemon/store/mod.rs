@@ -21,10 +21,13 @@ mod sqlite;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures::FutureExt;
+use futures::future::Shared;
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
@@ -85,8 +88,10 @@ impl Default for Retention {
 pub struct StoreError(pub String);
 
 /// A write's commit: resolves once the transaction holding it is durable.
+/// Clones wait for the same commit.
 #[must_use = "a ticket says when the write is durable"]
-pub struct Ticket(Option<oneshot::Receiver<Result<(), StoreError>>>);
+#[derive(Clone)]
+pub struct Ticket(Option<Shared<oneshot::Receiver<Result<(), StoreError>>>>);
 
 impl Ticket {
     /// A ticket for nothing to wait for (the memory store).
@@ -125,6 +130,10 @@ pub struct NewTask {
     pub request: SubmitRequest,
     /// Milliseconds since the Unix epoch.
     pub submitted_ms: u64,
+    /// Recorded with its first attempt already started (it was admitted at
+    /// once with a concurrency permit free): that attempt waits for this
+    /// write's commit instead of a commit of its own.
+    pub started: bool,
 }
 
 /// Where an unfinished task stood when the store last heard of it.
@@ -231,6 +240,8 @@ pub struct Store {
 struct Inner {
     /// None for the memory backend.
     writer: Option<Mutex<mpsc::Sender<Write>>>,
+    /// Writes sent and not yet applied.
+    pending: Arc<AtomicUsize>,
     reader: Option<Mutex<sqlite::Reader>>,
     first_id: u64,
     describe: String,
@@ -254,6 +265,7 @@ impl Store {
                 Self {
                     inner: Arc::new(Inner {
                         writer: None,
+                        pending: Arc::default(),
                         reader: None,
                         first_id: 1,
                         describe: "memory (nothing survives a restart)".into(),
@@ -264,9 +276,11 @@ impl Store {
             StoreSpec::Sqlite(path) => {
                 let (writer, reader, first_id, unfinished) = sqlite::open(path, retention)?;
                 let (tx, rx) = mpsc::channel();
+                let pending = Arc::new(AtomicUsize::new(0));
+                let applied = Arc::clone(&pending);
                 std::thread::Builder::new()
                     .name("taskhost-store".into())
-                    .spawn(move || writer.run(rx))
+                    .spawn(move || writer.run(rx, &applied))
                     .map_err(|e| {
                         StoreError(format!("cannot start the store's writer thread: {e}"))
                     })?;
@@ -274,6 +288,7 @@ impl Store {
                     Self {
                         inner: Arc::new(Inner {
                             writer: Some(Mutex::new(tx)),
+                            pending,
                             reader: Some(Mutex::new(reader)),
                             first_id,
                             describe: format!("sqlite {}", path.display()),
@@ -283,6 +298,12 @@ impl Store {
                 ))
             }
         }
+    }
+
+    /// Whether the writer has nothing queued: a write sent now is committed
+    /// in a transaction of its own, at once.
+    pub fn is_idle(&self) -> bool {
+        self.inner.pending.load(Ordering::Relaxed) == 0
     }
 
     /// Whether anything survives a restart.
@@ -305,16 +326,17 @@ impl Store {
         } else {
             (None, None)
         };
+        self.inner.pending.fetch_add(1, Ordering::Relaxed);
         let sent = writer
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .send(Write { op, done });
         match sent {
-            Ok(()) => Ticket(rx),
+            Ok(()) => Ticket(rx.map(FutureExt::shared)),
             Err(_) => {
                 let (tx, rx) = oneshot::channel();
                 let _ = tx.send(Err(StoreError("the store's writer stopped".into())));
-                Ticket(Some(rx))
+                Ticket(Some(rx.shared()))
             }
         }
     }

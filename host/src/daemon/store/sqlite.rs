@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -235,7 +236,7 @@ pub(super) struct Writer {
 impl Writer {
     /// Applies writes until every sender is gone: whatever is waiting when
     /// a transaction starts goes into it.
-    pub(super) fn run(mut self, rx: mpsc::Receiver<Write>) {
+    pub(super) fn run(mut self, rx: mpsc::Receiver<Write>, pending: &AtomicUsize) {
         let mut checkpoint = false;
         while let Ok(first) = rx.recv() {
             let mut batch = vec![first];
@@ -245,6 +246,7 @@ impl Writer {
                     Err(_) => break,
                 }
             }
+            let applied = batch.len();
             if batch.iter().any(|w| matches!(w.op, Op::Checkpoint)) {
                 // After this batch's commit (below, before anyone hears).
                 checkpoint = true;
@@ -280,6 +282,7 @@ impl Writer {
                     }
                 }
             }
+            pending.fetch_sub(applied, Ordering::Relaxed);
             if self.last_prune.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
                 self.last_prune = Some(Instant::now());
                 if let Err(e) = self.prune() {
@@ -298,8 +301,8 @@ impl Writer {
                     let request = postcard::to_allocvec(&task.request)
                         .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
                     tx.prepare_cached(
-                        "INSERT INTO tasks (id, name, slot, plugin, digest, request, state, submitted_ms) \
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'queued', ?7)",
+                        "INSERT INTO tasks (id, name, slot, plugin, digest, request, state, attempts, \
+                         submitted_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                     )?
                     .execute(params![
                         task.id.get() as i64,
@@ -308,6 +311,8 @@ impl Writer {
                         task.plugin,
                         digest_bytes(&task.request.plugin),
                         request,
+                        if task.started { "running" } else { "queued" },
+                        u32::from(task.started),
                         task.submitted_ms as i64
                     ])?;
                     next_id = next_id.max(task.id.get() + 1);
