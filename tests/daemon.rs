@@ -743,3 +743,34 @@ fn a_plugin_file_changed_after_submission_does_not_change_queued_work() {
     assert_eq!(v["output"], "original", "hello ran, not chatty");
     assert!(v["name"].as_str().unwrap().starts_with("hello-"), "{v}");
 }
+
+/// `serve --detach` returns once the daemon accepts, and keeps its log
+/// bounded: a `daemon.log` over 16 MiB becomes `daemon.log.1` at the next
+/// start.
+#[test]
+fn serve_detach_starts_a_new_log_past_its_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let socket = dir.path().join("h.sock");
+    std::fs::create_dir_all(&state).unwrap();
+    let big = vec![b'x'; (16 << 20) + 1];
+    std::fs::write(state.join("daemon.log"), &big).unwrap();
+
+    let out = common::run_host(&[
+        "serve",
+        "--detach",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let stop = common::run_host(&["shutdown", "--socket", socket.to_str().unwrap()]);
+    assert_eq!(stop.code, Some(0), "{}", stop.stderr);
+
+    let old = std::fs::metadata(state.join("daemon.log.1")).unwrap().len();
+    assert_eq!(old, big.len() as u64, "the old log is kept whole, once");
+    let new = std::fs::read_to_string(state.join("daemon.log")).unwrap();
+    assert!(new.len() < 1 << 20, "a new log: {} bytes", new.len());
+    assert!(new.contains("taskhost daemon listening"), "{new}");
+}

@@ -174,6 +174,9 @@ pub async fn serve_cmd(args: ServeArgs, socket_flag: Option<PathBuf>) -> anyhow:
 /// How long `serve --detach` waits for the daemon to accept connections.
 const DETACH_PATIENCE: Duration = Duration::from_secs(60);
 
+/// The size past which `serve --detach` starts a new `daemon.log`.
+const LOG_ROTATE_BYTES: u64 = 16 << 20;
+
 /// `serve --detach`: runs this same command line without `--detach` as a
 /// background process of its own process group (a Ctrl-C in this terminal
 /// does not reach it), its output appended to `<state dir>/daemon.log`, and
@@ -189,6 +192,11 @@ async fn detach(socket_path: &Path, state_dir: &Path) -> anyhow::Result<u8> {
         ))
     })?;
     let log_path = state_dir.join("daemon.log");
+    // Bounded: a log past LOG_ROTATE_BYTES becomes daemon.log.1 (replacing
+    // the one before) when the next daemon starts.
+    if std::fs::metadata(&log_path).is_ok_and(|m| m.len() > LOG_ROTATE_BYTES) {
+        let _ = std::fs::rename(&log_path, state_dir.join("daemon.log.1"));
+    }
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
