@@ -209,13 +209,16 @@ fn main() {
 async fn restart_with_queued(dir: &Path) {
     let socket = dir.join("restart.sock");
     let state = dir.join("restart-state");
-    let mut daemon = start_daemon(
-        Path::new(env!("CARGO_BIN_EXE_host")),
-        &socket,
-        &state,
-        "sqlite",
-        &[],
-    );
+    let serve = || {
+        start_daemon(
+            Path::new(env!("CARGO_BIN_EXE_host")),
+            &socket,
+            &state,
+            "sqlite",
+            &[],
+        )
+    };
+    let mut daemon = serve();
     let sleeper = upload(&socket, &std::fs::read(plugin_artifacts::SLEEPER).unwrap()).await;
     let hello = upload(&socket, &std::fs::read(plugin_artifacts::HELLO).unwrap()).await;
     let (mut reader, mut writer) = connect(&socket).await;
@@ -264,13 +267,7 @@ async fn restart_with_queued(dir: &Path) {
     let _ = daemon.kill();
     let _ = daemon.wait();
     let started = Instant::now();
-    let mut daemon = start_daemon(
-        Path::new(env!("CARGO_BIN_EXE_host")),
-        &socket,
-        &state,
-        "sqlite",
-        &[],
-    );
+    let mut daemon = serve();
     let took = started.elapsed();
     let (mut reader, mut writer) = connect(&socket).await;
     let queued = match call(&mut reader, &mut writer, Request::Slots).await {
