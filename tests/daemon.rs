@@ -774,3 +774,48 @@ fn serve_detach_starts_a_new_log_past_its_bound() {
     assert!(new.len() < 1 << 20, "a new log: {} bytes", new.len());
     assert!(new.contains("taskhost daemon listening"), "{new}");
 }
+
+/// `--plugin-cache` bounds the compiled plugins the daemon keeps in memory:
+/// the least recently used go first, stay listed and stored, and a later
+/// submission compiles them again.
+#[test]
+fn the_plugin_cache_keeps_its_bound_and_reloads_what_it_dropped() {
+    let d = Daemon::start(&["--plugin-cache", "200KiB"]);
+    let runs: [&[&str]; 4] = [
+        &["submit", &p("hello"), "--input", "one", "--wait"],
+        &["submit", &p("sleeper"), "--param", "ms=1", "--wait"],
+        &["submit", &p("flaky"), "--param", "fail_times=0", "--wait"],
+        &["submit", &p("trap"), "--wait"],
+    ];
+    for args in runs {
+        let out = d.run(args);
+        assert!(matches!(out.code, Some(0 | 1)), "{}", out.stderr);
+    }
+    let ls = || -> Vec<Value> {
+        let out = d.run(&["plugins", "ls", "--json"]);
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+        serde_json::from_str(&out.stdout).unwrap()
+    };
+    let rows = ls();
+    assert_eq!(rows.len(), 4, "every plugin stays stored: {rows:?}");
+    let loaded: Vec<&Value> = rows.iter().filter(|r| r["loaded"] == true).collect();
+    let bytes: u64 = loaded.iter().map(|r| r["bytes"].as_u64().unwrap()).sum();
+    assert!(
+        !loaded.is_empty() && bytes <= 200 << 10,
+        "at most 200 KiB of plugins loaded: {rows:?}"
+    );
+    let hello = rows.iter().find(|r| r["name"] == "hello").unwrap();
+    assert_eq!(hello["loaded"], false, "the least recently used went first");
+
+    // Dropped from memory, not from the daemon: it runs again.
+    let out = d.run(&["submit", &p("hello"), "--input", "again", "--wait"]);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (Some(0), "again"),
+        "{}",
+        out.stderr
+    );
+    let rows = ls();
+    let hello = rows.iter().find(|r| r["name"] == "hello").unwrap();
+    assert_eq!(hello["loaded"], true);
+}

@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, store, retain_finished, retain_for, keep_unused_plugins, worker_threads, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, retain_finished, retain_for, keep_unused_plugins, plugin_cache, worker_threads, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -59,6 +59,9 @@ pub struct ServeArgs {
     /// How long an uploaded plugin no task uses (none unfinished, none finished and retained) is kept before it is deleted; collection runs at start and every minute. `host plugins prune` deletes unused ones at once [default: 1h].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     keep_unused_plugins: Option<Duration>,
+    /// Most compiled plugins kept in memory, counted by the size of their components (compiled code takes a few times that); the least recently used are dropped first and compiled again when needed [default: 256MiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    plugin_cache: Option<u64>,
     /// Threads of the daemon's async runtime: they run the connections, the supervisor and the guests [default: one per available core].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     worker_threads: Option<u16>,
@@ -132,6 +135,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.worker_threads {
             config.worker_threads = usize::from(v);
+        }
+        if let Some(v) = self.plugin_cache {
+            config.plugin_cache = v;
         }
         if let Some(v) = self.epoch_tick {
             if v < Duration::from_millis(1) {

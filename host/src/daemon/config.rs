@@ -47,6 +47,8 @@ pub struct DaemonConfig {
     pub retain_for: Duration,
     /// How long a stored plugin no task uses is kept before it is collected.
     pub keep_unused_plugins: Duration,
+    /// Most bytes of compiled plugins kept in memory (by component size).
+    pub plugin_cache: u64,
     /// Threads of the daemon's async runtime (at least 1). `host serve`
     /// builds its runtime with them; a caller of [`serve`](super::serve)
     /// runs it on a runtime of its own.
@@ -78,6 +80,7 @@ impl DaemonConfig {
             retain_for: Duration::from_secs(7 * 24 * 3600),
             keep_unused_plugins: Duration::from_secs(3600),
             worker_threads: default_worker_threads(),
+            plugin_cache: 256 << 20,
         }
     }
 
@@ -136,6 +139,9 @@ impl DaemonConfig {
         if let Some(v) = file.retain_for {
             self.retain_for = dur(&v, "retain_for")?;
         }
+        if let Some(v) = file.plugin_cache {
+            self.plugin_cache = parse_size(&v).map_err(|e| format!("plugin_cache: {e}"))?;
+        }
         if let Some(v) = file.worker_threads {
             if v == 0 {
                 return Err("worker_threads: must be at least 1".into());
@@ -171,6 +177,7 @@ struct FileConfig {
     retain_for: Option<String>,
     keep_unused_plugins: Option<String>,
     worker_threads: Option<usize>,
+    plugin_cache: Option<String>,
 }
 
 #[cfg(test)]

@@ -63,7 +63,8 @@ pub async fn serve(
         &RuntimeConfig::default()
             .cache_dir(Some(config.state_dir.join("wasmtime-cache")))
             .epoch_tick(config.epoch_tick)
-            .pool_instances(config.pool_instances),
+            .pool_instances(config.pool_instances)
+            .plugin_cache_bytes(Some(config.plugin_cache)),
     )
     .map_err(|e| fail(e.to_string()))?;
     // Attempts wait for a permit rather than find the instance pool full.

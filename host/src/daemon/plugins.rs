@@ -107,11 +107,13 @@ impl Plugins {
             };
             let Ok(meta) = entry.metadata() else { continue };
             let used = refs.get(&digest).cloned().unwrap_or_default();
-            let name = self
-                .runtime
-                .plugin(&digest)
-                .map(|p| p.info().name.clone())
-                .or(used.name);
+            let name = used.name.or_else(|| {
+                self.runtime
+                    .is_cached(&digest)
+                    .then(|| self.runtime.plugin(&digest))
+                    .flatten()
+                    .map(|p| p.info().name.clone())
+            });
             rows.push(PluginRow {
                 digest,
                 name,
@@ -123,6 +125,7 @@ impl Plugins {
                     .map_or(0, |d| d.as_millis() as u64),
                 unfinished: used.unfinished,
                 finished: used.finished,
+                loaded: self.runtime.is_cached(&digest),
             });
         }
         rows.sort_by_key(|r| (r.stored_ms, r.digest.0));

@@ -227,6 +227,8 @@ pub struct PluginRow {
     pub unfinished: u64,
     /// Finished tasks, still retained, that used it.
     pub finished: u64,
+    /// Whether it is compiled and in the daemon's memory.
+    pub loaded: bool,
 }
 
 /// Where a submission went.

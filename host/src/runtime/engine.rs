@@ -62,6 +62,7 @@ pub struct RuntimeConfig {
     pub(crate) epoch_tick: Duration,
     pub(crate) allocator: AllocatorChoice,
     pub(crate) pool_instances: u32,
+    pub(crate) plugin_cache_bytes: Option<u64>,
 }
 
 impl RuntimeConfig {
@@ -71,6 +72,15 @@ impl RuntimeConfig {
     /// one).
     pub fn cache_dir(mut self, dir: Option<PathBuf>) -> Self {
         self.cache_dir = dir.map(|d| std::path::absolute(&d).unwrap_or(d));
+        self
+    }
+
+    /// Most bytes of compiled plugins kept in memory, counted by the size of
+    /// their components (compiled code takes a few times that); the least
+    /// recently used go first, and a plugin bigger than the bound alone is
+    /// still kept. `None` keeps every plugin [default: `None`].
+    pub fn plugin_cache_bytes(mut self, bytes: Option<u64>) -> Self {
+        self.plugin_cache_bytes = bytes;
         self
     }
 
@@ -103,6 +113,7 @@ impl Default for RuntimeConfig {
             epoch_tick: DEFAULT_EPOCH_TICK,
             allocator: AllocatorChoice::Auto,
             pool_instances: DEFAULT_POOL_INSTANCES,
+            plugin_cache_bytes: None,
         }
     }
 }

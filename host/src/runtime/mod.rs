@@ -21,12 +21,10 @@ mod output;
 mod plugin;
 mod sandbox;
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio::sync::OnceCell;
 use wasmtime::Engine;
 use wasmtime::component::Linker;
 
@@ -44,6 +42,8 @@ pub use plugin::{
 pub use sandbox::{DirGrant, GrantError, Sandbox, parse_env};
 
 use attempt::AttemptState;
+
+mod cache;
 
 /// The runtime could not start.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -71,7 +71,7 @@ pub struct Runtime {
     engine: Engine,
     linker: Linker<AttemptState>,
     allocator: Allocator,
-    plugins: Mutex<HashMap<Digest, Arc<OnceCell<Arc<Plugin>>>>>,
+    plugins: Mutex<cache::PluginCache>,
     ticker: engine::EpochTicker,
 }
 
@@ -96,7 +96,7 @@ impl Runtime {
             engine,
             linker,
             allocator,
-            plugins: Mutex::new(HashMap::new()),
+            plugins: Mutex::new(cache::PluginCache::new(config.plugin_cache_bytes)),
             ticker,
         })
     }
@@ -148,10 +148,7 @@ impl Runtime {
     ) -> Result<Arc<Plugin>, LoadError> {
         plugin::check_header(origin, &bytes)?;
         let digest = Digest::of(&bytes);
-        let cell = {
-            let mut plugins = self.plugins.lock().unwrap_or_else(PoisonError::into_inner);
-            Arc::clone(plugins.entry(digest).or_default())
-        };
+        let cell = self.cache().cell(digest);
         let result = cell
             .get_or_try_init(|| async {
                 let engine = self.engine.clone();
@@ -174,27 +171,37 @@ impl Runtime {
             })
             .await
             .cloned();
-        if result.is_err() {
+        match &result {
+            Ok(plugin) => self.cache().loaded(digest, plugin),
             // Failed loads are not cached; drop the empty cell.
-            let mut plugins = self.plugins.lock().unwrap_or_else(PoisonError::into_inner);
-            if plugins.get(&digest).is_some_and(|c| c.get().is_none()) {
-                plugins.remove(&digest);
-            }
+            Err(_) => self.cache().failed(&digest),
         }
         result
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, cache::PluginCache> {
+        self.plugins.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Drops the cached plugin with this digest (attempts holding it go on;
     /// a later load compiles it again). True if it was cached.
     pub fn forget(&self, digest: &Digest) -> bool {
-        let mut plugins = self.plugins.lock().unwrap_or_else(PoisonError::into_inner);
-        plugins.remove(digest).is_some()
+        self.cache().forget(digest)
     }
 
-    /// The cached plugin with this digest, if loaded.
+    /// The cached plugin with this digest, if loaded (marked as used).
     pub fn plugin(&self, digest: &Digest) -> Option<Arc<Plugin>> {
-        let plugins = self.plugins.lock().unwrap_or_else(PoisonError::into_inner);
-        plugins.get(digest).and_then(|c| c.get().cloned())
+        self.cache().get(digest)
+    }
+
+    /// Whether the plugin with this digest is in the cache.
+    pub fn is_cached(&self, digest: &Digest) -> bool {
+        self.cache().contains(digest)
+    }
+
+    /// Bytes of plugins in the cache, counted by component size.
+    pub fn cached_bytes(&self) -> u64 {
+        self.cache().bytes()
     }
 
     /// Creates a fresh store and instance for one attempt (the step before

@@ -33,7 +33,9 @@ enum PluginsCommand {
     /// List the stored plugins: digest, name, size, age, and the tasks that use them.
     ///
     /// UNFINISHED counts queued, running and pausing tasks (they need the
-    /// plugin); FINISHED counts finished tasks the store still retains.
+    /// plugin); FINISHED counts finished tasks the store still retains;
+    /// LOADED says whether it is compiled in the daemon's memory (bounded by
+    /// `host serve --plugin-cache`).
     #[command(after_long_help = "EXAMPLES:\n  host plugins ls\n  host plugins ls --json")]
     Ls(ListArgs),
     /// Delete one stored plugin by its digest or a unique start of it.
@@ -129,6 +131,7 @@ fn print_rows(rows: &[PluginRow], as_json: bool) {
                     "stored_ms": r.stored_ms,
                     "unfinished": r.unfinished,
                     "finished": r.finished,
+                    "loaded": r.loaded,
                 })
             })
             .collect();
@@ -148,11 +151,20 @@ fn print_rows(rows: &[PluginRow], as_json: bool) {
                 age(now.saturating_sub(r.stored_ms)),
                 r.unfinished.to_string(),
                 r.finished.to_string(),
+                if r.loaded { "yes" } else { "no" }.to_owned(),
             ]
         })
         .collect();
     print_table(
-        &["DIGEST", "NAME", "SIZE", "AGE", "UNFINISHED", "FINISHED"],
+        &[
+            "DIGEST",
+            "NAME",
+            "SIZE",
+            "AGE",
+            "UNFINISHED",
+            "FINISHED",
+            "LOADED",
+        ],
         &table,
     );
 }
