@@ -224,15 +224,29 @@ pub(crate) fn new_store(
     store.limiter(|state| &mut state.limiter);
     store.set_epoch_deadline(1);
     let abort = Arc::clone(&signals.abort);
+    // At each tick the guest yields to the executor. Wasmtime sets the next
+    // deadline when the guest resumes, so the yield asks for a check right
+    // then (delta 0): an abort that came while the guest waited traps it at
+    // once, and if a deadline fired anywhere meanwhile the guest yields once
+    // more, so the executor reaches the aborted guest before the others run
+    // a whole tick each; otherwise it runs on until the next tick.
+    let mut resuming = false;
+    let mut fired_at_yield = 0;
     store.epoch_deadline_callback(move |_| {
         if abort.load(Ordering::Relaxed) {
-            Ok(UpdateDeadline::Interrupt)
-        } else {
-            Ok(UpdateDeadline::YieldCustom(
-                1,
-                Box::pin(tokio::task::yield_now()),
-            ))
+            return Ok(UpdateDeadline::Interrupt);
         }
+        let fired = super::engine::ABORTS_FIRED.load(Ordering::Relaxed);
+        if resuming && fired == fired_at_yield {
+            resuming = false;
+            return Ok(UpdateDeadline::Continue(1));
+        }
+        resuming = true;
+        fired_at_yield = fired;
+        Ok(UpdateDeadline::YieldCustom(
+            0,
+            Box::pin(tokio::task::yield_now()),
+        ))
     });
     Ok((store, capture))
 }

@@ -5,7 +5,7 @@
 //! store to `attempt` and what gets compiled to `plugin`.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -334,8 +334,8 @@ impl Hurry {
             }
             if due <= now {
                 for (at, _, abort) in deadlines.iter() {
-                    if *at <= now {
-                        abort.store(true, Ordering::SeqCst);
+                    if *at <= now && !abort.swap(true, Ordering::SeqCst) {
+                        ABORTS_FIRED.fetch_add(1, Ordering::SeqCst);
                     }
                 }
                 *next_tick = now + tick;
@@ -349,6 +349,12 @@ impl Hurry {
         }
     }
 }
+
+/// How many deadlines the epoch tickers of this process have fired. A
+/// guest that resumes after a yield and sees this changed yields once more,
+/// so the executor reaches the aborted guest before the others run on (see
+/// `attempt::new_store`).
+pub(crate) static ABORTS_FIRED: AtomicU64 = AtomicU64::new(0);
 
 /// The tick while a force-abort is overdue.
 const HURRY_TICK: Duration = Duration::from_millis(1);
