@@ -791,12 +791,7 @@ fn the_plugin_cache_keeps_its_bound_and_reloads_what_it_dropped() {
         let out = d.run(args);
         assert!(matches!(out.code, Some(0 | 1)), "{}", out.stderr);
     }
-    let ls = || -> Vec<Value> {
-        let out = d.run(&["plugins", "ls", "--json"]);
-        assert_eq!(out.code, Some(0), "{}", out.stderr);
-        serde_json::from_str(&out.stdout).unwrap()
-    };
-    let rows = ls();
+    let rows = d.plugins();
     assert_eq!(rows.len(), 4, "every plugin stays stored: {rows:?}");
     let loaded: Vec<&Value> = rows.iter().filter(|r| r["loaded"] == true).collect();
     let bytes: u64 = loaded.iter().map(|r| r["bytes"].as_u64().unwrap()).sum();
@@ -815,7 +810,7 @@ fn the_plugin_cache_keeps_its_bound_and_reloads_what_it_dropped() {
         "{}",
         out.stderr
     );
-    let rows = ls();
+    let rows = d.plugins();
     let hello = rows.iter().find(|r| r["name"] == "hello").unwrap();
     assert_eq!(hello["loaded"], true);
 }

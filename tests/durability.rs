@@ -450,12 +450,7 @@ fn plugins_are_listed_removed_and_collected_when_no_task_needs_them() {
     d.submit(&[&p("sleeper"), "--name", "nap", "--param", "ms=600000"]);
     d.wait_until_state("nap", "running");
 
-    let ls = |d: &Daemon| -> Vec<Value> {
-        let out = d.run(&["plugins", "ls", "--json"]);
-        assert_eq!(out.code, Some(0), "{}", out.stderr);
-        serde_json::from_str(&out.stdout).unwrap()
-    };
-    let rows = ls(&d);
+    let rows = d.plugins();
     let row = |rows: &[Value], name: &str| rows.iter().find(|r| r["name"] == name).cloned();
     let sleeper = row(&rows, "sleeper").expect("sleeper listed");
     let hello = row(&rows, "hello").expect("hello listed");
@@ -481,7 +476,7 @@ fn plugins_are_listed_removed_and_collected_when_no_task_needs_them() {
     let out = d.run(&["plugins", "rm", &hex(&hello)[..10]]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(out.stderr.contains("1 plugin(s) removed"), "{}", out.stderr);
-    assert!(row(&ls(&d), "hello").is_none());
+    assert!(row(&d.plugins(), "hello").is_none());
     assert!(
         !d.dir
             .path()
@@ -508,7 +503,7 @@ fn plugins_are_listed_removed_and_collected_when_no_task_needs_them() {
     let _ = d.run(&["shutdown"]);
     let _ = d.finish(LIMIT);
     d.restart(&["--retain-finished", "0", "--keep-unused-plugins", "0s"]);
-    assert_eq!(ls(&d), Vec::<Value>::new());
+    assert_eq!(d.plugins(), Vec::<Value>::new());
     let stored = std::fs::read_dir(d.dir.path().join("state/plugins"))
         .unwrap()
         .count();

@@ -142,6 +142,13 @@ impl Daemon {
         serde_json::from_str(&out.stdout).expect("ps --json is an array")
     }
 
+    /// The rows of `host plugins ls --json`.
+    pub fn plugins(&self) -> Vec<serde_json::Value> {
+        let out = self.run(&["plugins", "ls", "--json"]);
+        assert_eq!(out.code, Some(0), "plugins ls: {}", out.stderr);
+        serde_json::from_str(&out.stdout).expect("plugins ls --json is an array")
+    }
+
     /// Polls `host ps` (a bounded number of times) until the task called
     /// `name` is in `state`; returns its row.
     pub fn wait_until_state(&self, name: &str, state: &str) -> serde_json::Value {
