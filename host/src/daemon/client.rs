@@ -316,39 +316,48 @@ impl Client {
 
     /// The daemon's tasks (with `all`, recently finished ones too).
     pub async fn list(&self, all: bool) -> Result<Vec<TaskRow>, ClientError> {
-        let mut replies = self.request(Request::List { all }).await?;
-        let mut rows = Vec::new();
-        loop {
-            match replies.next_reply().await? {
-                Reply::Tasks(page) => rows.extend(page),
-                Reply::End => return Ok(rows),
-                other => return Err(self.unexpected("ps", &other)),
-            }
-        }
+        self.pages(Request::List { all }, "ps", |reply| match reply {
+            Reply::Tasks(page) => Ok(page),
+            other => Err(Box::new(other)),
+        })
+        .await
     }
 
     /// The controller's slots.
     pub async fn slots(&self) -> Result<Vec<SlotView>, ClientError> {
-        let mut replies = self.request(Request::Slots).await?;
-        let mut rows = Vec::new();
-        loop {
-            match replies.next_reply().await? {
-                Reply::Slots(page) => rows.extend(page),
-                Reply::End => return Ok(rows),
-                other => return Err(self.unexpected("slots", &other)),
-            }
-        }
+        self.pages(Request::Slots, "slots", |reply| match reply {
+            Reply::Slots(page) => Ok(page),
+            other => Err(Box::new(other)),
+        })
+        .await
     }
 
     /// The daemon's stored plugins, with the tasks that use them.
     pub async fn plugins(&self) -> Result<Vec<PluginRow>, ClientError> {
-        let mut replies = self.request(Request::Plugins).await?;
+        self.pages(Request::Plugins, "plugins", |reply| match reply {
+            Reply::Plugins(page) => Ok(page),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+
+    /// Sends a request answered by pages (`page` takes one apart) ended by
+    /// [`Reply::End`]; returns the rows of every page.
+    async fn pages<T>(
+        &self,
+        body: Request,
+        what: &str,
+        page: impl Fn(Reply) -> Result<Vec<T>, Box<Reply>>,
+    ) -> Result<Vec<T>, ClientError> {
+        let mut replies = self.request(body).await?;
         let mut rows = Vec::new();
         loop {
             match replies.next_reply().await? {
-                Reply::Plugins(page) => rows.extend(page),
                 Reply::End => return Ok(rows),
-                other => return Err(self.unexpected("plugins", &other)),
+                reply => match page(reply) {
+                    Ok(part) => rows.extend(part),
+                    Err(other) => return Err(self.unexpected(what, &other)),
+                },
             }
         }
     }
