@@ -9,6 +9,8 @@ use serde::Deserialize;
 use crate::runtime::{DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES};
 use crate::units::{parse_duration, parse_size};
 
+use super::cluster::ClusterSettings;
+
 /// The daemon's default grace for running tasks at shutdown (shorter than
 /// the supervisor's 60 s default: an interactive daemon should stop fast).
 pub const DEFAULT_DAEMON_GRACE: Duration = Duration::from_secs(10);
@@ -53,6 +55,9 @@ pub struct DaemonConfig {
     /// builds its runtime with them; a caller of [`serve`](super::serve)
     /// runs it on a runtime of its own.
     pub worker_threads: usize,
+    /// Cluster mode (a `postgres://` store): this node's name, lease and
+    /// polling.
+    pub cluster: ClusterSettings,
 }
 
 /// The default number of the daemon's async worker threads: one per
@@ -81,6 +86,7 @@ impl DaemonConfig {
             keep_unused_plugins: Duration::from_secs(3600),
             worker_threads: default_worker_threads(),
             plugin_cache: 256 << 20,
+            cluster: ClusterSettings::default(),
         }
     }
 
@@ -151,6 +157,21 @@ impl DaemonConfig {
         if let Some(v) = file.keep_unused_plugins {
             self.keep_unused_plugins = dur(&v, "keep_unused_plugins")?;
         }
+        if let Some(v) = file.node_name {
+            self.cluster.node_name = Some(v);
+        }
+        if let Some(v) = file.lease {
+            self.cluster.lease = dur(&v, "lease")?;
+        }
+        if let Some(v) = file.lease_renew {
+            self.cluster.renew = dur(&v, "lease_renew")?;
+        }
+        if let Some(v) = file.cluster_poll {
+            self.cluster.poll = dur(&v, "cluster_poll")?;
+        }
+        if let Some(v) = file.cluster_notify {
+            self.cluster.notify = v;
+        }
         if self.max_connections == 0 {
             return Err("max_connections: must be at least 1".into());
         }
@@ -178,6 +199,11 @@ struct FileConfig {
     keep_unused_plugins: Option<String>,
     worker_threads: Option<usize>,
     plugin_cache: Option<String>,
+    node_name: Option<String>,
+    lease: Option<String>,
+    lease_renew: Option<String>,
+    cluster_poll: Option<String>,
+    cluster_notify: Option<bool>,
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use crate::supervisor::{
 };
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).
@@ -321,6 +321,8 @@ pub struct TaskRow {
     pub plugin: String,
     /// For a finished task, how it ended.
     pub outcome: Option<OutcomeKind>,
+    /// In cluster mode, the node running it.
+    pub node: Option<String>,
 }
 
 /// What the daemon answers. Streams end with [`Reply::End`].
