@@ -166,6 +166,16 @@ impl Postgres {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// The server's main process.
+    pub fn postmaster_pid(&self) -> u32 {
+        let pid = std::fs::read_to_string(self.data().join("postmaster.pid"))
+            .expect("postmaster.pid of a running server");
+        pid.lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .expect("a pid on postmaster.pid's first line")
+    }
+
     /// The address for `host serve --store`.
     pub fn url(&self) -> String {
         format!(
