@@ -20,6 +20,16 @@ use postgres::Postgres;
 /// A node of the cluster on `pg`, named `name`, with a short lease so that
 /// takeovers happen within the test's patience.
 fn node(pg: &Postgres, name: &str, extra: &[&str]) -> Daemon {
+    node_with_lease(pg, name, "2s", extra)
+}
+
+/// A node whose lease outlasts a loaded machine's pauses: the tests that do
+/// not kill or pause nodes must see no takeover.
+fn steady_node(pg: &Postgres, name: &str, extra: &[&str]) -> Daemon {
+    node_with_lease(pg, name, "10s", extra)
+}
+
+fn node_with_lease(pg: &Postgres, name: &str, lease: &str, extra: &[&str]) -> Daemon {
     let url = pg.url();
     let mut args = vec![
         "--store",
@@ -27,7 +37,7 @@ fn node(pg: &Postgres, name: &str, extra: &[&str]) -> Daemon {
         "--node-name",
         name,
         "--lease",
-        "2s",
+        lease,
         "--lease-renew",
         "200ms",
         "--cluster-poll",
@@ -118,9 +128,9 @@ fn assert_no_overlap(slot: &str, rows: &[Attempt]) {
 #[test]
 fn the_controller_rules_hold_across_nodes() {
     let pg = Postgres::start();
-    let n1 = node(&pg, "n1", &["--max-slot-queue", "2"]);
-    let n2 = node(&pg, "n2", &["--max-slot-queue", "2"]);
-    let n3 = node(&pg, "n3", &["--max-slot-queue", "2"]);
+    let n1 = steady_node(&pg, "n1", &["--max-slot-queue", "2"]);
+    let n2 = steady_node(&pg, "n2", &["--max-slot-queue", "2"]);
+    let n3 = steady_node(&pg, "n3", &["--max-slot-queue", "2"]);
 
     // Order: three submissions of one slot from three nodes run one after
     // the other, in the order they were accepted.
@@ -377,8 +387,8 @@ fn a_node_paused_past_its_lease_is_fenced_off() {
 #[test]
 fn without_notifications_polling_still_delivers_work_and_cancels() {
     let pg = Postgres::start();
-    let a = node(&pg, "a", &["--no-notify"]);
-    let b = node(&pg, "b", &["--no-notify"]);
+    let a = steady_node(&pg, "a", &["--no-notify"]);
+    let b = steady_node(&pg, "b", &["--no-notify"]);
     a.submit(&[&p("sleeper"), "--name", "parked", "--param", "ms=60000"]);
     wait_until(&b, "parked", "running", None);
     let started = Instant::now();
@@ -396,6 +406,35 @@ fn without_notifications_polling_still_delivers_work_and_cancels() {
     let out = a.run(&["wait", &id]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert_eq!(out.stdout, "polled");
+}
+
+#[test]
+fn logs_are_shown_by_every_node() {
+    let pg = Postgres::start();
+    let a = steady_node(&pg, "a", &[]);
+    let b = steady_node(&pg, "b", &[]);
+    let nodes = [("a", &a), ("b", &b)];
+    // Finished: any node shows the lines.
+    let id = a.submit(&[&p("chatty"), "--param", "lines=3"]);
+    assert_eq!(a.run(&["wait", &id]).code, Some(0));
+    for (_, via) in nodes {
+        let out = via.run(&["logs", &id]);
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+        assert!(out.stdout.contains("stdout line 3"), "{}", out.stdout);
+    }
+    // Running on one node: following it through the other ends when it
+    // ends, with its lines.
+    b.submit(&[&p("sleeper"), "--name", "nap", "--param", "ms=1500"]);
+    let row = wait_until(&a, "nap", "running", None);
+    let other = nodes
+        .iter()
+        .find(|(name, _)| row["node"] != *name)
+        .map(|(_, d)| *d)
+        .expect("the other node");
+    let out = other.run(&["logs", "nap", "--follow"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let (code, json) = wait_json(&a, "nap");
+    assert_eq!(code, Some(0), "the follow ended with the task: {json}");
 }
 
 /// `TASKHOST_CLUSTER_SOAK=N` submissions (default 600) over N/100 slots

@@ -24,6 +24,7 @@ use tokio::sync::{Notify, broadcast};
 use tokio_postgres::AsyncMessage;
 
 use crate::controller::{AdmissionPolicy, Submission};
+use crate::logline::{LineSink, LogLine, Stream};
 use crate::outcome::TaskOutcome;
 use crate::plugin_task::PluginTask;
 use crate::runtime::{Digest, Plugin};
@@ -41,6 +42,12 @@ use super::store::{Finished, Pause, StoreError, now_ms};
 use super::submissions;
 use super::tasks::{MAX_FINISHED, Outcome, TaskLog, TaskRecord};
 use super::uploads::Uploads;
+
+/// Lines waiting to be shipped to the database; beyond it, lines are not
+/// shipped (they stay in the node's log, and in the outcome's).
+const SHIP_QUEUE: usize = 65_536;
+/// Most lines shipped in one statement.
+const SHIP_BATCH: usize = 1_000;
 
 /// Most tasks claimed in one statement.
 const CLAIM_BATCH: usize = 64;
@@ -101,6 +108,9 @@ pub(crate) struct Cluster {
     closing: AtomicBool,
     /// When the lease was last renewed.
     renewed: Mutex<Instant>,
+    /// Lines of running tasks on their way to the database.
+    ship: tokio::sync::mpsc::Sender<(TaskId, i64, LogLine)>,
+    shipped: Mutex<Option<tokio::sync::mpsc::Receiver<(TaskId, i64, LogLine)>>>,
 }
 
 impl Cluster {
@@ -119,7 +129,10 @@ impl Cluster {
         }
         let name = settings.node_name.clone().unwrap_or_else(default_node_name);
         let node = pg.register_node(&name, capacity, settings.lease).await?;
+        let (ship, shipped) = tokio::sync::mpsc::channel(SHIP_QUEUE);
         Ok(Arc::new(Self {
+            ship,
+            shipped: Mutex::new(Some(shipped)),
             pg,
             name,
             settings,
@@ -174,6 +187,14 @@ pub(crate) fn start(daemon: &Arc<Daemon>) {
     tokio::spawn(claim_loop(Arc::downgrade(daemon)));
     tokio::spawn(lease_loop(Arc::downgrade(daemon)));
     tokio::spawn(poll_loop(Arc::downgrade(daemon)));
+    if let Some(lines) = cluster
+        .shipped
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+    {
+        tokio::spawn(ship_loop(Arc::downgrade(cluster), lines));
+    }
     if cluster.settings.notify {
         tokio::spawn(listen_loop(Arc::downgrade(daemon)));
     }
@@ -228,6 +249,45 @@ async fn claim_loop(daemon: Weak<Daemon>) {
             () = woken => {}
             () = tokio::time::sleep(cluster.settings.poll) => {}
         }
+    }
+}
+
+/// Ships the lines of the tasks this node runs, in batches.
+async fn ship_loop(
+    cluster: Weak<Cluster>,
+    mut lines: tokio::sync::mpsc::Receiver<(TaskId, i64, LogLine)>,
+) {
+    let mut batch = Vec::with_capacity(SHIP_BATCH);
+    while lines.recv_many(&mut batch, SHIP_BATCH).await > 0 {
+        let Some(cluster) = cluster.upgrade() else {
+            return;
+        };
+        if let Err(err) = cluster.pg.ship_lines(&batch).await {
+            tracing::warn!("cannot ship {} log lines: {err}", batch.len());
+        }
+        batch.clear();
+    }
+}
+
+/// A claimed task's lines: into the node's log, and shipped to the
+/// database so that every node's `host logs` shows them.
+struct Shipping {
+    log: Arc<TaskLog>,
+    id: TaskId,
+    token: i64,
+    ship: tokio::sync::mpsc::Sender<(TaskId, i64, LogLine)>,
+}
+
+impl LineSink for Shipping {
+    fn push(&self, attempt: u32, stream: Stream, text: &str) {
+        self.log.push(attempt, stream, text);
+        let line = LogLine {
+            attempt,
+            stream,
+            text: text.to_owned(),
+        };
+        // Full: the line stays in this node's log and in the outcome's.
+        let _ = self.ship.try_send((self.id, self.token, line));
     }
 }
 
@@ -526,7 +586,12 @@ async fn run_claimed(daemon: &Arc<Daemon>, cluster: &Arc<Cluster>, task: Claimed
         .input(std::mem::take(&mut request.input))
         .params(std::mem::take(&mut request.params))
         .sandbox(sandbox)
-        .sink(Arc::clone(&log) as _);
+        .sink(Arc::new(Shipping {
+            log: Arc::clone(&log),
+            id,
+            token,
+            ship: cluster.ship.clone(),
+        }) as _);
     let body = Arc::new(Fenced {
         cluster: Arc::clone(cluster),
         id,
@@ -902,17 +967,14 @@ pub(crate) async fn handle(
                     reply.send(Reply::End).await;
                 }
                 Ok(None) => {
-                    let node = found.node_name.unwrap_or_else(|| "another node".into());
-                    reply
-                        .error(
-                            ErrorKind::Invalid,
-                            format!(
-                                "task {} has not finished and its lines are on node {node}: ask \
-                                 that node (`host logs {} --socket …`), or any node once it ends",
-                                found.id, found.id
-                            ),
-                        )
-                        .await;
+                    // Running elsewhere (or not started): the lines its node
+                    // shipped, then (following) new ones until it ends.
+                    let cluster = Arc::clone(cluster);
+                    tokio::spawn(async move {
+                        let _ = reply
+                            .until_gone(follow_shipped(&cluster, &reply, found.id, follow))
+                            .await;
+                    });
                 }
                 Err(err) => reply.error(ErrorKind::Internal, err.to_string()).await,
             }
@@ -920,6 +982,54 @@ pub(crate) async fn handle(
         other => return Some((other, reply)),
     }
     None
+}
+
+/// Sends a task's shipped lines; following, polls for more until it ends,
+/// then the lines of its recorded log not sent yet.
+async fn follow_shipped(cluster: &Cluster, reply: &Replier, id: TaskId, follow: bool) {
+    let mut after = 0;
+    let mut sent = 0usize;
+    loop {
+        match cluster.pg.shipped_lines(id, after).await {
+            Ok((lines, last)) => {
+                after = last;
+                let more = lines.len() == SHIP_BATCH;
+                for line in lines {
+                    if !reply.send(Reply::Log(line)).await {
+                        return;
+                    }
+                    sent += 1;
+                }
+                if more {
+                    continue;
+                }
+            }
+            Err(err) => {
+                reply.error(ErrorKind::Internal, err.to_string()).await;
+                return;
+            }
+        }
+        if !follow {
+            break;
+        }
+        match cluster.pg.finished(id).await {
+            Ok(Some(finished)) => {
+                for line in finished.log.into_iter().skip(sent) {
+                    if !reply.send(Reply::Log(line)).await {
+                        return;
+                    }
+                }
+                break;
+            }
+            Ok(None) => {}
+            Err(err) => {
+                reply.error(ErrorKind::Internal, err.to_string()).await;
+                return;
+            }
+        }
+        tokio::time::sleep(cluster.settings.poll.min(Duration::from_millis(250))).await;
+    }
+    reply.send(Reply::End).await;
 }
 
 /// The task a target names, or a NotFound reply.

@@ -29,9 +29,10 @@ use super::super::protocol::{Placement, SubmitRequest, Submitted, TaskRow, TaskS
 use super::{Finished, Pause, StoreError, Unfinished, UnfinishedState, now_ms};
 
 /// The migrations, in order; `taskhost_schema.version` counts those applied.
-const MIGRATIONS: &[&str] = &[include_str!(
-    "../../../migrations/postgres/0001_cluster.sql"
-)];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../../migrations/postgres/0001_cluster.sql"),
+    include_str!("../../../migrations/postgres/0002_logs.sql"),
+];
 
 /// The advisory lock that serialises migrations of nodes starting together.
 const MIGRATION_LOCK: i64 = 0x7461_736b_686f_7374;
@@ -183,7 +184,6 @@ pub(crate) enum Canceled {
 pub(crate) struct Found {
     pub id: TaskId,
     pub state: String,
-    pub node_name: Option<String>,
 }
 
 /// What became of a task taken over from a dead node.
@@ -1118,7 +1118,6 @@ impl Pg {
         Ok(row.map(|r| Found {
             id: id_of(r.get(0)),
             state: r.get(1),
-            node_name: r.get(3),
         }))
     }
 
@@ -1245,6 +1244,66 @@ impl Pg {
         Ok(slots)
     }
 
+    /// Ships lines of running tasks, each kept only while its claim (task,
+    /// token) holds.
+    pub(crate) async fn ship_lines(
+        &self,
+        lines: &[(TaskId, i64, LogLine)],
+    ) -> Result<(), StoreError> {
+        let mut ids = Vec::with_capacity(lines.len());
+        let mut tokens = Vec::with_capacity(lines.len());
+        let mut encoded = Vec::with_capacity(lines.len());
+        for (id, token, line) in lines {
+            ids.push(sql_id(*id));
+            tokens.push(*token);
+            encoded.push(encode(line)?);
+        }
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "INSERT INTO taskhost_logs (task_id, line) \
+                 SELECT u.id, u.line FROM unnest($1::bigint[], $2::bigint[], $3::bytea[]) \
+                 WITH ORDINALITY AS u(id, token, line, n) \
+                 JOIN taskhost_tasks t ON t.id = u.id AND t.token = u.token \
+                 AND t.state IN ('running', 'stopping') ORDER BY u.n",
+            )
+            .await
+            .map_err(db("cannot ship log lines"))?;
+        client
+            .execute(&stmt, &[&ids, &tokens, &encoded])
+            .await
+            .map_err(db("cannot ship log lines"))?;
+        Ok(())
+    }
+
+    /// A running task's shipped lines after `after` (a `seq`); returns them
+    /// with the last seq.
+    pub(crate) async fn shipped_lines(
+        &self,
+        id: TaskId,
+        after: i64,
+    ) -> Result<(Vec<LogLine>, i64), StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT seq, line FROM taskhost_logs WHERE task_id = $1 AND seq > $2 \
+                 ORDER BY seq LIMIT 1000",
+            )
+            .await
+            .map_err(db("cannot read log lines"))?;
+        let rows = client
+            .query(&stmt, &[&sql_id(id), &after])
+            .await
+            .map_err(db("cannot read log lines"))?;
+        let mut last = after;
+        let mut lines = Vec::with_capacity(rows.len());
+        for row in &rows {
+            last = row.get(0);
+            lines.push(decode(row.get::<_, &[u8]>(1))?);
+        }
+        Ok((lines, last))
+    }
+
     /// Whether the cluster holds this plugin.
     pub(crate) async fn has_plugin(&self, digest: &Digest) -> Result<bool, StoreError> {
         let client = self.client().await?;
@@ -1307,7 +1366,8 @@ impl Pg {
             .execute(
                 "WITH gone AS (DELETE FROM taskhost_tasks WHERE state = 'finished' AND \
                  (finished_ms < $1 OR id IN (SELECT id FROM taskhost_tasks WHERE state = 'finished' \
-                 ORDER BY finished_ms DESC OFFSET $2)) RETURNING id) \
+                 ORDER BY finished_ms DESC OFFSET $2)) RETURNING id), \
+                 lines AS (DELETE FROM taskhost_logs WHERE task_id IN (SELECT id FROM gone)) \
                  DELETE FROM taskhost_attempts WHERE task_id IN (SELECT id FROM gone)",
                 &[&cutoff, &keep],
             )
@@ -1389,15 +1449,34 @@ async fn never_ran_row(
     report_of(tx, id, TaskOutcome::Rejected { kind, reason }).await
 }
 
-/// Records a task's final report (the caller holds its slot's lock).
+/// Records a task's final report (the caller holds its slot's lock), with
+/// `log`, else the lines its node shipped (a task ended by a takeover);
+/// the shipped lines go.
 async fn end_task(
     pg: &Pg,
     tx: &tokio_postgres::Transaction<'_>,
     report: &TaskReport,
     log: &[LogLine],
 ) -> Result<(), StoreError> {
+    let shipped = tx
+        .query(
+            "DELETE FROM taskhost_logs WHERE task_id = $1 RETURNING seq, line",
+            &[&sql_id(report.id)],
+        )
+        .await
+        .map_err(db("cannot take the shipped lines"))?;
     let encoded = encode(report)?;
-    let log = encode(&log)?;
+    let log = if log.is_empty() && !shipped.is_empty() {
+        let mut lines: Vec<(i64, LogLine)> = shipped
+            .iter()
+            .map(|r| Ok((r.get(0), decode(r.get::<_, &[u8]>(1))?)))
+            .collect::<Result<_, StoreError>>()?;
+        lines.sort_by_key(|(seq, _)| *seq);
+        let lines: Vec<LogLine> = lines.into_iter().map(|(_, l)| l).collect();
+        encode(&lines)?
+    } else {
+        encode(&log)?
+    };
     tx.execute(
         "UPDATE taskhost_tasks SET state = 'finished', finished_ms = $2, outcome = $3, \
          report = $4, log = $5, attempts = $6, resume_at_ms = NULL WHERE id = $1",
