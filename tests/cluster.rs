@@ -435,6 +435,21 @@ fn logs_are_shown_by_every_node() {
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     let (code, json) = wait_json(&a, "nap");
     assert_eq!(code, Some(0), "the follow ended with the task: {json}");
+    // Events: the node that did not run it tells of its end too.
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let out = other.run(&["events", "--json", "--task", "nap"]);
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+        if out.stdout.contains("TaskFinished") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no TaskFinished of nap: {}",
+            out.stdout
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// `TASKHOST_CLUSTER_SOAK=N` submissions (default 600) over N/100 slots
@@ -592,10 +607,19 @@ fn cluster_soak_keeps_one_owner_per_slot_and_one_outcome_per_task() {
             "task {id} ended {outcome}"
         );
     }
+    let mut checked = 0;
     for s in 0..slots {
         let slot = format!("slot-{s}");
-        assert_no_overlap(&slot, &attempts(&pg, &slot));
+        let rows = attempts(&pg, &slot);
+        checked += rows.len();
+        assert_no_overlap(&slot, &rows);
     }
+    let failed = acked.iter().filter(|id| outcomes[*id] == "failed").count();
+    println!(
+        "cluster soak: {} of {total} acknowledged over {slots} slots, {failed} failed \
+         (interrupted by the kill), {checked} attempt intervals checked",
+        acked.len()
+    );
     // Each acknowledged id was answered by `host wait` on any node.
     let id = acked[acked.len() / 2].to_string();
     let out = nodes[2].run(&["wait", &id]);

@@ -29,13 +29,14 @@ use crate::outcome::TaskOutcome;
 use crate::plugin_task::PluginTask;
 use crate::runtime::{Digest, Plugin};
 use crate::supervisor::{
-    AttemptContext, Event, EventKind, Resume, RunFuture, TaskBody, TaskError, TaskId, TaskPhase,
-    TaskRef, TaskReport,
+    AttemptContext, Event, EventKind, Received, Resume, RunFuture, TaskBody, TaskError, TaskId,
+    TaskPhase, TaskRef, TaskReport,
 };
 
 use super::connection::Replier;
 use super::dispatch::send_pages;
-use super::protocol::{ErrorKind, Reply, Request, TaskState};
+use super::history::EVENT_HISTORY;
+use super::protocol::{ErrorKind, EventFilter, Reply, Request, TaskState};
 use super::state::{Daemon, RecordingGuard};
 use super::store::postgres::{self, Admission, AdmitError, Canceled, Claimed, Pg};
 use super::store::{Finished, Pause, StoreError, now_ms};
@@ -187,6 +188,10 @@ pub(crate) fn start(daemon: &Arc<Daemon>) {
     tokio::spawn(claim_loop(Arc::downgrade(daemon)));
     tokio::spawn(lease_loop(Arc::downgrade(daemon)));
     tokio::spawn(poll_loop(Arc::downgrade(daemon)));
+    tokio::spawn(event_loop(
+        Arc::downgrade(cluster),
+        daemon.controller.supervisor().subscribe(),
+    ));
     if let Some(lines) = cluster
         .shipped
         .lock()
@@ -267,6 +272,76 @@ async fn ship_loop(
         }
         batch.clear();
     }
+}
+
+/// Ships this node's events to the database in batches (best-effort, like
+/// every event stream: a lane that fell behind is said so in the log).
+async fn event_loop(cluster: Weak<Cluster>, mut lane: crate::supervisor::EventStream) {
+    let mut batch: Vec<Event> = Vec::new();
+    loop {
+        let Some(first) = lane.recv().await else {
+            return;
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(50);
+        let mut next = Some(first);
+        while let Some(received) = next.take() {
+            match received {
+                Received::Event(event) => batch.push(Event::clone(&event)),
+                Received::Dropped(n) => {
+                    tracing::warn!(
+                        "{n} events were not shipped to the cluster (the lane fell behind)"
+                    );
+                }
+            }
+            if batch.len() >= SHIP_BATCH {
+                break;
+            }
+            if let Ok(Some(more)) = tokio::time::timeout_at(deadline, lane.recv()).await {
+                next = Some(more);
+            }
+        }
+        let Some(cluster) = cluster.upgrade() else {
+            return;
+        };
+        if let Err(err) = cluster.pg.ship_events(cluster.node(), &batch).await {
+            tracing::warn!("cannot ship {} events: {err}", batch.len());
+        }
+        batch.clear();
+    }
+}
+
+/// `host events` for the whole cluster: the newest recorded events that
+/// pass the filter, then (following) new ones as they are shipped.
+async fn cluster_events(cluster: &Cluster, reply: &Replier, follow: bool, filter: &EventFilter) {
+    // None: the newest first; then everything after the last one seen.
+    let mut after: Option<i64> = None;
+    loop {
+        let newest = after.is_none();
+        match cluster.pg.events(after, EVENT_HISTORY as i64).await {
+            Ok(events) => {
+                let full = !newest && events.len() == EVENT_HISTORY;
+                after = Some(after.unwrap_or(0));
+                for event in events {
+                    after = Some(event.seq as i64);
+                    if filter.admits(&event) && !reply.send(Reply::Event(event)).await {
+                        return;
+                    }
+                }
+                if full {
+                    continue;
+                }
+            }
+            Err(err) => {
+                reply.error(ErrorKind::Internal, err.to_string()).await;
+                return;
+            }
+        }
+        if !follow {
+            break;
+        }
+        tokio::time::sleep(cluster.settings.poll.min(Duration::from_millis(200))).await;
+    }
+    reply.send(Reply::End).await;
 }
 
 /// A claimed task's lines: into the node's log, and shipped to the
@@ -978,6 +1053,14 @@ pub(crate) async fn handle(
                 }
                 Err(err) => reply.error(ErrorKind::Internal, err.to_string()).await,
             }
+        }
+        Request::Events { follow, filter } => {
+            let cluster = Arc::clone(cluster);
+            tokio::spawn(async move {
+                let _ = reply
+                    .until_gone(cluster_events(&cluster, &reply, follow, &filter))
+                    .await;
+            });
         }
         other => return Some((other, reply)),
     }

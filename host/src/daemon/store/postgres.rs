@@ -23,7 +23,7 @@ use crate::logline::LogLine;
 use crate::outcome::{OutcomeKind, RejectionKind, TaskOutcome};
 use crate::plugin_task::resolve_slot;
 use crate::runtime::{Digest, ResourceTemplate};
-use crate::supervisor::{TaskId, TaskRef, TaskReport};
+use crate::supervisor::{Event, TaskId, TaskRef, TaskReport};
 
 use super::super::protocol::{Placement, SubmitRequest, Submitted, TaskRow, TaskState};
 use super::{Finished, Pause, StoreError, Unfinished, UnfinishedState, now_ms};
@@ -32,7 +32,11 @@ use super::{Finished, Pause, StoreError, Unfinished, UnfinishedState, now_ms};
 const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/postgres/0001_cluster.sql"),
     include_str!("../../../migrations/postgres/0002_logs.sql"),
+    include_str!("../../../migrations/postgres/0003_events.sql"),
 ];
+
+/// Events kept in the database (each node prunes beyond it).
+pub(crate) const EVENTS_KEPT: i64 = 100_000;
 
 /// The advisory lock that serialises migrations of nodes starting together.
 const MIGRATION_LOCK: i64 = 0x7461_736b_686f_7374;
@@ -1304,6 +1308,58 @@ impl Pg {
         Ok((lines, last))
     }
 
+    /// Ships a node's events.
+    pub(crate) async fn ship_events(&self, node: i64, events: &[Event]) -> Result<(), StoreError> {
+        let encoded = events.iter().map(encode).collect::<Result<Vec<_>, _>>()?;
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "INSERT INTO taskhost_events (node, event) \
+                 SELECT $1, e FROM unnest($2::bytea[]) WITH ORDINALITY AS u(e, n) ORDER BY n",
+            )
+            .await
+            .map_err(db("cannot ship events"))?;
+        client
+            .execute(&stmt, &[&node, &encoded])
+            .await
+            .map_err(db("cannot ship events"))?;
+        Ok(())
+    }
+
+    /// The cluster's events after seq `after` (None: the newest `limit`),
+    /// oldest first, each with the database's seq.
+    pub(crate) async fn events(
+        &self,
+        after: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError> {
+        let client = self.client().await?;
+        let rows = if let Some(after) = after {
+            client
+                .query(
+                    "SELECT seq, event FROM taskhost_events WHERE seq > $1 ORDER BY seq LIMIT $2",
+                    &[&after, &limit],
+                )
+                .await
+        } else {
+            client
+                .query(
+                    "SELECT seq, event FROM (SELECT seq, event FROM taskhost_events \
+                     ORDER BY seq DESC LIMIT $1) e ORDER BY seq",
+                    &[&limit],
+                )
+                .await
+        }
+        .map_err(db("cannot read events"))?;
+        rows.iter()
+            .map(|r| {
+                let mut event: Event = decode(r.get::<_, &[u8]>(1))?;
+                event.seq = r.get::<_, i64>(0).max(0) as u64;
+                Ok(event)
+            })
+            .collect()
+    }
+
     /// Whether the cluster holds this plugin.
     pub(crate) async fn has_plugin(&self, digest: &Digest) -> Result<bool, StoreError> {
         let client = self.client().await?;
@@ -1373,6 +1429,13 @@ impl Pg {
             )
             .await
             .map_err(db("cannot apply retention"))?;
+        client
+            .execute(
+                "DELETE FROM taskhost_events WHERE seq <= (SELECT max(seq) FROM taskhost_events) - $1",
+                &[&EVENTS_KEPT],
+            )
+            .await
+            .map_err(db("cannot prune events"))?;
         Ok(n)
     }
 }
