@@ -452,6 +452,35 @@ fn logs_are_shown_by_every_node() {
     }
 }
 
+#[test]
+fn unused_plugins_are_collected_from_the_database() {
+    let pg = Postgres::start();
+    let a = steady_node(&pg, "a", &[]);
+    let b = steady_node(&pg, "b", &[]);
+    let stored = || {
+        pg.psql("SELECT count(*) FROM taskhost_plugins")
+            .trim()
+            .to_owned()
+    };
+    let out = a.run(&["submit", &p("hello"), "--input", "one", "--wait"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(stored(), "1", "stored once for the cluster");
+    // A retained task refers to it: kept.
+    let prune = b.run(&["plugins", "prune"]);
+    assert_eq!(prune.code, Some(0), "{}", prune.stderr);
+    assert_eq!(stored(), "1", "kept while a retained task uses it");
+    // Once retention has let its tasks go, it goes.
+    pg.psql("DELETE FROM taskhost_tasks");
+    let prune = b.run(&["plugins", "prune"]);
+    assert_eq!(prune.code, Some(0), "{}", prune.stderr);
+    assert_eq!(stored(), "0", "collected");
+    // A node that still has its own copy stores it again when it is used.
+    let out = a.run(&["submit", &p("hello"), "--input", "two", "--wait"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "two");
+    assert_eq!(stored(), "1");
+}
+
 /// `TASKHOST_CLUSTER_SOAK=N` submissions (default 600) over N/100 slots
 /// (at least 6) from 8 clients spread over three nodes; one node is killed
 /// and started again during the run.

@@ -7,3 +7,6 @@ CREATE TABLE taskhost_events (
     node  BIGINT    NOT NULL,
     event BYTEA     NOT NULL
 );
+
+-- Plugin collection asks whether any task still refers to a plugin.
+CREATE INDEX taskhost_digests ON taskhost_tasks (digest);

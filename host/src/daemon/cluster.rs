@@ -390,6 +390,15 @@ async fn poll_loop(daemon: Weak<Daemon>) {
             if let Err(err) = cluster.pg.prune(keep, age).await {
                 tracing::warn!("cannot apply retention: {err}");
             }
+            match cluster
+                .pg
+                .collect_plugins(d.config.keep_unused_plugins)
+                .await
+            {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("collected {n} plugins no task of the cluster uses"),
+                Err(err) => tracing::warn!("cannot collect plugins: {err}"),
+            }
         }
     }
 }
@@ -896,7 +905,39 @@ pub(crate) async fn handle(
                 max_slot_queue: daemon.config.max_slot_queue,
                 max_total_pending: daemon.config.max_total_pending,
             };
-            match cluster.pg.admit(&admission).await {
+            let mut admitted = cluster.pg.admit(&admission).await;
+            if matches!(admitted, Err(AdmitError::PluginGone)) {
+                // Collected from the database meanwhile: this node still
+                // has it; store it again for the others.
+                let path = super::plugins::plugin_path(
+                    &daemon.config.state_dir,
+                    &admission.request.plugin,
+                );
+                let stored = match std::fs::read(&path) {
+                    Ok(bytes) => cluster
+                        .pg
+                        .put_plugin(&admission.request.plugin, Some(&info.name), &bytes)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(format!("cannot read `{}`: {e}", path.display())),
+                };
+                admitted = match stored {
+                    Ok(()) => cluster.pg.admit(&admission).await,
+                    Err(e) => Err(AdmitError::Store(StoreError(e))),
+                };
+            }
+            match admitted {
+                Err(AdmitError::PluginGone) => {
+                    reply
+                        .error(
+                            ErrorKind::NotFound,
+                            format!(
+                                "the cluster does not hold plugin {}; upload it again",
+                                admission.request.plugin
+                            ),
+                        )
+                        .await;
+                }
                 Ok(submitted) => {
                     cluster.wake.notify_one();
                     reply.send(Reply::Submitted(submitted)).await;
@@ -1061,6 +1102,15 @@ pub(crate) async fn handle(
                     .until_gone(cluster_events(&cluster, &reply, follow, &filter))
                     .await;
             });
+        }
+        Request::RemovePlugins { prefix: None } => {
+            // `host plugins prune`: the cluster's unused plugins go at
+            // once, then this node's own copies.
+            if let Err(err) = cluster.pg.collect_plugins(Duration::ZERO).await {
+                reply.error(ErrorKind::Internal, err.to_string()).await;
+                return None;
+            }
+            return Some((Request::RemovePlugins { prefix: None }, reply));
         }
         other => return Some((other, reply)),
     }

@@ -152,6 +152,8 @@ pub(crate) struct Admission {
 pub(crate) enum AdmitError {
     /// The submission is invalid (a template parameter is missing).
     Invalid(String),
+    /// The cluster no longer holds the plugin (collected): store it again.
+    PluginGone,
     /// The database failed.
     Store(StoreError),
 }
@@ -576,6 +578,20 @@ impl Pg {
         request.policy = Some(policy);
         let encoded = encode(&request)?;
 
+        // The plugin stays while this transaction runs (collection locks
+        // it to delete it), and the task row then keeps it.
+        let plugin_row = tx
+            .prepare_cached("SELECT 1 FROM taskhost_plugins WHERE digest = $1 FOR KEY SHARE")
+            .await
+            .map_err(db("cannot check the plugin"))?;
+        if tx
+            .query_opt(&plugin_row, &[&&a.request.plugin.0[..]])
+            .await
+            .map_err(db("cannot check the plugin"))?
+            .is_none()
+        {
+            return Err(AdmitError::PluginGone);
+        }
         let ensure = tx
             .prepare_cached("INSERT INTO taskhost_slots (slot) VALUES ($1) ON CONFLICT DO NOTHING")
             .await
@@ -1384,12 +1400,49 @@ impl Pg {
         client
             .execute(
                 "INSERT INTO taskhost_plugins (digest, name, bytes, stored_ms) \
-                 VALUES ($1, $2, $3, $4) ON CONFLICT (digest) DO NOTHING",
+                 VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (digest) DO UPDATE SET stored_ms = excluded.stored_ms",
                 &[&&digest.0[..], &name, &bytes, &ms(now_ms())],
             )
             .await
             .map_err(db("cannot store a plugin"))?;
         Ok(())
+    }
+
+    /// Deletes the stored plugins that no task (unfinished, or finished and
+    /// retained) refers to and that were last stored before `keep` ago;
+    /// returns how many. A plugin an admission is using is locked, so it
+    /// is skipped.
+    pub(crate) async fn collect_plugins(&self, keep: Duration) -> Result<u64, StoreError> {
+        let cutoff = ms(now_ms().saturating_sub(keep.as_millis() as u64));
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(db("cannot start a transaction"))?;
+        let old = tx
+            .query(
+                "SELECT digest FROM taskhost_plugins WHERE stored_ms < $1 FOR UPDATE SKIP LOCKED",
+                &[&cutoff],
+            )
+            .await
+            .map_err(db("cannot list plugins"))?;
+        let mut removed = 0;
+        for row in &old {
+            let digest: &[u8] = row.get(0);
+            // A new statement, so a new snapshot: admissions that committed
+            // while this waited are seen.
+            removed += tx
+                .execute(
+                    "DELETE FROM taskhost_plugins WHERE digest = $1 AND NOT EXISTS \
+                     (SELECT 1 FROM taskhost_tasks WHERE digest = $1)",
+                    &[&digest],
+                )
+                .await
+                .map_err(db("cannot collect a plugin"))?;
+        }
+        tx.commit().await.map_err(db("cannot commit"))?;
+        Ok(removed)
     }
 
     /// A plugin's bytes, if the cluster holds it.
