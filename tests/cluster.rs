@@ -385,6 +385,57 @@ fn a_node_paused_past_its_lease_is_fenced_off() {
 }
 
 #[test]
+fn a_node_that_shuts_down_hands_its_work_over_at_once() {
+    let pg = Postgres::start();
+    let mut a = steady_node(&pg, "a", &[]);
+    a.submit(&[
+        &p("sleeper"),
+        "--name",
+        "handed",
+        "--slot",
+        "h",
+        "--param",
+        "ms=2000",
+        "--restart",
+        "on-failure",
+        "--backoff",
+        "50ms",
+    ]);
+    a.submit(&[
+        &p("hello"),
+        "--slot",
+        "h",
+        "--name",
+        "next",
+        "--input",
+        "after",
+    ]);
+    wait_until(&a, "handed", "running", Some("a"));
+    let b = steady_node(&pg, "b", &[]);
+    let stopped = Instant::now();
+    let out = a.run(&["shutdown"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let _ = a.finish(LIMIT);
+    // Taken over by b well before a's 10 s lease would have run out.
+    wait_until(&b, "handed", "running", Some("b"));
+    assert!(
+        stopped.elapsed() < Duration::from_secs(8),
+        "handed over after {:?}",
+        stopped.elapsed()
+    );
+    let (code, json) = wait_json(&b, "handed");
+    assert_eq!(code, Some(0), "{json}");
+    assert_eq!(json["attempts"], 2, "{json}");
+    let out = b.run(&["wait", "next"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(
+        out.stdout, "after",
+        "queued work stayed for the other nodes"
+    );
+    assert_no_overlap("h", &attempts(&pg, "h"));
+}
+
+#[test]
 fn without_notifications_polling_still_delivers_work_and_cancels() {
     let pg = Postgres::start();
     let a = steady_node(&pg, "a", &["--no-notify"]);

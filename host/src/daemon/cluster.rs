@@ -107,6 +107,9 @@ pub(crate) struct Cluster {
     stopped: Mutex<HashSet<TaskId>>,
     /// Set at a graceful stop: no more claims.
     closing: AtomicBool,
+    /// Set once the node has left the cluster: its lease is no longer
+    /// renewed (nor taken again).
+    left: AtomicBool,
     /// When the lease was last renewed.
     renewed: Mutex<Instant>,
     /// Lines of running tasks on their way to the database.
@@ -145,6 +148,7 @@ impl Cluster {
             claims: Mutex::default(),
             stopped: Mutex::default(),
             closing: AtomicBool::new(false),
+            left: AtomicBool::new(false),
             renewed: Mutex::new(Instant::now()),
         }))
     }
@@ -161,6 +165,18 @@ impl Cluster {
     /// Whether this node still holds `token` for `id`.
     fn holds(&self, id: TaskId, token: i64) -> bool {
         self.claims().get(&id) == Some(&token)
+    }
+
+    /// Forgets a claim that ended here (not a newer claim of the same task).
+    fn release(&self, id: TaskId, token: i64) {
+        let mut claims = self.claims();
+        if claims.get(&id) == Some(&token) {
+            claims.remove(&id);
+            self.stopped
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&id);
+        }
     }
 
     /// Stops claiming (a graceful stop).
@@ -214,6 +230,7 @@ pub(crate) async fn leave(daemon: &Arc<Daemon>) {
         return;
     };
     let node = cluster.node();
+    cluster.left.store(true, Ordering::SeqCst);
     if let Err(err) = cluster.pg.retire_node(node).await {
         tracing::error!("cannot leave the cluster ({err}); other nodes take over after the lease");
         return;
@@ -239,7 +256,10 @@ async fn claim_loop(daemon: Weak<Daemon>) {
                 Ok(claimed) => {
                     again = claimed.len() == batch;
                     for task in claimed {
-                        run_claimed(&d, &cluster, task).await;
+                        // Counted at once; a compile of its plugin does not
+                        // hold up the next claims.
+                        cluster.claims().insert(task.id, task.token);
+                        tokio::spawn(run_claimed(Arc::clone(&d), Arc::clone(&cluster), task));
                     }
                 }
                 Err(err) => tracing::warn!("cannot claim work: {err}"),
@@ -410,7 +430,9 @@ async fn lease_loop(daemon: Weak<Daemon>) {
         };
         tokio::time::sleep(cluster.settings.renew).await;
         let Some(d) = daemon.upgrade() else { return };
-        if cluster.closing.load(Ordering::SeqCst) {
+        // A stopping node keeps its lease (its attempts are still within
+        // their grace) until it has left.
+        if cluster.left.load(Ordering::SeqCst) {
             return;
         }
         let since = cluster
@@ -618,7 +640,8 @@ async fn ensure_plugin(
 }
 
 /// Runs a claimed task in this node's supervisor, and records its end.
-async fn run_claimed(daemon: &Arc<Daemon>, cluster: &Arc<Cluster>, task: Claimed) {
+async fn run_claimed(daemon: Arc<Daemon>, cluster: Arc<Cluster>, task: Claimed) {
+    let (daemon, cluster) = (&daemon, &cluster);
     let Claimed {
         id,
         token,
@@ -629,7 +652,9 @@ async fn run_claimed(daemon: &Arc<Daemon>, cluster: &Arc<Cluster>, task: Claimed
         resume_at_ms,
         submitted_ms,
     } = task;
-    cluster.claims().insert(id, token);
+    // Claimed again after this node lost it: the old attempt is physically
+    // gone before the new one starts here.
+    daemon.controller.supervisor().gone(id).await;
     let name = request
         .name
         .clone()
@@ -661,7 +686,7 @@ async fn run_claimed(daemon: &Arc<Daemon>, cluster: &Arc<Cluster>, task: Claimed
                 finished_ms: now_ms(),
             };
             record_end(cluster, token, &finished).await;
-            cluster.claims().remove(&id);
+            cluster.release(id, token);
             return;
         }
     };
@@ -735,12 +760,7 @@ async fn run_claimed(daemon: &Arc<Daemon>, cluster: &Arc<Cluster>, task: Claimed
             }
         }
         daemon.tasks.finished(id);
-        cluster.claims().remove(&id);
-        cluster
-            .stopped
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&id);
+        cluster.release(id, token);
         cluster.wake.notify_one();
     });
 }
