@@ -81,12 +81,28 @@ const RETRY_MARK: &str = " (a concurrent transaction won; retried)";
 fn error_text(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => db.message().to_owned(),
-        None => e.to_string(),
+        None => chain(e),
     }
 }
 
+/// An error with its causes, `a: b: c`.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
-    StoreError(format!("PostgreSQL: no connection: {e}"))
+    let text = match &e {
+        deadpool_postgres::PoolError::Backend(e) => error_text(e),
+        other => chain(other),
+    };
+    StoreError(format!("PostgreSQL: no connection: {text}"))
 }
 
 fn retryable(e: &StoreError) -> bool {
