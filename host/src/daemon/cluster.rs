@@ -42,7 +42,6 @@ use super::store::postgres::{self, Admission, AdmitError, Canceled, Claimed, Pg}
 use super::store::{Finished, Pause, StoreError, now_ms};
 use super::submissions;
 use super::tasks::{MAX_FINISHED, Outcome, TaskLog, TaskRecord};
-use super::uploads::Uploads;
 
 /// Lines waiting to be shipped to the database; beyond it, lines are not
 /// shipped (they stay in the node's log, and in the outcome's).
@@ -869,7 +868,6 @@ pub(crate) async fn handle(
     cluster: &Arc<Cluster>,
     request: Request,
     reply: Replier,
-    uploads: &mut Uploads,
 ) -> Option<(Request, Replier)> {
     match request {
         Request::HasPlugin(digest) => {
@@ -877,33 +875,6 @@ pub(crate) async fn handle(
                 || cluster.pg.has_plugin(&digest).await.unwrap_or(false);
             reply.send(Reply::HasPlugin(known)).await;
         }
-        Request::Upload {
-            digest,
-            offset,
-            data,
-            last,
-        } => match uploads.take(digest, offset, data, last) {
-            Err(message) => reply.error(ErrorKind::Invalid, message).await,
-            Ok(None) => {
-                reply.send(Reply::Uploaded { plugin: None }).await;
-            }
-            Ok(Some(bytes)) => {
-                let digest = Digest::of(&bytes);
-                let copy = bytes.clone();
-                match daemon.plugins.store(bytes).await {
-                    Ok(plugin) => {
-                        let name = plugin.info().name.clone();
-                        match cluster.pg.put_plugin(&digest, Some(&name), &copy).await {
-                            Ok(()) => {
-                                reply.send(Reply::Uploaded { plugin: Some(name) }).await;
-                            }
-                            Err(err) => reply.error(ErrorKind::Internal, err.to_string()).await,
-                        }
-                    }
-                    Err((kind, message)) => reply.error(kind, message).await,
-                }
-            }
-        },
         Request::Submit(request) => {
             let plugin = match ensure_plugin(daemon, cluster, &request.plugin).await {
                 Ok(plugin) => plugin,
