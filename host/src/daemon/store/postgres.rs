@@ -455,10 +455,9 @@ impl Pg {
         let settled = {
             let tx = &tx;
             {
-                let Some(slot) = slot_of(tx, id).await? else {
+                let Some(slot) = lock_slot_of(tx, id).await? else {
                     return Ok(None);
                 };
-                lock_slot(tx, &slot).await?;
                 let Some(row) = tx
                     .query_opt(
                         "SELECT t.state, t.request, t.plugin, t.attempts, t.failures, t.resume_at_ms, \
@@ -608,52 +607,47 @@ impl Pg {
         {
             return Err(AdmitError::PluginGone);
         }
+        // The slot's row, created if new, locked either way: admissions
+        // and releases in this slot wait for each other from here on.
         let ensure = tx
-            .prepare_cached("INSERT INTO taskhost_slots (slot) VALUES ($1) ON CONFLICT DO NOTHING")
+            .prepare_cached(
+                "INSERT INTO taskhost_slots (slot) VALUES ($1) \
+                 ON CONFLICT (slot) DO UPDATE SET slot = excluded.slot",
+            )
             .await
-            .map_err(db("cannot record the slot"))?;
+            .map_err(db("cannot lock the slot"))?;
         tx.execute(&ensure, &[&slot])
             .await
-            .map_err(db("cannot record the slot"))?;
-        lock_slot(&tx, &slot).await?;
-
-        let name_taken = tx
+            .map_err(db("cannot lock the slot"))?;
+        // Everything the rules read, in one round trip: a live holder of the
+        // name elsewhere, the owner, and the queue's length, head and tail.
+        let summary = tx
             .prepare_cached(
-                "SELECT id FROM taskhost_tasks WHERE name = $1 AND slot <> $2 \
-                 AND state IN ('ready', 'running', 'stopping') LIMIT 1",
+                "SELECT \
+                 (SELECT id FROM taskhost_tasks WHERE name = $2 AND slot <> $1 \
+                  AND state IN ('ready', 'running', 'stopping') LIMIT 1), \
+                 (SELECT id FROM taskhost_tasks WHERE slot = $1 \
+                  AND state IN ('ready', 'running', 'stopping')), \
+                 (SELECT count(*) FROM taskhost_tasks WHERE slot = $1 AND state = 'queued'), \
+                 (SELECT max(pos) FROM taskhost_tasks WHERE slot = $1 AND state = 'queued'), \
+                 (SELECT id FROM taskhost_tasks WHERE slot = $1 AND state = 'queued' \
+                  ORDER BY pos, id LIMIT 1), \
+                 (SELECT min(pos) FROM taskhost_tasks WHERE slot = $1 AND state = 'queued')",
             )
             .await
-            .map_err(db("cannot check the name"))?;
-        let holder = tx
-            .query_opt(&name_taken, &[&name, &slot])
+            .map_err(db("cannot read the slot"))?;
+        let row = tx
+            .query_one(&summary, &[&slot, &name])
             .await
-            .map_err(db("cannot check the name"))?;
-        let owner_stmt = tx
-            .prepare_cached(
-                "SELECT id, state, node FROM taskhost_tasks WHERE slot = $1 \
-                 AND state IN ('ready', 'running', 'stopping') FOR UPDATE",
-            )
-            .await
-            .map_err(db("cannot read the slot's owner"))?;
-        let owner = tx
-            .query_opt(&owner_stmt, &[&slot])
-            .await
-            .map_err(db("cannot read the slot's owner"))?
-            .map(|r| (id_of(r.get(0)), r.get::<_, String>(1)));
-        let queue_stmt = tx
-            .prepare_cached(
-                "SELECT id, pos FROM taskhost_tasks WHERE slot = $1 AND state = 'queued' \
-                 ORDER BY pos FOR UPDATE",
-            )
-            .await
-            .map_err(db("cannot read the slot's queue"))?;
-        let queue: Vec<(TaskId, i64)> = tx
-            .query(&queue_stmt, &[&slot])
-            .await
-            .map_err(db("cannot read the slot's queue"))?
-            .iter()
-            .map(|r| (id_of(r.get(0)), r.get(1)))
-            .collect();
+            .map_err(db("cannot read the slot"))?;
+        let holder: Option<i64> = row.get(0);
+        let owner: Option<TaskId> = row.get::<_, Option<i64>>(1).map(id_of);
+        let queued = row.get::<_, i64>(2).max(0) as usize;
+        let last_pos: Option<i64> = row.get(3);
+        let head: Option<(TaskId, i64)> = row
+            .get::<_, Option<i64>>(4)
+            .map(id_of)
+            .zip(row.get::<_, Option<i64>>(5));
 
         let reject = |kind: RejectionKind, reason: String| TaskOutcome::Rejected { kind, reason };
         let pending_total = || async {
@@ -679,7 +673,7 @@ impl Pg {
         };
         // (state, position, placement, outcome when rejected)
         let (state, pos, placement) = if let Some(holder) = holder {
-            let holder: TaskId = id_of(holder.get(0));
+            let holder = id_of(holder);
             (
                 "finished",
                 0,
@@ -690,11 +684,11 @@ impl Pg {
             )
         } else {
             match (&owner, policy) {
-                (None, _) if queue.is_empty() => ("ready", 0, Placement::Running),
+                (None, _) if queued == 0 => ("ready", 0, Placement::Running),
                 (None, _) => {
                     // An ownerless slot with a queue (a release was cut
                     // short): the head goes first, this one behind.
-                    let last = queue.last().map_or(0, |q| q.1);
+                    let last = last_pos.unwrap_or(0);
                     ("queued", last + 1, Placement::Queued { owner: None })
                 }
                 (Some(_), AdmissionPolicy::DropIfRunning) => (
@@ -705,16 +699,15 @@ impl Pg {
                         format!("slot `{slot}` is busy and the policy is drop-if-running"),
                     )),
                 ),
-                (Some((owner, _)), AdmissionPolicy::Queue) => {
-                    if queue.len() >= a.max_slot_queue {
+                (Some(owner), AdmissionPolicy::Queue) => {
+                    if queued >= a.max_slot_queue {
                         (
                             "finished",
                             0,
                             Placement::Rejected(reject(
                                 RejectionKind::QueueFull,
                                 format!(
-                                    "slot `{slot}` already has {} waiting (max_slot_queue {})",
-                                    queue.len(),
+                                    "slot `{slot}` already has {queued} waiting (max_slot_queue {})",
                                     a.max_slot_queue
                                 ),
                             )),
@@ -722,7 +715,7 @@ impl Pg {
                     } else if pending_total().await? >= a.max_total_pending {
                         ("finished", 0, Placement::Rejected(pending_full()))
                     } else {
-                        let last = queue.last().map_or(0, |q| q.1);
+                        let last = last_pos.unwrap_or(0);
                         (
                             "queued",
                             last + 1,
@@ -732,8 +725,8 @@ impl Pg {
                         )
                     }
                 }
-                (Some((owner, owner_state)), AdmissionPolicy::Replace) => {
-                    let displaced = queue.first().copied();
+                (Some(owner), AdmissionPolicy::Replace) => {
+                    let displaced = head;
                     if displaced.is_none() && pending_total().await? >= a.max_total_pending {
                         ("finished", 0, Placement::Rejected(pending_full()))
                     } else {
@@ -748,14 +741,17 @@ impl Pg {
                             .await?;
                             end_task(self, &tx, &report, &[]).await?;
                         }
-                        let owner_name: String = tx
+                        // Locked: a claim may be turning it from ready to
+                        // running; this waits for that to commit.
+                        let owner_row = tx
                             .query_one(
-                                "SELECT name FROM taskhost_tasks WHERE id = $1",
+                                "SELECT name, state FROM taskhost_tasks WHERE id = $1 FOR UPDATE",
                                 &[&sql_id(*owner)],
                             )
                             .await
-                            .map_err(db("cannot read the owner"))?
-                            .get(0);
+                            .map_err(db("cannot read the owner"))?;
+                        let owner_name: String = owner_row.get(0);
+                        let owner_state: String = owner_row.get(1);
                         match owner_state.as_str() {
                             "running" => {
                                 tx.execute(
@@ -810,6 +806,9 @@ impl Pg {
             )
             .await
             .map_err(db("cannot record the submission"))?;
+        // A rejected one is inserted queued and ended at once (its report
+        // and the notification of its end).
+        let inserted = if state == "finished" { "queued" } else { state };
         tx.execute(
             &insert,
             &[
@@ -819,7 +818,7 @@ impl Pg {
                 &a.plugin,
                 &&a.request.plugin.0[..],
                 &encoded,
-                &"queued",
+                &inserted,
                 &pos,
                 &placed,
                 &now,
@@ -837,15 +836,7 @@ impl Pg {
                 );
                 end_task(self, &tx, &report, &[]).await?;
             }
-            _ if state == "ready" => {
-                tx.execute(
-                    "UPDATE taskhost_tasks SET state = 'ready' WHERE id = $1",
-                    &[&id_value],
-                )
-                .await
-                .map_err(db("cannot admit the submission"))?;
-                self.notify(&tx, READY, "").await?;
-            }
+            _ if state == "ready" => self.notify(&tx, READY, "").await?,
             _ => {}
         }
         tx.commit()
@@ -975,10 +966,9 @@ impl Pg {
             .transaction()
             .await
             .map_err(db("cannot start a transaction"))?;
-        let Some(slot) = slot_of(&tx, id).await? else {
+        let Some(slot) = lock_slot_of(&tx, id).await? else {
             return Ok(false);
         };
-        lock_slot(&tx, &slot).await?;
         let mine = tx
             .prepare_cached(
                 "SELECT 1 FROM taskhost_tasks WHERE id = $1 AND token = $2 \
@@ -1031,10 +1021,9 @@ impl Pg {
             .transaction()
             .await
             .map_err(db("cannot start a transaction"))?;
-        let Some(slot) = slot_of(&tx, id).await? else {
+        let Some(slot) = lock_slot_of(&tx, id).await? else {
             return Ok(Canceled::Already);
         };
-        lock_slot(&tx, &slot).await?;
         let row = tx
             .query_one(
                 "SELECT state, node FROM taskhost_tasks WHERE id = $1 FOR UPDATE",
@@ -1524,28 +1513,24 @@ fn outcome_kind(text: &str) -> Option<OutcomeKind> {
     .find(|k| k.as_str() == text)
 }
 
-async fn slot_of(
-    tx: &tokio_postgres::Transaction<'_>,
+/// Locks the slot of task `id` (the row lock every decision in a slot
+/// takes first); returns the slot, None for an unknown task.
+async fn lock_slot_of(
+    tx: &deadpool_postgres::Transaction<'_>,
     id: TaskId,
 ) -> Result<Option<String>, StoreError> {
-    Ok(tx
-        .query_opt(
-            "SELECT slot FROM taskhost_tasks WHERE id = $1",
-            &[&sql_id(id)],
+    let stmt = tx
+        .prepare_cached(
+            "SELECT s.slot FROM taskhost_slots s \
+             WHERE s.slot = (SELECT slot FROM taskhost_tasks WHERE id = $1) FOR UPDATE",
         )
         .await
-        .map_err(db("cannot read a task's slot"))?
+        .map_err(db("cannot lock the slot"))?;
+    Ok(tx
+        .query_opt(&stmt, &[&sql_id(id)])
+        .await
+        .map_err(db("cannot lock the slot"))?
         .map(|r| r.get(0)))
-}
-
-async fn lock_slot(tx: &tokio_postgres::Transaction<'_>, slot: &str) -> Result<(), StoreError> {
-    tx.query_opt(
-        "SELECT 1 FROM taskhost_slots WHERE slot = $1 FOR UPDATE",
-        &[&slot],
-    )
-    .await
-    .map_err(db("cannot lock the slot"))?;
-    Ok(())
 }
 
 /// The report of a task that ends now with `outcome`, from its row.
