@@ -327,6 +327,31 @@ fn a_killed_node_s_work_is_taken_over_after_its_lease() {
 }
 
 #[test]
+fn a_claim_whose_attempt_never_started_is_admitted_again_not_failed() {
+    let pg = Postgres::start();
+    let a = node(&pg, "a", &["--max-concurrent", "1"]);
+    // a runs one task at a time: `later` waits, admitted but unclaimed.
+    a.submit(&[&p("sleeper"), "--name", "busy", "--param", "ms=60000"]);
+    wait_until(&a, "busy", "running", Some("a"));
+    let later = a.submit(&[&p("hello"), "--name", "later", "--input", "ran once"]);
+    wait_until(&a, "later", "waiting", None);
+    // A node that died right after claiming it, before its attempt began.
+    pg.psql(&format!(
+        "WITH ghost AS (INSERT INTO taskhost_nodes (name, started_ms, lease_until, capacity) \
+         VALUES ('ghost', 0, now() - interval '1 hour', 1) RETURNING id) \
+         UPDATE taskhost_tasks SET state = 'running', node = (SELECT id FROM ghost), \
+         token = nextval('taskhost_fence') WHERE id = {later}"
+    ));
+    let out = a.run(&["cancel", "busy"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    // Taken over from the ghost: nothing had run, so it runs now.
+    let (code, json) = wait_json(&a, &later);
+    assert_eq!(code, Some(0), "{json}");
+    assert_eq!(json["attempts"], 1, "{json}");
+    assert_eq!(json["output"], "ran once", "{json}");
+}
+
+#[test]
 fn a_node_paused_past_its_lease_is_fenced_off() {
     let pg = Postgres::start();
     let mut a = node(&pg, "a", &[]);

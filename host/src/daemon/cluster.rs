@@ -665,6 +665,12 @@ async fn run_claimed(daemon: Arc<Daemon>, cluster: Arc<Cluster>, task: Claimed) 
     };
     let (plugin, sandbox) = match checked {
         Ok(found) => found,
+        Err(_) if cluster.closing.load(Ordering::SeqCst) => {
+            // Claimed as this node began to stop: no attempt started, so
+            // leaving the cluster admits it again for the others.
+            cluster.release(id, token);
+            return;
+        }
         Err((_, message)) => {
             // It cannot run here (its plugin or a granted directory is
             // missing on this node): it ends, as it would at submission.

@@ -479,11 +479,28 @@ impl Pg {
                 let resume_at: Option<i64> = row.get(5);
                 let submitted_ms = row.get::<_, i64>(6).max(0) as u64;
                 let name: String = row.get(7);
+                let now = ms(now_ms());
+                let interrupted = tx
+                    .execute(
+                        "UPDATE taskhost_attempts SET ended_ms = $2, result = 'interrupted' \
+                         WHERE task_id = $1 AND ended_ms IS NULL",
+                        &[&sql_id(id), &now],
+                    )
+                    .await
+                    .map_err(db("cannot close an interrupted attempt"))?;
+                // Claimed, but no attempt had started since (and none was
+                // pausing): nothing was interrupted; it is admitted again.
+                let state = match unfinished_state(&state) {
+                    UnfinishedState::Running if interrupted == 0 && resume_at.is_none() => {
+                        UnfinishedState::Queued
+                    }
+                    other => other,
+                };
                 let unfinished = Unfinished {
                     id,
                     plugin: plugin.clone(),
                     request,
-                    state: unfinished_state(&state),
+                    state,
                     attempts,
                     submitted_ms,
                     pause: resume_at.map(|until| Pause {
@@ -491,14 +508,6 @@ impl Pg {
                         failures,
                     }),
                 };
-                let now = ms(now_ms());
-                tx.execute(
-                    "UPDATE taskhost_attempts SET ended_ms = $2, result = 'interrupted' \
-                     WHERE task_id = $1 AND ended_ms IS NULL",
-                    &[&sql_id(id), &now],
-                )
-                .await
-                .map_err(db("cannot close an interrupted attempt"))?;
                 let why = match super::super::recovery::fate(&unfinished) {
                     super::super::recovery::Fate::Place(resume, why) => {
                         let resume_at = now.saturating_add(resume.delay.as_millis() as i64);
