@@ -645,3 +645,74 @@ fn deploy_posts_its_payload_and_fails_on_an_error_status() {
     assert_eq!(out.stdout, "deployed to dev (dry run: no endpoint)");
     assert_eq!(server.requests().len(), 2);
 }
+
+/// A server whose first request of each path is held and later ones are
+/// answered `again PATH`.
+fn once_held_server() -> Server {
+    let seen_paths = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    Server::start(move |seen| {
+        let mut paths = seen_paths.lock().unwrap();
+        let first = !paths.contains(&seen.path);
+        paths.push(seen.path.clone());
+        if first {
+            Answer::Hold
+        } else {
+            Answer::With(200, Vec::new(), format!("again {}", seen.path))
+        }
+    })
+}
+
+#[test]
+fn a_recovered_task_keeps_its_grant_within_the_new_ceiling() {
+    let mut kept = once_held_server();
+    let mut dropped = once_held_server();
+    let mut d = Daemon::start(&[
+        "--allow-http",
+        &kept.origin(),
+        "--allow-http",
+        &dropped.origin(),
+    ]);
+    for (name, server) in [("kept", &mut kept), ("dropped", &mut dropped)] {
+        let url = format!("url={}", server.url("/x"));
+        d.submit(&[
+            &p("http-get"),
+            "--param",
+            &url,
+            "--allow-http",
+            &server.origin(),
+            "--name",
+            name,
+            "--restart",
+            "on-failure",
+        ]);
+        assert_eq!(server.next_request(LIMIT).path, "/x");
+    }
+    // kill -9 while both requests are in flight.
+    let mut process = d.process.take().expect("running");
+    process.child.kill().expect("SIGKILL");
+    let _ = process.child.wait();
+    kept.closed("/x", PROMPT);
+    dropped.closed("/x", PROMPT);
+
+    // The new ceiling covers only `kept`'s grant: `kept` runs again with
+    // the grant the store kept; `dropped` ends failed, naming its grant.
+    d.restart(&["--allow-http", &kept.origin()]);
+    let out = d.run(&["wait", "kept"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "HTTP 200\nagain /x");
+    let out = d.run(&["wait", "dropped", "--json"]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let v = json(&out);
+    assert_eq!(v["outcome"], "failed", "{v}");
+    let reason = v["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!(
+            "--allow-http {} is beyond what this daemon allows ({})",
+            dropped.origin(),
+            kept.origin()
+        )),
+        "{reason}"
+    );
+    assert_eq!(kept.requests().len(), 2);
+    assert_eq!(dropped.requests().len(), 1, "{:?}", dropped.requests());
+}
