@@ -65,7 +65,7 @@ pub struct ServeArgs {
     /// Threads of the daemon's async runtime: they run the connections, the supervisor and the guests [default: one per available core].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     worker_threads: Option<u16>,
-    /// The most outbound HTTP a submission may be granted (repeatable; same forms as submit --allow-http): a submission's --allow-http must each be within one of these, or it is refused. Replaces the config file's allow_http. Without any, no submission may reach anything [default: none].
+    /// The most outbound HTTP a submission may be granted (repeatable; same forms as submit --allow-http): each --allow-http of a submission must lie within one of these, or the submission is refused. Replaces the config file's allow_http. Without any, no submission may reach anything [default: none].
     #[arg(long = "allow-http", value_name = "[http://]HOST[:PORT]", value_parser = super::args::parse_allow_http)]
     allow_http: Vec<taskhost::runtime::HttpAllow>,
     /// Start the daemon in the background and return once its socket
