@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, store, retain_finished, retain_for, keep_unused_plugins, plugin_cache, worker_threads, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, keep_unused_plugins, plugin_cache, worker_threads, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -47,7 +47,7 @@ pub struct ServeArgs {
     /// Log format on stderr (filter with RUST_LOG, default info).
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
-    /// Where accepted work is kept: `sqlite` (a file under the state directory; survives a crash), `sqlite:PATH`, or `memory` (lost when the daemon stops) [default: sqlite].
+    /// Where accepted work is kept: `sqlite` (a file under the state directory; survives a crash), `sqlite:PATH`, `postgres://USER@HOST/DB` (cluster mode: every node with the same database shares the slots; see docs/cluster.md), or `memory` (lost when the daemon stops) [default: sqlite].
     #[arg(long, value_name = "STORE")]
     store: Option<String>,
     /// Most finished tasks whose reports and logs are kept [default: 10000].
@@ -68,6 +68,21 @@ pub struct ServeArgs {
     /// The most outbound HTTP a submission may be granted (repeatable; same forms as submit --allow-http): each --allow-http of a submission must lie within one of these, or the submission is refused. Replaces the config file's allow_http. Without any, no submission may reach anything [default: none].
     #[arg(long = "allow-http", value_name = "[http://]HOST[:PORT]", value_parser = super::args::parse_allow_http)]
     allow_http: Vec<taskhost::runtime::HttpAllow>,
+    /// Cluster mode (with `--store postgres://…`): this node's name in `host ps` [default: <hostname>-<pid>].
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
+    /// Cluster mode: how long this node's lease lasts without renewal; a node silent for longer is taken over by the others [default: 10s].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    lease: Option<Duration>,
+    /// Cluster mode: how often this node renews its lease and looks for expired ones [default: 1s].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    lease_renew: Option<Duration>,
+    /// Cluster mode: how often this node polls for work, stops and outcomes in case a notification was missed [default: 1s].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    cluster_poll: Option<Duration>,
+    /// Cluster mode: send and hear no LISTEN/NOTIFY notifications, only poll (to test the fallback; slower).
+    #[arg(long)]
+    no_notify: bool,
     /// Start the daemon in the background and return once its socket
     /// accepts connections; its logs go to <state dir>/daemon.log.
     #[arg(long)]
@@ -141,6 +156,24 @@ impl ServeArgs {
         }
         if !self.allow_http.is_empty() {
             config.allow_http = self.allow_http.clone();
+        }
+        if let Some(v) = &self.node_name {
+            config.cluster.node_name = Some(v.clone());
+        }
+        if let Some(v) = self.lease {
+            config.cluster.lease = v;
+        }
+        if let Some(v) = self.lease_renew {
+            config.cluster.renew = v;
+        }
+        if let Some(v) = self.cluster_poll {
+            if v.is_zero() {
+                return Err(usage("--cluster-poll must be more than zero"));
+            }
+            config.cluster.poll = v;
+        }
+        if self.no_notify {
+            config.cluster.notify = false;
         }
         if let Some(v) = self.plugin_cache {
             config.plugin_cache = v;

@@ -9,6 +9,8 @@ use serde::Deserialize;
 use crate::runtime::{DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES, HttpAllow};
 use crate::units::{parse_duration, parse_size};
 
+use super::cluster::ClusterSettings;
+
 /// The daemon's default grace for running tasks at shutdown (shorter than
 /// the supervisor's 60 s default: an interactive daemon should stop fast).
 pub const DEFAULT_DAEMON_GRACE: Duration = Duration::from_secs(10);
@@ -57,6 +59,9 @@ pub struct DaemonConfig {
     /// `--allow-http` grants must be covered by one of these. Empty (the
     /// default): no submission may reach anything.
     pub allow_http: Vec<HttpAllow>,
+    /// Cluster mode (a `postgres://` store): this node's name, lease and
+    /// polling.
+    pub cluster: ClusterSettings,
 }
 
 /// The default number of the daemon's async worker threads: one per
@@ -86,6 +91,7 @@ impl DaemonConfig {
             worker_threads: default_worker_threads(),
             plugin_cache: 256 << 20,
             allow_http: Vec::new(),
+            cluster: ClusterSettings::default(),
         }
     }
 
@@ -162,6 +168,21 @@ impl DaemonConfig {
         if let Some(v) = file.keep_unused_plugins {
             self.keep_unused_plugins = dur(&v, "keep_unused_plugins")?;
         }
+        if let Some(v) = file.node_name {
+            self.cluster.node_name = Some(v);
+        }
+        if let Some(v) = file.lease {
+            self.cluster.lease = dur(&v, "lease")?;
+        }
+        if let Some(v) = file.lease_renew {
+            self.cluster.renew = dur(&v, "lease_renew")?;
+        }
+        if let Some(v) = file.cluster_poll {
+            self.cluster.poll = dur(&v, "cluster_poll")?;
+        }
+        if let Some(v) = file.cluster_notify {
+            self.cluster.notify = v;
+        }
         if self.max_connections == 0 {
             return Err("max_connections: must be at least 1".into());
         }
@@ -190,6 +211,11 @@ struct FileConfig {
     worker_threads: Option<usize>,
     plugin_cache: Option<String>,
     allow_http: Option<Vec<String>>,
+    node_name: Option<String>,
+    lease: Option<String>,
+    lease_renew: Option<String>,
+    cluster_poll: Option<String>,
+    cluster_notify: Option<bool>,
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 use crate::logline::LogLine;
 use crate::supervisor::{Event, Received, TaskPhase, TaskRef};
 
+use super::cluster;
 use super::connection::Replier;
 use super::plugins;
 use super::protocol::{ErrorKind, EventFilter, LIST_PAGE, Reply, Request, TaskRow, TaskState};
@@ -26,6 +27,13 @@ pub(crate) async fn handle(
     reply: Replier,
     uploads: &mut Uploads,
 ) {
+    let (request, reply) = match &daemon.cluster {
+        Some(cluster) => match cluster::handle(daemon, cluster, request, reply, uploads).await {
+            Some(rest) => rest,
+            None => return,
+        },
+        None => (request, reply),
+    };
     match request {
         Request::HasPlugin(digest) => {
             reply
@@ -130,9 +138,13 @@ pub(crate) async fn handle(
         Request::Shutdown { grace, cancel_all } => {
             let daemon = Arc::clone(daemon);
             daemon.shutdown_requested.store(true, Ordering::SeqCst);
-            daemon
-                .keep_unfinished
-                .store(daemon.store.is_durable() && !cancel_all, Ordering::SeqCst);
+            daemon.keep_unfinished.store(
+                (daemon.store.is_durable() || daemon.cluster.is_some()) && !cancel_all,
+                Ordering::SeqCst,
+            );
+            if let Some(cluster) = &daemon.cluster {
+                cluster.stop_claiming();
+            }
             tokio::spawn(async move {
                 let grace = grace.unwrap_or(daemon.config.grace);
                 let report = daemon.controller.shutdown(grace).await;
@@ -245,6 +257,7 @@ async fn list(daemon: &Daemon, all: bool, reply: &Replier) {
             progress: t.progress,
             plugin: t.body,
             outcome: None,
+            node: None,
         })
         .collect();
     rows.extend(daemon.controller.queued_all().into_iter().map(|q| TaskRow {
@@ -257,6 +270,7 @@ async fn list(daemon: &Daemon, all: bool, reply: &Replier) {
         progress: None,
         plugin: q.body,
         outcome: None,
+        node: None,
     }));
     if all {
         let live: std::collections::HashSet<_> = rows.iter().map(|r| r.id).collect();
@@ -278,6 +292,7 @@ async fn list(daemon: &Daemon, all: bool, reply: &Replier) {
                         progress: None,
                         plugin: r.plugin,
                         outcome: Some(report.outcome.kind()),
+                        node: None,
                     })
                 }),
         );
@@ -302,6 +317,7 @@ async fn list(daemon: &Daemon, all: bool, reply: &Replier) {
                     progress: None,
                     plugin: f.plugin,
                     outcome: Some(f.report.outcome.kind()),
+                    node: None,
                 }),
         );
     }
@@ -310,7 +326,7 @@ async fn list(daemon: &Daemon, all: bool, reply: &Replier) {
 }
 
 /// Sends rows in pages of at most [`LIST_PAGE`], then [`Reply::End`].
-async fn send_pages<T>(reply: &Replier, rows: Vec<T>, page: impl Fn(Vec<T>) -> Reply) {
+pub(crate) async fn send_pages<T>(reply: &Replier, rows: Vec<T>, page: impl Fn(Vec<T>) -> Reply) {
     let mut rows = rows.into_iter().peekable();
     while rows.peek().is_some() {
         let chunk: Vec<T> = rows.by_ref().take(LIST_PAGE).collect();

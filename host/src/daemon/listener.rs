@@ -17,6 +17,7 @@ use crate::runtime::{Runtime, RuntimeConfig};
 use crate::supervisor::{ShutdownReport, Supervisor};
 use crate::units::format_duration;
 
+use super::cluster::{self, Cluster};
 use super::config::DaemonConfig;
 use super::connection;
 use super::history::History;
@@ -24,7 +25,7 @@ use super::plugins::{self, Plugins};
 use super::recovery;
 use super::socket;
 use super::state::Daemon;
-use super::store::{Retention, Store, StoreSpec};
+use super::store::{Retention, Store, StoreSpec, postgres};
 use super::tasks::Tasks;
 
 /// How long, after the shutdown, open connections get to deliver their last
@@ -84,7 +85,21 @@ pub async fn serve(
         max_age: config.retain_for,
     };
     let (store, unfinished) = Store::open(&spec, retention).map_err(|e| fail(e.to_string()))?;
-    if !store.is_durable() {
+    let cluster = match &spec {
+        StoreSpec::Postgres(url) => {
+            let pool = config.max_connections.clamp(4, 16);
+            let pg = postgres::open(url, config.cluster.notify, pool)
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            Some(
+                Cluster::join(pg, config.cluster.clone(), max_concurrent)
+                    .await
+                    .map_err(|e| fail(e.to_string()))?,
+            )
+        }
+        _ => None,
+    };
+    if cluster.is_none() && !store.is_durable() {
         tracing::warn!("the store is memory: accepted work is lost when the daemon stops");
     }
     let supervisor = Supervisor::builder()
@@ -111,6 +126,7 @@ pub async fn serve(
         tasks: Tasks::default(),
         history,
         store,
+        cluster,
         admission: Mutex::new(()),
         keep_unfinished: AtomicBool::new(false),
         shutdown_requested: AtomicBool::new(false),
@@ -128,6 +144,7 @@ pub async fn serve(
             "recovered unfinished work from the store"
         );
     }
+    cluster::start(&daemon);
     // Unused plugins: collected before the daemon listens, then every
     // minute (blocking file work under the admission lock, off the async
     // workers).
@@ -151,7 +168,7 @@ pub async fn serve(
     tracing::info!(
         socket = %socket_path.display(),
         state_dir = %config.state_dir.display(),
-        store = ?daemon.store,
+        store = %daemon.cluster.as_ref().map_or_else(|| format!("{:?}", daemon.store), |c| format!("{:?} (node {})", c.pg, c.node())),
         allocator = ?runtime.allocator(),
         max_concurrent,
         worker_threads = config.worker_threads,
@@ -207,9 +224,12 @@ pub async fn serve(
         .load(std::sync::atomic::Ordering::SeqCst)
     {
         daemon.keep_unfinished.store(
-            daemon.store.is_durable(),
+            daemon.store.is_durable() || daemon.cluster.is_some(),
             std::sync::atomic::Ordering::SeqCst,
         );
+    }
+    if let Some(cluster) = &daemon.cluster {
+        cluster.stop_claiming();
     }
     let _ = std::fs::remove_file(&socket_path);
     tracing::info!(grace = %format_duration(grace), "taskhost daemon shutting down");
@@ -232,6 +252,8 @@ pub async fn serve(
     if let Err(err) = daemon.store.close().committed().await {
         tracing::error!("the store's last writes failed: {err}");
     }
+    // A cluster node's unfinished work goes to the other nodes now.
+    cluster::leave(&daemon).await;
     // Every waiter's report is on its way: let the connections put them on
     // the wire before the process exits (a client gets its report and
     // leaves; one that lingers is not waited for long).

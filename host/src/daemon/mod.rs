@@ -21,6 +21,7 @@
 //! | `state` | what the connections share |
 
 mod client;
+mod cluster;
 pub mod config;
 mod connection;
 mod dispatch;
@@ -37,6 +38,7 @@ mod tasks;
 mod uploads;
 
 pub use client::{Client, ClientError, Replies};
+pub use cluster::ClusterSettings;
 pub use config::{DaemonConfig, default_worker_threads};
 pub use listener::{ServeError, default_state_dir, serve};
 pub use plugins::plugin_path;

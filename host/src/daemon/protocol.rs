@@ -22,7 +22,7 @@ use crate::supervisor::{
 };
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).
@@ -103,10 +103,10 @@ pub struct SubmitRequest {
     pub allow_http: Vec<HttpAllow>,
 }
 
-/// A [`SubmitRequest`] as protocol 4 stored it (before `allow_http`), so
-/// that the rows of an older daemon's store still decode.
+/// A [`SubmitRequest`] as protocols 4 and 5 stored it (before
+/// `allow_http`), so that the rows of an older daemon's store still decode.
 #[derive(Deserialize)]
-struct SubmitRequestV4 {
+struct SubmitRequestV5 {
     plugin: Digest,
     name: Option<String>,
     slot: Option<String>,
@@ -124,14 +124,14 @@ struct SubmitRequestV4 {
 
 impl SubmitRequest {
     /// Decodes a request a store kept (postcard): the current layout, else
-    /// the layout of protocol 4, which had no `allow_http` (such a task is
+    /// the layout of protocols 4 and 5, which had no `allow_http` (such a task is
     /// granted no HTTP, as it was then).
     pub fn decode_stored(bytes: &[u8]) -> Result<Self, postcard::Error> {
         let current = postcard::from_bytes::<Self>(bytes);
         if current.is_ok() {
             return current;
         }
-        match postcard::from_bytes::<SubmitRequestV4>(bytes) {
+        match postcard::from_bytes::<SubmitRequestV5>(bytes) {
             Ok(old) => Ok(Self {
                 plugin: old.plugin,
                 name: old.name,
@@ -375,6 +375,8 @@ pub struct TaskRow {
     pub plugin: String,
     /// For a finished task, how it ended.
     pub outcome: Option<OutcomeKind>,
+    /// In cluster mode, the node running it.
+    pub node: Option<String>,
 }
 
 /// What the daemon answers. Streams end with [`Reply::End`].
@@ -520,12 +522,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stored_requests_of_protocol_4_still_decode() {
+    fn stored_requests_of_protocols_4_and_5_still_decode() {
         let mut request = SubmitRequest::new(Digest::of(b"plugin"));
         request.name = Some("nap".into());
         request.env = vec![("K".into(), "V".into())];
         request.timeout = Some(Duration::from_secs(3));
-        // Protocol 4 had no trailing `allow_http`: an empty one is one zero
+        // Protocols 4 and 5 had no trailing `allow_http`: an empty one is one zero
         // byte (its length) at the end.
         let mut old = postcard::to_allocvec(&request).unwrap();
         assert_eq!(old.pop(), Some(0));

@@ -39,14 +39,14 @@ pub(crate) struct Recovered {
 pub const INTERRUPTED: &str = "interrupted: the host stopped";
 
 /// What becomes of one unfinished task.
-enum Fate {
+pub(crate) enum Fate {
     /// Placed again, resuming here; the text says why.
     Place(Resume, String),
     /// Ended with this outcome; the text says why.
     End(TaskOutcome, String),
 }
 
-fn fate(task: &Unfinished) -> Fate {
+pub(crate) fn fate(task: &Unfinished) -> Fate {
     let attempts = task.attempts;
     let resume = Resume {
         attempts,

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use crate::controller::Controller;
 
+use super::cluster::Cluster;
 use super::config::DaemonConfig;
 use super::history::History;
 use super::plugins::Plugins;
@@ -26,6 +27,9 @@ pub(crate) struct Daemon {
     pub history: Arc<History>,
     /// Where accepted work, its state and its outcomes are kept.
     pub store: Store,
+    /// In cluster mode, this node's part of the cluster (the shared
+    /// database holds the work; `store` is then memory and unused).
+    pub cluster: Option<Arc<Cluster>>,
     /// Held from a submission's id to its placement, so the store's order
     /// of submissions is the controller's.
     pub admission: Mutex<()>,

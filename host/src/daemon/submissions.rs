@@ -98,12 +98,14 @@ fn check_http_ceiling(ceiling: &[HttpAllow], wanted: &[HttpAllow]) -> Result<(),
     })
 }
 
-/// Validates, records and places one submission.
-pub(crate) async fn place(
-    daemon: &Arc<Daemon>,
-    mut request: SubmitRequest,
-    origin: Origin,
-) -> Result<(Submitted, Ticket), (ErrorKind, String)> {
+/// The checks every submission passes before anything is recorded: the
+/// daemon is taking work, the input fits, the plugin is known, the grants
+/// are valid and cover what the plugin declares. Returns the plugin and the
+/// sandbox its attempts get.
+pub(crate) async fn check(
+    daemon: &Daemon,
+    request: &SubmitRequest,
+) -> Result<(Arc<crate::runtime::Plugin>, Sandbox), (ErrorKind, String)> {
     let invalid = |m: String| (ErrorKind::Invalid, m);
     let controller = &daemon.controller;
     if controller.supervisor().is_shutting_down() {
@@ -150,6 +152,20 @@ pub(crate) async fn place(
     sandbox
         .check_capabilities(&info.capabilities)
         .map_err(|e| invalid(e.to_string()))?;
+
+    Ok((plugin, sandbox))
+}
+
+/// Validates, records and places one submission.
+pub(crate) async fn place(
+    daemon: &Arc<Daemon>,
+    mut request: SubmitRequest,
+    origin: Origin,
+) -> Result<(Submitted, Ticket), (ErrorKind, String)> {
+    let invalid = |m: String| (ErrorKind::Invalid, m);
+    let controller = &daemon.controller;
+    let (plugin, sandbox) = check(daemon, &request).await?;
+    let info = plugin.info();
 
     let store = &daemon.store;
     // From here to the decision, one submission at a time.
@@ -244,15 +260,7 @@ pub(crate) async fn place(
     } else {
         Arc::new(plugin_task)
     };
-    let mut spec = TaskSpec::with_body(name.clone(), body)
-        .with_slot(slot.clone())
-        .with_restart(request.restart.unwrap_or(RestartPolicy::Never))
-        .with_max_retries(request.max_retries)
-        .with_timeout(request.timeout.unwrap_or_default())
-        .resuming(resume);
-    if let Some(backoff) = request.backoff {
-        spec = spec.with_backoff(backoff);
-    }
+    let spec = spec_for(&request, name.clone(), slot.clone(), body, resume);
 
     let (waiter, placed) =
         controller.submit_placed(reservation, Submission::new(spec).policy(policy));
@@ -339,9 +347,30 @@ pub(crate) async fn place(
     ))
 }
 
+/// The supervisor's spec of a submission's task: its policies from the
+/// request, resuming where it stood.
+pub(crate) fn spec_for(
+    request: &SubmitRequest,
+    name: String,
+    slot: String,
+    body: Arc<dyn TaskBody>,
+    resume: Resume,
+) -> TaskSpec {
+    let mut spec = TaskSpec::with_body(name, body)
+        .with_slot(slot)
+        .with_restart(request.restart.unwrap_or(RestartPolicy::Never))
+        .with_max_retries(request.max_retries)
+        .with_timeout(request.timeout.unwrap_or_default())
+        .resuming(resume);
+    if let Some(backoff) = request.backoff.clone() {
+        spec = spec.with_backoff(backoff);
+    }
+    spec
+}
+
 /// The outcomes a graceful stop with a durable store gives, which the next
 /// start replaces with the real end.
-fn left_for_next_start(outcome: &TaskOutcome) -> bool {
+pub(crate) fn left_for_next_start(outcome: &TaskOutcome) -> bool {
     matches!(
         outcome,
         TaskOutcome::Canceled

@@ -98,6 +98,14 @@ impl Ids {
         }
     }
 
+    /// A reservation for an id minted elsewhere (a cluster's database).
+    pub(crate) fn adopt(&self, id: TaskId) -> Reservation {
+        Reservation {
+            id,
+            issuer: self.issuer,
+        }
+    }
+
     /// A reservation for an id an earlier run minted: only below the first
     /// id of this run, and once per id.
     pub(crate) fn restore(&self, id: TaskId) -> Option<Reservation> {

@@ -282,6 +282,32 @@ impl Supervisor {
         self.shared.ids.restore(id)
     }
 
+    /// A reservation for an id minted outside this supervisor (a cluster's
+    /// database hands out every id). The registry still refuses an id that
+    /// is registered, so no entry can be overwritten.
+    pub(crate) fn adopt(&self, id: TaskId) -> Reservation {
+        self.shared.ids.adopt(id)
+    }
+
+    /// Stops a registered task at once, whatever stop was requested before
+    /// (its grace is cut to zero): for attempts that must not go on, such
+    /// as those of a cluster node that lost its lease. False if unknown.
+    pub(crate) fn abort_now(&self, target: impl Into<TaskRef>) -> bool {
+        let Some(entry) = self.shared.registry.get(&target.into()) else {
+            return false;
+        };
+        if entry.claim() {
+            self.shared
+                .publish(Event::new(EventKind::TaskRemoveRequested).task(
+                    entry.id,
+                    &entry.name,
+                    &entry.slot,
+                ));
+        }
+        entry.request_stop(tokio::time::Instant::now());
+        true
+    }
+
     /// A new reader of every event from now on.
     pub fn subscribe(&self) -> EventStream {
         self.shared.bus.subscribe()

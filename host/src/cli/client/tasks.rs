@@ -97,6 +97,7 @@ pub async fn ps(args: PsArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8
     if tasks.is_empty() && !args.all {
         eprintln!("no live tasks (finished ones: host ps --all)");
     }
+    let clustered = tasks.iter().any(|t| t.node.is_some());
     let rows: Vec<Vec<String>> = tasks
         .iter()
         .map(|t| {
@@ -104,7 +105,7 @@ pub async fn ps(args: PsArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8
                 Some(outcome) => format!("{} ({outcome})", t.state.as_str()),
                 None => t.state.as_str().to_owned(),
             };
-            vec![
+            let mut row = vec![
                 t.id.to_string(),
                 t.name.clone(),
                 t.slot.clone(),
@@ -114,15 +115,20 @@ pub async fn ps(args: PsArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8
                 t.progress
                     .map_or_else(|| "-".into(), |(done, total)| progress_text(done, total)),
                 t.plugin.clone(),
-            ]
+            ];
+            if clustered {
+                row.push(t.node.clone().unwrap_or_else(|| "-".into()));
+            }
+            row
         })
         .collect();
-    print_table(
-        &[
-            "ID", "NAME", "SLOT", "STATE", "ATTEMPTS", "AGE", "PROGRESS", "PLUGIN",
-        ],
-        &rows,
-    );
+    let mut header = vec![
+        "ID", "NAME", "SLOT", "STATE", "ATTEMPTS", "AGE", "PROGRESS", "PLUGIN",
+    ];
+    if clustered {
+        header.push("NODE");
+    }
+    print_table(&header, &rows);
     Ok(0)
 }
 
@@ -137,6 +143,7 @@ fn row_json(t: &TaskRow) -> serde_json::Value {
         "progress": t.progress.map(|(done, total)| json!({ "done": done, "total": total })),
         "plugin": t.plugin,
         "outcome": t.outcome,
+        "node": t.node,
     })
 }
 

@@ -17,6 +17,7 @@
 //! in-process semantics, the store records what they decided, and
 //! [`recovery`](super::recovery) rebuilds them from it at start.
 
+pub(crate) mod postgres;
 mod sqlite;
 
 use std::collections::HashMap;
@@ -44,12 +45,18 @@ pub enum StoreSpec {
     Memory,
     /// SQLite at this path (default: `<state dir>/taskhost.db`).
     Sqlite(PathBuf),
+    /// A PostgreSQL database shared by the nodes of a cluster (a
+    /// `postgres://` or `postgresql://` address).
+    Postgres(String),
 }
 
 impl StoreSpec {
-    /// Parses `memory`, `sqlite` (the default file under `state_dir`) or
-    /// `sqlite:PATH`.
+    /// Parses `memory`, `sqlite` (the default file under `state_dir`),
+    /// `sqlite:PATH`, or a `postgres://…` address (cluster mode).
     pub fn parse(text: &str, state_dir: &Path) -> Result<Self, String> {
+        if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            return Ok(Self::Postgres(text.to_owned()));
+        }
         match text {
             "memory" => Ok(Self::Memory),
             "sqlite" => Ok(Self::Sqlite(state_dir.join("taskhost.db"))),
@@ -57,7 +64,8 @@ impl StoreSpec {
                 Some(path) if !path.is_empty() => Ok(Self::Sqlite(PathBuf::from(path))),
                 _ => Err(format!(
                     "unknown store `{other}`: use `sqlite` (the default, a file under the state \
-                     directory), `sqlite:PATH`, or `memory` (nothing survives a restart)"
+                     directory), `sqlite:PATH`, `postgres://USER@HOST/DB` (cluster mode), or \
+                     `memory` (nothing survives a restart)"
                 )),
             },
         }
@@ -261,7 +269,9 @@ impl Store {
         retention: Retention,
     ) -> Result<(Self, Vec<Unfinished>), StoreError> {
         match spec {
-            StoreSpec::Memory => Ok((
+            // A cluster node keeps nothing of its own: the shared database
+            // holds its work (`postgres`).
+            StoreSpec::Memory | StoreSpec::Postgres(_) => Ok((
                 Self {
                     inner: Arc::new(Inner {
                         writer: None,

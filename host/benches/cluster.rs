@@ -1,0 +1,353 @@
+//! Cluster benchmark: `host serve --store postgres://…` nodes on one real
+//! PostgreSQL that the benchmark starts itself (as the cluster tests do),
+//! driven through the library's `Client`.
+//!
+//! - throughput with 1, 2 and 3 nodes: 2,000 `hello` submissions (each its
+//!   own slot) spread over the nodes by 8 pipelined clients, until every
+//!   outcome is recorded; tasks/s, and the share of the CPU time the
+//!   database's processes used (this 2-core machine runs everything, so
+//!   the point is the overhead and the shape, not scaling);
+//! - submit → start across two nodes: a closed loop of 200 submissions of
+//!   `hello` through node 1, from the client's send to the attempt's
+//!   recorded start (whichever node claimed it): p50, p99;
+//! - cancel → stop across nodes: 40 `sleeper`s, each submitted through
+//!   node 1, and once running (on either node) canceled through the node
+//!   that does not run it: from the cancel's send to the outcome's arrival;
+//! - takeover: a restartable `sleeper` running on a node that is killed
+//!   (SIGKILL); the time until its next attempt starts on the other node,
+//!   against the configured lease.
+//!
+//! Run with `cargo bench -p taskhost --bench cluster`.
+
+#[path = "../../tests/common/postgres.rs"]
+mod postgres;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use taskhost::daemon::Client;
+use taskhost::daemon::protocol::{Placement, Reply, Request, SubmitRequest};
+use taskhost::supervisor::TaskRef;
+
+const THROUGHPUT_TASKS: usize = 2_000;
+const CLIENTS: usize = 8;
+const LATENCY_SAMPLES: usize = 200;
+const CANCEL_SAMPLES: usize = 40;
+const LEASE: &str = "2s";
+const RENEW: &str = "200ms";
+
+struct Node {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_node(dir: &Path, pg: &postgres::Postgres, name: &str) -> Node {
+    let socket = dir.join(format!("{name}.sock"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_host"))
+        .args([
+            "serve",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--state-dir",
+            dir.join(format!("{name}-state")).to_str().unwrap(),
+            "--store",
+            &pg.url(),
+            "--node-name",
+            name,
+            "--lease",
+            LEASE,
+            "--lease-renew",
+            RENEW,
+            "--max-slot-queue",
+            "1000000",
+            "--max-total-pending",
+            "1000000",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start host serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if line.contains("taskhost daemon listening on") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("the node starts listening");
+    Node { child, socket }
+}
+
+/// CPU seconds (user + system) of a process and its children now running.
+fn cpu_of(pids: &[u32]) -> f64 {
+    let tick = 100.0;
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .map(|stat| {
+            let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            let f: Vec<&str> = after.split_whitespace().collect();
+            let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            (t(11) + t(12)) / tick
+        })
+        .sum()
+}
+
+/// The PostgreSQL server's processes (the postmaster and its children).
+fn postgres_pids(pg: &postgres::Postgres) -> Vec<u32> {
+    let postmaster = pg.postmaster_pid();
+    let mut pids = vec![postmaster];
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u32>().ok());
+        if ppid == Some(postmaster) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn now_ms_f() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "# cluster benchmark (lease {LEASE}, renewed every {RENEW}); one PostgreSQL per scenario"
+    );
+    for nodes in 1..=3 {
+        throughput(&rt, nodes);
+    }
+    latencies(&rt);
+    takeover(&rt);
+}
+
+fn throughput(rt: &tokio::runtime::Runtime, count: usize) {
+    let pg = postgres::Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let nodes: Vec<Node> = (1..=count)
+        .map(|i| start_node(dir.path(), &pg, &format!("n{i}")))
+        .collect();
+    let sockets: Vec<PathBuf> = nodes.iter().map(|n| n.socket.clone()).collect();
+    let node_pids: Vec<u32> = nodes.iter().map(|n| n.child.id()).collect();
+    let hello = std::fs::read(plugin_artifacts::HELLO).expect("hello");
+    let pg_pids = postgres_pids(&pg);
+    let (pg_before, nodes_before) = (cpu_of(&pg_pids), cpu_of(&node_pids));
+    let started = Instant::now();
+    let ids: Vec<u64> = rt.block_on(async {
+        let mut clients = Vec::new();
+        for c in 0..CLIENTS {
+            let socket = sockets[c % sockets.len()].clone();
+            let hello = hello.clone();
+            clients.push(tokio::spawn(async move {
+                let client = Client::connect(&socket).await.expect("connect");
+                let digest = client.ensure_plugin(&hello).await.expect("upload");
+                let mut pending = Vec::new();
+                for _ in 0..THROUGHPUT_TASKS / CLIENTS {
+                    pending.push(
+                        client
+                            .request(Request::Submit(Box::new(SubmitRequest::new(digest))))
+                            .await
+                            .expect("submit"),
+                    );
+                }
+                let mut ids = Vec::new();
+                for mut replies in pending {
+                    match replies.next().await {
+                        Some(Reply::Submitted(s)) => ids.push(s.id.get()),
+                        other => panic!("submit: {other:?}"),
+                    }
+                }
+                ids
+            }));
+        }
+        let mut ids = Vec::new();
+        for c in clients {
+            ids.extend(c.await.expect("client"));
+        }
+        ids
+    });
+    let accepted = started.elapsed();
+    loop {
+        let left = pg.psql("SELECT count(*) FROM taskhost_tasks WHERE state <> 'finished'");
+        if left.trim() == "0" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = started.elapsed();
+    // The pool's backends started during the run: count them all now.
+    let (pg_cpu, nodes_cpu) = (
+        cpu_of(&postgres_pids(&pg)) - pg_before,
+        cpu_of(&node_pids) - nodes_before,
+    );
+    println!(
+        "throughput, {count} node(s): {} tasks in {:.2} s: {:.0} tasks/s (accepted in {:.2} s: \
+         {:.0} submissions/s); CPU: database {:.2} s, nodes {:.2} s (database {:.0}% of both)",
+        ids.len(),
+        took.as_secs_f64(),
+        ids.len() as f64 / took.as_secs_f64(),
+        accepted.as_secs_f64(),
+        ids.len() as f64 / accepted.as_secs_f64(),
+        pg_cpu,
+        nodes_cpu,
+        100.0 * pg_cpu / (pg_cpu + nodes_cpu).max(1e-9),
+    );
+}
+
+fn latencies(rt: &tokio::runtime::Runtime) {
+    let pg = postgres::Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let n1 = start_node(dir.path(), &pg, "n1");
+    let n2 = start_node(dir.path(), &pg, "n2");
+    let hello = std::fs::read(plugin_artifacts::HELLO).expect("hello");
+    let sleeper = std::fs::read(plugin_artifacts::path("sleeper")).expect("sleeper");
+    let (starts, cancels) = rt.block_on(async {
+        let c1 = Client::connect(&n1.socket).await.expect("connect n1");
+        let c2 = Client::connect(&n2.socket).await.expect("connect n2");
+        let h = c1.ensure_plugin(&hello).await.expect("upload");
+        let s = c1.ensure_plugin(&sleeper).await.expect("upload");
+        let mut starts = Vec::new();
+        for _ in 0..LATENCY_SAMPLES {
+            let sent = now_ms_f();
+            let submitted = c1.submit(SubmitRequest::new(h)).await.expect("submit");
+            c1.wait(TaskRef::Id(submitted.id)).await.expect("wait");
+            let started: f64 = pg
+                .psql(&format!(
+                    "SELECT started_ms FROM taskhost_attempts WHERE task_id = {}",
+                    submitted.id
+                ))
+                .trim()
+                .parse()
+                .expect("a recorded start");
+            starts.push((started - sent).max(0.0));
+        }
+        let mut cancels = Vec::new();
+        for _ in 0..CANCEL_SAMPLES {
+            let mut request = SubmitRequest::new(s);
+            request.params = vec![("ms".into(), "60000".into())];
+            let submitted = c1.submit(request).await.expect("submit");
+            assert!(matches!(submitted.placement, Placement::Running));
+            // Running on which node? Cancel through the other one.
+            let on = loop {
+                let row = pg.psql(&format!(
+                    "SELECT n.name FROM taskhost_attempts a JOIN taskhost_nodes n ON n.id = a.node \
+                     WHERE a.task_id = {}",
+                    submitted.id
+                ));
+                if !row.trim().is_empty() {
+                    break row.trim().to_owned();
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            };
+            let via = if on == "n1" { &c2 } else { &c1 };
+            let sent = Instant::now();
+            let reply = via
+                .call(Request::Cancel {
+                    target: TaskRef::Id(submitted.id),
+                    wait: true,
+                })
+                .await
+                .expect("cancel");
+            assert!(matches!(reply, Reply::Canceled { .. }), "{reply:?}");
+            cancels.push(sent.elapsed().as_secs_f64() * 1000.0);
+        }
+        (starts, cancels)
+    });
+    drop((n1, n2));
+    let report = |what: &str, mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        println!(
+            "{what}: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} samples)",
+            percentile(&v, 0.5),
+            percentile(&v, 0.99),
+            v.last().copied().unwrap_or(f64::NAN),
+            v.len()
+        );
+    };
+    report("submit → start, 2 nodes (ms resolution)", starts);
+    report("cancel → stop through the other node", cancels);
+}
+
+fn takeover(rt: &tokio::runtime::Runtime) {
+    let pg = postgres::Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = start_node(dir.path(), &pg, "a");
+    let sleeper = std::fs::read(plugin_artifacts::path("sleeper")).expect("sleeper");
+    let id = rt.block_on(async {
+        let client = Client::connect(&a.socket).await.expect("connect");
+        let s = client.ensure_plugin(&sleeper).await.expect("upload");
+        let mut request = SubmitRequest::new(s);
+        request.params = vec![("ms".into(), "60000".into())];
+        request.restart = Some(taskhost::supervisor::RestartPolicy::OnFailure);
+        request.backoff = Some("10ms".parse().expect("a backoff"));
+        client.submit(request).await.expect("submit").id
+    });
+    let attempts = || {
+        pg.psql(&format!(
+            "SELECT count(*) FROM taskhost_attempts WHERE task_id = {id}"
+        ))
+        .trim()
+        .parse::<u32>()
+        .unwrap_or(0)
+    };
+    while attempts() < 1 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _b = start_node(dir.path(), &pg, "b");
+    let killed = Instant::now();
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    while attempts() < 2 {
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "never taken over"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    println!(
+        "takeover after SIGKILL: the next attempt started {:.0} ms after the kill (lease {LEASE}, \
+         renewed every {RENEW})",
+        killed.elapsed().as_secs_f64() * 1000.0
+    );
+}

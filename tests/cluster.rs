@@ -1,0 +1,603 @@
+//! Cluster mode: several `host serve --store postgres://…` nodes on one
+//! real PostgreSQL (started by the test, `common/postgres.rs`), as real
+//! processes. The controller's rules across nodes, a node killed (its work
+//! goes on elsewhere after its lease), a node paused past its lease (its
+//! late writes are refused), notifications off (polling still delivers a
+//! cancel), and a soak checked against the recorded attempt intervals.
+
+mod common;
+#[path = "common/daemon.rs"]
+mod daemon;
+#[path = "common/postgres.rs"]
+mod postgres;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use daemon::{Daemon, LIMIT, p};
+use postgres::Postgres;
+
+/// A node of the cluster on `pg`, named `name`, with a short lease so that
+/// takeovers happen within the test's patience.
+fn node(pg: &Postgres, name: &str, extra: &[&str]) -> Daemon {
+    node_with_lease(pg, name, "2s", extra)
+}
+
+/// A node whose lease outlasts a loaded machine's pauses: the tests that do
+/// not kill or pause nodes must see no takeover.
+fn steady_node(pg: &Postgres, name: &str, extra: &[&str]) -> Daemon {
+    node_with_lease(pg, name, "10s", extra)
+}
+
+fn node_with_lease(pg: &Postgres, name: &str, lease: &str, extra: &[&str]) -> Daemon {
+    let url = pg.url();
+    let mut args = vec![
+        "--store",
+        url.as_str(),
+        "--node-name",
+        name,
+        "--lease",
+        lease,
+        "--lease-renew",
+        "200ms",
+        "--cluster-poll",
+        "200ms",
+        "--grace",
+        "5s",
+    ];
+    args.extend_from_slice(extra);
+    Daemon::start(&args)
+}
+
+/// Polls `host ps` on `via` until the task named `name` is in `state` on
+/// node `on` (any node if None); returns its row.
+fn wait_until(via: &Daemon, name: &str, state: &str, on: Option<&str>) -> serde_json::Value {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let rows = via.ps();
+        if let Some(row) = rows
+            .iter()
+            .find(|t| t["name"] == name && t["state"] == state && on.is_none_or(|n| t["node"] == n))
+        {
+            return row.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "`{name}` never became {state} on {on:?}: ps shows {rows:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `host wait NAME --json` on `via`: (exit code, the result object).
+fn wait_json(via: &Daemon, target: &str) -> (Option<i32>, serde_json::Value) {
+    let out = via.run(&["wait", target, "--json"]);
+    let json = serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "wait {target}: not JSON ({e}): {:?} / {}",
+            out.stdout, out.stderr
+        )
+    });
+    (out.code, json)
+}
+
+/// One recorded attempt.
+#[derive(Debug)]
+struct Attempt {
+    task: u64,
+    node: u64,
+    started: u64,
+    ended: Option<u64>,
+    result: String,
+}
+
+/// The recorded attempts of a slot, by start.
+fn attempts(pg: &Postgres, slot: &str) -> Vec<Attempt> {
+    pg.psql(&format!(
+        "SELECT task_id, node, started_ms, ended_ms, coalesce(result, '') \
+         FROM taskhost_attempts WHERE slot = '{slot}' ORDER BY started_ms, task_id"
+    ))
+    .lines()
+    .map(|l| {
+        let f: Vec<&str> = l.split('|').collect();
+        Attempt {
+            task: f[0].parse().unwrap(),
+            node: f[1].parse().unwrap(),
+            started: f[2].parse().unwrap(),
+            ended: f[3].parse().ok(),
+            result: f[4].to_owned(),
+        }
+    })
+    .collect()
+}
+
+/// No two recorded attempts of one slot overlap in time, and every one ended.
+fn assert_no_overlap(slot: &str, rows: &[Attempt]) {
+    for pair in rows.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        let ended = a
+            .ended
+            .unwrap_or_else(|| panic!("slot {slot}: attempt {a:?} never ended"));
+        assert!(
+            ended <= b.started,
+            "slot {slot}: attempt {a:?} overlaps attempt {b:?} (two owners at once)"
+        );
+    }
+}
+
+#[test]
+fn the_controller_rules_hold_across_nodes() {
+    let pg = Postgres::start();
+    let n1 = steady_node(&pg, "n1", &["--max-slot-queue", "2"]);
+    let n2 = steady_node(&pg, "n2", &["--max-slot-queue", "2"]);
+    let n3 = steady_node(&pg, "n3", &["--max-slot-queue", "2"]);
+
+    // Order: three submissions of one slot from three nodes run one after
+    // the other, in the order they were accepted.
+    let sleeper = p("sleeper");
+    let ids: Vec<String> = [(&n1, "o1"), (&n2, "o2"), (&n3, "o3")]
+        .iter()
+        .enumerate()
+        .map(|(i, (via, name))| {
+            // One after the other, so that the order is known.
+            if i > 0 {
+                wait_until(
+                    &n1,
+                    if i == 1 { "o1" } else { "o2" },
+                    if i == 1 { "running" } else { "queued" },
+                    None,
+                );
+            }
+            via.submit(&[
+                &sleeper, "--slot", "order", "--name", name, "--param", "ms=200",
+            ])
+        })
+        .collect();
+    for name in ["o1", "o2", "o3"] {
+        let (code, json) = wait_json(&n2, name);
+        assert_eq!(code, Some(0), "{name}: {json}");
+    }
+    let rows = attempts(&pg, "order");
+    let order: Vec<String> = rows.iter().map(|r| r.task.to_string()).collect();
+    assert_eq!(
+        order, ids,
+        "the slot ran its work in the order it was accepted"
+    );
+    assert_no_overlap("order", &rows);
+
+    // Busy: drop-if-running is refused while the slot's owner runs on
+    // another node.
+    let owner = n1.submit(&[
+        &sleeper, "--slot", "b", "--name", "owner", "--param", "ms=60000",
+    ]);
+    let running = wait_until(&n3, "owner", "running", None);
+    assert!(
+        running["node"].is_string(),
+        "ps names the owner's node: {running}"
+    );
+    let busy = n2.run(&[
+        "submit",
+        &p("hello"),
+        "--slot",
+        "b",
+        "--policy",
+        "drop-if-running",
+        "--wait",
+    ]);
+    assert_eq!(busy.code, Some(3), "{}", busy.stderr);
+    assert!(busy.stderr.contains("SlotBusy"), "{}", busy.stderr);
+
+    // Supersede, then replace: a queued submission is displaced by a
+    // Replace, which stops the owner (on whichever node) and runs next.
+    let queued = n2.submit(&[&p("hello"), "--slot", "b", "--name", "queued"]);
+    let behind = n1.submit(&[
+        &p("hello"),
+        "--slot",
+        "b",
+        "--name",
+        "behind",
+        "--input",
+        "later",
+    ]);
+    // Bounds: the slot's queue (max 2) is full.
+    let full = n3.run(&["submit", &p("hello"), "--slot", "b", "--wait"]);
+    assert_eq!(full.code, Some(3), "{}", full.stderr);
+    assert!(full.stderr.contains("QueueFull"), "{}", full.stderr);
+    let replace = n3.run(&[
+        "submit",
+        &p("hello"),
+        "--slot",
+        "b",
+        "--name",
+        "replacement",
+        "--policy",
+        "replace",
+        "--input",
+        "new",
+        "--wait",
+    ]);
+    assert_eq!(replace.code, Some(0), "{}", replace.stderr);
+    assert_eq!(replace.stdout, "new");
+    let (code, json) = wait_json(&n2, &queued);
+    assert_eq!(code, Some(3), "{json}");
+    assert_eq!(json["rejection"], "SupersededByReplace", "{json}");
+    let (code, json) = wait_json(&n3, &owner);
+    assert_eq!(code, Some(4), "the replaced owner was stopped: {json}");
+    assert_eq!(json["outcome"], "canceled", "{json}");
+    // The rest of the queue runs after the replacement.
+    let (code, json) = wait_json(&n2, &behind);
+    assert_eq!(code, Some(0), "{json}");
+    let rows = attempts(&pg, "b");
+    assert_no_overlap("b", &rows);
+    let order: Vec<String> = rows.iter().map(|r| r.task.to_string()).collect();
+    let replacement = n1.run(&["wait", "replacement", "--json"]);
+    let replacement: serde_json::Value = serde_json::from_str(replacement.stdout.trim()).unwrap();
+    assert_eq!(
+        order,
+        [owner.clone(), replacement["id"].to_string(), behind.clone()],
+        "owner, replacement, then the rest of the queue"
+    );
+
+    // Removal: queued work canceled from another node never runs.
+    n1.submit(&[
+        &sleeper, "--slot", "r", "--name", "r-owner", "--param", "ms=60000",
+    ]);
+    wait_until(&n1, "r-owner", "running", None);
+    let waiting = n2.submit(&[&p("hello"), "--slot", "r", "--name", "r-queued"]);
+    let cancel = n3.run(&["cancel", "r-queued"]);
+    assert_eq!(
+        cancel.code,
+        Some(0),
+        "this call made the claim: {}",
+        cancel.stderr
+    );
+    assert!(
+        cancel.stderr.contains("RemovedFromQueue"),
+        "{}",
+        cancel.stderr
+    );
+    let (code, json) = wait_json(&n1, &waiting);
+    assert_eq!(code, Some(3), "{json}");
+    assert_eq!(json["rejection"], "RemovedFromQueue", "{json}");
+    let stop = n2.run(&["cancel", "r-owner"]);
+    assert_eq!(stop.code, Some(0), "{}", stop.stderr);
+    assert!(stop.stderr.contains("canceled"), "{}", stop.stderr);
+    let slots = n3.run(&["slots", "--json"]);
+    assert_eq!(
+        slots.stdout.trim(),
+        "[]",
+        "every slot is free: {}",
+        slots.stdout
+    );
+}
+
+#[test]
+fn a_killed_node_s_work_is_taken_over_after_its_lease() {
+    let pg = Postgres::start();
+    let mut a = node(&pg, "a", &[]);
+    let sleeper = p("sleeper");
+    a.submit(&[&sleeper, "--name", "once", "--param", "ms=60000"]);
+    a.submit(&[
+        &sleeper,
+        "--name",
+        "again",
+        "--param",
+        "ms=1500",
+        "--restart",
+        "on-failure",
+        "--backoff",
+        "100ms",
+    ]);
+    wait_until(&a, "once", "running", Some("a"));
+    wait_until(&a, "again", "running", Some("a"));
+    let b = node(&pg, "b", &[]);
+
+    let killed = Instant::now();
+    a.process
+        .as_mut()
+        .expect("running")
+        .child
+        .kill()
+        .expect("SIGKILL a");
+    let _ = a.process.take().expect("running").child.wait();
+
+    // The run-once task must not run twice: it ends Failed, interrupted.
+    let (code, json) = wait_json(&b, "once");
+    let took = killed.elapsed();
+    assert_eq!(code, Some(1), "{json}");
+    assert!(
+        json["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("interrupted")),
+        "{json}"
+    );
+    assert!(
+        took < Duration::from_secs(2 + 10),
+        "taken over {took:?} after the kill (lease 2s)"
+    );
+    // The restartable one runs again, on b, and completes.
+    let (code, json) = wait_json(&b, "again");
+    assert_eq!(code, Some(0), "{json}");
+    assert_eq!(json["attempts"], 2, "{json}");
+    let rows = attempts(&pg, "again");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[0].result, "interrupted", "{rows:?}");
+    assert_ne!(
+        rows[0].node, rows[1].node,
+        "the second attempt ran on another node: {rows:?}"
+    );
+    assert_no_overlap("again", &rows);
+    let events = b.run(&["events", "--json"]);
+    assert!(
+        events.stdout.contains("taken over from a stopped node"),
+        "b tells of the takeover: {}",
+        events.stdout
+    );
+}
+
+#[test]
+fn a_node_paused_past_its_lease_is_fenced_off() {
+    let pg = Postgres::start();
+    let mut a = node(&pg, "a", &[]);
+    a.submit(&[
+        &p("sleeper"),
+        "--name",
+        "long",
+        "--param",
+        "ms=4000",
+        "--restart",
+        "on-failure",
+        "--backoff",
+        "100ms",
+    ]);
+    wait_until(&a, "long", "running", Some("a"));
+    let b = node(&pg, "b", &[]);
+    let pid = a.pid().to_string();
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([name, &pid])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    };
+    signal("-STOP");
+    // Past a's lease, b takes the task over and runs it.
+    wait_until(&b, "long", "running", Some("b"));
+    signal("-CONT");
+    a.process
+        .as_mut()
+        .expect("running")
+        .wait_for_line("lost its lease", LIMIT);
+
+    let (code, json) = wait_json(&b, "long");
+    assert_eq!(code, Some(0), "{json}");
+    assert_eq!(json["attempts"], 2, "{json}");
+    let rows = attempts(&pg, "long");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    // a's attempt was closed by the takeover; a's late end was refused.
+    assert_eq!(rows[0].result, "interrupted", "{rows:?}");
+    assert_eq!(rows[1].result, "completed", "{rows:?}");
+    assert_no_overlap("long", &rows);
+    // a joined again as a new node and serves.
+    let out = a.run(&["submit", &p("hello"), "--input", "back", "--wait"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "back");
+}
+
+#[test]
+fn without_notifications_polling_still_delivers_work_and_cancels() {
+    let pg = Postgres::start();
+    let a = steady_node(&pg, "a", &["--no-notify"]);
+    let b = steady_node(&pg, "b", &["--no-notify"]);
+    a.submit(&[&p("sleeper"), "--name", "parked", "--param", "ms=60000"]);
+    wait_until(&b, "parked", "running", None);
+    let started = Instant::now();
+    let out = b.run(&["cancel", "parked"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(out.stderr.contains("parked canceled"), "{}", out.stderr);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the cancel took {:?}",
+        started.elapsed()
+    );
+    // Work submitted on one node is found by polling and waited for on
+    // another.
+    let id = b.submit(&[&p("hello"), "--input", "polled"]);
+    let out = a.run(&["wait", &id]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "polled");
+}
+
+#[test]
+fn logs_are_shown_by_every_node() {
+    let pg = Postgres::start();
+    let a = steady_node(&pg, "a", &[]);
+    let b = steady_node(&pg, "b", &[]);
+    let nodes = [("a", &a), ("b", &b)];
+    // Finished: any node shows the lines.
+    let id = a.submit(&[&p("chatty"), "--param", "lines=3"]);
+    assert_eq!(a.run(&["wait", &id]).code, Some(0));
+    for (_, via) in nodes {
+        let out = via.run(&["logs", &id]);
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+        assert!(out.stdout.contains("stdout line 3"), "{}", out.stdout);
+    }
+    // Running on one node: following it through the other ends when it
+    // ends, with its lines.
+    b.submit(&[&p("sleeper"), "--name", "nap", "--param", "ms=1500"]);
+    let row = wait_until(&a, "nap", "running", None);
+    let other = nodes
+        .iter()
+        .find(|(name, _)| row["node"] != *name)
+        .map(|(_, d)| *d)
+        .expect("the other node");
+    let out = other.run(&["logs", "nap", "--follow"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let (code, json) = wait_json(&a, "nap");
+    assert_eq!(code, Some(0), "the follow ended with the task: {json}");
+}
+
+/// `TASKHOST_CLUSTER_SOAK=N` submissions (default 600) over N/100 slots
+/// (at least 6) from 8 clients spread over three nodes; one node is killed
+/// and started again during the run.
+#[test]
+fn cluster_soak_keeps_one_owner_per_slot_and_one_outcome_per_task() {
+    let total: usize = std::env::var("TASKHOST_CLUSTER_SOAK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(600);
+    let slots = (total / 100).max(6);
+    let pg = Postgres::start();
+    let extra = [
+        "--max-slot-queue",
+        "100000",
+        "--max-total-pending",
+        "1000000",
+    ];
+    let mut nodes = [
+        node(&pg, "s1", &extra),
+        node(&pg, "s2", &extra),
+        node(&pg, "s3", &extra),
+    ];
+    let sockets: Vec<std::path::PathBuf> = nodes.iter().map(|n| n.socket.clone()).collect();
+    let hello = std::fs::read(plugin_artifacts::path("hello")).expect("hello");
+    let sleeper = std::fs::read(plugin_artifacts::path("sleeper")).expect("sleeper");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let per_client = total / 8;
+    let kill_at = total / 3;
+    let submitted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let clients: Vec<_> = (0..8)
+        .map(|c| {
+            let sockets = sockets.clone();
+            let (hello, sleeper) = (hello.clone(), sleeper.clone());
+            let submitted = std::sync::Arc::clone(&submitted);
+            runtime.spawn(async move {
+                let mut acked: Vec<u64> = Vec::new();
+                let mut i = 0;
+                while i < per_client {
+                    let socket = &sockets[(c + i) % sockets.len()];
+                    let Ok(client) = taskhost::daemon::Client::connect(socket).await else {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        i += 1;
+                        continue;
+                    };
+                    let (Ok(h), Ok(s)) = (
+                        client.ensure_plugin(&hello).await,
+                        client.ensure_plugin(&sleeper).await,
+                    ) else {
+                        i += 1;
+                        continue;
+                    };
+                    // A few submissions per connection, then the next node.
+                    for _ in 0..5 {
+                        if i >= per_client {
+                            break;
+                        }
+                        let slot = format!("slot-{}", (c * 7 + i) % slots);
+                        let mut request =
+                            taskhost::daemon::protocol::SubmitRequest::new(if i % 3 == 0 {
+                                s
+                            } else {
+                                h
+                            });
+                        request.slot = Some(slot);
+                        request.params = vec![("ms".into(), "20".into())];
+                        i += 1;
+                        submitted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        match client.submit(request).await {
+                            Ok(done) => acked.push(done.id.get()),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                acked
+            })
+        })
+        .collect();
+    // Kill a node a third of the way in, and start it again.
+    let deadline = Instant::now() + LIMIT;
+    while submitted.load(std::sync::atomic::Ordering::SeqCst) < kill_at {
+        assert!(Instant::now() < deadline, "the clients stalled");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let victim = &mut nodes[1];
+    let mut process = victim.process.take().expect("running");
+    process.child.kill().expect("SIGKILL");
+    let _ = process.child.wait();
+    let url = pg.url();
+    victim.restart(&[
+        "--store",
+        &url,
+        "--node-name",
+        "s2-again",
+        "--lease",
+        "2s",
+        "--lease-renew",
+        "200ms",
+        "--cluster-poll",
+        "200ms",
+        "--max-slot-queue",
+        "100000",
+        "--max-total-pending",
+        "1000000",
+    ]);
+
+    let mut acked: Vec<u64> = Vec::new();
+    for client in clients {
+        let ids = runtime.block_on(client).expect("client task");
+        assert!(
+            ids.windows(2).all(|w| w[0] < w[1]),
+            "one client's acknowledged ids only grow: {ids:?}"
+        );
+        acked.extend(ids);
+    }
+    assert!(
+        acked.len() > total / 2,
+        "only {} of {total} acknowledged",
+        acked.len()
+    );
+
+    // Everything acknowledged ends.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let left = pg.psql("SELECT count(*) FROM taskhost_tasks WHERE state <> 'finished'");
+        if left.trim() == "0" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} tasks never finished",
+            left.trim()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let outcomes: HashMap<u64, String> = pg
+        .psql("SELECT id, outcome FROM taskhost_tasks")
+        .lines()
+        .map(|l| {
+            let (id, outcome) = l.split_once('|').expect("id|outcome");
+            (id.parse().unwrap(), outcome.to_owned())
+        })
+        .collect();
+    for id in &acked {
+        let outcome = outcomes
+            .get(id)
+            .unwrap_or_else(|| panic!("acknowledged task {id} vanished"));
+        assert!(
+            ["completed", "failed"].contains(&outcome.as_str()),
+            "task {id} ended {outcome}"
+        );
+    }
+    for s in 0..slots {
+        let slot = format!("slot-{s}");
+        assert_no_overlap(&slot, &attempts(&pg, &slot));
+    }
+    // Each acknowledged id was answered by `host wait` on any node.
+    let id = acked[acked.len() / 2].to_string();
+    let out = nodes[2].run(&["wait", &id]);
+    assert!(matches!(out.code, Some(0) | Some(1)), "{}", out.stderr);
+}
