@@ -67,6 +67,7 @@ const EXPORT_PATH: &str = "export PATH=$PWD/target/debug:$PATH";
 const FILES: &[&str] = &[
     "README.md",
     "docs/cli.md",
+    "docs/cluster.md",
     "docs/daemon.md",
     "docs/exit-codes.md",
     "docs/limits.md",
@@ -373,6 +374,11 @@ fn readme() {
 #[test]
 fn docs_cli() {
     run_doc("docs/cli.md");
+}
+
+#[test]
+fn docs_cluster() {
+    run_doc("docs/cluster.md");
 }
 
 #[test]

@@ -29,19 +29,19 @@ use crate::outcome::TaskOutcome;
 use crate::plugin_task::PluginTask;
 use crate::runtime::{Digest, Plugin};
 use crate::supervisor::{
-    AttemptContext, Event, EventKind, Resume, RunFuture, TaskBody, TaskError, TaskId, TaskPhase,
-    TaskRef, TaskReport,
+    AttemptContext, Event, EventKind, Received, Resume, RunFuture, TaskBody, TaskError, TaskId,
+    TaskPhase, TaskRef, TaskReport,
 };
 
 use super::connection::Replier;
 use super::dispatch::send_pages;
-use super::protocol::{ErrorKind, Reply, Request, TaskState};
+use super::history::EVENT_HISTORY;
+use super::protocol::{ErrorKind, EventFilter, Reply, Request, TaskState};
 use super::state::{Daemon, RecordingGuard};
 use super::store::postgres::{self, Admission, AdmitError, Canceled, Claimed, Pg};
 use super::store::{Finished, Pause, StoreError, now_ms};
 use super::submissions;
 use super::tasks::{MAX_FINISHED, Outcome, TaskLog, TaskRecord};
-use super::uploads::Uploads;
 
 /// Lines waiting to be shipped to the database; beyond it, lines are not
 /// shipped (they stay in the node's log, and in the outcome's).
@@ -106,6 +106,9 @@ pub(crate) struct Cluster {
     stopped: Mutex<HashSet<TaskId>>,
     /// Set at a graceful stop: no more claims.
     closing: AtomicBool,
+    /// Set once the node has left the cluster: its lease is no longer
+    /// renewed (nor taken again).
+    left: AtomicBool,
     /// When the lease was last renewed.
     renewed: Mutex<Instant>,
     /// Lines of running tasks on their way to the database.
@@ -144,6 +147,7 @@ impl Cluster {
             claims: Mutex::default(),
             stopped: Mutex::default(),
             closing: AtomicBool::new(false),
+            left: AtomicBool::new(false),
             renewed: Mutex::new(Instant::now()),
         }))
     }
@@ -160,6 +164,18 @@ impl Cluster {
     /// Whether this node still holds `token` for `id`.
     fn holds(&self, id: TaskId, token: i64) -> bool {
         self.claims().get(&id) == Some(&token)
+    }
+
+    /// Forgets a claim that ended here (not a newer claim of the same task).
+    fn release(&self, id: TaskId, token: i64) {
+        let mut claims = self.claims();
+        if claims.get(&id) == Some(&token) {
+            claims.remove(&id);
+            self.stopped
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&id);
+        }
     }
 
     /// Stops claiming (a graceful stop).
@@ -187,6 +203,10 @@ pub(crate) fn start(daemon: &Arc<Daemon>) {
     tokio::spawn(claim_loop(Arc::downgrade(daemon)));
     tokio::spawn(lease_loop(Arc::downgrade(daemon)));
     tokio::spawn(poll_loop(Arc::downgrade(daemon)));
+    tokio::spawn(event_loop(
+        Arc::downgrade(cluster),
+        daemon.controller.supervisor().subscribe(),
+    ));
     if let Some(lines) = cluster
         .shipped
         .lock()
@@ -209,6 +229,7 @@ pub(crate) async fn leave(daemon: &Arc<Daemon>) {
         return;
     };
     let node = cluster.node();
+    cluster.left.store(true, Ordering::SeqCst);
     if let Err(err) = cluster.pg.retire_node(node).await {
         tracing::error!("cannot leave the cluster ({err}); other nodes take over after the lease");
         return;
@@ -234,7 +255,10 @@ async fn claim_loop(daemon: Weak<Daemon>) {
                 Ok(claimed) => {
                     again = claimed.len() == batch;
                     for task in claimed {
-                        run_claimed(&d, &cluster, task).await;
+                        // Counted at once; a compile of its plugin does not
+                        // hold up the next claims.
+                        cluster.claims().insert(task.id, task.token);
+                        tokio::spawn(run_claimed(Arc::clone(&d), Arc::clone(&cluster), task));
                     }
                 }
                 Err(err) => tracing::warn!("cannot claim work: {err}"),
@@ -267,6 +291,76 @@ async fn ship_loop(
         }
         batch.clear();
     }
+}
+
+/// Ships this node's events to the database in batches (best-effort, like
+/// every event stream: a lane that fell behind is said so in the log).
+async fn event_loop(cluster: Weak<Cluster>, mut lane: crate::supervisor::EventStream) {
+    let mut batch: Vec<Event> = Vec::new();
+    loop {
+        let Some(first) = lane.recv().await else {
+            return;
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(50);
+        let mut next = Some(first);
+        while let Some(received) = next.take() {
+            match received {
+                Received::Event(event) => batch.push(Event::clone(&event)),
+                Received::Dropped(n) => {
+                    tracing::warn!(
+                        "{n} events were not shipped to the cluster (the lane fell behind)"
+                    );
+                }
+            }
+            if batch.len() >= SHIP_BATCH {
+                break;
+            }
+            if let Ok(Some(more)) = tokio::time::timeout_at(deadline, lane.recv()).await {
+                next = Some(more);
+            }
+        }
+        let Some(cluster) = cluster.upgrade() else {
+            return;
+        };
+        if let Err(err) = cluster.pg.ship_events(cluster.node(), &batch).await {
+            tracing::warn!("cannot ship {} events: {err}", batch.len());
+        }
+        batch.clear();
+    }
+}
+
+/// `host events` for the whole cluster: the newest recorded events that
+/// pass the filter, then (following) new ones as they are shipped.
+async fn cluster_events(cluster: &Cluster, reply: &Replier, follow: bool, filter: &EventFilter) {
+    // None: the newest first; then everything after the last one seen.
+    let mut after: Option<i64> = None;
+    loop {
+        let newest = after.is_none();
+        match cluster.pg.events(after, EVENT_HISTORY as i64).await {
+            Ok(events) => {
+                let full = !newest && events.len() == EVENT_HISTORY;
+                after = Some(after.unwrap_or(0));
+                for event in events {
+                    after = Some(event.seq as i64);
+                    if filter.admits(&event) && !reply.send(Reply::Event(event)).await {
+                        return;
+                    }
+                }
+                if full {
+                    continue;
+                }
+            }
+            Err(err) => {
+                reply.error(ErrorKind::Internal, err.to_string()).await;
+                return;
+            }
+        }
+        if !follow {
+            break;
+        }
+        tokio::time::sleep(cluster.settings.poll.min(Duration::from_millis(200))).await;
+    }
+    reply.send(Reply::End).await;
 }
 
 /// A claimed task's lines: into the node's log, and shipped to the
@@ -315,6 +409,15 @@ async fn poll_loop(daemon: Weak<Daemon>) {
             if let Err(err) = cluster.pg.prune(keep, age).await {
                 tracing::warn!("cannot apply retention: {err}");
             }
+            match cluster
+                .pg
+                .collect_plugins(d.config.keep_unused_plugins)
+                .await
+            {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("collected {n} plugins no task of the cluster uses"),
+                Err(err) => tracing::warn!("cannot collect plugins: {err}"),
+            }
         }
     }
 }
@@ -326,7 +429,9 @@ async fn lease_loop(daemon: Weak<Daemon>) {
         };
         tokio::time::sleep(cluster.settings.renew).await;
         let Some(d) = daemon.upgrade() else { return };
-        if cluster.closing.load(Ordering::SeqCst) {
+        // A stopping node keeps its lease (its attempts are still within
+        // their grace) until it has left.
+        if cluster.left.load(Ordering::SeqCst) {
             return;
         }
         let since = cluster
@@ -534,7 +639,8 @@ async fn ensure_plugin(
 }
 
 /// Runs a claimed task in this node's supervisor, and records its end.
-async fn run_claimed(daemon: &Arc<Daemon>, cluster: &Arc<Cluster>, task: Claimed) {
+async fn run_claimed(daemon: Arc<Daemon>, cluster: Arc<Cluster>, task: Claimed) {
+    let (daemon, cluster) = (&daemon, &cluster);
     let Claimed {
         id,
         token,
@@ -545,7 +651,9 @@ async fn run_claimed(daemon: &Arc<Daemon>, cluster: &Arc<Cluster>, task: Claimed
         resume_at_ms,
         submitted_ms,
     } = task;
-    cluster.claims().insert(id, token);
+    // Claimed again after this node lost it: the old attempt is physically
+    // gone before the new one starts here.
+    daemon.controller.supervisor().gone(id).await;
     let name = request
         .name
         .clone()
@@ -577,7 +685,7 @@ async fn run_claimed(daemon: &Arc<Daemon>, cluster: &Arc<Cluster>, task: Claimed
                 finished_ms: now_ms(),
             };
             record_end(cluster, token, &finished).await;
-            cluster.claims().remove(&id);
+            cluster.release(id, token);
             return;
         }
     };
@@ -651,12 +759,7 @@ async fn run_claimed(daemon: &Arc<Daemon>, cluster: &Arc<Cluster>, task: Claimed
             }
         }
         daemon.tasks.finished(id);
-        cluster.claims().remove(&id);
-        cluster
-            .stopped
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&id);
+        cluster.release(id, token);
         cluster.wake.notify_one();
     });
 }
@@ -765,7 +868,6 @@ pub(crate) async fn handle(
     cluster: &Arc<Cluster>,
     request: Request,
     reply: Replier,
-    uploads: &mut Uploads,
 ) -> Option<(Request, Replier)> {
     match request {
         Request::HasPlugin(digest) => {
@@ -773,33 +875,6 @@ pub(crate) async fn handle(
                 || cluster.pg.has_plugin(&digest).await.unwrap_or(false);
             reply.send(Reply::HasPlugin(known)).await;
         }
-        Request::Upload {
-            digest,
-            offset,
-            data,
-            last,
-        } => match uploads.take(digest, offset, data, last) {
-            Err(message) => reply.error(ErrorKind::Invalid, message).await,
-            Ok(None) => {
-                reply.send(Reply::Uploaded { plugin: None }).await;
-            }
-            Ok(Some(bytes)) => {
-                let digest = Digest::of(&bytes);
-                let copy = bytes.clone();
-                match daemon.plugins.store(bytes).await {
-                    Ok(plugin) => {
-                        let name = plugin.info().name.clone();
-                        match cluster.pg.put_plugin(&digest, Some(&name), &copy).await {
-                            Ok(()) => {
-                                reply.send(Reply::Uploaded { plugin: Some(name) }).await;
-                            }
-                            Err(err) => reply.error(ErrorKind::Internal, err.to_string()).await,
-                        }
-                    }
-                    Err((kind, message)) => reply.error(kind, message).await,
-                }
-            }
-        },
         Request::Submit(request) => {
             let plugin = match ensure_plugin(daemon, cluster, &request.plugin).await {
                 Ok(plugin) => plugin,
@@ -821,7 +896,39 @@ pub(crate) async fn handle(
                 max_slot_queue: daemon.config.max_slot_queue,
                 max_total_pending: daemon.config.max_total_pending,
             };
-            match cluster.pg.admit(&admission).await {
+            let mut admitted = cluster.pg.admit(&admission).await;
+            if matches!(admitted, Err(AdmitError::PluginGone)) {
+                // Collected from the database meanwhile: this node still
+                // has it; store it again for the others.
+                let path = super::plugins::plugin_path(
+                    &daemon.config.state_dir,
+                    &admission.request.plugin,
+                );
+                let stored = match std::fs::read(&path) {
+                    Ok(bytes) => cluster
+                        .pg
+                        .put_plugin(&admission.request.plugin, Some(&info.name), &bytes)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(format!("cannot read `{}`: {e}", path.display())),
+                };
+                admitted = match stored {
+                    Ok(()) => cluster.pg.admit(&admission).await,
+                    Err(e) => Err(AdmitError::Store(StoreError(e))),
+                };
+            }
+            match admitted {
+                Err(AdmitError::PluginGone) => {
+                    reply
+                        .error(
+                            ErrorKind::NotFound,
+                            format!(
+                                "the cluster does not hold plugin {}; upload it again",
+                                admission.request.plugin
+                            ),
+                        )
+                        .await;
+                }
                 Ok(submitted) => {
                     cluster.wake.notify_one();
                     reply.send(Reply::Submitted(submitted)).await;
@@ -978,6 +1085,23 @@ pub(crate) async fn handle(
                 }
                 Err(err) => reply.error(ErrorKind::Internal, err.to_string()).await,
             }
+        }
+        Request::Events { follow, filter } => {
+            let cluster = Arc::clone(cluster);
+            tokio::spawn(async move {
+                let _ = reply
+                    .until_gone(cluster_events(&cluster, &reply, follow, &filter))
+                    .await;
+            });
+        }
+        Request::RemovePlugins { prefix: None } => {
+            // `host plugins prune`: the cluster's unused plugins go at
+            // once, then this node's own copies.
+            if let Err(err) = cluster.pg.collect_plugins(Duration::ZERO).await {
+                reply.error(ErrorKind::Internal, err.to_string()).await;
+                return None;
+            }
+            return Some((Request::RemovePlugins { prefix: None }, reply));
         }
         other => return Some((other, reply)),
     }

@@ -28,7 +28,7 @@ pub(crate) async fn handle(
     uploads: &mut Uploads,
 ) {
     let (request, reply) = match &daemon.cluster {
-        Some(cluster) => match cluster::handle(daemon, cluster, request, reply, uploads).await {
+        Some(cluster) => match cluster::handle(daemon, cluster, request, reply).await {
             Some(rest) => rest,
             None => return,
         },
@@ -52,16 +52,24 @@ pub(crate) async fn handle(
             }
             // The compile happens in order: a Submit of this plugin sent
             // right after the last chunk finds it.
-            Ok(Some(bytes)) => match daemon.plugins.store(bytes).await {
-                Ok(plugin) => {
-                    reply
-                        .send(Reply::Uploaded {
-                            plugin: Some(plugin.info().name.clone()),
-                        })
-                        .await;
+            Ok(Some(bytes)) => {
+                // A cluster node stores it for the whole cluster too.
+                let shared = daemon.cluster.as_ref().map(|_| bytes.clone());
+                match daemon.plugins.store(bytes).await {
+                    Ok(plugin) => {
+                        let name = plugin.info().name.clone();
+                        if let (Some(cluster), Some(bytes)) = (&daemon.cluster, shared)
+                            && let Err(err) =
+                                cluster.pg.put_plugin(&digest, Some(&name), &bytes).await
+                        {
+                            reply.error(ErrorKind::Internal, err.to_string()).await;
+                            return;
+                        }
+                        reply.send(Reply::Uploaded { plugin: Some(name) }).await;
+                    }
+                    Err((kind, message)) => reply.error(kind, message).await,
                 }
-                Err((kind, message)) => reply.error(kind, message).await,
-            },
+            }
         },
         Request::Submit(request) => submissions::submit(daemon, *request, reply).await,
         Request::Wait(target) => match resolve(daemon, &target, &reply).await {

@@ -23,7 +23,7 @@ use crate::logline::LogLine;
 use crate::outcome::{OutcomeKind, RejectionKind, TaskOutcome};
 use crate::plugin_task::resolve_slot;
 use crate::runtime::{Digest, ResourceTemplate};
-use crate::supervisor::{TaskId, TaskRef, TaskReport};
+use crate::supervisor::{Event, TaskId, TaskRef, TaskReport};
 
 use super::super::protocol::{Placement, SubmitRequest, Submitted, TaskRow, TaskState};
 use super::{Finished, Pause, StoreError, Unfinished, UnfinishedState, now_ms};
@@ -32,7 +32,11 @@ use super::{Finished, Pause, StoreError, Unfinished, UnfinishedState, now_ms};
 const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/postgres/0001_cluster.sql"),
     include_str!("../../../migrations/postgres/0002_logs.sql"),
+    include_str!("../../../migrations/postgres/0003_events.sql"),
 ];
+
+/// Events kept in the database (each node prunes beyond it).
+pub(crate) const EVENTS_KEPT: i64 = 100_000;
 
 /// The advisory lock that serialises migrations of nodes starting together.
 const MIGRATION_LOCK: i64 = 0x7461_736b_686f_7374;
@@ -77,12 +81,28 @@ const RETRY_MARK: &str = " (a concurrent transaction won; retried)";
 fn error_text(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => db.message().to_owned(),
-        None => e.to_string(),
+        None => chain(e),
     }
 }
 
+/// An error with its causes, `a: b: c`.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
-    StoreError(format!("PostgreSQL: no connection: {e}"))
+    let text = match &e {
+        deadpool_postgres::PoolError::Backend(e) => error_text(e),
+        other => chain(other),
+    };
+    StoreError(format!("PostgreSQL: no connection: {text}"))
 }
 
 fn retryable(e: &StoreError) -> bool {
@@ -155,6 +175,8 @@ pub(crate) struct Admission {
 pub(crate) enum AdmitError {
     /// The submission is invalid (a template parameter is missing).
     Invalid(String),
+    /// The cluster no longer holds the plugin (collected): store it again.
+    PluginGone,
     /// The database failed.
     Store(StoreError),
 }
@@ -579,6 +601,20 @@ impl Pg {
         request.policy = Some(policy);
         let encoded = encode(&request)?;
 
+        // The plugin stays while this transaction runs (collection locks
+        // it to delete it), and the task row then keeps it.
+        let plugin_row = tx
+            .prepare_cached("SELECT 1 FROM taskhost_plugins WHERE digest = $1 FOR KEY SHARE")
+            .await
+            .map_err(db("cannot check the plugin"))?;
+        if tx
+            .query_opt(&plugin_row, &[&&a.request.plugin.0[..]])
+            .await
+            .map_err(db("cannot check the plugin"))?
+            .is_none()
+        {
+            return Err(AdmitError::PluginGone);
+        }
         let ensure = tx
             .prepare_cached("INSERT INTO taskhost_slots (slot) VALUES ($1) ON CONFLICT DO NOTHING")
             .await
@@ -1311,6 +1347,58 @@ impl Pg {
         Ok((lines, last))
     }
 
+    /// Ships a node's events.
+    pub(crate) async fn ship_events(&self, node: i64, events: &[Event]) -> Result<(), StoreError> {
+        let encoded = events.iter().map(encode).collect::<Result<Vec<_>, _>>()?;
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "INSERT INTO taskhost_events (node, event) \
+                 SELECT $1, e FROM unnest($2::bytea[]) WITH ORDINALITY AS u(e, n) ORDER BY n",
+            )
+            .await
+            .map_err(db("cannot ship events"))?;
+        client
+            .execute(&stmt, &[&node, &encoded])
+            .await
+            .map_err(db("cannot ship events"))?;
+        Ok(())
+    }
+
+    /// The cluster's events after seq `after` (None: the newest `limit`),
+    /// oldest first, each with the database's seq.
+    pub(crate) async fn events(
+        &self,
+        after: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError> {
+        let client = self.client().await?;
+        let rows = if let Some(after) = after {
+            client
+                .query(
+                    "SELECT seq, event FROM taskhost_events WHERE seq > $1 ORDER BY seq LIMIT $2",
+                    &[&after, &limit],
+                )
+                .await
+        } else {
+            client
+                .query(
+                    "SELECT seq, event FROM (SELECT seq, event FROM taskhost_events \
+                     ORDER BY seq DESC LIMIT $1) e ORDER BY seq",
+                    &[&limit],
+                )
+                .await
+        }
+        .map_err(db("cannot read events"))?;
+        rows.iter()
+            .map(|r| {
+                let mut event: Event = decode(r.get::<_, &[u8]>(1))?;
+                event.seq = r.get::<_, i64>(0).max(0) as u64;
+                Ok(event)
+            })
+            .collect()
+    }
+
     /// Whether the cluster holds this plugin.
     pub(crate) async fn has_plugin(&self, digest: &Digest) -> Result<bool, StoreError> {
         let client = self.client().await?;
@@ -1335,12 +1423,49 @@ impl Pg {
         client
             .execute(
                 "INSERT INTO taskhost_plugins (digest, name, bytes, stored_ms) \
-                 VALUES ($1, $2, $3, $4) ON CONFLICT (digest) DO NOTHING",
+                 VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (digest) DO UPDATE SET stored_ms = excluded.stored_ms",
                 &[&&digest.0[..], &name, &bytes, &ms(now_ms())],
             )
             .await
             .map_err(db("cannot store a plugin"))?;
         Ok(())
+    }
+
+    /// Deletes the stored plugins that no task (unfinished, or finished and
+    /// retained) refers to and that were last stored before `keep` ago;
+    /// returns how many. A plugin an admission is using is locked, so it
+    /// is skipped.
+    pub(crate) async fn collect_plugins(&self, keep: Duration) -> Result<u64, StoreError> {
+        let cutoff = ms(now_ms().saturating_sub(keep.as_millis() as u64));
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(db("cannot start a transaction"))?;
+        let old = tx
+            .query(
+                "SELECT digest FROM taskhost_plugins WHERE stored_ms < $1 FOR UPDATE SKIP LOCKED",
+                &[&cutoff],
+            )
+            .await
+            .map_err(db("cannot list plugins"))?;
+        let mut removed = 0;
+        for row in &old {
+            let digest: &[u8] = row.get(0);
+            // A new statement, so a new snapshot: admissions that committed
+            // while this waited are seen.
+            removed += tx
+                .execute(
+                    "DELETE FROM taskhost_plugins WHERE digest = $1 AND NOT EXISTS \
+                     (SELECT 1 FROM taskhost_tasks WHERE digest = $1)",
+                    &[&digest],
+                )
+                .await
+                .map_err(db("cannot collect a plugin"))?;
+        }
+        tx.commit().await.map_err(db("cannot commit"))?;
+        Ok(removed)
     }
 
     /// A plugin's bytes, if the cluster holds it.
@@ -1380,6 +1505,13 @@ impl Pg {
             )
             .await
             .map_err(db("cannot apply retention"))?;
+        client
+            .execute(
+                "DELETE FROM taskhost_events WHERE seq <= (SELECT max(seq) FROM taskhost_events) - $1",
+                &[&EVENTS_KEPT],
+            )
+            .await
+            .map_err(db("cannot prune events"))?;
         Ok(n)
     }
 }
