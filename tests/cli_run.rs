@@ -347,7 +347,7 @@ fn deploy_fills_its_resource_from_params() {
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     let v = json(&out.stdout);
     assert_eq!(v["slot"], "deploy/prod");
-    assert_eq!(v["output"], "deployed to prod");
+    assert_eq!(v["output"], "deployed to prod (dry run: no endpoint)");
 }
 
 #[test]
@@ -356,7 +356,7 @@ fn inspect_shows_what_deploy_declares() {
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     let v = json(&out.stdout);
     assert_eq!(v["name"], "deploy");
-    assert_eq!(v["version"], "1.0.0");
+    assert_eq!(v["version"], "2.0.0");
     assert_eq!(v["resource"], "deploy/{env}");
     assert_eq!(v["resource_params"], serde_json::json!(["env"]));
     assert_eq!(v["default_policy"], "replace");

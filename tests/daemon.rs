@@ -46,7 +46,7 @@ fn submit_wait_and_wait_by_id() {
     let d = Daemon::start(&[]);
     let out = d.run(&["submit", &p("deploy"), "--param", "env=prod", "--wait"]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
-    assert_eq!(out.stdout, "deployed to prod");
+    assert_eq!(out.stdout, "deployed to prod (dry run: no endpoint)");
     assert!(
         out.stderr.contains("completed in 1 attempt"),
         "{}",

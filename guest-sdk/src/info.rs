@@ -31,8 +31,9 @@ pub enum Capability {
     WriteDir(String),
     /// The named environment variable (granted with `--env NAME=VALUE`).
     Env(String),
-    /// Outbound network access. This version of the host never grants it, so
-    /// a plugin that declares it cannot be submitted.
+    /// Outbound HTTP (the `http` feature's requests), granted per host with
+    /// `--allow-http HOST[:PORT]`; a submission without any `--allow-http`
+    /// is refused, naming the flag.
     Network,
 }
 

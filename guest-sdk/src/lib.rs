@@ -56,6 +56,9 @@
 //!   ([`Context::log`] and the macros [`trace!`], [`debug!`], [`info!`],
 //!   [`warn!`], [`error!`]), [`Context::progress`], and the attempt's facts
 //!   and params ([`Context::param`], [`Context::param_parse_or`], ...).
+//! - `http` (cargo feature `http`, off by default; `json` adds JSON bodies):
+//!   outbound HTTP requests, `http::get`, `http::post`, `http::Request`, to
+//!   the hosts the submission grants with `--allow-http`.
 //! - [`TaskError`], [`fail`], [`fatal`], [`canceled`]: how an attempt fails.
 //!   Any [`std::error::Error`] converts into a retryable failure, so `?`
 //!   works.
@@ -73,6 +76,8 @@
 mod context;
 mod error;
 mod export;
+#[cfg(feature = "http")]
+pub mod http;
 mod info;
 mod macros;
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use taskhost::runtime::{DirGrant, Sandbox, parse_env};
+use taskhost::runtime::{DirGrant, HttpAllow, Sandbox, parse_env};
 use taskhost::supervisor::{BackoffPolicy, RestartPolicy, TaskSpec};
 use taskhost::units::{parse_duration, parse_size};
 
@@ -81,6 +81,9 @@ pub struct TaskArgs {
     /// Grant an environment variable to the guest (repeatable); nothing is inherited.
     #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
+    /// Let the guest send HTTP requests to this host (repeatable): HOST or HOST:PORT for https, http://HOST[:PORT] for plain http, *.DOMAIN for every name under DOMAIN; without a port, the scheme's default (443, 80). Nothing else is reachable; each request (and each redirect hop) is checked. For submit, the daemon's own allow_http must include it.
+    #[arg(long = "allow-http", value_name = "[http://]HOST[:PORT]", value_parser = parse_allow_http)]
+    pub allow_http: Vec<HttpAllow>,
     /// Print one JSON object with the result on stdout instead of raw output.
     #[arg(long)]
     pub json: bool,
@@ -105,6 +108,7 @@ impl TaskArgs {
         let mut sandbox = Sandbox {
             dirs: self.dirs.clone(),
             env: self.env.clone(),
+            http: self.allow_http.clone(),
             ..Sandbox::default()
         };
         if let Some(max) = self.max_memory {
@@ -224,6 +228,11 @@ impl PolicyArgs {
 fn parse_backoff(text: &str) -> Result<BackoffPolicy, String> {
     text.parse()
         .map_err(|e: taskhost::supervisor::BackoffError| e.to_string())
+}
+
+/// `--allow-http HOST[:PORT]` (also `host serve --allow-http`).
+pub fn parse_allow_http(text: &str) -> Result<HttpAllow, String> {
+    HttpAllow::parse(text).map_err(|e| e.to_string())
 }
 
 /// `--dir`, with a hint for the Docker-style `HOST:GUEST` form.

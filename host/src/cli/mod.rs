@@ -54,7 +54,7 @@ enum Command {
     /// Exit codes: 0 completed, 1 failed or fatal, 2 invalid input,
     /// 4 canceled or force-aborted.
     #[command(
-        after_long_help = "EXAMPLES:\n  host run target/plugins/hello.wasm --input hi\n  host run target/plugins/flaky.wasm --param fail_times=2 --restart on-failure --backoff 10ms,1s,2,full\n  host run target/plugins/sleeper.wasm --param ms=5000 --timeout 1s\n  host run my.wasm --dir ./data::/data:ro --env LANG=C --max-memory 64MiB --json"
+        after_long_help = "EXAMPLES:\n  host run target/plugins/hello.wasm --input hi\n  host run target/plugins/flaky.wasm --param fail_times=2 --restart on-failure --backoff 10ms,1s,2,full\n  host run target/plugins/sleeper.wasm --param ms=5000 --timeout 1s\n  host run my.wasm --dir ./data::/data:ro --env LANG=C --max-memory 64MiB --json\n  host run target/plugins/http-get.wasm --param url=https://api.example.com/status --allow-http api.example.com\n  host run target/plugins/deploy.wasm --param env=dev --param endpoint=http://127.0.0.1:8080/deploy --allow-http http://127.0.0.1:8080"
     )]
     Run(Box<run::RunArgs>),
     /// Validate a plugin and show what it declares.
@@ -78,7 +78,7 @@ enum Command {
     /// the next start (`host shutdown --cancel-all`, or `--store memory`,
     /// ends it all now); the socket is removed.
     #[command(
-        after_long_help = "EXAMPLES:\n  host serve --detach                  # returns once the daemon accepts; logs in <state dir>/daemon.log\n  host serve --grace 30s --max-concurrent 8\n  host --socket /tmp/h.sock serve --state-dir /tmp/h-state\n  (systemd: Type=notify; the daemon reports READY=1 once it listens)"
+        after_long_help = "EXAMPLES:\n  host serve --detach                  # returns once the daemon accepts; logs in <state dir>/daemon.log\n  host serve --grace 30s --max-concurrent 8\n  host --socket /tmp/h.sock serve --state-dir /tmp/h-state\n  host serve --allow-http '*.example.com' --allow-http http://127.0.0.1:8080   # the most HTTP a submission may get\n  (systemd: Type=notify; the daemon reports READY=1 once it listens)"
     )]
     Serve(Box<serve::ServeArgs>),
     /// Send one task to the daemon; prints its id (or, with --wait, its result).
@@ -87,7 +87,7 @@ enum Command {
     /// is --slot, else the plugin's resource filled from --param, else the
     /// task name. Exit codes with --wait: as `host run`; 3 when rejected.
     #[command(
-        after_long_help = "EXAMPLES:\n  host submit target/plugins/hello.wasm --slot x --input hi --wait\n  host submit target/plugins/deploy.wasm --param env=prod          # slot deploy/prod, policy replace\n  host submit target/plugins/sleeper.wasm --name nap --param ms=60000\n  host submit my.wasm --slot db --policy queue --restart on-failure --max-retries 3"
+        after_long_help = "EXAMPLES:\n  host submit target/plugins/hello.wasm --slot x --input hi --wait\n  host submit target/plugins/deploy.wasm --param env=prod --param endpoint=https://deploy.example.com/hook --allow-http deploy.example.com   # slot deploy/prod, policy replace\n  host submit target/plugins/sleeper.wasm --name nap --param ms=60000\n  host submit my.wasm --slot db --policy queue --restart on-failure --max-retries 3"
     )]
     Submit(Box<client::submit::SubmitArgs>),
     /// Wait for a task's final outcome and print it (exit code by outcome).

@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, keep_unused_plugins, plugin_cache, worker_threads, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, keep_unused_plugins, plugin_cache, worker_threads, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -65,6 +65,9 @@ pub struct ServeArgs {
     /// Threads of the daemon's async runtime: they run the connections, the supervisor and the guests [default: one per available core].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     worker_threads: Option<u16>,
+    /// The most outbound HTTP a submission may be granted (repeatable; same forms as submit --allow-http): each --allow-http of a submission must lie within one of these, or the submission is refused. Replaces the config file's allow_http. Without any, no submission may reach anything [default: none].
+    #[arg(long = "allow-http", value_name = "[http://]HOST[:PORT]", value_parser = super::args::parse_allow_http)]
+    allow_http: Vec<taskhost::runtime::HttpAllow>,
     /// Cluster mode (with `--store postgres://…`): this node's name in `host ps` [default: <hostname>-<pid>].
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
@@ -150,6 +153,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.worker_threads {
             config.worker_threads = usize::from(v);
+        }
+        if !self.allow_http.is_empty() {
+            config.allow_http = self.allow_http.clone();
         }
         if let Some(v) = &self.node_name {
             config.cluster.node_name = Some(v.clone());

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::runtime::{DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES};
+use crate::runtime::{DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES, HttpAllow};
 use crate::units::{parse_duration, parse_size};
 
 use super::cluster::ClusterSettings;
@@ -55,6 +55,10 @@ pub struct DaemonConfig {
     /// builds its runtime with them; a caller of [`serve`](super::serve)
     /// runs it on a runtime of its own.
     pub worker_threads: usize,
+    /// The most outbound HTTP any submission may be granted: each of its
+    /// `--allow-http` grants must be covered by one of these. Empty (the
+    /// default): no submission may reach anything.
+    pub allow_http: Vec<HttpAllow>,
     /// Cluster mode (a `postgres://` store): this node's name, lease and
     /// polling.
     pub cluster: ClusterSettings,
@@ -86,6 +90,7 @@ impl DaemonConfig {
             keep_unused_plugins: Duration::from_secs(3600),
             worker_threads: default_worker_threads(),
             plugin_cache: 256 << 20,
+            allow_http: Vec::new(),
             cluster: ClusterSettings::default(),
         }
     }
@@ -154,6 +159,12 @@ impl DaemonConfig {
             }
             self.worker_threads = v;
         }
+        if let Some(v) = file.allow_http {
+            self.allow_http = v
+                .iter()
+                .map(|text| HttpAllow::parse(text).map_err(|e| format!("allow_http: {e}")))
+                .collect::<Result<_, _>>()?;
+        }
         if let Some(v) = file.keep_unused_plugins {
             self.keep_unused_plugins = dur(&v, "keep_unused_plugins")?;
         }
@@ -199,6 +210,7 @@ struct FileConfig {
     keep_unused_plugins: Option<String>,
     worker_threads: Option<usize>,
     plugin_cache: Option<String>,
+    allow_http: Option<Vec<String>>,
     node_name: Option<String>,
     lease: Option<String>,
     lease_renew: Option<String>,
@@ -227,6 +239,20 @@ mod tests {
         assert_eq!(config.max_memory, 64 << 20);
         assert_eq!(config.pool_instances, 64);
         assert_eq!(config.event_lane_capacity, 100_000);
+        std::fs::write(
+            &path,
+            "allow_http = [\"*.example.com\", \"http://127.0.0.1:8080\"]\n",
+        )
+        .unwrap();
+        config.apply_file(&path).unwrap();
+        let shown: Vec<String> = config.allow_http.iter().map(|a| a.to_string()).collect();
+        assert_eq!(shown, ["*.example.com", "http://127.0.0.1:8080"]);
+        std::fs::write(&path, "allow_http = [\"ftp://x\"]\n").unwrap();
+        let err = config.apply_file(&path).unwrap_err();
+        assert!(
+            err.starts_with("allow_http: invalid --allow-http `ftp://x`"),
+            "{err}"
+        );
         std::fs::write(&path, "graec = \"2s\"\n").unwrap();
         let err = config.apply_file(&path).unwrap_err();
         assert!(err.contains("unknown field"), "{err}");

@@ -16,13 +16,13 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::controller::{AdmissionPolicy, SlotView};
 use crate::logline::LogLine;
 use crate::outcome::{OutcomeKind, TaskOutcome};
-use crate::runtime::{Digest, DirGrant};
+use crate::runtime::{Digest, DirGrant, HttpAllow};
 use crate::supervisor::{
     BackoffPolicy, Event, EventKind, RestartPolicy, ShutdownReport, TaskId, TaskRef, TaskReport,
 };
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).
@@ -96,9 +96,62 @@ pub struct SubmitRequest {
     pub dirs: Vec<DirGrant>,
     /// Environment grants.
     pub env: Vec<(String, String)>,
+    /// Where the task's outbound HTTP requests may go (`--allow-http`);
+    /// each must be within the daemon's own `allow_http`. Last, so that
+    /// requests stored before it existed still decode
+    /// ([`SubmitRequest::decode_stored`]).
+    pub allow_http: Vec<HttpAllow>,
+}
+
+/// A [`SubmitRequest`] as protocols 4 and 5 stored it (before
+/// `allow_http`), so that the rows of an older daemon's store still decode.
+#[derive(Deserialize)]
+struct SubmitRequestV5 {
+    plugin: Digest,
+    name: Option<String>,
+    slot: Option<String>,
+    policy: Option<AdmissionPolicy>,
+    params: Vec<(String, String)>,
+    input: Vec<u8>,
+    restart: Option<RestartPolicy>,
+    max_retries: Option<u32>,
+    backoff: Option<BackoffPolicy>,
+    timeout: Option<Duration>,
+    max_memory: Option<u64>,
+    dirs: Vec<DirGrant>,
+    env: Vec<(String, String)>,
 }
 
 impl SubmitRequest {
+    /// Decodes a request a store kept (postcard): the current layout, else
+    /// the layout of protocols 4 and 5, which had no `allow_http` (such a task is
+    /// granted no HTTP, as it was then).
+    pub fn decode_stored(bytes: &[u8]) -> Result<Self, postcard::Error> {
+        let current = postcard::from_bytes::<Self>(bytes);
+        if current.is_ok() {
+            return current;
+        }
+        match postcard::from_bytes::<SubmitRequestV5>(bytes) {
+            Ok(old) => Ok(Self {
+                plugin: old.plugin,
+                name: old.name,
+                slot: old.slot,
+                policy: old.policy,
+                params: old.params,
+                input: old.input,
+                restart: old.restart,
+                max_retries: old.max_retries,
+                backoff: old.backoff,
+                timeout: old.timeout,
+                max_memory: old.max_memory,
+                dirs: old.dirs,
+                env: old.env,
+                allow_http: Vec::new(),
+            }),
+            Err(_) => current,
+        }
+    }
+
     /// A submission of this plugin with every default.
     pub fn new(plugin: Digest) -> Self {
         Self {
@@ -115,6 +168,7 @@ impl SubmitRequest {
             max_memory: None,
             dirs: Vec::new(),
             env: Vec::new(),
+            allow_http: Vec::new(),
         }
     }
 }
@@ -466,6 +520,23 @@ pub async fn write_frame<T: Serialize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stored_requests_of_protocols_4_and_5_still_decode() {
+        let mut request = SubmitRequest::new(Digest::of(b"plugin"));
+        request.name = Some("nap".into());
+        request.env = vec![("K".into(), "V".into())];
+        request.timeout = Some(Duration::from_secs(3));
+        // Protocols 4 and 5 had no trailing `allow_http`: an empty one is one zero
+        // byte (its length) at the end.
+        let mut old = postcard::to_allocvec(&request).unwrap();
+        assert_eq!(old.pop(), Some(0));
+        assert_eq!(SubmitRequest::decode_stored(&old).unwrap(), request);
+        request.allow_http = vec!["http://127.0.0.1:8080".parse().unwrap()];
+        let new = postcard::to_allocvec(&request).unwrap();
+        assert_eq!(SubmitRequest::decode_stored(&new).unwrap(), request);
+        assert!(SubmitRequest::decode_stored(&new[..10]).is_err());
+    }
 
     #[tokio::test]
     async fn frames_round_trip() {

@@ -20,7 +20,7 @@ use futures::future::BoxFuture;
 use crate::controller::{AdmissionPolicy, Placed, Submission};
 use crate::outcome::{RejectionKind, TaskOutcome};
 use crate::plugin_task::{PluginTask, resolve_slot};
-use crate::runtime::Sandbox;
+use crate::runtime::{HttpAllow, Sandbox};
 use crate::supervisor::{
     AttemptContext, Reservation, RestartPolicy, Resume, RunFuture, TaskBody, TaskError, TaskId,
     TaskSpec,
@@ -76,6 +76,28 @@ pub(crate) async fn submit(daemon: &Arc<Daemon>, request: SubmitRequest, reply: 
     }
 }
 
+/// Refuses outbound HTTP grants beyond the daemon's own `allow_http`,
+/// naming the first one and how the operator widens the ceiling.
+fn check_http_ceiling(ceiling: &[HttpAllow], wanted: &[HttpAllow]) -> Result<(), String> {
+    let Some(over) = HttpAllow::first_uncovered(ceiling, wanted) else {
+        return Ok(());
+    };
+    Err(if ceiling.is_empty() {
+        format!(
+            "--allow-http {over}: this daemon allows no outbound HTTP; its operator can allow \
+             it with `allow_http = [\"{over}\"]` in the config file or `host serve --allow-http {over}`"
+        )
+    } else {
+        let allowed: Vec<String> = ceiling.iter().map(ToString::to_string).collect();
+        format!(
+            "--allow-http {over} is beyond what this daemon allows ({}); ask for one of \
+             those, or its operator can add `{over}` to allow_http in the config file \
+             or `host serve --allow-http {over}`",
+            allowed.join(", ")
+        )
+    })
+}
+
 /// The checks every submission passes before anything is recorded: the
 /// daemon is taking work, the input fits, the plugin is known, the grants
 /// are valid and cover what the plugin declares. Returns the plugin and the
@@ -111,6 +133,7 @@ pub(crate) async fn check(
     let sandbox = Sandbox {
         dirs: request.dirs.clone(),
         env: request.env.clone(),
+        http: request.allow_http.clone(),
         max_memory: request.max_memory.unwrap_or(daemon.config.max_memory),
     };
     if sandbox.max_memory < 64 << 10 {
@@ -125,6 +148,7 @@ pub(crate) async fn check(
         )));
     }
     sandbox.check_dirs().map_err(|e| invalid(e.to_string()))?;
+    check_http_ceiling(&daemon.config.allow_http, &sandbox.http).map_err(invalid)?;
     sandbox
         .check_capabilities(&info.capabilities)
         .map_err(|e| invalid(e.to_string()))?;

@@ -11,8 +11,10 @@ use tokio_util::sync::CancellationToken;
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, ResourceLimiter, Store, Trap, UpdateDeadline, WasmBacktrace};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::{self, taskhost::plugin::host, taskhost::plugin::types};
+use super::http::HttpHooks;
 use super::output::{Capture, CapturedStream, GuestSink};
 use super::sandbox::Sandbox;
 use crate::logline::{LogLevel, Stream};
@@ -101,6 +103,9 @@ pub(crate) struct AttemptState {
     table: ResourceTable,
     limiter: MemoryLimiter,
     host: HostCtx,
+    http: WasiHttpCtx,
+    /// Checks every outbound request against the task's grant.
+    http_hooks: HttpHooks,
 }
 
 /// What the host functions of one attempt need.
@@ -115,6 +120,16 @@ impl WasiView for AttemptState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for AttemptState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.http_hooks,
         }
     }
 }
@@ -179,9 +194,12 @@ impl ResourceLimiter for MemoryLimiter {
     }
 }
 
-/// Adds the WASI p2 interfaces and the `host` interface to a linker.
+/// Adds the WASI p2 interfaces, the outgoing half of `wasi:http` (`types`
+/// and `outgoing-handler`, checked by `http::HttpHooks`) and the `host`
+/// interface to a linker.
 pub(crate) fn add_to_linker(linker: &mut Linker<AttemptState>) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
     host::add_to_linker::<AttemptState, HasSelf<HostCtx>>(linker, |state| &mut state.host)?;
     Ok(())
 }
@@ -219,6 +237,8 @@ pub(crate) fn new_store(
             cancel: signals.cancel.clone(),
             capture: Arc::clone(&capture),
         },
+        http: WasiHttpCtx::new(),
+        http_hooks: HttpHooks::new(&sandbox.http, Arc::clone(&capture), signals.cancel.clone()),
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limiter);

@@ -212,7 +212,7 @@ pub enum Capability {
     WriteDir(String),
     /// This environment variable.
     Env(String),
-    /// Network access (never granted by this host).
+    /// Outbound HTTP, covered by any `--allow-http` grant ([`Sandbox::http`](super::Sandbox::http)).
     Network,
 }
 

@@ -10,13 +10,15 @@
 //! | `contract` | what a plugin declares: [`PluginInfo`], [`Capability`], resource templates |
 //! | `plugin` | bytes → validated [`Plugin`] (header sniffing, compile, world check, describe) |
 //! | `attempt` | one fresh instance: limits, epoch callback, host functions, error mapping |
-//! | `sandbox` | grants: dirs, env, memory; capability checks; WASI context |
+//! | `sandbox` | grants: dirs, env, http, memory; capability checks; WASI context |
+//! | `http` | outbound HTTP: `--allow-http` grants, ceilings, the check of every request |
 //! | `output` | guest stdout/stderr/log capture, bounded, line by line |
 
 mod attempt;
 mod bindings;
 pub mod contract;
 mod engine;
+mod http;
 mod output;
 mod plugin;
 mod sandbox;
@@ -33,6 +35,9 @@ pub use contract::{Capability, DefaultPolicy, PluginInfo, ResourceTemplate, Temp
 pub use engine::{
     Allocator, AllocatorChoice, DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES,
     HurryGuard, POOL_RESERVE, RuntimeConfig, default_cache_dir,
+};
+pub use http::{
+    DEFAULT_HTTP_CONNECT_TIMEOUT, DEFAULT_HTTP_FIRST_BYTE_TIMEOUT, HttpAllow, HttpScheme,
 };
 pub use output::{GuestSink, MAX_LINE_BYTES, MAX_OUTPUT_BYTES_PER_ATTEMPT, NullSink};
 pub use plugin::{

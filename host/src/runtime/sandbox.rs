@@ -1,8 +1,10 @@
 //! Owns what a guest may touch: the grants of one task (preopened
-//! directories, environment variables, its memory limit), parsing them from
-//! `--dir HOST::GUEST[:ro]` and `--env K=V`, checking them against the
+//! directories, environment variables, outbound HTTP hosts, its memory
+//! limit), parsing them from `--dir HOST::GUEST[:ro]` and `--env K=V`
+//! (`--allow-http` is parsed in `http`), checking them against the
 //! capabilities a plugin declares, and turning them into a WASI context.
-//! Nothing is granted by default: no files, no environment, no sockets.
+//! Nothing is granted by default: no files, no environment, no sockets, no
+//! HTTP.
 
 use std::path::PathBuf;
 
@@ -10,6 +12,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
 
 use super::contract::Capability;
 use super::engine::DEFAULT_MAX_MEMORY;
+use super::http::HttpAllow;
 
 /// One preopened directory.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -39,6 +42,17 @@ pub enum GrantError {
     /// `--env` is not `K=V`.
     #[error("invalid --env `{0}`: use NAME=VALUE")]
     EnvSyntax(String),
+    /// `--allow-http` is not `[http://]HOST[:PORT]`.
+    #[error(
+        "invalid --allow-http `{text}`: {why}; use HOST, HOST:PORT, *.DOMAIN or http://HOST:PORT, \
+         such as --allow-http api.example.com"
+    )]
+    HttpSyntax {
+        /// What was given.
+        text: String,
+        /// What is wrong with it.
+        why: String,
+    },
     /// A declared capability has no grant.
     #[error("the plugin needs {needed}, but this submission does not grant it: {fix}")]
     Missing {
@@ -85,6 +99,8 @@ pub struct Sandbox {
     pub dirs: Vec<DirGrant>,
     /// Environment variables, in order.
     pub env: Vec<(String, String)>,
+    /// Where outbound HTTP requests may go (none: every request is denied).
+    pub http: Vec<HttpAllow>,
     /// Largest size, in bytes, of any one linear memory of the guest.
     pub max_memory: u64,
 }
@@ -94,6 +110,7 @@ impl Default for Sandbox {
         Self {
             dirs: Vec::new(),
             env: Vec::new(),
+            http: Vec::new(),
             max_memory: DEFAULT_MAX_MEMORY,
         }
     }
@@ -127,7 +144,7 @@ impl Sandbox {
                     self.dirs.iter().any(|d| &d.guest == path && !d.read_only)
                 }
                 Capability::Env(name) => self.env.iter().any(|(k, _)| k == name),
-                Capability::Network => false,
+                Capability::Network => !self.http.is_empty(),
             };
             if !covered {
                 let (needed, fix) = match cap {
@@ -144,8 +161,10 @@ impl Sandbox {
                         format!("add --env {n}=VALUE"),
                     ),
                     Capability::Network => (
-                        "network access".to_owned(),
-                        "this host never grants network access to plugins".to_owned(),
+                        "outbound HTTP".to_owned(),
+                        "add --allow-http HOST[:PORT] for each host it calls, such as \
+                         --allow-http api.example.com (https) or --allow-http http://127.0.0.1:8080"
+                            .to_owned(),
                     ),
                 };
                 return Err(GrantError::Missing { needed, fix });
@@ -230,6 +249,17 @@ mod tests {
             "the plugin needs write access to `/data`, but this submission does not grant it: \
              add --dir HOST_DIR::/data"
         );
-        assert!(sandbox.check_capabilities(&[Capability::Network]).is_err());
+        let err = sandbox
+            .check_capabilities(&[Capability::Network])
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("add --allow-http HOST[:PORT]"),
+            "{err}"
+        );
+        let granted = Sandbox {
+            http: vec!["api.example.com".parse().unwrap()],
+            ..Sandbox::default()
+        };
+        assert!(granted.check_capabilities(&[Capability::Network]).is_ok());
     }
 }

@@ -33,7 +33,8 @@
 //! | `oom` | allocates `chunk_mib` (default 1) MiB chunks until allocation fails |
 //! | `chatty` | prints `lines` (default 3) lines to stdout and stderr; returns `chatty done` |
 //! | `sandbox-probe` | tries file `read`/`write`, env `var`, TCP `port`; returns a JSON report |
-//! | `deploy` | resource `deploy/{env}`, policy replace; sleeps `ms` (default 50); `deployed to <env>` |
+//! | `deploy` | resource `deploy/{env}`, policy replace; sleeps `ms` (default 50), then POSTs JSON to `endpoint` (needs `--allow-http`; non-2xx fails): `deployed to <env>`; without `endpoint` a dry run |
+//! | `http-get` | declares `network`; fetches `url` (or the input), `method`, `max_redirects`, `timeout_ms`; logs `requesting METHOD URL`; `HTTP <status>` and the body |
 //! | `not-a-task` | a `wasi:cli/command` program, not a plugin: the host must refuse it |
 //! | `describe-trap` | `describe()` panics: the host must refuse it at load |
 //! | `describe-spin` | `describe()` busy-loops forever: refused after the describe time limit |
@@ -84,6 +85,7 @@ mod tests {
             "describe-trap",
             "flaky",
             "hello",
+            "http-get",
             "not-a-task",
             "oom",
             "output-huge",

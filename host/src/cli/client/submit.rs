@@ -94,6 +94,7 @@ pub async fn submit(args: SubmitArgs, before_verb: Option<PathBuf>) -> anyhow::R
     request.max_memory = task.max_memory;
     request.dirs = dirs;
     request.env = sandbox.env.clone();
+    request.allow_http = sandbox.http.clone();
     let submitted = client.submit(request).await.map_err(name_the_file)?;
     if let Placement::Rejected(outcome) = &submitted.placement {
         // Rejected at intake: this is the final outcome, with or without --wait.

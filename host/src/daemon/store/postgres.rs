@@ -141,6 +141,13 @@ fn decode<T: for<'de> serde::Deserialize<'de>>(bytes: &[u8]) -> Result<T, StoreE
         .map_err(|e| StoreError(format!("a stored row does not decode: {e}")))
 }
 
+/// A stored submission, also one a protocol-5 node wrote (before
+/// `allow_http`).
+fn decode_request(bytes: &[u8]) -> Result<SubmitRequest, StoreError> {
+    SubmitRequest::decode_stored(bytes)
+        .map_err(|e| StoreError(format!("a stored row does not decode: {e}")))
+}
+
 fn ms(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -472,7 +479,7 @@ impl Pg {
                     return Ok(None);
                 };
                 let state: String = row.get(0);
-                let request: SubmitRequest = decode(row.get::<_, &[u8]>(1))?;
+                let request = decode_request(row.get::<_, &[u8]>(1))?;
                 let plugin: String = row.get(2);
                 let attempts = row.get::<_, i32>(3).max(0) as u32;
                 let failures = row.get::<_, i32>(4).max(0) as u32;
@@ -885,7 +892,7 @@ impl Pg {
                 Ok(Claimed {
                     id: id_of(r.get(0)),
                     token: r.get(1),
-                    request: decode(r.get::<_, &[u8]>(2))?,
+                    request: decode_request(r.get::<_, &[u8]>(2))?,
                     plugin: r.get(3),
                     attempts: r.get::<_, i32>(4).max(0) as u32,
                     failures: r.get::<_, i32>(5).max(0) as u32,

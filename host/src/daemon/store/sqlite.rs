@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, params};
 
+use crate::daemon::protocol::SubmitRequest;
 use crate::runtime::Digest;
 use crate::supervisor::TaskId;
 
@@ -195,7 +196,7 @@ fn read_unfinished(conn: &Connection) -> rusqlite::Result<Vec<Unfinished>> {
     for row in rows {
         let (id, plugin, request, state, attempts, submitted_ms, resume_at_ms, failures) = row?;
         let id = TaskId::from_u64(id as u64);
-        let request = match postcard::from_bytes(&request) {
+        let request = match SubmitRequest::decode_stored(&request) {
             Ok(request) => request,
             Err(e) => {
                 tracing::error!("task {id} in the store cannot be read ({e}); skipping it");
