@@ -344,3 +344,54 @@ fn guests_run_through_a_daemon_with_a_small_plugin_cache() {
         assert_eq!(json(&out.stdout)["outcome"], "canceled", "{}", out.stdout);
     }
 }
+
+/// A large component built against another version of our WIT package is
+/// refused at once, before it is compiled (which takes seconds, and would
+/// be announced on stderr).
+#[test]
+fn a_large_component_of_another_version_is_refused_before_compiling() {
+    let bytes = std::fs::read(guest(Lang::Python, "hello")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("py-other-version.wasm");
+    std::fs::write(
+        &path,
+        common::renamed(&bytes, b"plugin/host@0.1.0", b"plugin/host@0.2.0"),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = run_host(&["inspect", "--no-cache", path.to_str().unwrap()]);
+    let took = started.elapsed();
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(
+            "imports `taskhost:plugin/host@0.2.0` but this host provides taskhost:plugin@0.1.0"
+        ) && out
+            .stderr
+            .contains("rebuild the plugin against taskhost:plugin@0.1.0"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("compiling"), "{}", out.stderr);
+    // Generous: reading the names takes milliseconds, compiling this
+    // component several seconds.
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+}
+
+/// A compile that takes more than a second is announced on stderr, with
+/// the component's size.
+#[test]
+fn a_long_compile_is_announced() {
+    let hello = guest(Lang::Python, "hello");
+    let out = run_host(&["inspect", "--no-cache", &hello]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("compiling "))
+        .unwrap_or_else(|| panic!("no compiling line: {}", out.stderr));
+    assert!(
+        line.starts_with(&format!("compiling {hello} ("))
+            && line.contains("MiB); without the cache (--no-cache) every run compiles it again"),
+        "{line}"
+    );
+}
