@@ -106,7 +106,8 @@ impl RuntimeConfig {
     }
 
     /// Most bytes of compiled plugins kept in memory, counted by the size of
-    /// their components (compiled code takes a few times that); the least
+    /// their compiled images ([`Plugin::compiled_size`](super::Plugin::compiled_size),
+    /// about twice the component for Python and JavaScript); the least
     /// recently used go first, and a plugin bigger than the bound alone is
     /// still kept. `None` keeps every plugin [default: `None`].
     pub fn plugin_cache_bytes(mut self, bytes: Option<u64>) -> Self {

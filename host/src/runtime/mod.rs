@@ -229,7 +229,7 @@ impl Runtime {
         self.cache().contains(digest)
     }
 
-    /// Bytes of plugins in the cache, counted by component size.
+    /// Bytes of plugins in the cache, counted by compiled image size.
     pub fn cached_bytes(&self) -> u64 {
         self.cache().bytes()
     }
