@@ -4,7 +4,8 @@
 //! something), and after each one the daemon still serves
 //! `host submit hello.wasm --wait`. The corpus: broken files (truncated,
 //! garbage, empty, text, a core module, an unknown layer), components of
-//! another world or with an import we do not provide, `describe`s that trap,
+//! another world, with an import we do not provide, or built against another
+//! version of our WIT package or of WASI, `describe`s that trap,
 //! spin or return absurd sizes, and `run`s that return too much output or
 //! exhaust memory, stack, tables or time.
 
@@ -109,6 +110,34 @@ fn corpus(dir: &std::path::Path) -> Vec<Case> {
             "an import we do not provide",
             p("unknown-import"),
             vec!["does not provide", "example:missing/thing@0.1.0"],
+        ),
+        load(
+            "built against another version of the WIT package",
+            write(
+                dir,
+                "other-version.wasm",
+                &common::renamed(
+                    &common::renamed(&hello, b"plugin/host@0.1.0", b"plugin/host@0.2.0"),
+                    b"plugin/types@0.1.0",
+                    b"plugin/types@0.2.0",
+                ),
+            ),
+            vec![
+                "@0.2.0` but this host provides taskhost:plugin@0.1.0",
+                "rebuild the plugin against taskhost:plugin@0.1.0",
+            ],
+        ),
+        load(
+            "built for another WASI release",
+            write(
+                dir,
+                "wasi-03.wasm",
+                &common::renamed(&hello, b"wasi:cli/stdout@0.2.6", b"wasi:cli/stdout@0.3.6"),
+            ),
+            vec![
+                "imports `wasi:cli/stdout@0.3.6`",
+                "this host provides WASI 0.2",
+            ],
         ),
         load(
             "describe traps",

@@ -446,3 +446,87 @@ fn policy_flags_are_checked() {
         out.stderr
     );
 }
+
+/// The files of a compilation cache directory (wasmtime keeps them under
+/// `modules/`).
+fn cache_entries(dir: &std::path::Path) -> usize {
+    fn count(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir).map_or(0, |entries| {
+            entries
+                .flatten()
+                .map(|e| {
+                    let path = e.path();
+                    if path.is_dir() { count(&path) } else { 1 }
+                })
+                .sum()
+        })
+    }
+    count(&dir.join("modules"))
+}
+
+/// A relative `--cache-dir` or `TASKHOST_CACHE_DIR` is taken relative to
+/// the working directory, and the cache works (wasmtime's own cache
+/// accepts only absolute paths and is silently off otherwise).
+#[test]
+fn a_relative_cache_dir_still_caches() {
+    let cwd = tempfile::tempdir().unwrap();
+    let out = common::host()
+        .current_dir(cwd.path())
+        .env_remove("TASKHOST_CACHE_DIR")
+        .args([
+            "run",
+            "--cache-dir",
+            "rel-flag",
+            &p("hello"),
+            "--input",
+            "hi",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        cache_entries(&cwd.path().join("rel-flag")) > 0,
+        "the compiled plugin is cached under the working directory"
+    );
+    let out = common::host()
+        .current_dir(cwd.path())
+        .env("TASKHOST_CACHE_DIR", "rel-env")
+        .args(["run", &p("hello"), "--input", "hi"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(cache_entries(&cwd.path().join("rel-env")) > 0);
+}
+
+/// So is a relative `host serve --state-dir`: its compilation cache is
+/// `<state dir>/wasmtime-cache`, under the daemon's working directory.
+#[test]
+fn a_relative_state_dir_still_caches() {
+    let cwd = tempfile::tempdir().unwrap();
+    let socket = cwd.path().join("h.sock");
+    let socket = socket.to_str().unwrap();
+    let mut cmd = common::host();
+    cmd.current_dir(cwd.path())
+        .args(["serve", "--socket", socket, "--state-dir", "rel-state"]);
+    let mut daemon = Running::spawn_command(cmd);
+    daemon.wait_for_line("taskhost daemon listening on", Duration::from_secs(60));
+    let out = run_host(&[
+        "submit",
+        &p("hello"),
+        "--input",
+        "hi",
+        "--wait",
+        "--socket",
+        socket,
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "hi");
+    let out = run_host(&["shutdown", "--socket", socket]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let (status, _) = daemon.finish(Duration::from_secs(30));
+    assert!(status.success(), "{status:?}");
+    assert!(
+        cache_entries(&cwd.path().join("rel-state/wasmtime-cache")) > 0,
+        "the daemon's compilation cache is under its relative state directory"
+    );
+}

@@ -66,13 +66,16 @@ const EXPORT_PATH: &str = "export PATH=$PWD/target/debug:$PATH";
 /// The files whose `sh` blocks run, relative to the repository root.
 const FILES: &[&str] = &[
     "README.md",
+    "docs/c.md",
     "docs/cli.md",
     "docs/cluster.md",
     "docs/daemon.md",
     "docs/exit-codes.md",
+    "docs/javascript.md",
     "docs/limits.md",
     "docs/plugins.md",
     "docs/protocol.md",
+    "docs/python.md",
     "docs/semantics.md",
     "guest-sdk/README.md",
 ];
@@ -389,6 +392,21 @@ fn docs_daemon() {
 #[test]
 fn docs_exit_codes() {
     run_doc("docs/exit-codes.md");
+}
+
+#[test]
+fn docs_c() {
+    run_doc("docs/c.md");
+}
+
+#[test]
+fn docs_javascript() {
+    run_doc("docs/javascript.md");
+}
+
+#[test]
+fn docs_python() {
+    run_doc("docs/python.md");
 }
 
 #[test]

@@ -43,6 +43,30 @@ impl Daemon {
         }
     }
 
+    /// Starts `host serve` whose compilation cache (`<state>/wasmtime-cache`)
+    /// is a symlink to the tests' shared one, so that large plugins compiled
+    /// by earlier tests or runs load from it instead of compiling again.
+    pub fn start_sharing_cache(extra: &[&str]) -> Self {
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("h.sock");
+        let state = dir.path().join("state");
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&state)
+            .expect("create the state directory");
+        let shared = common::cache_dir();
+        std::fs::create_dir_all(&shared).expect("create the shared cache");
+        std::os::unix::fs::symlink(&shared, state.join("wasmtime-cache"))
+            .expect("link the shared cache");
+        let process = Self::serve(&socket, &state, extra);
+        Self {
+            dir,
+            socket,
+            process: Some(process),
+        }
+    }
+
     /// Starts `host serve` again on the same socket and state directory
     /// (after the last one was killed or shut down), so it finds the first
     /// one's store.

@@ -172,3 +172,27 @@ impl Running {
         )
     }
 }
+
+/// `bytes` with every `from` replaced by `to` (of the same length), such as
+/// an import's version.
+pub fn renamed(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    assert_eq!(from.len(), to.len());
+    let mut out = bytes.to_vec();
+    let mut found = false;
+    let mut i = 0;
+    while i + from.len() <= out.len() {
+        if &out[i..i + from.len()] == from {
+            out[i..i + from.len()].copy_from_slice(to);
+            found = true;
+            i += from.len();
+        } else {
+            i += 1;
+        }
+    }
+    assert!(
+        found,
+        "{} is in the component",
+        String::from_utf8_lossy(from)
+    );
+    out
+}

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use taskhost::runtime::{DirGrant, HttpAllow, Sandbox, parse_env};
+use taskhost::runtime::{DirGrant, HttpAllow, RuntimeConfig, Sandbox, parse_env};
 use taskhost::supervisor::{BackoffPolicy, RestartPolicy, TaskSpec};
-use taskhost::units::{parse_duration, parse_size};
+use taskhost::units::{format_size, parse_duration, parse_size};
 
 use super::exit::usage;
 
@@ -36,6 +36,24 @@ impl CacheArgs {
             })?)),
             None => Ok(taskhost::runtime::default_cache_dir()),
         }
+    }
+
+    /// The runtime settings of a verb that compiles: this cache, and a line
+    /// on stderr when a compile takes long enough to be noticed.
+    pub fn runtime_config(&self) -> anyhow::Result<RuntimeConfig> {
+        Ok(RuntimeConfig::default()
+            .cache_dir(self.dir()?)
+            .on_slow_compile(|note| {
+                let size = format_size(note.bytes);
+                if note.cached {
+                    eprintln!("compiling {} ({size}), cached afterwards", note.origin);
+                } else {
+                    eprintln!(
+                        "compiling {} ({size}); without the cache (--no-cache) every run compiles it again",
+                        note.origin
+                    );
+                }
+            }))
     }
 }
 

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use serde_json::json;
-use taskhost::runtime::{Runtime, RuntimeConfig};
+use taskhost::runtime::Runtime;
 use taskhost::units::format_size;
 
 use super::args::CacheArgs;
@@ -23,7 +23,7 @@ pub struct InspectArgs {
 }
 
 pub async fn inspect(args: InspectArgs) -> anyhow::Result<u8> {
-    let config = RuntimeConfig::default().cache_dir(args.cache.dir()?);
+    let config = args.cache.runtime_config()?;
     let runtime = Runtime::new(&config)?;
     let plugin = runtime.load_file(&args.plugin).await.map_err(usage)?;
     let info = plugin.info();

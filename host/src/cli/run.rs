@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Args;
 use taskhost::outcome::TaskOutcome;
 use taskhost::plugin_task::{PluginTask, resolve_slot};
-use taskhost::runtime::{Runtime, RuntimeConfig};
+use taskhost::runtime::Runtime;
 use taskhost::supervisor::{Event, EventKind, Received, Supervisor, TaskReport, TaskSpec};
 use taskhost::units::{format_duration, parse_duration};
 use tokio::signal::unix::{SignalKind, signal};
@@ -37,7 +37,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let input = task.input()?;
     let policies = args.policy.resolve(task.timeout)?;
 
-    let config = RuntimeConfig::default().cache_dir(args.cache.dir()?);
+    let config = args.cache.runtime_config()?;
     let runtime = Arc::new(Runtime::new(&config)?);
     let plugin = runtime.load_file(&task.plugin).await.map_err(usage)?;
     sandbox

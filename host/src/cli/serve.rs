@@ -59,7 +59,7 @@ pub struct ServeArgs {
     /// How long an uploaded plugin no task uses (none unfinished, none finished and retained) is kept before it is deleted; collection runs at start and every minute. `host plugins prune` deletes unused ones at once [default: 1h].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     keep_unused_plugins: Option<Duration>,
-    /// Most compiled plugins kept in memory, counted by the size of their components (compiled code takes a few times that); the least recently used are dropped first and compiled again when needed [default: 256MiB].
+    /// Most compiled plugins kept in memory, counted by the size of their compiled images (about twice the component for Python and JavaScript), such as --plugin-cache 512MiB; the least recently used are dropped first and compiled again when needed [default: 256MiB].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     plugin_cache: Option<u64>,
     /// Threads of the daemon's async runtime: they run the connections, the supervisor and the guests [default: one per available core].

@@ -49,7 +49,7 @@ pub struct DaemonConfig {
     pub retain_for: Duration,
     /// How long a stored plugin no task uses is kept before it is collected.
     pub keep_unused_plugins: Duration,
-    /// Most bytes of compiled plugins kept in memory (by component size).
+    /// Most bytes of compiled plugins kept in memory (by compiled image size).
     pub plugin_cache: u64,
     /// Threads of the daemon's async runtime (at least 1). `host serve`
     /// builds its runtime with them; a caller of [`serve`](super::serve)

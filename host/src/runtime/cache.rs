@@ -1,6 +1,7 @@
 //! Owns the runtime's in-memory cache of compiled plugins: one entry per
 //! digest (concurrent loads of the same bytes compile once), bounded by the
-//! plugins' sizes with the least recently used evicted first. An evicted
+//! sizes of the plugins' compiled images with the least recently used
+//! evicted first. An evicted
 //! plugin stays alive for the attempts that hold it; the next load compiles
 //! it again (from wasmtime's on-disk cache when that is on).
 
@@ -26,7 +27,8 @@ pub(crate) struct PluginCache {
     /// Sum of the counted entries' sizes.
     bytes: u64,
     clock: u64,
-    /// Most bytes of plugins kept (counted by component size); `None`: all.
+    /// Most bytes of plugins kept (counted by compiled image size); `None`:
+    /// all.
     limit: Option<u64>,
 }
 
@@ -62,7 +64,7 @@ impl PluginCache {
             return; // forgotten meanwhile
         };
         if entry.bytes == 0 {
-            entry.bytes = (plugin.size() as u64).max(1);
+            entry.bytes = (plugin.compiled_size() as u64).max(1);
             self.bytes += entry.bytes;
         }
         let Some(limit) = self.limit else { return };
@@ -120,7 +122,7 @@ impl PluginCache {
         }
     }
 
-    /// Bytes of plugins kept (by component size).
+    /// Bytes of plugins kept (by compiled image size).
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }

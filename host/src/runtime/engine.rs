@@ -63,6 +63,36 @@ pub struct RuntimeConfig {
     pub(crate) allocator: AllocatorChoice,
     pub(crate) pool_instances: u32,
     pub(crate) plugin_cache_bytes: Option<u64>,
+    pub(crate) on_slow_compile: Option<SlowCompileHook>,
+}
+
+/// A compile that has taken longer than [`SLOW_COMPILE`] so far, as told to
+/// [`RuntimeConfig::on_slow_compile`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SlowCompile {
+    /// Where the bytes came from (a path, or a digest in the daemon).
+    pub origin: String,
+    /// Size of the component in bytes.
+    pub bytes: u64,
+    /// Whether the result goes to the on-disk cache (so the next process
+    /// loads it in milliseconds).
+    pub cached: bool,
+}
+
+/// How long a compile runs before it is reported: a cache hit of even the
+/// largest plugins takes a fraction of this, a compile of a Python or
+/// JavaScript component several times it.
+pub const SLOW_COMPILE: Duration = Duration::from_secs(1);
+
+/// The callback of [`RuntimeConfig::on_slow_compile`].
+#[derive(Clone)]
+pub(crate) struct SlowCompileHook(pub(crate) Arc<dyn Fn(&SlowCompile) + Send + Sync>);
+
+impl std::fmt::Debug for SlowCompileHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SlowCompileHook")
+    }
 }
 
 impl RuntimeConfig {
@@ -76,11 +106,21 @@ impl RuntimeConfig {
     }
 
     /// Most bytes of compiled plugins kept in memory, counted by the size of
-    /// their components (compiled code takes a few times that); the least
+    /// their compiled images ([`Plugin::compiled_size`](super::Plugin::compiled_size),
+    /// about twice the component for Python and JavaScript); the least
     /// recently used go first, and a plugin bigger than the bound alone is
     /// still kept. `None` keeps every plugin [default: `None`].
     pub fn plugin_cache_bytes(mut self, bytes: Option<u64>) -> Self {
         self.plugin_cache_bytes = bytes;
+        self
+    }
+
+    /// Called (once, from the async runtime) when compiling a plugin has
+    /// taken [`SLOW_COMPILE`] and is still going, so that a front end can
+    /// say why nothing happens; the runtime also logs it at `info`
+    /// [default: none].
+    pub fn on_slow_compile(mut self, hook: impl Fn(&SlowCompile) + Send + Sync + 'static) -> Self {
+        self.on_slow_compile = Some(SlowCompileHook(Arc::new(hook)));
         self
     }
 
@@ -114,6 +154,7 @@ impl Default for RuntimeConfig {
             allocator: AllocatorChoice::Auto,
             pool_instances: DEFAULT_POOL_INSTANCES,
             plugin_cache_bytes: None,
+            on_slow_compile: None,
         }
     }
 }

@@ -34,7 +34,7 @@ pub use attempt::{AttemptError, AttemptFacts, MAX_OUTPUT_BYTES, PreparedAttempt,
 pub use contract::{Capability, DefaultPolicy, PluginInfo, ResourceTemplate, TemplateError};
 pub use engine::{
     Allocator, AllocatorChoice, DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES,
-    HurryGuard, POOL_RESERVE, RuntimeConfig, default_cache_dir,
+    HurryGuard, POOL_RESERVE, RuntimeConfig, SLOW_COMPILE, SlowCompile, default_cache_dir,
 };
 pub use http::{
     DEFAULT_HTTP_CONNECT_TIMEOUT, DEFAULT_HTTP_FIRST_BYTE_TIMEOUT, HttpAllow, HttpScheme,
@@ -78,6 +78,9 @@ pub struct Runtime {
     allocator: Allocator,
     plugins: Mutex<cache::PluginCache>,
     ticker: engine::EpochTicker,
+    /// Whether compiled plugins go to an on-disk cache.
+    disk_cache: bool,
+    on_slow_compile: Option<engine::SlowCompileHook>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -103,6 +106,8 @@ impl Runtime {
             allocator,
             plugins: Mutex::new(cache::PluginCache::new(config.plugin_cache_bytes)),
             ticker,
+            disk_cache: config.cache_dir.is_some(),
+            on_slow_compile: config.on_slow_compile.clone(),
         })
     }
 
@@ -162,11 +167,18 @@ impl Runtime {
                 let input = Arc::clone(&bytes);
                 // Compiling takes milliseconds to seconds: never on the async
                 // runtime's worker threads.
-                let pre = tokio::task::spawn_blocking(move || {
+                let compile = tokio::task::spawn_blocking(move || {
                     plugin::compile(&engine, &linker, &owned_origin, &input)
-                })
-                .await
-                .map_err(|e| LoadError::Invalid {
+                });
+                tokio::pin!(compile);
+                let compiled = tokio::select! {
+                    done = &mut compile => done,
+                    () = tokio::time::sleep(SLOW_COMPILE) => {
+                        self.slow_compile(origin, bytes.len());
+                        compile.await
+                    }
+                };
+                let pre = compiled.map_err(|e| LoadError::Invalid {
                     origin: origin.to_owned(),
                     why: format!("the compiler crashed: {e}"),
                 })??;
@@ -182,6 +194,24 @@ impl Runtime {
             Err(_) => self.cache().failed(&digest),
         }
         result
+    }
+
+    /// Says that a compile is taking a while (see [`SLOW_COMPILE`]).
+    fn slow_compile(&self, origin: &str, size: usize) {
+        let note = SlowCompile {
+            origin: origin.to_owned(),
+            bytes: size as u64,
+            cached: self.disk_cache,
+        };
+        let size = crate::units::format_size(note.bytes);
+        if note.cached {
+            tracing::info!("compiling {origin} ({size}), cached afterwards");
+        } else {
+            tracing::info!("compiling {origin} ({size}), without a compilation cache");
+        }
+        if let Some(hook) = &self.on_slow_compile {
+            (hook.0)(&note);
+        }
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, cache::PluginCache> {
@@ -204,7 +234,7 @@ impl Runtime {
         self.cache().contains(digest)
     }
 
-    /// Bytes of plugins in the cache, counted by component size.
+    /// Bytes of plugins in the cache, counted by compiled image size.
     pub fn cached_bytes(&self) -> u64 {
         self.cache().bytes()
     }

@@ -129,6 +129,7 @@ pub enum LoadError {
 pub struct Plugin {
     digest: Digest,
     size: usize,
+    compiled: usize,
     info: PluginInfo,
     pre: bindings::TaskPluginPre<AttemptState>,
 }
@@ -138,6 +139,7 @@ impl std::fmt::Debug for Plugin {
         f.debug_struct("Plugin")
             .field("digest", &self.digest)
             .field("size", &self.size)
+            .field("compiled", &self.compiled)
             .field("info", &self.info)
             .finish_non_exhaustive()
     }
@@ -152,6 +154,13 @@ impl Plugin {
     /// Size of the component in bytes.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// Size of its compiled image in memory (native code, data segments,
+    /// metadata): what keeping it loaded costs, about twice the component
+    /// for Python and JavaScript components.
+    pub fn compiled_size(&self) -> usize {
+        self.compiled
     }
 
     /// What the plugin declared.
@@ -208,6 +217,188 @@ pub fn check_header(origin: &str, bytes: &[u8]) -> Result<(), LoadError> {
     }
 }
 
+/// The WASI 0.2 interfaces `attempt::add_to_linker` links (wasmtime-wasi's
+/// p2 set), as `package/interface`. [`check_world`] refuses a component that
+/// imports any other `wasi:` interface before compiling it: keep this in
+/// step with the linker.
+const LINKED_WASI: &[&str] = &[
+    "cli/environment",
+    "cli/exit",
+    "cli/stderr",
+    "cli/stdin",
+    "cli/stdout",
+    "cli/terminal-input",
+    "cli/terminal-output",
+    "cli/terminal-stderr",
+    "cli/terminal-stdin",
+    "cli/terminal-stdout",
+    "clocks/monotonic-clock",
+    "clocks/wall-clock",
+    "filesystem/preopens",
+    "filesystem/types",
+    // Outbound HTTP (each request checked against the task's grant).
+    "http/outgoing-handler",
+    "http/types",
+    "io/error",
+    "io/poll",
+    "io/streams",
+    "random/insecure",
+    "random/insecure-seed",
+    "random/random",
+    "sockets/instance-network",
+    "sockets/ip-name-lookup",
+    "sockets/network",
+    "sockets/tcp",
+    "sockets/tcp-create-socket",
+    "sockets/udp",
+    "sockets/udp-create-socket",
+];
+
+/// The interfaces of our own package a plugin may import.
+const OUR_INTERFACES: &[&str] = &["host", "types"];
+
+/// The names of a component's own imports (but not of imported types) and
+/// exports (not those of the modules and components nested in it), read
+/// without compiling it.
+fn import_export_names(
+    origin: &str,
+    bytes: &[u8],
+) -> Result<(Vec<String>, Vec<String>), LoadError> {
+    use wasmparser::{Chunk, Parser, Payload};
+    let invalid = |why: String| LoadError::Invalid {
+        origin: origin.to_owned(),
+        why,
+    };
+    let (mut imports, mut exports) = (Vec::new(), Vec::new());
+    let mut parser = Parser::new(0);
+    let mut rest = bytes;
+    loop {
+        let payload = match parser.parse(rest, true) {
+            Ok(Chunk::Parsed { consumed, payload }) => {
+                rest = &rest[consumed..];
+                payload
+            }
+            Ok(Chunk::NeedMoreData(_)) => {
+                return Err(invalid("the file ends in the middle of a section".into()));
+            }
+            Err(e) => return Err(invalid(e.to_string())),
+        };
+        match payload {
+            Payload::ComponentImportSection(reader) => {
+                for import in reader {
+                    let import = import.map_err(|e| invalid(e.to_string()))?;
+                    // A world's `use` of a type is an import of that type
+                    // (`plugin-info`): nothing a linker provides.
+                    if !matches!(import.ty, wasmparser::ComponentTypeRef::Type(_)) {
+                        imports.push(import.name.name.to_owned());
+                    }
+                }
+            }
+            Payload::ComponentExportSection(reader) => {
+                for export in reader {
+                    let export = export.map_err(|e| invalid(e.to_string()))?;
+                    exports.push(export.name.name.to_owned());
+                }
+            }
+            // Nested modules and components (the bulk of the bytes) are
+            // the compiler's business: skip them.
+            Payload::ModuleSection {
+                unchecked_range, ..
+            }
+            | Payload::ComponentSection {
+                unchecked_range, ..
+            } => {
+                let Some(after) = rest.get(unchecked_range.len()..) else {
+                    return Err(invalid(format!(
+                        "a nested module at byte {} runs past the end of the file",
+                        unchecked_range.start
+                    )));
+                };
+                rest = after;
+            }
+            Payload::End(_) => return Ok((imports, exports)),
+            _ => {}
+        }
+    }
+}
+
+/// Whether `version` is a WASI 0.2 release (`0.2.x`, any x: wasmtime's
+/// version matching serves guests built for other 0.2 releases).
+fn is_wasi_02(version: &str) -> bool {
+    version
+        .strip_prefix("0.2.")
+        .is_some_and(|patch| !patch.is_empty() && patch.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Checks, before compiling, that a component exports `describe` and `run`
+/// and imports only what this host links: our package at [`WIT_VERSION`]
+/// and WASI 0.2. Reading the names takes a millisecond; finding the same
+/// at instantiation would take a compile of seconds for a large component.
+pub(crate) fn check_world(origin: &str, bytes: &[u8]) -> Result<(), LoadError> {
+    let (imports, exports) = import_export_names(origin, bytes)?;
+    let wrong_world = |why: String| LoadError::WrongWorld {
+        origin: origin.to_owned(),
+        why,
+    };
+    if !exports.iter().any(|e| e == "run") || !exports.iter().any(|e| e == "describe") {
+        return Err(wrong_world(format!(
+            "it exports [{}] but a task plugin exports `describe` and `run` of {WIT_PACKAGE}; \
+             build it with the taskhost-guest SDK or against the `task-plugin` world of wit/",
+            exports.join(", ")
+        )));
+    }
+    let mut unknown = Vec::new();
+    for import in &imports {
+        let (path, version) = import.split_once('@').unwrap_or((import, ""));
+        if let Some(interface) = path.strip_prefix("taskhost:plugin/") {
+            if version != WIT_VERSION {
+                return Err(wrong_world(format!(
+                    "it imports `{import}` but this host provides {WIT_PACKAGE}; rebuild the \
+                     plugin against {WIT_PACKAGE}: the wit/ directory of this host's release \
+                     (for Rust, the taskhost-guest SDK of that release)"
+                )));
+            }
+            if !OUR_INTERFACES.contains(&interface) {
+                unknown.push(import.as_str());
+            }
+        } else if let Some(interface) = path.strip_prefix("wasi:") {
+            if !version.is_empty() && !is_wasi_02(version) {
+                return Err(wrong_world(format!(
+                    "it imports `{import}`, of WASI {version}, but this host provides WASI 0.2 \
+                     (any 0.2.x release); build the plugin for WASI 0.2 (wasm32-wasip2)"
+                )));
+            }
+            if !LINKED_WASI.contains(&interface) {
+                unknown.push(import.as_str());
+            }
+        } else {
+            unknown.push(import.as_str());
+        }
+    }
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let mut why = format!(
+        "it imports {} that this host does not provide; it provides the `host` interface \
+         of {WIT_PACKAGE} and the WASI 0.2 interfaces of wasi:io, wasi:clocks, wasi:random, \
+         wasi:cli, wasi:filesystem, wasi:sockets and, for outbound requests, wasi:http/types \
+         and wasi:http/outgoing-handler",
+        unknown
+            .iter()
+            .map(|i| format!("`{i}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if unknown.iter().any(|i| i.starts_with("wasi:http/")) {
+        why.push_str(
+            "; componentize-js adds the wasi:http fetch event (an incoming handler, which a \
+             task has no use for): build with `componentize-js -d fetch-event ...` (and \
+             `-d http` too if the plugin makes no requests)",
+        );
+    }
+    Err(wrong_world(why))
+}
+
 /// Compiles (or fetches from wasmtime's disk cache) and validates a
 /// component. Blocking: call it on the blocking pool.
 pub(crate) fn compile(
@@ -217,6 +408,7 @@ pub(crate) fn compile(
     bytes: &[u8],
 ) -> Result<bindings::TaskPluginPre<AttemptState>, LoadError> {
     check_header(origin, bytes)?;
+    check_world(origin, bytes)?;
     let component = Component::new(engine, bytes).map_err(|e| LoadError::Invalid {
         origin: origin.to_owned(),
         why: error_chain(&e),
@@ -230,24 +422,13 @@ pub(crate) fn compile(
         .exports(engine)
         .map(|(name, _)| name.to_owned())
         .collect();
+    // `check_world` has read the same names from the bytes; this is the
+    // compiler's view of them, kept as a second line of defence.
     if !exports.iter().any(|e| e == "run") || !exports.iter().any(|e| e == "describe") {
         return Err(wrong_world(format!(
             "it exports [{}] but a task plugin exports `describe` and `run` of {WIT_PACKAGE}; \
-             build it with the taskhost-guest SDK or against wit/",
+             build it with the taskhost-guest SDK or against the `task-plugin` world of wit/",
             exports.join(", ")
-        )));
-    }
-    let imports: Vec<String> = ty
-        .imports(engine)
-        .map(|(name, _)| name.to_owned())
-        .collect();
-    if let Some(other) = imports
-        .iter()
-        .find(|i| i.starts_with("taskhost:plugin/") && !i.ends_with(&format!("@{WIT_VERSION}")))
-    {
-        return Err(wrong_world(format!(
-            "it imports `{other}` but this host provides {WIT_PACKAGE}; rebuild the plugin \
-             with a taskhost-guest SDK for {WIT_PACKAGE}"
         )));
     }
     let instance_pre = linker.instantiate_pre(&component).map_err(|e| {
@@ -313,9 +494,11 @@ pub(crate) async fn describe(
     };
     drop(store);
     let info = validate_info(raw).map_err(bad)?;
+    let image = pre.instance_pre().component().image_range();
     Ok(Plugin {
         digest,
         size,
+        compiled: image.end.addr().saturating_sub(image.start.addr()),
         info,
         pre,
     })

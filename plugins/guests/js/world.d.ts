@@ -72,28 +72,32 @@ declare module 'taskhost:plugin/types@0.1.0' {
   }
   /**
    * What a plugin says about itself. `describe` must answer quickly and
-   * without side effects: the host calls it at load time under a small
-   * time and memory limit.
+   * without side effects: the host calls it once per loaded component,
+   * in an instance of its own, and refuses the component when the call
+   * takes more than 2 seconds, needs more than 128 MiB of memory, traps,
+   * or returns more than the limits given on each field.
    */
   export interface PluginInfo {
     /**
-     * Short machine-friendly name, such as `deploy`. Task names default
-     * to `<name>-<task id>`.
+     * Short machine-friendly name, such as `deploy`: 1 to 128 ASCII
+     * letters, digits, `-`, `_` or `.`. Task names default to
+     * `<name>-<task id>`.
      */
     name: string,
     /**
-     * The plugin's own version, free-form (semver recommended).
+     * The plugin's own version, free-form (semver recommended), at most
+     * 128 bytes.
      */
     version: string,
     /**
-     * One line for humans.
+     * One line for humans, at most 4096 bytes.
      */
     description: string,
     /**
      * The resource the plugin acts on, as a template with `{param}`
      * placeholders filled from the submission's params, such as
-     * `deploy/{env}`. Two tasks whose resources are equal take turns.
-     * `none`: the task name is the slot.
+     * `deploy/{env}`, at most 512 bytes. Two tasks whose resources are
+     * equal take turns. `none`: the task name is the slot.
      */
     resource?: string,
     /**
@@ -101,7 +105,8 @@ declare module 'taskhost:plugin/types@0.1.0' {
      */
     defaultPolicy: Policy,
     /**
-     * Everything the plugin needs granted to work.
+     * Everything the plugin needs granted to work: at most 64 entries,
+     * each path or variable name at most 4096 bytes.
      */
     capabilities: Array<Capability>,
   }
@@ -142,6 +147,15 @@ declare module 'taskhost:plugin/types@0.1.0' {
   /**
    * The plugin stopped because the host asked it to (see
    * `host.is-cancelled`). Ends the task as canceled, not failed.
+   * 
+   * Spelling: this case is `canceled`, with one `l`, while
+   * `sleep-status.cancelled` and `host.is-cancelled` have two. Bindings
+   * keep the spelling of the case: `TaskError::Canceled` in Rust,
+   * `TaskError_Canceled()` in Python, `{ tag: 'canceled' }` in
+   * JavaScript. A JavaScript `throw { tag: 'cancelled' }` is not a
+   * `task-error`: the instance traps and the attempt ends as a
+   * retryable failure, not as canceled (the `task()` wrapper of
+   * plugins/guests/js/taskhost.js accepts both spellings).
    */
   export interface TaskErrorCanceled {
     tag: 'canceled',
@@ -195,7 +209,9 @@ declare module 'taskhost:plugin/host@0.1.0' {
   export function isCancelled(): boolean;
   /**
    * Sleeps for `ms` milliseconds, or less if cancellation arrives first.
-   * Prefer this over `std::thread::sleep`: it wakes immediately on cancel.
+   * Prefer this over the language's own sleep or a busy wait (Rust's
+   * `std::thread::sleep`, Python's `time.sleep`, a loop on `Date.now()`
+   * in JavaScript): it wakes immediately on cancel, and those do not.
    */
   export function sleep(ms: bigint): SleepStatus;
   /**
@@ -226,7 +242,9 @@ declare module 'taskhost:plugin/task-plugin@0.1.0' {
   export function describe(): PluginInfo;
   /**
   * Runs one attempt. `input` is the submission's input bytes (empty if
-  * none). On success the returned bytes are the task's output.
+  * none). On success the returned bytes are the task's output (at most
+  * 16 MiB). A trap, such as an uncaught exception that the toolchain
+  * turns into one, is a retryable failure (see the package comment).
   */
   export function run(input: Uint8Array): Uint8Array;
   export type Result<T, E> = { tag: 'ok', val: T } | { tag: 'err', val: E };

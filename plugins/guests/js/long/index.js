@@ -3,7 +3,11 @@
 // Sleeps `ms` milliseconds (param, default 1000) in steps of `step_ms`
 // (default 50) with the host's cancellable sleep, reporting progress after
 // each step, and ends `canceled` as soon as the host asks it to stop.
-import { Canceled, Fatal, info, isCancelled, log, paramInt, progress, sleep, task } from '../taskhost.js';
+//
+// With `--param mode=spin` it instead spins in JavaScript code and ignores
+// cancellation, to show that the host still stops it: by force once the
+// grace period or the timeout runs out.
+import { Canceled, Fatal, info, isCancelled, log, param, paramInt, progress, sleep, task } from '../taskhost.js';
 
 export function describe() {
   return info({
@@ -17,6 +21,12 @@ export const run = task(() => {
   const total = paramInt('ms', 1000);
   const step = paramInt('step_ms', 50);
   if (total < 0 || step <= 0) throw new Fatal('ms must be >= 0 and step_ms > 0', 2);
+  if (param('mode') === 'spin') {
+    log.info('spinning; only a force-abort stops this');
+    for (;;) {
+      // Nothing here checks for cancellation.
+    }
+  }
   let done = 0;
   progress(0, total);
   while (done < total) {

@@ -3,6 +3,10 @@
 Sleeps `ms` milliseconds (param, default 1000) in steps of `step_ms`
 (default 50) with the host's cancellable sleep, reporting progress after each
 step, and ends `canceled` as soon as the host asks it to stop.
+
+With `--param mode=spin` it instead spins in Python code and ignores
+cancellation, to show that the host still stops it: by force once the grace
+period or the timeout runs out.
 """
 
 import taskhost
@@ -22,6 +26,10 @@ class WitWorld:
         step = taskhost.param_int("step_ms", 50)
         if total < 0 or step <= 0:
             raise taskhost.Fatal("ms must be >= 0 and step_ms > 0", 2)
+        if taskhost.param("mode") == "spin":
+            taskhost.log.info("spinning; only a force-abort stops this")
+            while True:
+                pass
         done = 0
         taskhost.progress(0, total)
         while done < total:
