@@ -19,6 +19,7 @@
 //! | `tasks` | what the daemon remembers of submissions (waiters, logs, names) |
 //! | `history` | recent events, bridged to the daemon's log |
 //! | `json` | the JSON forms shared by the CLI's `--json` and the HTTP API |
+//! | `http` | the optional HTTP listener: metrics, JSON API, dashboard |
 //! | `state` | what the connections share |
 
 mod client;
@@ -27,6 +28,7 @@ pub mod config;
 mod connection;
 mod dispatch;
 mod history;
+mod http;
 pub mod json;
 mod listener;
 mod plugins;
