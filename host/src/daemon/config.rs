@@ -249,7 +249,7 @@ mod tests {
         let path = dir.join("host.toml");
         std::fs::write(
             &path,
-            "grace = \"2s\"\nmax_concurrent = 8\nmax_memory = \"64MiB\"\npool_instances = 64\nevent_lane_capacity = 100000\n",
+            "grace = \"2s\"\nmax_concurrent = 8\nmax_memory = \"64MiB\"\npool_instances = 64\nevent_lane_capacity = 100000\nhttp = \"127.0.0.1:9100\"\nhttp_token_file = \"/etc/taskhost/token\"\n",
         )
         .unwrap();
         let mut config = DaemonConfig::with_state_dir(dir.clone());
@@ -271,6 +271,17 @@ mod tests {
         let err = config.apply_file(&path).unwrap_err();
         assert!(
             err.starts_with("allow_http: invalid --allow-http `ftp://x`"),
+            "{err}"
+        );
+        assert_eq!(config.http, Some("127.0.0.1:9100".parse().unwrap()));
+        assert_eq!(
+            config.http_token_file.as_deref(),
+            Some(Path::new("/etc/taskhost/token"))
+        );
+        std::fs::write(&path, "http = \"localhost\"\n").unwrap();
+        let err = config.apply_file(&path).unwrap_err();
+        assert!(
+            err.contains("is not an address like 127.0.0.1:9100"),
             "{err}"
         );
         std::fs::write(&path, "graec = \"2s\"\n").unwrap();
