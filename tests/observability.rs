@@ -1187,3 +1187,31 @@ fn the_dashboard_shows_a_running_task_and_cancels_it_in_chromium() {
     let shot = page.screenshot("dashboard-task.png");
     eprintln!("screenshot: {}", shot.display());
 }
+
+#[test]
+fn without_a_token_a_loopback_listener_lets_local_clients_stop_tasks() {
+    let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);
+    let port = http_port(&daemon);
+    let seen = &daemon.process.as_ref().unwrap().stderr_seen;
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("no token: cancel and remove are open to local users")),
+        "the log says so: {seen:?}"
+    );
+    let id = daemon.submit(&[&p("sleeper"), "--name", "nap", "--param", "ms=600000"]);
+    daemon.wait_until_state("nap", "running");
+    // Still only JSON POSTs: a form cannot stop it.
+    let form = request(port, "POST", &format!("/api/tasks/{id}/remove"), &[], "");
+    assert_eq!(form.status, 415);
+    let answer = request(
+        port,
+        "POST",
+        &format!("/api/tasks/{id}/remove"),
+        &[("Content-Type", "application/json")],
+        "{}",
+    );
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.json(), json!({ "claimed": true, "report": null }));
+    let out = daemon.run(&["wait", &id, "--json"]);
+    assert_eq!(out.code, Some(4), "{}", out.stderr);
+}
