@@ -611,6 +611,20 @@ fn a_non_loopback_bind_needs_a_token_and_no_flag_means_no_listener() {
         out.stderr
     );
 
+    // Cluster mode has no HTTP listener yet: refused before it connects.
+    let out = serve(&[
+        "--http",
+        "127.0.0.1:0",
+        "--store",
+        "postgres://127.0.0.1:1/none",
+    ]);
+    assert_eq!(out.code, Some(1));
+    assert!(
+        out.stderr.contains("not available in cluster mode"),
+        "{}",
+        out.stderr
+    );
+
     // Without --http the daemon opens no TCP socket at all.
     let daemon = Daemon::start(&[]);
     let seen = &daemon.process.as_ref().unwrap().stderr_seen;
@@ -651,9 +665,12 @@ fn a_non_loopback_bind_needs_a_token_and_no_flag_means_no_listener() {
     let mut open = common::Running::spawn(&args);
     let line = open.wait_for_line("taskhost HTTP listening on http://0.0.0.0:", LIMIT);
     assert!(line.contains("cancel and remove need the token"), "{line}");
-    open.signal("TERM");
-    let (status, _) = open.finish(LIMIT);
-    assert!(status.success());
+    open.wait_for_line("taskhost daemon listening on", LIMIT);
+    let socket2 = dir2.path().join("h.sock");
+    let out = common::run_host(&["shutdown", "--socket", socket2.to_str().unwrap()]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let (status, out) = open.finish(LIMIT);
+    assert!(status.success(), "{}", out.stderr);
 }
 
 #[test]
