@@ -507,7 +507,6 @@ impl Collector for Scrape {
 fn process(enc: &mut DescriptorEncoder<'_>) -> Out {
     // The kernel reports times in USER_HZ, which is 100 on Linux.
     const TICKS: f64 = 100.0;
-    let page = 4096u64;
     if let Some(stat) = std::fs::read_to_string("/proc/self/stat")
         .ok()
         .and_then(|s| {
@@ -534,12 +533,23 @@ fn process(enc: &mut DescriptorEncoder<'_>) -> Out {
             None,
             c.metric_type(),
         )?)?;
-        gauge(
-            enc,
-            "process_resident_memory_bytes",
-            "Resident memory size in bytes.",
-            (field(24) * page) as i64,
-        )?;
+        // Resident size from `status` (kB), not `stat` (pages of a size
+        // this code would have to guess).
+        let rss_kib = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
+            });
+        if let Some(kib) = rss_kib {
+            gauge(
+                enc,
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes.",
+                kib * 1024,
+            )?;
+        }
         gauge(
             enc,
             "process_virtual_memory_bytes",
