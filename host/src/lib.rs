@@ -42,6 +42,7 @@ pub mod logline;
 pub mod outcome;
 pub mod plugin_task;
 pub mod runtime;
+pub mod stats;
 pub mod supervisor;
 pub mod units;
 

@@ -78,7 +78,7 @@ enum Command {
     /// the next start (`host shutdown --cancel-all`, or `--store memory`,
     /// ends it all now); the socket is removed.
     #[command(
-        after_long_help = "EXAMPLES:\n  host serve --detach                  # returns once the daemon accepts; logs in <state dir>/daemon.log\n  host serve --grace 30s --max-concurrent 8\n  host --socket /tmp/h.sock serve --state-dir /tmp/h-state\n  host serve --allow-http '*.example.com' --allow-http http://127.0.0.1:8080   # the most HTTP a submission may get\n  (systemd: Type=notify; the daemon reports READY=1 once it listens)"
+        after_long_help = "EXAMPLES:\n  host serve --detach                  # returns once the daemon accepts; logs in <state dir>/daemon.log\n  host serve --grace 30s --max-concurrent 8\n  host --socket /tmp/h.sock serve --state-dir /tmp/h-state\n  host serve --allow-http '*.example.com' --allow-http http://127.0.0.1:8080   # the most HTTP a submission may get\n  host serve --http 127.0.0.1:9100      # metrics at /metrics, dashboard at /\n  host serve --http 0.0.0.0:9100 --http-token-file ~/.config/taskhost/token\n  (systemd: Type=notify; the daemon reports READY=1 once it listens)"
     )]
     Serve(Box<serve::ServeArgs>),
     /// Send one task to the daemon; prints its id (or, with --wait, its result).

@@ -5,57 +5,12 @@
 use std::io::{IsTerminal, Write};
 use std::sync::Mutex;
 
-use base64::Engine as _;
-use serde::Serialize;
 use taskhost::logline::Stream;
 use taskhost::outcome::TaskOutcome;
 use taskhost::supervisor::TaskReport;
 use taskhost::units::format_duration;
 
-/// The JSON result of one task (`--json`).
-#[derive(Debug, Serialize)]
-pub struct JsonResult<'a> {
-    pub id: u64,
-    pub name: &'a str,
-    pub slot: &'a str,
-    pub outcome: &'static str,
-    pub reason: Option<&'a str>,
-    pub exit_code: Option<i32>,
-    pub rejection: Option<String>,
-    pub attempts: u32,
-    pub duration_ms: u64,
-    pub output: Option<String>,
-    pub output_encoding: Option<&'static str>,
-}
-
-impl<'a> JsonResult<'a> {
-    pub fn new(report: &'a TaskReport) -> Self {
-        let outcome = &report.outcome;
-        let (output, output_encoding) = match outcome {
-            TaskOutcome::Completed { output } => match std::str::from_utf8(output) {
-                Ok(text) => (Some(text.to_owned()), Some("utf8")),
-                Err(_) => (
-                    Some(base64::engine::general_purpose::STANDARD.encode(output)),
-                    Some("base64"),
-                ),
-            },
-            _ => (None, None),
-        };
-        Self {
-            id: report.id.get(),
-            name: &report.name,
-            slot: &report.slot,
-            outcome: outcome.kind().as_str(),
-            reason: outcome.reason(),
-            exit_code: outcome.exit_code(),
-            rejection: outcome.rejection().map(|k| k.to_string()),
-            attempts: report.attempts,
-            duration_ms: report.duration.as_millis() as u64,
-            output,
-            output_encoding,
-        }
-    }
-}
+pub use taskhost::daemon::json::JsonResult;
 
 /// Writes the task's result: raw output or one JSON object on stdout, the
 /// human summary on stderr.

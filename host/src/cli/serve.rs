@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, keep_unused_plugins, plugin_cache, worker_threads, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -83,6 +83,12 @@ pub struct ServeArgs {
     /// Cluster mode: send and hear no LISTEN/NOTIFY notifications, only poll (to test the fallback; slower).
     #[arg(long)]
     no_notify: bool,
+    /// Serve metrics (/metrics), a JSON API and a live dashboard (/) over HTTP on this address, e.g. 127.0.0.1:9100 (port 0: any free port; the log says which). Without it there is no HTTP listener at all. Any address but a loopback one needs --http-token-file [TOML: http].
+    #[arg(long, value_name = "ADDR")]
+    http: Option<std::net::SocketAddr>,
+    /// A file whose one line is the secret the HTTP listener's cancel and remove endpoints require (`Authorization: Bearer <token>`; the dashboard asks for it); needed to bind a non-loopback --http address [TOML: http_token_file].
+    #[arg(long, value_name = "FILE")]
+    http_token_file: Option<PathBuf>,
     /// Start the daemon in the background and return once its socket
     /// accepts connections; its logs go to <state dir>/daemon.log.
     #[arg(long)]
@@ -177,6 +183,12 @@ impl ServeArgs {
         }
         if let Some(v) = self.plugin_cache {
             config.plugin_cache = v;
+        }
+        if let Some(v) = self.http {
+            config.http = Some(v);
+        }
+        if let Some(v) = &self.http_token_file {
+            config.http_token_file = Some(v.clone());
         }
         if let Some(v) = self.epoch_tick {
             if v < Duration::from_millis(1) {

@@ -62,6 +62,13 @@ pub struct DaemonConfig {
     /// Cluster mode (a `postgres://` store): this node's name, lease and
     /// polling.
     pub cluster: ClusterSettings,
+    /// Where the HTTP listener (metrics, JSON API, dashboard) binds; `None`:
+    /// no listener. Anything but a loopback address needs
+    /// [`http_token_file`](Self::http_token_file).
+    pub http: Option<std::net::SocketAddr>,
+    /// A file holding the bearer token the HTTP listener's mutating
+    /// endpoints (cancel, remove) require.
+    pub http_token_file: Option<PathBuf>,
 }
 
 /// The default number of the daemon's async worker threads: one per
@@ -92,6 +99,8 @@ impl DaemonConfig {
             plugin_cache: 256 << 20,
             allow_http: Vec::new(),
             cluster: ClusterSettings::default(),
+            http: None,
+            http_token_file: None,
         }
     }
 
@@ -183,6 +192,15 @@ impl DaemonConfig {
         if let Some(v) = file.cluster_notify {
             self.cluster.notify = v;
         }
+        if let Some(v) = file.http {
+            self.http =
+                Some(v.parse().map_err(|e| {
+                    format!("http: `{v}` is not an address like 127.0.0.1:9100: {e}")
+                })?);
+        }
+        if let Some(v) = file.http_token_file {
+            self.http_token_file = Some(v);
+        }
         if self.max_connections == 0 {
             return Err("max_connections: must be at least 1".into());
         }
@@ -216,6 +234,8 @@ struct FileConfig {
     lease_renew: Option<String>,
     cluster_poll: Option<String>,
     cluster_notify: Option<bool>,
+    http: Option<String>,
+    http_token_file: Option<PathBuf>,
 }
 
 #[cfg(test)]
@@ -229,7 +249,7 @@ mod tests {
         let path = dir.join("host.toml");
         std::fs::write(
             &path,
-            "grace = \"2s\"\nmax_concurrent = 8\nmax_memory = \"64MiB\"\npool_instances = 64\nevent_lane_capacity = 100000\n",
+            "grace = \"2s\"\nmax_concurrent = 8\nmax_memory = \"64MiB\"\npool_instances = 64\nevent_lane_capacity = 100000\nhttp = \"127.0.0.1:9100\"\nhttp_token_file = \"/etc/taskhost/token\"\n",
         )
         .unwrap();
         let mut config = DaemonConfig::with_state_dir(dir.clone());
@@ -251,6 +271,17 @@ mod tests {
         let err = config.apply_file(&path).unwrap_err();
         assert!(
             err.starts_with("allow_http: invalid --allow-http `ftp://x`"),
+            "{err}"
+        );
+        assert_eq!(config.http, Some("127.0.0.1:9100".parse().unwrap()));
+        assert_eq!(
+            config.http_token_file.as_deref(),
+            Some(Path::new("/etc/taskhost/token"))
+        );
+        std::fs::write(&path, "http = \"localhost\"\n").unwrap();
+        let err = config.apply_file(&path).unwrap_err();
+        assert!(
+            err.contains("is not an address like 127.0.0.1:9100"),
             "{err}"
         );
         std::fs::write(&path, "graec = \"2s\"\n").unwrap();

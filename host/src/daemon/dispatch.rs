@@ -167,7 +167,7 @@ pub(crate) async fn handle(
 }
 
 /// What a target refers to.
-enum Found {
+pub(crate) enum Found {
     /// A task this run of the daemon knows.
     Live(TaskRecord),
     /// A task finished before, as the store kept it.
@@ -177,15 +177,8 @@ enum Found {
 /// The task a target refers to (in memory, else finished in the store), or
 /// a NotFound reply.
 async fn resolve(daemon: &Daemon, target: &TaskRef, reply: &Replier) -> Option<Found> {
-    if let Some(record) = daemon.tasks.resolve(target, &daemon.controller) {
-        return Some(Found::Live(record));
-    }
-    let stored = match target {
-        TaskRef::Id(id) => daemon.store.finished_task(*id),
-        TaskRef::Name(name) => daemon.store.finished_named(name),
-    };
-    if let Some(finished) = stored {
-        return Some(Found::Stored(Box::new(finished)));
+    if let Some(found) = find(daemon, target) {
+        return Some(found);
     }
     reply
         .error(
@@ -194,6 +187,28 @@ async fn resolve(daemon: &Daemon, target: &TaskRef, reply: &Replier) -> Option<F
         )
         .await;
     None
+}
+
+/// The task a target refers to: in memory, else finished in the store.
+pub(crate) fn find(daemon: &Daemon, target: &TaskRef) -> Option<Found> {
+    if let Some(record) = daemon.tasks.resolve(target, &daemon.controller) {
+        return Some(Found::Live(record));
+    }
+    let stored = match target {
+        TaskRef::Id(id) => daemon.store.finished_task(*id),
+        TaskRef::Name(name) => daemon.store.finished_named(name),
+    };
+    stored.map(|finished| Found::Stored(Box::new(finished)))
+}
+
+/// Makes the stop claim on a live task (or removes it from its queue) and
+/// records that it is stopping; false if it was already stopping or gone.
+pub(crate) fn claim_stop(daemon: &Daemon, record: &TaskRecord) -> bool {
+    let claimed = daemon.controller.remove(record.id);
+    if claimed {
+        daemon.store.stopping(record.id);
+    }
+    claimed
 }
 
 /// Stops a task or removes queued work: the claim is made in order; with
@@ -213,10 +228,7 @@ async fn cancel(daemon: &Arc<Daemon>, target: TaskRef, wait: bool, reply: Replie
         }
         None => return,
     };
-    let claimed = daemon.controller.remove(record.id);
-    if claimed {
-        daemon.store.stopping(record.id);
-    }
+    let claimed = claim_stop(daemon, &record);
     if !wait {
         reply
             .send(Reply::Canceled {
@@ -242,6 +254,11 @@ async fn cancel(daemon: &Arc<Daemon>, target: TaskRef, wait: bool, reply: Replie
 /// `host ps`: registered tasks, queued ones, and with `all` the finished
 /// ones the daemon still remembers.
 async fn list(daemon: &Daemon, all: bool, reply: &Replier) {
+    send_pages(reply, task_rows(daemon, all), Reply::Tasks).await;
+}
+
+/// The rows of `host ps` (with `all`, `host ps --all`), by id.
+pub(crate) fn task_rows(daemon: &Daemon, all: bool) -> Vec<TaskRow> {
     let supervisor = daemon.controller.supervisor();
     let mut rows: Vec<TaskRow> = supervisor
         .list()
@@ -330,7 +347,7 @@ async fn list(daemon: &Daemon, all: bool, reply: &Replier) {
         );
     }
     rows.sort_by_key(|r| r.id);
-    send_pages(reply, rows, Reply::Tasks).await;
+    rows
 }
 
 /// Sends rows in pages of at most [`LIST_PAGE`], then [`Reply::End`].

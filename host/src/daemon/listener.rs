@@ -21,6 +21,7 @@ use super::cluster::{self, Cluster};
 use super::config::DaemonConfig;
 use super::connection;
 use super::history::History;
+use super::http;
 use super::plugins::{self, Plugins};
 use super::recovery;
 use super::socket;
@@ -47,6 +48,7 @@ pub async fn serve(
     ready: impl FnOnce(),
 ) -> Result<ShutdownReport, ServeError> {
     let fail = |m: String| ServeError(m);
+    let http_plan = http::plan(&config).map_err(fail)?;
     socket::prepare_dir(&socket_path).map_err(fail)?;
     claim_socket_path(&socket_path).await.map_err(fail)?;
     std::fs::DirBuilder::new()
@@ -112,6 +114,10 @@ pub async fn serve(
         .max_slot_queue(config.max_slot_queue)
         .max_total_pending(config.max_total_pending)
         .build();
+    let http_bound = match http_plan {
+        Some(plan) => Some(http::bind(plan).await.map_err(fail)?),
+        None => None,
+    };
     let listener = UnixListener::bind(&socket_path)
         .map_err(|e| fail(format!("cannot listen on `{}`: {e}", socket_path.display())))?;
     socket::restrict(&socket_path).map_err(fail)?;
@@ -133,6 +139,8 @@ pub async fn serve(
         recording: Default::default(),
         stop,
     });
+    // Before recovery, so the metrics count the recovered work too.
+    let http_server = http_bound.map(|bound| http::start(bound, &daemon));
     if !unfinished.is_empty() {
         let started = std::time::Instant::now();
         let done = recovery::recover(&daemon, unfinished).await;
@@ -216,6 +224,7 @@ pub async fn serve(
     };
     // Stop taking connections first, so nobody submits into a closing host.
     drop(listener);
+    drop(http_server);
     // A signal is a graceful stop: with a durable store, unfinished work
     // waits for the next start (a shutdown request has set this already,
     // unless it asked to cancel everything).

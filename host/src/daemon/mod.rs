@@ -18,6 +18,8 @@
 //! | `recovery` | rebuilding the controller from the store at start |
 //! | `tasks` | what the daemon remembers of submissions (waiters, logs, names) |
 //! | `history` | recent events, bridged to the daemon's log |
+//! | `json` | the JSON forms shared by the CLI's `--json` and the HTTP API |
+//! | `http` | the optional HTTP listener: metrics, JSON API, dashboard |
 //! | `state` | what the connections share |
 
 mod client;
@@ -26,6 +28,8 @@ pub mod config;
 mod connection;
 mod dispatch;
 mod history;
+mod http;
+pub mod json;
 mod listener;
 mod plugins;
 pub mod protocol;

@@ -81,6 +81,18 @@ pub struct Runtime {
     /// Whether compiled plugins go to an on-disk cache.
     disk_cache: bool,
     on_slow_compile: Option<engine::SlowCompileHook>,
+    stats: RuntimeStats,
+}
+
+/// What a runtime counts about its plugin cache, for the daemon's metrics.
+#[derive(Debug, Default)]
+pub struct RuntimeStats {
+    /// Loads and lookups served by an already compiled plugin.
+    pub cache_hits: std::sync::atomic::AtomicU64,
+    /// Loads that had to compile (first use, or after an eviction).
+    pub cache_misses: std::sync::atomic::AtomicU64,
+    /// How long each compile (with its `describe`) took.
+    pub compile_time: crate::stats::DurationHistogram,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -108,6 +120,7 @@ impl Runtime {
             ticker,
             disk_cache: config.cache_dir.is_some(),
             on_slow_compile: config.on_slow_compile.clone(),
+            stats: RuntimeStats::default(),
         })
     }
 
@@ -159,8 +172,15 @@ impl Runtime {
         plugin::check_header(origin, &bytes)?;
         let digest = Digest::of(&bytes);
         let cell = self.cache().cell(digest);
+        let counter = if cell.initialized() {
+            &self.stats.cache_hits
+        } else {
+            &self.stats.cache_misses
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let result = cell
             .get_or_try_init(|| async {
+                let started = std::time::Instant::now();
                 let engine = self.engine.clone();
                 let linker = self.linker.clone();
                 let owned_origin = origin.to_owned();
@@ -182,9 +202,11 @@ impl Runtime {
                     origin: origin.to_owned(),
                     why: format!("the compiler crashed: {e}"),
                 })??;
-                plugin::describe(&self.engine, origin, digest, bytes.len(), pre)
+                let plugin = plugin::describe(&self.engine, origin, digest, bytes.len(), pre)
                     .await
-                    .map(Arc::new)
+                    .map(Arc::new);
+                self.stats.compile_time.observe(started.elapsed());
+                plugin
             })
             .await
             .cloned();
@@ -226,7 +248,18 @@ impl Runtime {
 
     /// The cached plugin with this digest, if loaded (marked as used).
     pub fn plugin(&self, digest: &Digest) -> Option<Arc<Plugin>> {
-        self.cache().get(digest)
+        let plugin = self.cache().get(digest);
+        if plugin.is_some() {
+            self.stats
+                .cache_hits
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        plugin
+    }
+
+    /// What this runtime has counted about its plugin cache.
+    pub fn stats(&self) -> &RuntimeStats {
+        &self.stats
     }
 
     /// Whether the plugin with this digest is in the cache.

@@ -182,6 +182,7 @@ impl SupervisorBuilder {
                     max_registered_tasks: self.max_registered_tasks,
                     grace: self.grace,
                     drain_deadline: self.drain_deadline,
+                    max_concurrent: self.max_concurrent,
                 },
                 defaults: self.defaults,
                 registry: Registry::default(),
@@ -221,6 +222,7 @@ struct Limits {
     max_registered_tasks: usize,
     grace: Duration,
     drain_deadline: Duration,
+    max_concurrent: Option<usize>,
 }
 
 /// State shared by the handle and every actor.
@@ -521,6 +523,11 @@ impl Supervisor {
     /// next attempt to start may take the last one.
     pub fn free_permits(&self) -> Option<usize> {
         self.shared.permits.as_ref().map(|p| p.available_permits())
+    }
+
+    /// Attempts that may run at once (`None`: no limit).
+    pub fn max_concurrent(&self) -> Option<usize> {
+        self.shared.limits.max_concurrent
     }
 
     /// Whether shutdown has begun.

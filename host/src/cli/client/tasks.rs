@@ -4,8 +4,8 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use clap::Args;
-use serde_json::json;
-use taskhost::daemon::protocol::{Reply, Request, TaskRow};
+use taskhost::daemon::json;
+use taskhost::daemon::protocol::{Reply, Request};
 use taskhost::supervisor::TaskRef;
 use taskhost::units::format_duration;
 
@@ -53,12 +53,7 @@ pub async fn cancel(
         ));
     };
     if args.json {
-        let report = report.as_ref().map(|r| {
-            json!({ "id": r.id, "name": r.name, "outcome": r.outcome.kind(), "reason": r.outcome.reason(),
-                    "rejection": r.outcome.rejection().map(|k| k.to_string()),
-                    "attempts": r.attempts, "duration_ms": r.duration.as_millis() as u64 })
-        });
-        println!("{}", json!({ "claimed": claimed, "report": report }));
+        println!("{}", json::canceled(claimed, report.as_ref()));
     } else {
         match (&report, claimed) {
             (Some(r), true) => eprintln!("{}", summary(r)),
@@ -90,7 +85,7 @@ pub async fn ps(args: PsArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8
     let client = super::connect(&args.socket, before_verb.as_deref()).await?;
     let tasks = client.list(args.all).await.map_err(exit::client)?;
     if args.json {
-        let rows: Vec<_> = tasks.iter().map(row_json).collect();
+        let rows: Vec<_> = tasks.iter().map(json::task_row).collect();
         println!("{}", serde_json::Value::Array(rows));
         return Ok(0);
     }
@@ -132,21 +127,6 @@ pub async fn ps(args: PsArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8
     Ok(0)
 }
 
-fn row_json(t: &TaskRow) -> serde_json::Value {
-    json!({
-        "id": t.id,
-        "name": t.name,
-        "slot": t.slot,
-        "state": t.state.as_str(),
-        "attempts": t.attempts,
-        "age_ms": t.age.as_millis() as u64,
-        "progress": t.progress.map(|(done, total)| json!({ "done": done, "total": total })),
-        "plugin": t.plugin,
-        "outcome": t.outcome,
-        "node": t.node,
-    })
-}
-
 #[derive(Debug, Args)]
 pub struct SlotsArgs {
     /// Print JSON: one array of slots.
@@ -160,19 +140,7 @@ pub async fn slots(args: SlotsArgs, before_verb: Option<PathBuf>) -> anyhow::Res
     let client = super::connect(&args.socket, before_verb.as_deref()).await?;
     let slots = client.slots().await.map_err(exit::client)?;
     if args.json {
-        let rows: Vec<_> = slots
-            .iter()
-            .map(|s| {
-                json!({
-                    "key": s.key,
-                    "state": s.state,
-                    "owner": s.owner,
-                    "queue_depth": s.queue_depth,
-                    "in_state_ms": s.in_state_for.as_millis() as u64,
-                    "queued": s.queued,
-                })
-            })
-            .collect();
+        let rows: Vec<_> = slots.iter().map(json::slot).collect();
         println!("{}", serde_json::Value::Array(rows));
         return Ok(0);
     }

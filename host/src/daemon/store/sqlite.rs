@@ -252,7 +252,10 @@ impl Writer {
                 // After this batch's commit (below, before anyone hears).
                 checkpoint = true;
             }
-            match self.apply(&batch) {
+            let started = Instant::now();
+            let applied_batch = self.apply(&batch);
+            crate::stats::STORE_COMMITS.observe(started.elapsed());
+            match applied_batch {
                 Ok(()) => {
                     if std::mem::take(&mut checkpoint) {
                         self.checkpoint();

@@ -1,0 +1,1234 @@
+//! `host serve --http`: `/metrics` parsed by a strict OpenMetrics/Prometheus
+//! text parser as tasks run, the JSON API against the CLI's `--json`, the
+//! security rules (a non-loopback bind needs a token; cancel and remove
+//! answer 401 without it), and the dashboard in a real headless Chromium
+//! driven over the DevTools protocol: a running sleeper appears, its
+//! progress moves, its Cancel button (with the token typed into the page)
+//! cancels it. Screenshots go to `target/test-artifacts/`.
+
+mod common;
+#[path = "common/daemon.rs"]
+mod daemon;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use daemon::{Daemon, LIMIT, p};
+use serde_json::{Value, json};
+
+/// The port of a daemon started with `--http 127.0.0.1:0`, from its log.
+fn http_port(daemon: &Daemon) -> u16 {
+    let seen = &daemon.process.as_ref().expect("running").stderr_seen;
+    let line = seen
+        .iter()
+        .find(|l| l.contains("taskhost HTTP listening on http://"))
+        .unwrap_or_else(|| panic!("no HTTP listening line in {seen:?}"));
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .expect("an address");
+    addr.rsplit(':')
+        .next()
+        .and_then(|port| port.parse().ok())
+        .expect("a port")
+}
+
+/// One HTTP/1.1 answer.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    headers: BTreeMap<String, String>,
+    body: String,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+}
+
+/// A plain HTTP/1.1 request on a fresh connection (`Connection: close`).
+fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the HTTP listener");
+    stream.set_read_timeout(Some(LIMIT)).unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        head.push_str(&format!("Host: 127.0.0.1:{port}\r\n"));
+    }
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body.as_bytes()).unwrap();
+    // Read the header block, then the body by its length (some servers
+    // keep the connection open despite `Connection: close`).
+    let mut reader = BufReader::new(stream);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        let n = reader.read_line(&mut line).expect("read the answer");
+        if n == 0 || line == "\r\n" {
+            break;
+        }
+        head.push_str(&line);
+    }
+    let length = head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim()
+            .eq_ignore_ascii_case("content-length")
+            .then(|| v.trim().parse::<usize>().ok())?
+    });
+    let rest = match length {
+        Some(n) => {
+            let mut body = vec![0; n];
+            reader.read_exact(&mut body).expect("read the body");
+            String::from_utf8(body).expect("a UTF-8 body")
+        }
+        None => {
+            let mut body = String::new();
+            reader.read_to_string(&mut body).expect("read the body");
+            body
+        }
+    };
+    let rest = rest.as_str();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    let headers: BTreeMap<String, String> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let body = if headers.get("transfer-encoding").map(String::as_str) == Some("chunked") {
+        dechunk(rest)
+    } else {
+        rest.to_owned()
+    };
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n").expect("a chunk size");
+        let size = usize::from_str_radix(size.trim(), 16).expect("a hex chunk size");
+        if size == 0 {
+            return out;
+        }
+        out.push_str(&after[..size]);
+        rest = &after[size + 2..];
+    }
+}
+
+fn get(port: u16, path: &str) -> Answer {
+    request(port, "GET", path, &[], "")
+}
+
+// ---------------------------------------------------------------------------
+// A strict parser of the text exposition format (OpenMetrics 1.0, which
+// Prometheus scrapes): every line is a HELP/TYPE/UNIT comment or a sample
+// of a declared family, label values are quoted with the format's escapes,
+// values are numbers, and the text ends with `# EOF`.
+
+#[derive(Debug, Default)]
+struct Family {
+    kind: String,
+    help: String,
+    /// (suffixed name, labels, value)
+    samples: Vec<(String, BTreeMap<String, String>, f64)>,
+}
+
+fn is_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+fn parse_labels(text: &str) -> (BTreeMap<String, String>, &str) {
+    let mut labels = BTreeMap::new();
+    let mut rest = text;
+    loop {
+        if let Some(after) = rest.strip_prefix('}') {
+            return (labels, after);
+        }
+        let (key, after) = rest.split_once("=\"").expect("label=\"value\"");
+        assert!(is_name(key), "bad label name {key:?} in {text:?}");
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let end = loop {
+            let (i, c) = chars.next().expect("an unterminated label value");
+            match c {
+                '"' => break i,
+                '\\' => match chars.next().expect("an escape").1 {
+                    '\\' => value.push('\\'),
+                    '"' => value.push('"'),
+                    'n' => value.push('\n'),
+                    other => panic!("bad escape \\{other} in {text:?}"),
+                },
+                '\n' => panic!("a raw newline in a label value"),
+                c => value.push(c),
+            }
+        };
+        assert!(
+            labels.insert(key.to_owned(), value).is_none(),
+            "label {key} twice in {text:?}"
+        );
+        rest = &after[end + 1..];
+        if let Some(after) = rest.strip_prefix(',') {
+            rest = after;
+        }
+    }
+}
+
+fn parse_metrics(text: &str) -> BTreeMap<String, Family> {
+    let mut families: BTreeMap<String, Family> = BTreeMap::new();
+    let mut lines: Vec<&str> = text.split('\n').collect();
+    assert_eq!(lines.pop(), Some(""), "the text ends with a newline");
+    assert_eq!(lines.pop(), Some("# EOF"), "the text ends with # EOF");
+    for line in lines {
+        if let Some(comment) = line.strip_prefix("# ") {
+            let mut parts = comment.splitn(3, ' ');
+            let (what, name, rest) = (
+                parts.next().unwrap(),
+                parts.next().expect("a family name"),
+                parts.next().unwrap_or(""),
+            );
+            assert!(is_name(name), "bad family name in {line:?}");
+            let family = families.entry(name.to_owned()).or_default();
+            match what {
+                "HELP" => family.help = rest.to_owned(),
+                "TYPE" => {
+                    assert!(
+                        [
+                            "counter",
+                            "gauge",
+                            "histogram",
+                            "summary",
+                            "info",
+                            "stateset",
+                            "unknown"
+                        ]
+                        .contains(&rest),
+                        "bad type in {line:?}"
+                    );
+                    family.kind = rest.to_owned();
+                }
+                "UNIT" => assert!(name.ends_with(rest), "unit {rest} not in {name}"),
+                other => panic!("unknown comment {other} in {line:?}"),
+            }
+            continue;
+        }
+        assert!(!line.is_empty(), "an empty line");
+        let name_end = line
+            .find(['{', ' '])
+            .unwrap_or_else(|| panic!("no value in {line:?}"));
+        let name = &line[..name_end];
+        assert!(is_name(name), "bad sample name in {line:?}");
+        let (labels, rest) = match line[name_end..].strip_prefix('{') {
+            Some(after) => parse_labels(after),
+            None => (BTreeMap::new(), &line[name_end..]),
+        };
+        let value_text = rest
+            .strip_prefix(' ')
+            .unwrap_or_else(|| panic!("no space before the value in {line:?}"));
+        let value: f64 = match value_text {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            "NaN" => f64::NAN,
+            v => v
+                .parse()
+                .unwrap_or_else(|_| panic!("bad value {v:?} in {line:?}")),
+        };
+        // The family a sample belongs to: its name less a type's suffix.
+        let family = [
+            "_total", "_bucket", "_count", "_sum", "_created", "_info", "",
+        ]
+        .iter()
+        .find_map(|suffix| {
+            let base = name.strip_suffix(suffix)?;
+            families.contains_key(base).then(|| base.to_owned())
+        })
+        .unwrap_or_else(|| panic!("sample {name} of no declared family"));
+        let family = families.get_mut(&family).unwrap();
+        let suffix_ok = match family.kind.as_str() {
+            "counter" => name.ends_with("_total") || name.ends_with("_created"),
+            "histogram" => ["_bucket", "_count", "_sum", "_created"]
+                .iter()
+                .any(|s| name.ends_with(s)),
+            _ => true,
+        };
+        assert!(
+            suffix_ok,
+            "sample {name} does not fit its {} family",
+            family.kind
+        );
+        family.samples.push((name.to_owned(), labels, value));
+    }
+    for (name, family) in &families {
+        assert!(!family.kind.is_empty(), "family {name} has no TYPE");
+        assert!(!family.help.is_empty(), "family {name} has no HELP");
+        if family.kind == "histogram" {
+            check_histogram(name, family);
+        }
+    }
+    families
+}
+
+/// Buckets are cumulative, end with `+Inf`, and `+Inf` equals `_count`.
+fn check_histogram(name: &str, family: &Family) {
+    let buckets: Vec<(f64, f64)> = family
+        .samples
+        .iter()
+        .filter(|(n, _, _)| n.ends_with("_bucket"))
+        .map(|(_, labels, v)| {
+            let le = labels.get("le").expect("a bucket has le");
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().expect("a numeric le")
+            };
+            (le, *v)
+        })
+        .collect();
+    assert!(!buckets.is_empty(), "{name} has no buckets");
+    assert!(
+        buckets
+            .windows(2)
+            .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1),
+        "{name}: buckets not cumulative: {buckets:?}"
+    );
+    assert_eq!(
+        buckets.last().unwrap().0,
+        f64::INFINITY,
+        "{name} ends with +Inf"
+    );
+    let count = value(family, &format!("{name}_count"), &[]);
+    assert_eq!(
+        buckets.last().unwrap().1,
+        count,
+        "{name}: +Inf bucket is the count"
+    );
+}
+
+fn value(family: &Family, sample: &str, labels: &[(&str, &str)]) -> f64 {
+    family
+        .samples
+        .iter()
+        .find(|(n, l, _)| {
+            n == sample
+                && l.len() == labels.len()
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|(_, _, v)| *v)
+        .unwrap_or_else(|| panic!("no sample {sample}{labels:?} in {family:?}"))
+}
+
+struct Metrics(BTreeMap<String, Family>);
+
+impl Metrics {
+    fn scrape(port: u16) -> Self {
+        let answer = get(port, "/metrics");
+        assert_eq!(answer.status, 200, "{answer:?}");
+        let kind = answer
+            .headers
+            .get("content-type")
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            kind.starts_with("application/openmetrics-text"),
+            "content type {kind}"
+        );
+        Self(parse_metrics(&answer.body))
+    }
+
+    fn family(&self, name: &str, kind: &str) -> &Family {
+        let family = self
+            .0
+            .get(name)
+            .unwrap_or_else(|| panic!("no family {name}; have {:?}", self.0.keys()));
+        assert_eq!(family.kind, kind, "{name}'s type");
+        family
+    }
+
+    fn counter(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        value(
+            self.family(name, "counter"),
+            &format!("{name}_total"),
+            labels,
+        )
+    }
+
+    fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        value(self.family(name, "gauge"), name, labels)
+    }
+
+    fn histogram_count(&self, name: &str) -> f64 {
+        value(
+            self.family(name, "histogram"),
+            &format!("{name}_count"),
+            &[],
+        )
+    }
+}
+
+/// Scrapes until `ready` holds (the counters follow the event bus, a
+/// moment after the outcome a client saw).
+fn scrape_until(port: u16, what: &str, ready: impl Fn(&Metrics) -> bool) -> Metrics {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let metrics = Metrics::scrape(port);
+        if ready(&metrics) {
+            return metrics;
+        }
+        assert!(Instant::now() < deadline, "metrics never showed {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn metrics_parse_and_count_tasks_as_they_run() {
+    let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);
+    let port = http_port(&daemon);
+
+    let before = Metrics::scrape(port);
+    // The standard process metrics.
+    assert!(before.gauge("process_resident_memory_bytes", &[]) > 1e6);
+    assert!(before.gauge("process_open_fds", &[]) >= 3.0);
+    assert!(before.gauge("process_max_fds", &[]) >= before.gauge("process_open_fds", &[]));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let started = value(
+        before.family("process_start_time_seconds", "gauge"),
+        "process_start_time_seconds",
+        &[],
+    );
+    assert!(
+        started <= now + 1.0 && started > now - 600.0,
+        "start time {started}, now {now}"
+    );
+    assert_eq!(before.counter("taskhost_submissions", &[]), 0.0);
+    assert_eq!(
+        before.counter("taskhost_outcomes", &[("outcome", "completed")]),
+        0.0
+    );
+    assert_eq!(before.gauge("taskhost_tasks", &[("state", "running")]), 0.0);
+    assert_eq!(
+        before.histogram_count("taskhost_attempt_duration_seconds"),
+        0.0
+    );
+
+    // Two completed, one failed, one rejected (the slot is busy), one
+    // queued behind a running sleeper in a slot whose name needs escaping.
+    for input in ["a", "b"] {
+        let out = daemon.run(&["submit", &p("hello"), "--input", input, "--wait"]);
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+    }
+    let out = daemon.run(&["submit", &p("flaky"), "--param", "fail_times=5", "--wait"]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let slot = r#"we"ird\slot"#;
+    daemon.submit(&[
+        &p("sleeper"),
+        "--name",
+        "nap",
+        "--slot",
+        slot,
+        "--param",
+        "ms=600000",
+    ]);
+    daemon.wait_until_state("nap", "running");
+    let out = daemon.run(&[
+        "submit",
+        &p("hello"),
+        "--slot",
+        slot,
+        "--policy",
+        "drop-if-running",
+        "--wait",
+    ]);
+    assert_eq!(out.code, Some(3), "{}", out.stderr);
+    daemon.submit(&[
+        &p("sleeper"),
+        "--name",
+        "next",
+        "--slot",
+        slot,
+        "--policy",
+        "queue",
+    ]);
+
+    let during = scrape_until(port, "the queued sleeper", |m| {
+        m.counter("taskhost_submissions", &[]) == 6.0
+            && m.gauge("taskhost_tasks", &[("state", "queued")]) == 1.0
+    });
+    assert_eq!(
+        during.counter("taskhost_outcomes", &[("outcome", "completed")]),
+        2.0
+    );
+    assert_eq!(
+        during.counter("taskhost_outcomes", &[("outcome", "failed")]),
+        1.0
+    );
+    assert_eq!(
+        during.counter("taskhost_outcomes", &[("outcome", "rejected")]),
+        1.0
+    );
+    assert_eq!(
+        during.counter("taskhost_rejections", &[("kind", "SlotBusy")]),
+        1.0
+    );
+    assert_eq!(
+        during.counter("taskhost_rejections", &[("kind", "QueueFull")]),
+        0.0
+    );
+    assert_eq!(
+        during.counter("taskhost_attempts", &[("result", "succeeded")]),
+        2.0
+    );
+    assert_eq!(
+        during.counter("taskhost_attempts", &[("result", "failed")]),
+        1.0
+    );
+    assert_eq!(
+        during.histogram_count("taskhost_attempt_duration_seconds"),
+        3.0
+    );
+    assert_eq!(during.gauge("taskhost_tasks", &[("state", "running")]), 1.0);
+    assert_eq!(
+        during.gauge("taskhost_slot_queue_depth", &[("slot", slot)]),
+        1.0
+    );
+    assert_eq!(during.gauge("taskhost_queued_submissions", &[]), 1.0);
+    assert_eq!(during.gauge("taskhost_slots", &[("state", "running")]), 1.0);
+    assert_eq!(during.gauge("taskhost_attempt_permits_in_use", &[]), 1.0);
+    assert!(during.gauge("taskhost_attempt_permits", &[]) >= 1.0);
+    // hello, flaky and sleeper were compiled once each; the later hello
+    // submissions found it in the cache.
+    assert_eq!(during.counter("taskhost_plugin_cache_misses", &[]), 3.0);
+    assert!(during.counter("taskhost_plugin_cache_hits", &[]) >= 2.0);
+    assert_eq!(
+        during.histogram_count("taskhost_plugin_compile_seconds"),
+        3.0
+    );
+    assert!(during.gauge("taskhost_plugin_cache_bytes", &[]) > 0.0);
+    assert!(during.histogram_count("taskhost_store_commit_seconds") >= 3.0);
+    assert_eq!(
+        during.counter("taskhost_event_drops", &[("reader", "metrics")]),
+        0.0
+    );
+    // Three compiles take CPU time.
+    assert!(
+        during.counter("process_cpu_seconds", &[]) > before.counter("process_cpu_seconds", &[])
+    );
+    assert!(during.counter("taskhost_events", &[]) > before.counter("taskhost_events", &[]));
+
+    // Canceling the owner lets the queued one run; cancel that one too.
+    assert_eq!(daemon.run(&["cancel", "nap"]).code, Some(0));
+    daemon.wait_until_state("next", "running");
+    assert_eq!(daemon.run(&["cancel", "next"]).code, Some(0));
+    let after = scrape_until(port, "two cancels", |m| {
+        m.counter("taskhost_outcomes", &[("outcome", "canceled")]) == 2.0
+    });
+    assert_eq!(after.gauge("taskhost_tasks", &[("state", "running")]), 0.0);
+    assert_eq!(after.gauge("taskhost_queued_submissions", &[]), 0.0);
+    assert_eq!(
+        after.counter("taskhost_attempts", &[("result", "canceled")]),
+        2.0
+    );
+    assert_eq!(after.counter("taskhost_force_aborts", &[]), 0.0);
+    assert!(after.counter("taskhost_events", &[]) > during.counter("taskhost_events", &[]));
+}
+
+#[test]
+fn a_non_loopback_bind_needs_a_token_and_no_flag_means_no_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("h.sock");
+    let serve = |extra: &[&str]| {
+        let mut args = vec![
+            "serve",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--state-dir",
+            dir.path().join("state").to_str().unwrap(),
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        common::run_host(&args)
+    };
+    let out = serve(&["--http", "0.0.0.0:0"]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("--http 0.0.0.0:0 is not a loopback address")
+            && out.stderr.contains("--http-token-file FILE"),
+        "{}",
+        out.stderr
+    );
+    assert!(!socket.exists(), "refused before it listened");
+
+    let empty = dir.path().join("empty-token");
+    std::fs::write(&empty, "\n").unwrap();
+    let out = serve(&[
+        "--http",
+        "0.0.0.0:0",
+        "--http-token-file",
+        empty.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, Some(1));
+    assert!(out.stderr.contains("is empty"), "{}", out.stderr);
+
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let out = serve(&["--http-token-file", token.to_str().unwrap()]);
+    assert_eq!(out.code, Some(1));
+    assert!(
+        out.stderr.contains("--http (http) is not"),
+        "{}",
+        out.stderr
+    );
+
+    // Cluster mode has no HTTP listener yet: refused before it connects.
+    let out = serve(&[
+        "--http",
+        "127.0.0.1:0",
+        "--store",
+        "postgres://127.0.0.1:1/none",
+    ]);
+    assert_eq!(out.code, Some(1));
+    assert!(
+        out.stderr.contains("not available in cluster mode"),
+        "{}",
+        out.stderr
+    );
+
+    // Without --http the daemon opens no TCP socket at all.
+    let daemon = Daemon::start(&[]);
+    let seen = &daemon.process.as_ref().unwrap().stderr_seen;
+    assert!(!seen.iter().any(|l| l.contains("HTTP")), "{seen:?}");
+    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap()
+        + &std::fs::read_to_string("/proc/net/tcp6").unwrap_or_default();
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{}/fd", daemon.pid()))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    for line in tcp.lines().skip(1) {
+        let inode = line.split_whitespace().nth(9).unwrap_or("");
+        assert!(
+            !inodes.iter().any(|i| i == inode),
+            "the daemon holds a TCP socket: {line}"
+        );
+    }
+
+    // A non-loopback bind with a token starts.
+    drop(daemon);
+    let dir2 = tempfile::tempdir().unwrap();
+    let mut args = vec![
+        "serve".to_owned(),
+        "--socket".to_owned(),
+        dir2.path().join("h.sock").display().to_string(),
+        "--state-dir".to_owned(),
+        dir2.path().join("state").display().to_string(),
+        "--http".to_owned(),
+        "0.0.0.0:0".to_owned(),
+        "--http-token-file".to_owned(),
+        token.display().to_string(),
+    ];
+    let args: Vec<&str> = args.iter_mut().map(|s| s.as_str()).collect();
+    let mut open = common::Running::spawn(&args);
+    let line = open.wait_for_line("taskhost HTTP listening on http://0.0.0.0:", LIMIT);
+    assert!(line.contains("cancel and remove need the token"), "{line}");
+    open.wait_for_line("taskhost daemon listening on", LIMIT);
+    let socket2 = dir2.path().join("h.sock");
+    let out = common::run_host(&["shutdown", "--socket", socket2.to_str().unwrap()]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let (status, out) = open.finish(LIMIT);
+    assert!(status.success(), "{}", out.stderr);
+}
+
+#[test]
+fn the_api_answers_as_the_cli_and_mutations_need_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    let daemon = Daemon::start(&[
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        token_file.to_str().unwrap(),
+    ]);
+    let port = http_port(&daemon);
+
+    let done = daemon.submit(&[&p("hello"), "--name", "greet", "--input", "hi"]);
+    let waited = daemon.run(&["wait", &done, "--json"]);
+    let id = daemon.submit(&[
+        &p("sleeper"),
+        "--name",
+        "nap",
+        "--slot",
+        "s",
+        "--param",
+        "ms=600000",
+    ]);
+    daemon.submit(&[&p("hello"), "--name", "after", "--slot", "s"]);
+    daemon.wait_until_state("nap", "running");
+
+    // The same rows as the CLI's --json (ages move, so they are left out).
+    let strip = |mut v: Value, field: &str| {
+        for row in v.as_array_mut().unwrap() {
+            row.as_object_mut().unwrap().remove(field);
+        }
+        v
+    };
+    let cli_ps: Value = serde_json::from_str(&daemon.run(&["ps", "--json"]).stdout).unwrap();
+    let api_ps = get(port, "/api/tasks").json();
+    let ps_without_progress = |v: Value| {
+        let mut v = strip(v, "age_ms");
+        for row in v.as_array_mut().unwrap() {
+            row.as_object_mut().unwrap().remove("progress");
+        }
+        v
+    };
+    assert_eq!(ps_without_progress(api_ps), ps_without_progress(cli_ps));
+    let cli_all: Value =
+        serde_json::from_str(&daemon.run(&["ps", "--all", "--json"]).stdout).unwrap();
+    let api_all = get(port, "/api/tasks?all=true").json();
+    assert_eq!(ps_without_progress(api_all), ps_without_progress(cli_all));
+    let cli_slots: Value = serde_json::from_str(&daemon.run(&["slots", "--json"]).stdout).unwrap();
+    let api_slots = get(port, "/api/slots").json();
+    assert_eq!(
+        strip(api_slots, "in_state_ms"),
+        strip(cli_slots, "in_state_ms")
+    );
+    // A finished task's page carries `host wait --json`'s object, and its log.
+    let page = get(port, &format!("/api/tasks/{done}")).json();
+    let cli_result: Value = serde_json::from_str(&waited.stdout).unwrap();
+    assert_eq!(page["outcome"], cli_result);
+    assert_eq!(page["name"], "greet");
+    assert_eq!(page["attempts"][0]["attempt"], 1);
+    assert!(
+        page["log"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["text"] == "hello: got 2 bytes"),
+        "{page}"
+    );
+    let live = get(port, "/api/tasks/nap").json();
+    assert_eq!(live["row"]["state"], "running");
+    assert_eq!(live["outcome"], Value::Null);
+    let missing = get(port, "/api/tasks/404");
+    assert_eq!(missing.status, 404);
+    assert!(
+        missing.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains("no task with id 404")
+    );
+
+    // Mutations: without the token, with a wrong one, without JSON, from a
+    // foreign Host; nothing is stopped by any of them.
+    let json_type = ("Content-Type", "application/json");
+    let cancel = format!("/api/tasks/{id}/cancel");
+    let remove = format!("/api/tasks/{id}/remove");
+    for path in [&cancel, &remove] {
+        let answer = request(port, "POST", path, &[json_type], "{}");
+        assert_eq!(answer.status, 401, "{answer:?}");
+        assert_eq!(
+            answer.headers.get("www-authenticate").map(String::as_str),
+            Some("Bearer realm=\"taskhost\"")
+        );
+        assert!(
+            answer.json()["error"]
+                .as_str()
+                .unwrap()
+                .contains("Authorization: Bearer")
+        );
+        let wrong = request(
+            port,
+            "POST",
+            path,
+            &[json_type, ("Authorization", "Bearer s3cret-tokeX")],
+            "{}",
+        );
+        assert_eq!(wrong.status, 401);
+    }
+    let bearer = ("Authorization", "Bearer s3cret-token");
+    let form = request(
+        port,
+        "POST",
+        &cancel,
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            bearer,
+        ],
+        "",
+    );
+    assert_eq!(form.status, 415, "{form:?}");
+    let rebound = request(
+        port,
+        "POST",
+        &cancel,
+        &[json_type, bearer, ("Host", "evil.example:80")],
+        "{}",
+    );
+    assert_eq!(rebound.status, 421, "{rebound:?}");
+    assert_eq!(get(port, "/metrics").status, 200, "reads need no token");
+    assert_eq!(request(port, "GET", &cancel, &[], "").status, 405);
+    daemon.wait_until_state("nap", "running");
+
+    // With the token: cancel waits for the end, as `host cancel --json`.
+    let answer = request(port, "POST", &cancel, &[json_type, bearer], "{}");
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let body = answer.json();
+    assert_eq!(body["claimed"], true, "{body}");
+    assert_eq!(body["report"]["outcome"], "canceled", "{body}");
+    let again = request(port, "POST", &remove, &[json_type, bearer], "{}").json();
+    assert_eq!(again, json!({ "claimed": false, "report": null }));
+    let out = daemon.run(&["wait", "after", "--json"]);
+    assert_eq!(
+        out.code,
+        Some(0),
+        "the queued one ran after the cancel: {}",
+        out.stderr
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Headless Chromium over the DevTools protocol.
+
+/// Where screenshots go: `target/test-artifacts/`.
+fn artifacts() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("the target directory")
+        .join("test-artifacts");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+struct Chromium {
+    child: Child,
+    _profile: tempfile::TempDir,
+    port: u16,
+}
+
+impl Chromium {
+    fn launch() -> Self {
+        let binary = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+            .into_iter()
+            .find(|b| Path::new(b).exists())
+            .unwrap_or_else(|| {
+                panic!(
+                    "Chromium is not installed (/usr/bin/chromium): install the Debian package \
+                     `chromium` (apt-get install -y chromium; .ci/run does it)"
+                )
+            });
+        let profile = tempfile::tempdir().unwrap();
+        let mut child = Command::new(binary)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--window-size=1280,900",
+                &format!("--user-data-dir={}", profile.path().display()),
+                "--remote-debugging-port=0",
+                "about:blank",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    // Keep draining so Chromium never blocks on a full pipe.
+                    continue;
+                }
+            }
+        });
+        let deadline = Instant::now() + LIMIT;
+        let mut seen = Vec::new();
+        let port = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(url) = line.split("DevTools listening on ").nth(1) {
+                        let port = url
+                            .strip_prefix("ws://")
+                            .and_then(|r| r.split('/').next())
+                            .and_then(|a| a.rsplit(':').next())
+                            .and_then(|p| p.parse().ok())
+                            .unwrap_or_else(|| panic!("no port in {line:?}"));
+                        break port;
+                    }
+                    seen.push(line);
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!(
+                        "Chromium did not start its DevTools endpoint within {LIMIT:?}: {seen:?}"
+                    );
+                }
+            }
+        };
+        Self {
+            child,
+            _profile: profile,
+            port,
+        }
+    }
+
+    /// A DevTools session on the browser's first page.
+    fn page(&self) -> Cdp {
+        let deadline = Instant::now() + LIMIT;
+        let url = loop {
+            let targets = get(self.port, "/json/list");
+            let list: Value = serde_json::from_str(&targets.body).unwrap_or(Value::Null);
+            if let Some(url) = list.as_array().and_then(|l| {
+                l.iter()
+                    .find(|t| t["type"] == "page")
+                    .and_then(|t| t["webSocketDebuggerUrl"].as_str().map(str::to_owned))
+            }) {
+                break url;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Chromium has no page: {}",
+                targets.body
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let (mut socket, _) = tungstenite::connect(url.as_str()).expect("connect to DevTools");
+        if let tungstenite::stream::MaybeTlsStream::Plain(stream) = socket.get_mut() {
+            stream.set_read_timeout(Some(LIMIT)).unwrap();
+        }
+        Cdp {
+            socket,
+            next_id: 0,
+            events: Vec::new(),
+        }
+    }
+}
+
+impl Drop for Chromium {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A DevTools protocol session: commands by id, events kept in order.
+struct Cdp {
+    socket: tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<TcpStream>>,
+    next_id: u64,
+    events: Vec<Value>,
+}
+
+impl Cdp {
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        let message = json!({ "id": id, "method": method, "params": params });
+        self.socket
+            .send(tungstenite::Message::text(message.to_string()))
+            .expect("send a DevTools command");
+        loop {
+            let reply = self.read();
+            if reply["id"] == id {
+                if let Some(error) = reply.get("error") {
+                    panic!("{method} failed: {error}");
+                }
+                return reply["result"].clone();
+            }
+            self.events.push(reply);
+        }
+    }
+
+    fn read(&mut self) -> Value {
+        loop {
+            match self.socket.read().expect("read from DevTools") {
+                tungstenite::Message::Text(text) => {
+                    return serde_json::from_str(text.as_str()).expect("DevTools sends JSON");
+                }
+                tungstenite::Message::Close(_) => panic!("DevTools closed the session"),
+                _ => {}
+            }
+        }
+    }
+
+    /// Waits for an event of this method (one seen before included).
+    fn wait_event(&mut self, method: &str) -> Value {
+        if let Some(i) = self.events.iter().position(|e| e["method"] == method) {
+            return self.events.remove(i);
+        }
+        loop {
+            let event = self.read();
+            if event["method"] == method {
+                return event;
+            }
+            self.events.push(event);
+        }
+    }
+
+    /// Evaluates a JavaScript expression in the page and returns its value.
+    fn eval(&mut self, expression: &str) -> Value {
+        let result = self.call(
+            "Runtime.evaluate",
+            json!({ "expression": expression, "returnByValue": true, "awaitPromise": true }),
+        );
+        if let Some(exception) = result.get("exceptionDetails") {
+            panic!("{expression} threw: {exception}");
+        }
+        result["result"]["value"].clone()
+    }
+
+    /// Evaluates `expression` until it is truthy; returns its value.
+    fn wait_for(&mut self, what: &str, expression: &str) -> Value {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let value = self.eval(expression);
+            if !(value.is_null() || value == false || value == "") {
+                return value;
+            }
+            if Instant::now() > deadline {
+                let page = self.eval("document.body.innerText");
+                panic!("the page never showed {what}; it shows:\n{page}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A real mouse click (pressed and released) on the element's centre.
+    fn click(&mut self, selector: &str) {
+        let rect = self.wait_for(
+            selector,
+            &format!(
+                "(() => {{ const e = document.querySelector({selector:?}); if (!e) return null;
+                   e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect();
+                   return [r.x + r.width / 2, r.y + r.height / 2]; }})()"
+            ),
+        );
+        let (x, y) = (rect[0].as_f64().unwrap(), rect[1].as_f64().unwrap());
+        for kind in ["mousePressed", "mouseReleased"] {
+            self.call(
+                "Input.dispatchMouseEvent",
+                json!({ "type": kind, "x": x, "y": y, "button": "left", "clickCount": 1 }),
+            );
+        }
+    }
+
+    fn screenshot(&mut self, name: &str) -> PathBuf {
+        use base64::Engine as _;
+        let shot = self.call("Page.captureScreenshot", json!({ "format": "png" }));
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(shot["data"].as_str().expect("screenshot data"))
+            .expect("base64 PNG");
+        assert!(png.starts_with(b"\x89PNG"), "a PNG");
+        let path = artifacts().join(name);
+        std::fs::write(&path, png).unwrap();
+        path
+    }
+}
+
+#[test]
+fn the_dashboard_shows_a_running_task_and_cancels_it_in_chromium() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "dash-token-42\n").unwrap();
+    let daemon = Daemon::start(&[
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        token_file.to_str().unwrap(),
+    ]);
+    let port = http_port(&daemon);
+    // Something finished, something queued, and a sleeper reporting
+    // progress every 200 ms for ten minutes.
+    let out = daemon.run(&[
+        "submit",
+        &p("hello"),
+        "--name",
+        "greet",
+        "--input",
+        "hi",
+        "--wait",
+    ]);
+    assert_eq!(out.code, Some(0));
+    let id = daemon.submit(&[
+        &p("sleeper"),
+        "--name",
+        "nap",
+        "--slot",
+        "deploy/prod",
+        "--param",
+        "ms=600000",
+        "--param",
+        "step_ms=200",
+    ]);
+    daemon.submit(&[&p("hello"), "--name", "after-nap", "--slot", "deploy/prod"]);
+    daemon.wait_until_state("nap", "running");
+
+    let browser = Chromium::launch();
+    let mut page = browser.page();
+    page.call("Page.enable", json!({}));
+    page.call("Runtime.enable", json!({}));
+    page.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({ "width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": false }),
+    );
+    page.call(
+        "Page.navigate",
+        json!({ "url": format!("http://127.0.0.1:{port}/") }),
+    );
+    page.wait_event("Page.loadEventFired");
+
+    let row = format!("#tasks tr[data-task-id=\"{id}\"]");
+    page.wait_for("the running sleeper", &format!(
+        "(() => {{ const r = document.querySelector('{row}'); return r && r.innerText.includes('nap') && r.innerText.includes('running'); }})()"
+    ));
+    page.wait_for("the live event stream", "document.querySelector('#status').className === 'live' && document.querySelectorAll('#events li').length > 0");
+    page.wait_for("the slot with its owner and queue", &format!(
+        "[...document.querySelectorAll('#slots tbody tr')].some(r => r.innerText.includes('deploy/prod') && r.innerText.includes('{id}') && r.children[3].innerText === '1')"
+    ));
+    page.wait_for("the finished hello", "[...document.querySelectorAll('#outcomes tbody tr')].some(r => r.innerText.includes('greet') && r.innerText.includes('completed'))");
+    // Progress moves: read it, then wait until it reads further.
+    let progress = |page: &mut Cdp| -> u64 {
+        let text = page.wait_for("progress", &format!(
+            "(() => {{ const p = document.querySelector('{row} .progress'); return p && p.innerText; }})()"
+        ));
+        let text = text.as_str().unwrap().to_owned();
+        text.split('/')
+            .next()
+            .and_then(|d| d.trim().parse().ok())
+            .unwrap_or_else(|| panic!("progress reads {text:?}"))
+    };
+    let first = progress(&mut page);
+    let deadline = Instant::now() + LIMIT;
+    let later = loop {
+        let now = progress(&mut page);
+        if now > first {
+            break now;
+        }
+        assert!(Instant::now() < deadline, "progress stayed at {first}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(later > first);
+    page.wait_for(
+        "the progress bar",
+        &format!("document.querySelector('{row} .bar > span').style.width !== ''"),
+    );
+    let shot = page.screenshot("dashboard.png");
+    eprintln!("screenshot: {}", shot.display());
+
+    // Cancel: the daemon answers 401, the page asks for the token, the
+    // token typed in retries the cancel.
+    page.click(&format!("{row} button[data-action=\"cancel\"]"));
+    page.wait_for("the token prompt", "document.querySelector('#notice').classList.contains('shown') && document.querySelector('#notice-text').innerText.includes('token')");
+    assert_eq!(
+        daemon
+            .ps()
+            .iter()
+            .find(|t| t["name"] == "nap")
+            .map(|t| t["state"].clone()),
+        Some(json!("running")),
+        "nothing happened without the token"
+    );
+    page.click("#token-input");
+    page.call("Input.insertText", json!({ "text": "dash-token-42" }));
+    page.click("#token-save");
+    let out = daemon.run(&["wait", &id, "--json"]);
+    assert_eq!(out.code, Some(4), "{}", out.stderr);
+    let result: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(result["outcome"], "canceled");
+    assert_eq!(
+        get(port, &format!("/api/tasks/{id}")).json()["outcome"]["outcome"],
+        "canceled"
+    );
+    page.wait_for("the canceled outcome", &format!(
+        "[...document.querySelectorAll('#outcomes tbody tr')].some(r => r.dataset.taskId === '{id}' && r.innerText.includes('canceled'))"
+    ));
+    page.wait_for("the queued one completed", "[...document.querySelectorAll('#outcomes tbody tr')].some(r => r.innerText.includes('after-nap') && r.innerText.includes('completed'))");
+    page.wait_for(
+        "the notice cleared",
+        "!document.querySelector('#notice').classList.contains('shown')",
+    );
+
+    // The task page: its outcome, attempts, log and events.
+    page.call(
+        "Page.navigate",
+        json!({ "url": format!("http://127.0.0.1:{port}/#/task/{id}") }),
+    );
+    page.wait_for("the task page", "document.querySelector('#task-outcome') && document.querySelector('#task-outcome').innerText === 'canceled'");
+    page.wait_for(
+        "its attempt",
+        "document.querySelector('#attempts tbody').innerText.includes('1')",
+    );
+    page.wait_for("its events", "[...document.querySelectorAll('#events li')].some(li => li.dataset.kind === 'TaskFinished')");
+    let shot = page.screenshot("dashboard-task.png");
+    eprintln!("screenshot: {}", shot.display());
+}
+
+#[test]
+fn without_a_token_a_loopback_listener_lets_local_clients_stop_tasks() {
+    let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);
+    let port = http_port(&daemon);
+    let seen = &daemon.process.as_ref().unwrap().stderr_seen;
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("no token: cancel and remove are open to local users")),
+        "the log says so: {seen:?}"
+    );
+    let id = daemon.submit(&[&p("sleeper"), "--name", "nap", "--param", "ms=600000"]);
+    daemon.wait_until_state("nap", "running");
+    // Still only JSON POSTs: a form cannot stop it.
+    let form = request(port, "POST", &format!("/api/tasks/{id}/remove"), &[], "");
+    assert_eq!(form.status, 415);
+    let answer = request(
+        port,
+        "POST",
+        &format!("/api/tasks/{id}/remove"),
+        &[("Content-Type", "application/json")],
+        "{}",
+    );
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.json(), json!({ "claimed": true, "report": null }));
+    let out = daemon.run(&["wait", &id, "--json"]);
+    assert_eq!(out.code, Some(4), "{}", out.stderr);
+}
