@@ -182,12 +182,14 @@ pub async fn serve(
         worker_threads = config.worker_threads,
         "taskhost daemon listening"
     );
-    ready();
-
+    // The handlers first: a SIGTERM right after readiness (systemd, a
+    // script) is a graceful stop, not the default action's kill.
     let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .map_err(|e| fail(e.to_string()))?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| fail(e.to_string()))?;
+    ready();
+
     let connections = Arc::new(Semaphore::new(config.max_connections));
     let grace = loop {
         tokio::select! {
