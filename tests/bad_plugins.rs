@@ -132,10 +132,10 @@ fn corpus(dir: &std::path::Path) -> Vec<Case> {
             write(
                 dir,
                 "wasi-03.wasm",
-                &common::renamed(&hello, b"wasi:cli/stdout@0.2.0", b"wasi:cli/stdout@0.3.0"),
+                &common::renamed(&hello, b"wasi:cli/stdout@0.2.12", b"wasi:cli/stdout@0.3.12"),
             ),
             vec![
-                "imports `wasi:cli/stdout@0.3.0`",
+                "imports `wasi:cli/stdout@0.3.12`",
                 "this host provides WASI 0.2",
             ],
         ),
