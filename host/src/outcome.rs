@@ -107,6 +107,22 @@ pub enum OutcomeKind {
 }
 
 impl OutcomeKind {
+    /// Every kind.
+    pub const ALL: [Self; 7] = [
+        Self::Completed,
+        Self::Failed,
+        Self::Fatal,
+        Self::Canceled,
+        Self::ForceAborted,
+        Self::Panicked,
+        Self::Rejected,
+    ];
+
+    /// The kind named by its word ([`OutcomeKind::as_str`]).
+    pub fn from_word(word: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == word)
+    }
+
     /// The kind as a stable lowercase word, as used in JSON.
     pub fn as_str(self) -> &'static str {
         match self {

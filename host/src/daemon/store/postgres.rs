@@ -1224,7 +1224,7 @@ impl Pg {
                     outcome: r
                         .get::<_, Option<String>>(6)
                         .as_deref()
-                        .and_then(outcome_kind),
+                        .and_then(OutcomeKind::from_word),
                     node: None,
                 }
             }));
@@ -1512,21 +1512,6 @@ impl Pg {
             .map_err(db("cannot prune events"))?;
         Ok(n)
     }
-}
-
-fn outcome_kind(text: &str) -> Option<OutcomeKind> {
-    use OutcomeKind::*;
-    [
-        Completed,
-        Failed,
-        Fatal,
-        Canceled,
-        ForceAborted,
-        Panicked,
-        Rejected,
-    ]
-    .into_iter()
-    .find(|k| k.as_str() == text)
 }
 
 /// Locks the slot of task `id` (the row lock every decision in a slot
