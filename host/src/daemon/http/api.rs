@@ -62,14 +62,7 @@ pub(super) async fn slots(State(http): State<Http>) -> Response {
 /// --json` prints it.
 pub(super) async fn task(State(http): State<Http>, Path(task): Path<String>) -> Response {
     let target = TaskRef::parse(&task);
-    let daemon = Arc::clone(&http.daemon);
-    let found = {
-        let target = target.clone();
-        tokio::task::spawn_blocking(move || dispatch::find(&daemon, &target))
-            .await
-            .ok()
-            .flatten()
-    };
+    let found = find(&http, &target).await;
     let body = match found {
         None => return not_found(&target),
         Some(Found::Live(record)) => {
@@ -135,16 +128,19 @@ pub(super) async fn remove(State(http): State<Http>, Path(task): Path<String>) -
     stop(&http, &task, false).await
 }
 
+/// The task a target names (the store is read off the async workers).
+async fn find(http: &Http, target: &TaskRef) -> Option<Found> {
+    let daemon = Arc::clone(&http.daemon);
+    let target = target.clone();
+    tokio::task::spawn_blocking(move || dispatch::find(&daemon, &target))
+        .await
+        .ok()
+        .flatten()
+}
+
 async fn stop(http: &Http, task: &str, wait: bool) -> Response {
     let target = TaskRef::parse(task);
-    let daemon = Arc::clone(&http.daemon);
-    let found = {
-        let target = target.clone();
-        tokio::task::spawn_blocking(move || dispatch::find(&daemon, &target))
-            .await
-            .ok()
-            .flatten()
-    };
+    let found = find(http, &target).await;
     let record = match found {
         None => return not_found(&target),
         Some(Found::Stored(finished)) => {
