@@ -478,6 +478,43 @@ fn without_notifications_polling_still_delivers_work_and_cancels() {
 }
 
 #[test]
+fn a_cancel_while_a_node_still_loads_the_plugin_is_not_lost() {
+    // A claimed task shows running from its claim on, while the claiming
+    // node still fetches and compiles the plugin before the task's body is
+    // registered there. A cancel in that window must still stop it (it was
+    // lost: the stop was tried once, before there was anything to stop).
+    // Fresh copies of the plugin make every claim compile.
+    let pg = Postgres::start();
+    let a = steady_node(&pg, "a", &[]);
+    let b = steady_node(&pg, "b", &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sleeper = std::fs::read(common::plugin("sleeper")).expect("the sleeper plugin");
+    for i in 0..4 {
+        let path = dir.path().join(format!("sleeper{i}.wasm"));
+        let copy = common::renamed(&sleeper, b"sleeper", format!("sleepe{i}").as_bytes());
+        std::fs::write(&path, copy).unwrap();
+        let name = format!("nap{i}");
+        let via = if i % 2 == 0 { &a } else { &b };
+        via.submit(&[
+            path.to_str().unwrap(),
+            "--name",
+            &name,
+            "--param",
+            "ms=30000",
+        ]);
+        wait_until(via, &name, "running", None);
+        let started = Instant::now();
+        let out = via.run(&["cancel", &name]);
+        assert_eq!(out.code, Some(0), "{name}: {}", out.stderr);
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{name}: the cancel took {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+#[test]
 fn logs_are_shown_by_every_node() {
     let pg = Postgres::start();
     let a = steady_node(&pg, "a", &[]);

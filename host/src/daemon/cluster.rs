@@ -726,6 +726,17 @@ async fn run_claimed(daemon: Arc<Daemon>, cluster: Arc<Cluster>, task: Claimed) 
         reservation,
         Submission::new(spec).policy(AdmissionPolicy::Queue),
     );
+    // A stop that came while the plugin was fetched or compiled found
+    // nothing registered to stop (the claim showed the task running
+    // already): it is carried out now. A later one finds the task.
+    if cluster
+        .stopped
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(&id)
+    {
+        daemon.controller.remove(id);
+    }
     let outcome = Outcome::new();
     daemon.tasks.insert(TaskRecord {
         id,
@@ -864,6 +875,10 @@ impl TaskBody for Fenced {
 
     fn describe(&self) -> String {
         self.task.describe()
+    }
+
+    fn code_digest(&self) -> Option<String> {
+        self.task.code_digest()
     }
 }
 
