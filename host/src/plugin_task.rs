@@ -146,6 +146,10 @@ impl TaskBody for PluginTask {
     fn describe(&self) -> String {
         self.plugin.info().name.clone()
     }
+
+    fn code_digest(&self) -> Option<String> {
+        Some(self.plugin.digest().to_string())
+    }
 }
 
 fn task_error(err: AttemptError) -> TaskError {

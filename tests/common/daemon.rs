@@ -43,6 +43,31 @@ impl Daemon {
         }
     }
 
+    /// Like [`Daemon::start`], with these environment variables set for
+    /// the daemon.
+    pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("h.sock");
+        let state = dir.path().join("state");
+        let mut cmd = common::host();
+        cmd.args([
+            "serve",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ])
+        .args(extra)
+        .envs(env.iter().copied());
+        let mut process = Running::spawn_command(cmd);
+        process.wait_for_line("taskhost daemon listening on", LIMIT);
+        Self {
+            dir,
+            socket,
+            process: Some(process),
+        }
+    }
+
     /// Starts `host serve` whose compilation cache (`<state>/wasmtime-cache`)
     /// is a symlink to the tests' shared one, so that large plugins compiled
     /// by earlier tests or runs load from it instead of compiling again.

@@ -30,6 +30,8 @@ pub fn host() -> Command {
     let mut cmd = Command::new(host_bin());
     cmd.env("TASKHOST_CACHE_DIR", cache_dir())
         .env_remove("RUST_LOG")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         .stdin(Stdio::null());
     cmd
 }

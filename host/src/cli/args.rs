@@ -12,6 +12,14 @@ use taskhost::units::{format_size, parse_duration, parse_size};
 
 use super::exit::usage;
 
+/// The trace export flag of the verbs that run tasks (`run`, `serve`).
+#[derive(Debug, Args)]
+pub struct OtlpArg {
+    /// Export a trace per task (a span per task and per attempt, with the task's id, name and slot, the plugin's digest, the attempt's number, result and outcome) over OTLP/HTTP with protobuf to this collector, such as http://127.0.0.1:4318 (spans go to its /v1/traces). The standard OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT do the same; without any of them nothing is exported [TOML: otlp].
+    #[arg(long, value_name = "URL")]
+    pub otlp: Option<String>,
+}
+
 /// The compiled-plugin cache flags of the verbs that compile (`run`,
 /// `inspect`).
 #[derive(Debug, Args)]

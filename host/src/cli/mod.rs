@@ -18,6 +18,7 @@ mod inspect;
 mod report;
 mod run;
 mod serve;
+mod telemetry;
 mod tools;
 
 use std::path::PathBuf;
@@ -159,7 +160,21 @@ pub fn main() -> ExitCode {
     } else {
         "warn"
     };
-    init_tracing(default_level, json_logs);
+    // Only the verbs that run tasks export traces (a `host ps` with the
+    // variables set in the environment starts no exporter).
+    let otlp = match &cli.command {
+        Command::Serve(args) => telemetry::otlp_target(args.otlp().as_deref()),
+        Command::Run(args) => telemetry::otlp_target(args.otlp.otlp.as_deref()),
+        _ => Ok(None),
+    };
+    let telemetry =
+        match otlp.and_then(|target| telemetry::init(default_level, json_logs, target.as_ref())) {
+            Ok(telemetry) => telemetry,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        };
     // The daemon's runtime has one worker per core unless told otherwise;
     // the other verbs need little.
     let workers = match &cli.command {
@@ -202,26 +217,12 @@ pub fn main() -> ExitCode {
     // Do not wait for stray blocking work (a compile of a plugin we no longer
     // need) on the way out.
     runtime.shutdown_background();
+    telemetry.shutdown();
     match result {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
             eprintln!("error: {err:#}");
             ExitCode::from(err.downcast_ref::<ExitError>().map_or(1, |e| e.code))
         }
-    }
-}
-
-fn init_tracing(default_level: &str, json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
     }
 }

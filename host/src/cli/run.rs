@@ -13,7 +13,7 @@ use taskhost::supervisor::{Event, EventKind, Received, Supervisor, TaskReport, T
 use taskhost::units::{format_duration, parse_duration};
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::args::{CacheArgs, PolicyArgs, TaskArgs};
+use super::args::{CacheArgs, OtlpArg, PolicyArgs, TaskArgs};
 use super::exit::{outcome_code, usage};
 use super::report::{JsonResult, StderrSink, print_result, progress_text};
 
@@ -25,6 +25,8 @@ pub struct RunArgs {
     policy: PolicyArgs,
     #[command(flatten)]
     cache: CacheArgs,
+    #[command(flatten)]
+    pub otlp: OtlpArg,
     /// After Ctrl-C, how long the task may take to stop before it is stopped by force.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
     grace: Duration,

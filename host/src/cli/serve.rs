@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -89,6 +89,8 @@ pub struct ServeArgs {
     /// A file whose one line is the secret the HTTP listener's cancel and remove endpoints require (`Authorization: Bearer <token>`; the dashboard asks for it); needed to bind a non-loopback --http address [TOML: http_token_file].
     #[arg(long, value_name = "FILE")]
     http_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    otlp: super::args::OtlpArg,
     /// Start the daemon in the background and return once its socket
     /// accepts connections; its logs go to <state dir>/daemon.log.
     #[arg(long)]
@@ -112,6 +114,15 @@ impl ServeArgs {
     pub fn worker_threads(&self) -> usize {
         self.config()
             .map_or_else(|_| default_worker_threads(), |c| c.worker_threads)
+    }
+
+    /// The OTLP collector this daemon exports traces to (the flag, else
+    /// the file); a bad file is reported later by `serve_cmd`.
+    pub fn otlp(&self) -> Option<String> {
+        self.otlp
+            .otlp
+            .clone()
+            .or_else(|| self.config().ok().and_then(|c| c.otlp))
     }
 
     fn config(&self) -> anyhow::Result<DaemonConfig> {

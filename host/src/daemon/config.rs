@@ -69,6 +69,10 @@ pub struct DaemonConfig {
     /// A file holding the bearer token the HTTP listener's mutating
     /// endpoints (cancel, remove) require.
     pub http_token_file: Option<PathBuf>,
+    /// An OTLP/HTTP collector's base URL for trace spans (the `host`
+    /// binary installs the exporter before the daemon starts; the daemon
+    /// itself only emits `tracing` spans).
+    pub otlp: Option<String>,
 }
 
 /// The default number of the daemon's async worker threads: one per
@@ -101,6 +105,7 @@ impl DaemonConfig {
             cluster: ClusterSettings::default(),
             http: None,
             http_token_file: None,
+            otlp: None,
         }
     }
 
@@ -201,6 +206,9 @@ impl DaemonConfig {
         if let Some(v) = file.http_token_file {
             self.http_token_file = Some(v);
         }
+        if let Some(v) = file.otlp {
+            self.otlp = Some(v);
+        }
         if self.max_connections == 0 {
             return Err("max_connections: must be at least 1".into());
         }
@@ -236,6 +244,7 @@ struct FileConfig {
     cluster_notify: Option<bool>,
     http: Option<String>,
     http_token_file: Option<PathBuf>,
+    otlp: Option<String>,
 }
 
 #[cfg(test)]

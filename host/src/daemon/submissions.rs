@@ -438,4 +438,8 @@ impl TaskBody for Recorded {
     fn describe(&self) -> String {
         self.task.describe()
     }
+
+    fn code_digest(&self) -> Option<String> {
+        self.task.code_digest()
+    }
 }

@@ -37,15 +37,36 @@ enum AttemptEnd {
 }
 
 /// What the actor remembers across attempts for the final report.
-#[derive(Default)]
 struct Story {
     attempts: u32,
     history: VecDeque<AttemptRecord>,
     first_start: Option<Instant>,
+    /// The current attempt's span (disabled unless traces are exported).
+    span: tracing::Span,
+}
+
+impl Default for Story {
+    fn default() -> Self {
+        Self {
+            attempts: 0,
+            history: VecDeque::new(),
+            first_start: None,
+            span: tracing::Span::none(),
+        }
+    }
 }
 
 impl Story {
     fn record(&mut self, attempt: u32, result: String, duration: Duration) {
+        if !self.span.is_disabled() {
+            self.span.record("result", result.as_str());
+            if !matches!(
+                result.as_str(),
+                "succeeded" | "canceled" | "canceled by the body"
+            ) {
+                self.span.record("otel.status_code", "ERROR");
+            }
+        }
         if self.history.len() == MAX_HISTORY {
             self.history.pop_front();
         }
@@ -81,6 +102,19 @@ impl Actor {
                 reason: format!("the task's actor panicked: {}", panic_message(&*panic)),
             },
         };
+        let span = tracing::Span::current();
+        if !span.is_disabled() {
+            span.record("outcome", outcome.kind().as_str());
+            if !matches!(
+                outcome,
+                TaskOutcome::Completed { .. } | TaskOutcome::Canceled
+            ) {
+                span.record("otel.status_code", "ERROR");
+                if let Some(reason) = outcome.reason() {
+                    span.record("otel.status_description", reason);
+                }
+            }
+        }
         finish_logically(&shared, &entry, outcome, &story);
         // Physical completion: the attempt futures are dropped by now.
         entry.set_phase(TaskPhase::Finishing);
@@ -131,18 +165,27 @@ impl Actor {
             self.event(EventKind::AttemptStarting, attempt);
             let started = Instant::now();
             story.first_start.get_or_insert(started);
-            let end = tracing::Instrument::instrument(
-                self.attempt(attempt, &mut stop, story),
-                tracing::debug_span!("attempt", n = attempt),
-            )
-            .await;
+            let span = tracing::debug_span!(
+                "attempt",
+                attempt = attempt,
+                result = tracing::field::Empty,
+                otel.status_code = tracing::field::Empty,
+            );
+            story.span = span.clone();
+            let end =
+                tracing::Instrument::instrument(self.attempt(attempt, &mut stop, story), span)
+                    .await;
             // The permit is held until the attempt's end event is out, so
             // that no observer counting starts and ends ever sees more than
             // `max_concurrent` attempts; it is released before any backoff.
             let took = started.elapsed();
 
             let error = match end {
-                AttemptEnd::Forced => return TaskOutcome::ForceAborted,
+                AttemptEnd::Forced => {
+                    story.span.record("result", "force-aborted");
+                    story.span.record("otel.status_code", "ERROR");
+                    return TaskOutcome::ForceAborted;
+                }
                 AttemptEnd::Stopped => {
                     story.record(attempt, "canceled".into(), took);
                     self.event(EventKind::AttemptCanceled, attempt);

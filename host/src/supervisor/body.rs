@@ -64,6 +64,12 @@ pub trait TaskBody: Send + Sync + 'static {
     fn describe(&self) -> String {
         "task body".to_owned()
     }
+
+    /// The digest of the code the body runs (a plugin's `sha256:…`), if it
+    /// has one: the task's trace span carries it as `plugin.digest`.
+    fn code_digest(&self) -> Option<String> {
+        None
+    }
 }
 
 /// What one attempt of a task gets: who it is, a cancellation token to

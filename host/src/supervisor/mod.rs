@@ -417,8 +417,21 @@ impl Supervisor {
             policies,
             on_gone,
         };
-        // Everything the task's actor and its body log carries its identity.
-        let span = tracing::debug_span!("task", id = id.get(), name = %actor.entry.name, slot = %actor.entry.slot);
+        // Everything the task's actor and its body log carries its identity;
+        // with an OpenTelemetry layer installed (`host serve --otlp`) the
+        // span is the task's trace, its own root. The field values are only
+        // computed when the span is enabled.
+        let span = tracing::debug_span!(
+            parent: None,
+            "task",
+            task.id = id.get(),
+            task.name = %actor.entry.name,
+            task.slot = %actor.entry.slot,
+            plugin.digest = actor.body.code_digest(),
+            outcome = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+        );
         tokio::spawn(tracing::Instrument::instrument(actor.run(), span));
         Ok(())
     }
