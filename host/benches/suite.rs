@@ -107,6 +107,33 @@ const BUS: usize = 1 << 16;
 /// Pooled instance slots of our runtime (the default is 1,000; the memory
 /// and shutdown scenarios keep 1,000 sleepers alive at once).
 const POOL_INSTANCES: u32 = 2_048;
+
+/// Parked tasks of the memory scenario (`TASKHOST_SUITE_PARKED`, default
+/// 1,000; `TASKHOST_SUITE_PARKED=10000 … -- rss` for issue 15's 10,000).
+fn rss_tasks() -> usize {
+    std::env::var("TASKHOST_SUITE_PARKED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(RSS_TASKS)
+}
+
+/// `10000` as `10,000`.
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The instance pool: room for every parked task of the memory scenario.
+fn pool_instances() -> u32 {
+    POOL_INSTANCES.max(rss_tasks() as u32 + 16)
+}
 /// The stop grace of both sides, except in the force-abort scenario.
 const GRACE: Duration = Duration::from_secs(60);
 /// A round that takes longer than this is a hang.
@@ -471,7 +498,7 @@ fn cache_dir() -> PathBuf {
 async fn load_plugins(cache: &Path) -> Arc<Plugins> {
     let config = RuntimeConfig::default()
         .cache_dir(Some(cache.to_path_buf()))
-        .pool_instances(POOL_INSTANCES);
+        .pool_instances(pool_instances());
     let runtime = Arc::new(Runtime::new(&config).expect("the runtime starts"));
     let mut loaded = Vec::new();
     for name in ["hello", "sleeper", "spin"] {
@@ -1422,7 +1449,8 @@ fn rss(table: &mut Table) {
             per_task[i].push(kib);
         }
     }
-    let scenario = "RSS per live parked task (1,000)";
+    let scenario = format!("RSS per live parked task ({})", thousands(rss_tasks()));
+    let scenario = scenario.as_str();
     for (i, side) in SIDES.iter().enumerate() {
         let target =
             (*side == Side::Plugin).then(|| check_at_most(median(&per_task[i]), 48.0, "KiB"));
@@ -1448,6 +1476,7 @@ fn rss(table: &mut Table) {
 /// then `RSS_TASKS` parked tasks; prints the resident memory they added,
 /// per task, in KiB.
 fn child_rss(side: Side) {
+    let n = rss_tasks();
     let rt = Flavour::Current.runtime();
     let per_task = rt.block_on(async move {
         let plugins = match side {
@@ -1482,16 +1511,16 @@ fn child_rss(side: Side) {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let before = vm_rss_kib();
         let ready = Arc::new(Ready::default());
-        let waiters = h.start_parked("p", RSS_TASKS, &ready).await;
-        ready.wait_for(RSS_TASKS).await;
+        let waiters = h.start_parked("p", n, &ready).await;
+        ready.wait_for(n).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         let after = vm_rss_kib();
         eprintln!(
-            "  memory child ({}): VmRSS {before} KiB before, {after} KiB with {RSS_TASKS} parked tasks",
+            "  memory child ({}): VmRSS {before} KiB before, {after} KiB with {n} parked tasks",
             side.label("sleeper")
         );
         drop(waiters);
-        (after - before) as f64 / RSS_TASKS as f64
+        (after - before) as f64 / n as f64
     });
     println!("{per_task:.3}");
     // Skip the teardown of 1,000 tasks.

@@ -38,7 +38,7 @@ pub struct ServeArgs {
     /// Default memory limit of a guest [default: 256MiB].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     max_memory: Option<u64>,
-    /// Instance slots of the pooling allocator; attempts running at once never exceed it (below 16: the on-demand allocator) [default: 1000].
+    /// Instance slots of the pooling allocator; attempts running at once never exceed it (below 16: the on-demand allocator). Each slot reserves about 8 GiB of address space (not memory): the default fits up to about 12,000 within x86-64's 128 TiB [default: --max-concurrent plus 8, at least 1000].
     #[arg(long, value_name = "N")]
     pool_instances: Option<u32>,
     /// Epoch tick: the granularity of interruption [default: 10ms].
@@ -154,7 +154,7 @@ impl ServeArgs {
             config.max_memory = v;
         }
         if let Some(v) = self.pool_instances {
-            config.pool_instances = v;
+            config.pool_instances = Some(v);
         }
         if let Some(v) = &self.store {
             config.store = v.clone();

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::runtime::{DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES, HttpAllow};
+use crate::runtime::{DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, HttpAllow};
 use crate::units::{parse_duration, parse_size};
 
 use super::cluster::ClusterSettings;
@@ -35,8 +35,10 @@ pub struct DaemonConfig {
     pub epoch_tick: Duration,
     /// Most client connections at once.
     pub max_connections: usize,
-    /// Instance slots of the pooling allocator (below 16: on-demand).
-    pub pool_instances: u32,
+    /// Instance slots of the pooling allocator (below 16: on-demand);
+    /// `None`: enough for `max_concurrent` attempts (at least
+    /// [`crate::runtime::DEFAULT_POOL_INSTANCES`]), as far as the address space allows.
+    pub pool_instances: Option<u32>,
     /// Undelivered events each event reader (`host events --follow`) may
     /// fall behind before it loses the oldest.
     pub event_lane_capacity: usize,
@@ -93,7 +95,7 @@ impl DaemonConfig {
             max_memory: DEFAULT_MAX_MEMORY,
             epoch_tick: DEFAULT_EPOCH_TICK,
             max_connections: 256,
-            pool_instances: DEFAULT_POOL_INSTANCES,
+            pool_instances: None,
             event_lane_capacity: 4096,
             store: "sqlite".into(),
             retain_finished: 10_000,
@@ -147,7 +149,7 @@ impl DaemonConfig {
             self.max_connections = v;
         }
         if let Some(v) = file.pool_instances {
-            self.pool_instances = v;
+            self.pool_instances = Some(v);
         }
         if let Some(v) = file.event_lane_capacity {
             if v == 0 || v > 1 << 22 {
@@ -266,7 +268,7 @@ mod tests {
         assert_eq!(config.grace, Duration::from_secs(2));
         assert_eq!(config.max_concurrent, 8);
         assert_eq!(config.max_memory, 64 << 20);
-        assert_eq!(config.pool_instances, 64);
+        assert_eq!(config.pool_instances, Some(64));
         assert_eq!(config.event_lane_capacity, 100_000);
         std::fs::write(
             &path,

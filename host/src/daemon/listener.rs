@@ -13,7 +13,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Semaphore, watch};
 
 use crate::controller::Controller;
-use crate::runtime::{Runtime, RuntimeConfig};
+use crate::runtime::{DEFAULT_POOL_INSTANCES, POOL_RESERVE, Runtime, RuntimeConfig};
 use crate::supervisor::{ShutdownReport, Supervisor};
 use crate::units::format_duration;
 
@@ -66,7 +66,14 @@ pub async fn serve(
         &RuntimeConfig::default()
             .cache_dir(Some(config.state_dir.join("wasmtime-cache")))
             .epoch_tick(config.epoch_tick)
-            .pool_instances(config.pool_instances)
+            .pool_instances(config.pool_instances.unwrap_or_else(|| {
+                // Room for every attempt the daemon may run at once, and
+                // for the `describe` calls of plugins loaded meanwhile.
+                let wanted = config.max_concurrent.saturating_add(POOL_RESERVE as usize);
+                u32::try_from(wanted)
+                    .unwrap_or(u32::MAX)
+                    .max(DEFAULT_POOL_INSTANCES)
+            }))
             .plugin_cache_bytes(Some(config.plugin_cache)),
     )
     .map_err(|e| fail(e.to_string()))?;
@@ -110,9 +117,17 @@ pub async fn serve(
         .grace(config.grace)
         .bus_capacity(config.event_lane_capacity)
         .build();
+    // Every attempt the daemon may run and every pending submission may
+    // have a slot of its own (the controller's default of 10,000 refused
+    // the 10,001st slot of a daemon running 10,000 tasks).
+    let max_slots = config
+        .max_concurrent
+        .saturating_add(config.max_total_pending)
+        .max(10_000);
     let controller = Controller::builder(supervisor)
         .max_slot_queue(config.max_slot_queue)
         .max_total_pending(config.max_total_pending)
+        .max_slots(max_slots)
         .build();
     let http_bound = match http_plan {
         Some(plan) => Some(http::bind(plan).await.map_err(fail)?),

@@ -30,6 +30,12 @@ const RESERVATION_PER_MEMORY: u64 = (4 << 30) + (32 << 20);
 /// Memories per pooled instance slot: CPython- and JS-based components carry
 /// more than one core instance, but rarely more than one or two memories.
 const MEMORIES_PER_INSTANCE: u32 = 2;
+/// Address space of one instance slot besides its memories: the async fiber
+/// stack (2 MiB and a guard page) and four tables of 40,000 elements.
+const RESERVATION_PER_INSTANCE_BESIDES_MEMORIES: u64 = (2 << 20) + (4 << 10) + 4 * 40_000 * 8;
+/// The user address space assumed when `/proc/self/maps` cannot tell
+/// (x86-64 with 4-level page tables: 47 bits).
+const DEFAULT_USER_ADDRESS_SPACE: u64 = 1 << 47;
 /// Fewer pooled instances than this is not worth the pool; use on-demand.
 const MIN_POOL_INSTANCES: u32 = 16;
 
@@ -220,9 +226,11 @@ pub(crate) fn build_engine(config: &RuntimeConfig) -> Result<(Engine, Allocator)
 
     let pool_instances = match config.allocator {
         AllocatorChoice::OnDemand => None,
-        AllocatorChoice::Pooling | AllocatorChoice::Auto => {
-            pool_size(config.pool_instances, address_space_limit())
-        }
+        AllocatorChoice::Pooling | AllocatorChoice::Auto => pool_size(
+            config.pool_instances,
+            address_space_limit(),
+            user_address_space(),
+        ),
     };
     if pool_instances.is_none() && config.allocator == AllocatorChoice::Pooling {
         return Err(RuntimeError::Engine(
@@ -259,17 +267,22 @@ fn make_cache(dir: &Path) -> wasmtime::Result<Cache> {
     Cache::new(cache_config)
 }
 
-/// Sizes the pool so its reservation takes at most half of the process's
-/// address-space limit (if any), or `None` when that leaves too few slots
-/// to be worth it (the caller then allocates on demand).
-fn pool_size(wanted: u32, limit: Option<u64>) -> Option<u32> {
-    let fit = match limit {
-        None => wanted,
-        Some(limit) => {
-            let per_instance = RESERVATION_PER_MEMORY * u64::from(MEMORIES_PER_INSTANCE);
-            (limit / 2 / per_instance).min(u64::from(wanted)) as u32
-        }
-    };
+/// The address space one pooled instance slot reserves (nothing of it is
+/// resident until used).
+const fn reservation_per_instance() -> u64 {
+    RESERVATION_PER_MEMORY * MEMORIES_PER_INSTANCE as u64
+        + RESERVATION_PER_INSTANCE_BESIDES_MEMORIES
+}
+
+/// Sizes the pool: `wanted` slots, cut so that the reservation takes at
+/// most half of the process's address-space limit (`ulimit -v`, if any, as
+/// the process's own heap counts against it too) and at most three quarters
+/// of the user address space (128 TiB on x86-64: about 12,000 slots of
+/// 8 GiB); `None` when that leaves too few slots to be worth it (the caller
+/// then allocates on demand).
+fn pool_size(wanted: u32, limit: Option<u64>, user_space: u64) -> Option<u32> {
+    let budget = (user_space / 4 * 3).min(limit.map_or(u64::MAX, |l| l / 2));
+    let fit = (budget / reservation_per_instance()).min(u64::from(wanted)) as u32;
     // A pool too small to be worth its reservation (or none at all): the
     // on-demand allocator, as documented.
     (fit >= MIN_POOL_INSTANCES).then_some(fit)
@@ -308,6 +321,21 @@ fn pooling_config(instances: u32) -> PoolingAllocationConfig {
             .table_keep_resident(16 << 10);
     }
     pool
+}
+
+/// The size of the user address space: the top of the main thread's stack
+/// (the highest user mapping but the vsyscall page) rounded up to a power of
+/// two, from `/proc/self/maps`.
+fn user_address_space() -> u64 {
+    let top = std::fs::read_to_string("/proc/self/maps")
+        .ok()
+        .and_then(|maps| {
+            let line = maps.lines().find(|l| l.ends_with("[stack]"))?;
+            let end = line.split_whitespace().next()?.split('-').nth(1)?;
+            u64::from_str_radix(end, 16).ok()
+        });
+    top.and_then(u64::checked_next_power_of_two)
+        .unwrap_or(DEFAULT_USER_ADDRESS_SPACE)
 }
 
 /// Reads the soft `RLIMIT_AS` of this process from `/proc/self/limits`.
@@ -452,12 +480,26 @@ mod tests {
 
     #[test]
     fn pool_is_sized_from_the_address_space_limit() {
-        assert_eq!(pool_size(1000, None), Some(1000));
-        assert_eq!(pool_size(8, None), None, "below the minimum: on-demand");
-        assert_eq!(pool_size(0, None), None);
+        const VA: u64 = 1 << 47;
+        assert_eq!(pool_size(1000, None, VA), Some(1000));
+        assert_eq!(pool_size(8, None, VA), None, "below the minimum: on-demand");
+        assert_eq!(pool_size(0, None, VA), None);
         // 1 TiB limit: half of it fits 63 slots of two 4 GiB memories.
-        assert_eq!(pool_size(1000, Some(1 << 40)), Some(63));
+        assert_eq!(pool_size(1000, Some(1 << 40), VA), Some(63));
         // 8 GiB (a typical `ulimit -v`) is too small for a useful pool.
-        assert_eq!(pool_size(1000, Some(8 << 30)), None);
+        assert_eq!(pool_size(1000, Some(8 << 30), VA), None);
+        // Without a limit, three quarters of 128 TiB: room for 10,000
+        // parked tasks, not for 100,000.
+        assert_eq!(pool_size(10_016, None, VA), Some(10_016));
+        let most = pool_size(100_000, None, VA).unwrap();
+        assert!((12_000..12_300).contains(&most), "{most}");
+        // A 39-bit address space (some arm64 kernels): 47 slots.
+        assert_eq!(pool_size(1000, None, 1 << 39), Some(47));
+    }
+
+    #[test]
+    fn the_user_address_space_is_read_from_this_process() {
+        let va = user_address_space();
+        assert!(va.is_power_of_two() && va >= 1 << 39, "{va:#x}");
     }
 }
