@@ -365,9 +365,19 @@ type Deadline = (std::time::Instant, Weak<()>, Arc<AtomicBool>);
 
 #[derive(Debug, Default)]
 pub(crate) struct Hurry {
-    deadlines: Mutex<Vec<Deadline>>,
-    /// Wakes the ticker when a deadline is added.
+    deadlines: Mutex<Deadlines>,
+    /// Wakes the ticker when a deadline nearer than its wait is added.
     wake: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Deadlines {
+    list: Vec<Deadline>,
+    /// Until when the ticker sleeps (while it does): a deadline added for
+    /// later does not wake it. Waking it for each of 10,000 stops at a
+    /// shutdown made it rescan the list each time (quadratic: 3.5 s for
+    /// 10,000 parked tasks against 55 ms for 1,000).
+    sleeping_until: Option<std::time::Instant>,
 }
 
 /// Keeps a force-abort deadline registered with the ticker until dropped.
@@ -389,9 +399,12 @@ impl Hurry {
             .unwrap_or_else(PoisonError::into_inner);
         loop {
             let now = std::time::Instant::now();
-            deadlines.retain(|(_, alive, _)| alive.strong_count() > 0);
+            deadlines.sleeping_until = None;
+            deadlines
+                .list
+                .retain(|(_, alive, _)| alive.strong_count() > 0);
             let mut due = *next_tick;
-            for (at, _, abort) in deadlines.iter() {
+            for (at, _, abort) in deadlines.list.iter() {
                 // Once overdue (the flag set), tick every HURRY_TICK after
                 // the last tick (`next_tick - tick`).
                 let at = if abort.load(Ordering::Relaxed) {
@@ -402,7 +415,7 @@ impl Hurry {
                 due = due.min(at);
             }
             if due <= now {
-                for (at, _, abort) in deadlines.iter() {
+                for (at, _, abort) in deadlines.list.iter() {
                     if *at <= now && !abort.swap(true, Ordering::SeqCst) {
                         ABORTS_FIRED.fetch_add(1, Ordering::SeqCst);
                     }
@@ -410,6 +423,7 @@ impl Hurry {
                 *next_tick = now + tick;
                 return;
             }
+            deadlines.sleeping_until = Some(due);
             deadlines = self
                 .wake
                 .wait_timeout(deadlines, due - now)
@@ -434,12 +448,16 @@ impl EpochTicker {
     /// attempt is gone).
     pub(crate) fn hurry_at(&self, at: std::time::Instant, abort: Arc<AtomicBool>) -> HurryGuard {
         let alive = Arc::new(());
-        self.hurry
+        let mut deadlines = self
+            .hurry
             .deadlines
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((at, Arc::downgrade(&alive), abort));
-        self.hurry.wake.notify_one();
+            .unwrap_or_else(PoisonError::into_inner);
+        deadlines.list.push((at, Arc::downgrade(&alive), abort));
+        // Not sleeping: it scans the list before it sleeps again.
+        if deadlines.sleeping_until.is_some_and(|until| at < until) {
+            self.hurry.wake.notify_one();
+        }
         HurryGuard { _alive: alive }
     }
 
