@@ -117,19 +117,6 @@ fn rss_tasks() -> usize {
         .unwrap_or(RSS_TASKS)
 }
 
-/// `10000` as `10,000`.
-fn thousands(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// The instance pool: room for every parked task of the memory scenario.
 fn pool_instances() -> u32 {
     POOL_INSTANCES.max(rss_tasks() as u32 + 16)
@@ -1449,7 +1436,7 @@ fn rss(table: &mut Table) {
             per_task[i].push(kib);
         }
     }
-    let scenario = format!("RSS per live parked task ({})", thousands(rss_tasks()));
+    let scenario = format!("RSS per live parked task ({})", grouped(rss_tasks() as f64));
     let scenario = scenario.as_str();
     for (i, side) in SIDES.iter().enumerate() {
         let target =
