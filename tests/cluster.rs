@@ -3,11 +3,14 @@
 //! processes. The controller's rules across nodes, a node killed (its work
 //! goes on elsewhere after its lease), a node paused past its lease (its
 //! late writes are refused), notifications off (polling still delivers a
-//! cancel), and a soak checked against the recorded attempt intervals.
+//! cancel), the HTTP API of one node answering for the whole cluster, and
+//! a soak checked against the recorded attempt intervals.
 
 mod common;
 #[path = "common/daemon.rs"]
 mod daemon;
+#[path = "common/http.rs"]
+mod http;
 #[path = "common/postgres.rs"]
 mod postgres;
 
@@ -511,6 +514,121 @@ fn a_cancel_while_a_node_still_loads_the_plugin_is_not_lost() {
             "{name}: the cancel took {:?}",
             started.elapsed()
         );
+    }
+}
+
+#[test]
+fn one_node_s_http_api_answers_for_the_cluster() {
+    let pg = Postgres::start();
+    // b runs the task (the only node when it is claimed); a, started
+    // afterwards with --http, must show it, its slot and its log, and stop it.
+    let b = steady_node(&pg, "b", &[]);
+    b.submit(&[
+        &p("sleeper"),
+        "--name",
+        "far",
+        "--slot",
+        "deploy/prod",
+        "--param",
+        "ms=600000",
+    ]);
+    wait_until(&b, "far", "running", Some("b"));
+    let a = steady_node(&pg, "a", &["--http", "127.0.0.1:0"]);
+    let port = http::http_port(&a);
+
+    let tasks = http::get(port, "/api/tasks");
+    assert_eq!(tasks.status, 200, "{}", tasks.body);
+    let rows = tasks.json();
+    let row = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "far")
+        .unwrap_or_else(|| panic!("a's API lists b's task: {rows}"));
+    assert_eq!(row["node"], "b", "{row}");
+    assert_eq!(row["state"], "running", "{row}");
+    // The same rows as `host ps --json` through a (ages and progress aside).
+    let ps = a.ps();
+    let strip = |v: &serde_json::Value| {
+        let mut v = v.clone();
+        v.as_object_mut().unwrap().remove("age_ms");
+        v.as_object_mut().unwrap().remove("progress");
+        v
+    };
+    assert_eq!(
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .map(strip)
+            .collect::<Vec<_>>(),
+        ps.iter().map(strip).collect::<Vec<_>>()
+    );
+    let slots = http::get(port, "/api/slots").json();
+    let slot = slots
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["key"] == "deploy/prod")
+        .unwrap_or_else(|| panic!("the slot is listed: {slots}"));
+    assert_eq!(slot["owner"], row["id"], "{slot}");
+
+    // The task page while b runs it.
+    let page = http::get(port, "/api/tasks/far");
+    assert_eq!(page.status, 200, "{}", page.body);
+    let page = page.json();
+    assert_eq!(page["row"]["node"], "b", "{page}");
+    assert_eq!(page["slot"], "deploy/prod", "{page}");
+    assert!(page["outcome"].is_null(), "{page}");
+    assert!(page["log"].is_array(), "{page}");
+
+    // Cancel through a's API (loopback, no token configured): b stops it.
+    let canceled = http::request(
+        port,
+        "POST",
+        "/api/tasks/far/cancel",
+        &[("Content-Type", "application/json")],
+        "{}",
+    );
+    assert_eq!(canceled.status, 200, "{}", canceled.body);
+    let canceled = canceled.json();
+    assert_eq!(canceled["claimed"], true, "{canceled}");
+    assert_eq!(canceled["report"]["outcome"], "canceled", "{canceled}");
+    let page = http::get(port, "/api/tasks/far").json();
+    assert_eq!(page["outcome"]["outcome"], "canceled", "{page}");
+    assert_eq!(page["attempts"].as_array().map(Vec::len), Some(1), "{page}");
+    let all = http::get(port, "/api/tasks?all=true").json();
+    assert!(
+        all.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["name"] == "far" && r["outcome"] == "canceled"),
+        "{all}"
+    );
+    assert_eq!(http::get(port, "/api/tasks/nothing-here").status, 404);
+
+    // The cluster's events over SSE, the cancel of b's task among them.
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(LIMIT)).unwrap();
+    use std::io::{BufRead, Write};
+    write!(
+        stream,
+        "GET /api/events?task=far HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"
+    )
+    .unwrap();
+    let mut reader = std::io::BufReader::new(stream);
+    let deadline = Instant::now() + LIMIT;
+    let mut seen = Vec::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "the stream ended: {seen:?}"
+        );
+        if line.contains("\"task_removed\"") || line.contains("TaskRemoved") {
+            break;
+        }
+        seen.push(line);
+        assert!(Instant::now() < deadline, "no removal event: {seen:?}");
     }
 }
 

@@ -9,136 +9,19 @@
 mod common;
 #[path = "common/daemon.rs"]
 mod daemon;
+#[path = "common/http.rs"]
+mod http;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use daemon::{Daemon, LIMIT, p};
+use http::{get, http_port, request};
 use serde_json::{Value, json};
-
-/// The port of a daemon started with `--http 127.0.0.1:0`, from its log.
-fn http_port(daemon: &Daemon) -> u16 {
-    let seen = &daemon.process.as_ref().expect("running").stderr_seen;
-    let line = seen
-        .iter()
-        .find(|l| l.contains("taskhost HTTP listening on http://"))
-        .unwrap_or_else(|| panic!("no HTTP listening line in {seen:?}"));
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .expect("an address");
-    addr.rsplit(':')
-        .next()
-        .and_then(|port| port.parse().ok())
-        .expect("a port")
-}
-
-/// One HTTP/1.1 answer.
-#[derive(Debug)]
-struct Answer {
-    status: u16,
-    headers: BTreeMap<String, String>,
-    body: String,
-}
-
-impl Answer {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
-    }
-}
-
-/// A plain HTTP/1.1 request on a fresh connection (`Connection: close`).
-fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Answer {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the HTTP listener");
-    stream.set_read_timeout(Some(LIMIT)).unwrap();
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
-        head.push_str(&format!("Host: 127.0.0.1:{port}\r\n"));
-    }
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).unwrap();
-    stream.write_all(body.as_bytes()).unwrap();
-    // Read the header block, then the body by its length (some servers
-    // keep the connection open despite `Connection: close`).
-    let mut reader = BufReader::new(stream);
-    let mut head = String::new();
-    loop {
-        let mut line = String::new();
-        let n = reader.read_line(&mut line).expect("read the answer");
-        if n == 0 || line == "\r\n" {
-            break;
-        }
-        head.push_str(&line);
-    }
-    let length = head.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim()
-            .eq_ignore_ascii_case("content-length")
-            .then(|| v.trim().parse::<usize>().ok())?
-    });
-    let rest = match length {
-        Some(n) => {
-            let mut body = vec![0; n];
-            reader.read_exact(&mut body).expect("read the body");
-            String::from_utf8(body).expect("a UTF-8 body")
-        }
-        None => {
-            let mut body = String::new();
-            reader.read_to_string(&mut body).expect("read the body");
-            body
-        }
-    };
-    let rest = rest.as_str();
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .expect("a status line");
-    let headers: BTreeMap<String, String> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    let body = if headers.get("transfer-encoding").map(String::as_str) == Some("chunked") {
-        dechunk(rest)
-    } else {
-        rest.to_owned()
-    };
-    Answer {
-        status,
-        headers,
-        body,
-    }
-}
-
-fn dechunk(mut rest: &str) -> String {
-    let mut out = String::new();
-    loop {
-        let (size, after) = rest.split_once("\r\n").expect("a chunk size");
-        let size = usize::from_str_radix(size.trim(), 16).expect("a hex chunk size");
-        if size == 0 {
-            return out;
-        }
-        out.push_str(&after[..size]);
-        rest = &after[size + 2..];
-    }
-}
-
-fn get(port: u16, path: &str) -> Answer {
-    request(port, "GET", path, &[], "")
-}
 
 // ---------------------------------------------------------------------------
 // A strict parser of the text exposition format (OpenMetrics 1.0, which
@@ -607,20 +490,6 @@ fn a_non_loopback_bind_needs_a_token_and_no_flag_means_no_listener() {
     assert_eq!(out.code, Some(1));
     assert!(
         out.stderr.contains("--http (http) is not"),
-        "{}",
-        out.stderr
-    );
-
-    // Cluster mode has no HTTP listener yet: refused before it connects.
-    let out = serve(&[
-        "--http",
-        "127.0.0.1:0",
-        "--store",
-        "postgres://127.0.0.1:1/none",
-    ]);
-    assert_eq!(out.code, Some(1));
-    assert!(
-        out.stderr.contains("not available in cluster mode"),
         "{}",
         out.stderr
     );

@@ -32,13 +32,13 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::mpsc;
 
 use crate::controller::SlotView;
-use crate::outcome::TaskOutcome;
 use crate::runtime::Digest;
 use crate::supervisor::{TaskRef, TaskReport};
 
 use super::protocol::{
-    Envelope, ErrorKind, FrameError, Hello, MAGIC, PROTOCOL_VERSION, PluginRow, Reply, Request,
-    SubmitRequest, Submitted, TaskRow, UPLOAD_CHUNK, Welcome, encode, read_frame, write_frame,
+    Envelope, ErrorKind, FrameError, Hello, MAGIC, PROTOCOL_VERSION, PluginRow, Reassembly, Reply,
+    Request, SubmitRequest, Submitted, TaskRow, UPLOAD_CHUNK, Welcome, encode, read_frame,
+    write_frame,
 };
 
 /// Replies buffered per request before the connection's reader waits for
@@ -255,7 +255,7 @@ impl Client {
         Ok(Replies {
             id,
             rx,
-            parts: Vec::new(),
+            parts: Reassembly::default(),
             client: self.clone(),
         })
     }
@@ -388,7 +388,7 @@ impl Client {
 pub struct Replies {
     id: u32,
     rx: mpsc::Receiver<Reply>,
-    parts: Vec<u8>,
+    parts: Reassembly,
     client: Client,
 }
 
@@ -405,24 +405,10 @@ impl Replies {
     /// parts are reassembled into their report.
     pub async fn next(&mut self) -> Option<Reply> {
         loop {
-            let mut reply = self.rx.recv().await?;
-            match &mut reply {
-                Reply::OutputPart(part) => {
-                    self.parts.append(part);
-                    continue;
-                }
-                Reply::Report(report)
-                | Reply::Canceled {
-                    report: Some(report),
-                    ..
-                } if !self.parts.is_empty() => {
-                    if let TaskOutcome::Completed { output } = &mut report.outcome {
-                        *output = std::mem::take(&mut self.parts);
-                    }
-                }
-                _ => {}
+            let reply = self.rx.recv().await?;
+            if let Some(reply) = self.parts.take(reply) {
+                return Some(reply);
             }
-            return Some(reply);
         }
     }
 

@@ -379,6 +379,37 @@ pub struct TaskRow {
     pub node: Option<String>,
 }
 
+/// Puts outputs sent in [`Reply::OutputPart`]s back into the report that
+/// follows them, for a reader of one request's replies.
+#[derive(Debug, Default)]
+pub(crate) struct Reassembly {
+    parts: Vec<u8>,
+}
+
+impl Reassembly {
+    /// `None` for a part (kept for the report), else the reply, a report
+    /// carrying the parts received before it as its output.
+    pub(crate) fn take(&mut self, mut reply: Reply) -> Option<Reply> {
+        match &mut reply {
+            Reply::OutputPart(part) => {
+                self.parts.append(part);
+                return None;
+            }
+            Reply::Report(report)
+            | Reply::Canceled {
+                report: Some(report),
+                ..
+            } if !self.parts.is_empty() => {
+                if let TaskOutcome::Completed { output } = &mut report.outcome {
+                    *output = std::mem::take(&mut self.parts);
+                }
+            }
+            _ => {}
+        }
+        Some(reply)
+    }
+}
+
 /// What the daemon answers. Streams end with [`Reply::End`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Reply {

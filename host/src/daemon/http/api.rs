@@ -11,16 +11,19 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::Stream;
+use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::controller::SlotView;
 use crate::logline::LogLine;
 use crate::supervisor::{Event, EventStream, Received, TaskRef, TaskReport};
 
+use super::super::connection::{LocalReplies, Replier};
 use super::super::dispatch::{self, Found};
 use super::super::json::{self, JsonResult};
-use super::super::protocol::EventFilter;
+use super::super::protocol::{EventFilter, Reply, Request, TaskRow};
+use super::super::uploads::Uploads;
 use super::Http;
 
 /// An error answer: `{"error": message}`.
@@ -43,6 +46,18 @@ pub(super) struct TasksQuery {
 
 /// `GET /api/tasks[?all=true]`: the rows of `host ps --json` (`--all`).
 pub(super) async fn tasks(State(http): State<Http>, Query(q): Query<TasksQuery>) -> Response {
+    if http.daemon.cluster.is_some() {
+        let rows = pages(&http, Request::List { all: q.all }, |r| match r {
+            Reply::Tasks(page) => Ok(page),
+            other => Err(Box::new(other)),
+        });
+        return match rows.await {
+            Ok(rows) => {
+                Json(Value::Array(rows.iter().map(json::task_row).collect())).into_response()
+            }
+            Err(answer) => answer,
+        };
+    }
     let daemon = Arc::clone(&http.daemon);
     // With `all`, the store is read: off the async workers.
     let rows = tokio::task::spawn_blocking(move || dispatch::task_rows(&daemon, q.all))
@@ -53,6 +68,19 @@ pub(super) async fn tasks(State(http): State<Http>, Query(q): Query<TasksQuery>)
 
 /// `GET /api/slots`: the slots of `host slots --json`.
 pub(super) async fn slots(State(http): State<Http>) -> Response {
+    if http.daemon.cluster.is_some() {
+        let slots = pages(&http, Request::Slots, |r| match r {
+            Reply::Slots(page) => Ok(page),
+            other => Err(Box::new(other)),
+        });
+        return match slots.await {
+            Ok(slots) => {
+                let slots: Vec<SlotView> = slots;
+                Json(Value::Array(slots.iter().map(json::slot).collect())).into_response()
+            }
+            Err(answer) => answer,
+        };
+    }
     let slots = http.daemon.controller.snapshot();
     Json(Value::Array(slots.iter().map(json::slot).collect())).into_response()
 }
@@ -62,6 +90,9 @@ pub(super) async fn slots(State(http): State<Http>) -> Response {
 /// --json` prints it.
 pub(super) async fn task(State(http): State<Http>, Path(task): Path<String>) -> Response {
     let target = TaskRef::parse(&task);
+    if http.daemon.cluster.is_some() {
+        return cluster_task(&http, &target).await;
+    }
     let found = find(&http, &target).await;
     let body = match found {
         None => return not_found(&target),
@@ -140,6 +171,15 @@ async fn find(http: &Http, target: &TaskRef) -> Option<Found> {
 
 async fn stop(http: &Http, task: &str, wait: bool) -> Response {
     let target = TaskRef::parse(task);
+    if http.daemon.cluster.is_some() {
+        let mut replies = ask(http, Request::Cancel { target, wait }).await;
+        return match replies.next().await {
+            Some(Reply::Canceled { claimed, report }) => {
+                Json(json::canceled(claimed, report.as_ref())).into_response()
+            }
+            other => failed(other),
+        };
+    }
     let found = find(http, &target).await;
     let record = match found {
         None => return not_found(&target),
@@ -168,14 +208,32 @@ pub(super) struct EventsQuery {
 /// events --follow`); each event's data is the JSON of `host events
 /// --json`, its id the event's seq. A reader that falls behind gets a
 /// `dropped` event saying how many it missed.
-pub(super) async fn events(
-    State(http): State<Http>,
-    Query(q): Query<EventsQuery>,
-) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+pub(super) async fn events(State(http): State<Http>, Query(q): Query<EventsQuery>) -> Response {
     let filter = EventFilter {
         task: q.task.as_deref().map(TaskRef::parse),
         kinds: Vec::new(),
     };
+    if http.daemon.cluster.is_some() {
+        // The cluster's events, as `host events --follow` gets them (read
+        // from the database as they are shipped).
+        let replies = ask(
+            &http,
+            Request::Events {
+                follow: true,
+                filter,
+            },
+        )
+        .await;
+        let stream = futures::stream::unfold(replies, |mut replies| async move {
+            match replies.next().await? {
+                Reply::Event(event) => Some((Ok::<_, Infallible>(sse(&event)), replies)),
+                _ => None,
+            }
+        });
+        return Sse::new(stream.boxed())
+            .keep_alive(KeepAlive::default())
+            .into_response();
+    }
     // Subscribed before the history is copied, as `dispatch` does.
     let (live, before) = http.daemon.controller.supervisor().subscribe_after();
     let recorded = http.daemon.history.up_to(before).await;
@@ -190,9 +248,11 @@ pub(super) async fn events(
     };
     let stream = futures::stream::unfold(state, |mut feed| async move {
         let event = feed.next().await?;
-        Some((Ok(event), feed))
+        Some((Ok::<_, Infallible>(event), feed))
     });
-    Sse::new(stream).keep_alive(KeepAlive::default())
+    Sse::new(stream.boxed())
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 /// One SSE reader's position: the replay left, then the live lane.
@@ -230,4 +290,113 @@ fn sse(event: &Event) -> SseEvent {
     SseEvent::default()
         .id(event.seq.to_string())
         .data(event.to_json().to_string())
+}
+
+// ---------------------------------------------------------------------------
+// Cluster mode: the answers are the cluster's, as a socket client gets
+// them (the node's memory only knows what runs here).
+
+/// Asks `request` as a socket client would and returns its replies.
+async fn ask(http: &Http, request: Request) -> LocalReplies {
+    let (reply, replies) = Replier::local();
+    dispatch::handle(&http.daemon, request, reply, &mut Uploads::default()).await;
+    replies
+}
+
+/// The rows of a paged answer (`page` takes a page apart).
+async fn pages<T>(
+    http: &Http,
+    request: Request,
+    page: impl Fn(Reply) -> Result<Vec<T>, Box<Reply>>,
+) -> Result<Vec<T>, Response> {
+    let mut replies = ask(http, request).await;
+    let mut rows = Vec::new();
+    loop {
+        match replies.next().await {
+            Some(Reply::End) => return Ok(rows),
+            Some(reply) => match page(reply) {
+                Ok(more) => rows.extend(more),
+                Err(other) => return Err(failed(Some(*other))),
+            },
+            None => return Err(failed(None)),
+        }
+    }
+}
+
+/// An error reply (or none) as an HTTP answer.
+fn failed(reply: Option<Reply>) -> Response {
+    use super::super::protocol::ErrorKind;
+    match reply {
+        Some(Reply::Error {
+            kind: ErrorKind::NotFound,
+            message,
+        }) => error(StatusCode::NOT_FOUND, message),
+        Some(Reply::Error { message, .. }) => error(StatusCode::INTERNAL_SERVER_ERROR, message),
+        Some(other) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("unexpected answer: {other:?}"),
+        ),
+        None => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the daemon is shutting down".into(),
+        ),
+    }
+}
+
+/// `GET /api/tasks/{id|name}` in cluster mode: the cluster's row while the
+/// task is unfinished, its log lines as shipped, and its recorded result.
+async fn cluster_task(http: &Http, target: &TaskRef) -> Response {
+    let Some(cluster) = &http.daemon.cluster else {
+        return not_found(target);
+    };
+    let found = match cluster.pg.resolve(target).await {
+        Ok(Some(found)) => found,
+        Ok(None) => return not_found(target),
+        Err(err) => return error(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),
+    };
+    if found.state == "finished" {
+        return match cluster.pg.finished(found.id).await {
+            Ok(Some(finished)) => Json(detail(
+                json!({ "id": finished.report.id, "name": finished.report.name,
+                        "slot": finished.report.slot, "plugin": finished.plugin }),
+                None,
+                Some(&finished.report),
+                &finished.log,
+            ))
+            .into_response(),
+            Ok(None) => not_found(target),
+            Err(err) => error(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),
+        };
+    }
+    let rows = pages(http, Request::List { all: false }, |r| match r {
+        Reply::Tasks(page) => Ok(page),
+        other => Err(Box::new(other)),
+    });
+    let rows: Vec<TaskRow> = match rows.await {
+        Ok(rows) => rows,
+        Err(answer) => return answer,
+    };
+    let Some(row) = rows.into_iter().find(|r| r.id == found.id) else {
+        // Finished between the two reads: answer from the record.
+        return Box::pin(cluster_task(http, &TaskRef::Id(found.id))).await;
+    };
+    let mut log = Vec::new();
+    let mut replies = ask(
+        http,
+        Request::Logs {
+            target: TaskRef::Id(found.id),
+            follow: false,
+        },
+    )
+    .await;
+    while let Some(Reply::Log(line)) = replies.next().await {
+        log.push(line);
+    }
+    Json(detail(
+        json!({ "id": row.id, "name": row.name, "slot": row.slot, "plugin": row.plugin }),
+        Some(json::task_row(&row)),
+        None,
+        &log,
+    ))
+    .into_response()
 }

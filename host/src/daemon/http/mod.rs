@@ -57,18 +57,6 @@ pub(crate) fn plan(config: &DaemonConfig) -> Result<Option<Plan>, String> {
         }
         return Ok(None);
     };
-    if matches!(
-        super::store::StoreSpec::parse(&config.store, &config.state_dir),
-        Ok(super::store::StoreSpec::Postgres(_))
-    ) {
-        // The API reads this node's memory, not the cluster's tables: it
-        // would show (and stop) only what this node runs.
-        return Err(
-            "--http is not available in cluster mode (a postgres:// --store) yet: \
-             run the daemon without --http, or with a sqlite or memory store"
-                .into(),
-        );
-    }
     let token = match &config.http_token_file {
         Some(path) => Some(read_token(path)?),
         None => None,
