@@ -396,31 +396,6 @@ fn a_long_compile_is_announced() {
     );
 }
 
-/// `bytes` with a custom section appended: the same component to the
-/// runtime, but another digest (so another plugin to the daemon).
-fn with_custom_section(bytes: &[u8], name: &str, payload: &[u8]) -> Vec<u8> {
-    fn leb128(mut n: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (n & 0x7f) as u8;
-            n >>= 7;
-            if n == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-    let mut body = Vec::new();
-    leb128(name.len(), &mut body);
-    body.extend_from_slice(name.as_bytes());
-    body.extend_from_slice(payload);
-    let mut out = bytes.to_vec();
-    out.push(0); // custom section
-    leb128(body.len(), &mut out);
-    out.extend_from_slice(&body);
-    out
-}
-
 /// The daemon's memory stays under its `--plugin-cache` bound plus 100 MiB
 /// after many distinct Python plugins: the least recently used compiled
 /// plugins are dropped. The variants of py-hello (a custom section each, the
@@ -441,7 +416,11 @@ fn daemon_memory_stays_bounded_after_many_large_plugins() {
     let variants: Vec<String> = (0..plugins)
         .map(|i| {
             let path = dir.path().join(format!("py-hello-{i}.wasm"));
-            let bytes = with_custom_section(&hello, "taskhost-test-variant", &i.to_le_bytes());
+            let bytes = plugin_artifacts::with_custom_section(
+                &hello,
+                "taskhost-test-variant",
+                &i.to_le_bytes(),
+            );
             std::fs::write(&path, bytes).unwrap();
             path.display().to_string()
         })

@@ -18,7 +18,15 @@
 //! Between rounds the daemon drains (no slot left), so rounds don't overlap.
 //! Run with `cargo bench -p taskhost --bench daemon`. Prints every round and
 //! the median over rounds, because this machine is shared and noisy.
+//! Last, head-of-line blocking by compiles: the closed-loop latency of
+//! `hello` on the memory store, quiet and while another client uploads
+//! distinct copies of a large component (the Python example, 18 MiB, each
+//! copy with its own custom section so that each is compiled afresh) one
+//! after the other.
+//!
 //! `TASKHOST_BENCH_ONLY_RESTART=1` runs only the restart scenario;
+//! `TASKHOST_BENCH_ONLY_COMPILES=1` only the compile scenario
+//! (`TASKHOST_BENCH_LARGE=PATH` names another large component for it);
 //! `TASKHOST_BENCH_BASELINE_HOST=PATH` adds the sqlite store of another
 //! `host` build (same protocol) to the same run, as a before/after baseline.
 
@@ -29,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use taskhost::daemon::protocol::{
     Envelope, Hello, MAGIC, PROTOCOL_VERSION, Placement, Reply, Request, SubmitRequest, Submitted,
-    Welcome, encode, read_frame, write_frame,
+    UPLOAD_CHUNK, Welcome, encode, read_frame, write_frame,
 };
 use taskhost::outcome::TaskOutcome;
 use taskhost::runtime::Digest;
@@ -58,6 +66,14 @@ fn main() {
             .build()
             .unwrap();
         rt.block_on(restart_with_queued(dir.path()));
+        return;
+    }
+    if std::env::var_os("TASKHOST_BENCH_ONLY_COMPILES").is_some() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(compiles(dir.path()));
         return;
     }
     // The daemons side by side: each store, and with
@@ -200,6 +216,132 @@ fn main() {
         let _ = child.wait();
     }
     rt.block_on(restart_with_queued(dir.path()));
+    rt.block_on(compiles(dir.path()));
+}
+
+/// Large components compiled while the latency is measured.
+const COMPILES: usize = 3;
+
+/// The compile scenario for this build and, with
+/// `TASKHOST_BENCH_BASELINE_HOST`, for the baseline before it (one after
+/// the other: two daemons compiling at once would share the cores).
+async fn compiles(dir: &Path) {
+    let large = large_component();
+    if let Some(host) = std::env::var_os("TASKHOST_BENCH_BASELINE_HOST") {
+        beside_compiles(dir, Path::new(&host), "baseline", &large).await;
+    }
+    let host = Path::new(env!("CARGO_BIN_EXE_host"));
+    beside_compiles(dir, host, "this build", &large).await;
+}
+
+/// Head-of-line blocking by compiles (issue 15, target 6): `hello`'s
+/// closed-loop submit-to-outcome latency on a memory daemon, quiet, then
+/// while another connection uploads `COMPILES` distinct copies of a large
+/// component one after the other (each upload is answered once its copy is
+/// compiled and described).
+async fn beside_compiles(dir: &Path, host: &Path, build: &str, large: &[u8]) {
+    let name = build.replace(' ', "-");
+    let socket = dir.join(format!("compiles-{name}.sock"));
+    let mut child = start_daemon(
+        host,
+        &socket,
+        &dir.join(format!("compiles-{name}-state")),
+        "memory",
+        &[],
+    );
+    let hello = std::fs::read(plugin_artifacts::HELLO).expect("hello.wasm");
+    let digest = upload(&socket, &hello).await;
+    latency(&socket, digest, 200).await;
+    let report = |label: &str, mut samples: Vec<f64>| {
+        samples.sort_by(f64::total_cmp);
+        println!(
+            "compiles: {build}: {label}: {} submit-to-outcome samples: median {:.1} µs, p99 {:.1} µs, max {:.1} µs, {} over 10 ms",
+            samples.len(),
+            quantile(&samples, 0.5),
+            quantile(&samples, 0.99),
+            samples[samples.len() - 1],
+            samples.iter().filter(|&&s| s > 10_000.0).count()
+        );
+    };
+    let mut quiet = Vec::new();
+    while quiet.len() < 2_000 {
+        quiet.extend(latency(&socket, digest, 100).await);
+    }
+    report("quiet", quiet);
+    // Distinct copies (a custom section with this run's time), so that
+    // neither the daemon nor wasmtime's compilation cache has seen them.
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    // Hashed here, so that the client's own work does not show up in
+    // the latencies.
+    let copies: Vec<(Digest, Vec<u8>)> = (0..COMPILES)
+        .map(|i| {
+            let copy = plugin_artifacts::with_custom_section(
+                large,
+                &format!("taskhost-bench-{nonce}"),
+                &i.to_le_bytes(),
+            );
+            (Digest::of(&copy), copy)
+        })
+        .collect();
+    let compiler = {
+        let socket = socket.clone();
+        tokio::spawn(async move {
+            let mut took = Vec::new();
+            for (digest, copy) in copies {
+                let start = Instant::now();
+                upload_as(&socket, digest, &copy).await;
+                took.push(start.elapsed());
+            }
+            took
+        })
+    };
+    let mut busy = Vec::new();
+    while !compiler.is_finished() {
+        busy.extend(latency(&socket, digest, 20).await);
+    }
+    let took = compiler.await.unwrap();
+    println!(
+        "compiles: {build}: {COMPILES} uploads of a {} component, each compiled afresh: {:?}",
+        large.len(),
+        took
+    );
+    report("during the compiles", busy);
+    println!(
+        "compiles: {build}: daemon resident memory at the end: {}",
+        rss(child.id())
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A large component: `TASKHOST_BENCH_LARGE`, else the Python example
+/// `py-hello.wasm` that tests/guests.rs builds (built here with
+/// plugins/guests/build.sh when missing).
+fn large_component() -> Vec<u8> {
+    if let Some(path) = std::env::var_os("TASKHOST_BENCH_LARGE") {
+        return std::fs::read(&path).unwrap_or_else(|e| {
+            panic!("TASKHOST_BENCH_LARGE={}: {e}", Path::new(&path).display())
+        });
+    }
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("guests/python");
+    let path = out.join("py-hello.wasm");
+    if !path.is_file() {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let status = Command::new(repo.join("plugins/guests/build.sh"))
+            .arg(&out)
+            .arg("python")
+            .status()
+            .expect("run plugins/guests/build.sh");
+        assert!(
+            status.success(),
+            "plugins/guests/build.sh failed ({status}): .ci/run installs componentize-py, \
+             or name a large component with TASKHOST_BENCH_LARGE=PATH"
+        );
+    }
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// The durable store's restart: a slot owner with `RESTART_QUEUED`
@@ -354,25 +496,37 @@ async fn call(reader: &mut OwnedReadHalf, writer: &mut OwnedWriteHalf, body: Req
     reply.body
 }
 
+/// Uploads a plugin in chunks of `UPLOAD_CHUNK`; returns once the daemon
+/// has compiled it.
 async fn upload(socket: &Path, bytes: &[u8]) -> Digest {
     let digest = Digest::of(bytes);
-    let (mut reader, mut writer) = connect(socket).await;
-    let reply = call(
-        &mut reader,
-        &mut writer,
-        Request::Upload {
-            digest,
-            offset: 0,
-            data: bytes.to_vec(),
-            last: true,
-        },
-    )
-    .await;
-    assert!(
-        matches!(reply, Reply::Uploaded { plugin: Some(_) }),
-        "{reply:?}"
-    );
+    upload_as(socket, digest, bytes).await;
     digest
+}
+
+/// [`upload`] with the digest already computed.
+async fn upload_as(socket: &Path, digest: Digest, bytes: &[u8]) {
+    let (mut reader, mut writer) = connect(socket).await;
+    let chunks: Vec<&[u8]> = bytes.chunks(UPLOAD_CHUNK).collect();
+    for (i, chunk) in chunks.iter().enumerate() {
+        let last = i + 1 == chunks.len();
+        let reply = call(
+            &mut reader,
+            &mut writer,
+            Request::Upload {
+                digest,
+                offset: (i * UPLOAD_CHUNK) as u64,
+                data: chunk.to_vec(),
+                last,
+            },
+        )
+        .await;
+        assert!(
+            matches!(reply, Reply::Uploaded { plugin: Some(_) } if last)
+                || matches!(reply, Reply::Uploaded { plugin: None } if !last),
+            "{reply:?}"
+        );
+    }
 }
 
 fn submit_request(digest: Digest) -> Request {

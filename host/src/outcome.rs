@@ -51,6 +51,7 @@ pub enum TaskOutcome {
     /// The body succeeded and no stop was requested.
     Completed {
         /// The plugin's output bytes.
+        #[serde(with = "serde_bytes")]
         output: Vec<u8>,
     },
     /// A retryable error under restart Never, or the retry budget ran out.

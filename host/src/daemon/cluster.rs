@@ -635,7 +635,7 @@ async fn ensure_plugin(
                 format!("the cluster does not know plugin {digest}; upload it first"),
             )
         })?;
-    daemon.plugins.store(bytes).await
+    daemon.plugins.store(bytes, Some(*digest)).await
 }
 
 /// Runs a claimed task in this node's supervisor, and records its end.

@@ -55,7 +55,7 @@ pub(crate) async fn handle(
             Ok(Some(bytes)) => {
                 // A cluster node stores it for the whole cluster too.
                 let shared = daemon.cluster.as_ref().map(|_| bytes.clone());
-                match daemon.plugins.store(bytes).await {
+                match daemon.plugins.store(bytes, Some(digest)).await {
                     Ok(plugin) => {
                         let name = plugin.info().name.clone();
                         if let (Some(cluster), Some(bytes)) = (&daemon.cluster, shared)

@@ -62,6 +62,8 @@ pub async fn serve(
             ))
         })?;
 
+    /// How much lower than the daemon's the priority of its compiles is.
+    const COMPILE_NICE: i32 = 10;
     let runtime = Runtime::new(
         &RuntimeConfig::default()
             .cache_dir(Some(config.state_dir.join("wasmtime-cache")))
@@ -74,7 +76,9 @@ pub async fn serve(
                     .unwrap_or(u32::MAX)
                     .max(DEFAULT_POOL_INSTANCES)
             }))
-            .plugin_cache_bytes(Some(config.plugin_cache)),
+            .plugin_cache_bytes(Some(config.plugin_cache))
+            // Running tasks first: a compile takes the cores they leave.
+            .compile_nice(Some(COMPILE_NICE)),
     )
     .map_err(|e| fail(e.to_string()))?;
     // Attempts wait for a permit rather than find the instance pool full.

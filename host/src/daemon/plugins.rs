@@ -66,14 +66,15 @@ impl Plugins {
             return Some(plugin);
         }
         let path = plugin_path(&self.state_dir, digest);
-        let bytes = tokio::fs::read(&path).await.ok()?;
-        if Digest::of(&bytes) != *digest {
+        let bytes: Arc<[u8]> = tokio::fs::read(&path).await.ok()?.into();
+        let found = crate::runtime::digest_of(&bytes).await;
+        if found != *digest {
             tracing::warn!(path = %path.display(), "a stored plugin does not match its digest; ignoring it");
             return None;
         }
         match self
             .runtime
-            .load_bytes(bytes.into(), &digest.to_string())
+            .load_digested(bytes, *digest, &digest.to_string())
             .await
         {
             Ok(plugin) => Some(plugin),
@@ -139,15 +140,26 @@ impl Plugins {
         std::fs::remove_file(plugin_path(&self.state_dir, digest))
     }
 
-    /// Validates an uploaded plugin and stores it under its digest. A plugin
-    /// that cannot be stored is refused: accepted work must find it after a
-    /// restart.
-    pub(crate) async fn store(&self, bytes: Vec<u8>) -> Result<Arc<Plugin>, (ErrorKind, String)> {
-        let digest = Digest::of(&bytes);
+    /// Validates an uploaded plugin and stores it under its digest (refused
+    /// if that is not `expected`). A plugin that cannot be stored is refused:
+    /// accepted work must find it after a restart. Hashing, compiling,
+    /// describing and writing all happen off the async workers.
+    pub(crate) async fn store(
+        &self,
+        bytes: Vec<u8>,
+        expected: Option<Digest>,
+    ) -> Result<Arc<Plugin>, (ErrorKind, String)> {
         let bytes: Arc<[u8]> = bytes.into();
+        let digest = crate::runtime::digest_of(&bytes).await;
+        if expected.is_some_and(|e| e != digest) {
+            return Err((
+                ErrorKind::Invalid,
+                "the uploaded bytes do not match their digest".into(),
+            ));
+        }
         let plugin = self
             .runtime
-            .load_bytes(Arc::clone(&bytes), &digest.to_string())
+            .load_digested(Arc::clone(&bytes), digest, &digest.to_string())
             .await
             .map_err(|e| (ErrorKind::Invalid, e.to_string()))?;
         let path = plugin_path(&self.state_dir, &digest);
@@ -156,9 +168,16 @@ impl Plugins {
             // their own and rename it into place: the same bytes either way.
             let n = TEMP_FILES.fetch_add(1, Ordering::Relaxed);
             let tmp = path.with_extension(format!("tmp.{}.{n}", std::process::id()));
-            let written = tokio::fs::write(&tmp, &bytes)
+            let write = {
+                let tmp = tmp.clone();
+                let path = path.clone();
+                tokio::task::spawn_blocking(move || {
+                    std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, &path))
+                })
+            };
+            let written = write
                 .await
-                .and_then(|()| std::fs::rename(&tmp, &path));
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
             if let Err(err) = written {
                 let _ = std::fs::remove_file(&tmp);
                 tracing::warn!(path = %path.display(), "cannot store the plugin on disk: {err}");

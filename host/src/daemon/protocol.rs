@@ -81,6 +81,7 @@ pub struct SubmitRequest {
     /// Params, in order.
     pub params: Vec<(String, String)>,
     /// Input bytes (at most [`MAX_SUBMIT_INPUT`]).
+    #[serde(with = "serde_bytes")]
     pub input: Vec<u8>,
     /// Restart policy [default: never].
     pub restart: Option<RestartPolicy>,
@@ -112,6 +113,7 @@ struct SubmitRequestV5 {
     slot: Option<String>,
     policy: Option<AdmissionPolicy>,
     params: Vec<(String, String)>,
+    #[serde(with = "serde_bytes")]
     input: Vec<u8>,
     restart: Option<RestartPolicy>,
     max_retries: Option<u32>,
@@ -207,6 +209,7 @@ pub enum Request {
         /// Where this chunk starts.
         offset: u64,
         /// The bytes.
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
         /// Whether this is the final chunk.
         last: bool,
@@ -426,7 +429,7 @@ pub enum Reply {
     /// Part of the output of the [`Reply::Report`] that follows (sent when
     /// the output would not fit in one frame; the report then carries an
     /// empty output, and the parts, in order, are the whole of it).
-    OutputPart(Vec<u8>),
+    OutputPart(#[serde(with = "serde_bytes")] Vec<u8>),
     /// A final report.
     Report(TaskReport),
     /// The answer to Cancel: whether this call made the stop claim, and the

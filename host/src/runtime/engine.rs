@@ -70,6 +70,7 @@ pub struct RuntimeConfig {
     pub(crate) pool_instances: u32,
     pub(crate) plugin_cache_bytes: Option<u64>,
     pub(crate) on_slow_compile: Option<SlowCompileHook>,
+    pub(crate) compile_nice: Option<i32>,
 }
 
 /// A compile that has taken longer than [`SLOW_COMPILE`] so far, as told to
@@ -144,6 +145,18 @@ impl RuntimeConfig {
         self
     }
 
+    /// Compile plugins at a lower CPU priority: each compile runs on a thread
+    /// of its own whose nice value is raised by `nice` (Linux: nice values
+    /// are per thread), and so are the threads of rayon's global pool, on
+    /// which wasmtime compiles functions in parallel, if this runtime is the
+    /// first to start that pool. A compile then takes the cores only when
+    /// running tasks leave them idle [default: `None`, the caller's
+    /// priority, on a blocking thread of the async runtime].
+    pub fn compile_nice(mut self, nice: Option<i32>) -> Self {
+        self.compile_nice = nice;
+        self
+    }
+
     /// Instance slots of the pooling allocator, an upper bound on instances
     /// alive at once when pooling [default: 1000].
     pub fn pool_instances(mut self, n: u32) -> Self {
@@ -161,6 +174,7 @@ impl Default for RuntimeConfig {
             pool_instances: DEFAULT_POOL_INSTANCES,
             plugin_cache_bytes: None,
             on_slow_compile: None,
+            compile_nice: None,
         }
     }
 }

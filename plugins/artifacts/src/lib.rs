@@ -69,6 +69,33 @@ pub fn path(name: &str) -> PathBuf {
     }
 }
 
+/// `component` with a custom section appended (`name`, then `payload`): the
+/// same component to wasmtime, but other bytes, so another digest to the
+/// host and another entry in the compilation cache. For tests and benches
+/// that need many distinct plugins.
+pub fn with_custom_section(component: &[u8], name: &str, payload: &[u8]) -> Vec<u8> {
+    fn leb128(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let mut body = Vec::new();
+    leb128(name.len(), &mut body);
+    body.extend_from_slice(name.as_bytes());
+    body.extend_from_slice(payload);
+    let mut out = component.to_vec();
+    out.push(0); // custom section
+    leb128(body.len(), &mut out);
+    out.extend_from_slice(&body);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
