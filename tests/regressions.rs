@@ -11,7 +11,7 @@ mod wire;
 
 use daemon::{Daemon, LIMIT, p};
 use serde_json::Value;
-use taskhost::daemon::protocol::{Placement, Reply, Request, SubmitRequest, Submitted};
+use taskhost::daemon::protocol::{ErrorKind, Placement, Reply, Request, SubmitRequest, Submitted};
 use taskhost::outcome::TaskOutcome;
 use taskhost::runtime::Digest;
 use taskhost::supervisor::TaskRef;
@@ -255,6 +255,45 @@ async fn concurrent_uploads_of_one_plugin_all_store_it_whole() {
         !finished.stderr.contains("cannot store"),
         "{}",
         finished.stderr
+    );
+}
+
+/// An upload whose bytes are not those of its digest is refused when its
+/// last chunk arrives, and nothing is stored under that digest (the check
+/// runs off the async workers since hashing moved there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_whose_bytes_do_not_match_its_digest_is_refused() {
+    let d = Daemon::start(&[]);
+    let bytes = std::fs::read(common::plugin("hello")).unwrap();
+    let wrong = Digest::of(b"other bytes");
+    let client = wire::connect(&d.socket).await;
+    let reply = wire::call(
+        &client,
+        Request::Upload {
+            digest: wrong,
+            offset: 0,
+            data: bytes,
+            last: true,
+        },
+    )
+    .await;
+    match reply {
+        Reply::Error { kind, message } => {
+            assert_eq!(kind, ErrorKind::Invalid, "{message}");
+            assert!(message.contains("do not match their digest"), "{message}");
+        }
+        other => panic!("the upload was taken: {other:?}"),
+    }
+    assert_eq!(
+        wire::call(&client, Request::HasPlugin(wrong)).await,
+        Reply::HasPlugin(false)
+    );
+    assert!(
+        !d.dir
+            .path()
+            .join("state/plugins")
+            .join(format!("{}.wasm", hex(&wrong)))
+            .exists()
     );
 }
 
