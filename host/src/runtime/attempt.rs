@@ -16,6 +16,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use super::bindings::{self, taskhost::plugin::host, taskhost::plugin::types};
 use super::http::HttpHooks;
 use super::output::{Capture, CapturedStream, GuestSink};
+use super::reaper::Reaper;
 use super::sandbox::Sandbox;
 use crate::logline::{LogLevel, Stream};
 use crate::units::format_size;
@@ -113,6 +114,10 @@ pub(crate) struct HostCtx {
     facts: Arc<AttemptFacts>,
     cancel: CancellationToken,
     capture: Arc<Capture>,
+    /// Set when a host call that waited returns: the guest has just been
+    /// scheduled again, so an epoch deadline that passed meanwhile needs no
+    /// yield of its own.
+    woke: bool,
 }
 
 impl WasiView for AttemptState {
@@ -236,6 +241,7 @@ pub(crate) fn new_store(
             facts,
             cancel: signals.cancel.clone(),
             capture: Arc::clone(&capture),
+            woke: false,
         },
         http: WasiHttpCtx::new(),
         http_hooks: HttpHooks::new(&sandbox.http, Arc::clone(&capture), signals.cancel.clone()),
@@ -252,11 +258,21 @@ pub(crate) fn new_store(
     // a whole tick each; otherwise it runs on until the next tick.
     let mut resuming = false;
     let mut fired_at_yield = 0;
-    store.epoch_deadline_callback(move |_| {
+    store.epoch_deadline_callback(move |mut cx| {
         if abort.load(Ordering::Relaxed) {
             return Ok(UpdateDeadline::Interrupt);
         }
         let fired = super::engine::ABORTS_FIRED.load(Ordering::Relaxed);
+        // Back from a wait (a sleep, woken by its timer or a cancel): the
+        // executor has just polled this guest, so it runs on to the next
+        // tick instead of yielding at once (which, when thousands of
+        // parked guests are cancelled together, was one more poll and
+        // fiber switch each).
+        if std::mem::take(&mut cx.data_mut().host.woke) {
+            resuming = false;
+            fired_at_yield = fired;
+            return Ok(UpdateDeadline::Continue(1));
+        }
         if resuming && fired == fired_at_yield {
             resuming = false;
             return Ok(UpdateDeadline::Continue(1));
@@ -278,6 +294,7 @@ pub struct PreparedAttempt {
     instance: bindings::TaskPlugin,
     capture: Arc<Capture>,
     signals: StopSignals,
+    reaper: Arc<Reaper>,
 }
 
 impl std::fmt::Debug for PreparedAttempt {
@@ -293,6 +310,7 @@ pub(crate) async fn instantiate(
     mut store: Store<AttemptState>,
     capture: Arc<Capture>,
     signals: &StopSignals,
+    reaper: &Arc<Reaper>,
 ) -> Result<PreparedAttempt, AttemptError> {
     match pre.instantiate_async(&mut store).await {
         Ok(instance) => Ok(PreparedAttempt {
@@ -300,6 +318,7 @@ pub(crate) async fn instantiate(
             instance,
             capture,
             signals: signals.clone(),
+            reaper: Arc::clone(reaper),
         }),
         Err(_) if signals.is_aborted() => Err(AttemptError::Aborted),
         // Every slot of the instance pool is taken (by attempts, describe
@@ -332,7 +351,13 @@ impl PreparedAttempt {
         let result = self.instance.call_run(&mut self.store, input).await;
         self.capture.finish();
         let memory_note = self.store.data().limiter.note();
-        drop(self.store);
+        // Stops come in crowds (a shutdown, Replace, a cancel of
+        // everything): their stores go to the reaper's thread.
+        if self.signals.cancel.is_cancelled() {
+            self.reaper.reap(Box::new(self.store)).await;
+        } else {
+            drop(self.store);
+        }
         match result {
             Ok(Ok(output)) if output.len() > MAX_OUTPUT_BYTES => Err(AttemptError::Fail {
                 reason: format!(
@@ -508,11 +533,27 @@ impl host::Host for HostCtx {
 
     async fn sleep(&mut self, ms: u64) -> types::SleepStatus {
         let duration = std::time::Duration::from_millis(ms);
-        tokio::select! {
-            biased;
-            () = self.cancel.cancelled() => types::SleepStatus::Cancelled,
-            () = tokio::time::sleep(duration) => types::SleepStatus::Elapsed,
-        }
+        let cancel = self.cancel.clone();
+        let wait = async move {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => types::SleepStatus::Cancelled,
+                () = tokio::time::sleep(duration) => types::SleepStatus::Elapsed,
+            }
+        };
+        // Only a sleep that really waited counts as a wake-up: one that
+        // returns at once (zero, or already cancelled) leaves the guest's
+        // next epoch check to yield as usual.
+        let mut wait = std::pin::pin!(wait);
+        let mut waited = false;
+        let status = std::future::poll_fn(|cx| {
+            let poll = wait.as_mut().poll(cx);
+            waited |= poll.is_pending();
+            poll
+        })
+        .await;
+        self.woke = waited;
+        status
     }
 
     fn log(&mut self, level: types::Level, message: String) -> wasmtime::Result<()> {

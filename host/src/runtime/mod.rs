@@ -13,6 +13,7 @@
 //! | `sandbox` | grants: dirs, env, http, memory; capability checks; WASI context |
 //! | `http` | outbound HTTP: `--allow-http` grants, ceilings, the check of every request |
 //! | `output` | guest stdout/stderr/log capture, bounded, line by line |
+//! | `reaper` | the thread that drops the stores of stopped attempts |
 
 mod attempt;
 mod bindings;
@@ -21,6 +22,7 @@ mod engine;
 mod http;
 mod output;
 mod plugin;
+mod reaper;
 mod sandbox;
 
 use std::path::Path;
@@ -84,6 +86,8 @@ pub struct Runtime {
     /// See [`RuntimeConfig::compile_nice`].
     compile_nice: Option<i32>,
     stats: RuntimeStats,
+    /// Drops the stores of stopped attempts off the async workers.
+    reaper: Arc<reaper::Reaper>,
 }
 
 /// What a runtime counts about its plugin cache, for the daemon's metrics.
@@ -177,6 +181,7 @@ impl Runtime {
             on_slow_compile: config.on_slow_compile.clone(),
             compile_nice: config.compile_nice,
             stats: RuntimeStats::default(),
+            reaper: Arc::default(),
         })
     }
 
@@ -384,7 +389,7 @@ impl Runtime {
             signals,
             Arc::clone(&request.sink),
         )?;
-        attempt::instantiate(plugin.pre(), store, capture, signals).await
+        attempt::instantiate(plugin.pre(), store, capture, signals, &self.reaper).await
     }
 
     /// Runs one attempt in a fresh instance. Returns when the instance is
