@@ -352,8 +352,9 @@ impl PreparedAttempt {
         self.capture.finish();
         let memory_note = self.store.data().limiter.note();
         // Stops come in crowds (a shutdown, Replace, a cancel of
-        // everything): their stores go to the reaper's thread.
-        if self.signals.cancel.is_cancelled() {
+        // everything): on a current-thread runtime their stores go to the
+        // reaper's thread.
+        if self.signals.cancel.is_cancelled() && super::reaper::wanted() {
             self.reaper.reap(Box::new(self.store)).await;
         } else {
             drop(self.store);
