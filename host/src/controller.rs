@@ -261,11 +261,11 @@ struct Slot {
 
 #[derive(Default)]
 struct State {
-    slots: HashMap<Arc<str>, Slot>,
+    slots: HashMap<Arc<str>, Slot, foldhash::fast::RandomState>,
     /// Queued id -> slot key.
-    queued: HashMap<TaskId, Arc<str>>,
+    queued: HashMap<TaskId, Arc<str>, foldhash::fast::RandomState>,
     /// Owner id -> slot key.
-    owners: HashMap<TaskId, Arc<str>>,
+    owners: HashMap<TaskId, Arc<str>, foldhash::fast::RandomState>,
     pending: usize,
     closed: bool,
 }

@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
-use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -381,7 +380,7 @@ impl Actor {
         attempt: u32,
         cancel: &CancellationToken,
         abort: &Arc<AtomicBool>,
-    ) -> BoxFuture<'static, Result<Vec<u8>, TaskError>> {
+    ) -> impl Future<Output = Result<Vec<u8>, TaskError>> + Send + 'static {
         let ctx = AttemptContext {
             entry: Arc::clone(&self.entry),
             attempt,
@@ -393,13 +392,15 @@ impl Actor {
         let timeout = self.policies.timeout;
         let body = Arc::clone(&self.body);
         let abort = Arc::clone(abort);
-        Box::pin(async move {
+        // Not boxed: the attempt's own future holds it (one allocation per
+        // attempt less).
+        async move {
             let run = setup.await.unwrap_or_else(|panic| Err(panicked(&*panic)))?;
             let run = AssertUnwindSafe(run)
                 .catch_unwind()
                 .map(|r| r.unwrap_or_else(|panic| Err(panicked(&*panic))));
             with_timeout(run, timeout, &*body, &abort).await
-        })
+        }
     }
 
     fn base_event(&self, kind: EventKind, attempt: u32) -> Event {

@@ -299,8 +299,8 @@ pub(crate) struct Registry {
 
 #[derive(Debug, Default)]
 struct Inner {
-    by_name: HashMap<Arc<str>, Arc<TaskEntry>>,
-    by_id: HashMap<TaskId, Arc<TaskEntry>>,
+    by_name: HashMap<Arc<str>, Arc<TaskEntry>, foldhash::fast::RandomState>,
+    by_id: HashMap<TaskId, Arc<TaskEntry>, foldhash::fast::RandomState>,
     closed: bool,
 }
 
