@@ -380,7 +380,7 @@ impl Actor {
         attempt: u32,
         cancel: &CancellationToken,
         abort: &Arc<AtomicBool>,
-    ) -> impl Future<Output = Result<Vec<u8>, TaskError>> + Send + 'static {
+    ) -> futures::future::BoxFuture<'static, Result<Vec<u8>, TaskError>> {
         let ctx = AttemptContext {
             entry: Arc::clone(&self.entry),
             attempt,
@@ -392,15 +392,13 @@ impl Actor {
         let timeout = self.policies.timeout;
         let body = Arc::clone(&self.body);
         let abort = Arc::clone(abort);
-        // Not boxed: the attempt's own future holds it (one allocation per
-        // attempt less).
-        async move {
+        Box::pin(async move {
             let run = setup.await.unwrap_or_else(|panic| Err(panicked(&*panic)))?;
             let run = AssertUnwindSafe(run)
                 .catch_unwind()
                 .map(|r| r.unwrap_or_else(|panic| Err(panicked(&*panic))));
             with_timeout(run, timeout, &*body, &abort).await
-        }
+        })
     }
 
     fn base_event(&self, kind: EventKind, attempt: u32) -> Event {
