@@ -13,7 +13,7 @@
 //! | `sandbox` | grants: dirs, env, http, memory; capability checks; WASI context |
 //! | `http` | outbound HTTP: `--allow-http` grants, ceilings, the check of every request |
 //! | `output` | guest stdout/stderr/log capture, bounded, line by line |
-//! | `reaper` | the thread that drops the stores of stopped attempts |
+//! | `reaper` | the thread that drops stopped attempts' stores on current-thread runtimes |
 
 mod attempt;
 mod bindings;
@@ -86,7 +86,7 @@ pub struct Runtime {
     /// See [`RuntimeConfig::compile_nice`].
     compile_nice: Option<i32>,
     stats: RuntimeStats,
-    /// Drops the stores of stopped attempts off the async workers.
+    /// Drops the stores of stopped attempts beside a current-thread runtime.
     reaper: Arc<reaper::Reaper>,
 }
 
