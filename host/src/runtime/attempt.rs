@@ -534,25 +534,25 @@ impl host::Host for HostCtx {
 
     async fn sleep(&mut self, ms: u64) -> types::SleepStatus {
         let duration = std::time::Duration::from_millis(ms);
-        let cancel = self.cancel.clone();
-        let wait = async move {
-            tokio::select! {
-                biased;
-                () = cancel.cancelled() => types::SleepStatus::Cancelled,
-                () = tokio::time::sleep(duration) => types::SleepStatus::Elapsed,
-            }
-        };
         // Only a sleep that really waited counts as a wake-up: one that
         // returns at once (zero, or already cancelled) leaves the guest's
         // next epoch check to yield as usual.
-        let mut wait = std::pin::pin!(wait);
         let mut waited = false;
-        let status = std::future::poll_fn(|cx| {
-            let poll = wait.as_mut().poll(cx);
-            waited |= poll.is_pending();
-            poll
-        })
-        .await;
+        let status = {
+            let mut wait = std::pin::pin!(async {
+                tokio::select! {
+                    biased;
+                    () = self.cancel.cancelled() => types::SleepStatus::Cancelled,
+                    () = tokio::time::sleep(duration) => types::SleepStatus::Elapsed,
+                }
+            });
+            std::future::poll_fn(|cx| {
+                let poll = wait.as_mut().poll(cx);
+                waited |= poll.is_pending();
+                poll
+            })
+            .await
+        };
         self.woke = waited;
         status
     }

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
+use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -380,7 +381,7 @@ impl Actor {
         attempt: u32,
         cancel: &CancellationToken,
         abort: &Arc<AtomicBool>,
-    ) -> futures::future::BoxFuture<'static, Result<Vec<u8>, TaskError>> {
+    ) -> BoxFuture<'static, Result<Vec<u8>, TaskError>> {
         let ctx = AttemptContext {
             entry: Arc::clone(&self.entry),
             attempt,
