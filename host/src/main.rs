@@ -12,6 +12,12 @@ mod cli;
 
 use std::process::ExitCode;
 
+/// jemalloc instead of the system's malloc: the daemon allocates and frees
+/// a few dozen small blocks per task from several threads (see the
+/// dependency's note in Cargo.toml and BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     cli::main()
 }
