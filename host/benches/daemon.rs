@@ -8,6 +8,9 @@
 //! - intake, 8 concurrent pipelined clients sharing the 10,000.
 //! - submit-to-outcome latency of `hello` in a closed loop on one connection
 //!   (`Submit`, then `Wait` for its report), 1,000 iterations: median, p99.
+//! - CPU per submission: the CPU time the daemon's threads and the
+//!   clients used over each 8-client intake round and its drain, divided by
+//!   the submissions (whether intake is bound by the machine's two cores).
 //!
 //! Each runs against the memory store and the durable SQLite store side by
 //! side (rounds interleaved), both on two worker threads, and against the
@@ -27,8 +30,9 @@
 //! `TASKHOST_BENCH_ONLY_RESTART=1` runs only the restart scenario;
 //! `TASKHOST_BENCH_ONLY_COMPILES=1` only the compile scenario
 //! (`TASKHOST_BENCH_LARGE=PATH` names another large component for it);
-//! `TASKHOST_BENCH_BASELINE_HOST=PATH` adds the sqlite store of another
-//! `host` build (same protocol) to the same run, as a before/after baseline.
+//! `TASKHOST_BENCH_BASELINE_HOST=PATH` adds the memory and sqlite stores of
+//! another `host` build (same protocol) to the same run, as a before/after
+//! baseline.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -77,7 +81,7 @@ fn main() {
         return;
     }
     // The daemons side by side: each store, and with
-    // TASKHOST_BENCH_BASELINE_HOST=PATH the sqlite store of another build
+    // TASKHOST_BENCH_BASELINE_HOST=PATH both stores of another build
     // (same protocol) as a before/after baseline in the same run.
     let baseline = std::env::var_os("TASKHOST_BENCH_BASELINE_HOST").map(std::path::PathBuf::from);
     let mut labels: Vec<String> = STORES.iter().map(|s| s.to_string()).collect();
@@ -111,17 +115,19 @@ fn main() {
         daemons.push((label, socket, child));
     }
     if let Some(host) = &baseline {
-        let label = "sqlite@baseline".to_string();
-        let socket = dir.path().join("baseline.sock");
-        let child = start_daemon(
-            host,
-            &socket,
-            &dir.path().join("baseline-state"),
-            "sqlite",
-            &[],
-        );
-        labels.push(label.clone());
-        daemons.push((label, socket, child));
+        for store in STORES {
+            let label = format!("{store}@baseline");
+            let socket = dir.path().join(format!("baseline-{store}.sock"));
+            let child = start_daemon(
+                host,
+                &socket,
+                &dir.path().join(format!("baseline-{store}-state")),
+                store,
+                &["--worker-threads", "2"],
+            );
+            labels.push(label.clone());
+            daemons.push((label, socket, child));
+        }
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -147,16 +153,30 @@ fn main() {
 
         let mut one = vec![Vec::new(); labels.len()];
         let mut many = vec![Vec::new(); labels.len()];
+        // CPU time per submission (intake and drain, 8 clients): the
+        // daemon's threads, and this process's (the clients).
+        let mut cpu = vec![Vec::new(); labels.len()];
+        let mut client_cpu = vec![Vec::new(); labels.len()];
         for round in 1..=INTAKE_ROUNDS {
-            for (i, (store, socket, _)) in daemons.iter().enumerate() {
+            for (i, (store, socket, child)) in daemons.iter().enumerate() {
                 for (clients, rates) in [(1, &mut one[i]), (CLIENTS, &mut many[i])] {
+                    let (daemon_before, own_before) = (cpu_time(child.id()), cpu_time(std::process::id()));
                     let rate = intake(socket, digest, clients, SUBMISSIONS).await;
                     let drained = drain(socket).await;
+                    let per_task = |before: Duration, pid: u32| {
+                        (cpu_time(pid).saturating_sub(before)).as_secs_f64() * 1e6 / SUBMISSIONS as f64
+                    };
+                    let (daemon_us, client_us) =
+                        (per_task(daemon_before, child.id()), per_task(own_before, std::process::id()));
                     println!(
-                        "  round {round}: {store}: {clients} pipelined client(s): {rate:.0} submissions/s (drained in {:.0} ms)",
+                        "  round {round}: {store}: {clients} pipelined client(s): {rate:.0} submissions/s (drained in {:.0} ms; CPU per submission: daemon {daemon_us:.1} µs, clients {client_us:.1} µs)",
                         drained.as_secs_f64() * 1e3
                     );
                     rates.push(rate);
+                    if clients == CLIENTS {
+                        cpu[i].push(daemon_us);
+                        client_cpu[i].push(client_us);
+                    }
                 }
             }
         }
@@ -186,6 +206,11 @@ fn main() {
                 max(&many[i])
             );
             println!(
+                "{store}: CPU per submission, {CLIENTS} clients (intake and drain): daemon median {:.1} µs, clients {:.1} µs",
+                median(&cpu[i]),
+                median(&client_cpu[i])
+            );
+            println!(
                 "{store}: submit-to-outcome latency, closed loop: median of round medians {:.1} µs, median of round p99s {:.1} µs",
                 median(&p50[i]),
                 median(&p99[i])
@@ -197,11 +222,16 @@ fn main() {
             median(&one[0]) / median(&one[2])
         );
         if baseline.is_some() {
-            println!(
-                "sqlite/sqlite@baseline: intake, {CLIENTS} pipelined clients {:.2}x; submit-to-outcome median {:.2}x",
-                median(&many[1]) / median(&many[3]),
-                median(&p50[1]) / median(&p50[3])
-            );
+            // After the memory store on one worker: memory@baseline, then
+            // sqlite@baseline.
+            for (i, store) in STORES.iter().enumerate() {
+                println!(
+                    "{store}/{store}@baseline: intake, {CLIENTS} pipelined clients {:.2}x; 1 pipelined client {:.2}x; submit-to-outcome median {:.2}x",
+                    median(&many[i]) / median(&many[3 + i]),
+                    median(&one[i]) / median(&one[3 + i]),
+                    median(&p50[i]) / median(&p50[3 + i])
+                );
+            }
         }
         println!(
             "sqlite/memory intake, {CLIENTS} pipelined clients: {:.2}x",
@@ -425,6 +455,20 @@ async fn restart_with_queued(dir: &Path) {
 }
 
 /// A process's resident set size, from `/proc`.
+/// The CPU time a process's threads have used so far (their
+/// `schedstat`s, in nanoseconds; threads that ended are not counted).
+fn cpu_time(pid: u32) -> Duration {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Duration::ZERO;
+    };
+    let ns: u64 = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    Duration::from_nanos(ns)
+}
+
 fn rss(pid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
