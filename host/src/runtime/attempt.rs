@@ -253,8 +253,9 @@ pub(crate) fn new_store(
     // At each tick the guest yields to the executor. Wasmtime sets the next
     // deadline when the guest resumes, so the yield asks for a check right
     // then (delta 0): an abort that came while the guest waited traps it at
-    // once, and if a deadline fired anywhere meanwhile the guest yields once
-    // more, so the executor reaches the aborted guest before the others run
+    // once, and if a deadline fired anywhere meanwhile, or one that fired
+    // has not seen its attempt gone yet (`ABORTS_PENDING`), the guest yields
+    // again, so the executor reaches the aborted guest before the others run
     // a whole tick each; otherwise it runs on until the next tick.
     let mut resuming = false;
     let mut fired_at_yield = 0;
@@ -263,17 +264,20 @@ pub(crate) fn new_store(
             return Ok(UpdateDeadline::Interrupt);
         }
         let fired = super::engine::ABORTS_FIRED.load(Ordering::Relaxed);
+        // An abort has fired and its attempt is not gone yet: yield at
+        // every check until the executor has reached that guest.
+        let hurrying = super::engine::ABORTS_PENDING.load(Ordering::Relaxed) > 0;
         // Back from a wait (a sleep, woken by its timer or a cancel): the
         // executor has just polled this guest, so it runs on to the next
         // tick instead of yielding at once (which, when thousands of
         // parked guests are cancelled together, was one more poll and
         // fiber switch each).
-        if std::mem::take(&mut cx.data_mut().host.woke) {
+        if std::mem::take(&mut cx.data_mut().host.woke) && !hurrying {
             resuming = false;
             fired_at_yield = fired;
             return Ok(UpdateDeadline::Continue(1));
         }
-        if resuming && fired == fired_at_yield {
+        if resuming && fired == fired_at_yield && !hurrying {
             resuming = false;
             return Ok(UpdateDeadline::Continue(1));
         }

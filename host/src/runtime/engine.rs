@@ -5,7 +5,7 @@
 //! store to `attempt` and what gets compiled to `plugin`.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -375,7 +375,7 @@ pub(crate) struct EpochTicker {
 /// abort one of them gets to run (with 10 ms ticks, five spinners on one
 /// thread delayed it by several ticks).
 /// An attempt's deadline, whether the attempt is alive, and its abort flag.
-type Deadline = (std::time::Instant, Weak<()>, Arc<AtomicBool>);
+type Deadline = (std::time::Instant, Weak<AtomicU8>, Arc<AtomicBool>);
 
 #[derive(Debug, Default)]
 pub(crate) struct Hurry {
@@ -397,7 +397,20 @@ struct Deadlines {
 /// Keeps a force-abort deadline registered with the ticker until dropped.
 #[derive(Debug)]
 pub struct HurryGuard {
-    _alive: Arc<()>,
+    /// [`ARMED`], [`FIRED`] by the ticker, or [`DROPPED`].
+    state: Arc<AtomicU8>,
+}
+
+const ARMED: u8 = 0;
+const FIRED: u8 = 1;
+const DROPPED: u8 = 2;
+
+impl Drop for HurryGuard {
+    fn drop(&mut self) {
+        if self.state.swap(DROPPED, Ordering::SeqCst) == FIRED {
+            ABORTS_PENDING.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
 }
 
 impl Hurry {
@@ -416,7 +429,7 @@ impl Hurry {
             deadlines.sleeping_until = None;
             deadlines
                 .list
-                .retain(|(_, alive, _)| alive.strong_count() > 0);
+                .retain(|(_, state, _)| state.strong_count() > 0);
             let mut due = *next_tick;
             for (at, _, abort) in deadlines.list.iter() {
                 // Once overdue (the flag set), tick every HURRY_TICK after
@@ -429,9 +442,18 @@ impl Hurry {
                 due = due.min(at);
             }
             if due <= now {
-                for (at, _, abort) in deadlines.list.iter() {
+                for (at, state, abort) in deadlines.list.iter() {
                     if *at <= now && !abort.swap(true, Ordering::SeqCst) {
                         ABORTS_FIRED.fetch_add(1, Ordering::SeqCst);
+                        // Pending until its attempt is gone (the guard's
+                        // drop), unless that has already happened.
+                        if let Some(state) = state.upgrade()
+                            && state
+                                .compare_exchange(ARMED, FIRED, Ordering::SeqCst, Ordering::SeqCst)
+                                .is_ok()
+                        {
+                            ABORTS_PENDING.fetch_add(1, Ordering::SeqCst);
+                        }
                     }
                 }
                 *next_tick = now + tick;
@@ -453,6 +475,15 @@ impl Hurry {
 /// `attempt::new_store`).
 pub(crate) static ABORTS_FIRED: AtomicU64 = AtomicU64::new(0);
 
+/// How many deadlines the tickers fired whose attempts are not gone yet.
+/// While there is one, every guest yields at each epoch check instead of
+/// running on for a tick: the aborted guest's task may wait anywhere in the
+/// executor's queue (Tokio wakes the tasks that yielded last first), so
+/// yielding once is not enough to let the executor reach it before the
+/// others run a whole tick each (with 4 spinners on a current-thread
+/// runtime, 4.4 ms from the deadline to the outcome).
+pub(crate) static ABORTS_PENDING: AtomicI64 = AtomicI64::new(0);
+
 /// The tick while a force-abort is overdue.
 const HURRY_TICK: Duration = Duration::from_millis(1);
 
@@ -461,18 +492,18 @@ impl EpochTicker {
     /// it, then every millisecond until the guard is dropped (when the
     /// attempt is gone).
     pub(crate) fn hurry_at(&self, at: std::time::Instant, abort: Arc<AtomicBool>) -> HurryGuard {
-        let alive = Arc::new(());
+        let state = Arc::new(AtomicU8::new(ARMED));
         let mut deadlines = self
             .hurry
             .deadlines
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        deadlines.list.push((at, Arc::downgrade(&alive), abort));
+        deadlines.list.push((at, Arc::downgrade(&state), abort));
         // Not sleeping: it scans the list before it sleeps again.
         if deadlines.sleeping_until.is_some_and(|until| at < until) {
             self.hurry.wake.notify_one();
         }
-        HurryGuard { _alive: alive }
+        HurryGuard { state }
     }
 
     pub(crate) fn start(engine: &Engine, tick: Duration) -> Result<Self, RuntimeError> {
