@@ -454,7 +454,6 @@ async fn restart_with_queued(dir: &Path) {
     let _ = daemon.wait();
 }
 
-/// A process's resident set size, from `/proc`.
 /// The CPU time a process's threads have used so far (their
 /// `schedstat`s, in nanoseconds; threads that ended are not counted).
 fn cpu_time(pid: u32) -> Duration {
@@ -469,6 +468,7 @@ fn cpu_time(pid: u32) -> Duration {
     Duration::from_nanos(ns)
 }
 
+/// A process's resident set size, from `/proc`.
 fn rss(pid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()

@@ -414,8 +414,8 @@ impl Writer {
 }
 
 /// Where a batch records a submission and, later in the same batch, the
-/// start of its first attempts with no other write for that task between
-/// them, the row is inserted as started (one statement fewer per task under
+/// start of its attempt with no other write for that task between them,
+/// the row is inserted as started (one statement fewer per task under
 /// a stream of submissions). Returns, per write, the attempt a submission's
 /// row starts at (0: as the submission says) and whether a write is folded
 /// into an earlier one.
