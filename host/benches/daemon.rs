@@ -25,9 +25,12 @@
 //! `hello` on the memory store, quiet and while another client uploads
 //! distinct copies of a large component (the Python example, 18 MiB, each
 //! copy with its own custom section so that each is compiled afresh) one
-//! after the other.
+//! after the other. Before it, 10,000 parked `sleeper`s in one memory
+//! daemon: their RSS per task, and how soon every waiter has its report
+//! after a shutdown that cancels them all.
 //!
 //! `TASKHOST_BENCH_ONLY_RESTART=1` runs only the restart scenario;
+//! `TASKHOST_BENCH_ONLY_PARKED=1` only the parked one;
 //! `TASKHOST_BENCH_ONLY_COMPILES=1` only the compile scenario
 //! (`TASKHOST_BENCH_LARGE=PATH` names another large component for it);
 //! `TASKHOST_BENCH_BASELINE_HOST=PATH` adds the memory and sqlite stores of
@@ -78,6 +81,14 @@ fn main() {
             .build()
             .unwrap();
         rt.block_on(compiles(dir.path()));
+        return;
+    }
+    if std::env::var_os("TASKHOST_BENCH_ONLY_PARKED").is_some() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(parked(dir.path()));
         return;
     }
     // The daemons side by side: each store, and with
@@ -246,7 +257,149 @@ fn main() {
         let _ = child.wait();
     }
     rt.block_on(restart_with_queued(dir.path()));
+    rt.block_on(parked(dir.path()));
     rt.block_on(compiles(dir.path()));
+}
+
+/// Parked sleepers in the parked scenario, and their waits per connection
+/// (the daemon allows 64 requests in flight per connection).
+const PARKED: usize = 10_000;
+const WAITS_PER_CONNECTION: usize = 50;
+/// Rounds of the parked scenario per build.
+const PARKED_ROUNDS: usize = 3;
+
+/// The parked scenario for this build and, with
+/// `TASKHOST_BENCH_BASELINE_HOST`, for the baseline, rounds alternated.
+async fn parked(dir: &Path) {
+    let baseline = std::env::var_os("TASKHOST_BENCH_BASELINE_HOST");
+    for round in 1..=PARKED_ROUNDS {
+        if let Some(host) = &baseline {
+            park_and_stop(dir, Path::new(host), &format!("baseline-{round}")).await;
+        }
+        let host = Path::new(env!("CARGO_BIN_EXE_host"));
+        park_and_stop(dir, host, &format!("this-build-{round}")).await;
+    }
+}
+
+/// Issue 15, target 2: `PARKED` `sleeper`s in one memory daemon (each in
+/// its own slot, all running at once, each in one ten-minute host sleep),
+/// a waiter on every one of them (`WAITS_PER_CONNECTION` per connection),
+/// then a shutdown that cancels them all: the RSS they added per task, and
+/// how long from the shutdown request until every waiter has its report and
+/// until the daemon answers that all stopped.
+async fn park_and_stop(dir: &Path, host: &Path, build: &str) {
+    use taskhost::daemon::Client;
+    use taskhost::supervisor::ShutdownReport;
+    let socket = dir.join(format!("parked-{build}.sock"));
+    let config = dir.join("parked.toml");
+    std::fs::write(&config, "max_connections = 1024\n").unwrap();
+    let mut child = start_daemon(
+        host,
+        &socket,
+        &dir.join(format!("parked-{build}-state")),
+        "memory",
+        &[
+            "--max-concurrent",
+            &(PARKED + 10).to_string(),
+            "--config",
+            config.to_str().unwrap(),
+        ],
+    );
+    let pid = child.id();
+    let client = Client::connect(&socket).await.expect("connect");
+    let sleeper = std::fs::read(plugin_artifacts::SLEEPER).expect("sleeper.wasm");
+    let digest = client.ensure_plugin(&sleeper).await.expect("upload");
+    let idle = rss_kib(pid);
+    let started = Instant::now();
+    let mut pending = Vec::with_capacity(PARKED);
+    for _ in 0..PARKED {
+        let mut s = SubmitRequest::new(digest);
+        s.params = vec![
+            ("ms".into(), "600000".into()),
+            ("step_ms".into(), "600000".into()),
+        ];
+        pending.push(client.request(Request::Submit(Box::new(s))).await.unwrap());
+    }
+    let mut ids = Vec::with_capacity(PARKED);
+    for mut replies in pending {
+        match replies.next().await {
+            Some(Reply::Submitted(Submitted {
+                id,
+                placement: Placement::Running,
+                ..
+            })) => ids.push(id),
+            other => panic!("a sleeper was not admitted: {other:?}"),
+        }
+    }
+    // Running means it holds a permit; every instance exists and is
+    // parked once the resident size stops growing.
+    let (mut last, mut stable) = (rss_kib(pid), 0);
+    while stable < 10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = rss_kib(pid);
+        stable = if now.abs_diff(last) < 1024 {
+            stable + 1
+        } else {
+            0
+        };
+        last = now;
+    }
+    let parked_in = started.elapsed();
+    let per_task = last.saturating_sub(idle) as f64 / PARKED as f64;
+    let mut waits = Vec::with_capacity(PARKED);
+    for chunk in ids.chunks(WAITS_PER_CONNECTION) {
+        let waiter = Client::connect(&socket).await.expect("connect");
+        for id in chunk {
+            waits.push(
+                waiter
+                    .request(Request::Wait(TaskRef::Id(*id)))
+                    .await
+                    .unwrap(),
+            );
+        }
+    }
+    let stopping = Instant::now();
+    let mut shutdown = client
+        .request(Request::Shutdown {
+            grace: Some(Duration::from_secs(30)),
+            cancel_all: true,
+        })
+        .await
+        .unwrap();
+    let reports = tokio::spawn(async move {
+        for mut wait in waits {
+            match wait.next().await {
+                Some(Reply::Report(r)) => assert_eq!(r.outcome, TaskOutcome::Canceled),
+                other => panic!("a waiter got {other:?}"),
+            }
+        }
+        stopping.elapsed()
+    });
+    let done = shutdown.next().await;
+    let stopped_in = stopping.elapsed();
+    assert_eq!(
+        done,
+        Some(Reply::ShutdownDone(ShutdownReport::AllStopped)),
+        "all stop within the grace"
+    );
+    let reported_in = reports.await.unwrap();
+    println!(
+        "parked: {build}: {PARKED} sleepers parked in {:.1} s, {per_task:.1} KiB of RSS each; \
+         shutdown (cancel all) → every report {:.0} ms, → all stopped {:.0} ms",
+        parked_in.as_secs_f64(),
+        reported_in.as_secs_f64() * 1e3,
+        stopped_in.as_secs_f64() * 1e3
+    );
+    let _ = child.wait();
+}
+
+/// A process's resident set size in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    rss(pid)
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .expect("VmRSS in kB")
 }
 
 /// Large components compiled while the latency is measured.
