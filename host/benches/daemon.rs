@@ -67,28 +67,20 @@ const RESTART_QUEUED: usize = 10_000;
 
 fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
-    if std::env::var_os("TASKHOST_BENCH_ONLY_RESTART").is_some() {
+    // TASKHOST_BENCH_ONLY_…=1 runs one scenario alone.
+    let only = ["RESTART", "COMPILES", "PARKED"]
+        .into_iter()
+        .find(|s| std::env::var_os(format!("TASKHOST_BENCH_ONLY_{s}")).is_some());
+    if let Some(scenario) = only {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
-        rt.block_on(restart_with_queued(dir.path()));
-        return;
-    }
-    if std::env::var_os("TASKHOST_BENCH_ONLY_COMPILES").is_some() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(compiles(dir.path()));
-        return;
-    }
-    if std::env::var_os("TASKHOST_BENCH_ONLY_PARKED").is_some() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(parked(dir.path()));
+        match scenario {
+            "RESTART" => rt.block_on(restart_with_queued(dir.path())),
+            "COMPILES" => rt.block_on(compiles(dir.path())),
+            _ => rt.block_on(parked(dir.path())),
+        }
         return;
     }
     // The daemons side by side: each store, and with
