@@ -253,9 +253,10 @@ fn main() {
     rt.block_on(compiles(dir.path()));
 }
 
-/// Parked sleepers in the parked scenario, and their waits per connection
-/// (the daemon allows 64 requests in flight per connection).
+/// Parked sleepers in the parked scenario.
 const PARKED: usize = 10_000;
+/// Their waits per connection (the daemon allows 64 requests in flight on
+/// one connection).
 const WAITS_PER_CONNECTION: usize = 50;
 /// Rounds of the parked scenario per build.
 const PARKED_ROUNDS: usize = 3;
