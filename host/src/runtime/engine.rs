@@ -369,14 +369,15 @@ pub(crate) struct EpochTicker {
     hurry: Arc<Hurry>,
 }
 
+/// An attempt's force-abort deadline, its [`HurryGuard`]'s state (gone
+/// once the attempt is), and its abort flag.
+type Deadline = (std::time::Instant, Weak<AtomicU8>, Arc<AtomicBool>);
+
 /// Force-abort deadlines of attempts that are still alive. While one has
 /// passed, the ticker ticks every millisecond: every spinning guest then
 /// yields its worker thread within a millisecond, so the actor that must
 /// abort one of them gets to run (with 10 ms ticks, five spinners on one
 /// thread delayed it by several ticks).
-/// An attempt's deadline, whether the attempt is alive, and its abort flag.
-type Deadline = (std::time::Instant, Weak<AtomicU8>, Arc<AtomicBool>);
-
 #[derive(Debug, Default)]
 pub(crate) struct Hurry {
     deadlines: Mutex<Deadlines>,
