@@ -14,8 +14,9 @@
 //! `corpus_frames_decode_as_named` and the daemon test replay
 //! (`TASKHOST_WRITE_CORPUS=1` rewrites them).
 
+#[path = "e2e/common/mod.rs"]
 mod common;
-#[path = "common/daemon.rs"]
+#[path = "e2e/common/daemon.rs"]
 mod daemon;
 
 use std::alloc::{GlobalAlloc, Layout, System};

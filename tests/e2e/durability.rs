@@ -4,9 +4,7 @@
 //! stop that keeps queued work; and a damaged, newer or read-only store
 //! refused at start with one clear error.
 
-mod common;
-#[path = "common/daemon.rs"]
-mod daemon;
+use crate::{common, daemon};
 
 use std::path::Path;
 

@@ -7,9 +7,7 @@
 //! number and result. A collector that is down is said once on the log and
 //! costs no task anything; a setting the host cannot honour is one error.
 
-mod common;
-#[path = "common/daemon.rs"]
-mod daemon;
+use crate::{common, daemon};
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};

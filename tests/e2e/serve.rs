@@ -3,9 +3,7 @@
 //! synchronise on the daemon's stderr, on client output and on bounded polls
 //! of `host ps`, never on sleeps alone.
 
-mod common;
-#[path = "common/daemon.rs"]
-mod daemon;
+use crate::{common, daemon};
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -229,7 +227,7 @@ fn shutdown_force_aborts_a_spinner_and_removes_the_socket() {
 
 /// The memory store keeps nothing for a next start, so a graceful stop
 /// gives every task its final outcome now (the durable store's graceful
-/// stop is in tests/durability.rs).
+/// stop is in tests/e2e/durability.rs).
 #[test]
 fn sigterm_with_the_memory_store_shuts_down_gracefully_and_waiters_get_their_reports() {
     let mut d = Daemon::start(&["--store", "memory"]);

@@ -9,9 +9,7 @@
 //! spin or return absurd sizes, and `run`s that return too much output or
 //! exhaust memory, stack, tables or time.
 
-mod common;
-#[path = "common/daemon.rs"]
-mod daemon;
+use crate::{common, daemon};
 
 use std::path::PathBuf;
 

@@ -6,11 +6,7 @@
 //! progress moves, its Cancel button (with the token typed into the page)
 //! cancels it. Screenshots go to `target/test-artifacts/`.
 
-mod common;
-#[path = "common/daemon.rs"]
-mod daemon;
-#[path = "common/http.rs"]
-mod http;
+use crate::{common, daemon, http};
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};

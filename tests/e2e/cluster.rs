@@ -6,13 +6,7 @@
 //! cancel), the HTTP API of one node answering for the whole cluster, and
 //! a soak checked against the recorded attempt intervals.
 
-mod common;
-#[path = "common/daemon.rs"]
-mod daemon;
-#[path = "common/http.rs"]
-mod http;
-#[path = "common/postgres.rs"]
-mod postgres;
+use crate::{common, daemon, http, postgres};
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

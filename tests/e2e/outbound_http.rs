@@ -5,9 +5,7 @@
 //! what the server saw, never on sleeps, and can assert that a denied
 //! request never reached it.
 
-mod common;
-#[path = "common/daemon.rs"]
-mod daemon;
+use crate::{common, daemon};
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -17,11 +17,7 @@
 //! Bounded: 4,000 submissions by default, failing after 90 s.
 //! `TASKHOST_SOAK=N` runs N submissions instead (the time bound scales).
 
-mod common;
-#[path = "common/daemon.rs"]
-mod daemon;
-#[path = "common/wire.rs"]
-mod wire;
+use crate::{daemon, wire};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -30,8 +30,9 @@
 //!   `RUSTUP_TOOLCHAIN`) are unset, except `CARGO_HOME` and `RUSTUP_HOME`,
 //!   which keep pointing at the real ones (the new `HOME` would otherwise
 //!   hide the installed toolchain and the downloaded crates).
-//! - **skipped lines**: a line that is exactly `cargo demo` or starts with
-//!   `cargo test`: those are what runs this test. Nothing else is skipped.
+//! - **skipped lines**: a line that is exactly `cargo demo`, or starts with
+//!   `cargo test` or `cargo xtask test`: those are what runs this test.
+//!   Nothing else is skipped.
 //! - **daemons**: the documents start `host serve --detach` and end with
 //!   `host shutdown`. Afterwards the test runs `host shutdown` on the
 //!   socket if it is still there (ignoring how that goes) and kills every
@@ -46,7 +47,7 @@
 //! build (a cold compile of a small crate); elsewhere the steps of a new
 //! crate are `console` blocks.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -141,7 +142,11 @@ fn runs_host(line: &str) -> bool {
 /// Whether a line is one this test skips because it is what runs the test.
 fn skipped(line: &str) -> bool {
     let line = line.trim();
-    line == "cargo demo" || line == "cargo test" || line.starts_with("cargo test ")
+    line == "cargo demo"
+        || line == "cargo test"
+        || line.starts_with("cargo test ")
+        || line == "cargo xtask test"
+        || line.starts_with("cargo xtask test ")
 }
 
 /// The script of a file's `sh` blocks, or an error saying why it cannot
@@ -449,7 +454,7 @@ fn every_page_has_a_test() {
     }
     assert!(
         missing.is_empty(),
-        "add a test for {missing:?} to tests/docs.rs"
+        "add a test for {missing:?} to tests/e2e/docs.rs"
     );
 }
 

@@ -16,11 +16,7 @@
 //! mode. The kill moments come from a seeded generator (the seed is printed,
 //! `TASKHOST_CRASH_SEED` replays one).
 
-mod common;
-#[path = "common/daemon.rs"]
-mod daemon;
-#[path = "common/wire.rs"]
-mod wire;
+use crate::{daemon, wire};
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -6,11 +6,7 @@
 //! daemon exits with 0. (`admitting` lasts only while the controller holds
 //! its lock, so no outside client can catch a task in it.)
 
-mod common;
-#[path = "common/daemon.rs"]
-mod daemon;
-#[path = "common/wire.rs"]
-mod wire;
+use crate::{common, daemon, wire};
 
 use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
@@ -193,7 +189,7 @@ fn json(out: &common::Finished) -> Value {
 fn sigterm_with_work_in_every_state_resolves_every_waiter() {
     // The memory store: a graceful stop gives every task its outcome now
     // (with the durable store the work waits for the next start instead;
-    // tests/durability.rs).
+    // tests/e2e/durability.rs).
     let mut d = Daemon::start(&[
         "--grace",
         "3s",

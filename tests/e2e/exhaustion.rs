@@ -5,11 +5,7 @@
 //! the pool full fails retryably; never a crash). Guests that exhaust
 //! memory, stack, tables or time one by one are in `bad_plugins.rs`.
 
-mod common;
-#[path = "common/daemon.rs"]
-mod daemon;
-#[path = "common/wire.rs"]
-mod wire;
+use crate::{common, daemon, wire};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,11 +3,7 @@
 //! own regressions (duplicate ids, the shutdown "stuck" list) live with the
 //! supervisor tests in `tests/supervisor/identity.rs` and `shutdown.rs`.
 
-mod common;
-#[path = "common/daemon.rs"]
-mod daemon;
-#[path = "common/wire.rs"]
-mod wire;
+use crate::{common, daemon, wire};
 
 use daemon::{Daemon, LIMIT, p};
 use serde_json::Value;

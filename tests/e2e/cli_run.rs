@@ -1,7 +1,7 @@
 //! `host run` and `host inspect` end to end: the real binary on the real
 //! plugins, checking the output and exit-code contract of docs/cli.md and docs/exit-codes.md.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

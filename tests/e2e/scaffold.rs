@@ -3,7 +3,7 @@
 //! the lockfile the scaffold carries, the same versions as `plugins/`), then
 //! runs the component with the real `host run`.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -10,9 +10,7 @@
 //! file) are unchanged. A missing toolchain fails every test here with the
 //! reason and the command that installs it (`.ci/run` installs both).
 
-mod common;
-#[path = "common/daemon.rs"]
-mod daemon;
+use crate::{common, daemon};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -402,15 +400,16 @@ fn a_long_compile_is_announced() {
 /// same variants in every run) are compiled into the shared compilation
 /// cache first, by `host inspect`, so the daemon only loads them: what is
 /// measured is the compiled plugins it keeps, not the compiler's own
-/// memory. 20, as issue 14's acceptance says (a first run compiles each,
-/// about 10 s of CPU apiece; later runs load them from the shared cache);
-/// `TASKHOST_GUEST_PLUGINS=N` for another count.
+/// memory. 8 by default: a cache that kept them all would hold about
+/// 270 MiB, well past the bound, and a first run compiles each (about 10 s
+/// of CPU apiece; later runs load them from the shared cache).
+/// `TASKHOST_GUEST_PLUGINS=20` is the long form issue 14 measured.
 #[test]
 fn daemon_memory_stays_bounded_after_many_large_plugins() {
     let plugins: usize = std::env::var("TASKHOST_GUEST_PLUGINS")
         .ok()
         .and_then(|n| n.parse().ok())
-        .unwrap_or(20);
+        .unwrap_or(8);
     let hello = std::fs::read(guest(Lang::Python, "hello")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let variants: Vec<String> = (0..plugins)

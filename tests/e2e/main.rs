@@ -1,0 +1,55 @@
+//! The end-to-end tests: the real `host` binary with the real plugins, real
+//! daemons on sockets in temporary directories, and the real components the
+//! tests start themselves (a throwaway PostgreSQL, local HTTP servers on
+//! 127.0.0.1, headless Chromium, componentize-py and componentize-js). One
+//! test binary, so the suite links wasmtime a few times instead of once per
+//! file; `cargo test --test e2e <module>::` runs one file's tests.
+//!
+//! | module | covers |
+//! |---|---|
+//! | `cli_run` | `host run` and `host inspect`: output and exit codes |
+//! | `serve` | `host serve` and the client verbs over the socket |
+//! | `bad_plugins` | a corpus of bad plugins against one live daemon |
+//! | `exhaustion` | parked sleepers by the thousand, a full instance pool |
+//! | `soak`, `crashes` | mixed load; random SIGKILLs of a durable daemon |
+//! | `faults` | vanishing clients and subscribers, SIGTERM in every state |
+//! | `durability` | the SQLite store: kill -9 and recovery, damaged stores |
+//! | `regressions` | one test per defect found by review |
+//! | `outbound_http` | grants, denials and redirects of guests' HTTP |
+//! | `cluster` | cluster mode on a real PostgreSQL |
+//! | `observability` | `--http`: metrics, the JSON API, the dashboard in Chromium |
+//! | `traces` | OpenTelemetry traces to a collector in the test |
+//! | `guests` | Python and JavaScript guests |
+//! | `docs` | every shell block of the documents |
+//! | `scaffold` | `host new` → build → `host run` |
+//!
+//! The helpers: `common` (the binary, plugins, line readers), `daemon` (a
+//! daemon in a temporary directory), `http` (a minimal HTTP client),
+//! `postgres` (a throwaway server), `wire` (the protocol's client).
+
+mod common;
+#[path = "common/daemon.rs"]
+mod daemon;
+#[path = "common/http.rs"]
+mod http;
+#[path = "common/postgres.rs"]
+mod postgres;
+#[path = "common/wire.rs"]
+mod wire;
+
+mod bad_plugins;
+mod cli_run;
+mod cluster;
+mod crashes;
+mod docs;
+mod durability;
+mod exhaustion;
+mod faults;
+mod guests;
+mod observability;
+mod outbound_http;
+mod regressions;
+mod scaffold;
+mod serve;
+mod soak;
+mod traces;
