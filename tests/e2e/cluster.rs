@@ -626,6 +626,49 @@ fn one_node_s_http_api_answers_for_the_cluster() {
     }
 }
 
+/// A running task's lines shipped to the database are trimmed to its
+/// newest 2,000 while it runs (they were kept whole until its end).
+#[test]
+fn a_running_tasks_shipped_lines_are_trimmed_to_its_newest() {
+    let pg = Postgres::start();
+    let a = steady_node(&pg, "a", &[]);
+    a.submit(&[
+        &p("chatty"),
+        "--name",
+        "loud",
+        "--param",
+        "lines=2500",
+        "--param",
+        "hold_ms=60000",
+    ]);
+    wait_until(&a, "loud", "running", None);
+    // Every line shipped: the last one is in the database (each shipment
+    // and its trim commit together).
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let shipped = pg.psql(
+            "SELECT count(*) FROM taskhost_logs \
+             WHERE position(convert_to('stderr line 2500', 'UTF8') in line) > 0",
+        );
+        if shipped.trim() == "1" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the last line was not shipped");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let rows: usize = pg
+        .psql("SELECT count(*) FROM taskhost_logs")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=2_000).contains(&rows),
+        "{rows} lines kept for a running task that wrote 5,000"
+    );
+    let out = a.run(&["cancel", "loud"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+}
+
 #[test]
 fn logs_are_shown_by_every_node() {
     let pg = Postgres::start();

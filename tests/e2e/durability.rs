@@ -62,7 +62,9 @@ fn kill_9_then_restart_keeps_every_accepted_task_and_its_id() {
         "--input",
         "after",
     ]);
-    // Backing off between failed attempts, with retries left.
+    // Backing off between failed attempts, with retries left: long enough
+    // that it still backs off when the kill comes on a loaded machine (with
+    // 2 s, attempt 2 had once run before the kill).
     d.submit(&[
         &p("flaky"),
         "--name",
@@ -72,7 +74,7 @@ fn kill_9_then_restart_keeps_every_accepted_task_and_its_id() {
         "--restart",
         "on-failure",
         "--backoff",
-        "2s,2s,1,none",
+        "8s,8s,1,none",
     ]);
     d.wait_until_state("retry", "backing-off");
     // Periodic, waiting for its next run an hour after its first.

@@ -19,6 +19,7 @@
 //! | `cluster` | cluster mode on a real PostgreSQL |
 //! | `observability` | `--http`: metrics, the JSON API, the dashboard in Chromium |
 //! | `traces` | OpenTelemetry traces to a collector in the test |
+//! | `trust` | trust boundaries: private files, peers checked, one daemon per store |
 //! | `guests` | Python and JavaScript guests |
 //! | `docs` | every shell block of the documents |
 //! | `scaffold` | `host new` → build → `host run` |
@@ -53,3 +54,4 @@ mod scaffold;
 mod serve;
 mod soak;
 mod traces;
+mod trust;

@@ -139,10 +139,20 @@ fn check_with_path(js: &Path, path: Option<&std::ffi::OsStr>) -> Vec<Missing> {
             install: Install::Apt(&["time"]),
         });
     }
-    if on_path("setpriv").is_none() {
+    let util_linux = ["setpriv", "prlimit", "mkswap", "swapon", "fallocate"];
+    if let Some(name) = util_linux.iter().find(|n| on_path(n).is_none()) {
         missing.push(Missing {
-            what: "setpriv (the tests act as a second user with it)".into(),
+            what: format!(
+                "{name} (util-linux: the tests act as a second user, set limits and turn on \
+                 swap with these)"
+            ),
             install: Install::Apt(&["util-linux"]),
+        });
+    }
+    if on_path("strace").is_none() {
+        missing.push(Missing {
+            what: "strace (a test checks which files the daemon flushes)".into(),
+            install: Install::Apt(&["strace"]),
         });
     }
     if !postgres_installed(&search) {

@@ -36,7 +36,7 @@ pub fn print_result(json: Option<&JsonResult<'_>>, report: &TaskReport) {
     }
     let _ = stdout.flush();
     if json.is_none() {
-        eprintln!("{}", summary(report));
+        eprintln!("{}", visible(&summary(report)));
     }
 }
 
@@ -103,7 +103,7 @@ impl StderrSink {
             let _ = write!(stderr, "\r\x1b[K");
             *shown = false;
         }
-        let _ = writeln!(stderr, "{line}");
+        let _ = writeln!(stderr, "{}", visible(line));
     }
 
     /// Clears a live progress line, if one is shown.
@@ -137,6 +137,31 @@ impl StderrSink {
         let _ = write!(std::io::stderr().lock(), "\r\x1b[K[{}] {text}", self.tag);
         *shown = true;
     }
+}
+
+/// `text` with its control characters written out as escapes (`\x1b`,
+/// `\r`, `\u{9b}`), as journalctl shows them: a guest's lines and reasons
+/// reach the terminal as text, and cannot move the cursor, set the
+/// clipboard (OSC 52), retitle the window or overwrite a summary. Tabs
+/// stay.
+pub fn visible(text: &str) -> std::borrow::Cow<'_, str> {
+    let control = |c: char| c != '\t' && (c.is_control() || c == '\u{7f}');
+    if !text.chars().any(control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\r' => out.push_str("\\r"),
+            '\n' => out.push_str("\\n"),
+            c if control(c) && (c as u32) < 0x80 => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if control(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// How progress reads, in `host run`, `submit --wait`, `wait` and `ps`:

@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -53,6 +53,9 @@ pub struct ServeArgs {
     /// Most finished tasks whose reports and logs are kept [default: 10000].
     #[arg(long, value_name = "N")]
     retain_finished: Option<usize>,
+    /// Most bytes of finished tasks' outputs and logs kept, in memory and in the store each; past it the oldest finished tasks are forgotten first, as past --retain-finished [default: 256MiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    retain_bytes: Option<u64>,
     /// How long finished tasks' reports and logs are kept [default: 7d].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     retain_for: Option<Duration>,
@@ -126,7 +129,9 @@ impl ServeArgs {
     }
 
     fn config(&self) -> anyhow::Result<DaemonConfig> {
-        let mut config = DaemonConfig::with_state_dir(default_state_dir());
+        // Without a default (no HOME), --state-dir or the file must say.
+        let default = default_state_dir();
+        let mut config = DaemonConfig::with_state_dir(default.clone().unwrap_or_default());
         if let Some(file) = &self.config {
             config.apply_file(file).map_err(usage)?;
         }
@@ -164,6 +169,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.retain_for {
             config.retain_for = v;
+        }
+        if let Some(v) = self.retain_bytes {
+            config.retain_bytes = v;
         }
         if let Some(v) = self.keep_unused_plugins {
             config.keep_unused_plugins = v;
@@ -207,6 +215,9 @@ impl ServeArgs {
             }
             config.epoch_tick = v;
         }
+        if config.state_dir.as_os_str().is_empty() {
+            return Err(usage(default.err().unwrap_or_default()));
+        }
         // A bad --store is a usage error, found before anything starts.
         taskhost::daemon::store::StoreSpec::parse(&config.store, &config.state_dir)
             .map_err(usage)?;
@@ -223,6 +234,9 @@ impl ServeArgs {
 }
 
 pub async fn serve_cmd(args: ServeArgs, socket_flag: Option<PathBuf>) -> anyhow::Result<u8> {
+    // Everything the daemon creates (state directory, store, log, plugins,
+    // compiled code, socket) is its user's alone.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let config = args.config()?;
     let socket_path = socket::resolve(args.socket.socket.as_deref().or(socket_flag.as_deref()));
     if args.detach {
@@ -253,12 +267,7 @@ const LOG_ROTATE_BYTES: u64 = 16 << 20;
 async fn detach(socket_path: &Path, state_dir: &Path) -> anyhow::Result<u8> {
     use std::os::unix::process::CommandExt;
 
-    std::fs::create_dir_all(state_dir).map_err(|e| {
-        usage(format!(
-            "cannot create the state directory `{}`: {e}",
-            state_dir.display()
-        ))
-    })?;
+    taskhost::daemon::state_dir::prepare(state_dir).map_err(usage)?;
     let log_path = state_dir.join("daemon.log");
     // Bounded: a log past LOG_ROTATE_BYTES becomes daemon.log.1 (replacing
     // the one before) when the next daemon starts.
@@ -289,7 +298,11 @@ async fn detach(socket_path: &Path, state_dir: &Path) -> anyhow::Result<u8> {
         .map_err(|e| ExitError::error(1, format!("cannot start the daemon: {e}")))?;
     let started = std::time::Instant::now();
     loop {
-        if let Ok(client) = Client::connect(socket_path).await {
+        // Only our child's answer counts: another daemon (or another
+        // user's socket) answering there is not the one we started.
+        if let Ok(client) = Client::connect(socket_path).await
+            && client.daemon_pid() == Some(child.id())
+        {
             drop(client);
             eprintln!(
                 "taskhost daemon started (pid {}), listening on {}; logs in {}",

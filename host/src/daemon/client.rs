@@ -59,6 +59,15 @@ pub enum ClientError {
         /// Why the connection failed.
         source: std::io::Error,
     },
+    /// The socket, or the process answering on it, is not this user's own:
+    /// nothing was sent.
+    #[error("refusing to talk to `{}`: {why}", socket.display())]
+    Untrusted {
+        /// The socket.
+        socket: PathBuf,
+        /// What is wrong, and the fix.
+        why: String,
+    },
     /// The daemon speaks another protocol version.
     #[error(
         "the daemon at `{}` speaks protocol {daemon_protocol} (taskhost {daemon_version}), this client speaks {PROTOCOL_VERSION}; use matching versions",
@@ -98,9 +107,19 @@ pub enum ClientError {
 
 type Routes = Arc<Mutex<HashMap<u32, mpsc::Sender<Reply>>>>;
 
+/// [`socket::check_for_client`](super::socket::check_for_client) as a
+/// client error.
+fn check_socket_dir(socket: &Path) -> Result<(), ClientError> {
+    super::socket::check_for_client(socket).map_err(|why| ClientError::Untrusted {
+        socket: socket.to_owned(),
+        why,
+    })
+}
+
 struct Inner {
     socket: PathBuf,
     daemon_version: String,
+    daemon_pid: Option<u32>,
     writer: tokio::sync::Mutex<BufWriter<OwnedWriteHalf>>,
     routes: Routes,
     next_id: AtomicU32,
@@ -124,6 +143,7 @@ impl std::fmt::Debug for Client {
 impl Client {
     /// Connects and shakes hands.
     pub async fn connect(socket: &Path) -> Result<Self, ClientError> {
+        check_socket_dir(socket)?;
         let stream = UnixStream::connect(socket)
             .await
             .map_err(|source| ClientError::NoDaemon {
@@ -139,6 +159,10 @@ impl Client {
         let deadline = Instant::now() + patience;
         let mut pause = Duration::from_millis(5);
         loop {
+            // Checked on every try: the directory may appear meanwhile.
+            if socket.parent().is_none_or(Path::exists) {
+                check_socket_dir(socket)?;
+            }
             match UnixStream::connect(socket).await {
                 Ok(stream) => return Self::handshake(socket, stream).await,
                 Err(source) => {
@@ -160,6 +184,15 @@ impl Client {
     }
 
     async fn handshake(socket: &Path, stream: UnixStream) -> Result<Self, ClientError> {
+        let peer = stream.peer_cred().map_err(|e| ClientError::Untrusted {
+            socket: socket.to_owned(),
+            why: format!("cannot tell who answers ({e})"),
+        })?;
+        super::socket::check_peer(socket, peer.uid()).map_err(|why| ClientError::Untrusted {
+            socket: socket.to_owned(),
+            why,
+        })?;
+        let daemon_pid = peer.pid().and_then(|p| u32::try_from(p).ok());
         let protocol = |e: FrameError| ClientError::Protocol {
             socket: socket.to_owned(),
             message: e.to_string(),
@@ -211,6 +244,7 @@ impl Client {
             inner: Arc::new(Inner {
                 socket: socket.to_owned(),
                 daemon_version: welcome.daemon,
+                daemon_pid,
                 writer: tokio::sync::Mutex::new(BufWriter::new(writer)),
                 routes,
                 next_id: AtomicU32::new(1),
@@ -221,6 +255,12 @@ impl Client {
     /// The daemon's build version.
     pub fn daemon_version(&self) -> &str {
         &self.inner.daemon_version
+    }
+
+    /// The pid of the daemon process (`SO_PEERCRED`), when the kernel
+    /// gives it.
+    pub fn daemon_pid(&self) -> Option<u32> {
+        self.inner.daemon_pid
     }
 
     /// The socket this client talks to.

@@ -41,7 +41,7 @@ use super::state::{Daemon, RecordingGuard};
 use super::store::postgres::{self, Admission, AdmitError, Canceled, Claimed, Pg};
 use super::store::{Finished, Pause, StoreError, now_ms};
 use super::submissions;
-use super::tasks::{MAX_FINISHED, Outcome, TaskLog, TaskRecord};
+use super::tasks::{MAX_FINISHED, MAX_LOG_LINES, Outcome, TaskLog, TaskRecord};
 
 /// Lines waiting to be shipped to the database; beyond it, lines are not
 /// shipped (they stay in the node's log, and in the outcome's).
@@ -286,7 +286,7 @@ async fn ship_loop(
         let Some(cluster) = cluster.upgrade() else {
             return;
         };
-        if let Err(err) = cluster.pg.ship_lines(&batch).await {
+        if let Err(err) = cluster.pg.ship_lines(&batch, MAX_LOG_LINES).await {
             tracing::warn!("cannot ship {} log lines: {err}", batch.len());
         }
         batch.clear();
@@ -405,8 +405,13 @@ async fn poll_loop(daemon: Weak<Daemon>) {
         }
         if last_prune.elapsed() >= PRUNE_EVERY {
             last_prune = Instant::now();
-            let (keep, age) = (d.config.retain_finished, d.config.retain_for);
-            if let Err(err) = cluster.pg.prune(keep, age).await {
+            let config = &d.config;
+            let retention = (
+                config.retain_finished,
+                config.retain_for,
+                config.retain_bytes,
+            );
+            if let Err(err) = cluster.pg.prune(retention).await {
                 tracing::warn!("cannot apply retention: {err}");
             }
             match cluster

@@ -15,6 +15,9 @@ use super::cluster::ClusterSettings;
 /// the supervisor's 60 s default: an interactive daemon should stop fast).
 pub const DEFAULT_DAEMON_GRACE: Duration = Duration::from_secs(10);
 
+/// The default of [`DaemonConfig::retain_bytes`]: 256 MiB.
+pub const DEFAULT_RETAIN_BYTES: u64 = 256 << 20;
+
 /// Settings of `host serve`.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -49,6 +52,9 @@ pub struct DaemonConfig {
     pub retain_finished: usize,
     /// How long finished tasks' reports and logs are kept.
     pub retain_for: Duration,
+    /// Most bytes of finished tasks' outputs and logs kept, in memory and
+    /// in the store each (the oldest go first).
+    pub retain_bytes: u64,
     /// How long a stored plugin no task uses is kept before it is collected.
     pub keep_unused_plugins: Duration,
     /// Most bytes of compiled plugins kept in memory (by compiled image size).
@@ -100,6 +106,7 @@ impl DaemonConfig {
             store: "sqlite".into(),
             retain_finished: 10_000,
             retain_for: Duration::from_secs(7 * 24 * 3600),
+            retain_bytes: DEFAULT_RETAIN_BYTES,
             keep_unused_plugins: Duration::from_secs(3600),
             worker_threads: default_worker_threads(),
             plugin_cache: 256 << 20,
@@ -162,6 +169,9 @@ impl DaemonConfig {
         }
         if let Some(v) = file.retain_finished {
             self.retain_finished = v;
+        }
+        if let Some(v) = file.retain_bytes {
+            self.retain_bytes = parse_size(&v).map_err(|e| format!("retain_bytes: {e}"))?;
         }
         if let Some(v) = file.retain_for {
             self.retain_for = dur(&v, "retain_for")?;
@@ -235,6 +245,7 @@ struct FileConfig {
     store: Option<String>,
     retain_finished: Option<usize>,
     retain_for: Option<String>,
+    retain_bytes: Option<String>,
     keep_unused_plugins: Option<String>,
     worker_threads: Option<usize>,
     plugin_cache: Option<String>,

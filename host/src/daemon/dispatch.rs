@@ -27,6 +27,10 @@ pub(crate) async fn handle(
     reply: Replier,
     uploads: &mut Uploads,
 ) {
+    if let Err(message) = request.check() {
+        reply.error(ErrorKind::Invalid, message).await;
+        return;
+    }
     let (request, reply) = match &daemon.cluster {
         Some(cluster) => match cluster::handle(daemon, cluster, request, reply).await {
             Some(rest) => rest,
@@ -156,11 +160,14 @@ pub(crate) async fn handle(
             tokio::spawn(async move {
                 let grace = grace.unwrap_or(daemon.config.grace);
                 let report = daemon.controller.shutdown(grace).await;
-                reply.send(Reply::ShutdownDone(report)).await;
-                // Let the writer put the reply on the wire, then let the
-                // accept loop finish (it reuses the same report).
-                tokio::task::yield_now().await;
+                // The accept loop finishes the stop (it reuses the same
+                // report); the answer waits until the store is closed and
+                // the state directory free, so a `host serve` right after
+                // `host shutdown` finds it free.
+                let mut closed = daemon.closed.subscribe();
                 let _ = daemon.stop.send(Some(grace));
+                let _ = closed.wait_for(|closed| *closed).await;
+                reply.send(Reply::ShutdownDone(report)).await;
             });
         }
     }

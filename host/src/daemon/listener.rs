@@ -26,6 +26,7 @@ use super::plugins::{self, Plugins};
 use super::recovery;
 use super::socket;
 use super::state::Daemon;
+use super::state_dir::{self, StateLock};
 use super::store::{Retention, Store, StoreSpec, postgres};
 use super::tasks::Tasks;
 
@@ -51,6 +52,16 @@ pub async fn serve(
     let http_plan = http::plan(&config).map_err(fail)?;
     socket::prepare_dir(&socket_path).map_err(fail)?;
     claim_socket_path(&socket_path).await.map_err(fail)?;
+    state_dir::prepare(&config.state_dir).map_err(fail)?;
+    // One daemon per state directory (and per store file): taken before the
+    // store is opened, so a second daemon never recovers the first one's
+    // live work.
+    let state_lock = StateLock::acquire(
+        &config.state_dir.join(state_dir::LOCK_FILE),
+        &socket_path,
+        &format!("the state directory {}", config.state_dir.display()),
+    )
+    .map_err(fail)?;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -61,6 +72,7 @@ pub async fn serve(
                 config.state_dir.display()
             ))
         })?;
+    raise_descriptor_limit();
 
     /// How much lower than the daemon's the priority of its compiles is.
     const COMPILE_NICE: i32 = 10;
@@ -93,9 +105,26 @@ pub async fn serve(
         max_concurrent = capacity;
     }
     let spec = StoreSpec::parse(&config.store, &config.state_dir).map_err(fail)?;
+    // A store file outside the state directory gets a lock of its own.
+    let store_lock = match &spec {
+        StoreSpec::Sqlite(path) if !path.starts_with(&config.state_dir) => {
+            let mut lock = path.as_os_str().to_owned();
+            lock.push(".lock");
+            Some(
+                StateLock::acquire(
+                    Path::new(&lock),
+                    &socket_path,
+                    &format!("the store {}", path.display()),
+                )
+                .map_err(fail)?,
+            )
+        }
+        _ => None,
+    };
     let retention = Retention {
         max_finished: config.retain_finished,
         max_age: config.retain_for,
+        max_bytes: config.retain_bytes,
     };
     let (store, unfinished) = Store::open(&spec, retention).map_err(|e| fail(e.to_string()))?;
     let cluster = match &spec {
@@ -148,7 +177,7 @@ pub async fn serve(
         config: config.clone(),
         plugins: Plugins::new(Arc::clone(&runtime), config.state_dir.clone()),
         controller,
-        tasks: Tasks::default(),
+        tasks: Tasks::new(config.retain_finished, config.retain_bytes),
         history,
         store,
         cluster,
@@ -157,6 +186,7 @@ pub async fn serve(
         shutdown_requested: AtomicBool::new(false),
         recording: Default::default(),
         stop,
+        closed: watch::channel(false).0,
     });
     // Before recovery, so the metrics count the recovered work too.
     let http_server = http_bound.map(|bound| http::start(bound, &daemon));
@@ -284,6 +314,10 @@ pub async fn serve(
     }
     // A cluster node's unfinished work goes to the other nodes now.
     cluster::leave(&daemon).await;
+    // Everything is committed: another daemon may use the directory now.
+    drop(store_lock);
+    drop(state_lock);
+    daemon.closed.send_replace(true);
     // Every waiter's report is on its way: let the connections put them on
     // the wire before the process exits (a client gets its report and
     // leaves; one that lingers is not waited for long).
@@ -321,13 +355,24 @@ async fn claim_socket_path(socket_path: &Path) -> Result<(), String> {
     })
 }
 
-/// The state directory default: `$XDG_STATE_HOME/taskhost`, else
-/// `~/.local/state/taskhost`.
-pub fn default_state_dir() -> PathBuf {
-    std::env::var_os("XDG_STATE_HOME")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".local").join("state")))
-        .unwrap_or_else(std::env::temp_dir)
-        .join("taskhost")
+/// Raises this process's soft limit on open files to its hard limit: every
+/// connection, plugin file and guest's open file holds a descriptor, and a
+/// daemon that runs out cannot accept its own clients.
+fn raise_descriptor_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => tracing::debug!(
+                "raised the open-file limit from {:?} to {:?}",
+                limit.current,
+                limit.maximum
+            ),
+            Err(e) => tracing::warn!("cannot raise the open-file limit: {e}"),
+        }
+    }
 }

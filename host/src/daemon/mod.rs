@@ -21,6 +21,7 @@
 //! | `json` | the JSON forms shared by the CLI's `--json` and the HTTP API |
 //! | `http` | the optional HTTP listener: metrics, JSON API, dashboard |
 //! | `state` | what the connections share |
+//! | `state_dir` | the state directory: its default, privacy and lock |
 
 mod client;
 mod cluster;
@@ -36,6 +37,7 @@ pub mod protocol;
 mod recovery;
 pub mod socket;
 mod state;
+pub mod state_dir;
 pub mod store;
 mod submissions;
 mod tasks;
@@ -44,5 +46,6 @@ mod uploads;
 pub use client::{Client, ClientError, Replies};
 pub use cluster::ClusterSettings;
 pub use config::{DaemonConfig, default_worker_threads};
-pub use listener::{ServeError, default_state_dir, serve};
+pub use listener::{ServeError, serve};
 pub use plugins::plugin_path;
+pub use state_dir::default_state_dir;

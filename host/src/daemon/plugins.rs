@@ -171,9 +171,7 @@ impl Plugins {
             let write = {
                 let tmp = tmp.clone();
                 let path = path.clone();
-                tokio::task::spawn_blocking(move || {
-                    std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, &path))
-                })
+                tokio::task::spawn_blocking(move || write_durably(&tmp, &path, &bytes))
             };
             let written = write
                 .await
@@ -192,6 +190,21 @@ impl Plugins {
         }
         Ok(plugin)
     }
+}
+
+/// Writes `bytes` to `tmp`, flushes it to disk, renames it to `path` and
+/// flushes the directory, so that once this returns the plugin is there
+/// after a power loss too (the submission that needs it is acknowledged
+/// only afterwards).
+fn write_durably(tmp: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::File::create(tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(tmp, path)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Who uses each plugin: the store's tasks, and the daemon's tasks in

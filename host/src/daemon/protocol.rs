@@ -269,6 +269,49 @@ pub enum Request {
     },
 }
 
+/// The longest duration a request may carry (a timeout, an interval, a
+/// backoff, a grace): ten years. Longer ones are refused when decoded, so
+/// that no deadline computed from one can overflow a clock.
+pub const MAX_WIRE_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+impl Request {
+    /// Checks the durations and sizes a request carries, which serde only
+    /// checked for their type: every one within [`MAX_WIRE_DURATION`], a
+    /// memory limit of at least one WebAssembly page.
+    pub fn check(&self) -> Result<(), String> {
+        let duration = |what: &str, d: Option<Duration>| match d {
+            Some(d) if d > MAX_WIRE_DURATION => Err(format!(
+                "{what} {d:?} is out of range: at most {} days",
+                MAX_WIRE_DURATION.as_secs() / 86_400
+            )),
+            _ => Ok(()),
+        };
+        match self {
+            Request::Submit(submit) => {
+                duration("the timeout", submit.timeout)?;
+                if let Some(RestartPolicy::Always { interval }) = submit.restart {
+                    duration("the interval (--every)", Some(interval))?;
+                }
+                duration(
+                    "the backoff",
+                    submit.backoff.as_ref().map(BackoffPolicy::max),
+                )?;
+                if let Some(bytes) = submit.max_memory
+                    && bytes < 64 << 10
+                {
+                    return Err(format!(
+                        "the memory limit {bytes} bytes is out of range: at least 64KiB (one \
+                         WebAssembly page)"
+                    ));
+                }
+                Ok(())
+            }
+            Request::Shutdown { grace, .. } => duration("the grace", *grace),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// A stored plugin, as `host plugins ls` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PluginRow {

@@ -43,6 +43,9 @@ pub(crate) struct Daemon {
     /// Set by a `Shutdown` request: the grace the accept loop shuts down
     /// with.
     pub stop: watch::Sender<Option<Duration>>,
+    /// Set once a stopping daemon has closed its store and released its
+    /// state directory (the answer to `Shutdown` waits for it).
+    pub closed: watch::Sender<bool>,
 }
 
 /// Counts the tasks whose outcome is still to be recorded, so the daemon

@@ -23,7 +23,11 @@ use super::store::PluginRefs;
 
 /// Lines kept per task log.
 pub const MAX_LOG_LINES: usize = 2_000;
-/// Finished tasks remembered for `wait`, `logs` and `ps --all`.
+/// Bytes of line text kept per task log (the oldest lines go first), so a
+/// running task's log is bounded by bytes as well as lines: 2,000 lines of
+/// 8 KiB would otherwise be 16 MiB each.
+pub const MAX_LOG_BYTES: usize = 1 << 20;
+/// Finished tasks listed for `ps --all` at most.
 pub const MAX_FINISHED: usize = 10_000;
 
 /// Lines buffered per live follower before it is told it fell behind.
@@ -38,6 +42,8 @@ pub(crate) struct TaskLog {
 #[derive(Debug, Default)]
 struct LogState {
     lines: VecDeque<LogLine>,
+    /// The text bytes of `lines`.
+    bytes: usize,
     /// Created by the first follower and dropped at the end, so the many
     /// tasks nobody follows (and every finished one) hold no channel buffer.
     live: Option<broadcast::Sender<Option<LogLine>>>,
@@ -75,6 +81,11 @@ impl TaskLog {
         self.lock().lines.iter().cloned().collect()
     }
 
+    /// The text bytes of the lines kept.
+    pub(crate) fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
     /// Marks the end of the log for followers.
     pub(crate) fn close(&self) {
         let mut state = self.lock();
@@ -93,9 +104,15 @@ impl LineSink for TaskLog {
             text: text.to_owned(),
         };
         let mut state = self.lock();
-        if state.lines.len() == MAX_LOG_LINES {
-            state.lines.pop_front();
+        while state.lines.len() >= MAX_LOG_LINES
+            || (!state.lines.is_empty() && state.bytes + line.text.len() > MAX_LOG_BYTES)
+        {
+            let Some(old) = state.lines.pop_front() else {
+                break;
+            };
+            state.bytes -= old.text.len();
         }
+        state.bytes += line.text.len();
         if let Some(live) = &state.live {
             let _ = live.send(Some(line.clone()));
         }
@@ -159,19 +176,55 @@ pub(crate) struct TaskRecord {
     pub placed: bool,
 }
 
-/// Every live submission and the most recent finished ones.
-#[derive(Debug, Default)]
+impl TaskRecord {
+    /// What its finished form holds: its output and its log's text.
+    fn bytes(&self) -> u64 {
+        let output = self
+            .outcome
+            .get()
+            .map_or(0, |report| match &report.outcome {
+                crate::outcome::TaskOutcome::Completed { output } => output.len(),
+                _ => 0,
+            });
+        (output + self.log.bytes()) as u64
+    }
+}
+
+/// Every live submission and the most recent finished ones: at most
+/// `max_finished` of those, holding at most `max_bytes` of outputs and
+/// logs together.
+#[derive(Debug)]
 pub(crate) struct Tasks {
     inner: Mutex<Inner>,
+    max_finished: usize,
+    max_bytes: u64,
+}
+
+impl Default for Tasks {
+    fn default() -> Self {
+        Self::new(MAX_FINISHED, super::config::DEFAULT_RETAIN_BYTES)
+    }
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     by_id: HashMap<TaskId, TaskRecord>,
-    finished: VecDeque<TaskId>,
+    /// Finished tasks, oldest first, with the bytes each holds.
+    finished: VecDeque<(TaskId, u64)>,
+    /// The sum of `finished`'s bytes.
+    finished_bytes: u64,
 }
 
 impl Tasks {
+    /// An empty memory with these retention bounds.
+    pub(crate) fn new(max_finished: usize, max_bytes: u64) -> Self {
+        Self {
+            inner: Mutex::default(),
+            max_finished,
+            max_bytes,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -182,14 +235,20 @@ impl Tasks {
     }
 
     /// Marks a submission finished; the oldest finished ones are forgotten
-    /// beyond [`MAX_FINISHED`].
+    /// beyond the count and byte bounds (the newest is always kept).
     pub(crate) fn finished(&self, id: TaskId) {
         let mut inner = self.lock();
-        inner.finished.push_back(id);
-        while inner.finished.len() > MAX_FINISHED {
-            if let Some(old) = inner.finished.pop_front() {
-                inner.by_id.remove(&old);
-            }
+        let bytes = inner.by_id.get(&id).map_or(0, TaskRecord::bytes);
+        inner.finished.push_back((id, bytes));
+        inner.finished_bytes += bytes;
+        while inner.finished.len() > self.max_finished.max(1)
+            || (inner.finished.len() > 1 && inner.finished_bytes > self.max_bytes)
+        {
+            let Some((old, bytes)) = inner.finished.pop_front() else {
+                break;
+            };
+            inner.finished_bytes -= bytes;
+            inner.by_id.remove(&old);
         }
     }
 
@@ -224,7 +283,7 @@ impl Tasks {
         inner
             .finished
             .iter()
-            .filter_map(|id| inner.by_id.get(id).cloned())
+            .filter_map(|(id, _)| inner.by_id.get(id).cloned())
             .collect()
     }
 

@@ -36,7 +36,8 @@ pub use attempt::{AttemptError, AttemptFacts, MAX_OUTPUT_BYTES, PreparedAttempt,
 pub use contract::{Capability, DefaultPolicy, PluginInfo, ResourceTemplate, TemplateError};
 pub use engine::{
     Allocator, AllocatorChoice, DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES,
-    HurryGuard, POOL_RESERVE, RuntimeConfig, SLOW_COMPILE, SlowCompile, default_cache_dir,
+    HurryGuard, POOL_RESERVE, PoolReset, RuntimeConfig, SLOW_COMPILE, SlowCompile,
+    default_cache_dir,
 };
 pub use http::{
     DEFAULT_HTTP_CONNECT_TIMEOUT, DEFAULT_HTTP_FIRST_BYTE_TIMEOUT, HttpAllow, HttpScheme,

@@ -230,6 +230,11 @@ impl BackoffPolicy {
         self
     }
 
+    /// The longest delay it gives.
+    pub fn max(&self) -> Duration {
+        self.max
+    }
+
     /// The jitter in use.
     pub fn jitter(&self) -> Jitter {
         self.jitter

@@ -198,3 +198,42 @@ pub fn renamed(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
     );
     out
 }
+
+/// Whether this test process runs as root (the tests that need a second
+/// user become `nobody` then; CI runs as root).
+pub fn is_root() -> bool {
+    taskhost::daemon::socket::current_uid() == Some(0)
+}
+
+/// A command that runs `program` as user `nobody` (uid and gid 65534) with
+/// `setpriv` (util-linux; `cargo xtask test` installs it).
+pub fn as_nobody(program: &Path) -> Command {
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(program)
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// A path of the `host` binary that `nobody` may run: the binary itself
+/// when it can, else a copy in a world-readable temporary directory (kept
+/// alive by the returned guard).
+pub fn host_for_nobody() -> (PathBuf, Option<tempfile::TempDir>) {
+    use std::os::unix::fs::PermissionsExt;
+    let host = PathBuf::from(host_bin());
+    let runs = as_nobody(&host)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if runs {
+        return (host, None);
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let copy = dir.path().join("host");
+    std::fs::copy(&host, &copy).expect("copy host");
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (copy, Some(dir))
+}

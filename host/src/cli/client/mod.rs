@@ -39,6 +39,16 @@ pub async fn connect(arg: &SocketArg, before_verb: Option<&Path>) -> anyhow::Res
 
 /// Prints rows as aligned columns on stdout.
 pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    // Names, slots and reasons may come from a guest: shown as text.
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| {
+            row.iter()
+                .map(|cell| crate::cli::report::visible(cell).into_owned())
+                .collect()
+        })
+        .collect();
+    let rows = &rows;
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {

@@ -71,7 +71,7 @@ pub async fn events(args: EventsArgs, before_verb: Option<PathBuf>) -> anyhow::R
                 let line = if args.json {
                     e.to_json().to_string()
                 } else {
-                    event_line(&e)
+                    crate::cli::report::visible(&event_line(&e)).into_owned()
                 };
                 if writeln!(stdout, "{line}")
                     .and_then(|()| stdout.flush())
@@ -176,7 +176,11 @@ pub async fn logs(args: LogsArgs, before_verb: Option<PathBuf>) -> anyhow::Resul
                 let text = if args.json {
                     serde_json::to_string(&line)?
                 } else {
-                    format!("[{}] {}", line.stream, line.text)
+                    format!(
+                        "[{}] {}",
+                        line.stream,
+                        crate::cli::report::visible(&line.text)
+                    )
                 };
                 // A closed stdout (`| head`) ends the stream quietly.
                 if writeln!(stdout, "{text}")

@@ -452,7 +452,7 @@ impl Collector for Scrape {
             )?;
         }
         let runtime = d.plugins.runtime();
-        if let Allocator::Pooling { instances } = runtime.allocator() {
+        if let Allocator::Pooling { instances, .. } = runtime.allocator() {
             gauge(
                 &mut enc,
                 "taskhost_pool_instances",

@@ -79,6 +79,9 @@ pub struct Retention {
     pub max_finished: usize,
     /// None older than this.
     pub max_age: Duration,
+    /// At most this many bytes of finished tasks' rows (request, report and
+    /// log), newest kept first.
+    pub max_bytes: u64,
 }
 
 impl Default for Retention {
@@ -86,6 +89,7 @@ impl Default for Retention {
         Self {
             max_finished: 10_000,
             max_age: Duration::from_secs(7 * 24 * 3600),
+            max_bytes: super::config::DEFAULT_RETAIN_BYTES,
         }
     }
 }

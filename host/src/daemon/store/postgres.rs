@@ -1290,6 +1290,7 @@ impl Pg {
     pub(crate) async fn ship_lines(
         &self,
         lines: &[(TaskId, i64, LogLine)],
+        keep_lines: usize,
     ) -> Result<(), StoreError> {
         let mut ids = Vec::with_capacity(lines.len());
         let mut tokens = Vec::with_capacity(lines.len());
@@ -1299,8 +1300,16 @@ impl Pg {
             tokens.push(*token);
             encoded.push(encode(line)?);
         }
-        let client = self.client().await?;
-        let stmt = client
+        // One transaction: readers never see more than `keep_lines` of a
+        // running task's lines (the newest are kept, as a node's memory
+        // keeps them), so the table is bounded while tasks run, not only
+        // after their end.
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(db("cannot ship log lines"))?;
+        let stmt = tx
             .prepare_cached(
                 "INSERT INTO taskhost_logs (task_id, line) \
                  SELECT u.id, u.line FROM unnest($1::bigint[], $2::bigint[], $3::bytea[]) \
@@ -1310,10 +1319,24 @@ impl Pg {
             )
             .await
             .map_err(db("cannot ship log lines"))?;
-        client
-            .execute(&stmt, &[&ids, &tokens, &encoded])
+        tx.execute(&stmt, &[&ids, &tokens, &encoded])
             .await
             .map_err(db("cannot ship log lines"))?;
+        ids.sort_unstable();
+        ids.dedup();
+        let trim = tx
+            .prepare_cached(
+                "DELETE FROM taskhost_logs l USING unnest($1::bigint[]) AS t(id) \
+                 WHERE l.task_id = t.id AND l.seq <= (SELECT seq FROM taskhost_logs \
+                 WHERE task_id = t.id ORDER BY seq DESC OFFSET $2 LIMIT 1)",
+            )
+            .await
+            .map_err(db("cannot trim log lines"))?;
+        let keep = i64::try_from(keep_lines).unwrap_or(i64::MAX);
+        tx.execute(&trim, &[&ids, &keep])
+            .await
+            .map_err(db("cannot trim log lines"))?;
+        tx.commit().await.map_err(db("cannot ship log lines"))?;
         Ok(())
     }
 
@@ -1486,20 +1509,24 @@ impl Pg {
     /// attempts).
     pub(crate) async fn prune(
         &self,
-        max_finished: usize,
-        max_age: Duration,
+        (max_finished, max_age, max_bytes): (usize, Duration, u64),
     ) -> Result<u64, StoreError> {
         let client = self.client().await?;
         let cutoff = ms(now_ms().saturating_sub(max_age.as_millis() as u64));
         let keep = i64::try_from(max_finished).unwrap_or(i64::MAX);
+        let bytes = i64::try_from(max_bytes).unwrap_or(i64::MAX);
         let n = client
             .execute(
                 "WITH gone AS (DELETE FROM taskhost_tasks WHERE state = 'finished' AND \
-                 (finished_ms < $1 OR id IN (SELECT id FROM taskhost_tasks WHERE state = 'finished' \
-                 ORDER BY finished_ms DESC OFFSET $2)) RETURNING id), \
+                 (finished_ms < $1 OR id IN (SELECT id FROM (SELECT id, \
+                 row_number() OVER newest AS n, \
+                 sum(length(request) + coalesce(length(report), 0) + coalesce(length(log), 0)) \
+                 OVER newest AS bytes FROM taskhost_tasks WHERE state = 'finished' \
+                 WINDOW newest AS (ORDER BY finished_ms DESC, id DESC)) kept \
+                 WHERE n > $2 OR bytes > $3)) RETURNING id), \
                  lines AS (DELETE FROM taskhost_logs WHERE task_id IN (SELECT id FROM gone)) \
                  DELETE FROM taskhost_attempts WHERE task_id IN (SELECT id FROM gone)",
-                &[&cutoff, &keep],
+                &[&cutoff, &keep, &bytes],
             )
             .await
             .map_err(db("cannot apply retention"))?;

@@ -62,6 +62,9 @@ pub(super) fn open(
             path.display()
         ))
     };
+    // Before anything is written: a file that is not a taskhost store is
+    // refused as it is.
+    let ours = check_ours(&conn, path).map_err(damaged)??;
     conn.pragma_update(None, "journal_mode", "WAL")
         .map_err(damaged)?;
     conn.pragma_update(None, "synchronous", "FULL")
@@ -86,6 +89,12 @@ pub(super) fn open(
             path.display(),
             MIGRATIONS.len()
         )));
+    }
+    if !ours {
+        // A new store, or one an earlier taskhost made before it set an
+        // application id.
+        conn.pragma_update(None, "application_id", APPLICATION_ID)
+            .map_err(|e| err(path, "cannot mark it as a taskhost store", e))?;
     }
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
         let tx = conn
@@ -119,12 +128,46 @@ pub(super) fn open(
         retention,
         next_id,
         last_prune: Some(Instant::now()),
+        finished_since_prune: 0,
     };
     // Retention applies from the start (a lowered bound takes effect now).
     if let Err(e) = writer.prune() {
         tracing::warn!("store retention failed: {e}");
     }
     Ok((writer, reader, next_id, unfinished))
+}
+
+/// `PRAGMA application_id` of a taskhost store ("TSKH").
+const APPLICATION_ID: i32 = 0x5453_4B48;
+
+/// Whether the database is a taskhost store already marked as one (`true`),
+/// or one to mark: empty, or made by an earlier taskhost (its tables and
+/// schema version, no id yet). Anything else is another program's file:
+/// an error that leaves it untouched.
+fn check_ours(conn: &Connection, path: &Path) -> rusqlite::Result<Result<bool, StoreError>> {
+    let id: i32 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
+    if id == APPLICATION_ID {
+        return Ok(Ok(true));
+    }
+    let version: usize = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let objects: i64 = conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
+    let has = |table: &str| -> rusqlite::Result<bool> {
+        conn.query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+            [table],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|n| n > 0)
+    };
+    if id == 0 && (objects == 0 || (version >= 1 && has("tasks")? && has("meta")?)) {
+        return Ok(Ok(false));
+    }
+    Ok(Err(StoreError(format!(
+        "`{}` is not a taskhost store (SQLite application_id {id:#x}, user_version {version}, \
+         {objects} schema objects), so it is left as it is. Give --state-dir (or --store \
+         sqlite:PATH) a path of the daemon's own",
+        path.display()
+    ))))
 }
 
 /// Refuses a database file shorter than its header says it is (cut short by
@@ -232,6 +275,10 @@ pub(super) struct Writer {
     /// Above every id written so far.
     next_id: u64,
     last_prune: Option<Instant>,
+    /// Bytes of reports and logs written since the last prune: past an
+    /// eighth of the byte bound, retention runs at once, so the store
+    /// overshoots its bound by that much at most.
+    finished_since_prune: u64,
 }
 
 impl Writer {
@@ -287,8 +334,11 @@ impl Writer {
                 }
             }
             pending.fetch_sub(applied, Ordering::Relaxed);
-            if self.last_prune.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
+            if self.last_prune.is_none_or(|at| at.elapsed() >= PRUNE_EVERY)
+                || self.finished_since_prune > self.retention.max_bytes / 8
+            {
                 self.last_prune = Some(Instant::now());
+                self.finished_since_prune = 0;
                 if let Err(e) = self.prune() {
                     tracing::warn!("store retention failed: {e}");
                 }
@@ -361,6 +411,7 @@ impl Writer {
                         .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
                     let log = postcard::to_allocvec(&finished.log)
                         .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+                    self.finished_since_prune += (report.len() + log.len()) as u64;
                     tx.prepare_cached(
                         "UPDATE tasks SET state = 'finished', attempts = ?2, finished_ms = ?3, \
                          report = ?4, log = ?5 WHERE id = ?1",
@@ -401,10 +452,22 @@ impl Writer {
     /// Deletes finished tasks beyond the retention bounds.
     fn prune(&mut self) -> rusqlite::Result<()> {
         let cutoff = now_ms().saturating_sub(self.retention.max_age.as_millis() as u64);
+        // Too old, beyond the newest `max_finished`, or beyond the newest
+        // rows whose sizes add up to `max_bytes`.
         let deleted = self.conn.execute(
-            "DELETE FROM tasks WHERE state = 'finished' AND (finished_ms < ?1 OR id NOT IN \
-             (SELECT id FROM tasks WHERE state = 'finished' ORDER BY finished_ms DESC, id DESC LIMIT ?2))",
-            params![cutoff as i64, self.retention.max_finished as i64],
+            "DELETE FROM tasks WHERE state = 'finished' AND (finished_ms < ?1 OR id IN \
+             (SELECT id FROM (SELECT id, \
+                row_number() OVER newest AS n, \
+                sum(length(request) + coalesce(length(report), 0) + coalesce(length(log), 0)) \
+                  OVER newest AS bytes \
+              FROM tasks WHERE state = 'finished' \
+              WINDOW newest AS (ORDER BY finished_ms DESC, id DESC)) \
+              WHERE n > ?2 OR bytes > ?3))",
+            params![
+                cutoff as i64,
+                self.retention.max_finished as i64,
+                i64::try_from(self.retention.max_bytes).unwrap_or(i64::MAX)
+            ],
         )?;
         if deleted > 0 {
             tracing::debug!(path = %self.path.display(), deleted, "store retention");
