@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::admission::{self, Decision, Limits, OwnerState, SlotSummary, Totals};
 use crate::outcome::{RejectionKind, TaskOutcome};
 use crate::supervisor::{
     Event, EventKind, OutcomeCell, Reservation, ShutdownReport, Supervisor, TaskId, TaskRef,
@@ -80,13 +81,6 @@ impl std::str::FromStr for AdmissionPolicy {
 pub struct ControllerBuilder {
     supervisor: Supervisor,
     limits: Limits,
-}
-
-#[derive(Debug, Clone)]
-struct Limits {
-    max_slot_queue: usize,
-    max_total_pending: usize,
-    max_slots: usize,
 }
 
 impl ControllerBuilder {
@@ -293,11 +287,7 @@ impl Controller {
     pub fn builder(supervisor: Supervisor) -> ControllerBuilder {
         ControllerBuilder {
             supervisor,
-            limits: Limits {
-                max_slot_queue: 100,
-                max_total_pending: 10_000,
-                max_slots: 10_000,
-            },
+            limits: Limits::default(),
         }
     }
 
@@ -343,34 +333,40 @@ impl Controller {
             since: Instant::now(),
         };
         let mut state = self.lock();
-        let placed = if state.closed {
-            Err((
-                RejectionKind::ShuttingDown,
-                "the host is shutting down".to_owned(),
-            ))
-        } else {
-            match state.slots.get(&slot).map(|s| s.state) {
-                None | Some(SlotState::Idle) => {
-                    if !state.slots.contains_key(&slot)
-                        && state.slots.len() >= self.inner.config.max_slots
-                    {
-                        Err((
-                            RejectionKind::ResourceLimit,
-                            format!(
-                                "the controller already tracks its limit of {} slots",
-                                self.inner.config.max_slots
-                            ),
-                        ))
-                    } else if self.admit(&mut state, &slot, pending) {
-                        Ok(Placed::Admitted)
-                    } else {
-                        // Registration failed: the waiter holds the Rejected.
-                        Ok(Placed::Rejected)
-                    }
-                }
-                Some(_) => self.place_busy(&mut state, &slot, policy, pending),
-            }
+        let summary = match state.slots.get(&slot) {
+            None => SlotSummary::IDLE,
+            Some(s) => SlotSummary {
+                owner: s.owner.map(|owner| {
+                    let state = match s.state {
+                        SlotState::Terminating => OwnerState::Stopping,
+                        _ => OwnerState::Running,
+                    };
+                    (owner, state)
+                }),
+                queued: s.queue.len(),
+                head: s.queue.front().map(Pending::id),
+                tracked: true,
+            },
         };
+        let totals = Totals {
+            pending: state.pending,
+            slots: state.slots.len(),
+        };
+        let decision = admission::decide(
+            &slot,
+            &summary,
+            policy,
+            totals,
+            &self.inner.config,
+            state.closed,
+        );
+        let placed = self.apply(
+            &mut state,
+            &slot,
+            summary.owner.map(|o| o.0),
+            decision,
+            pending,
+        );
         drop(state);
         let placed = match placed {
             Ok(placed) => placed,
@@ -382,68 +378,40 @@ impl Controller {
         (waiter, placed)
     }
 
-    /// Places a submission into a busy slot per its policy.
-    fn place_busy(
+    /// Carries out an admission decision on the slot table.
+    fn apply(
         &self,
         state: &mut State,
         slot_key: &Arc<str>,
-        policy: AdmissionPolicy,
+        owner: Option<TaskId>,
+        decision: Decision,
         pending: Pending,
     ) -> Result<Placed, (RejectionKind, String)> {
-        let config = &self.inner.config;
-        let total = state.pending;
-        let Some(slot) = state.slots.get_mut(slot_key) else {
-            return Err((
-                RejectionKind::AdmissionFailed,
-                "the slot vanished (host bug)".into(),
-            ));
-        };
-        let owner = slot.owner;
-        let pending_full = || {
-            (
-                RejectionKind::ResourceLimit,
-                format!(
-                    "the controller already holds its limit of {} pending submissions",
-                    config.max_total_pending
-                ),
-            )
-        };
-        match policy {
-            AdmissionPolicy::DropIfRunning => Err((
-                RejectionKind::SlotBusy,
-                format!("slot `{slot_key}` is busy and the policy is drop-if-running"),
-            )),
-            AdmissionPolicy::Queue => {
-                if slot.queue.len() >= config.max_slot_queue {
-                    return Err((
-                        RejectionKind::QueueFull,
-                        format!(
-                            "slot `{slot_key}` already has {} waiting (max_slot_queue {})",
-                            slot.queue.len(),
-                            config.max_slot_queue
-                        ),
-                    ));
-                }
-                if total >= config.max_total_pending {
-                    return Err(pending_full());
-                }
-                let id = pending.id();
+        let id = pending.id();
+        match decision {
+            Decision::Reject { kind, reason } => Err((kind, reason)),
+            Decision::Admit => Ok(if self.admit(state, slot_key, pending) {
+                Placed::Admitted
+            } else {
+                // Registration failed: the waiter holds the Rejected.
+                Placed::Rejected
+            }),
+            Decision::Enqueue => {
+                let Some(slot) = state.slots.get_mut(slot_key) else {
+                    return Err(vanished());
+                };
                 slot.queue.push_back(pending);
                 state.pending += 1;
                 state.queued.insert(id, Arc::clone(slot_key));
                 Ok(Placed::Queued { owner })
             }
-            AdmissionPolicy::Replace => {
-                let displaced = slot.queue.pop_front();
-                if displaced.is_none() && total >= config.max_total_pending {
-                    return Err(pending_full());
-                }
-                let id = pending.id();
+            Decision::Replace { displaced, stop } => {
+                let Some(slot) = state.slots.get_mut(slot_key) else {
+                    return Err(vanished());
+                };
+                let old = displaced.and_then(|_| slot.queue.pop_front());
                 slot.queue.push_front(pending);
-                let retire = (slot.state == SlotState::Running)
-                    .then_some(slot.owner)
-                    .flatten();
-                if retire.is_some() {
+                if stop.is_some() {
                     self.transition(
                         slot_key,
                         slot,
@@ -452,7 +420,7 @@ impl Controller {
                     );
                 }
                 state.queued.insert(id, Arc::clone(slot_key));
-                match displaced {
+                match old {
                     Some(old) => {
                         state.queued.remove(&old.id());
                         let name: Arc<str> = Arc::from(old.spec.name());
@@ -467,7 +435,7 @@ impl Controller {
                     }
                     None => state.pending += 1,
                 }
-                Ok(match retire {
+                Ok(match stop {
                     Some(owner) => {
                         self.inner.supervisor.remove(owner);
                         Placed::Replacing { owner }
@@ -796,4 +764,11 @@ impl Controller {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+fn vanished() -> (RejectionKind, String) {
+    (
+        RejectionKind::AdmissionFailed,
+        "the slot vanished (host bug)".into(),
+    )
 }

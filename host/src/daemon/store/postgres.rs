@@ -18,6 +18,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
+use crate::admission::{self, Decision, Limits, OwnerState, SlotSummary, Totals};
 use crate::controller::{AdmissionPolicy, SlotState, SlotView};
 use crate::logline::LogLine;
 use crate::outcome::{OutcomeKind, RejectionKind, TaskOutcome};
@@ -636,19 +637,22 @@ impl Pg {
             .await
             .map_err(db("cannot lock the slot"))?;
         // Everything the rules read, in one round trip: a live holder of the
-        // name elsewhere, the owner, and the queue's length, head and tail.
+        // name elsewhere, the owner and its state, the queue's length, head
+        // and tail, and the pending work of the whole cluster.
         let summary = tx
             .prepare_cached(
                 "SELECT \
                  (SELECT id FROM taskhost_tasks WHERE name = $2 AND slot <> $1 \
                   AND state IN ('ready', 'running', 'stopping') LIMIT 1), \
-                 (SELECT id FROM taskhost_tasks WHERE slot = $1 \
-                  AND state IN ('ready', 'running', 'stopping')), \
+                 o.id, o.state, \
                  (SELECT count(*) FROM taskhost_tasks WHERE slot = $1 AND state = 'queued'), \
                  (SELECT max(pos) FROM taskhost_tasks WHERE slot = $1 AND state = 'queued'), \
                  (SELECT id FROM taskhost_tasks WHERE slot = $1 AND state = 'queued' \
                   ORDER BY pos, id LIMIT 1), \
-                 (SELECT min(pos) FROM taskhost_tasks WHERE slot = $1 AND state = 'queued')",
+                 (SELECT min(pos) FROM taskhost_tasks WHERE slot = $1 AND state = 'queued'), \
+                 (SELECT count(*) FROM taskhost_tasks WHERE state = 'queued') \
+                 FROM (SELECT 1) one LEFT JOIN taskhost_tasks o ON o.slot = $1 \
+                  AND o.state IN ('ready', 'running', 'stopping')",
             )
             .await
             .map_err(db("cannot read the slot"))?;
@@ -657,159 +661,85 @@ impl Pg {
             .await
             .map_err(db("cannot read the slot"))?;
         let holder: Option<i64> = row.get(0);
-        let owner: Option<TaskId> = row.get::<_, Option<i64>>(1).map(id_of);
-        let queued = row.get::<_, i64>(2).max(0) as usize;
-        let last_pos: Option<i64> = row.get(3);
+        let owner: Option<(TaskId, OwnerState)> =
+            row.get::<_, Option<i64>>(1).map(id_of).map(|owner| {
+                let state = match row.get::<_, Option<String>>(2).as_deref() {
+                    Some("stopping") => OwnerState::Stopping,
+                    _ => OwnerState::Running,
+                };
+                (owner, state)
+            });
+        let queued = row.get::<_, i64>(3).max(0) as usize;
+        let last_pos: Option<i64> = row.get(4);
         let head: Option<(TaskId, i64)> = row
-            .get::<_, Option<i64>>(4)
+            .get::<_, Option<i64>>(5)
             .map(id_of)
-            .zip(row.get::<_, Option<i64>>(5));
+            .zip(row.get::<_, Option<i64>>(6));
+        let pending = row.get::<_, i64>(7).max(0) as usize;
 
-        let reject = |kind: RejectionKind, reason: String| TaskOutcome::Rejected { kind, reason };
-        let pending_total = || async {
-            let count = tx
-                .prepare_cached("SELECT count(*) FROM taskhost_tasks WHERE state = 'queued'")
-                .await
-                .map_err(db("cannot count pending work"))?;
-            let n: i64 = tx
-                .query_one(&count, &[])
-                .await
-                .map_err(db("cannot count pending work"))?
-                .get(0);
-            Ok::<usize, StoreError>(n.max(0) as usize)
+        let limits = Limits {
+            max_slot_queue: a.max_slot_queue,
+            max_total_pending: a.max_total_pending,
+            // Slot rows stay in the database: it bounds no slot count.
+            max_slots: usize::MAX,
+            holder: "the cluster",
         };
-        let pending_full = || {
-            reject(
-                RejectionKind::ResourceLimit,
-                format!(
-                    "the cluster already holds its limit of {} pending submissions",
-                    a.max_total_pending
+        let summary = SlotSummary {
+            owner,
+            queued,
+            head: head.map(|h| h.0),
+            tracked: true,
+        };
+        let totals = Totals { pending, slots: 0 };
+        // The registry's rule first (a name is held by one live task), then
+        // the slot's.
+        let decision = match holder {
+            Some(holder) => Decision::Reject {
+                kind: RejectionKind::AlreadyExists,
+                reason: format!(
+                    "task name `{name}` is held by task {} in another slot",
+                    id_of(holder)
                 ),
-            )
+            },
+            None => admission::decide(&slot, &summary, policy, totals, &limits, false),
         };
-        // (state, position, placement, outcome when rejected)
-        let (state, pos, placement) = if let Some(holder) = holder {
-            let holder = id_of(holder);
-            (
+        let queued_owner = owner.map(|o| o.0);
+        // (state, position, placement)
+        let (state, pos, placement) = match decision {
+            Decision::Reject { kind, reason } => (
                 "finished",
                 0,
-                Placement::Rejected(reject(
-                    RejectionKind::AlreadyExists,
-                    format!("task name `{name}` is held by task {holder} in another slot"),
-                )),
-            )
-        } else {
-            match (&owner, policy) {
-                (None, _) if queued == 0 => ("ready", 0, Placement::Running),
-                (None, _) => {
-                    // An ownerless slot with a queue (a release was cut
-                    // short): the head goes first, this one behind.
-                    let last = last_pos.unwrap_or(0);
-                    ("queued", last + 1, Placement::Queued { owner: None })
+                Placement::Rejected(TaskOutcome::Rejected { kind, reason }),
+            ),
+            Decision::Admit => ("ready", 0, Placement::Running),
+            Decision::Enqueue => (
+                "queued",
+                last_pos.unwrap_or(0) + 1,
+                Placement::Queued {
+                    owner: queued_owner,
+                },
+            ),
+            Decision::Replace { displaced, stop } => {
+                let head = head.map_or(0, |h| h.1);
+                if let Some(old) = displaced {
+                    let report = never_ran_row(
+                        &tx,
+                        old,
+                        RejectionKind::SupersededByReplace,
+                        format!("a newer Replace submission ({id}) took its place"),
+                    )
+                    .await?;
+                    end_task(self, &tx, &report, &[]).await?;
                 }
-                (Some(_), AdmissionPolicy::DropIfRunning) => (
-                    "finished",
-                    0,
-                    Placement::Rejected(reject(
-                        RejectionKind::SlotBusy,
-                        format!("slot `{slot}` is busy and the policy is drop-if-running"),
-                    )),
-                ),
-                (Some(owner), AdmissionPolicy::Queue) => {
-                    if queued >= a.max_slot_queue {
-                        (
-                            "finished",
-                            0,
-                            Placement::Rejected(reject(
-                                RejectionKind::QueueFull,
-                                format!(
-                                    "slot `{slot}` already has {queued} waiting (max_slot_queue {})",
-                                    a.max_slot_queue
-                                ),
-                            )),
-                        )
-                    } else if pending_total().await? >= a.max_total_pending {
-                        ("finished", 0, Placement::Rejected(pending_full()))
-                    } else {
-                        let last = last_pos.unwrap_or(0);
-                        (
-                            "queued",
-                            last + 1,
-                            Placement::Queued {
-                                owner: Some(*owner),
-                            },
-                        )
-                    }
-                }
-                (Some(owner), AdmissionPolicy::Replace) => {
-                    let displaced = head;
-                    if displaced.is_none() && pending_total().await? >= a.max_total_pending {
-                        ("finished", 0, Placement::Rejected(pending_full()))
-                    } else {
-                        let head = displaced.map_or(0, |d| d.1);
-                        if let Some((old, _)) = displaced {
-                            let report = never_ran_row(
-                                &tx,
-                                old,
-                                RejectionKind::SupersededByReplace,
-                                format!("a newer Replace submission ({id}) took its place"),
-                            )
-                            .await?;
-                            end_task(self, &tx, &report, &[]).await?;
-                        }
-                        // Locked: a claim may be turning it from ready to
-                        // running; this waits for that to commit.
-                        let owner_row = tx
-                            .query_one(
-                                "SELECT name, state FROM taskhost_tasks WHERE id = $1 FOR UPDATE",
-                                &[&sql_id(*owner)],
-                            )
-                            .await
-                            .map_err(db("cannot read the owner"))?;
-                        let owner_name: String = owner_row.get(0);
-                        let owner_state: String = owner_row.get(1);
-                        match owner_state.as_str() {
-                            "running" => {
-                                tx.execute(
-                                    "UPDATE taskhost_tasks SET state = 'stopping' WHERE id = $1",
-                                    &[&sql_id(*owner)],
-                                )
-                                .await
-                                .map_err(db("cannot stop the owner"))?;
-                                self.notify(&tx, STOP, &owner.get().to_string()).await?;
-                                (
-                                    "queued",
-                                    head - 1,
-                                    Placement::Replacing {
-                                        owner: *owner,
-                                        name: owner_name,
-                                    },
-                                )
-                            }
-                            "ready" => {
-                                // Admitted but not yet claimed: it ends
-                                // now, and this one owns the slot.
-                                let report = report_of(&tx, *owner, TaskOutcome::Canceled).await?;
-                                end_task(self, &tx, &report, &[]).await?;
-                                (
-                                    "ready",
-                                    0,
-                                    Placement::Replacing {
-                                        owner: *owner,
-                                        name: owner_name,
-                                    },
-                                )
-                            }
-                            // Already being stopped: first in line.
-                            _ => (
-                                "queued",
-                                head - 1,
-                                Placement::Queued {
-                                    owner: Some(*owner),
-                                },
-                            ),
-                        }
-                    }
+                match stop {
+                    None => (
+                        "queued",
+                        head - 1,
+                        Placement::Queued {
+                            owner: queued_owner,
+                        },
+                    ),
+                    Some(owner) => self.stop_for_replace(&tx, owner, head).await?,
                 }
             }
         };
@@ -863,6 +793,48 @@ impl Pg {
             name,
             slot,
             placement,
+        })
+    }
+
+    /// Stops the owner a Replace displaces, as its row says it can be:
+    /// a running one is asked to stop (the newcomer heads the queue), one
+    /// admitted but not claimed yet ends Canceled at once (the newcomer
+    /// owns the slot), one already stopping is left to end.
+    async fn stop_for_replace(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        owner: TaskId,
+        head: i64,
+    ) -> Result<(&'static str, i64, Placement), AdmitError> {
+        // Locked: a claim may be turning it from ready to running; this
+        // waits for that to commit.
+        let owner_row = tx
+            .query_one(
+                "SELECT name, state FROM taskhost_tasks WHERE id = $1 FOR UPDATE",
+                &[&sql_id(owner)],
+            )
+            .await
+            .map_err(db("cannot read the owner"))?;
+        let name: String = owner_row.get(0);
+        let state: String = owner_row.get(1);
+        Ok(match state.as_str() {
+            "running" => {
+                tx.execute(
+                    "UPDATE taskhost_tasks SET state = 'stopping' WHERE id = $1",
+                    &[&sql_id(owner)],
+                )
+                .await
+                .map_err(db("cannot stop the owner"))?;
+                self.notify(tx, STOP, &owner.get().to_string()).await?;
+                ("queued", head - 1, Placement::Replacing { owner, name })
+            }
+            "ready" => {
+                let report = report_of(tx, owner, TaskOutcome::Canceled).await?;
+                end_task(self, tx, &report, &[]).await?;
+                ("ready", 0, Placement::Replacing { owner, name })
+            }
+            // Already being stopped: first in line.
+            _ => ("queued", head - 1, Placement::Queued { owner: Some(owner) }),
         })
     }
 
