@@ -63,13 +63,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use taskhost::controller::{AdmissionPolicy, Controller, Submission};
+use taskhost::lifecycle::TaskState;
 use taskhost::logline::{LineSink, Stream};
 use taskhost::outcome::{RejectionKind, TaskOutcome};
 use taskhost::plugin_task::PluginTask;
 use taskhost::runtime::{Plugin, Runtime, RuntimeConfig};
 use taskhost::supervisor::{
     EventKind, Received, RestartPolicy, ShutdownReport, Supervisor, TaskBody, TaskError, TaskId,
-    TaskPhase, TaskSpec, TaskWaiter, native,
+    TaskSpec, TaskWaiter, native,
 };
 use taskvisor as tv;
 
@@ -1344,7 +1345,7 @@ async fn wait_running(sup: &Supervisor, id: TaskId) {
     while !sup
         .list()
         .iter()
-        .any(|t| t.id == id && t.phase == TaskPhase::Running)
+        .any(|t| t.id == id && t.phase == TaskState::Running)
     {
         assert!(started.elapsed() < ROUND_LIMIT, "task {id} never ran");
         tokio::time::sleep(Duration::from_millis(1)).await;

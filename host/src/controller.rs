@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::admission::{self, Decision, Limits, OwnerState, SlotSummary, Totals};
+pub use crate::lifecycle::Placement;
 use crate::outcome::{RejectionKind, TaskOutcome};
 use crate::supervisor::{
     Event, EventKind, OutcomeCell, Reservation, ShutdownReport, Supervisor, TaskId, TaskRef,
@@ -153,25 +154,6 @@ impl Submission {
     pub fn slot(&self) -> &str {
         self.spec.slot().unwrap_or(self.spec.name())
     }
-}
-
-/// Where [`Controller::submit_placed`] put a submission.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Placed {
-    /// It owns its slot and is registered with the supervisor.
-    Admitted,
-    /// It waits in its slot's queue behind `owner`.
-    Queued {
-        /// The slot's owner when it was queued.
-        owner: Option<TaskId>,
-    },
-    /// It is the slot's next owner; `owner` was asked to stop.
-    Replacing {
-        /// The owner asked to stop.
-        owner: TaskId,
-    },
-    /// It was rejected; its waiter holds the outcome.
-    Rejected,
 }
 
 /// The state of a slot.
@@ -315,7 +297,7 @@ impl Controller {
         &self,
         reservation: Reservation,
         submission: Submission,
-    ) -> (TaskWaiter, Placed) {
+    ) -> (TaskWaiter, Placement) {
         let Submission { spec, policy } = submission;
         let id = reservation.id();
         let name: Arc<str> = Arc::from(spec.name());
@@ -369,10 +351,16 @@ impl Controller {
         );
         drop(state);
         let placed = match placed {
-            Ok(placed) => placed,
+            Ok(Some(placed)) => placed,
+            // Registration failed: the waiter holds the Rejected.
+            Ok(None) => {
+                Placement::Rejected(waiter.try_outcome().unwrap_or(TaskOutcome::Panicked {
+                    reason: "a refused registration left no outcome (host bug)".into(),
+                }))
+            }
             Err((kind, reason)) => {
-                self.resolve_rejected(id, &name, &slot, &cell, kind, reason);
-                Placed::Rejected
+                self.resolve_rejected(id, &name, &slot, &cell, kind, reason.clone());
+                Placement::Rejected(TaskOutcome::Rejected { kind, reason })
             }
         };
         (waiter, placed)
@@ -386,16 +374,13 @@ impl Controller {
         owner: Option<TaskId>,
         decision: Decision,
         pending: Pending,
-    ) -> Result<Placed, (RejectionKind, String)> {
+    ) -> Result<Option<Placement>, (RejectionKind, String)> {
         let id = pending.id();
         match decision {
             Decision::Reject { kind, reason } => Err((kind, reason)),
-            Decision::Admit => Ok(if self.admit(state, slot_key, pending) {
-                Placed::Admitted
-            } else {
-                // Registration failed: the waiter holds the Rejected.
-                Placed::Rejected
-            }),
+            Decision::Admit => Ok(self
+                .admit(state, slot_key, pending)
+                .then_some(Placement::Running)),
             Decision::Enqueue => {
                 let Some(slot) = state.slots.get_mut(slot_key) else {
                     return Err(vanished());
@@ -403,7 +388,7 @@ impl Controller {
                 slot.queue.push_back(pending);
                 state.pending += 1;
                 state.queued.insert(id, Arc::clone(slot_key));
-                Ok(Placed::Queued { owner })
+                Ok(Some(Placement::Queued { owner }))
             }
             Decision::Replace { displaced, stop } => {
                 let Some(slot) = state.slots.get_mut(slot_key) else {
@@ -435,13 +420,19 @@ impl Controller {
                     }
                     None => state.pending += 1,
                 }
-                Ok(match stop {
+                Ok(Some(match stop {
                     Some(owner) => {
+                        let name = self
+                            .inner
+                            .supervisor
+                            .info(owner)
+                            .map(|info| info.name)
+                            .unwrap_or_default();
                         self.inner.supervisor.remove(owner);
-                        Placed::Replacing { owner }
+                        Placement::Replacing { owner, name }
                     }
-                    None => Placed::Queued { owner },
-                })
+                    None => Placement::Queued { owner },
+                }))
             }
         }
     }

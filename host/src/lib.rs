@@ -39,6 +39,7 @@
 pub mod admission;
 pub mod controller;
 pub mod daemon;
+pub mod lifecycle;
 pub mod logline;
 pub mod outcome;
 pub mod plugin_task;

@@ -4,8 +4,9 @@
 
 use std::sync::{Arc, Condvar, Mutex};
 
+use taskhost::lifecycle::TaskState;
 use taskhost::prelude::*;
-use taskhost::supervisor::{EventKind as K, TaskPhase};
+use taskhost::supervisor::EventKind as K;
 use tokio::time::Instant;
 
 use crate::common_sup::{
@@ -337,7 +338,7 @@ async fn a_zero_grace_shutdown_force_aborts_every_spinner() {
             .sup
             .list()
             .iter()
-            .any(|t| t.id == s.id() && t.phase == TaskPhase::Running)
+            .any(|t| t.id == s.id() && t.phase == TaskState::Running)
         {
             tokio::task::yield_now().await;
         }

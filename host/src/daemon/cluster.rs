@@ -30,7 +30,7 @@ use crate::plugin_task::PluginTask;
 use crate::runtime::{Digest, Plugin};
 use crate::supervisor::{
     AttemptContext, Event, EventKind, Received, Resume, RunFuture, TaskBody, TaskError, TaskId,
-    TaskPhase, TaskRef, TaskReport,
+    TaskRef, TaskReport,
 };
 
 use super::connection::Replier;
@@ -1047,13 +1047,7 @@ pub(crate) async fn handle(
                 if let Some(info) = local.get(&row.id) {
                     row.progress = info.progress;
                     if row.state != TaskState::Stopping {
-                        row.state = match info.phase {
-                            TaskPhase::Waiting => TaskState::Waiting,
-                            TaskPhase::Running => TaskState::Running,
-                            TaskPhase::BackingOff => TaskState::BackingOff,
-                            TaskPhase::Stopping => TaskState::Stopping,
-                            TaskPhase::Finishing => TaskState::Finishing,
-                        };
+                        row.state = info.phase;
                     }
                 }
             }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::logline::LogLine;
-use crate::supervisor::{Event, Received, TaskPhase, TaskRef};
+use crate::supervisor::{Event, Received, TaskRef};
 
 use super::cluster;
 use super::connection::Replier;
@@ -272,13 +272,7 @@ pub(crate) fn task_rows(daemon: &Daemon, all: bool) -> Vec<TaskRow> {
         .into_iter()
         .map(|t| TaskRow {
             id: t.id,
-            state: match t.phase {
-                TaskPhase::Waiting => TaskState::Waiting,
-                TaskPhase::Running => TaskState::Running,
-                TaskPhase::BackingOff => TaskState::BackingOff,
-                TaskPhase::Stopping => TaskState::Stopping,
-                TaskPhase::Finishing => TaskState::Finishing,
-            },
+            state: t.phase,
             name: t.name,
             slot: t.slot,
             attempts: t.attempts,

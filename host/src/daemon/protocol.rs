@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::controller::{AdmissionPolicy, SlotView};
+pub use crate::lifecycle::{Placement, TaskState};
 use crate::logline::LogLine;
 use crate::outcome::{OutcomeKind, TaskOutcome};
 use crate::runtime::{Digest, DirGrant, HttpAllow};
@@ -331,27 +332,6 @@ pub struct PluginRow {
     pub loaded: bool,
 }
 
-/// Where a submission went.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Placement {
-    /// It owns its slot and runs.
-    Running,
-    /// It waits in its slot's queue behind `owner`.
-    Queued {
-        /// The slot's owner.
-        owner: Option<TaskId>,
-    },
-    /// It is the slot's next owner; the current owner was asked to stop.
-    Replacing {
-        /// The owner asked to stop.
-        owner: TaskId,
-        /// Its name.
-        name: String,
-    },
-    /// It was rejected at intake: this is its final outcome.
-    Rejected(TaskOutcome),
-}
-
 /// The answer to a submission.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Submitted {
@@ -363,41 +343,6 @@ pub struct Submitted {
     pub slot: String,
     /// Where it went.
     pub placement: Placement,
-}
-
-/// Where a task of `host ps` is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TaskState {
-    /// Waiting in its slot's queue.
-    Queued,
-    /// Waiting for a concurrency permit.
-    Waiting,
-    /// An attempt is running.
-    Running,
-    /// Pausing before the next attempt.
-    BackingOff,
-    /// Asked to stop; waiting for the body to end within its grace.
-    Stopping,
-    /// Its outcome is decided; its instance is being dropped.
-    Finishing,
-    /// Finished (`host ps --all`); see its outcome.
-    Finished,
-}
-
-impl TaskState {
-    /// The state as a word.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Waiting => "waiting",
-            Self::Running => "running",
-            Self::BackingOff => "backing-off",
-            Self::Stopping => "stopping",
-            Self::Finishing => "finishing",
-            Self::Finished => "finished",
-        }
-    }
 }
 
 /// A row of `host ps`.

@@ -24,8 +24,9 @@ use crate::supervisor::{Event, EventKind, RestartPolicy, Resume, TaskDefaults, T
 use crate::units::format_duration;
 
 use super::state::Daemon;
-use super::store::{Finished, Ticket, Unfinished, UnfinishedState, now_ms};
+use super::store::{Finished, Ticket, Unfinished, now_ms};
 use super::submissions::{Origin, place};
+use crate::lifecycle::TaskState;
 
 /// What recovery did, for the start-up log.
 #[derive(Debug, Default, Clone, Copy)]
@@ -53,14 +54,11 @@ pub(crate) fn fate(task: &Unfinished) -> Fate {
         ..Resume::default()
     };
     match task.state {
-        UnfinishedState::Queued => {
-            Fate::Place(resume, "queued again after the host restarted".into())
-        }
-        UnfinishedState::Stopping => Fate::End(
+        TaskState::Stopping => Fate::End(
             TaskOutcome::Canceled,
             "canceled: it was being stopped when the host stopped".into(),
         ),
-        UnfinishedState::Running if let Some(pause) = task.pause => {
+        TaskState::Running if let Some(pause) = task.pause => {
             let delay = std::time::Duration::from_millis(pause.until_ms.saturating_sub(now_ms()));
             let resume = Resume {
                 attempts,
@@ -74,7 +72,7 @@ pub(crate) fn fate(task: &Unfinished) -> Fate {
             );
             Fate::Place(resume, why)
         }
-        UnfinishedState::Running => {
+        TaskState::Running => {
             let request = &task.request;
             let restart = request.restart.unwrap_or(RestartPolicy::Never);
             // Every attempt of an unfinished on-failure task failed (a
@@ -115,6 +113,8 @@ pub(crate) fn fate(task: &Unfinished) -> Fate {
             );
             Fate::Place(resume, why)
         }
+        // Queued, or admitted and waiting (no attempt had started).
+        _ => Fate::Place(resume, "queued again after the host restarted".into()),
     }
 }
 
@@ -163,7 +163,7 @@ pub(crate) async fn recover(daemon: &Arc<Daemon>, unfinished: Vec<Unfinished>) -
             }
             Fate::Place(resume, why) => {
                 publish(why);
-                let queued = task.state == UnfinishedState::Queued;
+                let queued = task.state == TaskState::Queued;
                 let origin = Origin::Recovered {
                     reservation,
                     submitted_ms: task.submitted_ms,

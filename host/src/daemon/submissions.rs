@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 
-use crate::controller::{AdmissionPolicy, Placed, Submission};
+use crate::controller::{AdmissionPolicy, Submission};
 use crate::outcome::{RejectionKind, TaskOutcome};
 use crate::plugin_task::{PluginTask, resolve_slot};
 use crate::runtime::{HttpAllow, Sandbox};
@@ -262,24 +262,11 @@ pub(crate) async fn place(
     };
     let spec = spec_for(&request, name.clone(), slot.clone(), body, resume);
 
-    let (waiter, placed) =
+    let (waiter, placement) =
         controller.submit_placed(reservation, Submission::new(spec).policy(policy));
-    let placement = match placed {
-        Placed::Admitted => Placement::Running,
-        Placed::Queued { owner } => Placement::Queued { owner },
-        Placed::Replacing { owner } => {
-            store.stopping(owner);
-            Placement::Replacing {
-                owner,
-                name: daemon.tasks.get(owner).map(|r| r.name).unwrap_or_default(),
-            }
-        }
-        Placed::Rejected => {
-            Placement::Rejected(waiter.try_outcome().unwrap_or(TaskOutcome::Panicked {
-                reason: "a rejected submission has no outcome (host bug)".into(),
-            }))
-        }
-    };
+    if let Placement::Replacing { owner, .. } = &placement {
+        store.stopping(*owner);
+    }
     let age = Duration::from_millis(now_ms().saturating_sub(submitted_ms));
     let outcome = Outcome::new();
     daemon.tasks.insert(TaskRecord {

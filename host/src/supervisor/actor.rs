@@ -21,9 +21,10 @@ use crate::units::format_duration;
 use super::Shared;
 use super::body::{AttemptContext, TaskBody};
 use super::events::{BackoffSource, Event, EventKind};
-use super::registry::{TaskEntry, TaskPhase};
+use super::registry::TaskEntry;
 use super::spec::{ResolvedPolicies, RestartPolicy, Resume, TaskError};
 use super::waiter::{AttemptRecord, MAX_HISTORY, TaskReport};
+use crate::lifecycle::TaskState;
 
 /// How one attempt ended, from the actor's point of view.
 enum AttemptEnd {
@@ -125,7 +126,7 @@ impl Actor {
         }
         finish_logically(&shared, &entry, outcome, &story);
         // Physical completion: the attempt futures are dropped by now.
-        entry.set_phase(TaskPhase::Finishing);
+        entry.set_phase(TaskState::Finishing);
         shared.registry.unregister(&entry);
         entry.gone.cancel();
         shared.publish(Event::new(EventKind::TaskRemoved).task(entry.id, &entry.name, &entry.slot));
@@ -155,7 +156,7 @@ impl Actor {
         }
         loop {
             // A stop while waiting for a permit or in backoff holds nothing.
-            entry.set_phase(TaskPhase::Waiting);
+            entry.set_phase(TaskState::Waiting);
             let permit = match &self.shared.permits {
                 None => None,
                 Some(semaphore) => tokio::select! {
@@ -169,7 +170,7 @@ impl Actor {
             }
             let attempt = entry.count_attempt();
             story.attempts = attempt;
-            entry.set_phase(TaskPhase::Running);
+            entry.set_phase(TaskState::Running);
             self.event(EventKind::AttemptStarting, attempt);
             let started = Instant::now();
             story.first_start.get_or_insert(started);
@@ -289,7 +290,7 @@ impl Actor {
         source: BackoffSource,
         stop: &mut watch::Receiver<Option<Instant>>,
     ) -> bool {
-        self.entry.set_phase(TaskPhase::BackingOff);
+        self.entry.set_phase(TaskState::BackingOff);
         self.body.pausing(Resume {
             attempts: attempt,
             failures,
@@ -335,7 +336,7 @@ impl Actor {
         loop {
             if stop_seen {
                 cancel.cancel();
-                self.entry.set_phase(TaskPhase::Stopping);
+                self.entry.set_phase(TaskState::Stopping);
                 if let Some(at) = deadline {
                     hurry = self.body.hurry(at.into_std(), &abort);
                 }

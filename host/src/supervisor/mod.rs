@@ -55,7 +55,7 @@ pub use backoff::{BackoffError, BackoffPolicy, Jitter};
 pub use body::{AttemptContext, NativeBody, RunFuture, TaskBody, native};
 pub use events::{BackoffSource, Event, EventKind, EventStream, Received};
 pub use id::{Reservation, TaskId};
-pub use registry::{TaskInfo, TaskPhase, TaskRef};
+pub use registry::{TaskInfo, TaskRef};
 pub use spec::{RestartPolicy, Resume, TaskDefaults, TaskError, TaskSpec};
 pub use subscribers::{DEFAULT_DRAIN_DEADLINE, JsonLinesWriter, Subscriber, TracingBridge};
 pub use waiter::{AttemptRecord, MAX_HISTORY, TaskReport, TaskWaiter};

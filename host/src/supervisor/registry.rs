@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::TaskId;
 use super::body::TaskBody;
 use super::waiter::OutcomeCell;
+use crate::lifecycle::TaskState;
 
 /// A task by id or by name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -71,42 +72,25 @@ impl From<String> for TaskRef {
     }
 }
 
-/// Where a registered task is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TaskPhase {
-    /// Waiting for a concurrency permit.
-    Waiting,
-    /// An attempt is running.
-    Running,
-    /// Pausing before the next attempt.
-    BackingOff,
-    /// A stop was requested; waiting for the body to end within its grace.
-    Stopping,
-    /// The outcome is decided; the instance is being dropped.
-    Finishing,
+/// The phase of a registered task, kept as a byte: `Waiting`, `Running`,
+/// `BackingOff`, `Stopping` or `Finishing` of [`TaskState`].
+fn phase_of(v: u8) -> TaskState {
+    match v {
+        0 => TaskState::Waiting,
+        1 => TaskState::Running,
+        2 => TaskState::BackingOff,
+        3 => TaskState::Stopping,
+        _ => TaskState::Finishing,
+    }
 }
 
-impl TaskPhase {
-    fn from_u8(v: u8) -> Self {
-        match v {
-            0 => Self::Waiting,
-            1 => Self::Running,
-            2 => Self::BackingOff,
-            3 => Self::Stopping,
-            _ => Self::Finishing,
-        }
-    }
-
-    /// The phase as a word, as shown by `host ps`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Waiting => "waiting",
-            Self::Running => "running",
-            Self::BackingOff => "backing-off",
-            Self::Stopping => "stopping",
-            Self::Finishing => "finishing",
-        }
+fn phase_byte(state: TaskState) -> u8 {
+    match state {
+        TaskState::Waiting => 0,
+        TaskState::Running => 1,
+        TaskState::BackingOff => 2,
+        TaskState::Stopping => 3,
+        _ => 4,
     }
 }
 
@@ -121,7 +105,7 @@ pub struct TaskInfo {
     /// Slot.
     pub slot: String,
     /// Phase.
-    pub phase: TaskPhase,
+    pub phase: TaskState,
     /// Attempts started so far.
     pub attempts: u32,
     /// Time since it was registered.
@@ -252,8 +236,8 @@ impl TaskEntry {
         self.stop.subscribe()
     }
 
-    pub(crate) fn set_phase(&self, phase: TaskPhase) {
-        self.phase.store(phase as u8, Ordering::Relaxed);
+    pub(crate) fn set_phase(&self, phase: TaskState) {
+        self.phase.store(phase_byte(phase), Ordering::Relaxed);
     }
 
     /// Continues the attempt numbers of an earlier run.
@@ -271,7 +255,7 @@ impl TaskEntry {
             id: self.id,
             name: self.name.to_string(),
             slot: self.slot.to_string(),
-            phase: TaskPhase::from_u8(self.phase.load(Ordering::Relaxed)),
+            phase: phase_of(self.phase.load(Ordering::Relaxed)),
             attempts: self.attempts.load(Ordering::Relaxed),
             age: self.since.elapsed(),
             progress: (total != u64::MAX)

@@ -20,10 +20,11 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::controller::SlotState;
+use crate::lifecycle::TaskState;
 use crate::outcome::{OutcomeKind, RejectionKind};
 use crate::runtime::Allocator;
 use crate::stats::{DurationHistogram, HistogramSnapshot, STORE_COMMITS};
-use crate::supervisor::{EventKind, EventStream, Received, TaskPhase};
+use crate::supervisor::{EventKind, EventStream, Received};
 
 use super::super::state::Daemon;
 use super::Http;
@@ -354,11 +355,11 @@ impl Collector for Scrape {
         let mut phases = [0u64; 5];
         for task in supervisor.list() {
             phases[match task.phase {
-                TaskPhase::Waiting => 0,
-                TaskPhase::Running => 1,
-                TaskPhase::BackingOff => 2,
-                TaskPhase::Stopping => 3,
-                TaskPhase::Finishing => 4,
+                TaskState::Waiting => 0,
+                TaskState::Running => 1,
+                TaskState::BackingOff => 2,
+                TaskState::Stopping => 3,
+                _ => 4,
             }] += 1;
         }
         let slots = d.controller.snapshot();

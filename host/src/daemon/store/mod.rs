@@ -32,6 +32,7 @@ use futures::future::Shared;
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
+use crate::lifecycle::TaskState;
 use crate::logline::LogLine;
 use crate::runtime::Digest;
 use crate::supervisor::{TaskId, TaskReport};
@@ -148,17 +149,6 @@ pub struct NewTask {
     pub started: bool,
 }
 
-/// Where an unfinished task stood when the store last heard of it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnfinishedState {
-    /// Accepted, no attempt started (queued, or admitted and waiting).
-    Queued,
-    /// An attempt had started; it ended without a result.
-    Running,
-    /// A stop had been requested (cancel, remove, replace).
-    Stopping,
-}
-
 /// An unfinished task, for recovery.
 #[derive(Debug, Clone)]
 pub struct Unfinished {
@@ -169,7 +159,11 @@ pub struct Unfinished {
     /// The submission, with name, slot and policy resolved.
     pub request: SubmitRequest,
     /// Where it stood.
-    pub state: UnfinishedState,
+    /// Where it stood when the store last heard of it: `Queued` (accepted,
+    /// no attempt started: queued, or admitted and waiting), `Running` (an
+    /// attempt had started; it ended without a result) or `Stopping` (a
+    /// stop had been requested).
+    pub state: TaskState,
     /// Attempts started.
     pub attempts: u32,
     /// When it was accepted, ms since the Unix epoch.

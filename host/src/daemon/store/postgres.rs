@@ -27,7 +27,7 @@ use crate::runtime::{Digest, ResourceTemplate};
 use crate::supervisor::{Event, TaskId, TaskRef, TaskReport};
 
 use super::super::protocol::{Placement, SubmitRequest, Submitted, TaskRow, TaskState};
-use super::{Finished, Pause, StoreError, Unfinished, UnfinishedState, now_ms};
+use super::{Finished, Pause, StoreError, Unfinished, now_ms};
 
 /// The migrations, in order; `taskhost_schema.version` counts those applied.
 const MIGRATIONS: &[&str] = &[
@@ -226,11 +226,11 @@ pub(crate) struct Settled {
 }
 
 /// A task row's state for recovery's `fate`.
-fn unfinished_state(state: &str) -> UnfinishedState {
-    match state {
-        "stopping" => UnfinishedState::Stopping,
-        "queued" | "ready" => UnfinishedState::Queued,
-        _ => UnfinishedState::Running,
+fn unfinished_state(state: &str) -> TaskState {
+    match TaskState::parse(state) {
+        Some(TaskState::Stopping) => TaskState::Stopping,
+        Some(TaskState::Queued | TaskState::Ready) => TaskState::Queued,
+        _ => TaskState::Running,
     }
 }
 
@@ -499,8 +499,8 @@ impl Pg {
                 // Claimed, but no attempt had started since (and none was
                 // pausing): nothing was interrupted; it is admitted again.
                 let state = match unfinished_state(&state) {
-                    UnfinishedState::Running if interrupted == 0 && resume_at.is_none() => {
-                        UnfinishedState::Queued
+                    TaskState::Running if interrupted == 0 && resume_at.is_none() => {
+                        TaskState::Queued
                     }
                     other => other,
                 };

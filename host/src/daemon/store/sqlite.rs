@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, OpenFlags, params};
 
 use crate::daemon::protocol::SubmitRequest;
+use crate::lifecycle::TaskState;
 use crate::runtime::Digest;
 use crate::supervisor::TaskId;
 
 use super::{
-    Finished, Op, Pause, PluginRefs, Retention, StoreError, Unfinished, UnfinishedState, Write,
-    digest_bytes, now_ms,
+    Finished, Op, Pause, PluginRefs, Retention, StoreError, Unfinished, Write, digest_bytes, now_ms,
 };
 
 /// The migrations, in order; `PRAGMA user_version` counts those applied.
@@ -246,10 +246,9 @@ fn read_unfinished(conn: &Connection) -> rusqlite::Result<Vec<Unfinished>> {
                 continue;
             }
         };
-        let state = match state.as_str() {
-            "running" => UnfinishedState::Running,
-            "stopping" => UnfinishedState::Stopping,
-            _ => UnfinishedState::Queued,
+        let state = match TaskState::parse(&state) {
+            Some(state @ (TaskState::Running | TaskState::Stopping)) => state,
+            _ => TaskState::Queued,
         };
         out.push(Unfinished {
             id,
