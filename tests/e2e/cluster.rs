@@ -528,9 +528,12 @@ fn one_node_s_http_api_answers_for_the_cluster() {
     ]);
     wait_until(&b, "far", "running", Some("b"));
     let a = steady_node(&pg, "a", &["--http", "127.0.0.1:0"]);
-    let port = http::http_port(&a);
+    // Loopback, no token file: a's own token, from its state directory.
+    let api = http::Api::of(&a);
+    let port = api.port;
+    assert_eq!(http::get(port, "/api/tasks").status, 401);
 
-    let tasks = http::get(port, "/api/tasks");
+    let tasks = api.get("/api/tasks");
     assert_eq!(tasks.status, 200, "{}", tasks.body);
     let rows = tasks.json();
     let row = rows
@@ -557,7 +560,7 @@ fn one_node_s_http_api_answers_for_the_cluster() {
             .collect::<Vec<_>>(),
         ps.iter().map(strip).collect::<Vec<_>>()
     );
-    let slots = http::get(port, "/api/slots").json();
+    let slots = api.get("/api/slots").json();
     let slot = slots
         .as_array()
         .unwrap()
@@ -567,7 +570,7 @@ fn one_node_s_http_api_answers_for_the_cluster() {
     assert_eq!(slot["owner"], row["id"], "{slot}");
 
     // The task page while b runs it.
-    let page = http::get(port, "/api/tasks/far");
+    let page = api.get("/api/tasks/far");
     assert_eq!(page.status, 200, "{}", page.body);
     let page = page.json();
     assert_eq!(page["row"]["node"], "b", "{page}");
@@ -575,22 +578,16 @@ fn one_node_s_http_api_answers_for_the_cluster() {
     assert!(page["outcome"].is_null(), "{page}");
     assert!(page["log"].is_array(), "{page}");
 
-    // Cancel through a's API (loopback, no token configured): b stops it.
-    let canceled = http::request(
-        port,
-        "POST",
-        "/api/tasks/far/cancel",
-        &[("Content-Type", "application/json")],
-        "{}",
-    );
+    // Cancel through a's API: b stops it.
+    let canceled = api.post("/api/tasks/far/cancel");
     assert_eq!(canceled.status, 200, "{}", canceled.body);
     let canceled = canceled.json();
     assert_eq!(canceled["claimed"], true, "{canceled}");
     assert_eq!(canceled["report"]["outcome"], "canceled", "{canceled}");
-    let page = http::get(port, "/api/tasks/far").json();
+    let page = api.get("/api/tasks/far").json();
     assert_eq!(page["outcome"]["outcome"], "canceled", "{page}");
     assert_eq!(page["attempts"].as_array().map(Vec::len), Some(1), "{page}");
-    let all = http::get(port, "/api/tasks?all=true").json();
+    let all = api.get("/api/tasks?all=true").json();
     assert!(
         all.as_array()
             .unwrap()
@@ -598,7 +595,7 @@ fn one_node_s_http_api_answers_for_the_cluster() {
             .any(|r| r["name"] == "far" && r["outcome"] == "canceled"),
         "{all}"
     );
-    assert_eq!(http::get(port, "/api/tasks/nothing-here").status, 404);
+    assert_eq!(api.get("/api/tasks/nothing-here").status, 404);
 
     // The cluster's events over SSE, the cancel of b's task among them.
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -606,7 +603,8 @@ fn one_node_s_http_api_answers_for_the_cluster() {
     use std::io::{BufRead, Write};
     write!(
         stream,
-        "GET /api/events?task=far HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"
+        "GET /api/events?task=far HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: {}\r\n\r\n",
+        api.bearer()
     )
     .unwrap();
     let mut reader = std::io::BufReader::new(stream);

@@ -1,10 +1,14 @@
 //! `host serve --http`: `/metrics` parsed by a strict OpenMetrics/Prometheus
 //! text parser as tasks run, the JSON API against the CLI's `--json`, the
-//! security rules (a non-loopback bind needs a token; cancel and remove
-//! answer 401 without it), and the dashboard in a real headless Chromium
-//! driven over the DevTools protocol: a running sleeper appears, its
-//! progress moves, its Cancel button (with the token typed into the page)
-//! cancels it. Screenshots go to `target/test-artifacts/`.
+//! security rules (every endpoint but the page needs the token, the
+//! operator's or the daemon's own; a non-loopback bind needs the
+//! operator's; foreign `Host`s get 421 and foreign `Origin`s 403), the
+//! listener's bounds (header timeout, connections, event streams), and the
+//! dashboard in a real headless Chromium driven over the DevTools protocol:
+//! it asks for the token, takes it from the logged URL's fragment, shows a
+//! running sleeper whose progress moves, cancels it with its button, and
+//! shows guest-written control characters as escapes. Screenshots go to
+//! `target/test-artifacts/`.
 
 use crate::{common, daemon, http};
 
@@ -16,7 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use daemon::{Daemon, LIMIT, p};
-use http::{get, http_port, request};
+use http::{Api, dashboard_url, get, http_port, open_stream, own_token, request};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------
@@ -225,8 +229,8 @@ fn value(family: &Family, sample: &str, labels: &[(&str, &str)]) -> f64 {
 struct Metrics(BTreeMap<String, Family>);
 
 impl Metrics {
-    fn scrape(port: u16) -> Self {
-        let answer = get(port, "/metrics");
+    fn scrape(api: &Api) -> Self {
+        let answer = api.get("/metrics");
         assert_eq!(answer.status, 200, "{answer:?}");
         let kind = answer
             .headers
@@ -272,10 +276,10 @@ impl Metrics {
 
 /// Scrapes until `ready` holds (the counters follow the event bus, a
 /// moment after the outcome a client saw).
-fn scrape_until(port: u16, what: &str, ready: impl Fn(&Metrics) -> bool) -> Metrics {
+fn scrape_until(api: &Api, what: &str, ready: impl Fn(&Metrics) -> bool) -> Metrics {
     let deadline = Instant::now() + LIMIT;
     loop {
-        let metrics = Metrics::scrape(port);
+        let metrics = Metrics::scrape(api);
         if ready(&metrics) {
             return metrics;
         }
@@ -287,9 +291,9 @@ fn scrape_until(port: u16, what: &str, ready: impl Fn(&Metrics) -> bool) -> Metr
 #[test]
 fn metrics_parse_and_count_tasks_as_they_run() {
     let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);
-    let port = http_port(&daemon);
+    let api = Api::of(&daemon);
 
-    let before = Metrics::scrape(port);
+    let before = Metrics::scrape(&api);
     // The standard process metrics.
     assert!(before.gauge("process_resident_memory_bytes", &[]) > 1e6);
     assert!(before.gauge("process_open_fds", &[]) >= 3.0);
@@ -357,7 +361,7 @@ fn metrics_parse_and_count_tasks_as_they_run() {
         "queue",
     ]);
 
-    let during = scrape_until(port, "the queued sleeper", |m| {
+    let during = scrape_until(&api, "the queued sleeper", |m| {
         m.counter("taskhost_submissions", &[]) == 6.0
             && m.gauge("taskhost_tasks", &[("state", "queued")]) == 1.0
     });
@@ -426,7 +430,7 @@ fn metrics_parse_and_count_tasks_as_they_run() {
     assert_eq!(daemon.run(&["cancel", "nap"]).code, Some(0));
     daemon.wait_until_state("next", "running");
     assert_eq!(daemon.run(&["cancel", "next"]).code, Some(0));
-    let after = scrape_until(port, "two cancels", |m| {
+    let after = scrape_until(&api, "two cancels", |m| {
         m.counter("taskhost_outcomes", &[("outcome", "canceled")]) == 2.0
     });
     assert_eq!(after.gauge("taskhost_tasks", &[("state", "running")]), 0.0);
@@ -480,6 +484,27 @@ fn a_non_loopback_bind_needs_a_token_and_no_flag_means_no_listener() {
     assert_eq!(out.code, Some(1));
     assert!(out.stderr.contains("is empty"), "{}", out.stderr);
 
+    // The listener's settings are checked before anything starts too.
+    for (flags, says) in [
+        (
+            &["--http", "127.0.0.1:0", "--http-allow-host", "evil/x"][..],
+            "`evil/x` is not a host name",
+        ),
+        (
+            &["--http", "127.0.0.1:0", "--http-max-streams", "0"][..],
+            "--http-max-streams",
+        ),
+        (
+            &["--http", "127.0.0.1:0", "--http-header-timeout", "1ms"][..],
+            "at least 100ms",
+        ),
+    ] {
+        let out = serve(flags);
+        assert_eq!(out.code, Some(2), "{flags:?}: {out:?}");
+        assert!(out.stderr.contains(says), "{flags:?}: {}", out.stderr);
+        assert!(!socket.exists(), "refused before it listened");
+    }
+
     let token = dir.path().join("token");
     std::fs::write(&token, "s3cret\n").unwrap();
     let out = serve(&["--http-token-file", token.to_str().unwrap()]);
@@ -529,7 +554,10 @@ fn a_non_loopback_bind_needs_a_token_and_no_flag_means_no_listener() {
     let args: Vec<&str> = args.iter_mut().map(|s| s.as_str()).collect();
     let mut open = common::Running::spawn(&args);
     let line = open.wait_for_line("taskhost HTTP listening on http://0.0.0.0:", LIMIT);
-    assert!(line.contains("cancel and remove need the token"), "{line}");
+    assert!(
+        line.contains("every request but the dashboard page needs the token of --http-token-file"),
+        "{line}"
+    );
     open.wait_for_line("taskhost daemon listening on", LIMIT);
     let socket2 = dir2.path().join("h.sock");
     let out = common::run_host(&["shutdown", "--socket", socket2.to_str().unwrap()]);
@@ -540,6 +568,7 @@ fn a_non_loopback_bind_needs_a_token_and_no_flag_means_no_listener() {
 
 #[test]
 fn the_api_answers_as_the_cli_and_mutations_need_the_token() {
+    // With --http-token-file on a loopback bind: the operator's token.
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, "s3cret-token\n").unwrap();
@@ -550,6 +579,10 @@ fn the_api_answers_as_the_cli_and_mutations_need_the_token() {
         token_file.to_str().unwrap(),
     ]);
     let port = http_port(&daemon);
+    let api = Api {
+        port,
+        token: "s3cret-token".into(),
+    };
 
     let done = daemon.submit(&[&p("hello"), "--name", "greet", "--input", "hi"]);
     let waited = daemon.run(&["wait", &done, "--json"]);
@@ -573,7 +606,7 @@ fn the_api_answers_as_the_cli_and_mutations_need_the_token() {
         v
     };
     let cli_ps: Value = serde_json::from_str(&daemon.run(&["ps", "--json"]).stdout).unwrap();
-    let api_ps = get(port, "/api/tasks").json();
+    let api_ps = api.get("/api/tasks").json();
     let ps_without_progress = |v: Value| {
         let mut v = strip(v, "age_ms");
         for row in v.as_array_mut().unwrap() {
@@ -584,16 +617,16 @@ fn the_api_answers_as_the_cli_and_mutations_need_the_token() {
     assert_eq!(ps_without_progress(api_ps), ps_without_progress(cli_ps));
     let cli_all: Value =
         serde_json::from_str(&daemon.run(&["ps", "--all", "--json"]).stdout).unwrap();
-    let api_all = get(port, "/api/tasks?all=true").json();
+    let api_all = api.get("/api/tasks?all=true").json();
     assert_eq!(ps_without_progress(api_all), ps_without_progress(cli_all));
     let cli_slots: Value = serde_json::from_str(&daemon.run(&["slots", "--json"]).stdout).unwrap();
-    let api_slots = get(port, "/api/slots").json();
+    let api_slots = api.get("/api/slots").json();
     assert_eq!(
         strip(api_slots, "in_state_ms"),
         strip(cli_slots, "in_state_ms")
     );
     // A finished task's page carries `host wait --json`'s object, and its log.
-    let page = get(port, &format!("/api/tasks/{done}")).json();
+    let page = api.get(&format!("/api/tasks/{done}")).json();
     let cli_result: Value = serde_json::from_str(&waited.stdout).unwrap();
     assert_eq!(page["outcome"], cli_result);
     assert_eq!(page["name"], "greet");
@@ -606,10 +639,10 @@ fn the_api_answers_as_the_cli_and_mutations_need_the_token() {
             .any(|l| l["text"] == "hello: got 2 bytes"),
         "{page}"
     );
-    let live = get(port, "/api/tasks/nap").json();
+    let live = api.get("/api/tasks/nap").json();
     assert_eq!(live["row"]["state"], "running");
     assert_eq!(live["outcome"], Value::Null);
-    let missing = get(port, "/api/tasks/404");
+    let missing = api.get("/api/tasks/404");
     assert_eq!(missing.status, 404);
     assert!(
         missing.json()["error"]
@@ -619,7 +652,7 @@ fn the_api_answers_as_the_cli_and_mutations_need_the_token() {
     );
 
     // Mutations: without the token, with a wrong one, without JSON, from a
-    // foreign Host; nothing is stopped by any of them.
+    // foreign Host, from a foreign Origin; nothing is stopped by any of them.
     let json_type = ("Content-Type", "application/json");
     let cancel = format!("/api/tasks/{id}/cancel");
     let remove = format!("/api/tasks/{id}/remove");
@@ -665,8 +698,16 @@ fn the_api_answers_as_the_cli_and_mutations_need_the_token() {
         "{}",
     );
     assert_eq!(rebound.status, 421, "{rebound:?}");
-    assert_eq!(get(port, "/metrics").status, 200, "reads need no token");
-    assert_eq!(request(port, "GET", &cancel, &[], "").status, 405);
+    let cross_site = request(
+        port,
+        "POST",
+        &cancel,
+        &[json_type, bearer, ("Origin", "http://evil.example")],
+        "{}",
+    );
+    assert_eq!(cross_site.status, 403, "{cross_site:?}");
+    assert_eq!(api.get("/metrics").status, 200);
+    assert_eq!(api.get(&cancel).status, 405);
     daemon.wait_until_state("nap", "running");
 
     // With the token: cancel waits for the end, as `host cancel --json`.
@@ -934,16 +975,11 @@ impl Cdp {
 
 #[test]
 fn the_dashboard_shows_a_running_task_and_cancels_it_in_chromium() {
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, "dash-token-42\n").unwrap();
-    let daemon = Daemon::start(&[
-        "--http",
-        "127.0.0.1:0",
-        "--http-token-file",
-        token_file.to_str().unwrap(),
-    ]);
+    // No token file: the daemon's own token, in the URL it logs.
+    let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);
     let port = http_port(&daemon);
+    let api = Api::of(&daemon);
+    let url = dashboard_url(&daemon);
     // Something finished, something queued, and a sleeper reporting
     // progress every 200 ms for ten minutes.
     let out = daemon.run(&[
@@ -956,6 +992,16 @@ fn the_dashboard_shows_a_running_task_and_cancels_it_in_chromium() {
         "--wait",
     ]);
     assert_eq!(out.code, Some(0));
+    // A finished task whose output (guest-written) holds control
+    // characters and a right-to-left override.
+    let odd = daemon.submit(&[
+        &p("hello"),
+        "--name",
+        "odd",
+        "--input",
+        "bell\u{7}esc\u{1b}[31mred\u{9b}c1\u{202e}rtl\ttab",
+    ]);
+    assert_eq!(daemon.run(&["wait", &odd]).code, Some(0));
     let id = daemon.submit(&[
         &p("sleeper"),
         "--name",
@@ -978,16 +1024,48 @@ fn the_dashboard_shows_a_running_task_and_cancels_it_in_chromium() {
         "Emulation.setDeviceMetricsOverride",
         json!({ "width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": false }),
     );
-    page.call(
-        "Page.navigate",
-        json!({ "url": format!("http://127.0.0.1:{port}/") }),
-    );
-    page.wait_event("Page.loadEventFired");
+    let open = |page: &mut Cdp, url: &str| {
+        page.call("Page.navigate", json!({ "url": url }));
+        page.wait_event("Page.loadEventFired");
+    };
+    let prompt = "document.querySelector('#notice').classList.contains('shown') && document.querySelector('#token-form').style.display === 'inline'";
 
+    // Without the token the page shows no data and asks for it.
+    open(&mut page, &format!("http://127.0.0.1:{port}/"));
+    page.wait_for(
+        "the token prompt",
+        &format!("{prompt} && document.querySelector('#notice-text').innerText.includes(\"needs the daemon's token\")"),
+    );
+    assert_eq!(
+        page.eval("document.querySelectorAll('#tasks tr[data-task-id], #outcomes tr[data-task-id]').length"),
+        json!(0)
+    );
+    // A wrong one typed in is refused.
+    page.click("#token-input");
+    page.call("Input.insertText", json!({ "text": "not-the-token" }));
+    page.click("#token-save");
+    page.wait_for(
+        "the refusal",
+        &format!("{prompt} && document.querySelector('#notice-text').innerText.includes('refused this token')"),
+    );
+
+    // The logged URL: the page keeps the token from its fragment for the
+    // tab and takes it out of the address bar.
+    page.eval("sessionStorage.clear()");
+    open(&mut page, "about:blank");
+    open(&mut page, &url);
     let row = format!("#tasks tr[data-task-id=\"{id}\"]");
     page.wait_for("the running sleeper", &format!(
         "(() => {{ const r = document.querySelector('{row}'); return r && r.innerText.includes('nap') && r.innerText.includes('running'); }})()"
     ));
+    assert_eq!(
+        page.eval("location.href"),
+        json!(format!("http://127.0.0.1:{port}/"))
+    );
+    assert_eq!(
+        page.eval("sessionStorage.getItem('taskhost-token')"),
+        json!(api.token)
+    );
     page.wait_for("the live event stream", "document.querySelector('#status').className === 'live' && document.querySelectorAll('#events li').length > 0");
     page.wait_for("the slot with its owner and queue", &format!(
         "[...document.querySelectorAll('#slots tbody tr')].some(r => r.innerText.includes('deploy/prod') && r.innerText.includes('{id}') && r.children[3].innerText === '1')"
@@ -1022,38 +1100,36 @@ fn the_dashboard_shows_a_running_task_and_cancels_it_in_chromium() {
     let shot = page.screenshot("dashboard.png");
     eprintln!("screenshot: {}", shot.display());
 
-    // Cancel: the daemon answers 401, the page asks for the token, the
-    // token typed in retries the cancel.
+    // Cancel, with the token the page holds.
     page.click(&format!("{row} button[data-action=\"cancel\"]"));
-    page.wait_for("the token prompt", "document.querySelector('#notice').classList.contains('shown') && document.querySelector('#notice-text').innerText.includes('token')");
-    assert_eq!(
-        daemon
-            .ps()
-            .iter()
-            .find(|t| t["name"] == "nap")
-            .map(|t| t["state"].clone()),
-        Some(json!("running")),
-        "nothing happened without the token"
-    );
-    page.click("#token-input");
-    page.call("Input.insertText", json!({ "text": "dash-token-42" }));
-    page.click("#token-save");
     let out = daemon.run(&["wait", &id, "--json"]);
     assert_eq!(out.code, Some(4), "{}", out.stderr);
     let result: Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(result["outcome"], "canceled");
     assert_eq!(
-        get(port, &format!("/api/tasks/{id}")).json()["outcome"]["outcome"],
+        api.get(&format!("/api/tasks/{id}")).json()["outcome"]["outcome"],
         "canceled"
     );
     page.wait_for("the canceled outcome", &format!(
         "[...document.querySelectorAll('#outcomes tbody tr')].some(r => r.dataset.taskId === '{id}' && r.innerText.includes('canceled'))"
     ));
     page.wait_for("the queued one completed", "[...document.querySelectorAll('#outcomes tbody tr')].some(r => r.innerText.includes('after-nap') && r.innerText.includes('completed'))");
-    page.wait_for(
-        "the notice cleared",
-        "!document.querySelector('#notice').classList.contains('shown')",
+    assert_eq!(
+        page.eval("document.querySelector('#notice').classList.contains('shown')"),
+        json!(false)
     );
+
+    // A tab without the token: the right one typed in is used.
+    page.eval("sessionStorage.clear()");
+    open(&mut page, "about:blank");
+    open(&mut page, &format!("http://127.0.0.1:{port}/"));
+    page.wait_for("the token prompt again", prompt);
+    page.click("#token-input");
+    page.call("Input.insertText", json!({ "text": api.token }));
+    page.click("#token-save");
+    page.wait_for("the outcomes with the typed token", &format!(
+        "!document.querySelector('#notice').classList.contains('shown') && document.querySelector('#status').className === 'live' && [...document.querySelectorAll('#outcomes tbody tr')].some(r => r.dataset.taskId === '{id}' && r.innerText.includes('canceled'))"
+    ));
 
     // The task page: its outcome, attempts, log and events.
     page.call(
@@ -1068,32 +1144,601 @@ fn the_dashboard_shows_a_running_task_and_cancels_it_in_chromium() {
     page.wait_for("its events", "[...document.querySelectorAll('#events li')].some(li => li.dataset.kind === 'TaskFinished')");
     let shot = page.screenshot("dashboard-task.png");
     eprintln!("screenshot: {}", shot.display());
+
+    // Guest-written control characters are shown as escapes (tab kept).
+    page.call(
+        "Page.navigate",
+        json!({ "url": format!("http://127.0.0.1:{port}/#/task/{odd}") }),
+    );
+    let output = page.wait_for(
+        "the odd output",
+        r#"(() => { const d = document.querySelector('#task-facts dd[data-fact="output"]'); return d && d.textContent; })()"#,
+    );
+    assert_eq!(
+        output,
+        json!("bell\\x07esc\\x1b[31mred\\u{9b}c1\\u{202e}rtl\ttab")
+    );
+    let title = page.eval("document.querySelector('#task-title').textContent");
+    assert_eq!(title, json!(format!("odd (task {odd})")));
+}
+
+/// The answer's body of a stream whose head was read (by its length).
+fn stream_body(stream: &mut http::Stream) -> Value {
+    use std::io::Read;
+    let length: usize = stream
+        .headers
+        .get("content-length")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or_else(|| panic!("no length in {:?}", stream.headers));
+    let mut body = vec![0; length];
+    stream.reader.read_exact(&mut body).expect("read the body");
+    serde_json::from_slice(&body).expect("a JSON body")
+}
+
+/// Asserts a 401 that names the bearer scheme.
+fn assert_unauthorized(answer: &http::Answer, what: &str) {
+    assert_eq!(answer.status, 401, "{what}: {answer:?}");
+    assert_eq!(
+        answer.headers.get("www-authenticate").map(String::as_str),
+        Some("Bearer realm=\"taskhost\""),
+        "{what}"
+    );
+    assert!(
+        answer.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains("Authorization: Bearer"),
+        "{what}: {answer:?}"
+    );
 }
 
 #[test]
-fn without_a_token_a_loopback_listener_lets_local_clients_stop_tasks() {
-    let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);
-    let port = http_port(&daemon);
-    let seen = &daemon.process.as_ref().unwrap().stderr_seen;
-    assert!(
-        seen.iter()
-            .any(|l| l.contains("no token: cancel and remove are open to local users")),
-        "the log says so: {seen:?}"
+fn every_endpoint_but_the_page_needs_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "read-token-7\n").unwrap();
+    let daemon = Daemon::start(&[
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        token_file.to_str().unwrap(),
+    ]);
+    let api = Api {
+        port: http_port(&daemon),
+        token: "read-token-7".into(),
+    };
+    let done = daemon.submit(&[&p("hello"), "--name", "greet", "--input", "private"]);
+    assert_eq!(daemon.run(&["wait", &done]).code, Some(0));
+
+    for path in [
+        "/api/tasks".to_owned(),
+        "/api/tasks?all=true".to_owned(),
+        format!("/api/tasks/{done}"),
+        "/api/slots".to_owned(),
+        "/metrics".to_owned(),
+    ] {
+        assert_unauthorized(&get(api.port, &path), &format!("{path} without a token"));
+        for wrong in [
+            "Bearer read-token-8",
+            "Bearer read-token-77",
+            "Basic read-token-7",
+        ] {
+            let answer = request(api.port, "GET", &path, &[("Authorization", wrong)], "");
+            assert_unauthorized(&answer, &format!("{path} with {wrong}"));
+        }
+        let answer = api.get(&path);
+        assert_eq!(answer.status, 200, "{path} with the token: {answer:?}");
+    }
+    // What a stranger got told nothing of the task.
+    let stranger = get(api.port, &format!("/api/tasks/{done}"));
+    assert!(!stranger.body.contains("private") && !stranger.body.contains("greet"));
+    assert_eq!(
+        api.get(&format!("/api/tasks/{done}")).json()["outcome"]["output"],
+        "private"
     );
+
+    // The event stream: 401 without, the history with the token.
+    let mut refused = open_stream(api.port, "/api/events", &[]);
+    assert_eq!(refused.status, 401);
+    assert!(refused.headers.contains_key("www-authenticate"));
+    let body = stream_body(&mut refused);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("Authorization: Bearer")
+    );
+    let bearer = api.bearer();
+    let mut events = open_stream(
+        api.port,
+        &format!("/api/events?task={done}"),
+        &[("Authorization", &bearer)],
+    );
+    assert_eq!(events.status, 200);
+    assert_eq!(
+        events.headers.get("content-type").map(String::as_str),
+        Some("text/event-stream")
+    );
+    loop {
+        if events.line().contains("TaskFinished") {
+            break;
+        }
+    }
+
+    // The page itself is static: no token needed, and it sends none away.
+    let page = get(api.port, "/");
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("<title>taskhost</title>"));
+    assert_eq!(
+        page.headers.get("referrer-policy").map(String::as_str),
+        Some("no-referrer")
+    );
+}
+
+#[test]
+fn a_loopback_listener_without_a_token_file_makes_its_own_token() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let mut daemon = Daemon::start(&["--http", "127.0.0.1:0"]);
+    let port = http_port(&daemon);
+    let path = daemon.dir.path().join("state").join("http-token");
+    let seen = &daemon.process.as_ref().unwrap().stderr_seen;
+    let listening = seen
+        .iter()
+        .find(|l| l.contains("taskhost HTTP listening on"))
+        .unwrap();
+    assert!(
+        listening.contains(&format!(
+            "every request but the dashboard page needs the token in {}",
+            path.display()
+        )),
+        "{listening}"
+    );
+    // Owner-only, 32 random bytes in hex, and the logged URL carries it in
+    // its fragment.
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{}", path.display());
+    let token = own_token(&daemon);
+    assert_eq!(token.len(), 64, "{token}");
+    assert!(token.chars().all(|c| c.is_ascii_hexdigit()), "{token}");
+    assert_eq!(
+        dashboard_url(&daemon),
+        format!("http://127.0.0.1:{port}/#token={token}")
+    );
+
     let id = daemon.submit(&[&p("sleeper"), "--name", "nap", "--param", "ms=600000"]);
     daemon.wait_until_state("nap", "running");
-    // Still only JSON POSTs: a form cannot stop it.
-    let form = request(port, "POST", &format!("/api/tasks/{id}/remove"), &[], "");
-    assert_eq!(form.status, 415);
-    let answer = request(
-        port,
-        "POST",
-        &format!("/api/tasks/{id}/remove"),
-        &[("Content-Type", "application/json")],
-        "{}",
+    // No longer open to local users: reads and stops need the token.
+    for path in [
+        "/api/tasks".to_owned(),
+        format!("/api/tasks/{id}"),
+        "/api/slots".to_owned(),
+        "/metrics".to_owned(),
+    ] {
+        assert_unauthorized(&get(port, &path), &path);
+    }
+    assert_eq!(open_stream(port, "/api/events", &[]).status, 401);
+    let json_type = ("Content-Type", "application/json");
+    for verb in ["cancel", "remove"] {
+        let answer = request(
+            port,
+            "POST",
+            &format!("/api/tasks/{id}/{verb}"),
+            &[json_type],
+            "{}",
+        );
+        assert_unauthorized(&answer, verb);
+    }
+    daemon.wait_until_state("nap", "running");
+
+    // With the token from the file: the task is listed and stopped.
+    let api = Api::of(&daemon);
+    let rows = api.get("/api/tasks").json();
+    assert!(
+        rows.as_array().unwrap().iter().any(|r| r["name"] == "nap"),
+        "{rows}"
     );
+    // Still only JSON POSTs: a form cannot stop it.
+    let form = api.request("POST", &format!("/api/tasks/{id}/remove"), &[], "");
+    assert_eq!(form.status, 415, "{form:?}");
+    let answer = api.post(&format!("/api/tasks/{id}/remove"));
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(answer.json(), json!({ "claimed": true, "report": null }));
     let out = daemon.run(&["wait", &id, "--json"]);
     assert_eq!(out.code, Some(4), "{}", out.stderr);
+
+    // A later start reuses it.
+    assert_eq!(daemon.run(&["shutdown"]).code, Some(0));
+    let (status, _) = daemon.process.take().unwrap().finish(LIMIT);
+    assert!(status.success());
+    daemon.restart(&["--http", "127.0.0.1:0"]);
+    assert_eq!(own_token(&daemon), token, "the same token");
+    let again = Api::of(&daemon);
+    assert_ne!(again.port, 0);
+    assert!(dashboard_url(&daemon).ends_with(&format!("/#token={token}")));
+    assert_eq!(again.get("/api/tasks?all=true").status, 200);
+
+    // One that other users could read is refused, with the fix.
+    assert_eq!(daemon.run(&["shutdown"]).code, Some(0));
+    let (status, _) = daemon.process.take().unwrap().finish(LIMIT);
+    assert!(status.success());
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = common::run_host(&[
+        "serve",
+        "--socket",
+        daemon.socket(),
+        "--state-dir",
+        daemon.dir.path().join("state").to_str().unwrap(),
+        "--http",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr.contains("is open to other users (mode 644")
+            && out
+                .stderr
+                .contains(&format!("chmod 600 {}", path.display())),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains(&token), "the token is not shown");
+}
+
+#[test]
+fn a_non_loopback_listener_answers_only_its_hosts_and_its_own_origin() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "lan-token\n").unwrap();
+    let daemon = Daemon::start(&[
+        "--http",
+        "0.0.0.0:0",
+        "--http-token-file",
+        token_file.to_str().unwrap(),
+        "--http-allow-host",
+        "dash.example",
+        "--http-allow-host",
+        "proxy.example:8443",
+    ]);
+    let api = Api {
+        port: http_port(&daemon),
+        token: "lan-token".into(),
+    };
+    let port = api.port;
+    let as_host = |host: &str, origin: Option<&str>| {
+        let mut headers = vec![("Host", host)];
+        headers.extend(origin.map(|o| ("Origin", o)));
+        api.request("GET", "/api/tasks", &headers, "")
+    };
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_owned();
+    let mut answered = vec![
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+        format!("10.1.2.3:{port}"),
+        format!("localhost:{port}"),
+        "dash.example".to_owned(),
+        format!("dash.example:{port}"),
+        "DASH.example".to_owned(),
+        "proxy.example:8443".to_owned(),
+    ];
+    if !hostname.is_empty() {
+        answered.push(hostname.clone());
+        answered.push(format!("{hostname}:{port}"));
+    }
+    for host in &answered {
+        let answer = as_host(host, None);
+        assert_eq!(answer.status, 200, "Host {host}: {answer:?}");
+    }
+    for host in [
+        "evil.example".to_owned(),
+        format!("evil.example:{port}"),
+        "dash.example:1".to_owned(),
+        "proxy.example".to_owned(),
+        format!("proxy.example:{port}"),
+        "127.0.0.1:1".to_owned(),
+        "10.1.2.3".to_owned(),
+        format!("{hostname}:1"),
+        String::new(),
+    ] {
+        let answer = as_host(&host, None);
+        assert_eq!(answer.status, 421, "Host {host:?}: {answer:?}");
+        assert!(
+            answer.json()["error"]
+                .as_str()
+                .unwrap()
+                .contains("does not answer to Host"),
+            "{answer:?}"
+        );
+    }
+    // Without the token a foreign Host is refused as such too.
+    assert_eq!(get(port, "/api/tasks").status, 401);
+    let foreign = request(port, "GET", "/api/tasks", &[("Host", "evil.example")], "");
+    assert_eq!(foreign.status, 421);
+
+    // An Origin must be the page's own.
+    let own = format!("127.0.0.1:{port}");
+    for (host, origin) in [
+        (own.as_str(), format!("http://{own}")),
+        ("dash.example", "http://dash.example".to_owned()),
+        ("dash.example", "https://dash.example".to_owned()),
+    ] {
+        let answer = as_host(host, Some(&origin));
+        assert_eq!(answer.status, 200, "{host} from {origin}: {answer:?}");
+    }
+    for (host, origin) in [
+        (own.as_str(), "http://evil.example".to_owned()),
+        (own.as_str(), "null".to_owned()),
+        (own.as_str(), format!("http://localhost:{port}")),
+        (
+            own.as_str(),
+            format!("http://127.0.0.1:{}", port.wrapping_add(1)),
+        ),
+        (
+            "dash.example",
+            "http://dash.example.evil.example".to_owned(),
+        ),
+    ] {
+        let answer = as_host(host, Some(&origin));
+        assert_eq!(answer.status, 403, "{host} from {origin}: {answer:?}");
+    }
+    // A cross-site POST stops nothing, even with the token.
+    let id = daemon.submit(&[&p("sleeper"), "--name", "nap", "--param", "ms=600000"]);
+    daemon.wait_until_state("nap", "running");
+    let cancel = format!("/api/tasks/{id}/cancel");
+    let json_type = ("Content-Type", "application/json");
+    let answer = api.request(
+        "POST",
+        &cancel,
+        &[json_type, ("Origin", "http://evil.example")],
+        "{}",
+    );
+    assert_eq!(answer.status, 403, "{answer:?}");
+    daemon.wait_until_state("nap", "running");
+    let origin = format!("http://127.0.0.1:{port}");
+    let answer = api.request("POST", &cancel, &[json_type, ("Origin", &origin)], "{}");
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.json()["report"]["outcome"], "canceled");
+}
+
+/// Reads until the server closes the connection; returns what it sent and
+/// the time from `started` until then. Panics if it is still open after
+/// `LIMIT`.
+fn read_until_closed(stream: &mut TcpStream, started: Instant) -> (Vec<u8>, Duration) {
+    use std::io::Read;
+    stream.set_read_timeout(Some(LIMIT)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return (got, started.elapsed()),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return (got, started.elapsed());
+            }
+            Err(e) => panic!(
+                "the listener kept the connection open ({e} after {:?}; got {:?})",
+                started.elapsed(),
+                String::from_utf8_lossy(&got)
+            ),
+        }
+    }
+}
+
+#[test]
+fn a_client_slow_to_send_its_header_is_disconnected_at_the_header_timeout() {
+    use std::io::{Read, Write};
+
+    let daemon = Daemon::start(&["--http", "127.0.0.1:0", "--http-header-timeout", "1s"]);
+    let api = Api::of(&daemon);
+    // Half a header, then nothing. (The server's clock starts after
+    // `started`, so nothing is closed before `started` + 1 s.)
+    let started = Instant::now();
+    let mut slow = TcpStream::connect(("127.0.0.1", api.port)).unwrap();
+    write!(
+        slow,
+        "GET /api/tasks HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n",
+        api.port
+    )
+    .unwrap();
+    let (got, took) = read_until_closed(&mut slow, started);
+    assert!(
+        took >= Duration::from_millis(950) && took < Duration::from_secs(10),
+        "closed after {took:?}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&got).contains(" 200 "),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+    // Silence from the start is a slow header too.
+    let started = Instant::now();
+    let mut silent = TcpStream::connect(("127.0.0.1", api.port)).unwrap();
+    let (_, took) = read_until_closed(&mut silent, started);
+    assert!(
+        took >= Duration::from_millis(950) && took < Duration::from_secs(10),
+        "closed after {took:?}"
+    );
+
+    // A keep-alive connection idle after its answer is closed alike.
+    let mut idle = TcpStream::connect(("127.0.0.1", api.port)).unwrap();
+    idle.set_read_timeout(Some(LIMIT)).unwrap();
+    let started = Instant::now();
+    write!(
+        idle,
+        "GET /api/tasks HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: {}\r\n\r\n",
+        api.port,
+        api.bearer()
+    )
+    .unwrap();
+    let mut reader = BufReader::new(idle.try_clone().unwrap());
+    let mut status = String::new();
+    reader.read_line(&mut status).unwrap();
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':')
+            && k.eq_ignore_ascii_case("content-length")
+        {
+            length = v.trim().parse().unwrap();
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    assert_eq!(&body, b"[]");
+    assert!(reader.buffer().is_empty());
+    let (_, took) = read_until_closed(&mut idle, started);
+    assert!(
+        took >= Duration::from_millis(950) && took < Duration::from_secs(10),
+        "closed after {took:?}"
+    );
+    // The listener still serves.
+    assert_eq!(api.get("/api/tasks").status, 200);
+}
+
+/// One request on a fresh connection; `None` if the listener closes it
+/// without an answer.
+fn try_get(api: &Api, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect(("127.0.0.1", api.port)).ok()?;
+    stream.set_read_timeout(Some(LIMIT)).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: {}\r\nConnection: close\r\n\r\n",
+        api.port,
+        api.bearer()
+    )
+    .ok()?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).ok()?;
+    String::from_utf8_lossy(&answer)
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+#[test]
+fn http_connections_over_the_cap_are_closed_while_the_socket_still_serves() {
+    use std::io::Write;
+
+    let mut daemon = Daemon::start(&[
+        "--http",
+        "127.0.0.1:0",
+        "--http-max-connections",
+        "4",
+        "--http-header-timeout",
+        "5m",
+    ]);
+    let api = Api::of(&daemon);
+    // Four idle connections take every place (accepted in order)...
+    let mut held: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect(("127.0.0.1", api.port)).unwrap())
+        .collect();
+    // ...so each one more is closed at once.
+    let burst = Instant::now();
+    for i in 0..20 {
+        let mut extra = TcpStream::connect(("127.0.0.1", api.port)).unwrap();
+        let (got, _) = read_until_closed(&mut extra, Instant::now());
+        assert!(got.is_empty(), "extra connection {i} got {got:?}");
+    }
+    // The daemon's socket is not starved of descriptors or workers.
+    let ps = daemon.run(&["ps"]);
+    assert_eq!(ps.code, Some(0), "{}", ps.stderr);
+    // The held ones are served.
+    let mut first = held.remove(0);
+    write!(
+        first,
+        "GET /api/tasks HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: {}\r\nConnection: close\r\n\r\n",
+        api.port,
+        api.bearer()
+    )
+    .unwrap();
+    let (answer, _) = read_until_closed(&mut first, Instant::now());
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // Its place is free again once it is closed: a new client gets in.
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        match try_get(&api, "/api/tasks") {
+            Some(status) => {
+                assert_eq!(status, 200);
+                break;
+            }
+            None => assert!(Instant::now() < deadline, "no place freed"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Every refusal happened since `burst`.
+    let burst = burst.elapsed();
+    drop(held);
+
+    // The refusals were logged, at most once a second.
+    assert_eq!(daemon.run(&["shutdown"]).code, Some(0));
+    let (status, out) = daemon.process.take().unwrap().finish(LIMIT);
+    assert!(status.success(), "{}", out.stderr);
+    let warnings: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("HTTP connection refused"))
+        .collect();
+    assert!(!warnings.is_empty(), "{}", out.stderr);
+    assert!(
+        warnings.len() as u64 <= burst.as_secs() + 1,
+        "{} warnings in {burst:?}: {warnings:?}",
+        warnings.len()
+    );
+    assert!(
+        warnings[0].contains("4 are open, the most --http-max-connections"),
+        "{}",
+        warnings[0]
+    );
+}
+
+#[test]
+fn event_streams_over_the_cap_are_answered_503() {
+    let daemon = Daemon::start(&["--http", "127.0.0.1:0", "--http-max-streams", "2"]);
+    let api = Api::of(&daemon);
+    let bearer = api.bearer();
+    let auth = [("Authorization", bearer.as_str())];
+    let first = open_stream(api.port, "/api/events", &auth);
+    assert_eq!(first.status, 200);
+    let second = open_stream(api.port, "/api/events?task=1", &auth);
+    assert_eq!(second.status, 200);
+    let mut third = open_stream(api.port, "/api/events", &auth);
+    assert_eq!(third.status, 503);
+    assert_eq!(
+        third.headers.get("retry-after").map(String::as_str),
+        Some("5")
+    );
+    let body = stream_body(&mut third);
+    let error = body["error"].as_str().unwrap();
+    assert!(
+        error.contains("2 event streams are open") && error.contains("--http-max-streams"),
+        "{error}"
+    );
+    // The rest of the API is not capped by it.
+    assert_eq!(api.get("/api/tasks").status, 200);
+    // A stream closed by its reader gives its place back.
+    drop(first);
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let next = open_stream(api.port, "/api/events", &auth);
+        if next.status == 200 {
+            break;
+        }
+        assert_eq!(next.status, 503);
+        assert!(
+            Instant::now() < deadline,
+            "the closed stream kept its place"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(second);
 }

@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -86,12 +86,24 @@ pub struct ServeArgs {
     /// Cluster mode: send and hear no LISTEN/NOTIFY notifications, only poll (to test the fallback; slower).
     #[arg(long)]
     no_notify: bool,
-    /// Serve metrics (/metrics), a JSON API and a live dashboard (/) over HTTP on this address, e.g. 127.0.0.1:9100 (port 0: any free port; the log says which). Without it there is no HTTP listener at all. Any address but a loopback one needs --http-token-file [TOML: http].
+    /// Serve metrics (/metrics), a JSON API and a live dashboard (/) over HTTP on this address, e.g. 127.0.0.1:9100 (port 0: any free port; the log says which). Every request but the dashboard page needs a bearer token: --http-token-file's, or on a loopback address without it the daemon's own, kept in <state dir>/http-token (the log gives the dashboard's URL with it). Without --http there is no HTTP listener at all. Any address but a loopback one needs --http-token-file [TOML: http].
     #[arg(long, value_name = "ADDR")]
     http: Option<std::net::SocketAddr>,
-    /// A file whose one line is the secret the HTTP listener's cancel and remove endpoints require (`Authorization: Bearer <token>`; the dashboard asks for it); needed to bind a non-loopback --http address [TOML: http_token_file].
+    /// A file whose one line is the secret every HTTP request but the dashboard page must carry (`Authorization: Bearer <token>`; the dashboard asks for it); needed to bind a non-loopback --http address [default: the daemon's own token, in <state dir>/http-token] [TOML: http_token_file].
     #[arg(long, value_name = "FILE")]
     http_token_file: Option<PathBuf>,
+    /// Also answer HTTP requests whose Host is NAME, with or without the port (NAME:PORT: that port only), e.g. the name a TLS proxy in front reaches the listener by (repeatable; replaces the config file's list). Answered always: on a loopback bind, localhost and loopback addresses with the port; on another, localhost and IP addresses with the port and this machine's hostname. Others get 421 [TOML: http_allow_hosts].
+    #[arg(long = "http-allow-host", value_name = "NAME[:PORT]", value_parser = parse_allow_host)]
+    http_allow_hosts: Vec<String>,
+    /// Most HTTP connections open at once; one more is closed as soon as it is accepted (logged at most once a second) [default: 64] [TOML: http_max_connections].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    http_max_connections: Option<u32>,
+    /// Most /api/events streams (dashboards, followers) open at once; one more is answered 503 [default: 16] [TOML: http_max_streams].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    http_max_streams: Option<u32>,
+    /// How long an HTTP client has to send a request's header, from the connection's start or its previous answer (so also how long an idle keep-alive connection stays open); a slower one is disconnected (at least 100ms) [default: 10s] [TOML: http_header_timeout].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    http_header_timeout: Option<Duration>,
     #[command(flatten)]
     otlp: super::args::OtlpArg,
     /// Start the daemon in the background and return once its socket
@@ -209,6 +221,18 @@ impl ServeArgs {
         if let Some(v) = &self.http_token_file {
             config.http_token_file = Some(v.clone());
         }
+        if !self.http_allow_hosts.is_empty() {
+            config.http_allow_hosts = self.http_allow_hosts.clone();
+        }
+        if let Some(v) = self.http_max_connections {
+            config.http_max_connections = v as usize;
+        }
+        if let Some(v) = self.http_max_streams {
+            config.http_max_streams = v as usize;
+        }
+        if let Some(v) = self.http_header_timeout {
+            config.http_header_timeout = v;
+        }
         if let Some(v) = self.epoch_tick {
             if v < Duration::from_millis(1) {
                 return Err(usage("--epoch-tick must be at least 1ms"));
@@ -218,6 +242,7 @@ impl ServeArgs {
         if config.state_dir.as_os_str().is_empty() {
             return Err(usage(default.err().unwrap_or_default()));
         }
+        config.check().map_err(usage)?;
         // A bad --store is a usage error, found before anything starts.
         taskhost::daemon::store::StoreSpec::parse(&config.store, &config.state_dir)
             .map_err(usage)?;
@@ -251,6 +276,11 @@ pub async fn serve_cmd(args: ServeArgs, socket_flag: Option<PathBuf>) -> anyhow:
     .map_err(|e| ExitError::error(1, e.to_string()))?;
     notify_systemd("STOPPING=1");
     Ok(0)
+}
+
+/// `--http-allow-host`: a host name or IP literal, optionally with a port.
+fn parse_allow_host(text: &str) -> Result<String, String> {
+    taskhost::daemon::config::check_allow_host(text).map(|()| text.to_owned())
 }
 
 /// How long `serve --detach` waits for the daemon to accept connections.

@@ -18,6 +18,16 @@ pub const DEFAULT_DAEMON_GRACE: Duration = Duration::from_secs(10);
 /// The default of [`DaemonConfig::retain_bytes`]: 256 MiB.
 pub const DEFAULT_RETAIN_BYTES: u64 = 256 << 20;
 
+/// The default most HTTP connections open at once (`http_max_connections`).
+pub const DEFAULT_HTTP_MAX_CONNECTIONS: usize = 64;
+
+/// The default most `/api/events` streams open at once (`http_max_streams`).
+pub const DEFAULT_HTTP_MAX_STREAMS: usize = 16;
+
+/// The default time an HTTP client has to send a request's header
+/// (`http_header_timeout`).
+pub const DEFAULT_HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Settings of `host serve`.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -74,9 +84,24 @@ pub struct DaemonConfig {
     /// no listener. Anything but a loopback address needs
     /// [`http_token_file`](Self::http_token_file).
     pub http: Option<std::net::SocketAddr>,
-    /// A file holding the bearer token the HTTP listener's mutating
-    /// endpoints (cancel, remove) require.
+    /// A file holding the bearer token every HTTP endpoint but the
+    /// dashboard page requires. Without it a loopback listener makes its
+    /// own, kept in `<state dir>/http-token`.
     pub http_token_file: Option<PathBuf>,
+    /// Host names, besides the loopback names (loopback binds) or IP
+    /// literals and this machine's hostname (other binds), that the HTTP
+    /// listener answers to (`NAME` or `NAME:PORT`); requests naming any
+    /// other `Host` get 421.
+    pub http_allow_hosts: Vec<String>,
+    /// Most HTTP connections open at once; a connection over it is closed
+    /// as soon as it is accepted.
+    pub http_max_connections: usize,
+    /// Most `/api/events` streams open at once; one more is answered 503.
+    pub http_max_streams: usize,
+    /// How long an HTTP client has to send a request's header, counted
+    /// from the connection's start or the previous answer (so it is also
+    /// how long an idle keep-alive connection stays open).
+    pub http_header_timeout: Duration,
     /// An OTLP/HTTP collector's base URL for trace spans (the `host`
     /// binary installs the exporter before the daemon starts; the daemon
     /// itself only emits `tracing` spans).
@@ -114,6 +139,10 @@ impl DaemonConfig {
             cluster: ClusterSettings::default(),
             http: None,
             http_token_file: None,
+            http_allow_hosts: Vec::new(),
+            http_max_connections: DEFAULT_HTTP_MAX_CONNECTIONS,
+            http_max_streams: DEFAULT_HTTP_MAX_STREAMS,
+            http_header_timeout: DEFAULT_HTTP_HEADER_TIMEOUT,
             otlp: None,
         }
     }
@@ -218,13 +247,58 @@ impl DaemonConfig {
         if let Some(v) = file.http_token_file {
             self.http_token_file = Some(v);
         }
+        if let Some(v) = file.http_allow_hosts {
+            self.http_allow_hosts = v
+                .into_iter()
+                .map(|name| check_allow_host(&name).map(|()| name))
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("http_allow_hosts: {e}"))?;
+        }
+        if let Some(v) = file.http_max_connections {
+            self.http_max_connections = v;
+        }
+        if let Some(v) = file.http_max_streams {
+            self.http_max_streams = v;
+        }
+        if let Some(v) = file.http_header_timeout {
+            self.http_header_timeout = dur(&v, "http_header_timeout")?;
+        }
         if let Some(v) = file.otlp {
             self.otlp = Some(v);
         }
+        self.check()
+    }
+
+    /// Checks the settings that have a lower bound (the CLI calls it after
+    /// applying its flags too).
+    pub fn check(&self) -> Result<(), String> {
         if self.max_connections == 0 {
             return Err("max_connections: must be at least 1".into());
         }
+        if self.http_max_connections == 0 {
+            return Err("http_max_connections (--http-max-connections): must be at least 1".into());
+        }
+        if self.http_max_streams == 0 {
+            return Err("http_max_streams (--http-max-streams): must be at least 1".into());
+        }
+        if self.http_header_timeout < Duration::from_millis(100) {
+            return Err(
+                "http_header_timeout (--http-header-timeout): must be at least 100ms".into(),
+            );
+        }
         Ok(())
+    }
+}
+
+/// Checks one `http_allow_hosts` entry (`--http-allow-host`): a host name
+/// or IP literal (IPv6 in brackets), optionally with `:PORT`.
+pub fn check_allow_host(entry: &str) -> Result<(), String> {
+    match super::http::Authority::parse(entry) {
+        Some(_) => Ok(()),
+        None => Err(format!(
+            "`{entry}` is not a host name like taskhost.example.com or taskhost.example.com:9100 \
+             (letters, digits, `-`, `.` and `_`; an IPv6 address in brackets)"
+        )),
     }
 }
 
@@ -257,6 +331,10 @@ struct FileConfig {
     cluster_notify: Option<bool>,
     http: Option<String>,
     http_token_file: Option<PathBuf>,
+    http_allow_hosts: Option<Vec<String>>,
+    http_max_connections: Option<usize>,
+    http_max_streams: Option<usize>,
+    http_header_timeout: Option<String>,
     otlp: Option<String>,
 }
 
@@ -306,6 +384,35 @@ mod tests {
             err.contains("is not an address like 127.0.0.1:9100"),
             "{err}"
         );
+        assert_eq!(config.http_max_connections, DEFAULT_HTTP_MAX_CONNECTIONS);
+        assert_eq!(config.http_max_streams, DEFAULT_HTTP_MAX_STREAMS);
+        assert_eq!(config.http_header_timeout, DEFAULT_HTTP_HEADER_TIMEOUT);
+        std::fs::write(
+            &path,
+            "http_allow_hosts = [\"dash.example.com\", \"[::1]:9100\"]\nhttp_max_connections = 8\nhttp_max_streams = 2\nhttp_header_timeout = \"1s\"\n",
+        )
+        .unwrap();
+        config.apply_file(&path).unwrap();
+        assert_eq!(config.http_allow_hosts, ["dash.example.com", "[::1]:9100"]);
+        assert_eq!(config.http_max_connections, 8);
+        assert_eq!(config.http_max_streams, 2);
+        assert_eq!(config.http_header_timeout, Duration::from_secs(1));
+        std::fs::write(&path, "http_allow_hosts = [\"evil/x\"]\n").unwrap();
+        let err = config.apply_file(&path).unwrap_err();
+        assert!(
+            err.starts_with("http_allow_hosts: `evil/x` is not a host name"),
+            "{err}"
+        );
+        std::fs::write(&path, "http_max_streams = 0\n").unwrap();
+        let err = config.apply_file(&path).unwrap_err();
+        assert!(err.contains("http_max_streams"), "{err}");
+        std::fs::write(
+            &path,
+            "http_max_streams = 1\nhttp_header_timeout = \"10ms\"\n",
+        )
+        .unwrap();
+        let err = config.apply_file(&path).unwrap_err();
+        assert!(err.contains("at least 100ms"), "{err}");
         std::fs::write(&path, "graec = \"2s\"\n").unwrap();
         let err = config.apply_file(&path).unwrap_err();
         assert!(err.contains("unknown field"), "{err}");

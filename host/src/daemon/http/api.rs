@@ -8,12 +8,13 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::controller::SlotView;
 use crate::logline::LogLine;
@@ -207,8 +208,25 @@ pub(super) struct EventsQuery {
 /// history, then live events, with nothing between the two lost (as `host
 /// events --follow`); each event's data is the JSON of `host events
 /// --json`, its id the event's seq. A reader that falls behind gets a
-/// `dropped` event saying how many it missed.
+/// `dropped` event saying how many it missed. At most `http_max_streams`
+/// are open at once; one more is answered 503.
 pub(super) async fn events(State(http): State<Http>, Query(q): Query<EventsQuery>) -> Response {
+    // Held by the stream: given back when the response body is dropped.
+    let Ok(permit) = Arc::clone(&http.streams).try_acquire_owned() else {
+        let mut answer = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "{} event streams are open, the most this daemon serves at once \
+                 (--http-max-streams, http_max_streams): close one, or ask its operator \
+                 to raise the limit",
+                http.max_streams
+            ),
+        );
+        answer
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        return answer;
+    };
     let filter = EventFilter {
         task: q.task.as_deref().map(TaskRef::parse),
         kinds: Vec::new(),
@@ -224,12 +242,15 @@ pub(super) async fn events(State(http): State<Http>, Query(q): Query<EventsQuery
             },
         )
         .await;
-        let stream = futures::stream::unfold(replies, |mut replies| async move {
-            match replies.next().await? {
-                Reply::Event(event) => Some((Ok::<_, Infallible>(sse(&event)), replies)),
-                _ => None,
-            }
-        });
+        let stream =
+            futures::stream::unfold((replies, permit), |(mut replies, permit)| async move {
+                match replies.next().await? {
+                    Reply::Event(event) => {
+                        Some((Ok::<_, Infallible>(sse(&event)), (replies, permit)))
+                    }
+                    _ => None,
+                }
+            });
         return Sse::new(stream.boxed())
             .keep_alive(KeepAlive::default())
             .into_response();
@@ -245,6 +266,7 @@ pub(super) async fn events(State(http): State<Http>, Query(q): Query<EventsQuery
         before,
         filter,
         metrics: Arc::clone(&http.metrics),
+        _permit: permit,
     };
     let stream = futures::stream::unfold(state, |mut feed| async move {
         let event = feed.next().await?;
@@ -262,6 +284,8 @@ struct Feed {
     before: u64,
     filter: EventFilter,
     metrics: Arc<super::metrics::Metrics>,
+    /// This stream's place among `http_max_streams`.
+    _permit: OwnedSemaphorePermit,
 }
 
 impl Feed {

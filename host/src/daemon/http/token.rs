@@ -1,0 +1,203 @@
+//! Owns the HTTP listener's bearer token: the operator's
+//! (`--http-token-file`, one line), or, on a loopback bind without one, the
+//! daemon's own: 32 random bytes from the OS in hex, kept in
+//! `<state dir>/http-token` (owner-only, written whole under a temporary
+//! name and linked into place, so a half-written or replaced file is never
+//! read) and reused by later starts. Also reading `Authorization: Bearer`
+//! and comparing in constant time.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use axum::http::{HeaderMap, header};
+
+/// The name of the daemon's own token file in its state directory.
+pub(crate) const OWN_TOKEN_FILE: &str = "http-token";
+
+/// Random bytes in a token the daemon makes.
+const TOKEN_BYTES: usize = 32;
+
+/// Why there is no token.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TokenError {
+    #[error("cannot read the HTTP token file `{}`: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "the HTTP token file `{0}` is empty: put a secret in it (e.g. `openssl rand -hex 32 > {0}`)",
+        .path.display()
+    )]
+    Empty { path: PathBuf },
+    #[error(
+        "the HTTP token file `{}` holds more than one word: the token is its one line",
+        .path.display()
+    )]
+    NotOneWord { path: PathBuf },
+    #[error(
+        "the HTTP token file `{0}` is open to other users (mode {mode:o}, owner uid {uid}): \
+         `chmod 600 {0}` if it is yours, or delete it and the daemon makes a new one",
+        .path.display()
+    )]
+    Exposed { path: PathBuf, mode: u32, uid: u32 },
+    #[error("cannot make the HTTP token: reading /dev/urandom failed: {0}")]
+    Random(std::io::Error),
+    #[error("cannot write the HTTP token file `{}`: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Reads the operator's token: the file's one line.
+pub(crate) fn read_file(path: &Path) -> Result<String, TokenError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(TokenError::Empty {
+            path: path.to_owned(),
+        });
+    }
+    if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(TokenError::NotOneWord {
+            path: path.to_owned(),
+        });
+    }
+    Ok(token.to_owned())
+}
+
+/// The daemon's own token in `state_dir`: the one there (if only its owner
+/// can read it), else a new one written there.
+pub(crate) fn own(state_dir: &Path) -> Result<(String, PathBuf), TokenError> {
+    let path = state_dir.join(OWN_TOKEN_FILE);
+    match read_own(&path) {
+        Ok(token) => return Ok((token, path)),
+        Err(TokenError::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => return Err(err),
+    }
+    let token = random_hex()?;
+    let temporary = state_dir.join(format!(".{OWN_TOKEN_FILE}.{}", std::process::id()));
+    let write = |source| TokenError::Write {
+        path: path.clone(),
+        source,
+    };
+    // A leftover of a crashed start with this pid is ours to replace.
+    let _ = std::fs::remove_file(&temporary);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temporary)
+        .and_then(|mut file| {
+            file.write_all(format!("{token}\n").as_bytes())?;
+            file.sync_all()
+        });
+    if let Err(source) = written {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(write(source));
+    }
+    // A link never replaces a file: a daemon that made one meanwhile wins,
+    // and both use its token.
+    let linked = std::fs::hard_link(&temporary, &path);
+    let _ = std::fs::remove_file(&temporary);
+    match linked {
+        Ok(()) => Ok((token, path)),
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
+            read_own(&path).map(|token| (token, path))
+        }
+        Err(source) => Err(write(source)),
+    }
+}
+
+/// Reads the daemon's own token file, refusing one others could read.
+fn read_own(path: &Path) -> Result<String, TokenError> {
+    let meta = std::fs::metadata(path).map_err(|source| TokenError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mode = meta.permissions().mode() & 0o7777;
+    let me = rustix::process::getuid().as_raw();
+    if mode & 0o077 != 0 || meta.uid() != me {
+        return Err(TokenError::Exposed {
+            path: path.to_owned(),
+            mode,
+            uid: meta.uid(),
+        });
+    }
+    read_file(path)
+}
+
+/// `TOKEN_BYTES` bytes from the OS's random source, in lowercase hex.
+fn random_hex() -> Result<String, TokenError> {
+    let mut bytes = [0u8; TOKEN_BYTES];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut random| random.read_exact(&mut bytes))
+        .map_err(TokenError::Random)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The token of an `Authorization: Bearer <token>` header (the scheme's
+/// case aside), if there is one.
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// Compares in time independent of where the bytes differ.
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_own_token_is_made_once_owner_only_and_reused() {
+        let dir = std::env::temp_dir().join(format!("taskhost-token-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (first, path) = own(&dir).unwrap();
+        assert_eq!(first.len(), 2 * TOKEN_BYTES);
+        assert!(first.chars().all(|c| c.is_ascii_hexdigit()), "{first}");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let (again, _) = own(&dir).unwrap();
+        assert_eq!(again, first, "reused");
+        let leftovers: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(leftovers, [OWN_TOKEN_FILE], "no temporary file is left");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = own(&dir).unwrap_err().to_string();
+        assert!(err.contains("is open to other users (mode 644"), "{err}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn bearer_tokens_are_read_and_compared() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(bearer(&headers), None);
+        headers.insert(header::AUTHORIZATION, "Bearer abc".parse().unwrap());
+        assert_eq!(bearer(&headers), Some("abc"));
+        headers.insert(header::AUTHORIZATION, "bearer  abc ".parse().unwrap());
+        assert_eq!(bearer(&headers), Some("abc"));
+        headers.insert(header::AUTHORIZATION, "Basic abc".parse().unwrap());
+        assert_eq!(bearer(&headers), None);
+        headers.insert(header::AUTHORIZATION, "Bearer ".parse().unwrap());
+        assert_eq!(bearer(&headers), None);
+        assert!(same(b"abc", b"abc"));
+        assert!(!same(b"abc", b"abd"));
+        assert!(!same(b"abc", b"abcd"));
+    }
+}
