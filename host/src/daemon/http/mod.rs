@@ -122,6 +122,13 @@ pub(crate) struct Bound {
     token: Option<String>,
 }
 
+impl Bound {
+    /// The address it listens on (the port chosen, for port 0).
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+}
+
 /// Binds the listener (before the daemon starts, so a taken port stops it
 /// at once).
 pub(crate) async fn bind(plan: Plan) -> Result<Bound, String> {
