@@ -69,8 +69,9 @@ impl Daemon {
     }
 
     /// Starts `host serve` under a descriptor limit of its own: bash sets
-    /// `ulimit -n LIMIT` (soft and hard) and then runs the daemon, so a
-    /// test can show that a guest cannot use up the daemon's descriptors.
+    /// `ulimit -n LIMIT` (soft and hard; where the hard limit is lower
+    /// already, it stays) and then runs the daemon, so a test can show that
+    /// a guest cannot use up the daemon's descriptors.
     pub fn start_with_fd_limit(limit: u32, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("h.sock");
@@ -79,7 +80,11 @@ impl Daemon {
         common::host_env(&mut cmd);
         cmd.args([
             "-c",
-            &format!("ulimit -n {limit} && exec \"$0\" \"$@\""),
+            &format!(
+                "hard=$(ulimit -Hn); \
+                 if [ \"$hard\" = unlimited ] || [ \"$hard\" -gt {limit} ]; then \
+                 ulimit -n {limit} || exit 1; fi; exec \"$0\" \"$@\""
+            ),
             common::host_bin(),
             "serve",
             "--socket",
