@@ -15,7 +15,8 @@
 //! | `faults` | vanishing clients and subscribers, SIGTERM in every state |
 //! | `durability` | the SQLite store: kill -9 and recovery, damaged stores |
 //! | `regressions` | one test per defect found by review |
-//! | `outbound_http` | grants, denials and redirects of guests' HTTP |
+//! | `outbound_http` | grants, denials, address checks and redirects of guests' HTTP; its cap |
+//! | `guest_limits` | per-attempt caps on files and handles, memory over all memories, the memory ceiling |
 //! | `cluster` | cluster mode on a real PostgreSQL |
 //! | `observability` | `--http`: metrics, the JSON API, the dashboard in Chromium |
 //! | `traces` | OpenTelemetry traces to a collector in the test |
@@ -46,6 +47,7 @@ mod docs;
 mod durability;
 mod exhaustion;
 mod faults;
+mod guest_limits;
 mod guests;
 mod observability;
 mod outbound_http;

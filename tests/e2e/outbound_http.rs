@@ -1,9 +1,12 @@
 //! Outbound HTTP end to end: the real `host` binary (in process and through a
-//! daemon), the real `http-get` and `deploy` plugins, and small HTTP servers
-//! the test starts on 127.0.0.1 only. Each server reports every request it
-//! receives and every connection a client closes, so tests synchronise on
-//! what the server saw, never on sleeps, and can assert that a denied
-//! request never reached it.
+//! daemon), the real `http-get`, `http-burst` and `deploy` plugins, and small
+//! HTTP servers the test starts on 127.0.0.1 only: grants by name, then by
+//! the addresses a name resolves to (`localhost` is loopback: only a grant of
+//! `127.0.0.1` reaches it), URLs with a user, wildcards against IP addresses,
+//! and the per-attempt caps on requests in flight and header bytes. Each
+//! server reports every request it receives and every connection a client
+//! closes, so tests synchronise on what the server saw, never on sleeps, and
+//! can assert that a denied request never reached it.
 
 use crate::{common, daemon};
 
@@ -713,4 +716,191 @@ fn a_recovered_task_keeps_its_grant_within_the_new_ceiling() {
     );
     assert_eq!(kept.requests().len(), 2);
     assert_eq!(dropped.requests().len(), 1, "{:?}", dropped.requests());
+}
+
+#[test]
+fn a_name_resolving_to_loopback_needs_a_grant_of_the_address_itself() {
+    let mut server = hello_server();
+    let port = server.port;
+    // `localhost` is granted by name, but it resolves to a loopback
+    // address, which only a grant of that IP address reaches.
+    let url = format!("http://localhost:{port}/hello");
+    let out = http_get(
+        &url,
+        &[
+            "--allow-http",
+            &format!("http://localhost:{port}"),
+            "--json",
+        ],
+    );
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let v = json(&out);
+    assert_eq!(v["outcome"], "fatal", "{v}");
+    let reason = v["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with(&format!("the host denied the request to {url}")),
+        "{reason}"
+    );
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| {
+            l.contains(&format!(
+                "outbound HTTP to http://localhost:{port} denied: "
+            ))
+        })
+        .unwrap_or_else(|| panic!("a denial line in {}", out.stderr));
+    let v4 = format!(
+        "localhost resolves to 127.0.0.1, a loopback address, which only a grant of that IP \
+         address reaches; add --allow-http http://127.0.0.1:{port} to allow it"
+    );
+    let v6 = format!(
+        "localhost resolves to ::1, a loopback address, which only a grant of that IP \
+         address reaches; add --allow-http http://[::1]:{port} to allow it"
+    );
+    assert!(line.ends_with(&v4) || line.ends_with(&v6), "{line}");
+    assert!(server.requests().is_empty(), "{:?}", server.requests());
+    // The grant of the address itself reaches the same server.
+    let out = http_get(&server.url("/hello"), &["--allow-http", &server.origin()]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "HTTP 200\nhi there");
+    assert_eq!(server.next_request(LIMIT).path, "/hello");
+}
+
+#[test]
+fn a_url_with_a_user_is_denied() {
+    let mut server = hello_server();
+    let url = format!("http://x@127.0.0.1:{}/hello", server.port);
+    let out = http_get(&url, &["--allow-http", &server.origin(), "--json"]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let v = json(&out);
+    assert_eq!(v["outcome"], "fatal", "{v}");
+    assert!(
+        v["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("the host denied the request to http://x@127.0.0.1:"),
+        "{v}"
+    );
+    let line = format!(
+        "[get warn] outbound HTTP to {} denied: the URL names a user or password before the \
+         host (`…@`), which this host never sends; remove it from the URL",
+        server.origin()
+    );
+    assert!(out.stderr.contains(&line), "{line:?} in {}", out.stderr);
+    assert!(server.requests().is_empty(), "{:?}", server.requests());
+}
+
+#[test]
+fn a_wildcard_matches_names_never_ip_addresses() {
+    let mut server = hello_server();
+    let wildcard = format!("http://*.0.0.1:{}", server.port);
+    let out = http_get(&server.url("/hello"), &["--allow-http", &wildcard]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!(
+            "outbound HTTP to {0} denied: this task is not granted it; add --allow-http {0}",
+            server.origin()
+        )),
+        "{}",
+        out.stderr
+    );
+    assert!(server.requests().is_empty(), "{:?}", server.requests());
+}
+
+#[test]
+fn requests_past_the_in_flight_cap_fail_with_connection_limit_reached() {
+    let mut server = hello_server();
+    let url = format!("url={}", server.url("/hello"));
+    let origin = server.origin();
+    let burst = |cap: &str| {
+        run_host(&[
+            "run",
+            &p("http-burst"),
+            "--name",
+            "burst",
+            "--param",
+            &url,
+            "--param",
+            "count=4",
+            "--allow-http",
+            &origin,
+            "--max-http-requests",
+            cap,
+            "--json",
+        ])
+    };
+    // Four started at once under a cap of two: the first two go out.
+    let out = burst("2");
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let v = json(&out);
+    assert_eq!(v["outcome"], "failed", "{v}");
+    assert_eq!(
+        v["reason"],
+        "1: HTTP 200; 2: HTTP 200; 3: error connection-limit-reached; 4: error \
+         connection-limit-reached (the guest hit its limit of 2 outbound HTTP requests in \
+         flight per attempt (raise it with --max-http-requests))",
+        "{v}"
+    );
+    assert!(
+        out.stderr.contains(&format!(
+            "[burst warn] outbound HTTP to {origin} refused: this attempt already has 2 \
+             requests in flight, its limit (raise it with --max-http-requests)"
+        )),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(server.requests().len(), 2, "{:?}", server.requests());
+    // Under a cap of four, all four.
+    let out = burst("4");
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let v = json(&out);
+    assert_eq!(
+        v["output"], "1: HTTP 200\n2: HTTP 200\n3: HTTP 200\n4: HTTP 200",
+        "{v}"
+    );
+    assert_eq!(server.requests().len(), 6, "{:?}", server.requests());
+}
+
+#[test]
+fn a_header_set_past_its_cap_traps_the_guest() {
+    let mut server = hello_server();
+    let url = format!("url={}", server.url("/hello"));
+    let origin = server.origin();
+    let plugin = p("http-burst");
+    let padded = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            plugin.as_str(),
+            "--param",
+            url.as_str(),
+            "--param",
+            "count=1",
+            "--param",
+            "header=40000",
+            "--allow-http",
+            origin.as_str(),
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        run_host(&args)
+    };
+    // 40,000 bytes of one header, over the default 32KiB of a header set.
+    let out = padded(&[]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let v = json(&out);
+    assert_eq!(v["outcome"], "failed", "{v}");
+    let reason = v["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with(
+            "the guest hit its limit of 32KiB per set of HTTP header fields (raise it with \
+             --max-header-bytes); "
+        ),
+        "{reason}"
+    );
+    assert!(server.requests().is_empty(), "{:?}", server.requests());
+    let out = padded(&["--max-header-bytes", "64KiB"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(json(&out)["output"], "1: HTTP 200");
+    assert_eq!(server.next_request(LIMIT).headers["x-pad"].len(), 40_000);
 }

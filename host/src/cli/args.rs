@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use taskhost::runtime::{DirGrant, HttpAllow, RuntimeConfig, Sandbox, parse_env};
+use taskhost::runtime::{DirGrant, GuestLimits, HttpAllow, RuntimeConfig, Sandbox, parse_env};
 use taskhost::supervisor::{BackoffPolicy, RestartPolicy, TaskSpec};
 use taskhost::units::{format_size, parse_duration, parse_size};
 
@@ -65,6 +65,56 @@ impl CacheArgs {
     }
 }
 
+/// The caps on what each attempt's guest holds in the host (`run`, `serve`).
+#[derive(Debug, Args)]
+pub struct GuestLimitArgs {
+    /// Most WASI handles each attempt's guest may hold at once: open files and directories, streams, pollables, HTTP requests, responses and header sets. Past it the guest traps and the attempt fails, naming this flag [default: 4096; daemon TOML: max_handles].
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub max_handles: Option<usize>,
+    /// Most open files and directories each attempt's guest may hold at once (each one a descriptor of this process; preopened directories count). Past it an open fails with the WASI error `quota` and the task's log says why; at most --max-handles in effect [default: 256; daemon TOML: max_open_files].
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub max_open_files: Option<usize>,
+    /// Most outbound HTTP requests each attempt may have in flight (until its response, body and connection are gone). Past it a request fails with `connection-limit-reached` [default: 16; daemon TOML: max_http_requests].
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub max_http_requests: Option<usize>,
+    /// Largest set of HTTP header fields a guest may build, as wasmtime counts it (names and values plus about 60 bytes each), such as 64KiB. Past it the guest traps [default: 32KiB; daemon TOML: max_header_bytes].
+    #[arg(long, value_name = "SIZE", value_parser = parse_header_bytes)]
+    pub max_header_bytes: Option<usize>,
+}
+
+impl GuestLimitArgs {
+    /// These flags over `limits`.
+    pub fn apply(&self, mut limits: GuestLimits) -> GuestLimits {
+        if let Some(v) = self.max_handles {
+            limits.max_handles = v;
+        }
+        if let Some(v) = self.max_open_files {
+            limits.max_open_files = v;
+        }
+        if let Some(v) = self.max_http_requests {
+            limits.max_http_requests = v;
+        }
+        if let Some(v) = self.max_header_bytes {
+            limits.max_header_bytes = v;
+        }
+        limits
+    }
+}
+
+fn parse_count(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("`{text}` is not a whole number of at least 1")),
+    }
+}
+
+fn parse_header_bytes(text: &str) -> Result<usize, String> {
+    match parse_size(text).map_err(|e| e.to_string())? {
+        0 => Err("must be more than zero".to_owned()),
+        n => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
+    }
+}
+
 /// `--socket` of the verbs that talk to the daemon (also accepted before
 /// the verb).
 #[derive(Debug, Args)]
@@ -98,7 +148,7 @@ pub struct TaskArgs {
     /// Per-attempt timeout, such as 30s or 250ms; 0 means none [default: none].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub timeout: Option<Duration>,
-    /// Memory limit of the guest's linear memory, such as 64MiB [default: 256MiB; for submit, the daemon's --max-memory].
+    /// Memory limit of the guest: all its linear memories together, such as 64MiB [default: 256MiB; for submit, the daemon's --max-memory, at most its --memory-ceiling].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_memory: Option<u64>,
     /// Grant a host directory at a guest path: HOST::GUEST, or HOST::GUEST:ro for read-only (repeatable).

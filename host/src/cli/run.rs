@@ -8,12 +8,12 @@ use std::time::Duration;
 use clap::Args;
 use taskhost::outcome::TaskOutcome;
 use taskhost::plugin_task::{PluginTask, resolve_slot};
-use taskhost::runtime::Runtime;
+use taskhost::runtime::{GuestLimits, Runtime};
 use taskhost::supervisor::{Event, EventKind, Received, Supervisor, TaskReport, TaskSpec};
 use taskhost::units::{format_duration, parse_duration};
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::args::{CacheArgs, OtlpArg, PolicyArgs, TaskArgs};
+use super::args::{CacheArgs, GuestLimitArgs, OtlpArg, PolicyArgs, TaskArgs};
 use super::exit::{outcome_code, usage};
 use super::report::{JsonResult, StderrSink, print_result, progress_text};
 
@@ -25,6 +25,8 @@ pub struct RunArgs {
     policy: PolicyArgs,
     #[command(flatten)]
     cache: CacheArgs,
+    #[command(flatten)]
+    limits: GuestLimitArgs,
     #[command(flatten)]
     pub otlp: OtlpArg,
     /// After Ctrl-C, how long the task may take to stop before it is stopped by force.
@@ -40,6 +42,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let policies = args.policy.resolve(task.timeout)?;
 
     let config = args.cache.runtime_config()?;
+    let config = config.guest_limits(args.limits.apply(GuestLimits::default()));
     let runtime = Arc::new(Runtime::new(&config)?);
     let plugin = runtime.load_file(&task.plugin).await.map_err(usage)?;
     sandbox

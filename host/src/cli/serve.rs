@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, memory_ceiling, max_handles, max_open_files, max_http_requests, max_header_bytes, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -35,9 +35,14 @@ pub struct ServeArgs {
     /// Pending submissions over all slots [default: 10000].
     #[arg(long, value_name = "N")]
     max_total_pending: Option<usize>,
-    /// Default memory limit of a guest [default: 256MiB].
+    /// Default memory limit of a guest, all its linear memories together [default: 256MiB].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     max_memory: Option<u64>,
+    /// The most memory a submission's --max-memory may ask for; a submission asking for more is refused (exit 2), and --max-memory must be within it too [default: 4GiB] [TOML: memory_ceiling].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    memory_ceiling: Option<u64>,
+    #[command(flatten)]
+    limits: super::args::GuestLimitArgs,
     /// Instance slots of the pooling allocator; attempts running at once never exceed it (below 16: the on-demand allocator). Each slot reserves about 8 GiB of address space (not memory): the default fits up to about 12,000 within x86-64's 128 TiB [default: --max-concurrent plus 8, at least 1000].
     #[arg(long, value_name = "N")]
     pool_instances: Option<u32>,
@@ -170,6 +175,14 @@ impl ServeArgs {
             }
             config.max_memory = v;
         }
+        if let Some(v) = self.memory_ceiling {
+            config.memory_ceiling = v;
+        }
+        let limits = self.limits.apply(config.guest_limits());
+        config.max_handles = limits.max_handles;
+        config.max_open_files = limits.max_open_files;
+        config.max_http_requests = limits.max_http_requests;
+        config.max_header_bytes = limits.max_header_bytes;
         if let Some(v) = self.pool_instances {
             config.pool_instances = Some(v);
         }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::runtime::{DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, HttpAllow};
-use crate::units::{parse_duration, parse_size};
+use crate::runtime::{DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, GuestLimits, HttpAllow};
+use crate::units::{format_size, parse_duration, parse_size};
 
 use super::cluster::ClusterSettings;
 
@@ -28,6 +28,9 @@ pub const DEFAULT_HTTP_MAX_STREAMS: usize = 16;
 /// (`http_header_timeout`).
 pub const DEFAULT_HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The default of [`DaemonConfig::memory_ceiling`].
+pub const DEFAULT_MEMORY_CEILING: u64 = 4 << 30;
+
 /// Settings of `host serve`.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -42,8 +45,19 @@ pub struct DaemonConfig {
     pub max_slot_queue: usize,
     /// Pending submissions over all slots.
     pub max_total_pending: usize,
-    /// Default memory limit of a guest.
+    /// Default memory limit of a guest (all its linear memories together).
     pub max_memory: u64,
+    /// The most memory a submission's `--max-memory` may ask for; one
+    /// asking for more is refused (and `max_memory` must not be above it).
+    pub memory_ceiling: u64,
+    /// WASI resource handles each attempt's guest may hold at once.
+    pub max_handles: usize,
+    /// Open files and directories each attempt's guest may hold at once.
+    pub max_open_files: usize,
+    /// Outbound HTTP requests each attempt may have in flight.
+    pub max_http_requests: usize,
+    /// Bytes of one set of HTTP header fields of a guest.
+    pub max_header_bytes: usize,
     /// Epoch tick of the runtime.
     pub epoch_tick: Duration,
     /// Most client connections at once.
@@ -124,6 +138,11 @@ impl DaemonConfig {
             max_slot_queue: 100,
             max_total_pending: 10_000,
             max_memory: DEFAULT_MAX_MEMORY,
+            memory_ceiling: DEFAULT_MEMORY_CEILING,
+            max_handles: crate::runtime::DEFAULT_MAX_HANDLES,
+            max_open_files: crate::runtime::DEFAULT_MAX_OPEN_FILES,
+            max_http_requests: crate::runtime::DEFAULT_MAX_HTTP_REQUESTS,
+            max_header_bytes: crate::runtime::DEFAULT_MAX_HEADER_BYTES,
             epoch_tick: DEFAULT_EPOCH_TICK,
             max_connections: 256,
             pool_instances: None,
@@ -145,6 +164,31 @@ impl DaemonConfig {
             http_header_timeout: DEFAULT_HTTP_HEADER_TIMEOUT,
             otlp: None,
         }
+    }
+
+    /// The caps every attempt's guest runs under.
+    pub fn guest_limits(&self) -> GuestLimits {
+        GuestLimits {
+            max_handles: self.max_handles,
+            max_open_files: self.max_open_files,
+            max_http_requests: self.max_http_requests,
+            max_header_bytes: self.max_header_bytes,
+        }
+    }
+
+    /// Checks the guest settings against each other: the caps are at
+    /// least 1 and `max_memory` is within `memory_ceiling`.
+    fn check_guest(&self) -> Result<(), String> {
+        self.guest_limits().check().map_err(|e| e.to_string())?;
+        if self.max_memory > self.memory_ceiling {
+            return Err(format!(
+                "max_memory ({}) is above memory_ceiling ({}): lower --max-memory or raise \
+                 --memory-ceiling",
+                format_size(self.max_memory),
+                format_size(self.memory_ceiling)
+            ));
+        }
+        Ok(())
     }
 
     /// Applies a TOML file's settings over these.
@@ -174,6 +218,22 @@ impl DaemonConfig {
             if self.max_memory < 64 << 10 {
                 return Err("max_memory: must be at least 64KiB (one WebAssembly page)".into());
             }
+        }
+        if let Some(v) = file.memory_ceiling {
+            self.memory_ceiling = parse_size(&v).map_err(|e| format!("memory_ceiling: {e}"))?;
+        }
+        if let Some(v) = file.max_handles {
+            self.max_handles = v;
+        }
+        if let Some(v) = file.max_open_files {
+            self.max_open_files = v;
+        }
+        if let Some(v) = file.max_http_requests {
+            self.max_http_requests = v;
+        }
+        if let Some(v) = file.max_header_bytes {
+            let bytes = parse_size(&v).map_err(|e| format!("max_header_bytes: {e}"))?;
+            self.max_header_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         }
         if let Some(v) = file.epoch_tick {
             self.epoch_tick = dur(&v, "epoch_tick")?;
@@ -269,9 +329,10 @@ impl DaemonConfig {
         self.check()
     }
 
-    /// Checks the settings that have a lower bound (the CLI calls it after
-    /// applying its flags too).
+    /// Checks the settings that have a lower bound, and the guest settings
+    /// against each other (the CLI calls it after applying its flags too).
     pub fn check(&self) -> Result<(), String> {
+        self.check_guest()?;
         if self.max_connections == 0 {
             return Err("max_connections: must be at least 1".into());
         }
@@ -312,6 +373,11 @@ struct FileConfig {
     max_slot_queue: Option<usize>,
     max_total_pending: Option<usize>,
     max_memory: Option<String>,
+    memory_ceiling: Option<String>,
+    max_handles: Option<usize>,
+    max_open_files: Option<usize>,
+    max_http_requests: Option<usize>,
+    max_header_bytes: Option<String>,
     epoch_tick: Option<String>,
     max_connections: Option<usize>,
     pool_instances: Option<u32>,
@@ -417,5 +483,52 @@ mod tests {
         let err = config.apply_file(&path).unwrap_err();
         assert!(err.contains("unknown field"), "{err}");
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn guest_limits_and_the_memory_ceiling_come_from_the_file() {
+        let dir = tempfile_dir("limits");
+        let path = dir.join("host.toml");
+        std::fs::write(
+            &path,
+            "max_handles = 500\nmax_open_files = 20\nmax_http_requests = 3\n\
+             max_header_bytes = \"8KiB\"\nmemory_ceiling = \"1GiB\"\n",
+        )
+        .unwrap();
+        let mut config = DaemonConfig::with_state_dir(dir.clone());
+        assert_eq!(config.memory_ceiling, 4 << 30);
+        config.apply_file(&path).unwrap();
+        let limits = config.guest_limits();
+        assert_eq!(
+            (
+                limits.max_handles,
+                limits.max_open_files,
+                limits.max_http_requests,
+                limits.max_header_bytes
+            ),
+            (500, 20, 3, 8 << 10)
+        );
+        assert_eq!(config.memory_ceiling, 1 << 30);
+        assert_eq!(config.check(), Ok(()));
+        config.max_memory = 2 << 30;
+        assert_eq!(
+            config.check().unwrap_err(),
+            "max_memory (2GiB) is above memory_ceiling (1GiB): lower --max-memory or raise \
+             --memory-ceiling"
+        );
+        config.max_memory = 64 << 20;
+        config.max_open_files = 0;
+        assert_eq!(
+            config.check().unwrap_err(),
+            "max_open_files must be at least 1"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    fn tempfile_dir(what: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("taskhost-config-{what}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
     }
 }

@@ -89,6 +89,7 @@ pub async fn serve(
                     .max(DEFAULT_POOL_INSTANCES)
             }))
             .plugin_cache_bytes(Some(config.plugin_cache))
+            .guest_limits(config.guest_limits())
             // Running tasks first: a compile takes the cores they leave.
             .compile_nice(Some(COMPILE_NICE)),
     )
@@ -166,6 +167,10 @@ pub async fn serve(
         Some(plan) => Some(http::bind(plan).await.map_err(fail)?),
         None => None,
     };
+    if let Some(bound) = &http_bound {
+        // Guests' outbound HTTP reaches this listener only by its address.
+        runtime.add_own_address(bound.local_addr());
+    }
     let listener = UnixListener::bind(&socket_path)
         .map_err(|e| fail(format!("cannot listen on `{}`: {e}", socket_path.display())))?;
     socket::restrict(&socket_path).map_err(fail)?;

@@ -25,6 +25,7 @@ use crate::supervisor::{
     AttemptContext, Reservation, RestartPolicy, Resume, RunFuture, TaskBody, TaskError, TaskId,
     TaskSpec,
 };
+use crate::units::format_size;
 
 use super::connection::Replier;
 use super::protocol::{ErrorKind, MAX_SUBMIT_INPUT, Placement, Reply, SubmitRequest, Submitted};
@@ -98,6 +99,29 @@ fn check_http_ceiling(ceiling: &[HttpAllow], wanted: &[HttpAllow]) -> Result<(),
     })
 }
 
+/// Refuses a memory limit above the daemon's `memory_ceiling`, naming both
+/// and the fix: `asked` is the submission's `--max-memory`, `limit` what
+/// its attempts would get (the daemon's default when it asked for none).
+fn check_memory_ceiling(ceiling: u64, asked: Option<u64>, limit: u64) -> Result<(), String> {
+    if limit <= ceiling {
+        return Ok(());
+    }
+    let (limit_text, ceiling_text) = (format_size(limit), format_size(ceiling));
+    Err(match asked {
+        Some(_) => format!(
+            "--max-memory {limit_text} is above this daemon's memory ceiling of \
+             {ceiling_text}; ask for {ceiling_text} or less, or its operator can raise it \
+             with `host serve --memory-ceiling {limit_text}` or `memory_ceiling = \
+             \"{limit_text}\"` in the config file"
+        ),
+        None => format!(
+            "this daemon's default memory limit ({limit_text}, its max_memory) is above its \
+             memory ceiling of {ceiling_text}; ask for --max-memory {ceiling_text} or less, \
+             or its operator can lower max_memory or raise memory_ceiling"
+        ),
+    })
+}
+
 /// The checks every submission passes before anything is recorded: the
 /// daemon is taking work, the input fits, the plugin is known, the grants
 /// are valid and cover what the plugin declares. Returns the plugin and the
@@ -141,6 +165,12 @@ pub(crate) async fn check(
             "--max-memory must be at least 64KiB (one WebAssembly page)".into(),
         ));
     }
+    check_memory_ceiling(
+        daemon.config.memory_ceiling,
+        request.max_memory,
+        sandbox.max_memory,
+    )
+    .map_err(invalid)?;
     if let Some(dir) = sandbox.dirs.iter().find(|d| !d.host.is_absolute()) {
         return Err(invalid(format!(
             "directory grant `{}` is not an absolute path",
@@ -428,5 +458,30 @@ impl TaskBody for Recorded {
 
     fn code_digest(&self) -> Option<String> {
         self.task.code_digest()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_memory_limit_above_the_ceiling_names_both_and_the_fix() {
+        assert_eq!(
+            check_memory_ceiling(64 << 20, Some(64 << 20), 64 << 20),
+            Ok(())
+        );
+        assert_eq!(check_memory_ceiling(64 << 20, None, 32 << 20), Ok(()));
+        assert_eq!(
+            check_memory_ceiling(64 << 20, Some(128 << 20), 128 << 20).unwrap_err(),
+            "--max-memory 128MiB is above this daemon's memory ceiling of 64MiB; ask for \
+             64MiB or less, or its operator can raise it with `host serve --memory-ceiling \
+             128MiB` or `memory_ceiling = \"128MiB\"` in the config file"
+        );
+        let default = check_memory_ceiling(64 << 20, None, 256 << 20).unwrap_err();
+        assert!(
+            default.starts_with("this daemon's default memory limit (256MiB"),
+            "{default}"
+        );
     }
 }

@@ -14,7 +14,8 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::{self, taskhost::plugin::host, taskhost::plugin::types};
-use super::http::HttpHooks;
+use super::http::{HttpHooks, OwnAddresses};
+use super::limits::{GuestLimits, LimitHits};
 use super::output::{Capture, CapturedStream, GuestSink};
 use super::reaper::Reaper;
 use super::sandbox::Sandbox;
@@ -107,6 +108,42 @@ pub(crate) struct AttemptState {
     http: WasiHttpCtx,
     /// Checks every outbound request against the task's grant.
     http_hooks: HttpHooks,
+    /// The caps of `limits` this attempt has hit.
+    limits: LimitHits,
+}
+
+impl AttemptState {
+    /// The attempt's WASI resource table.
+    pub(crate) fn table(&mut self) -> &mut ResourceTable {
+        &mut self.table
+    }
+
+    /// The caps this attempt runs under and which it has hit.
+    pub(crate) fn limits(&self) -> &LimitHits {
+        &self.limits
+    }
+
+    /// See [`AttemptState::limits`].
+    pub(crate) fn limits_mut(&mut self) -> &mut LimitHits {
+        &mut self.limits
+    }
+
+    /// A line in the task's log, as if the guest had logged it.
+    pub(crate) fn log(&self, level: LogLevel, message: &str) {
+        self.host.capture.log(level, message);
+    }
+
+    /// The note naming every limit this attempt hit (memory, tables, the
+    /// caps of [`GuestLimits`]), given how it ended.
+    fn limits_note(&mut self, err: Option<&wasmtime::Error>) -> Option<String> {
+        let caps = self
+            .limits
+            .note(&mut self.table, self.http_hooks.refused(), err);
+        match (self.limiter.note(), caps) {
+            (Some(m), Some(c)) => Some(format!("{m}; {c}")),
+            (m, c) => m.or(c),
+        }
+    }
 }
 
 /// What the host functions of one attempt need.
@@ -139,9 +176,14 @@ impl WasiHttpView for AttemptState {
     }
 }
 
-/// Enforces the per-memory and per-table limits and remembers that it did.
+/// Enforces the memory limit (over all the guest's linear memories
+/// together) and the per-table limit, and remembers that it did.
 struct MemoryLimiter {
     max_memory: usize,
+    /// Bytes of all the guest's linear memories: the limiter sees each
+    /// memory's creation (from 0) and growth, so their sum.
+    total: usize,
+    /// The largest total a refused growth asked for.
     denied: Option<usize>,
     /// The table limit that refused a growth, and the largest size asked.
     table_denied: Option<(usize, usize)>,
@@ -152,7 +194,8 @@ impl MemoryLimiter {
     fn note(&self) -> Option<String> {
         let memory = self.denied.map(|d| {
             format!(
-                "the guest hit its memory limit of {} (it asked for {}; raise it with --max-memory)",
+                "the guest hit its memory limit of {} (it asked for {} across all its memories; \
+                 raise it with --max-memory)",
                 format_size(self.max_memory as u64),
                 format_size(d as u64)
             )
@@ -170,14 +213,23 @@ impl MemoryLimiter {
 impl ResourceLimiter for MemoryLimiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
-        _max: Option<usize>,
+        max: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.max_memory {
-            self.denied = Some(self.denied.map_or(desired, |d| d.max(desired)));
+        // Past the memory's own maximum the growth fails anyway (after the
+        // limiter, so refuse it here, uncounted and not noted as ours).
+        if max.is_some_and(|max| desired > max) {
             return Ok(false);
         }
+        let total = self.total.saturating_sub(current).saturating_add(desired);
+        if total > self.max_memory {
+            self.denied = Some(self.denied.map_or(total, |d| d.max(total)));
+            return Ok(false);
+        }
+        // A growth the allocator then fails (out of address space) stays
+        // counted: the limit only gets stricter for this attempt.
+        self.total = total;
         Ok(true)
     }
 
@@ -199,14 +251,24 @@ impl ResourceLimiter for MemoryLimiter {
     }
 }
 
-/// Adds the WASI p2 interfaces, the outgoing half of `wasi:http` (`types`
-/// and `outgoing-handler`, checked by `http::HttpHooks`) and the `host`
-/// interface to a linker.
+/// Adds the WASI p2 interfaces (`open-at` wrapped by the open-files cap),
+/// the outgoing half of `wasi:http` (`types` and `outgoing-handler`, checked
+/// by `http::HttpHooks`) and the `host` interface to a linker.
 pub(crate) fn add_to_linker(linker: &mut Linker<AttemptState>) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)?;
+    // After wasmtime-wasi's own `open-at`, which it wraps.
+    super::limits::wrap_open_at(linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
     host::add_to_linker::<AttemptState, HasSelf<HostCtx>>(linker, |state| &mut state.host)?;
     Ok(())
+}
+
+/// What every attempt of one runtime shares: the caps on what a guest holds
+/// and the addresses outbound HTTP must not reach unless granted by address.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct AttemptEnv {
+    pub(crate) limits: GuestLimits,
+    pub(crate) own: Arc<OwnAddresses>,
 }
 
 /// Creates the store of one attempt with its limits, WASI context and epoch
@@ -214,6 +276,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<AttemptState>) -> wasmtime::Resu
 /// the runtime) unless the attempt was aborted, in which case it traps.
 pub(crate) fn new_store(
     engine: &Engine,
+    env: &AttemptEnv,
     sandbox: &Sandbox,
     facts: Arc<AttemptFacts>,
     signals: &StopSignals,
@@ -229,11 +292,17 @@ pub(crate) fn new_store(
             reason: e.to_string(),
             exit_code: None,
         })?;
+    let limits = env.limits;
+    let mut table = ResourceTable::new();
+    table.set_max_capacity(limits.max_handles);
+    let mut http = WasiHttpCtx::new();
+    http.set_field_size_limit(limits.max_header_bytes);
     let state = AttemptState {
         wasi,
-        table: ResourceTable::new(),
+        table,
         limiter: MemoryLimiter {
             max_memory: usize::try_from(sandbox.max_memory).unwrap_or(usize::MAX),
+            total: 0,
             denied: None,
             table_denied: None,
         },
@@ -243,8 +312,15 @@ pub(crate) fn new_store(
             capture: Arc::clone(&capture),
             woke: false,
         },
-        http: WasiHttpCtx::new(),
-        http_hooks: HttpHooks::new(&sandbox.http, Arc::clone(&capture), signals.cancel.clone()),
+        http,
+        http_hooks: HttpHooks::new(
+            &sandbox.http,
+            Arc::clone(&capture),
+            signals.cancel.clone(),
+            limits.max_http_requests,
+            Arc::clone(&env.own),
+        ),
+        limits: LimitHits::new(limits),
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limiter);
@@ -354,7 +430,7 @@ impl PreparedAttempt {
     pub async fn run(mut self, input: &[u8]) -> Result<Vec<u8>, AttemptError> {
         let result = self.instance.call_run(&mut self.store, input).await;
         self.capture.finish();
-        let memory_note = self.store.data().limiter.note();
+        let memory_note = self.store.data_mut().limits_note(result.as_ref().err());
         // Stops come in crowds (a shutdown, Replace, a cancel of
         // everything): on a current-thread runtime their stores go to the
         // reaper's thread.
@@ -378,7 +454,7 @@ impl PreparedAttempt {
                 exit_code: f.exit_code,
             }),
             Ok(Err(types::TaskError::Fatal(f))) => Err(AttemptError::Fatal {
-                reason: f.reason,
+                reason: join(&f.reason, memory_note),
                 exit_code: f.exit_code,
             }),
             Ok(Err(types::TaskError::Canceled)) => Err(AttemptError::Canceled),

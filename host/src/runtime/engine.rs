@@ -16,7 +16,7 @@ use wasmtime::{
 
 use super::RuntimeError;
 
-/// The default memory limit of one guest linear memory.
+/// The default memory limit of a guest: all its linear memories together.
 pub const DEFAULT_MAX_MEMORY: u64 = 256 << 20;
 /// The default interval of the epoch ticker.
 pub const DEFAULT_EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -71,6 +71,7 @@ pub struct RuntimeConfig {
     pub(crate) plugin_cache_bytes: Option<u64>,
     pub(crate) on_slow_compile: Option<SlowCompileHook>,
     pub(crate) compile_nice: Option<i32>,
+    pub(crate) guest_limits: super::GuestLimits,
 }
 
 /// A compile that has taken longer than [`SLOW_COMPILE`] so far, as told to
@@ -157,6 +158,15 @@ impl RuntimeConfig {
         self
     }
 
+    /// What each attempt's guest may hold in the host at once: WASI
+    /// handles, open files, outbound HTTP requests in flight, header bytes
+    /// [default: [`GuestLimits::default`](super::GuestLimits)]. Each must be
+    /// at least 1 ([`Runtime::new`](super::Runtime::new) refuses a zero).
+    pub fn guest_limits(mut self, limits: super::GuestLimits) -> Self {
+        self.guest_limits = limits;
+        self
+    }
+
     /// Instance slots of the pooling allocator, an upper bound on instances
     /// alive at once when pooling [default: 1000].
     pub fn pool_instances(mut self, n: u32) -> Self {
@@ -175,6 +185,7 @@ impl Default for RuntimeConfig {
             plugin_cache_bytes: None,
             on_slow_compile: None,
             compile_nice: None,
+            guest_limits: super::GuestLimits::default(),
         }
     }
 }

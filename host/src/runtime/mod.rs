@@ -10,8 +10,10 @@
 //! | `contract` | what a plugin declares: [`PluginInfo`], [`Capability`], resource templates |
 //! | `plugin` | bytes → validated [`Plugin`] (header sniffing, compile, world check, describe) |
 //! | `attempt` | one fresh instance: limits, epoch callback, host functions, error mapping |
+//! | `limits` | the per-attempt caps on handles, open files, HTTP requests, header bytes |
 //! | `sandbox` | grants: dirs, env, http, memory; capability checks; WASI context |
-//! | `http` | outbound HTTP: `--allow-http` grants, ceilings, the check of every request |
+//! | `http` | outbound HTTP: `--allow-http` grants, ceilings, the checks of every request and address |
+//! | `outbound` | outbound HTTP's send path: lookup, connect to the checked address, TLS, HTTP/1 |
 //! | `output` | guest stdout/stderr/log capture, bounded, line by line |
 //! | `reaper` | the thread that drops stopped attempts' stores on current-thread runtimes |
 
@@ -20,6 +22,8 @@ mod bindings;
 pub mod contract;
 mod engine;
 mod http;
+mod limits;
+mod outbound;
 mod output;
 mod plugin;
 mod reaper;
@@ -42,6 +46,10 @@ pub use engine::{
 pub use http::{
     DEFAULT_HTTP_CONNECT_TIMEOUT, DEFAULT_HTTP_FIRST_BYTE_TIMEOUT, HttpAllow, HttpScheme,
 };
+pub use limits::{
+    DEFAULT_MAX_HANDLES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_HTTP_REQUESTS,
+    DEFAULT_MAX_OPEN_FILES, GuestLimits, LimitError,
+};
 pub use output::{GuestSink, MAX_LINE_BYTES, MAX_OUTPUT_BYTES_PER_ATTEMPT, NullSink};
 pub use plugin::{
     DESCRIBE_MAX_MEMORY, DESCRIBE_TIMEOUT, Digest, LoadError, MAX_PLUGIN_BYTES, Plugin,
@@ -49,7 +57,7 @@ pub use plugin::{
 };
 pub use sandbox::{DirGrant, GrantError, Sandbox, parse_env};
 
-use attempt::AttemptState;
+use attempt::{AttemptEnv, AttemptState};
 
 mod cache;
 
@@ -59,6 +67,9 @@ pub enum RuntimeError {
     /// The engine or its ticker could not be set up.
     #[error("cannot start the WebAssembly runtime: {0}")]
     Engine(String),
+    /// A cap of [`RuntimeConfig::guest_limits`] cannot work.
+    #[error(transparent)]
+    Limits(#[from] LimitError),
 }
 
 /// Everything needed to run one attempt of a plugin task.
@@ -89,6 +100,8 @@ pub struct Runtime {
     stats: RuntimeStats,
     /// Drops the stores of stopped attempts beside a current-thread runtime.
     reaper: Arc<reaper::Reaper>,
+    /// What every attempt shares: its caps, the host's own addresses.
+    env: AttemptEnv,
 }
 
 /// What a runtime counts about its plugin cache, for the daemon's metrics.
@@ -159,6 +172,7 @@ impl Runtime {
     /// Builds the engine (pooling if possible), links WASI p2 and the host
     /// interface, and starts the epoch ticker.
     pub fn new(config: &RuntimeConfig) -> Result<Self, RuntimeError> {
+        config.guest_limits.check()?;
         if let Some(nice) = config.compile_nice {
             // Only the first configuration of the global pool counts (an
             // error means it was already started, maybe by the embedder).
@@ -183,7 +197,25 @@ impl Runtime {
             compile_nice: config.compile_nice,
             stats: RuntimeStats::default(),
             reaper: Arc::default(),
+            env: AttemptEnv {
+                limits: config.guest_limits,
+                own: Arc::default(),
+            },
         })
+    }
+
+    /// Adds an address the host itself listens on (the daemon's `--http`
+    /// listener, once bound): from now on no guest's outbound HTTP reaches
+    /// it unless its grant names that IP address itself (one on an
+    /// unspecified address, such as `0.0.0.0:9100`, counts for every
+    /// address on its port).
+    pub fn add_own_address(&self, addr: std::net::SocketAddr) {
+        self.env.own.add(addr);
+    }
+
+    /// The caps every attempt of this runtime runs under.
+    pub fn guest_limits(&self) -> GuestLimits {
+        self.env.limits
     }
 
     /// Registers a deadline of an attempt of this runtime (a force-abort or
@@ -297,10 +329,18 @@ impl Runtime {
                 // blocking thread, driven by this runtime's timers.
                 let runtime = tokio::runtime::Handle::current();
                 let engine = self.engine.clone();
+                let env = self.env.clone();
                 let owned_origin = origin.to_owned();
                 let size = bytes.len();
                 let plugin = tokio::task::spawn_blocking(move || {
-                    runtime.block_on(plugin::describe(&engine, &owned_origin, digest, size, pre))
+                    runtime.block_on(plugin::describe(
+                        &engine,
+                        &env,
+                        &owned_origin,
+                        digest,
+                        size,
+                        pre,
+                    ))
                 })
                 .await
                 .map_err(|e| LoadError::Invalid {
@@ -385,6 +425,7 @@ impl Runtime {
     ) -> Result<PreparedAttempt, AttemptError> {
         let (store, capture) = attempt::new_store(
             &self.engine,
+            &self.env,
             &request.sandbox,
             Arc::clone(&request.facts),
             signals,

@@ -11,7 +11,7 @@ use sha2::{Digest as _, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::attempt::{self, AttemptFacts, AttemptState, StopSignals, error_chain};
+use super::attempt::{self, AttemptEnv, AttemptFacts, AttemptState, StopSignals, error_chain};
 use super::bindings::{self, WIT_PACKAGE, WIT_VERSION, taskhost::plugin::types};
 use super::contract::{Capability, PluginInfo, ResourceTemplate};
 use super::output::NullSink;
@@ -449,6 +449,7 @@ pub(crate) fn compile(
 /// answer.
 pub(crate) async fn describe(
     engine: &Engine,
+    env: &AttemptEnv,
     origin: &str,
     digest: Digest,
     size: usize,
@@ -465,6 +466,7 @@ pub(crate) async fn describe(
     let signals = StopSignals::default();
     let (mut store, capture) = attempt::new_store(
         engine,
+        env,
         &sandbox,
         Arc::new(AttemptFacts::default()),
         &signals,

@@ -101,7 +101,8 @@ pub struct Sandbox {
     pub env: Vec<(String, String)>,
     /// Where outbound HTTP requests may go (none: every request is denied).
     pub http: Vec<HttpAllow>,
-    /// Largest size, in bytes, of any one linear memory of the guest.
+    /// Largest size, in bytes, of all the guest's linear memories together
+    /// (a component may have several).
     pub max_memory: u64,
 }
 

@@ -40,6 +40,8 @@
 //! | `describe-spin` | `describe()` busy-loops forever: refused after the describe time limit |
 //! | `describe-huge` | `describe()` returns a 1 MiB name and 100,000 capabilities: refused, naming the limit |
 //! | `output-huge` | `run` returns `mib` (default 17) MiB: over the 16 MiB output limit, the attempt fails |
+//! | `hog` | opens `path` (default `/data/hog.txt`) again and again (`what=files`, the default) or makes timer pollables (`what=handles`), keeping each, up to `count` (default 100000); a refused open fails it (with `release=PATH`, first logs `holding N open files` and waits until PATH exists): tests the per-attempt caps |
+//! | `http-burst` | declares `network`; starts `count` (default 4) GETs to `url` at once, then waits for each: `N: HTTP <status>` lines, or fails with `N: error <code>` for those refused; `header=N` adds an `x-pad` header of N bytes to each |
 //! | `unknown-import` | built with wit-bindgen directly; also imports `example:missing/thing`, which no host provides: refused at load |
 
 #![warn(missing_docs)]
@@ -112,6 +114,8 @@ mod tests {
             "describe-trap",
             "flaky",
             "hello",
+            "hog",
+            "http-burst",
             "http-get",
             "not-a-task",
             "oom",

@@ -68,6 +68,40 @@ impl Daemon {
         }
     }
 
+    /// Starts `host serve` under a descriptor limit of its own: bash sets
+    /// `ulimit -n LIMIT` (soft and hard; where the hard limit is lower
+    /// already, it stays) and then runs the daemon, so a test can show that
+    /// a guest cannot use up the daemon's descriptors.
+    pub fn start_with_fd_limit(limit: u32, extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("h.sock");
+        let state = dir.path().join("state");
+        let mut cmd = std::process::Command::new("bash");
+        common::host_env(&mut cmd);
+        cmd.args([
+            "-c",
+            &format!(
+                "hard=$(ulimit -Hn); \
+                 if [ \"$hard\" = unlimited ] || [ \"$hard\" -gt {limit} ]; then \
+                 ulimit -n {limit} || exit 1; fi; exec \"$0\" \"$@\""
+            ),
+            common::host_bin(),
+            "serve",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ])
+        .args(extra);
+        let mut process = Running::spawn_command(cmd);
+        process.wait_for_line("taskhost daemon listening on", LIMIT);
+        Self {
+            dir,
+            socket,
+            process: Some(process),
+        }
+    }
+
     /// Starts `host serve` whose compilation cache (`<state>/wasmtime-cache`)
     /// is a symlink to the tests' shared one, so that large plugins compiled
     /// by earlier tests or runs load from it instead of compiling again.

@@ -28,12 +28,18 @@ pub fn cache_dir() -> PathBuf {
 /// A `host` command with the test cache and a quiet environment.
 pub fn host() -> Command {
     let mut cmd = Command::new(host_bin());
+    host_env(&mut cmd);
+    cmd
+}
+
+/// Gives `cmd` (`host`, or a wrapper that runs it) the environment of
+/// [`host`]: the test cache, no log filter, no trace export, no stdin.
+pub fn host_env(cmd: &mut Command) -> &mut Command {
     cmd.env("TASKHOST_CACHE_DIR", cache_dir())
         .env_remove("RUST_LOG")
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        .stdin(Stdio::null());
-    cmd
+        .stdin(Stdio::null())
 }
 
 /// The result of a finished `host` process.

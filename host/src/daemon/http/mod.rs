@@ -153,6 +153,13 @@ pub(crate) struct Bound {
     max_streams: usize,
 }
 
+impl Bound {
+    /// The address it listens on (the port chosen, for port 0).
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+}
+
 /// Reads or makes the daemon's own token (when there is no operator's) and
 /// binds the listener (before the daemon starts, so a taken port stops it
 /// at once).
