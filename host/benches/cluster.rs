@@ -19,7 +19,7 @@
 //!
 //! Run with `cargo bench -p taskhost --bench cluster`.
 
-#[path = "../../tests/e2e/common/postgres.rs"]
+#[path = "../tests/e2e/common/postgres.rs"]
 mod postgres;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,377 @@
+//! Owns the admission rules of a slot (docs/semantics.md §6), written once:
+//! what becomes of a submission given a summary of its slot, its policy,
+//! the totals and the limits. It is a pure function; the in-process
+//! [`Controller`](crate::controller::Controller) applies its decisions to
+//! memory, and cluster mode's store applies them in its database
+//! transaction, so the two cannot drift apart.
+//!
+//! ```
+//! use taskhost_core::admission::{Decision, Limits, OwnerState, SlotSummary, Totals, decide};
+//! use taskhost_core::controller::AdmissionPolicy;
+//! use taskhost_core::supervisor::TaskId;
+//!
+//! let limits = Limits::default();
+//! let owner = TaskId::from_u64(1);
+//! let busy = SlotSummary { owner: Some((owner, OwnerState::Running)), queued: 0, head: None, tracked: true };
+//! let totals = Totals { pending: 0, slots: 1 };
+//! assert_eq!(decide("db", &busy, AdmissionPolicy::Queue, totals, &limits, false), Decision::Enqueue);
+//! assert_eq!(
+//!     decide("db", &busy, AdmissionPolicy::Replace, totals, &limits, false),
+//!     Decision::Replace { displaced: None, stop: Some(owner) }
+//! );
+//! ```
+
+use crate::controller::AdmissionPolicy;
+use crate::outcome::RejectionKind;
+use crate::supervisor::TaskId;
+
+/// The bounds the rules enforce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Pending submissions behind one owner, counting a replacement head.
+    pub max_slot_queue: usize,
+    /// Pending submissions over all slots.
+    pub max_total_pending: usize,
+    /// Slots tracked at once, owned or with a queue.
+    pub max_slots: usize,
+    /// Who holds the pending submissions, in the reason of a refusal
+    /// (`the controller`, `the cluster`).
+    pub holder: &'static str,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_slot_queue: 100,
+            max_total_pending: 10_000,
+            max_slots: 10_000,
+            holder: "the controller",
+        }
+    }
+}
+
+/// How far the slot's owner is in its life, as the rules see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerState {
+    /// Admitted and not asked to stop: running, waiting for a permit,
+    /// backing off, or (in a cluster) not claimed by a node yet.
+    Running,
+    /// Asked to stop; the slot frees at its physical end.
+    Stopping,
+}
+
+/// What the rules read of one slot when a submission arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotSummary {
+    /// Its owner, if any.
+    pub owner: Option<(TaskId, OwnerState)>,
+    /// Submissions waiting in its queue (a replacement head included).
+    pub queued: usize,
+    /// The first of them.
+    pub head: Option<TaskId>,
+    /// Whether the slot is tracked already (it has an owner or a queue).
+    pub tracked: bool,
+}
+
+impl SlotSummary {
+    /// An untracked slot: no owner, no queue.
+    pub const IDLE: Self = Self {
+        owner: None,
+        queued: 0,
+        head: None,
+        tracked: false,
+    };
+}
+
+/// Counts over every slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Totals {
+    /// Submissions waiting in any slot's queue.
+    pub pending: usize,
+    /// Slots tracked.
+    pub slots: usize,
+}
+
+/// What becomes of a submission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// It owns the slot at once.
+    Admit,
+    /// It waits last in the slot's queue.
+    Enqueue,
+    /// It becomes the first in the slot's queue (the tail behind it stays):
+    /// the head it displaces ends Rejected SupersededByReplace, and `stop`,
+    /// a running owner, is asked to stop once.
+    Replace {
+        /// The head it displaces.
+        displaced: Option<TaskId>,
+        /// The owner to stop.
+        stop: Option<TaskId>,
+    },
+    /// It ends at once with this rejection.
+    Reject {
+        /// Why, as a kind.
+        kind: RejectionKind,
+        /// Why, in words.
+        reason: String,
+    },
+}
+
+/// The rules: a closing host rejects; an idle slot admits every policy
+/// (within the slot bound); a busy one queues (within the slot's and the
+/// total bounds), replaces (a new head counts against the total bound, a
+/// displaced one does not) or rejects by policy. An ownerless slot with a
+/// queue (in a cluster, a release cut short) queues everything behind its
+/// head.
+pub fn decide(
+    slot_key: &str,
+    slot: &SlotSummary,
+    policy: AdmissionPolicy,
+    totals: Totals,
+    limits: &Limits,
+    closing: bool,
+) -> Decision {
+    let reject = |kind, reason| Decision::Reject { kind, reason };
+    if closing {
+        return reject(
+            RejectionKind::ShuttingDown,
+            "the host is shutting down".to_owned(),
+        );
+    }
+    let pending_full = || {
+        reject(
+            RejectionKind::ResourceLimit,
+            format!(
+                "{} already holds its limit of {} pending submissions",
+                limits.holder, limits.max_total_pending
+            ),
+        )
+    };
+    let Some((owner, owner_state)) = slot.owner else {
+        if slot.queued > 0 {
+            return Decision::Enqueue;
+        }
+        if !slot.tracked && totals.slots >= limits.max_slots {
+            return reject(
+                RejectionKind::ResourceLimit,
+                format!(
+                    "{} already tracks its limit of {} slots",
+                    limits.holder, limits.max_slots
+                ),
+            );
+        }
+        return Decision::Admit;
+    };
+    match policy {
+        AdmissionPolicy::DropIfRunning => reject(
+            RejectionKind::SlotBusy,
+            format!("slot `{slot_key}` is busy and the policy is drop-if-running"),
+        ),
+        AdmissionPolicy::Queue if slot.queued >= limits.max_slot_queue => reject(
+            RejectionKind::QueueFull,
+            format!(
+                "slot `{slot_key}` already has {} waiting (max_slot_queue {})",
+                slot.queued, limits.max_slot_queue
+            ),
+        ),
+        AdmissionPolicy::Queue if totals.pending >= limits.max_total_pending => pending_full(),
+        AdmissionPolicy::Queue => Decision::Enqueue,
+        AdmissionPolicy::Replace
+            if slot.head.is_none() && totals.pending >= limits.max_total_pending =>
+        {
+            pending_full()
+        }
+        AdmissionPolicy::Replace => Decision::Replace {
+            displaced: slot.head,
+            stop: (owner_state == OwnerState::Running).then_some(owner),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u64) -> TaskId {
+        TaskId::from_u64(n)
+    }
+
+    fn busy(queued: usize, state: OwnerState) -> SlotSummary {
+        SlotSummary {
+            owner: Some((id(1), state)),
+            queued,
+            head: (queued > 0).then(|| id(2)),
+            tracked: true,
+        }
+    }
+
+    const NONE: Totals = Totals {
+        pending: 0,
+        slots: 0,
+    };
+
+    #[test]
+    fn an_idle_slot_admits_every_policy_within_the_slot_bound() {
+        let limits = Limits {
+            max_slots: 1,
+            ..Limits::default()
+        };
+        for policy in [
+            AdmissionPolicy::Queue,
+            AdmissionPolicy::Replace,
+            AdmissionPolicy::DropIfRunning,
+        ] {
+            assert_eq!(
+                decide("s", &SlotSummary::IDLE, policy, NONE, &limits, false),
+                Decision::Admit
+            );
+            let full = Totals {
+                pending: 0,
+                slots: 1,
+            };
+            assert!(matches!(
+                decide("s", &SlotSummary::IDLE, policy, full, &limits, false),
+                Decision::Reject {
+                    kind: RejectionKind::ResourceLimit,
+                    ..
+                }
+            ));
+        }
+    }
+
+    #[test]
+    fn a_busy_slot_decides_by_policy_and_bounds() {
+        let limits = Limits {
+            max_slot_queue: 2,
+            max_total_pending: 3,
+            ..Limits::default()
+        };
+        let running = busy(1, OwnerState::Running);
+        let t = Totals {
+            pending: 1,
+            slots: 1,
+        };
+        assert_eq!(
+            decide("s", &running, AdmissionPolicy::Queue, t, &limits, false),
+            Decision::Enqueue
+        );
+        assert_eq!(
+            decide("s", &running, AdmissionPolicy::Replace, t, &limits, false),
+            Decision::Replace {
+                displaced: Some(id(2)),
+                stop: Some(id(1))
+            }
+        );
+        let Decision::Reject { kind, reason } = decide(
+            "s",
+            &running,
+            AdmissionPolicy::DropIfRunning,
+            t,
+            &limits,
+            false,
+        ) else {
+            panic!("drop-if-running on a busy slot")
+        };
+        assert_eq!(kind, RejectionKind::SlotBusy);
+        assert_eq!(reason, "slot `s` is busy and the policy is drop-if-running");
+        // Queue: the slot's bound, then the total bound.
+        let Decision::Reject { kind, .. } = decide(
+            "s",
+            &busy(2, OwnerState::Running),
+            AdmissionPolicy::Queue,
+            t,
+            &limits,
+            false,
+        ) else {
+            panic!()
+        };
+        assert_eq!(kind, RejectionKind::QueueFull);
+        let full = Totals {
+            pending: 3,
+            slots: 1,
+        };
+        let Decision::Reject { kind, .. } =
+            decide("s", &running, AdmissionPolicy::Queue, full, &limits, false)
+        else {
+            panic!()
+        };
+        assert_eq!(kind, RejectionKind::ResourceLimit);
+        // Replace ignores the slot's bound, and displacing a head adds none.
+        assert!(matches!(
+            decide(
+                "s",
+                &busy(2, OwnerState::Running),
+                AdmissionPolicy::Replace,
+                full,
+                &limits,
+                false
+            ),
+            Decision::Replace { .. }
+        ));
+        assert!(matches!(
+            decide(
+                "s",
+                &busy(0, OwnerState::Running),
+                AdmissionPolicy::Replace,
+                full,
+                &limits,
+                false
+            ),
+            Decision::Reject {
+                kind: RejectionKind::ResourceLimit,
+                ..
+            }
+        ));
+        // A stopping owner is not asked again.
+        assert_eq!(
+            decide(
+                "s",
+                &busy(0, OwnerState::Stopping),
+                AdmissionPolicy::Replace,
+                t,
+                &limits,
+                false
+            ),
+            Decision::Replace {
+                displaced: None,
+                stop: None
+            }
+        );
+    }
+
+    #[test]
+    fn a_closing_host_rejects_and_an_ownerless_queue_queues() {
+        let limits = Limits::default();
+        assert!(matches!(
+            decide(
+                "s",
+                &SlotSummary::IDLE,
+                AdmissionPolicy::Queue,
+                NONE,
+                &limits,
+                true
+            ),
+            Decision::Reject {
+                kind: RejectionKind::ShuttingDown,
+                ..
+            }
+        ));
+        let cut_short = SlotSummary {
+            owner: None,
+            queued: 1,
+            head: Some(id(2)),
+            tracked: true,
+        };
+        assert_eq!(
+            decide(
+                "s",
+                &cut_short,
+                AdmissionPolicy::DropIfRunning,
+                NONE,
+                &limits,
+                false
+            ),
+            Decision::Enqueue
+        );
+    }
+}

@@ -1,0 +1,765 @@
+//! The keyed admission controller (docs/semantics.md): each slot has at most one
+//! owner from admission until physical completion; a busy slot queues,
+//! replaces or rejects new work according to the submission's policy; every
+//! queue is bounded. It decides *when* a task may enter the supervisor;
+//! everything after admission is the supervisor's business.
+//!
+//! Intake is synchronous: a submission is placed (admitted, queued or
+//! rejected) under one lock before `submit` returns, so there is no command
+//! queue to bound; the slot queues and the slot table are bounded (see
+//! [`ControllerBuilder`]).
+//!
+//! ```
+//! use std::time::Duration;
+//! use taskhost_core::prelude::*;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let controller = Controller::builder(Supervisor::default()).max_slot_queue(10).build();
+//! let job = |n: u32| native(move |_ctx| async move { Ok(n.to_string().into_bytes()) });
+//! let first = controller.submit(Submission::new(TaskSpec::once("a", job(1)).with_slot("db")));
+//! let second = controller.submit(Submission::new(TaskSpec::once("b", job(2)).with_slot("db")));
+//! // "b" waits in the queue of slot `db` until "a" is physically gone.
+//! assert_eq!(first.wait().await, TaskOutcome::Completed { output: b"1".to_vec() });
+//! assert_eq!(second.wait().await, TaskOutcome::Completed { output: b"2".to_vec() });
+//! controller.shutdown(Duration::from_secs(1)).await;
+//! # }
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::admission::{self, Decision, Limits, OwnerState, SlotSummary, Totals};
+pub use crate::lifecycle::Placement;
+use crate::outcome::{RejectionKind, TaskOutcome};
+use crate::supervisor::{
+    Event, EventKind, OutcomeCell, Reservation, ShutdownReport, Supervisor, TaskId, TaskRef,
+    TaskReport, TaskSpec, TaskWaiter,
+};
+
+/// What the controller does with a submission whose slot is busy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AdmissionPolicy {
+    /// Wait in the slot's FIFO queue.
+    #[default]
+    Queue,
+    /// Stop the current owner and go next.
+    Replace,
+    /// Give up when the slot is busy (Rejected SlotBusy).
+    DropIfRunning,
+}
+
+impl std::fmt::Display for AdmissionPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Queue => "queue",
+            Self::Replace => "replace",
+            Self::DropIfRunning => "drop-if-running",
+        })
+    }
+}
+
+impl std::str::FromStr for AdmissionPolicy {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "queue" => Ok(Self::Queue),
+            "replace" => Ok(Self::Replace),
+            "drop-if-running" => Ok(Self::DropIfRunning),
+            other => Err(format!(
+                "unknown policy `{other}`: use queue, replace or drop-if-running"
+            )),
+        }
+    }
+}
+
+/// Builds a [`Controller`]; every bound has a default.
+#[derive(Debug)]
+pub struct ControllerBuilder {
+    supervisor: Supervisor,
+    limits: Limits,
+}
+
+impl ControllerBuilder {
+    /// Pending submissions behind one owner, counting a replacement head
+    /// [default: 100]. Over it, Queue submissions are Rejected QueueFull.
+    pub fn max_slot_queue(mut self, n: usize) -> Self {
+        self.limits.max_slot_queue = n;
+        self
+    }
+
+    /// Pending submissions over all slots [default: 10,000]. Over it,
+    /// submissions are Rejected ResourceLimit.
+    pub fn max_total_pending(mut self, n: usize) -> Self {
+        self.limits.max_total_pending = n;
+        self
+    }
+
+    /// Slots tracked at once, owned or with a queue [default: 10,000].
+    pub fn max_slots(mut self, n: usize) -> Self {
+        self.limits.max_slots = n;
+        self
+    }
+
+    /// Builds the controller.
+    pub fn build(self) -> Controller {
+        Controller {
+            inner: Arc::new(Inner {
+                supervisor: self.supervisor,
+                config: self.limits,
+                state: Mutex::new(State::default()),
+            }),
+        }
+    }
+}
+
+/// One submission: a task and the policy for a busy slot. The slot is the
+/// spec's slot ([`TaskSpec::with_slot`]), else its name.
+#[derive(Debug, Clone)]
+pub struct Submission {
+    spec: TaskSpec,
+    policy: AdmissionPolicy,
+}
+
+impl Submission {
+    /// A submission with the Queue policy.
+    pub fn new(spec: TaskSpec) -> Self {
+        Self {
+            spec,
+            policy: AdmissionPolicy::Queue,
+        }
+    }
+
+    /// Sets the policy for a busy slot.
+    pub fn policy(mut self, policy: AdmissionPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The task.
+    pub fn spec(&self) -> &TaskSpec {
+        &self.spec
+    }
+
+    /// The policy for a busy slot.
+    pub fn admission_policy(&self) -> AdmissionPolicy {
+        self.policy
+    }
+
+    /// The slot it asks for.
+    pub fn slot(&self) -> &str {
+        self.spec.slot().unwrap_or(self.spec.name())
+    }
+}
+
+/// The state of a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SlotState {
+    /// No owner (slots are forgotten when idle with an empty queue).
+    Idle,
+    /// The owner is being registered with the supervisor.
+    Admitting,
+    /// The owner is registered and running (or backing off, or waiting for
+    /// a permit).
+    Running,
+    /// The owner was asked to stop; the slot frees at its physical end.
+    Terminating,
+}
+
+impl SlotState {
+    /// The state as a word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Idle => "idle",
+            Self::Admitting => "admitting",
+            Self::Running => "running",
+            Self::Terminating => "terminating",
+        }
+    }
+}
+
+/// A point-in-time view of one slot (it may be stale when read).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotView {
+    /// The slot key.
+    pub key: String,
+    /// Its state.
+    pub state: SlotState,
+    /// The owner's task id.
+    pub owner: Option<TaskId>,
+    /// Submissions waiting behind the owner.
+    pub queue_depth: usize,
+    /// How long it has been in this state.
+    pub in_state_for: Duration,
+    /// The ids waiting, in order.
+    pub queued: Vec<TaskId>,
+}
+
+/// A queued submission as seen from outside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedView {
+    /// Its id.
+    pub id: TaskId,
+    /// Its name.
+    pub name: String,
+    /// The slot it waits for.
+    pub slot: String,
+    /// What its body is.
+    pub body: String,
+    /// How long it has waited.
+    pub age: Duration,
+}
+
+struct Pending {
+    reservation: Reservation,
+    spec: TaskSpec,
+    cell: Arc<OutcomeCell>,
+    since: Instant,
+}
+
+impl Pending {
+    fn id(&self) -> TaskId {
+        self.reservation.id()
+    }
+}
+
+struct Slot {
+    state: SlotState,
+    owner: Option<TaskId>,
+    since: Instant,
+    queue: VecDeque<Pending>,
+}
+
+#[derive(Default)]
+struct State {
+    slots: HashMap<Arc<str>, Slot, foldhash::fast::RandomState>,
+    /// Queued id -> slot key.
+    queued: HashMap<TaskId, Arc<str>, foldhash::fast::RandomState>,
+    /// Owner id -> slot key.
+    owners: HashMap<TaskId, Arc<str>, foldhash::fast::RandomState>,
+    pending: usize,
+    closed: bool,
+}
+
+struct Inner {
+    supervisor: Supervisor,
+    config: Limits,
+    state: Mutex<State>,
+}
+
+/// The controller; cheap to clone.
+#[derive(Clone)]
+pub struct Controller {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller").finish_non_exhaustive()
+    }
+}
+
+impl Controller {
+    /// A builder for a controller admitting into `supervisor`.
+    pub fn builder(supervisor: Supervisor) -> ControllerBuilder {
+        ControllerBuilder {
+            supervisor,
+            limits: Limits::default(),
+        }
+    }
+
+    /// The supervisor behind the controller.
+    pub fn supervisor(&self) -> &Supervisor {
+        &self.inner.supervisor
+    }
+
+    /// Takes a submission in: admits it (idle slot), queues it, makes it
+    /// the replacement head, or rejects it. Returns once it is placed; the
+    /// waiter resolves to Rejected or to the task's final outcome.
+    pub fn submit(&self, submission: Submission) -> TaskWaiter {
+        self.submit_reserved(self.inner.supervisor.reserve(), submission)
+    }
+
+    /// Like [`Controller::submit`] with an id reserved before
+    /// ([`Supervisor::reserve`]).
+    pub fn submit_reserved(&self, reservation: Reservation, submission: Submission) -> TaskWaiter {
+        self.submit_placed(reservation, submission).0
+    }
+
+    /// Like [`Controller::submit_reserved`], and says where the submission
+    /// went.
+    pub fn submit_placed(
+        &self,
+        reservation: Reservation,
+        submission: Submission,
+    ) -> (TaskWaiter, Placement) {
+        let Submission { spec, policy } = submission;
+        let id = reservation.id();
+        let name: Arc<str> = Arc::from(spec.name());
+        let slot: Arc<str> = Arc::from(spec.slot().unwrap_or(spec.name()));
+        let cell = Arc::new(OutcomeCell::new());
+        let waiter = cell.waiter(id);
+        let mut event = Event::new(EventKind::ControllerSubmitted).task(id, &name, &slot);
+        event.detail = Some(policy.to_string());
+        self.inner.supervisor.bus().publish(event);
+
+        let pending = Pending {
+            reservation,
+            spec,
+            cell: Arc::clone(&cell),
+            since: Instant::now(),
+        };
+        let mut state = self.lock();
+        let summary = match state.slots.get(&slot) {
+            None => SlotSummary::IDLE,
+            Some(s) => SlotSummary {
+                owner: s.owner.map(|owner| {
+                    let state = match s.state {
+                        SlotState::Terminating => OwnerState::Stopping,
+                        _ => OwnerState::Running,
+                    };
+                    (owner, state)
+                }),
+                queued: s.queue.len(),
+                head: s.queue.front().map(Pending::id),
+                tracked: true,
+            },
+        };
+        let totals = Totals {
+            pending: state.pending,
+            slots: state.slots.len(),
+        };
+        let decision = admission::decide(
+            &slot,
+            &summary,
+            policy,
+            totals,
+            &self.inner.config,
+            state.closed,
+        );
+        let placed = self.apply(
+            &mut state,
+            &slot,
+            summary.owner.map(|o| o.0),
+            decision,
+            pending,
+        );
+        drop(state);
+        let placed = match placed {
+            Ok(Some(placed)) => placed,
+            // Registration failed: the waiter holds the Rejected.
+            Ok(None) => {
+                Placement::Rejected(waiter.try_outcome().unwrap_or(TaskOutcome::Panicked {
+                    reason: "a refused registration left no outcome (host bug)".into(),
+                }))
+            }
+            Err((kind, reason)) => {
+                self.resolve_rejected(id, &name, &slot, &cell, kind, reason.clone());
+                Placement::Rejected(TaskOutcome::Rejected { kind, reason })
+            }
+        };
+        (waiter, placed)
+    }
+
+    /// Carries out an admission decision on the slot table.
+    fn apply(
+        &self,
+        state: &mut State,
+        slot_key: &Arc<str>,
+        owner: Option<TaskId>,
+        decision: Decision,
+        pending: Pending,
+    ) -> Result<Option<Placement>, (RejectionKind, String)> {
+        let id = pending.id();
+        match decision {
+            Decision::Reject { kind, reason } => Err((kind, reason)),
+            Decision::Admit => Ok(self
+                .admit(state, slot_key, pending)
+                .then_some(Placement::Running)),
+            Decision::Enqueue => {
+                let Some(slot) = state.slots.get_mut(slot_key) else {
+                    return Err(vanished());
+                };
+                slot.queue.push_back(pending);
+                state.pending += 1;
+                state.queued.insert(id, Arc::clone(slot_key));
+                Ok(Some(Placement::Queued { owner }))
+            }
+            Decision::Replace { displaced, stop } => {
+                let Some(slot) = state.slots.get_mut(slot_key) else {
+                    return Err(vanished());
+                };
+                let old = displaced.and_then(|_| slot.queue.pop_front());
+                slot.queue.push_front(pending);
+                if stop.is_some() {
+                    self.transition(
+                        slot_key,
+                        slot,
+                        SlotState::Terminating,
+                        "replaced by a newer submission",
+                    );
+                }
+                state.queued.insert(id, Arc::clone(slot_key));
+                match old {
+                    Some(old) => {
+                        state.queued.remove(&old.id());
+                        let name: Arc<str> = Arc::from(old.spec.name());
+                        self.resolve_rejected(
+                            old.id(),
+                            &name,
+                            slot_key,
+                            &old.cell,
+                            RejectionKind::SupersededByReplace,
+                            format!("a newer Replace submission ({id}) took its place"),
+                        );
+                    }
+                    None => state.pending += 1,
+                }
+                Ok(Some(match stop {
+                    Some(owner) => {
+                        let name = self
+                            .inner
+                            .supervisor
+                            .info(owner)
+                            .map(|info| info.name)
+                            .unwrap_or_default();
+                        self.inner.supervisor.remove(owner);
+                        Placement::Replacing { owner, name }
+                    }
+                    None => Placement::Queued { owner },
+                }))
+            }
+        }
+    }
+
+    /// Makes `pending` the owner of `slot_key` and registers it; false if
+    /// the supervisor refused it (its waiter then holds the Rejected).
+    fn admit(&self, state: &mut State, slot_key: &Arc<str>, pending: Pending) -> bool {
+        let now = Instant::now();
+        let slot = state
+            .slots
+            .entry(Arc::clone(slot_key))
+            .or_insert_with(|| Slot {
+                state: SlotState::Idle,
+                owner: None,
+                since: now,
+                queue: VecDeque::new(),
+            });
+        let id = pending.id();
+        slot.owner = Some(id);
+        self.transition(slot_key, slot, SlotState::Admitting, "admitted");
+        let controller = self.clone();
+        let key = Arc::clone(slot_key);
+        let on_gone: Box<dyn FnOnce() + Send + Sync> =
+            Box::new(move || controller.owner_gone(&key, id));
+        match self.inner.supervisor.admit(
+            pending.reservation,
+            pending.spec,
+            pending.cell,
+            Some(on_gone),
+        ) {
+            Ok(()) => {
+                state.owners.insert(id, Arc::clone(slot_key));
+                if let Some(slot) = state.slots.get_mut(slot_key) {
+                    self.transition(slot_key, slot, SlotState::Running, "registered");
+                }
+                true
+            }
+            Err(_) => {
+                // The waiter already holds the Rejected outcome; the slot
+                // moves on at once.
+                self.release(state, slot_key, "registration failed");
+                false
+            }
+        }
+    }
+
+    /// Called by the owner's actor once it is physically gone.
+    fn owner_gone(&self, slot_key: &Arc<str>, id: TaskId) {
+        let mut state = self.lock();
+        state.owners.remove(&id);
+        if state
+            .slots
+            .get(slot_key)
+            .is_some_and(|s| s.owner == Some(id))
+        {
+            self.release(&mut state, slot_key, "owner physically completed");
+        }
+    }
+
+    /// Frees a slot and admits its queue head, if any (unless closed).
+    fn release(&self, state: &mut State, slot_key: &Arc<str>, why: &str) {
+        let Some(slot) = state.slots.get_mut(slot_key) else {
+            return;
+        };
+        slot.owner = None;
+        self.transition(slot_key, slot, SlotState::Idle, why);
+        if state.closed {
+            return;
+        }
+        let next = slot.queue.pop_front();
+        match next {
+            Some(next) => {
+                state.pending -= 1;
+                state.queued.remove(&next.id());
+                self.admit(state, slot_key, next);
+            }
+            None => {
+                state.slots.remove(slot_key);
+            }
+        }
+    }
+
+    fn transition(&self, key: &Arc<str>, slot: &mut Slot, to: SlotState, why: &str) {
+        let from = slot.state;
+        slot.state = to;
+        slot.since = Instant::now();
+        let mut event = Event::new(EventKind::ControllerSlotTransition).reason(why);
+        event.slot = Some(Arc::clone(key));
+        event.task_id = slot.owner;
+        event.detail = Some(format!("{}->{}", from.as_str(), to.as_str()));
+        self.inner.supervisor.bus().publish(event);
+    }
+
+    fn resolve_rejected(
+        &self,
+        id: TaskId,
+        name: &Arc<str>,
+        slot: &Arc<str>,
+        cell: &OutcomeCell,
+        kind: RejectionKind,
+        reason: String,
+    ) {
+        let outcome = TaskOutcome::Rejected { kind, reason };
+        self.inner.supervisor.bus().publish(
+            Event::new(EventKind::ControllerRejected)
+                .task(id, name, slot)
+                .outcome(&outcome),
+        );
+        cell.set(TaskReport::never_ran(
+            id,
+            Arc::clone(name),
+            Arc::clone(slot),
+            outcome,
+        ));
+    }
+
+    /// Removes queued work (it ends Rejected RemovedFromQueue) or asks a
+    /// registered task to stop. True for the one caller that made the claim.
+    pub fn remove(&self, target: impl Into<TaskRef>) -> bool {
+        let target = target.into();
+        if self.remove_queued(&target) {
+            return true;
+        }
+        self.mark_terminating(&target);
+        self.inner.supervisor.remove(target)
+    }
+
+    /// Like [`Controller::remove`], then waits for the logical end of a
+    /// registered task.
+    pub async fn cancel(&self, target: impl Into<TaskRef>) -> bool {
+        let target = target.into();
+        if self.remove_queued(&target) {
+            return true;
+        }
+        self.mark_terminating(&target);
+        self.inner.supervisor.cancel(target).await
+    }
+
+    fn remove_queued(&self, target: &TaskRef) -> bool {
+        let mut state = self.lock();
+        let found = match target {
+            TaskRef::Id(id) => state.queued.get(id).map(|slot| (*id, Arc::clone(slot))),
+            TaskRef::Name(name) => {
+                if self.inner.supervisor.is_alive(name) {
+                    None
+                } else {
+                    state.slots.iter().find_map(|(key, slot)| {
+                        slot.queue
+                            .iter()
+                            .find(|p| p.spec.name() == name)
+                            .map(|p| (p.id(), Arc::clone(key)))
+                    })
+                }
+            }
+        };
+        let Some((id, key)) = found else { return false };
+        let Some(slot) = state.slots.get_mut(&key) else {
+            return false;
+        };
+        let Some(pos) = slot.queue.iter().position(|p| p.id() == id) else {
+            return false;
+        };
+        let Some(pending) = slot.queue.remove(pos) else {
+            return false;
+        };
+        state.pending -= 1;
+        state.queued.remove(&id);
+        drop(state);
+        let name: Arc<str> = Arc::from(pending.spec.name());
+        self.resolve_rejected(
+            id,
+            &name,
+            &key,
+            &pending.cell,
+            RejectionKind::RemovedFromQueue,
+            "removed from the queue before it ran".into(),
+        );
+        true
+    }
+
+    fn mark_terminating(&self, target: &TaskRef) {
+        let id = match target {
+            TaskRef::Id(id) => Some(*id),
+            TaskRef::Name(_) => self.inner.supervisor.watch(target.clone()).map(|w| w.id()),
+        };
+        let Some(id) = id else { return };
+        let mut state = self.lock();
+        let Some(key) = state.owners.get(&id).cloned() else {
+            return;
+        };
+        if let Some(slot) = state.slots.get_mut(&key)
+            && slot.state == SlotState::Running
+            && slot.owner == Some(id)
+        {
+            self.transition(&key, slot, SlotState::Terminating, "owner asked to stop");
+        }
+    }
+
+    /// A view of every tracked slot, sorted by key.
+    pub fn snapshot(&self) -> Vec<SlotView> {
+        let state = self.lock();
+        let now = Instant::now();
+        let mut views: Vec<SlotView> = state
+            .slots
+            .iter()
+            .map(|(key, slot)| SlotView {
+                key: key.to_string(),
+                state: slot.state,
+                owner: slot.owner,
+                queue_depth: slot.queue.len(),
+                in_state_for: now.saturating_duration_since(slot.since),
+                queued: slot.queue.iter().map(Pending::id).collect(),
+            })
+            .collect();
+        views.sort_by(|a, b| a.key.cmp(&b.key));
+        views
+    }
+
+    /// Whether a submission into `slot` would be admitted at once (no owner,
+    /// no queue, not closing). Exact while no other submission or removal
+    /// happens meanwhile.
+    pub fn is_slot_free(&self, slot: &str) -> bool {
+        let state = self.lock();
+        !state.closed
+            && state
+                .slots
+                .get(slot)
+                .is_none_or(|s| s.state == SlotState::Idle)
+    }
+
+    /// The slot a queued submission waits in, if it is queued.
+    pub fn queued_slot(&self, id: TaskId) -> Option<String> {
+        self.lock().queued.get(&id).map(|s| s.to_string())
+    }
+
+    /// The queued submission with this id or name, if any (a name finds the
+    /// oldest queued submission of that name).
+    pub fn queued(&self, target: &TaskRef) -> Option<QueuedView> {
+        let state = self.lock();
+        let now = Instant::now();
+        let view = |key: &Arc<str>, p: &Pending| QueuedView {
+            id: p.id(),
+            name: p.spec.name().to_owned(),
+            slot: key.to_string(),
+            body: p.spec.body().describe(),
+            age: now.saturating_duration_since(p.since),
+        };
+        match target {
+            TaskRef::Id(id) => {
+                let key = state.queued.get(id)?;
+                let slot = state.slots.get(key)?;
+                slot.queue
+                    .iter()
+                    .find(|p| p.id() == *id)
+                    .map(|p| view(key, p))
+            }
+            TaskRef::Name(name) => state
+                .slots
+                .iter()
+                .flat_map(|(key, slot)| slot.queue.iter().map(move |p| (key, p)))
+                .filter(|(_, p)| p.spec.name() == name)
+                .min_by_key(|(_, p)| p.id())
+                .map(|(key, p)| view(key, p)),
+        }
+    }
+
+    /// Every queued submission, by id.
+    pub fn queued_all(&self) -> Vec<QueuedView> {
+        let state = self.lock();
+        let now = Instant::now();
+        let mut all: Vec<QueuedView> = state
+            .slots
+            .iter()
+            .flat_map(|(key, slot)| {
+                slot.queue.iter().map(move |p| QueuedView {
+                    id: p.id(),
+                    name: p.spec.name().to_owned(),
+                    slot: key.to_string(),
+                    body: p.spec.body().describe(),
+                    age: now.saturating_duration_since(p.since),
+                })
+            })
+            .collect();
+        all.sort_by_key(|q| q.id);
+        all
+    }
+
+    /// Shuts down: no queued work starts (it ends Rejected ShuttingDown),
+    /// new submissions are rejected, then the supervisor shuts down with
+    /// `grace`.
+    pub async fn shutdown(&self, grace: Duration) -> ShutdownReport {
+        let rejected: Vec<(Arc<str>, Pending)> = {
+            let mut state = self.lock();
+            state.closed = true;
+            let mut out = Vec::new();
+            for (key, slot) in state.slots.iter_mut() {
+                out.extend(slot.queue.drain(..).map(|p| (Arc::clone(key), p)));
+            }
+            state.pending = 0;
+            state.queued.clear();
+            out
+        };
+        for (slot, p) in rejected {
+            let name: Arc<str> = Arc::from(p.spec.name());
+            self.resolve_rejected(
+                p.id(),
+                &name,
+                &slot,
+                &p.cell,
+                RejectionKind::ShuttingDown,
+                "the host shut down before it ran".into(),
+            );
+        }
+        self.inner.supervisor.shutdown(grace).await
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn vanished() -> (RejectionKind, String) {
+    (
+        RejectionKind::AdmissionFailed,
+        "the slot vanished (host bug)".into(),
+    )
+}

@@ -1,0 +1,302 @@
+//! Owns the event vocabulary ([`Event`], [`EventKind`]) and the bounded bus
+//! that never blocks the runtime: every reader is a lane that holds at most
+//! the bus capacity; a lane that falls behind loses the oldest events and is
+//! told how many. Only the crate publishes. Events are best-effort; outcomes
+//! (see `waiter`) are not.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+
+use crate::logline::Stream;
+use crate::outcome::{OutcomeKind, RejectionKind, TaskOutcome};
+
+use super::TaskId;
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum EventKind {
+    /// `add` was called.
+    TaskAddRequested,
+    /// The task was registered.
+    TaskAdded,
+    /// Registration was refused (see `rejection`).
+    TaskAddFailed,
+    /// An attempt is about to start (it holds a permit).
+    AttemptStarting,
+    /// An attempt succeeded.
+    AttemptSucceeded,
+    /// An attempt failed (Fail or Fatal; see `reason`).
+    AttemptFailed,
+    /// An attempt timed out.
+    AttemptTimedOut,
+    /// An attempt ended because of a stop request or returned canceled.
+    AttemptCanceled,
+    /// A pause before the next attempt (see `delay_ms`, `source`).
+    BackoffScheduled,
+    /// A stop was requested (cancel, remove, shutdown, replace).
+    TaskRemoveRequested,
+    /// The task's final outcome is decided (see `outcome`).
+    TaskFinished,
+    /// The task is gone: instance dropped, name and permit released.
+    TaskRemoved,
+    /// The controller took a submission in.
+    ControllerSubmitted,
+    /// The controller rejected a submission.
+    ControllerRejected,
+    /// A controller slot changed state.
+    ControllerSlotTransition,
+    /// Shutdown began.
+    ShutdownRequested,
+    /// Every task stopped within the grace.
+    AllStoppedWithinGrace,
+    /// Some tasks had to be force-aborted (see `reason` for their names).
+    GraceExceeded,
+    /// A subscriber fell behind and missed `dropped` events.
+    SubscriberOverflow,
+    /// A subscriber panicked while handling an event.
+    SubscriberPanicked,
+    /// A line the guest wrote (see `stream`, `reason` holds the text).
+    GuestLog,
+    /// A guest progress report (`done`, `total`).
+    Progress,
+    /// A host with a durable store restarted and found this task
+    /// unfinished; `reason` says what became of it (queued again, retried
+    /// after an interrupted attempt, ended).
+    Recovered,
+}
+
+/// Why a backoff was scheduled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackoffSource {
+    /// After a failed attempt.
+    Failure,
+    /// After a successful attempt of a periodic task.
+    Success,
+}
+
+/// One event. Fields not relevant to the kind are `None`. (Every field is
+/// always serialized, `None` included, because the daemon's wire format is
+/// not self-describing; JSON writers drop the nulls.)
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Event {
+    /// Process-local, strictly increasing.
+    pub seq: u64,
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// What happened.
+    pub kind: EventKind,
+    /// The task's id.
+    pub task_id: Option<TaskId>,
+    /// The task's name.
+    pub name: Option<Arc<str>>,
+    /// The task's slot.
+    pub slot: Option<Arc<str>>,
+    /// 1-based attempt number.
+    pub attempt: Option<u32>,
+    /// A reason, message or guest line.
+    pub reason: Option<String>,
+    /// The outcome kind, for TaskFinished and rejections.
+    pub outcome: Option<OutcomeKind>,
+    /// The rejection kind.
+    pub rejection: Option<RejectionKind>,
+    /// A timeout in ms.
+    pub timeout_ms: Option<u64>,
+    /// A delay in ms.
+    pub delay_ms: Option<u64>,
+    /// A duration in ms (of an attempt).
+    pub duration_ms: Option<u64>,
+    /// An exit code.
+    pub exit_code: Option<i32>,
+    /// How many events were dropped.
+    pub dropped: Option<u64>,
+    /// Why a backoff was scheduled.
+    pub source: Option<BackoffSource>,
+    /// Which guest stream a GuestLog line came from.
+    pub stream: Option<Stream>,
+    /// Free-form detail (slot transitions `from->to`).
+    pub detail: Option<String>,
+    /// Progress: units done.
+    pub done: Option<u64>,
+    /// Progress: units in total (0 if unknown).
+    pub total: Option<u64>,
+}
+
+impl Event {
+    /// An event of this kind with every field empty (seq and time are set
+    /// when it is published).
+    pub fn new(kind: EventKind) -> Self {
+        Self {
+            seq: 0,
+            at_ms: 0,
+            kind,
+            task_id: None,
+            name: None,
+            slot: None,
+            attempt: None,
+            reason: None,
+            outcome: None,
+            rejection: None,
+            timeout_ms: None,
+            delay_ms: None,
+            duration_ms: None,
+            exit_code: None,
+            dropped: None,
+            source: None,
+            stream: None,
+            detail: None,
+            done: None,
+            total: None,
+        }
+    }
+
+    /// The event as one JSON object, without the fields that do not apply
+    /// (the form `host events --json` and [`JsonLinesWriter`](super::JsonLinesWriter) write).
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut value = serde_json::to_value(self).unwrap_or_default();
+        if let serde_json::Value::Object(fields) = &mut value {
+            fields.retain(|_, v| !v.is_null());
+        }
+        value
+    }
+
+    /// Sets the task identity fields.
+    pub fn task(mut self, id: TaskId, name: &Arc<str>, slot: &Arc<str>) -> Self {
+        self.task_id = Some(id);
+        self.name = Some(Arc::clone(name));
+        self.slot = Some(Arc::clone(slot));
+        self
+    }
+
+    /// Sets the reason.
+    pub fn reason(mut self, reason: impl Into<String>) -> Self {
+        self.reason = Some(reason.into());
+        self
+    }
+
+    /// Sets the outcome fields from a final outcome.
+    pub(crate) fn outcome(mut self, outcome: &TaskOutcome) -> Self {
+        self.outcome = Some(outcome.kind());
+        self.reason = outcome.reason().map(str::to_owned);
+        self.exit_code = outcome.exit_code();
+        self.rejection = outcome.rejection();
+        self
+    }
+}
+
+/// The bounded event bus. Publishing never blocks: a receiver that falls
+/// more than `capacity` events behind loses the oldest ones and is told how
+/// many.
+#[derive(Debug)]
+pub(crate) struct Bus {
+    sender: Mutex<Option<broadcast::Sender<Arc<Event>>>>,
+    seq: AtomicU64,
+    epoch: (Instant, SystemTime),
+}
+
+impl Bus {
+    /// A bus holding at most `capacity` undelivered events per lane.
+    pub(crate) fn new(capacity: usize) -> Arc<Self> {
+        let (sender, _) = broadcast::channel(capacity.max(1));
+        Arc::new(Self {
+            sender: Mutex::new(Some(sender)),
+            seq: AtomicU64::new(0),
+            epoch: (Instant::now(), SystemTime::now()),
+        })
+    }
+
+    /// Publishes an event, stamping its seq and time. Events published
+    /// after [`Bus::close`] are discarded.
+    pub fn publish(&self, mut event: Event) {
+        let guard = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(sender) = guard.as_ref() else { return };
+        if sender.receiver_count() == 0 {
+            // Nobody listens: keep the seq increasing, skip the allocation.
+            self.seq.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        // Seq is assigned under the lock so that seq order is delivery order.
+        event.seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = self.epoch.1 + self.epoch.0.elapsed();
+        event.at_ms = now
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let _ = sender.send(Arc::new(event));
+    }
+
+    /// A new lane that sees every event published from now on.
+    pub fn subscribe(&self) -> EventStream {
+        self.subscribe_after().0
+    }
+
+    /// Like [`Bus::subscribe`], with the seq of the last event published
+    /// before the lane existed: the lane gets exactly the events after it.
+    pub fn subscribe_after(&self) -> (EventStream, u64) {
+        let guard = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
+        let stream = EventStream {
+            receiver: guard.as_ref().map(|s| s.subscribe()),
+        };
+        (stream, self.seq.load(Ordering::Relaxed))
+    }
+
+    /// Closes the bus: lanes drain what they hold, then end.
+    pub(crate) fn close(&self) {
+        self.sender
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+    }
+}
+
+/// One subscriber lane: events in publish order, with gaps reported.
+#[derive(Debug)]
+pub struct EventStream {
+    receiver: Option<broadcast::Receiver<Arc<Event>>>,
+}
+
+/// What a lane yields.
+#[derive(Debug, Clone)]
+pub enum Received {
+    /// The next event.
+    Event(Arc<Event>),
+    /// The lane fell behind; this many events were dropped.
+    Dropped(u64),
+}
+
+impl EventStream {
+    /// The next event, or `None` once the bus is closed and drained.
+    pub async fn recv(&mut self) -> Option<Received> {
+        let receiver = self.receiver.as_mut()?;
+        match receiver.recv().await {
+            Ok(event) => Some(Received::Event(event)),
+            Err(broadcast::error::RecvError::Lagged(n)) => Some(Received::Dropped(n)),
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    }
+
+    /// Like [`EventStream::recv`], for threads outside the async runtime.
+    pub fn blocking_recv(&mut self) -> Option<Received> {
+        let receiver = self.receiver.as_mut()?;
+        match receiver.blocking_recv() {
+            Ok(event) => Some(Received::Event(event)),
+            Err(broadcast::error::RecvError::Lagged(n)) => Some(Received::Dropped(n)),
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    }
+
+    /// The next event skipping drop reports, or `None` when closed.
+    pub async fn next_event(&mut self) -> Option<Arc<Event>> {
+        loop {
+            match self.recv().await? {
+                Received::Event(e) => return Some(e),
+                Received::Dropped(_) => continue,
+            }
+        }
+    }
+}

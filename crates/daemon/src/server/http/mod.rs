@@ -1,0 +1,348 @@
+//! Owns the daemon's optional HTTP listener (`host serve --http ADDR`):
+//! Prometheus metrics, a JSON API with the same data as the CLI's `--json`,
+//! server-sent events, and a small live dashboard. It only reads the
+//! daemon's shared state and calls what the socket protocol's dispatch
+//! calls; it decides nothing about tasks.
+//!
+//! Security: no listener unless asked for. Every request must name a `Host`
+//! the listener answers to (`hosts.rs`: no DNS rebinding) and, when it
+//! carries an `Origin`, come from that host's own origin (no cross-site
+//! page). Every endpoint but the dashboard page (static HTML, no data)
+//! needs `Authorization: Bearer <token>`: the operator's
+//! (`--http-token-file`, required for a non-loopback address) or, on a
+//! loopback address without one, the daemon's own in `<state
+//! dir>/http-token` (`token.rs`), whose dashboard URL the log gives. A
+//! `POST` must say `Content-Type: application/json`. Connections and event
+//! streams are capped, and a client has `http_header_timeout` to send a
+//! request's header (`conn.rs`).
+//!
+//! | file | owns |
+//! |---|---|
+//! | `mod.rs` | settings check, binding, routing, the guards |
+//! | `conn.rs` | the accept loop, the connection cap, hyper's timeouts, the graceful stop |
+//! | `hosts.rs` | the `Host` and `Origin` rules |
+//! | `token.rs` | the bearer token: the operator's, or the daemon's own; the comparison |
+//! | `api.rs` | the JSON endpoints and the event stream |
+//! | `metrics.rs` | `/metrics`: counters from the event bus, gauges at scrape time |
+//! | `dashboard.html` | the page at `/` (embedded, no build step) |
+
+mod api;
+mod conn;
+mod hosts;
+mod metrics;
+mod token;
+
+pub(crate) use hosts::Authority;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::DaemonConfig;
+use crate::state::Daemon;
+
+/// The HTTP listener's settings, checked before the daemon starts.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    addr: SocketAddr,
+    /// The operator's token (`--http-token-file`); `None`: the daemon's
+    /// own, read or made in the state directory when binding.
+    token: Option<String>,
+    state_dir: PathBuf,
+    allow_hosts: Vec<String>,
+    limits: conn::Limits,
+    max_streams: usize,
+}
+
+/// Checks `--http` and its settings; `None` when no listener is asked for.
+pub(crate) fn plan(config: &DaemonConfig) -> Result<Option<Plan>, String> {
+    let Some(addr) = config.http else {
+        if config.http_token_file.is_some() {
+            return Err(
+                "--http-token-file (http_token_file) is set but --http (http) is not: \
+                 say where the HTTP listener binds, e.g. --http 127.0.0.1:9100"
+                    .into(),
+            );
+        }
+        return Ok(None);
+    };
+    config.check()?;
+    for entry in &config.http_allow_hosts {
+        crate::config::check_allow_host(entry).map_err(|e| format!("--http-allow-host: {e}"))?;
+    }
+    let token = match &config.http_token_file {
+        Some(path) => Some(token::read_file(path).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    if !addr.ip().is_loopback() && token.is_none() {
+        return Err(format!(
+            "--http {addr} is not a loopback address: anyone who can reach it could read \
+             every task's output and cancel tasks; give --http-token-file FILE (a secret \
+             every request must carry), or bind 127.0.0.1:{}",
+            addr.port()
+        ));
+    }
+    Ok(Some(Plan {
+        addr,
+        token,
+        state_dir: config.state_dir.clone(),
+        allow_hosts: config.http_allow_hosts.clone(),
+        limits: conn::Limits {
+            max_connections: config.http_max_connections,
+            header_timeout: config.http_header_timeout,
+        },
+        max_streams: config.http_max_streams,
+    }))
+}
+
+/// The running listener; dropping it stops accepting, and the open
+/// connections end after their current request.
+#[derive(Debug)]
+pub(crate) struct Server {
+    stop: CancellationToken,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Whose token the listener asks for (what a 401 tells the client).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Whose {
+    /// `--http-token-file`'s.
+    Operator,
+    /// The daemon's own, in `<state dir>/http-token`.
+    Own,
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+struct Http {
+    daemon: Arc<Daemon>,
+    metrics: Arc<metrics::Metrics>,
+    token: Arc<str>,
+    whose: Whose,
+    /// The `Host` headers answered.
+    hosts: Arc<hosts::Hosts>,
+    /// One permit per open `/api/events` stream.
+    streams: Arc<Semaphore>,
+    max_streams: usize,
+}
+
+/// A bound listener, not serving yet.
+#[derive(Debug)]
+pub(crate) struct Bound {
+    listener: tokio::net::TcpListener,
+    local: SocketAddr,
+    token: String,
+    /// The daemon's own token file, when the token is the daemon's.
+    own: Option<PathBuf>,
+    allow_hosts: Vec<String>,
+    limits: conn::Limits,
+    max_streams: usize,
+}
+
+impl Bound {
+    /// The address it listens on (the port chosen, for port 0).
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+}
+
+/// Reads or makes the daemon's own token (when there is no operator's) and
+/// binds the listener (before the daemon starts, so a taken port stops it
+/// at once).
+pub(crate) async fn bind(plan: Plan) -> Result<Bound, String> {
+    let (token, own) = match plan.token {
+        Some(token) => (token, None),
+        None => {
+            let state_dir = plan.state_dir.clone();
+            let made = tokio::task::spawn_blocking(move || token::own(&state_dir))
+                .await
+                .map_err(|e| format!("cannot make the HTTP token: {e}"))?;
+            let (token, path) = made.map_err(|e| e.to_string())?;
+            (token, Some(path))
+        }
+    };
+    let cannot = |e: std::io::Error| {
+        format!(
+            "cannot listen for HTTP on {}: {e} (choose another --http address)",
+            plan.addr
+        )
+    };
+    let listener = tokio::net::TcpListener::bind(plan.addr)
+        .await
+        .map_err(cannot)?;
+    let local = listener.local_addr().map_err(cannot)?;
+    Ok(Bound {
+        listener,
+        local,
+        token,
+        own,
+        allow_hosts: plan.allow_hosts,
+        limits: plan.limits,
+        max_streams: plan.max_streams,
+    })
+}
+
+/// Starts serving; the metrics' event lane starts here too, so it counts
+/// everything from now on.
+pub(crate) fn start(bound: Bound, daemon: &Arc<Daemon>) -> Server {
+    let Bound {
+        listener,
+        local,
+        token,
+        own,
+        allow_hosts,
+        limits,
+        max_streams,
+    } = bound;
+    let hostname = hosts::machine_hostname();
+    let hosts = hosts::Hosts::new(local, &allow_hosts, hostname.as_deref());
+    let guarded = match &own {
+        Some(path) => format!(
+            "every request but the dashboard page needs the token in {}",
+            path.display()
+        ),
+        None => {
+            "every request but the dashboard page needs the token of --http-token-file".to_owned()
+        }
+    };
+    let dashboard_url = own
+        .as_ref()
+        .map(|_| format!("http://{local}/#token={token}"));
+    let state = Http {
+        daemon: Arc::clone(daemon),
+        metrics: metrics::Metrics::start(daemon),
+        token: Arc::from(token),
+        whose: if own.is_some() {
+            Whose::Own
+        } else {
+            Whose::Operator
+        },
+        hosts: Arc::new(hosts),
+        streams: Arc::new(Semaphore::new(max_streams)),
+        max_streams,
+    };
+    let guarded_routes = Router::new()
+        .route("/metrics", get(metrics::scrape))
+        .route("/api/tasks", get(api::tasks))
+        .route("/api/tasks/{task}", get(api::task))
+        .route("/api/slots", get(api::slots))
+        .route("/api/events", get(api::events))
+        .route("/api/tasks/{task}/cancel", post(api::cancel))
+        .route("/api/tasks/{task}/remove", post(api::remove))
+        .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
+    let app = Router::new()
+        .route("/", get(dashboard))
+        .merge(guarded_routes)
+        .layer(middleware::from_fn_with_state(state.clone(), check_host))
+        .with_state(state);
+    let stop = CancellationToken::new();
+    tokio::spawn(conn::accept_loop(listener, app, limits, stop.clone()));
+    // Tests and scripts that asked for port 0 read the port from this line.
+    tracing::info!("taskhost HTTP listening on http://{local}/ ({guarded})");
+    if let Some(url) = dashboard_url {
+        // The token in the fragment: a browser sends it to no server and
+        // puts it in no Referer; the page takes it out of the address bar.
+        tracing::info!("taskhost HTTP dashboard: {url}");
+    }
+    Server { stop }
+}
+
+/// The dashboard page (static: every datum it shows needs the token).
+async fn dashboard() -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+            (header::REFERRER_POLICY, "no-referrer"),
+        ],
+        include_str!("dashboard.html"),
+    )
+}
+
+/// Refuses a request whose `Host` the listener does not answer to (a web
+/// page that rebinds its own name to this address cannot reach the API),
+/// and one whose `Origin` is not that host's own (a page elsewhere cannot
+/// drive it).
+async fn check_host(State(http): State<Http>, request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    if !http.hosts.accepts(host) {
+        return api::error(
+            StatusCode::MISDIRECTED_REQUEST,
+            format!(
+                "this listener does not answer to Host `{}`: name {}",
+                host.escape_debug(),
+                http.hosts.describe()
+            ),
+        );
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        if !hosts::same_origin(origin, host) {
+            return api::error(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "requests from pages of another origin are refused (Origin `{}`)",
+                    origin.escape_debug()
+                ),
+            );
+        }
+    }
+    next.run(request).await
+}
+
+/// Every endpoint but the page: the bearer token; a `POST` also needs a
+/// JSON content type (which a cross-site form cannot send).
+async fn authorize(State(http): State<Http>, request: Request, next: Next) -> Response {
+    let given = token::bearer(request.headers()).unwrap_or("");
+    if !token::same(given.as_bytes(), http.token.as_bytes()) {
+        let whose = match http.whose {
+            Whose::Operator => "the token in the daemon's --http-token-file",
+            Whose::Own => {
+                "the token the daemon keeps in http-token in its state directory; \
+                 the dashboard URL in its log carries it"
+            }
+        };
+        let mut response = api::error(
+            StatusCode::UNAUTHORIZED,
+            format!("send `Authorization: Bearer <token>` ({whose})"),
+        );
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"taskhost\""),
+        );
+        return response;
+    }
+    if request.method() == axum::http::Method::POST && !is_json(request.headers()) {
+        return api::error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "send `Content-Type: application/json` with a POST".into(),
+        );
+    }
+    next.run(request).await
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+}

@@ -1,0 +1,383 @@
+//! Owns the daemon's life: preparing the socket (owner-only, a stale one
+//! replaced, a live one or a foreign file refused) and the state directory,
+//! building the runtime, supervisor and controller from the settings, the
+//! accept loop (bounded), and the graceful shutdown on a signal or a request.
+
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{Semaphore, watch};
+
+use taskhost_core::controller::Controller;
+use taskhost_core::supervisor::{ShutdownReport, Supervisor};
+use taskhost_core::units::format_duration;
+use taskhost_runtime::{DEFAULT_POOL_INSTANCES, POOL_RESERVE, Runtime, RuntimeConfig};
+
+use crate::cluster::{self, Cluster};
+use crate::config::DaemonConfig;
+use crate::server::connection;
+use crate::server::http;
+use crate::service::history::History;
+use crate::service::plugins::{self, Plugins};
+use crate::service::recovery;
+use crate::service::tasks::Tasks;
+use crate::state::Daemon;
+use crate::state_dir::{self, StateLock};
+use crate::store::{Retention, Store, StoreSpec, postgres};
+use crate::wire::socket;
+
+/// How long, after the shutdown, open connections get to deliver their last
+/// replies (the final reports of waiters, the shutdown answer) before the
+/// process exits.
+const FLUSH_GRACE: Duration = Duration::from_secs(2);
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ServeError(String);
+
+/// Runs the daemon until SIGINT, SIGTERM or a shutdown request; removes the
+/// socket on the way out. `ready` is called once the socket accepts
+/// connections (for `--detach` and systemd's readiness notification).
+pub async fn serve(
+    socket_path: PathBuf,
+    config: DaemonConfig,
+    ready: impl FnOnce(),
+) -> Result<ShutdownReport, ServeError> {
+    let fail = |m: String| ServeError(m);
+    let http_plan = http::plan(&config).map_err(fail)?;
+    socket::prepare_dir(&socket_path).map_err(fail)?;
+    claim_socket_path(&socket_path).await.map_err(fail)?;
+    state_dir::prepare(&config.state_dir).map_err(fail)?;
+    // One daemon per state directory (and per store file): taken before the
+    // store is opened, so a second daemon never recovers the first one's
+    // live work.
+    let state_lock = StateLock::acquire(
+        &config.state_dir.join(state_dir::LOCK_FILE),
+        &socket_path,
+        &format!("the state directory {}", config.state_dir.display()),
+    )
+    .map_err(fail)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(config.state_dir.join("plugins"))
+        .map_err(|e| {
+            fail(format!(
+                "cannot create the state directory `{}`: {e}",
+                config.state_dir.display()
+            ))
+        })?;
+    raise_descriptor_limit();
+
+    /// How much lower than the daemon's the priority of its compiles is.
+    const COMPILE_NICE: i32 = 10;
+    let runtime = Runtime::new(
+        &RuntimeConfig::default()
+            .cache_dir(Some(config.state_dir.join("wasmtime-cache")))
+            .epoch_tick(config.epoch_tick)
+            .pool_instances(config.pool_instances.unwrap_or_else(|| {
+                // Room for every attempt the daemon may run at once, and
+                // for the `describe` calls of plugins loaded meanwhile.
+                let wanted = config.max_concurrent.saturating_add(POOL_RESERVE as usize);
+                u32::try_from(wanted)
+                    .unwrap_or(u32::MAX)
+                    .max(DEFAULT_POOL_INSTANCES)
+            }))
+            .plugin_cache_bytes(Some(config.plugin_cache))
+            .guest_limits(config.guest_limits())
+            // Running tasks first: a compile takes the cores they leave.
+            .compile_nice(Some(COMPILE_NICE)),
+    )
+    .map_err(|e| fail(e.to_string()))?;
+    // Attempts wait for a permit rather than find the instance pool full.
+    let mut max_concurrent = config.max_concurrent;
+    if let Some(capacity) = runtime.allocator().attempt_capacity()
+        && capacity < max_concurrent
+    {
+        tracing::warn!(
+            "max_concurrent {max_concurrent} is more than the instance pool holds; \
+             running at most {capacity} attempts at once (raise --pool-instances)"
+        );
+        max_concurrent = capacity;
+    }
+    let spec = StoreSpec::parse(&config.store, &config.state_dir).map_err(fail)?;
+    // A store file outside the state directory gets a lock of its own.
+    let store_lock = match &spec {
+        StoreSpec::Sqlite(path) if !path.starts_with(&config.state_dir) => {
+            let mut lock = path.as_os_str().to_owned();
+            lock.push(".lock");
+            Some(
+                StateLock::acquire(
+                    Path::new(&lock),
+                    &socket_path,
+                    &format!("the store {}", path.display()),
+                )
+                .map_err(fail)?,
+            )
+        }
+        _ => None,
+    };
+    let retention = Retention {
+        max_finished: config.retain_finished,
+        max_age: config.retain_for,
+        max_bytes: config.retain_bytes,
+    };
+    let (store, unfinished) = Store::open(&spec, retention).map_err(|e| fail(e.to_string()))?;
+    let cluster = match &spec {
+        StoreSpec::Postgres(url) => {
+            let pool = config.max_connections.clamp(4, 16);
+            let pg = postgres::open(url, config.cluster.notify, pool)
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            Some(
+                Cluster::join(pg, config.cluster.clone(), max_concurrent)
+                    .await
+                    .map_err(|e| fail(e.to_string()))?,
+            )
+        }
+        _ => None,
+    };
+    if cluster.is_none() && !store.is_durable() {
+        tracing::warn!("the store is memory: accepted work is lost when the daemon stops");
+    }
+    let supervisor = Supervisor::builder()
+        .first_id(store.first_id())
+        .max_concurrent(max_concurrent)
+        .grace(config.grace)
+        .bus_capacity(config.event_lane_capacity)
+        .build();
+    // Every attempt the daemon may run and every pending submission may
+    // have a slot of its own (the controller's default of 10,000 refused
+    // the 10,001st slot of a daemon running 10,000 tasks).
+    let max_slots = config
+        .max_concurrent
+        .saturating_add(config.max_total_pending)
+        .max(10_000);
+    let controller = Controller::builder(supervisor)
+        .max_slot_queue(config.max_slot_queue)
+        .max_total_pending(config.max_total_pending)
+        .max_slots(max_slots)
+        .build();
+    let http_bound = match http_plan {
+        Some(plan) => Some(http::bind(plan).await.map_err(fail)?),
+        None => None,
+    };
+    if let Some(bound) = &http_bound {
+        // Guests' outbound HTTP reaches this listener only by its address.
+        runtime.add_own_address(bound.local_addr());
+    }
+    let listener = UnixListener::bind(&socket_path)
+        .map_err(|e| fail(format!("cannot listen on `{}`: {e}", socket_path.display())))?;
+    socket::restrict(&socket_path).map_err(fail)?;
+
+    let runtime = Arc::new(runtime);
+    let history = History::start(controller.supervisor());
+    let (stop, mut stop_rx) = watch::channel(None);
+    let daemon = Arc::new(Daemon {
+        config: config.clone(),
+        plugins: Plugins::new(Arc::clone(&runtime), config.state_dir.clone()),
+        controller,
+        tasks: Tasks::new(config.retain_finished, config.retain_bytes),
+        history,
+        store,
+        cluster,
+        admission: Mutex::new(()),
+        keep_unfinished: AtomicBool::new(false),
+        shutdown_requested: AtomicBool::new(false),
+        recording: Default::default(),
+        stop,
+        closed: watch::channel(false).0,
+    });
+    // Before recovery, so the metrics count the recovered work too.
+    let http_server = http_bound.map(|bound| http::start(bound, &daemon));
+    if !unfinished.is_empty() {
+        let started = std::time::Instant::now();
+        let done = recovery::recover(&daemon, unfinished).await;
+        tracing::info!(
+            requeued = done.requeued,
+            retried = done.retried,
+            ended = done.ended,
+            took = %format_duration(started.elapsed()),
+            "recovered unfinished work from the store"
+        );
+    }
+    cluster::start(&daemon);
+    // Unused plugins: collected before the daemon listens, then every
+    // minute (blocking file work under the admission lock, off the async
+    // workers).
+    plugins::collect(&daemon);
+    {
+        // Weak: the collector must not keep the daemon (and its store's
+        // writer, which folds the WAL in when it ends) alive past the stop.
+        let daemon = Arc::downgrade(&daemon);
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(plugins::COLLECT_EVERY);
+            every.tick().await;
+            loop {
+                every.tick().await;
+                let Some(daemon) = daemon.upgrade() else {
+                    return;
+                };
+                let _ = tokio::task::spawn_blocking(move || plugins::collect(&daemon)).await;
+            }
+        });
+    }
+    tracing::info!(
+        socket = %socket_path.display(),
+        state_dir = %config.state_dir.display(),
+        store = %daemon.cluster.as_ref().map_or_else(|| format!("{:?}", daemon.store), |c| format!("{:?} (node {})", c.pg, c.node())),
+        allocator = ?runtime.allocator(),
+        max_concurrent,
+        worker_threads = config.worker_threads,
+        "taskhost daemon listening"
+    );
+    // The handlers first: a SIGTERM right after readiness (systemd, a
+    // script) is a graceful stop, not the default action's kill.
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|e| fail(e.to_string()))?;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| fail(e.to_string()))?;
+    ready();
+
+    let connections = Arc::new(Semaphore::new(config.max_connections));
+    let grace = loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(err) => {
+                        // Out of file descriptors and the like: do not spin.
+                        tracing::warn!("accept failed: {err}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+                    tracing::warn!("connection refused: {} connections are open", config.max_connections);
+                    continue;
+                };
+                let daemon = Arc::clone(&daemon);
+                tokio::spawn(async move {
+                    if let Err(err) = connection::serve(daemon, stream).await {
+                        tracing::debug!("connection ended: {err}");
+                    }
+                    drop(permit);
+                });
+            }
+            _ = interrupt.recv() => break config.grace,
+            _ = terminate.recv() => break config.grace,
+            changed = stop_rx.changed() => {
+                if changed.is_ok() && let Some(grace) = *stop_rx.borrow() {
+                    break grace;
+                }
+            }
+        }
+    };
+    // Stop taking connections first, so nobody submits into a closing host.
+    drop(listener);
+    drop(http_server);
+    // A signal is a graceful stop: with a durable store, unfinished work
+    // waits for the next start (a shutdown request has set this already,
+    // unless it asked to cancel everything).
+    if !daemon
+        .shutdown_requested
+        .load(std::sync::atomic::Ordering::SeqCst)
+    {
+        daemon.keep_unfinished.store(
+            daemon.store.is_durable() || daemon.cluster.is_some(),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+    }
+    if let Some(cluster) = &daemon.cluster {
+        cluster.stop_claiming();
+    }
+    let _ = std::fs::remove_file(&socket_path);
+    tracing::info!(grace = %format_duration(grace), "taskhost daemon shutting down");
+    // Single-flight: if a client asked for the shutdown, this is its report.
+    let report = daemon.controller.shutdown(grace).await;
+    match &report {
+        ShutdownReport::AllStopped => tracing::info!("all tasks stopped within the grace"),
+        ShutdownReport::GraceExceeded { stuck } => {
+            tracing::warn!("force-aborted after the grace: {}", stuck.join(", "));
+        }
+    }
+    // Every task has ended: their outcomes are recorded, and everything
+    // written so far is committed, before the process may exit.
+    if tokio::time::timeout(FLUSH_GRACE, daemon.recording.idle())
+        .await
+        .is_err()
+    {
+        tracing::warn!("some outcomes were still being recorded at exit");
+    }
+    if let Err(err) = daemon.store.close().committed().await {
+        tracing::error!("the store's last writes failed: {err}");
+    }
+    // A cluster node's unfinished work goes to the other nodes now.
+    cluster::leave(&daemon).await;
+    // Everything is committed: another daemon may use the directory now.
+    drop(store_lock);
+    drop(state_lock);
+    daemon.closed.send_replace(true);
+    // Every waiter's report is on its way: let the connections put them on
+    // the wire before the process exits (a client gets its report and
+    // leaves; one that lingers is not waited for long).
+    let all = u32::try_from(config.max_connections).unwrap_or(u32::MAX);
+    let _ = tokio::time::timeout(FLUSH_GRACE, connections.acquire_many(all)).await;
+    Ok(report)
+}
+
+/// Makes the socket path free: a live daemon there is an error, a stale
+/// socket is removed, any other file is left alone and refused.
+async fn claim_socket_path(socket_path: &Path) -> Result<(), String> {
+    if !socket_path.exists() {
+        return Ok(());
+    }
+    if UnixStream::connect(socket_path).await.is_ok() {
+        return Err(format!(
+            "a daemon is already listening on `{}`; stop it with `host shutdown` or choose another --socket",
+            socket_path.display()
+        ));
+    }
+    // Only a socket is a stale daemon's to replace; never delete a file.
+    let is_socket = std::fs::symlink_metadata(socket_path)
+        .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
+    if !is_socket {
+        return Err(format!(
+            "`{}` exists and is not a socket; choose another --socket",
+            socket_path.display()
+        ));
+    }
+    std::fs::remove_file(socket_path).map_err(|e| {
+        format!(
+            "cannot remove the stale socket `{}`: {e}",
+            socket_path.display()
+        )
+    })
+}
+
+/// Raises this process's soft limit on open files to its hard limit: every
+/// connection, plugin file and guest's open file holds a descriptor, and a
+/// daemon that runs out cannot accept its own clients.
+fn raise_descriptor_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => tracing::debug!(
+                "raised the open-file limit from {:?} to {:?}",
+                limit.current,
+                limit.maximum
+            ),
+            Err(e) => tracing::warn!("cannot raise the open-file limit: {e}"),
+        }
+    }
+}

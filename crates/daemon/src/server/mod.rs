@@ -1,0 +1,15 @@
+//! The server: the daemon's life (start-up, the accept loop, shutdown), one
+//! connection at a time, what each request does, and the HTTP listener. It
+//! knows frames and requests; what they mean for tasks is the services'.
+//!
+//! | file | owns |
+//! |---|---|
+//! | `listener` | start-up, the accept loop, shutdown |
+//! | `connection` | one connection: handshake, requests in order, batched replies |
+//! | `dispatch` | what each request does |
+//! | `http/` | the optional HTTP listener: metrics, JSON API, dashboard |
+
+pub(crate) mod connection;
+pub(crate) mod dispatch;
+pub(crate) mod http;
+pub(crate) mod listener;

@@ -1,0 +1,115 @@
+//! Owns the JSON forms of what the daemon shows: a task's result, a `ps`
+//! row, a slot and a cancel's answer. The CLI's `--json` output and the
+//! HTTP API (`host serve --http`) both use these, so the two cannot drift.
+
+use base64::Engine as _;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use taskhost_core::controller::SlotView;
+use taskhost_core::outcome::TaskOutcome;
+use taskhost_core::supervisor::TaskReport;
+
+use crate::wire::protocol::TaskRow;
+
+/// The JSON result of one task (`host wait --json`, `host run --json`).
+#[derive(Debug, Serialize)]
+pub struct JsonResult<'a> {
+    /// Its id.
+    pub id: u64,
+    /// Its name.
+    pub name: &'a str,
+    /// Its slot.
+    pub slot: &'a str,
+    /// How it ended (`completed`, `failed`, ...).
+    pub outcome: &'static str,
+    /// Why, for the outcomes that have a reason.
+    pub reason: Option<&'a str>,
+    /// The guest's exit code, if it gave one.
+    pub exit_code: Option<i32>,
+    /// The rejection kind of a rejected submission.
+    pub rejection: Option<String>,
+    /// Attempts started.
+    pub attempts: u32,
+    /// Its own run time in ms.
+    pub duration_ms: u64,
+    /// The output of a completed task: text, or base64 (see
+    /// `output_encoding`).
+    pub output: Option<String>,
+    /// `utf8` or `base64`.
+    pub output_encoding: Option<&'static str>,
+}
+
+impl<'a> JsonResult<'a> {
+    /// The JSON form of a report.
+    pub fn new(report: &'a TaskReport) -> Self {
+        let outcome = &report.outcome;
+        let (output, output_encoding) = match outcome {
+            TaskOutcome::Completed { output } => match std::str::from_utf8(output) {
+                Ok(text) => (Some(text.to_owned()), Some("utf8")),
+                Err(_) => (
+                    Some(base64::engine::general_purpose::STANDARD.encode(output)),
+                    Some("base64"),
+                ),
+            },
+            _ => (None, None),
+        };
+        Self {
+            id: report.id.get(),
+            name: &report.name,
+            slot: &report.slot,
+            outcome: outcome.kind().as_str(),
+            reason: outcome.reason(),
+            exit_code: outcome.exit_code(),
+            rejection: outcome.rejection().map(|k| k.to_string()),
+            attempts: report.attempts,
+            duration_ms: report.duration.as_millis() as u64,
+            output,
+            output_encoding,
+        }
+    }
+
+    /// As a JSON value.
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+}
+
+/// One row of `host ps --json`.
+pub fn task_row(t: &TaskRow) -> Value {
+    json!({
+        "id": t.id,
+        "name": t.name,
+        "slot": t.slot,
+        "state": t.state.as_str(),
+        "attempts": t.attempts,
+        "age_ms": t.age.as_millis() as u64,
+        "progress": t.progress.map(|(done, total)| json!({ "done": done, "total": total })),
+        "plugin": t.plugin,
+        "outcome": t.outcome,
+        "node": t.node,
+    })
+}
+
+/// One slot of `host slots --json`.
+pub fn slot(s: &SlotView) -> Value {
+    json!({
+        "key": s.key,
+        "state": s.state,
+        "owner": s.owner,
+        "queue_depth": s.queue_depth,
+        "in_state_ms": s.in_state_for.as_millis() as u64,
+        "queued": s.queued,
+    })
+}
+
+/// The answer of `host cancel --json` / `host remove --json`: whether this
+/// request made the stop claim, and the final report when it waited.
+pub fn canceled(claimed: bool, report: Option<&TaskReport>) -> Value {
+    let report = report.map(|r| {
+        json!({ "id": r.id, "name": r.name, "outcome": r.outcome.kind(), "reason": r.outcome.reason(),
+                "rejection": r.outcome.rejection().map(|k| k.to_string()),
+                "attempts": r.attempts, "duration_ms": r.duration.as_millis() as u64 })
+    });
+    json!({ "claimed": claimed, "report": report })
+}

@@ -1,0 +1,21 @@
+//! The services: what the daemon does with submissions and plugins, and
+//! what it remembers of tasks. They use the store and the controller; they
+//! know no frames.
+//!
+//! | file | owns |
+//! |---|---|
+//! | `submissions` | a submit request into a controller submission |
+//! | `plugins` | plugins stored by digest under the state directory |
+//! | `uploads` | plugin uploads in chunks |
+//! | `tasks` | what the daemon remembers of submissions (waiters, logs, names) |
+//! | `history` | recent events, bridged to the daemon's log |
+//! | `recovery` | rebuilding the controller from the store at start |
+//! | `json` | the JSON forms shared by the CLI's `--json` and the HTTP API |
+
+pub(crate) mod history;
+pub mod json;
+pub(crate) mod plugins;
+pub(crate) mod recovery;
+pub(crate) mod submissions;
+pub(crate) mod tasks;
+pub(crate) mod uploads;

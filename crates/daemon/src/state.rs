@@ -1,0 +1,88 @@
+//! Owns what every connection of one daemon shares: its settings, the plugin
+//! store (with the runtime), the controller (with the supervisor), the
+//! memory of submissions, the durable store, the event history, and the
+//! stop request.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use taskhost_core::controller::Controller;
+
+use crate::cluster::Cluster;
+use crate::config::DaemonConfig;
+use crate::service::history::History;
+use crate::service::plugins::Plugins;
+use crate::service::tasks::Tasks;
+use crate::store::Store;
+
+/// The shared state of one daemon.
+pub(crate) struct Daemon {
+    pub config: DaemonConfig,
+    pub plugins: Plugins,
+    pub controller: Controller,
+    pub tasks: Tasks,
+    pub history: Arc<History>,
+    /// Where accepted work, its state and its outcomes are kept.
+    pub store: Store,
+    /// In cluster mode, this node's part of the cluster (the shared
+    /// database holds the work; `store` is then memory and unused).
+    pub cluster: Option<Arc<Cluster>>,
+    /// Held from a submission's id to its placement, so the store's order
+    /// of submissions is the controller's.
+    pub admission: Mutex<()>,
+    /// Set when a graceful stop keeps unfinished work for the next start:
+    /// outcomes the stop itself causes are not recorded.
+    pub keep_unfinished: AtomicBool,
+    /// Set by a `Shutdown` request (which chose `keep_unfinished` itself).
+    pub shutdown_requested: AtomicBool,
+    /// Outcomes being recorded: the daemon exits only after they are.
+    pub recording: Recording,
+    /// Set by a `Shutdown` request: the grace the accept loop shuts down
+    /// with.
+    pub stop: watch::Sender<Option<Duration>>,
+    /// Set once a stopping daemon has closed its store and released its
+    /// state directory (the answer to `Shutdown` waits for it).
+    pub closed: watch::Sender<bool>,
+}
+
+/// Counts the tasks whose outcome is still to be recorded, so the daemon
+/// does not exit (and lose the store's last writes) before they are.
+#[derive(Debug, Default)]
+pub(crate) struct Recording {
+    count: AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// One task's outcome still to be recorded; dropping it says it is.
+pub(crate) struct RecordingGuard(Arc<Daemon>);
+
+impl Recording {
+    /// Waits until no outcome is left to record.
+    pub(crate) async fn idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.count.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl RecordingGuard {
+    pub(crate) fn new(daemon: &Arc<Daemon>) -> Self {
+        daemon.recording.count.fetch_add(1, Ordering::SeqCst);
+        Self(Arc::clone(daemon))
+    }
+}
+
+impl Drop for RecordingGuard {
+    fn drop(&mut self) {
+        if self.0.recording.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.recording.idle.notify_waiters();
+        }
+    }
+}

@@ -1,0 +1,491 @@
+//! Owns what the daemon keeps across a crash: every accepted submission,
+//! its state (queued, running attempt N, stopping, finished), its final
+//! report and log, and the next task id. Two backends behind one handle:
+//! embedded SQLite (the default, a file under the state directory) and
+//! memory (nothing survives; for tests and benchmarks).
+//!
+//! Writes go to one writer thread that owns the database connection and
+//! commits whatever is ready together in one transaction (group commit):
+//! a submission is acknowledged once its [`Ticket`] resolves, that is once
+//! its transaction is on disk (`synchronous=FULL`). Writes are applied in
+//! the order they were made, so the store's order of submissions is the
+//! order the controller decided them in. Reads (finished tasks for `wait`,
+//! `logs` and `ps --all`) use a second connection; WAL lets them run
+//! beside the writer.
+//!
+//! The store decides nothing: the supervisor and controller keep their
+//! in-process semantics, the store records what they decided, and
+//! [`recovery`](super::recovery) rebuilds them from it at start.
+
+pub(crate) mod postgres;
+mod sqlite;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::Shared;
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+use taskhost_core::lifecycle::TaskState;
+use taskhost_core::logline::LogLine;
+use taskhost_core::supervisor::{TaskId, TaskReport};
+use taskhost_runtime::Digest;
+
+use super::protocol::SubmitRequest;
+
+/// Which backend the daemon keeps its state in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreSpec {
+    /// Nothing survives the process (tests, benchmarks).
+    Memory,
+    /// SQLite at this path (default: `<state dir>/taskhost.db`).
+    Sqlite(PathBuf),
+    /// A PostgreSQL database shared by the nodes of a cluster (a
+    /// `postgres://` or `postgresql://` address).
+    Postgres(String),
+}
+
+impl StoreSpec {
+    /// Parses `memory`, `sqlite` (the default file under `state_dir`),
+    /// `sqlite:PATH`, or a `postgres://…` address (cluster mode).
+    pub fn parse(text: &str, state_dir: &Path) -> Result<Self, String> {
+        if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            return Ok(Self::Postgres(text.to_owned()));
+        }
+        match text {
+            "memory" => Ok(Self::Memory),
+            "sqlite" => Ok(Self::Sqlite(state_dir.join("taskhost.db"))),
+            other => match other.strip_prefix("sqlite:") {
+                Some(path) if !path.is_empty() => Ok(Self::Sqlite(PathBuf::from(path))),
+                _ => Err(format!(
+                    "unknown store `{other}`: use `sqlite` (the default, a file under the state \
+                     directory), `sqlite:PATH`, `postgres://USER@HOST/DB` (cluster mode), or \
+                     `memory` (nothing survives a restart)"
+                )),
+            },
+        }
+    }
+}
+
+/// How long finished tasks (their reports and logs) are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// At most this many finished tasks.
+    pub max_finished: usize,
+    /// None older than this.
+    pub max_age: Duration,
+    /// At most this many bytes of finished tasks' rows (request, report and
+    /// log), newest kept first.
+    pub max_bytes: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            max_finished: 10_000,
+            max_age: Duration::from_secs(7 * 24 * 3600),
+            max_bytes: super::config::DEFAULT_RETAIN_BYTES,
+        }
+    }
+}
+
+/// Why the store failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct StoreError(pub String);
+
+/// A write's commit: resolves once the transaction holding it is durable.
+/// Clones wait for the same commit.
+#[must_use = "a ticket says when the write is durable"]
+#[derive(Clone)]
+pub struct Ticket(Option<Shared<oneshot::Receiver<Result<(), StoreError>>>>);
+
+impl Ticket {
+    /// A ticket for nothing to wait for (the memory store).
+    pub fn done() -> Self {
+        Self(None)
+    }
+
+    /// Whether there is nothing to wait for.
+    pub fn is_immediate(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// Waits for the commit.
+    pub async fn committed(self) -> Result<(), StoreError> {
+        match self.0 {
+            None => Ok(()),
+            Some(rx) => rx
+                .await
+                .unwrap_or_else(|_| Err(StoreError("the store stopped".into()))),
+        }
+    }
+}
+
+/// A submission as recorded when it is accepted.
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    /// Its id.
+    pub id: TaskId,
+    /// Its name.
+    pub name: String,
+    /// Its slot.
+    pub slot: String,
+    /// The plugin's name.
+    pub plugin: String,
+    /// The submission, with name, slot and policy resolved.
+    pub request: SubmitRequest,
+    /// Milliseconds since the Unix epoch.
+    pub submitted_ms: u64,
+    /// Recorded with its first attempt already started (it was admitted at
+    /// once with a concurrency permit free): that attempt waits for this
+    /// write's commit instead of a commit of its own.
+    pub started: bool,
+}
+
+/// An unfinished task, for recovery.
+#[derive(Debug, Clone)]
+pub struct Unfinished {
+    /// Its id.
+    pub id: TaskId,
+    /// The plugin's name.
+    pub plugin: String,
+    /// The submission, with name, slot and policy resolved.
+    pub request: SubmitRequest,
+    /// Where it stood.
+    /// Where it stood when the store last heard of it: `Queued` (accepted,
+    /// no attempt started: queued, or admitted and waiting), `Running` (an
+    /// attempt had started; it ended without a result) or `Stopping` (a
+    /// stop had been requested).
+    pub state: TaskState,
+    /// Attempts started.
+    pub attempts: u32,
+    /// When it was accepted, ms since the Unix epoch.
+    pub submitted_ms: u64,
+    /// The pause before its next attempt, when its last attempt had ended
+    /// (state `Running`): the attempt was not interrupted.
+    pub pause: Option<Pause>,
+}
+
+/// A task's pause before its next attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pause {
+    /// When the next attempt is due, ms since the Unix epoch.
+    pub until_ms: u64,
+    /// Consecutive failed attempts so far.
+    pub failures: u32,
+}
+
+/// The tasks that use one plugin.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PluginRefs {
+    /// The plugin's name, as the tasks recorded it.
+    pub name: Option<String>,
+    /// Unfinished tasks (they need the plugin to run).
+    pub unfinished: u64,
+    /// Finished tasks still retained.
+    pub finished: u64,
+}
+
+/// A finished task, as kept for `wait`, `logs` and `ps --all`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Finished {
+    /// The final report.
+    pub report: TaskReport,
+    /// The plugin's name.
+    pub plugin: String,
+    /// The guest's lines (the newest the daemon kept).
+    pub log: Vec<LogLine>,
+    /// When it was accepted, ms since the Unix epoch.
+    pub submitted_ms: u64,
+    /// When it finished, ms since the Unix epoch.
+    pub finished_ms: u64,
+}
+
+/// One write, with whom to tell when it is durable.
+enum Op {
+    Submit(Box<NewTask>),
+    AttemptStarted {
+        id: TaskId,
+        attempt: u32,
+    },
+    /// The attempt `attempts` has ended and the next is due after a pause.
+    Pausing {
+        id: TaskId,
+        attempts: u32,
+        pause: Pause,
+    },
+    Stopping {
+        id: TaskId,
+    },
+    Finished(Box<Finished>),
+    /// Nothing: its ticket resolves once every earlier write is committed.
+    Flush,
+    /// As `Flush`, then the write-ahead log is folded into the database
+    /// file (a graceful stop leaves one file behind).
+    Checkpoint,
+}
+
+struct Write {
+    op: Op,
+    done: Option<oneshot::Sender<Result<(), StoreError>>>,
+}
+
+/// The daemon's store; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// None for the memory backend.
+    writer: Option<Mutex<mpsc::Sender<Write>>>,
+    /// Writes sent and not yet applied.
+    pending: Arc<AtomicUsize>,
+    reader: Option<Mutex<sqlite::Reader>>,
+    first_id: u64,
+    describe: String,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.inner.describe)
+    }
+}
+
+impl Store {
+    /// Opens (creating or migrating) the store; returns it with the
+    /// unfinished tasks to recover, in id order.
+    pub fn open(
+        spec: &StoreSpec,
+        retention: Retention,
+    ) -> Result<(Self, Vec<Unfinished>), StoreError> {
+        match spec {
+            // A cluster node keeps nothing of its own: the shared database
+            // holds its work (`postgres`).
+            StoreSpec::Memory | StoreSpec::Postgres(_) => Ok((
+                Self {
+                    inner: Arc::new(Inner {
+                        writer: None,
+                        pending: Arc::default(),
+                        reader: None,
+                        first_id: 1,
+                        describe: "memory (nothing survives a restart)".into(),
+                    }),
+                },
+                Vec::new(),
+            )),
+            StoreSpec::Sqlite(path) => {
+                let (writer, reader, first_id, unfinished) = sqlite::open(path, retention)?;
+                let (tx, rx) = mpsc::channel();
+                let pending = Arc::new(AtomicUsize::new(0));
+                let applied = Arc::clone(&pending);
+                std::thread::Builder::new()
+                    .name("taskhost-store".into())
+                    .spawn(move || writer.run(rx, &applied))
+                    .map_err(|e| {
+                        StoreError(format!("cannot start the store's writer thread: {e}"))
+                    })?;
+                Ok((
+                    Self {
+                        inner: Arc::new(Inner {
+                            writer: Some(Mutex::new(tx)),
+                            pending,
+                            reader: Some(Mutex::new(reader)),
+                            first_id,
+                            describe: format!("sqlite {}", path.display()),
+                        }),
+                    },
+                    unfinished,
+                ))
+            }
+        }
+    }
+
+    /// Whether the writer has nothing queued: a write sent now is committed
+    /// in a transaction of its own, at once.
+    pub fn is_idle(&self) -> bool {
+        self.inner.pending.load(Ordering::Relaxed) == 0
+    }
+
+    /// Whether anything survives a restart.
+    pub fn is_durable(&self) -> bool {
+        self.inner.writer.is_some()
+    }
+
+    /// The first id this run may hand out (above every id ever stored).
+    pub fn first_id(&self) -> u64 {
+        self.inner.first_id
+    }
+
+    fn write(&self, op: Op, wait: bool) -> Ticket {
+        let Some(writer) = &self.inner.writer else {
+            return Ticket::done();
+        };
+        let (done, rx) = if wait {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        self.inner.pending.fetch_add(1, Ordering::Relaxed);
+        let sent = writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .send(Write { op, done });
+        match sent {
+            Ok(()) => Ticket(rx.map(FutureExt::shared)),
+            Err(_) => {
+                let (tx, rx) = oneshot::channel();
+                let _ = tx.send(Err(StoreError("the store's writer stopped".into())));
+                Ticket(Some(rx.shared()))
+            }
+        }
+    }
+
+    /// Records an accepted submission; acknowledge it once the ticket
+    /// resolves.
+    pub fn submit(&self, task: NewTask) -> Ticket {
+        self.write(Op::Submit(Box::new(task)), true)
+    }
+
+    /// Records that attempt `attempt` is starting; the attempt may run once
+    /// the ticket resolves (so a task that must not run twice is known to
+    /// have started before it does anything).
+    pub fn attempt_started(&self, id: TaskId, attempt: u32) -> Ticket {
+        self.write(Op::AttemptStarted { id, attempt }, true)
+    }
+
+    /// Records that attempt `attempts` ended and the next is due after a
+    /// pause (not waited for: at worst the task is recovered as
+    /// interrupted, with a fresh backoff).
+    pub fn pausing(&self, id: TaskId, attempts: u32, pause: Pause) {
+        let _ = self.write(
+            Op::Pausing {
+                id,
+                attempts,
+                pause,
+            },
+            false,
+        );
+    }
+
+    /// Records that a stop was requested (not waited for: at worst the
+    /// task is recovered as interrupted rather than canceled).
+    pub fn stopping(&self, id: TaskId) {
+        let _ = self.write(Op::Stopping { id }, false);
+    }
+
+    /// Records a final report and log; show the outcome to anyone once the
+    /// ticket resolves.
+    pub fn finished(&self, finished: Finished) -> Ticket {
+        self.write(Op::Finished(Box::new(finished)), true)
+    }
+
+    /// Resolves once every write made before it is committed.
+    pub fn flush(&self) -> Ticket {
+        self.write(Op::Flush, true)
+    }
+
+    /// As [`Store::flush`], and folds the write-ahead log into the database
+    /// file: for the daemon's last moments (later writes still work).
+    pub fn close(&self) -> Ticket {
+        self.write(Op::Checkpoint, true)
+    }
+
+    /// A finished task by id.
+    pub fn finished_task(&self, id: TaskId) -> Option<Finished> {
+        let reader = self.inner.reader.as_ref()?;
+        reader
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .finished_by_id(id)
+    }
+
+    /// The newest finished task that held `name`.
+    pub fn finished_named(&self, name: &str) -> Option<Finished> {
+        let reader = self.inner.reader.as_ref()?;
+        reader
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .finished_by_name(name)
+    }
+
+    /// The newest finished tasks (at most `limit`), oldest first.
+    pub fn finished_recent(&self, limit: usize) -> Vec<Finished> {
+        let Some(reader) = self.inner.reader.as_ref() else {
+            return Vec::new();
+        };
+        reader
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .finished_recent(limit)
+    }
+}
+
+impl Store {
+    /// For each plugin the stored tasks use, how many are unfinished and
+    /// how many finished (empty for the memory backend).
+    pub fn plugin_refs(&self) -> HashMap<Digest, PluginRefs> {
+        let Some(reader) = self.inner.reader.as_ref() else {
+            return HashMap::new();
+        };
+        reader
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .plugin_refs()
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The digest of a request's plugin as stored.
+fn digest_bytes(digest: &Digest) -> &[u8] {
+    &digest.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The states the stores keep in their `state` columns are exactly the
+    /// words of these states: the migrations' CHECK constraints say so.
+    #[test]
+    fn the_stores_keep_state_words() {
+        for (file, sql) in [
+            (
+                "0001_tasks.sql",
+                include_str!("../../migrations/0001_tasks.sql"),
+            ),
+            (
+                "postgres/0001_cluster.sql",
+                include_str!("../../migrations/postgres/0001_cluster.sql"),
+            ),
+        ] {
+            let check = sql
+                .lines()
+                .find(|l| l.contains("state") && l.contains("CHECK"))
+                .unwrap_or_else(|| panic!("{file} has a CHECK of its states"));
+            let inside = &check[check.find("IN (").expect("IN (") + 4..];
+            let inside = &inside[..inside.find(')').expect(")")];
+            for word in inside.split(',') {
+                let word = word.trim().trim_matches('\'');
+                assert!(
+                    TaskState::parse(word).is_some(),
+                    "{file} keeps state `{word}`, which is no TaskState"
+                );
+            }
+        }
+    }
+}

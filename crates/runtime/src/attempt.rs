@@ -1,0 +1,667 @@
+//! Owns one attempt: a fresh store and instance, its limits, its epoch
+//! deadline callback (yield to Tokio at every tick, trap when aborted), the
+//! host functions the guest calls, and the translation of whatever the guest
+//! did (returned, failed, trapped, ran out of memory, was aborted) into an
+//! [`AttemptError`]. Retries, timeouts and outcomes belong to the supervisor.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio_util::sync::CancellationToken;
+use wasmtime::component::{HasSelf, Linker, ResourceTable};
+use wasmtime::{Engine, ResourceLimiter, Store, Trap, UpdateDeadline, WasmBacktrace};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+use super::bindings::{self, taskhost::plugin::host, taskhost::plugin::types};
+use super::http::{HttpHooks, OwnAddresses};
+use super::limits::{GuestLimits, LimitHits};
+use super::output::{Capture, CapturedStream, GuestSink};
+use super::reaper::Reaper;
+use super::sandbox::Sandbox;
+use taskhost_core::logline::{LogLevel, Stream};
+use taskhost_core::units::format_size;
+
+/// Largest output a `run` may return; larger output fails the attempt.
+pub const MAX_OUTPUT_BYTES: usize = 16 << 20;
+/// Most table elements one guest table may grow to.
+const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+
+/// The facts of one attempt that the guest can read through `host.attempt`.
+#[derive(Debug, Clone, Default)]
+pub struct AttemptFacts {
+    /// The task's id.
+    pub task_id: u64,
+    /// The task's name.
+    pub name: String,
+    /// The slot the task owns.
+    pub slot: String,
+    /// 1-based attempt number.
+    pub attempt: u32,
+    /// The submission's params, in order.
+    pub params: Vec<(String, String)>,
+}
+
+/// How the outside world stops an attempt.
+#[derive(Debug, Clone, Default)]
+pub struct StopSignals {
+    /// Cooperative stop: seen by `is-cancelled`, wakes the host sleep.
+    pub cancel: CancellationToken,
+    /// Force-abort: the guest traps at its next epoch tick.
+    pub abort: Arc<AtomicBool>,
+}
+
+impl StopSignals {
+    /// Asks the guest to stop cooperatively.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Stops the guest by force at its next epoch tick (and wakes it if it
+    /// waits in a host call).
+    pub fn abort(&self) {
+        self.abort.store(true, Ordering::SeqCst);
+        self.cancel.cancel();
+    }
+
+    /// Whether [`StopSignals::abort`] was called.
+    pub fn is_aborted(&self) -> bool {
+        self.abort.load(Ordering::SeqCst)
+    }
+}
+
+/// How an attempt ended when it did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AttemptError {
+    /// A retryable failure: the guest returned `fail`, trapped, or hit its
+    /// memory limit.
+    #[error("{reason}")]
+    Fail {
+        /// What happened, for people.
+        reason: String,
+        /// The guest's exit code, if it gave one.
+        exit_code: Option<i32>,
+    },
+    /// A failure retrying cannot fix: the guest returned `fatal`, or the
+    /// plugin could not be instantiated.
+    #[error("{reason}")]
+    Fatal {
+        /// What happened, for people.
+        reason: String,
+        /// The guest's exit code, if it gave one.
+        exit_code: Option<i32>,
+    },
+    /// The guest returned `canceled`.
+    #[error("the plugin stopped on request")]
+    Canceled,
+    /// The attempt was force-aborted (its instance trapped on request).
+    #[error("the attempt was force-aborted")]
+    Aborted,
+}
+
+/// The data of one attempt's store.
+pub(crate) struct AttemptState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: MemoryLimiter,
+    host: HostCtx,
+    http: WasiHttpCtx,
+    /// Checks every outbound request against the task's grant.
+    http_hooks: HttpHooks,
+    /// The caps of `limits` this attempt has hit.
+    limits: LimitHits,
+}
+
+impl AttemptState {
+    /// The attempt's WASI resource table.
+    pub(crate) fn table(&mut self) -> &mut ResourceTable {
+        &mut self.table
+    }
+
+    /// The caps this attempt runs under and which it has hit.
+    pub(crate) fn limits(&self) -> &LimitHits {
+        &self.limits
+    }
+
+    /// See [`AttemptState::limits`].
+    pub(crate) fn limits_mut(&mut self) -> &mut LimitHits {
+        &mut self.limits
+    }
+
+    /// A line in the task's log, as if the guest had logged it.
+    pub(crate) fn log(&self, level: LogLevel, message: &str) {
+        self.host.capture.log(level, message);
+    }
+
+    /// The note naming every limit this attempt hit (memory, tables, the
+    /// caps of [`GuestLimits`]), given how it ended.
+    fn limits_note(&mut self, err: Option<&wasmtime::Error>) -> Option<String> {
+        let caps = self
+            .limits
+            .note(&mut self.table, self.http_hooks.refused(), err);
+        match (self.limiter.note(), caps) {
+            (Some(m), Some(c)) => Some(format!("{m}; {c}")),
+            (m, c) => m.or(c),
+        }
+    }
+}
+
+/// What the host functions of one attempt need.
+pub(crate) struct HostCtx {
+    facts: Arc<AttemptFacts>,
+    cancel: CancellationToken,
+    capture: Arc<Capture>,
+    /// Set when a host call that waited returns: the guest has just been
+    /// scheduled again, so an epoch deadline that passed meanwhile needs no
+    /// yield of its own.
+    woke: bool,
+}
+
+impl WasiView for AttemptState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for AttemptState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.http_hooks,
+        }
+    }
+}
+
+/// Enforces the memory limit (over all the guest's linear memories
+/// together) and the per-table limit, and remembers that it did.
+struct MemoryLimiter {
+    max_memory: usize,
+    /// Bytes of all the guest's linear memories: the limiter sees each
+    /// memory's creation (from 0) and growth, so their sum.
+    total: usize,
+    /// The largest total a refused growth asked for.
+    denied: Option<usize>,
+    /// The table limit that refused a growth, and the largest size asked.
+    table_denied: Option<(usize, usize)>,
+}
+
+impl MemoryLimiter {
+    /// Says that a limit was hit, if one was.
+    fn note(&self) -> Option<String> {
+        let memory = self.denied.map(|d| {
+            format!(
+                "the guest hit its memory limit of {} (it asked for {} across all its memories; \
+                 raise it with --max-memory)",
+                format_size(self.max_memory as u64),
+                format_size(d as u64)
+            )
+        });
+        let table = self.table_denied.map(|(limit, asked)| {
+            format!("the guest hit its table limit of {limit} elements (it asked for {asked})")
+        });
+        match (memory, table) {
+            (Some(m), Some(t)) => Some(format!("{m}; {t}")),
+            (m, t) => m.or(t),
+        }
+    }
+}
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        max: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        // Past the memory's own maximum the growth fails anyway (after the
+        // limiter, so refuse it here, uncounted and not noted as ours).
+        if max.is_some_and(|max| desired > max) {
+            return Ok(false);
+        }
+        let total = self.total.saturating_sub(current).saturating_add(desired);
+        if total > self.max_memory {
+            self.denied = Some(self.denied.map_or(total, |d| d.max(total)));
+            return Ok(false);
+        }
+        // A growth the allocator then fails (out of address space) stays
+        // counted: the limit only gets stricter for this attempt.
+        self.total = total;
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        max: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        // `max` is the table's own maximum, or the pooling allocator's
+        // per-table limit: growth beyond it fails either way.
+        let limit = max.map_or(MAX_TABLE_ELEMENTS, |m| m.min(MAX_TABLE_ELEMENTS));
+        if desired > limit {
+            let asked = self.table_denied.map_or(desired, |(_, a)| a.max(desired));
+            self.table_denied = Some((limit, asked));
+            return Ok(false);
+        }
+        Ok(true)
+    }
+}
+
+/// Adds the WASI p2 interfaces (`open-at` wrapped by the open-files cap),
+/// the outgoing half of `wasi:http` (`types` and `outgoing-handler`, checked
+/// by `http::HttpHooks`) and the `host` interface to a linker.
+pub(crate) fn add_to_linker(linker: &mut Linker<AttemptState>) -> wasmtime::Result<()> {
+    wasmtime_wasi::p2::add_to_linker_async(linker)?;
+    // After wasmtime-wasi's own `open-at`, which it wraps.
+    super::limits::wrap_open_at(linker)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
+    host::add_to_linker::<AttemptState, HasSelf<HostCtx>>(linker, |state| &mut state.host)?;
+    Ok(())
+}
+
+/// What every attempt of one runtime shares: the caps on what a guest holds
+/// and the addresses outbound HTTP must not reach unless granted by address.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct AttemptEnv {
+    pub(crate) limits: GuestLimits,
+    pub(crate) own: Arc<OwnAddresses>,
+}
+
+/// Creates the store of one attempt with its limits, WASI context and epoch
+/// behaviour: every tick yields to Tokio (so a spinning guest never starves
+/// the runtime) unless the attempt was aborted, in which case it traps.
+pub(crate) fn new_store(
+    engine: &Engine,
+    env: &AttemptEnv,
+    sandbox: &Sandbox,
+    facts: Arc<AttemptFacts>,
+    signals: &StopSignals,
+    sink: Arc<dyn GuestSink>,
+) -> Result<(Store<AttemptState>, Arc<Capture>), AttemptError> {
+    let capture = Capture::new(sink);
+    let wasi = sandbox
+        .wasi_ctx(
+            CapturedStream::new(&capture, Stream::Stdout),
+            CapturedStream::new(&capture, Stream::Stderr),
+        )
+        .map_err(|e| AttemptError::Fatal {
+            reason: e.to_string(),
+            exit_code: None,
+        })?;
+    let limits = env.limits;
+    let mut table = ResourceTable::new();
+    table.set_max_capacity(limits.max_handles);
+    let mut http = WasiHttpCtx::new();
+    http.set_field_size_limit(limits.max_header_bytes);
+    let state = AttemptState {
+        wasi,
+        table,
+        limiter: MemoryLimiter {
+            max_memory: usize::try_from(sandbox.max_memory).unwrap_or(usize::MAX),
+            total: 0,
+            denied: None,
+            table_denied: None,
+        },
+        host: HostCtx {
+            facts,
+            cancel: signals.cancel.clone(),
+            capture: Arc::clone(&capture),
+            woke: false,
+        },
+        http,
+        http_hooks: HttpHooks::new(
+            &sandbox.http,
+            Arc::clone(&capture),
+            signals.cancel.clone(),
+            limits.max_http_requests,
+            Arc::clone(&env.own),
+        ),
+        limits: LimitHits::new(limits),
+    };
+    let mut store = Store::new(engine, state);
+    store.limiter(|state| &mut state.limiter);
+    store.set_epoch_deadline(1);
+    let abort = Arc::clone(&signals.abort);
+    // At each tick the guest yields to the executor. Wasmtime sets the next
+    // deadline when the guest resumes, so the yield asks for a check right
+    // then (delta 0): an abort that came while the guest waited traps it at
+    // once, and if a deadline fired anywhere meanwhile, or one that fired
+    // has not seen its attempt gone yet (`ABORTS_PENDING`), the guest yields
+    // again, so the executor reaches the aborted guest before the others run
+    // a whole tick each; otherwise it runs on until the next tick.
+    let mut resuming = false;
+    let mut fired_at_yield = 0;
+    store.epoch_deadline_callback(move |mut cx| {
+        if abort.load(Ordering::Relaxed) {
+            return Ok(UpdateDeadline::Interrupt);
+        }
+        let fired = super::engine::ABORTS_FIRED.load(Ordering::Relaxed);
+        // An abort has fired and its attempt is not gone yet: yield at
+        // every check until the executor has reached that guest.
+        let hurrying = super::engine::ABORTS_PENDING.load(Ordering::Relaxed) > 0;
+        // Back from a wait (a sleep, woken by its timer or a cancel): the
+        // executor has just polled this guest, so it runs on to the next
+        // tick instead of yielding at once (which, when thousands of
+        // parked guests are cancelled together, was one more poll and
+        // fiber switch each).
+        if std::mem::take(&mut cx.data_mut().host.woke) && !hurrying {
+            resuming = false;
+            fired_at_yield = fired;
+            return Ok(UpdateDeadline::Continue(1));
+        }
+        if resuming && fired == fired_at_yield && !hurrying {
+            resuming = false;
+            return Ok(UpdateDeadline::Continue(1));
+        }
+        resuming = true;
+        fired_at_yield = fired;
+        Ok(UpdateDeadline::YieldCustom(
+            0,
+            Box::pin(tokio::task::yield_now()),
+        ))
+    });
+    Ok((store, capture))
+}
+
+/// An instantiated attempt, ready to call `run`. Dropping it drops the
+/// instance.
+pub struct PreparedAttempt {
+    store: Store<AttemptState>,
+    instance: bindings::TaskPlugin,
+    capture: Arc<Capture>,
+    signals: StopSignals,
+    reaper: Arc<Reaper>,
+}
+
+impl std::fmt::Debug for PreparedAttempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedAttempt").finish_non_exhaustive()
+    }
+}
+
+/// Instantiates `pre` in `store`: the instance creation step of an attempt,
+/// before its timeout starts.
+pub(crate) async fn instantiate(
+    pre: &bindings::TaskPluginPre<AttemptState>,
+    mut store: Store<AttemptState>,
+    capture: Arc<Capture>,
+    signals: &StopSignals,
+    reaper: &Arc<Reaper>,
+) -> Result<PreparedAttempt, AttemptError> {
+    match pre.instantiate_async(&mut store).await {
+        Ok(instance) => Ok(PreparedAttempt {
+            store,
+            instance,
+            capture,
+            signals: signals.clone(),
+            reaper: Arc::clone(reaper),
+        }),
+        Err(_) if signals.is_aborted() => Err(AttemptError::Aborted),
+        // Every slot of the instance pool is taken (by attempts, describe
+        // calls, or guests with more core instances than the pool sized
+        // for): a passing condition, so retryable, never Fatal.
+        Err(err) if is_pool_full(&err) => {
+            capture.finish();
+            Err(pool_full(&err))
+        }
+        Err(err) => {
+            capture.finish();
+            let limiter = &store.data().limiter;
+            Err(AttemptError::Fatal {
+                reason: match limiter.note() {
+                    Some(note) => format!("the plugin could not be instantiated: {note}"),
+                    None => format!(
+                        "the plugin could not be instantiated: {}",
+                        error_chain(&err)
+                    ),
+                },
+                exit_code: None,
+            })
+        }
+    }
+}
+
+impl PreparedAttempt {
+    /// Calls `run(input)`; returns when the instance is gone.
+    pub async fn run(mut self, input: &[u8]) -> Result<Vec<u8>, AttemptError> {
+        let result = self.instance.call_run(&mut self.store, input).await;
+        self.capture.finish();
+        let memory_note = self.store.data_mut().limits_note(result.as_ref().err());
+        // Stops come in crowds (a shutdown, Replace, a cancel of
+        // everything): on a current-thread runtime their stores go to the
+        // reaper's thread.
+        if self.signals.cancel.is_cancelled() && super::reaper::wanted() {
+            self.reaper.reap(Box::new(self.store)).await;
+        } else {
+            drop(self.store);
+        }
+        match result {
+            Ok(Ok(output)) if output.len() > MAX_OUTPUT_BYTES => Err(AttemptError::Fail {
+                reason: format!(
+                    "the plugin returned {} of output; the limit is {}",
+                    format_size(output.len() as u64),
+                    format_size(MAX_OUTPUT_BYTES as u64)
+                ),
+                exit_code: None,
+            }),
+            Ok(Ok(output)) => Ok(output),
+            Ok(Err(types::TaskError::Fail(f))) => Err(AttemptError::Fail {
+                reason: join(&f.reason, memory_note),
+                exit_code: f.exit_code,
+            }),
+            Ok(Err(types::TaskError::Fatal(f))) => Err(AttemptError::Fatal {
+                reason: join(&f.reason, memory_note),
+                exit_code: f.exit_code,
+            }),
+            Ok(Err(types::TaskError::Canceled)) => Err(AttemptError::Canceled),
+            Err(_) if self.signals.is_aborted() => Err(AttemptError::Aborted),
+            Err(err) if is_pool_full(&err) => Err(pool_full(&err)),
+            Err(err) => Err(AttemptError::Fail {
+                reason: describe_trap(&err, memory_note, self.capture.explanation()),
+                exit_code: None,
+            }),
+        }
+    }
+}
+
+/// Whether `err` says the pooling allocator has no free slot (instances,
+/// memories, tables or fiber stacks).
+pub(crate) fn is_pool_full(err: &wasmtime::Error) -> bool {
+    err.chain()
+        .any(|e| e.is::<wasmtime::PoolConcurrencyLimitError>())
+}
+
+/// The retryable failure of an attempt that found the instance pool full.
+fn pool_full(err: &wasmtime::Error) -> AttemptError {
+    AttemptError::Fail {
+        reason: format!(
+            "the instance pool is full ({}); the attempt did not run and can be retried \
+             (--restart on-failure), or give the daemon a larger --pool-instances",
+            error_chain(err)
+        ),
+        exit_code: None,
+    }
+}
+
+fn join(reason: &str, note: Option<String>) -> String {
+    match note {
+        Some(note) => format!("{reason} ({note})"),
+        None => reason.to_owned(),
+    }
+}
+
+/// One line naming the trap, what the guest said last (its panic message or
+/// stderr tail), and the top of the guest backtrace when there is one.
+pub(crate) fn describe_trap(
+    err: &wasmtime::Error,
+    memory: Option<String>,
+    said: Option<String>,
+) -> String {
+    let frames: Vec<String> = err
+        .downcast_ref::<WasmBacktrace>()
+        .map(|trace| {
+            trace
+                .frames()
+                .iter()
+                .map(|f| match f.func_name() {
+                    Some(name) => format!("{:#}", rustc_demangle::demangle(name)),
+                    None => format!("<wasm function {}>", f.func_index()),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let trap = err.downcast_ref::<Trap>();
+    let mut reason = match trap {
+        Some(Trap::StackOverflow) => {
+            "the guest trapped: call stack exhausted (stack overflow)".to_owned()
+        }
+        Some(trap) => {
+            let text = trap.to_string();
+            format!(
+                "the guest trapped: {}",
+                text.strip_prefix("wasm trap: ").unwrap_or(&text)
+            )
+        }
+        None => format!("the guest failed: {}", error_chain(err)),
+    };
+    // A Rust or C guest keeps its stack in linear memory: running past its
+    // bottom is an out-of-bounds access, deep inside one recursive function.
+    if trap == Some(&Trap::MemoryOutOfBounds)
+        && frames.len() >= 16
+        && frames.iter().all(|f| f == &frames[0])
+    {
+        reason.push_str(&format!(
+            " (most likely a stack overflow: `{}` calls itself at least {} frames deep)",
+            frames[0],
+            frames.len()
+        ));
+    }
+    if let Some(memory) = memory {
+        reason = format!("{memory}; {reason}");
+    }
+    if let Some(said) = said {
+        reason.push_str(&format!("; guest said: {said}"));
+    }
+    let shown = summarize_frames(&frames);
+    if !shown.is_empty() {
+        reason.push_str(&format!("; backtrace: {shown}"));
+    }
+    reason
+}
+
+/// The guest's own frames, innermost first, without the language runtime's
+/// panic and abort machinery, repeated frames collapsed (`f ×20`).
+fn summarize_frames(frames: &[String]) -> String {
+    const RUNTIME: [&str; 10] = [
+        "std::",
+        "core::",
+        "alloc::",
+        "__rustc",
+        "__rust_",
+        "rust_panic",
+        "abort",
+        "panic_abort::",
+        "wit_bindgen::",
+        "taskhost_guest::",
+    ];
+    let own = frames
+        .iter()
+        .filter(|f| !RUNTIME.iter().any(|r| f.starts_with(r)));
+    let mut runs: Vec<(&str, usize)> = Vec::new();
+    for frame in own {
+        match runs.last_mut() {
+            Some((last, n)) if *last == frame.as_str() => *n += 1,
+            _ => runs.push((frame, 1)),
+        }
+    }
+    runs.iter()
+        .take(6)
+        .map(|(f, n)| {
+            if *n > 1 {
+                format!("{f} ×{n}")
+            } else {
+                (*f).to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" <- ")
+}
+
+/// The error and its causes on one line (a wasm backtrace, which wasmtime
+/// attaches as a multi-line cause, is left out: `describe_trap` summarises
+/// it).
+pub(crate) fn error_chain(err: &wasmtime::Error) -> String {
+    let mut parts: Vec<String> = err
+        .chain()
+        .map(|c| c.to_string())
+        .filter(|c| !c.starts_with("error while executing at wasm backtrace"))
+        .map(|c| c.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    parts.dedup();
+    parts.join(": ")
+}
+
+impl types::Host for HostCtx {}
+
+impl host::Host for HostCtx {
+    fn is_cancelled(&mut self) -> wasmtime::Result<bool> {
+        Ok(self.cancel.is_cancelled())
+    }
+
+    async fn sleep(&mut self, ms: u64) -> types::SleepStatus {
+        let duration = std::time::Duration::from_millis(ms);
+        // Only a sleep that really waited counts as a wake-up: one that
+        // returns at once (zero, or already cancelled) leaves the guest's
+        // next epoch check to yield as usual.
+        let mut waited = false;
+        let status = {
+            let mut wait = std::pin::pin!(async {
+                tokio::select! {
+                    biased;
+                    () = self.cancel.cancelled() => types::SleepStatus::Cancelled,
+                    () = tokio::time::sleep(duration) => types::SleepStatus::Elapsed,
+                }
+            });
+            std::future::poll_fn(|cx| {
+                let poll = wait.as_mut().poll(cx);
+                waited |= poll.is_pending();
+                poll
+            })
+            .await
+        };
+        self.woke = waited;
+        status
+    }
+
+    fn log(&mut self, level: types::Level, message: String) -> wasmtime::Result<()> {
+        let level = match level {
+            types::Level::Trace => LogLevel::Trace,
+            types::Level::Debug => LogLevel::Debug,
+            types::Level::Info => LogLevel::Info,
+            types::Level::Warn => LogLevel::Warn,
+            types::Level::Error => LogLevel::Error,
+        };
+        self.capture.log(level, &message);
+        Ok(())
+    }
+
+    fn progress(&mut self, done: u64, total: u64) -> wasmtime::Result<()> {
+        self.capture.progress(done, total);
+        Ok(())
+    }
+
+    fn attempt(&mut self) -> wasmtime::Result<types::AttemptInfo> {
+        let facts = &self.facts;
+        Ok(types::AttemptInfo {
+            task_id: facts.task_id,
+            name: facts.name.clone(),
+            slot: facts.slot.clone(),
+            attempt: facts.attempt,
+            params: facts.params.clone(),
+        })
+    }
+}

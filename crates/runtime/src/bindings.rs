@@ -1,0 +1,17 @@
+//! Owns the Rust bindings generated from `wit/`, the single source of truth
+//! for the plugin contract. Nothing else in the host spells WIT names.
+
+wasmtime::component::bindgen!({
+    path: "../../wit",
+    world: "task-plugin",
+    imports: {
+        "taskhost:plugin/host.sleep": async,
+        default: trappable,
+    },
+    exports: { default: async },
+});
+
+/// The version of the WIT package this host implements.
+pub const WIT_VERSION: &str = "0.1.0";
+/// The WIT package (with version) that plugins must be built against.
+pub const WIT_PACKAGE: &str = "taskhost:plugin@0.1.0";

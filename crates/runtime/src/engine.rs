@@ -1,0 +1,626 @@
+//! Owns the one wasmtime [`Engine`] of a host process: its configuration
+//! (trimmed features, epoch interruption, the on-disk compilation cache), the
+//! choice between the pooling and the on-demand instance allocator, and the
+//! epoch ticker thread that drives interruption. It leaves what runs in a
+//! store to `attempt` and what gets compiled to `plugin`.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use wasmtime::{
+    Cache, CacheConfig, Config, Enabled, Engine, InstanceAllocationStrategy,
+    PoolingAllocationConfig,
+};
+
+use super::RuntimeError;
+
+/// The default memory limit of a guest: all its linear memories together.
+pub const DEFAULT_MAX_MEMORY: u64 = 256 << 20;
+/// The default interval of the epoch ticker.
+pub const DEFAULT_EPOCH_TICK: Duration = Duration::from_millis(10);
+/// How many guest instances the pooling allocator holds slots for by default.
+pub const DEFAULT_POOL_INSTANCES: u32 = 1000;
+
+/// Address space one pooled linear memory reserves (4 GiB of addressable
+/// memory plus wasmtime's default 32 MiB guard region), used to size the pool
+/// from the process's address-space limit.
+const RESERVATION_PER_MEMORY: u64 = (4 << 30) + (32 << 20);
+/// Memories per pooled instance slot: CPython- and JS-based components carry
+/// more than one core instance, but rarely more than one or two memories.
+const MEMORIES_PER_INSTANCE: u32 = 2;
+/// Address space of one instance slot besides its memories: the async fiber
+/// stack (2 MiB and a guard page) and four tables of 40,000 elements.
+const RESERVATION_PER_INSTANCE_BESIDES_MEMORIES: u64 = (2 << 20) + (4 << 10) + 4 * 40_000 * 8;
+/// The user address space assumed when `/proc/self/maps` cannot tell
+/// (x86-64 with 4-level page tables: 47 bits).
+const DEFAULT_USER_ADDRESS_SPACE: u64 = 1 << 47;
+/// Fewer pooled instances than this is not worth the pool; use on-demand.
+const MIN_POOL_INSTANCES: u32 = 16;
+
+/// How the engine allocates guest instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocatorChoice {
+    /// Pooling when the address-space reservation succeeds, else on-demand.
+    Auto,
+    /// Always the pooling allocator; fail if it cannot reserve its pool.
+    Pooling,
+    /// Always allocate on demand (slower, no up-front reservation).
+    OnDemand,
+}
+
+/// Settings of the wasm runtime: start from the default and change what you
+/// need.
+///
+/// ```
+/// use std::time::Duration;
+/// use taskhost_runtime::{AllocatorChoice, RuntimeConfig};
+///
+/// let config = RuntimeConfig::default()
+///     .cache_dir(None)
+///     .epoch_tick(Duration::from_millis(5))
+///     .allocator(AllocatorChoice::OnDemand);
+/// ```
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    pub(crate) cache_dir: Option<PathBuf>,
+    pub(crate) epoch_tick: Duration,
+    pub(crate) allocator: AllocatorChoice,
+    pub(crate) pool_instances: u32,
+    pub(crate) plugin_cache_bytes: Option<u64>,
+    pub(crate) on_slow_compile: Option<SlowCompileHook>,
+    pub(crate) compile_nice: Option<i32>,
+    pub(crate) guest_limits: super::GuestLimits,
+}
+
+/// A compile that has taken longer than [`SLOW_COMPILE`] so far, as told to
+/// [`RuntimeConfig::on_slow_compile`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SlowCompile {
+    /// Where the bytes came from (a path, or a digest in the daemon).
+    pub origin: String,
+    /// Size of the component in bytes.
+    pub bytes: u64,
+    /// Whether the result goes to the on-disk cache (so the next process
+    /// loads it in milliseconds).
+    pub cached: bool,
+}
+
+/// How long a compile runs before it is reported: a cache hit of even the
+/// largest plugins takes a fraction of this, a compile of a Python or
+/// JavaScript component several times it.
+pub const SLOW_COMPILE: Duration = Duration::from_secs(1);
+
+/// The callback of [`RuntimeConfig::on_slow_compile`].
+#[derive(Clone)]
+pub(crate) struct SlowCompileHook(pub(crate) Arc<dyn Fn(&SlowCompile) + Send + Sync>);
+
+impl std::fmt::Debug for SlowCompileHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SlowCompileHook")
+    }
+}
+
+impl RuntimeConfig {
+    /// Directory for wasmtime's compilation cache; `None` disables it
+    /// [default: [`default_cache_dir`]]. A relative path is made absolute
+    /// against the current directory (wasmtime's cache needs an absolute
+    /// one).
+    pub fn cache_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.cache_dir = dir.map(|d| std::path::absolute(&d).unwrap_or(d));
+        self
+    }
+
+    /// Most bytes of compiled plugins kept in memory, counted by the size of
+    /// their compiled images ([`Plugin::compiled_size`](super::Plugin::compiled_size),
+    /// about twice the component for Python and JavaScript); the least
+    /// recently used go first, and a plugin bigger than the bound alone is
+    /// still kept. `None` keeps every plugin [default: `None`].
+    pub fn plugin_cache_bytes(mut self, bytes: Option<u64>) -> Self {
+        self.plugin_cache_bytes = bytes;
+        self
+    }
+
+    /// Called (once, from the async runtime) when compiling a plugin has
+    /// taken [`SLOW_COMPILE`] and is still going, so that a front end can
+    /// say why nothing happens; the runtime also logs it at `info`
+    /// [default: none].
+    pub fn on_slow_compile(mut self, hook: impl Fn(&SlowCompile) + Send + Sync + 'static) -> Self {
+        self.on_slow_compile = Some(SlowCompileHook(Arc::new(hook)));
+        self
+    }
+
+    /// Interval of the epoch ticker: the granularity of interruption,
+    /// timeouts of spinning guests and force-abort (at least 1 ms)
+    /// [default: 10 ms].
+    pub fn epoch_tick(mut self, tick: Duration) -> Self {
+        self.epoch_tick = tick.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Instance allocation strategy [default: pooling when possible].
+    pub fn allocator(mut self, choice: AllocatorChoice) -> Self {
+        self.allocator = choice;
+        self
+    }
+
+    /// Compile plugins at a lower CPU priority: each compile runs on a thread
+    /// of its own whose nice value is raised by `nice` (Linux: nice values
+    /// are per thread), and so are the threads of rayon's global pool, on
+    /// which wasmtime compiles functions in parallel, if this runtime is the
+    /// first to start that pool. A compile then takes the cores only when
+    /// running tasks leave them idle [default: `None`, the caller's
+    /// priority, on a blocking thread of the async runtime].
+    pub fn compile_nice(mut self, nice: Option<i32>) -> Self {
+        self.compile_nice = nice;
+        self
+    }
+
+    /// What each attempt's guest may hold in the host at once: WASI
+    /// handles, open files, outbound HTTP requests in flight, header bytes
+    /// [default: [`GuestLimits::default`](super::GuestLimits)]. Each must be
+    /// at least 1 ([`Runtime::new`](super::Runtime::new) refuses a zero).
+    pub fn guest_limits(mut self, limits: super::GuestLimits) -> Self {
+        self.guest_limits = limits;
+        self
+    }
+
+    /// Instance slots of the pooling allocator, an upper bound on instances
+    /// alive at once when pooling [default: 1000].
+    pub fn pool_instances(mut self, n: u32) -> Self {
+        self.pool_instances = n;
+        self
+    }
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            cache_dir: default_cache_dir(),
+            epoch_tick: DEFAULT_EPOCH_TICK,
+            allocator: AllocatorChoice::Auto,
+            pool_instances: DEFAULT_POOL_INSTANCES,
+            plugin_cache_bytes: None,
+            on_slow_compile: None,
+            compile_nice: None,
+            guest_limits: super::GuestLimits::default(),
+        }
+    }
+}
+
+/// The per-user default directory of the compilation cache:
+/// `$XDG_CACHE_HOME/taskhost/wasmtime`, else `~/.cache/taskhost/wasmtime`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("taskhost").join("wasmtime"))
+}
+
+/// Which allocator the engine ended up with, for `host inspect` and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocator {
+    /// The pooling allocator with this many instance slots.
+    Pooling {
+        /// Instance slots in the pool.
+        instances: u32,
+        /// How a slot's memory is reset for its next instance.
+        reset: PoolReset,
+    },
+    /// The on-demand allocator.
+    OnDemand,
+}
+
+/// How the pooling allocator resets a slot's linear memory between two
+/// instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolReset {
+    /// Only the pages the last instance dirtied, found with the
+    /// `PAGEMAP_SCAN` ioctl (Linux 6.7+; about 3x faster instantiation).
+    PagemapScan,
+    /// Kept-resident bytes with `memset`, the rest decommitted. Used when
+    /// the ioctl is missing, or when swap or zswap is on: wasmtime 48.0.8's
+    /// scan looks only at present pages, so a dirty page that was swapped
+    /// out would be neither reset nor decommitted, and the next instance in
+    /// that slot could read the last task's memory.
+    Memset {
+        /// Why not the scan.
+        why: &'static str,
+    },
+}
+
+/// Whether pages of this process can be swapped out now: an active swap
+/// area (a line of `/proc/swaps` past its header) or zswap enabled. Read
+/// once, when the engine is built; swap turned on later needs a restart.
+fn swap_active() -> bool {
+    let swaps = std::fs::read_to_string("/proc/swaps")
+        .map(|s| s.lines().skip(1).any(|l| !l.trim().is_empty()))
+        .unwrap_or(false);
+    let zswap = std::fs::read_to_string("/sys/module/zswap/parameters/enabled")
+        .is_ok_and(|s| s.trim() == "Y");
+    swaps || zswap
+}
+
+/// Pool slots kept free of attempts (see [`Allocator::attempt_capacity`]) for
+/// the `describe` calls of plugins loaded while every permit is in use.
+pub const POOL_RESERVE: u32 = 8;
+
+impl Allocator {
+    /// How many attempts may hold an instance at once without exhausting
+    /// the pool: its slots less [`POOL_RESERVE`] (at least 1). `None`: no
+    /// pool, no bound from the allocator.
+    pub fn attempt_capacity(&self) -> Option<usize> {
+        match self {
+            Self::Pooling { instances, .. } => {
+                Some(instances.saturating_sub(POOL_RESERVE).max(1) as usize)
+            }
+            Self::OnDemand => None,
+        }
+    }
+}
+
+/// Builds the engine, trying the pooling allocator first when asked to.
+pub(crate) fn build_engine(config: &RuntimeConfig) -> Result<(Engine, Allocator), RuntimeError> {
+    let mut base = Config::new();
+    base.epoch_interruption(true);
+    base.wasm_component_model(true);
+    // Guests get 1 MiB of wasm stack; async host calls run on fibers with a
+    // little more room for host frames.
+    base.max_wasm_stack(1 << 20);
+    base.async_stack_size(2 << 20);
+    if let Some(dir) = &config.cache_dir {
+        // A cache that cannot be set up costs compile time, not correctness.
+        match make_cache(dir) {
+            Ok(cache) => {
+                base.cache(Some(cache));
+            }
+            Err(err) => tracing::warn!(dir = %dir.display(), "compilation cache disabled: {err}"),
+        }
+    }
+
+    let pool_instances = match config.allocator {
+        AllocatorChoice::OnDemand => None,
+        AllocatorChoice::Pooling | AllocatorChoice::Auto => pool_size(
+            config.pool_instances,
+            address_space_limit(),
+            user_address_space(),
+        ),
+    };
+    if pool_instances.is_none() && config.allocator == AllocatorChoice::Pooling {
+        return Err(RuntimeError::Engine(
+            "the address-space limit (ulimit -v) is too small for the pooling allocator; \
+             raise it or use the on-demand allocator"
+                .into(),
+        ));
+    }
+    if let Some(instances) = pool_instances {
+        let reset = if !PoolingAllocationConfig::is_pagemap_scan_available() {
+            PoolReset::Memset {
+                why: "this kernel has no PAGEMAP_SCAN",
+            }
+        } else if swap_active() {
+            PoolReset::Memset {
+                why: "swap or zswap is on",
+            }
+        } else {
+            PoolReset::PagemapScan
+        };
+        let mut pooled = base.clone();
+        pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling_config(
+            instances, reset,
+        )));
+        match Engine::new(&pooled) {
+            Ok(engine) => return Ok((engine, Allocator::Pooling { instances, reset })),
+            Err(err) if config.allocator == AllocatorChoice::Auto => {
+                tracing::info!("pooling allocator unavailable, allocating on demand: {err}");
+            }
+            Err(err) => {
+                return Err(RuntimeError::Engine(format!(
+                    "the pooling allocator could not reserve {instances} instance slots: {err}; \
+                     lower the pool size or use the on-demand allocator"
+                )));
+            }
+        }
+    }
+    let engine = Engine::new(&base).map_err(|e| RuntimeError::Engine(e.to_string()))?;
+    Ok((engine, Allocator::OnDemand))
+}
+
+fn make_cache(dir: &Path) -> wasmtime::Result<Cache> {
+    let mut cache_config = CacheConfig::new();
+    cache_config.with_directory(dir);
+    Cache::new(cache_config)
+}
+
+/// The address space one pooled instance slot reserves (nothing of it is
+/// resident until used).
+const fn reservation_per_instance() -> u64 {
+    RESERVATION_PER_MEMORY * MEMORIES_PER_INSTANCE as u64
+        + RESERVATION_PER_INSTANCE_BESIDES_MEMORIES
+}
+
+/// Sizes the pool: `wanted` slots, cut so that the reservation takes at
+/// most half of the process's address-space limit (`ulimit -v`, if any, as
+/// the process's own heap counts against it too) and at most three quarters
+/// of the user address space (128 TiB on x86-64: about 12,000 slots of
+/// 8 GiB); `None` when that leaves too few slots to be worth it (the caller
+/// then allocates on demand).
+fn pool_size(wanted: u32, limit: Option<u64>, user_space: u64) -> Option<u32> {
+    let budget = (user_space / 4 * 3).min(limit.map_or(u64::MAX, |l| l / 2));
+    let fit = (budget / reservation_per_instance()).min(u64::from(wanted)) as u32;
+    // A pool too small to be worth its reservation (or none at all): the
+    // on-demand allocator, as documented.
+    (fit >= MIN_POOL_INSTANCES).then_some(fit)
+}
+
+fn pooling_config(instances: u32, reset: PoolReset) -> PoolingAllocationConfig {
+    let mut pool = PoolingAllocationConfig::new();
+    // Limits sized for guests from other languages too: a CPython-based
+    // component has 14 core instances, a 12 MiB initial memory and a table of
+    // about 6k elements; a JavaScript one about 8k table elements.
+    pool.total_component_instances(instances)
+        .total_core_instances(instances.saturating_mul(4))
+        .total_memories(instances.saturating_mul(MEMORIES_PER_INSTANCE))
+        .total_tables(instances.saturating_mul(4))
+        .total_stacks(instances)
+        .max_core_instances_per_component(64)
+        .max_memories_per_component(16)
+        .max_tables_per_component(64)
+        .max_memories_per_module(1)
+        .max_tables_per_module(8)
+        .table_elements(40_000)
+        .max_memory_size(4 << 30)
+        .max_core_instance_size(4 << 20)
+        .max_component_instance_size(4 << 20)
+        .pagemap_scan(match reset {
+            PoolReset::PagemapScan => Enabled::Yes,
+            PoolReset::Memset { .. } => Enabled::No,
+        });
+    if reset == PoolReset::PagemapScan {
+        // Reuse a slot without page faults: keep what an attempt dirtied
+        // resident and reset only those pages (found with the PAGEMAP_SCAN
+        // ioctl, Linux 6.7+). This makes instantiate + run about 3x faster.
+        pool.linear_memory_keep_resident(2 << 20)
+            .table_keep_resident(64 << 10);
+    } else {
+        // Without the ioctl, keep-resident bytes are reset with memset on
+        // every reuse: keep that small.
+        pool.linear_memory_keep_resident(64 << 10)
+            .table_keep_resident(16 << 10);
+    }
+    pool
+}
+
+/// The size of the user address space: the top of the main thread's stack
+/// (the highest user mapping but the vsyscall page) rounded up to a power of
+/// two, from `/proc/self/maps`.
+fn user_address_space() -> u64 {
+    let top = std::fs::read_to_string("/proc/self/maps")
+        .ok()
+        .and_then(|maps| {
+            let line = maps.lines().find(|l| l.ends_with("[stack]"))?;
+            let end = line.split_whitespace().next()?.split('-').nth(1)?;
+            u64::from_str_radix(end, 16).ok()
+        });
+    top.and_then(u64::checked_next_power_of_two)
+        .unwrap_or(DEFAULT_USER_ADDRESS_SPACE)
+}
+
+/// Reads the soft `RLIMIT_AS` of this process from `/proc/self/limits`.
+fn address_space_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max address space"))?;
+    let soft = line.split_whitespace().nth(3)?;
+    soft.parse().ok()
+}
+
+/// The thread that advances the engine's epoch every tick; stops when the
+/// engine or the ticker is dropped.
+pub(crate) struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    hurry: Arc<Hurry>,
+}
+
+/// An attempt's force-abort deadline, its [`HurryGuard`]'s state (gone
+/// once the attempt is), and its abort flag.
+type Deadline = (std::time::Instant, Weak<AtomicU8>, Arc<AtomicBool>);
+
+/// Force-abort deadlines of attempts that are still alive. While one has
+/// passed, the ticker ticks every millisecond: every spinning guest then
+/// yields its worker thread within a millisecond, so the actor that must
+/// abort one of them gets to run (with 10 ms ticks, five spinners on one
+/// thread delayed it by several ticks).
+#[derive(Debug, Default)]
+pub(crate) struct Hurry {
+    deadlines: Mutex<Deadlines>,
+    /// Wakes the ticker when a deadline nearer than its wait is added.
+    wake: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Deadlines {
+    list: Vec<Deadline>,
+    /// Until when the ticker sleeps (while it does): a deadline added for
+    /// later does not wake it. Waking it for each of 10,000 stops at a
+    /// shutdown made it rescan the list each time (quadratic: 3.5 s for
+    /// 10,000 parked tasks against 55 ms for 1,000).
+    sleeping_until: Option<std::time::Instant>,
+}
+
+/// Keeps a force-abort deadline registered with the ticker until dropped.
+#[derive(Debug)]
+pub struct HurryGuard {
+    /// [`ARMED`], [`FIRED`] by the ticker, or [`DROPPED`].
+    state: Arc<AtomicU8>,
+}
+
+const ARMED: u8 = 0;
+const FIRED: u8 = 1;
+const DROPPED: u8 = 2;
+
+impl Drop for HurryGuard {
+    fn drop(&mut self) {
+        if self.state.swap(DROPPED, Ordering::SeqCst) == FIRED {
+            ABORTS_PENDING.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Hurry {
+    /// Waits until the next tick is due: the regular tick (`next_tick`), a
+    /// deadline coming, or every [`HURRY_TICK`] while one is overdue. A new
+    /// deadline wakes it to recompute, so one nearer than the tick is kept
+    /// exactly. On return, the abort flags of the deadlines that have come
+    /// are set (before the tick, so the guest's next epoch check traps).
+    fn wait(&self, tick: Duration, next_tick: &mut std::time::Instant) {
+        let mut deadlines = self
+            .deadlines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        loop {
+            let now = std::time::Instant::now();
+            deadlines.sleeping_until = None;
+            deadlines
+                .list
+                .retain(|(_, state, _)| state.strong_count() > 0);
+            let mut due = *next_tick;
+            for (at, _, abort) in deadlines.list.iter() {
+                // Once overdue (the flag set), tick every HURRY_TICK after
+                // the last tick (`next_tick - tick`).
+                let at = if abort.load(Ordering::Relaxed) {
+                    (*next_tick - tick + HURRY_TICK).min(*next_tick)
+                } else {
+                    *at
+                };
+                due = due.min(at);
+            }
+            if due <= now {
+                for (at, state, abort) in deadlines.list.iter() {
+                    if *at <= now && !abort.swap(true, Ordering::SeqCst) {
+                        ABORTS_FIRED.fetch_add(1, Ordering::SeqCst);
+                        // Pending until its attempt is gone (the guard's
+                        // drop), unless that has already happened.
+                        if let Some(state) = state.upgrade()
+                            && state
+                                .compare_exchange(ARMED, FIRED, Ordering::SeqCst, Ordering::SeqCst)
+                                .is_ok()
+                        {
+                            ABORTS_PENDING.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }
+                *next_tick = now + tick;
+                return;
+            }
+            deadlines.sleeping_until = Some(due);
+            deadlines = self
+                .wake
+                .wait_timeout(deadlines, due - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// How many deadlines the epoch tickers of this process have fired. A
+/// guest that resumes after a yield and sees this changed yields once more,
+/// so the executor reaches the aborted guest before the others run on (see
+/// `attempt::new_store`).
+pub(crate) static ABORTS_FIRED: AtomicU64 = AtomicU64::new(0);
+
+/// How many deadlines the tickers fired whose attempts are not gone yet.
+/// While there is one, every guest yields at each epoch check instead of
+/// running on for a tick: the aborted guest's task may wait anywhere in the
+/// executor's queue (Tokio wakes the tasks that yielded last first), so
+/// yielding once is not enough to let the executor reach it before the
+/// others run a whole tick each (with 4 spinners on a current-thread
+/// runtime, 4.4 ms from the deadline to the outcome).
+pub(crate) static ABORTS_PENDING: AtomicI64 = AtomicI64::new(0);
+
+/// The tick while a force-abort is overdue.
+const HURRY_TICK: Duration = Duration::from_millis(1);
+
+impl EpochTicker {
+    /// Registers an attempt's deadline: the ticker sets `abort` and ticks at
+    /// it, then every millisecond until the guard is dropped (when the
+    /// attempt is gone).
+    pub(crate) fn hurry_at(&self, at: std::time::Instant, abort: Arc<AtomicBool>) -> HurryGuard {
+        let state = Arc::new(AtomicU8::new(ARMED));
+        let mut deadlines = self
+            .hurry
+            .deadlines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        deadlines.list.push((at, Arc::downgrade(&state), abort));
+        // Not sleeping: it scans the list before it sleeps again.
+        if deadlines.sleeping_until.is_some_and(|until| at < until) {
+            self.hurry.wake.notify_one();
+        }
+        HurryGuard { state }
+    }
+
+    pub(crate) fn start(engine: &Engine, tick: Duration) -> Result<Self, RuntimeError> {
+        let weak = engine.weak();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let hurry = Arc::new(Hurry::default());
+        let deadlines = Arc::clone(&hurry);
+        std::thread::Builder::new()
+            .name("taskhost-epoch".into())
+            .spawn(move || {
+                let mut next_tick = std::time::Instant::now() + tick;
+                while !flag.load(Ordering::Relaxed) {
+                    deadlines.wait(tick, &mut next_tick);
+                    match weak.upgrade() {
+                        Some(engine) => engine.increment_epoch(),
+                        None => break,
+                    }
+                }
+            })
+            .map_err(|e| {
+                RuntimeError::Engine(format!("cannot start the epoch ticker thread: {e}"))
+            })?;
+        Ok(Self { stop, hurry })
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_is_sized_from_the_address_space_limit() {
+        const VA: u64 = 1 << 47;
+        assert_eq!(pool_size(1000, None, VA), Some(1000));
+        assert_eq!(pool_size(8, None, VA), None, "below the minimum: on-demand");
+        assert_eq!(pool_size(0, None, VA), None);
+        // 1 TiB limit: half of it fits 63 slots of two 4 GiB memories.
+        assert_eq!(pool_size(1000, Some(1 << 40), VA), Some(63));
+        // 8 GiB (a typical `ulimit -v`) is too small for a useful pool.
+        assert_eq!(pool_size(1000, Some(8 << 30), VA), None);
+        // Without a limit, three quarters of 128 TiB: room for 10,000
+        // parked tasks, not for 100,000.
+        assert_eq!(pool_size(10_016, None, VA), Some(10_016));
+        let most = pool_size(100_000, None, VA).unwrap();
+        assert!((12_000..12_300).contains(&most), "{most}");
+        // A 39-bit address space (some arm64 kernels): 47 slots.
+        assert_eq!(pool_size(1000, None, 1 << 39), Some(47));
+    }
+
+    #[test]
+    fn the_user_address_space_is_read_from_this_process() {
+        let va = user_address_space();
+        assert!(va.is_power_of_two() && va >= 1 << 39, "{va:#x}");
+    }
+}

@@ -1,0 +1,844 @@
+//! Owns outbound HTTP (`wasi:http/outgoing-handler`): the grant of one task
+//! (`--allow-http HOST[:PORT]`, parsed into [`HttpAllow`]), whether one grant
+//! covers another (the daemon's ceiling), and the checks of every request:
+//! its URL against the grant before anything else (no DNS lookup of a name
+//! that is not granted; a URL with a user name or password is refused), then
+//! every address the name resolves to ([`forbidden`]: loopback, link-local,
+//! private, unspecified, multicast and broadcast addresses and the host's own
+//! listeners are reached only through a grant of that very IP address), and
+//! the attempt's cap on requests in flight. A denied request fails with the
+//! WASI error code `HTTP-request-denied` and leaves a line in the task's log
+//! naming what was refused and the flag that would allow it. Allowed
+//! requests go out through `outbound` to the addresses checked (never
+//! resolved again), with the per-request timeouts capped at
+//! [`DEFAULT_HTTP_CONNECT_TIMEOUT`] and [`DEFAULT_HTTP_FIRST_BYTE_TIMEOUT`],
+//! and end at once when the task is cancelled. Nothing is reachable by
+//! default. Redirects are not followed here: each hop is a new request,
+//! checked again.
+
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use tokio::sync::Semaphore;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
+
+use super::outbound;
+use super::output::Capture;
+use super::sandbox::GrantError;
+use taskhost_core::logline::LogLevel;
+
+/// Longest a request may wait for its connection (TCP and TLS handshake);
+/// a guest may set a shorter one in its `request-options`, never a longer
+/// one.
+pub const DEFAULT_HTTP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a request may wait for the first byte of its response, and then
+/// between two chunks of the response body; a guest may set shorter ones.
+pub const DEFAULT_HTTP_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The scheme a grant allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HttpScheme {
+    /// Plain `http://`, only when the grant names it.
+    Http,
+    /// `https://`, the default.
+    Https,
+}
+
+impl HttpScheme {
+    /// The port a URL of this scheme uses when it names none.
+    pub fn default_port(self) -> u16 {
+        match self {
+            Self::Http => 80,
+            Self::Https => 443,
+        }
+    }
+}
+
+/// One outbound HTTP grant: a scheme, a host (exact, or `*.example.com` for
+/// every name under `example.com`, not `example.com` itself) and a port
+/// (the scheme's default when none is named).
+///
+/// ```
+/// use taskhost_runtime::HttpAllow;
+///
+/// let api: HttpAllow = "api.example.com".parse().unwrap();
+/// assert!(api.permits("https", "API.example.com", 443));
+/// assert!(!api.permits("http", "api.example.com", 80), "https only, unless named");
+/// let local: HttpAllow = "http://127.0.0.1:8080".parse().unwrap();
+/// assert!(local.permits("http", "127.0.0.1", 8080));
+/// assert!(!local.permits("http", "127.0.0.1", 8081));
+/// let all: HttpAllow = "*.example.com".parse().unwrap();
+/// assert!(all.covers(&api));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct HttpAllow {
+    scheme: HttpScheme,
+    /// Lower case, without a trailing dot or IPv6 brackets; `*.` in front
+    /// for a wildcard.
+    host: String,
+    port: u16,
+}
+
+impl HttpAllow {
+    /// Parses `HOST`, `HOST:PORT`, `*.DOMAIN[:PORT]`, `[IPV6][:PORT]`, each
+    /// optionally after `https://` (the default) or `http://`.
+    pub fn parse(text: &str) -> Result<Self, GrantError> {
+        let bad = |why: &str| GrantError::HttpSyntax {
+            text: text.to_owned(),
+            why: why.to_owned(),
+        };
+        let (scheme, rest) = if let Some(rest) = strip_prefix_ci(text, "http://") {
+            (HttpScheme::Http, rest)
+        } else if let Some(rest) = strip_prefix_ci(text, "https://") {
+            (HttpScheme::Https, rest)
+        } else if text.contains("://") {
+            return Err(bad("only http:// and https:// can be granted"));
+        } else {
+            (HttpScheme::Https, text)
+        };
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        if rest.contains(['/', '?', '#', '@']) {
+            return Err(bad("name a host and port only, without a path or user"));
+        }
+        let (host, port) = if let Some(inner) = rest.strip_prefix('[') {
+            let (addr, after) = inner
+                .split_once(']')
+                .ok_or_else(|| bad("an IPv6 address needs its closing `]`"))?;
+            if addr.is_empty()
+                || !addr
+                    .chars()
+                    .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+            {
+                return Err(bad("not an IPv6 address"));
+            }
+            let port = match after {
+                "" => None,
+                _ => Some(
+                    after
+                        .strip_prefix(':')
+                        .ok_or_else(|| bad("expected `:PORT` after the IPv6 address"))?,
+                ),
+            };
+            (addr.to_ascii_lowercase(), port)
+        } else {
+            let (host, port) = match rest.split_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (rest, None),
+            };
+            (check_name(host).map_err(|why| bad(&why))?, port)
+        };
+        let port = match port {
+            None => scheme.default_port(),
+            Some(p) => match p.parse::<u16>() {
+                Ok(p) if p > 0 => p,
+                _ => return Err(bad("the port must be a number from 1 to 65535")),
+            },
+        };
+        Ok(Self { scheme, host, port })
+    }
+
+    /// The scheme.
+    pub fn scheme(&self) -> HttpScheme {
+        self.scheme
+    }
+
+    /// The host, lower case (`*.` in front for a wildcard).
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Whether a request to `scheme://host:port` is allowed by this grant
+    /// (`scheme` is `http` or `https`; the host is compared without case).
+    pub fn permits(&self, scheme: &str, host: &str, port: u16) -> bool {
+        let scheme = match scheme.to_ascii_lowercase().as_str() {
+            "http" => HttpScheme::Http,
+            "https" => HttpScheme::Https,
+            _ => return false,
+        };
+        let host = normalize_host(host);
+        scheme == self.scheme && port == self.port && host_matches(&self.host, &host)
+    }
+
+    /// Whether everything `other` allows is allowed by this grant too (how
+    /// the daemon's ceiling bounds a submission).
+    pub fn covers(&self, other: &HttpAllow) -> bool {
+        if self.scheme != other.scheme || self.port != other.port {
+            return false;
+        }
+        match (self.host.strip_prefix("*."), other.host.strip_prefix("*.")) {
+            (_, None) => host_matches(&self.host, &other.host),
+            (Some(mine), Some(theirs)) => theirs == mine || theirs.ends_with(&format!(".{mine}")),
+            (None, Some(_)) => false,
+        }
+    }
+
+    /// The first grant in `wanted` that no grant of `ceiling` covers, if
+    /// any.
+    pub fn first_uncovered<'a>(
+        ceiling: &[HttpAllow],
+        wanted: &'a [HttpAllow],
+    ) -> Option<&'a HttpAllow> {
+        wanted.iter().find(|w| !ceiling.iter().any(|c| c.covers(w)))
+    }
+
+    /// The grant of exactly this origin, for the flag a denial suggests.
+    fn of_origin(scheme: HttpScheme, host: &str, port: u16) -> Self {
+        Self {
+            scheme,
+            host: normalize_host(host),
+            port,
+        }
+    }
+}
+
+impl std::str::FromStr for HttpAllow {
+    type Err = GrantError;
+
+    fn from_str(s: &str) -> Result<Self, GrantError> {
+        Self::parse(s)
+    }
+}
+
+/// The form `--allow-http` takes: `http://` only for plain http, the port
+/// only when it is not the scheme's default.
+impl std::fmt::Display for HttpAllow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.scheme == HttpScheme::Http {
+            f.write_str("http://")?;
+        }
+        if self.host.contains(':') {
+            write!(f, "[{}]", self.host)?;
+        } else {
+            f.write_str(&self.host)?;
+        }
+        if self.port != self.scheme.default_port() {
+            write!(f, ":{}", self.port)?;
+        }
+        Ok(())
+    }
+}
+
+fn strip_prefix_ci<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
+    let head = text.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &text[prefix.len()..])
+}
+
+/// A host name or IPv4 address of a grant, lower case, or why it is not one.
+fn check_name(host: &str) -> Result<String, String> {
+    let host = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
+    let (wild, name) = match host.strip_prefix("*.") {
+        Some(name) => (true, name),
+        None => (false, host.as_str()),
+    };
+    if name.is_empty() {
+        return Err(if wild || host == "*" {
+            "a wildcard needs a domain, such as *.example.com".to_owned()
+        } else {
+            "the host is missing".to_owned()
+        });
+    }
+    if host == "*" || name.contains('*') {
+        return Err(
+            "only a leading `*.` is allowed as a wildcard, such as *.example.com".to_owned(),
+        );
+    }
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    };
+    if name.len() > 253 || !name.split('.').all(label_ok) {
+        return Err(format!("`{name}` is not a host name"));
+    }
+    Ok(host)
+}
+
+/// A request's host as grants spell it: lower case, no trailing dot, no
+/// IPv6 brackets.
+fn normalize_host(host: &str) -> String {
+    let host = host.strip_prefix('[').unwrap_or(host);
+    let host = host.strip_suffix(']').unwrap_or(host);
+    let host = host.strip_suffix('.').unwrap_or(host);
+    host.to_ascii_lowercase()
+}
+
+/// Whether a grant's host (maybe `*.domain`) matches a request's host (both
+/// normalized): a wildcard matches DNS names under its domain, never an IP
+/// address (`*.0.0.1` does not match `127.0.0.1`); an IP address matches
+/// the same address only, however it is written.
+fn host_matches(granted: &str, host: &str) -> bool {
+    match granted.strip_prefix("*.") {
+        Some(domain) => {
+            host.parse::<IpAddr>().is_err()
+                && host
+                    .strip_suffix(domain)
+                    .is_some_and(|sub| sub.len() > 1 && sub.ends_with('.'))
+        }
+        None => match (granted.parse::<IpAddr>(), host.parse::<IpAddr>()) {
+            (Ok(granted), Ok(host)) => granted.to_canonical() == host.to_canonical(),
+            (Err(_), Err(_)) => granted == host,
+            _ => false,
+        },
+    }
+}
+
+/// Why outbound HTTP may reach `addr` only through a grant of that very
+/// address, if it is such an address: loopback, link-local (169.254.0.0/16,
+/// fe80::/10), private (10/8, 172.16/12, 192.168/16, fc00::/7),
+/// unspecified (0.0.0.0/8, ::), multicast, broadcast, or one of the host's
+/// own listeners (`own`; one on an unspecified address counts for every
+/// address on its port). An IPv4 address written as IPv6 (`::ffff:a.b.c.d`)
+/// is judged as IPv4.
+pub(crate) fn forbidden(addr: SocketAddr, own: &[SocketAddr]) -> Option<&'static str> {
+    let ip = addr.ip().to_canonical();
+    if own.iter().any(|o| {
+        o.port() == addr.port() && (o.ip().is_unspecified() || o.ip().to_canonical() == ip)
+    }) {
+        return Some("an address of this daemon's own listener");
+    }
+    match ip {
+        IpAddr::V4(v4) => {
+            if v4.is_loopback() {
+                Some("a loopback address")
+            } else if v4.is_link_local() {
+                Some("a link-local address")
+            } else if v4.is_private() {
+                Some("a private address")
+            } else if v4.octets()[0] == 0 {
+                Some("an unspecified address")
+            } else if v4.is_broadcast() {
+                Some("the broadcast address")
+            } else if v4.is_multicast() {
+                Some("a multicast address")
+            } else {
+                None
+            }
+        }
+        IpAddr::V6(v6) => {
+            let first = v6.segments()[0];
+            if v6.is_loopback() {
+                Some("a loopback address")
+            } else if v6.is_unspecified() {
+                Some("an unspecified address")
+            } else if first & 0xffc0 == 0xfe80 {
+                Some("a link-local address")
+            } else if first & 0xfe00 == 0xfc00 {
+                Some("a private address")
+            } else if v6.is_multicast() {
+                Some("a multicast address")
+            } else {
+                None
+            }
+        }
+    }
+}
+
+/// The host's own listening addresses, which outbound HTTP of every attempt
+/// of a runtime reaches only through a grant of that very address (the
+/// daemon adds its `--http` listener once it is bound).
+#[derive(Debug, Default)]
+pub(crate) struct OwnAddresses(RwLock<Vec<SocketAddr>>);
+
+impl OwnAddresses {
+    /// Adds one.
+    pub(crate) fn add(&self, addr: SocketAddr) {
+        self.0
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(addr);
+    }
+
+    fn get(&self) -> Vec<SocketAddr> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// The `wasi:http` hooks of one attempt: every request is checked against
+/// the grant before anything else happens, then against the attempt's cap
+/// on requests in flight, then by address once its name is resolved.
+pub(crate) struct HttpHooks {
+    grant: Arc<[HttpAllow]>,
+    capture: Arc<Capture>,
+    cancel: CancellationToken,
+    /// One permit per request in flight, held until its response, body and
+    /// connection are gone.
+    in_flight: Arc<Semaphore>,
+    max_in_flight: usize,
+    own: Arc<OwnAddresses>,
+    /// Set once the cap on requests in flight refused one.
+    refused: bool,
+}
+
+/// Where one checked request goes.
+struct Target {
+    scheme: HttpScheme,
+    /// Normalized: lower case, no brackets, no trailing dot.
+    host: String,
+    port: u16,
+    /// `scheme://host:port` for the log, IPv6 in brackets.
+    shown: String,
+}
+
+impl HttpHooks {
+    pub(crate) fn new(
+        grant: &[HttpAllow],
+        capture: Arc<Capture>,
+        cancel: CancellationToken,
+        max_in_flight: usize,
+        own: Arc<OwnAddresses>,
+    ) -> Self {
+        Self {
+            grant: grant.into(),
+            capture,
+            cancel,
+            in_flight: Arc::new(Semaphore::new(max_in_flight.min(Semaphore::MAX_PERMITS))),
+            max_in_flight,
+            own,
+            refused: false,
+        }
+    }
+
+    /// Whether the cap on requests in flight refused a request.
+    pub(crate) fn refused(&self) -> bool {
+        self.refused
+    }
+
+    /// Where the request goes, if its URL may go out: no user name or
+    /// password in it, and a grant naming its scheme, host and port. If
+    /// not, says why in the task's log.
+    fn check(&self, uri: &http::Uri) -> Option<Target> {
+        let scheme = uri.scheme_str().unwrap_or("https");
+        let host = uri.host().unwrap_or_default();
+        let parsed = match scheme.to_ascii_lowercase().as_str() {
+            "http" => HttpScheme::Http,
+            _ => HttpScheme::Https,
+        };
+        let port = uri.port_u16().unwrap_or(parsed.default_port());
+        let shown_host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]")
+        } else {
+            host.to_owned()
+        };
+        let shown = format!("{scheme}://{shown_host}:{port}");
+        // `user:password@host`: `host()` leaves the user out, but the
+        // authority (and the `Host` header made from it) keeps it. Refused
+        // whole, and never written to the log.
+        if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+            self.capture.log(
+                LogLevel::Warn,
+                &format!(
+                    "outbound HTTP to {shown} denied: the URL names a user or password before \
+                     the host (`…@`), which this host never sends; remove it from the URL"
+                ),
+            );
+            return None;
+        }
+        if !self.grant.iter().any(|g| g.permits(scheme, host, port)) {
+            let origin = HttpAllow::of_origin(parsed, host, port);
+            self.capture.log(
+                LogLevel::Warn,
+                &format!(
+                    "outbound HTTP to {shown} denied: this task is not granted it; \
+                     add --allow-http {origin}"
+                ),
+            );
+            return None;
+        }
+        Some(Target {
+            scheme: parsed,
+            host: normalize_host(host),
+            port,
+            shown,
+        })
+    }
+}
+
+/// Refuses a request whose host resolved to `addrs` when one of them may be
+/// reached only through a grant of that very IP address ([`forbidden`]) and
+/// `grant` has none; the error is the task's log line, naming the address
+/// and the grant that would allow it.
+fn check_addresses(
+    grant: &[HttpAllow],
+    own: &[SocketAddr],
+    target: &Target,
+    addrs: &[SocketAddr],
+) -> Result<(), String> {
+    for addr in addrs {
+        let Some(why) = forbidden(*addr, own) else {
+            continue;
+        };
+        let ip = addr.ip().to_canonical();
+        let named = grant.iter().any(|g| {
+            g.scheme == target.scheme
+                && g.port == target.port
+                && g.host
+                    .parse::<IpAddr>()
+                    .is_ok_and(|g| g.to_canonical() == ip)
+        });
+        if named {
+            continue;
+        }
+        let origin = HttpAllow::of_origin(target.scheme, &ip.to_string(), target.port);
+        let what = if target.host.parse::<IpAddr>().is_ok() {
+            format!("{} is {why}", target.host)
+        } else {
+            format!("{} resolves to {ip}, {why}", target.host)
+        };
+        return Err(format!(
+            "outbound HTTP to {} denied: {what}, which only a grant of that IP address \
+             reaches; add --allow-http {origin} to allow it",
+            target.shown
+        ));
+    }
+    Ok(())
+}
+
+type IoFuture = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
+type SendFuture =
+    Box<dyn Future<Output = Result<(http::Response<WasiBody>, IoFuture), HttpError>> + Send>;
+
+impl WasiHttpHooks for HttpHooks {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        _fut: IoFuture,
+    ) -> SendFuture {
+        let Some(target) = self.check(request.uri()) else {
+            return Box::new(async { Err(HttpError::HttpRequestDenied) });
+        };
+        let Ok(permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
+            self.refused = true;
+            self.capture.log(
+                LogLevel::Warn,
+                &format!(
+                    "outbound HTTP to {} refused: this attempt already has {} requests in \
+                     flight, its limit (raise it with --max-http-requests)",
+                    target.shown, self.max_in_flight
+                ),
+            );
+            return Box::new(async { Err(HttpError::ConnectionLimitReached) });
+        };
+        let options = capped(options);
+        let cancel = self.cancel.clone();
+        let grant = Arc::clone(&self.grant);
+        let own = self.own.get();
+        let capture = Arc::clone(&self.capture);
+        Box::new(async move {
+            let send = async {
+                // Name lookup and connection share the connect timeout.
+                let deadline = tokio::time::Instant::now()
+                    + options
+                        .connect_timeout
+                        .unwrap_or(DEFAULT_HTTP_CONNECT_TIMEOUT);
+                let addrs =
+                    tokio::time::timeout_at(deadline, outbound::resolve(&target.host, target.port))
+                        .await
+                        .map_err(|_| HttpError::ConnectionTimeout)??;
+                if let Err(line) = check_addresses(&grant, &own, &target, &addrs) {
+                    capture.log(LogLevel::Warn, &line);
+                    return Err(HttpError::HttpRequestDenied);
+                }
+                let tls = outbound::server_name(&target.host, target.scheme == HttpScheme::Https)?;
+                outbound::send(request, &addrs, tls, deadline, &options, permit).await
+            };
+            let (response, io) = tokio::select! {
+                biased;
+                () = cancel.cancelled() => return Err(cancelled()),
+                sent = send => sent?,
+            };
+            let response = response.map(|body| {
+                Cancellable {
+                    body,
+                    cancelled: Box::pin(cancel.clone().cancelled_owned()),
+                    token: cancel,
+                }
+                .boxed_unsync()
+            });
+            Ok((response, io))
+        })
+    }
+}
+
+/// The guest's request options with every timeout at most the default.
+fn capped(options: Option<RequestOptions>) -> RequestOptions {
+    let options = options.unwrap_or_default();
+    let cap = |asked: Option<Duration>, max: Duration| Some(asked.map_or(max, |t| t.min(max)));
+    RequestOptions {
+        connect_timeout: cap(options.connect_timeout, DEFAULT_HTTP_CONNECT_TIMEOUT),
+        first_byte_timeout: cap(options.first_byte_timeout, DEFAULT_HTTP_FIRST_BYTE_TIMEOUT),
+        between_bytes_timeout: cap(
+            options.between_bytes_timeout,
+            DEFAULT_HTTP_FIRST_BYTE_TIMEOUT,
+        ),
+    }
+}
+
+/// The error a request gets when its task is cancelled mid-request.
+fn cancelled() -> HttpError {
+    HttpError::InternalError(Some(
+        "the task was cancelled, so its request was dropped".to_owned(),
+    ))
+}
+
+/// A response body that ends with an error as soon as the task is
+/// cancelled, so a guest reading a slow body sees the cancellation at once.
+struct Cancellable {
+    body: WasiBody,
+    token: CancellationToken,
+    cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+impl Body for Cancellable {
+    type Data = Bytes;
+    type Error = HttpError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, HttpError>>> {
+        let this = self.get_mut();
+        if this.token.is_cancelled() || this.cancelled.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(cancelled())));
+        }
+        Pin::new(&mut this.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allow(text: &str) -> HttpAllow {
+        HttpAllow::parse(text).unwrap()
+    }
+
+    #[test]
+    fn parses_and_prints_grants() {
+        for (text, shown) in [
+            ("api.example.com", "api.example.com"),
+            ("https://API.example.com:443", "api.example.com"),
+            ("api.example.com:8443", "api.example.com:8443"),
+            ("http://127.0.0.1:8080", "http://127.0.0.1:8080"),
+            ("http://localhost", "http://localhost"),
+            ("*.example.com", "*.example.com"),
+            ("http://[::1]:9000", "http://[::1]:9000"),
+            ("example.com.", "example.com"),
+            ("https://example.com/", "example.com"),
+        ] {
+            assert_eq!(allow(text).to_string(), shown, "{text}");
+        }
+        for bad in [
+            "",
+            "*",
+            "*.",
+            "a.*.com",
+            "ftp://example.com",
+            "example.com/path",
+            "user@example.com",
+            "example.com:0",
+            "example.com:http",
+            "[::1",
+            "exa mple.com",
+        ] {
+            assert!(HttpAllow::parse(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+
+    #[test]
+    fn grants_match_scheme_host_and_port() {
+        let exact = allow("api.example.com");
+        assert!(exact.permits("https", "api.example.com", 443));
+        assert!(exact.permits("HTTPS", "Api.Example.Com.", 443));
+        assert!(!exact.permits("http", "api.example.com", 80));
+        assert!(!exact.permits("https", "api.example.com", 8443));
+        assert!(!exact.permits("https", "x.api.example.com", 443));
+        assert!(!exact.permits("https", "evilapi.example.com", 443));
+        let wild = allow("*.example.com");
+        assert!(wild.permits("https", "a.example.com", 443));
+        assert!(wild.permits("https", "a.b.example.com", 443));
+        assert!(!wild.permits("https", "example.com", 443));
+        assert!(!wild.permits("https", "badexample.com", 443));
+        let v6 = allow("http://[::1]:9000");
+        assert!(v6.permits("http", "[::1]", 9000));
+    }
+
+    #[test]
+    fn ceilings_cover_narrower_grants_only() {
+        let ceiling = [allow("*.example.com"), allow("http://127.0.0.1:8080")];
+        let ok = [allow("api.example.com"), allow("*.eu.example.com")];
+        assert_eq!(HttpAllow::first_uncovered(&ceiling, &ok), None);
+        for wider in [
+            "example.com",
+            "http://api.example.com",
+            "api.example.com:8443",
+            "http://127.0.0.1:8081",
+            "*.com",
+        ] {
+            let wanted = [allow(wider)];
+            assert_eq!(
+                HttpAllow::first_uncovered(&ceiling, &wanted),
+                Some(&wanted[0]),
+                "{wider}"
+            );
+        }
+        assert!(allow("*.example.com").covers(&allow("*.example.com")));
+        assert!(!allow("api.example.com").covers(&allow("*.example.com")));
+    }
+
+    #[test]
+    fn wildcards_match_names_and_addresses_match_exactly() {
+        let wild = allow("http://*.0.0.1:80");
+        assert!(
+            !wild.permits("http", "127.0.0.1", 80),
+            "never an IP address"
+        );
+        assert!(
+            wild.permits("http", "a.0.0.1", 80),
+            "a name, resolved and checked later"
+        );
+        assert!(!allow("*.168.1.1").permits("https", "192.168.1.1", 443));
+        assert!(!allow("*.0.0.1").covers(&allow("127.0.0.1")));
+        let v6 = allow("http://[::1]:80");
+        assert!(
+            v6.permits("http", "[0:0:0:0:0:0:0:1]", 80),
+            "however it is written"
+        );
+        assert!(!v6.permits("http", "localhost", 80));
+        assert!(!allow("http://localhost").permits("http", "127.0.0.1", 80));
+    }
+
+    #[test]
+    fn special_addresses_are_named() {
+        let at = |text: &str| forbidden(text.parse().unwrap(), &[]);
+        for (addr, why) in [
+            ("127.0.0.1:80", "a loopback address"),
+            ("127.8.9.10:80", "a loopback address"),
+            ("[::1]:80", "a loopback address"),
+            ("[::ffff:127.0.0.1]:80", "a loopback address"),
+            ("169.254.169.254:80", "a link-local address"),
+            ("[fe80::1]:80", "a link-local address"),
+            ("10.1.2.3:80", "a private address"),
+            ("172.16.0.1:80", "a private address"),
+            ("172.31.255.255:80", "a private address"),
+            ("192.168.1.1:80", "a private address"),
+            ("[fd00::1]:80", "a private address"),
+            ("0.0.0.0:80", "an unspecified address"),
+            ("[::]:80", "an unspecified address"),
+            ("255.255.255.255:80", "the broadcast address"),
+            ("224.0.0.1:80", "a multicast address"),
+            ("[ff02::1]:80", "a multicast address"),
+        ] {
+            assert_eq!(at(addr), Some(why), "{addr}");
+        }
+        for public in ["93.184.216.34:443", "172.32.0.1:80", "[2606:4700::1]:443"] {
+            assert_eq!(at(public), None, "{public}");
+        }
+        let own = ["203.0.113.5:9100".parse().unwrap()];
+        let on = |text: &str| forbidden(text.parse().unwrap(), &own);
+        assert_eq!(
+            on("203.0.113.5:9100"),
+            Some("an address of this daemon's own listener")
+        );
+        assert_eq!(on("203.0.113.5:9101"), None);
+        let any = ["0.0.0.0:9100".parse().unwrap()];
+        assert!(forbidden("198.51.100.7:9100".parse().unwrap(), &any).is_some());
+    }
+
+    #[test]
+    fn a_special_address_needs_a_grant_of_that_address() {
+        let target = |host: &str| Target {
+            scheme: HttpScheme::Http,
+            host: host.to_owned(),
+            port: 8080,
+            shown: format!("http://{host}:8080"),
+        };
+        let loopback = ["127.0.0.1:8080".parse().unwrap()];
+        let by_name = [allow("http://localhost:8080")];
+        assert_eq!(
+            check_addresses(&by_name, &[], &target("localhost"), &loopback).unwrap_err(),
+            "outbound HTTP to http://localhost:8080 denied: localhost resolves to 127.0.0.1, a \
+             loopback address, which only a grant of that IP address reaches; add \
+             --allow-http http://127.0.0.1:8080 to allow it"
+        );
+        let by_address = [
+            allow("http://localhost:8080"),
+            allow("http://127.0.0.1:8080"),
+        ];
+        assert_eq!(
+            check_addresses(&by_address, &[], &target("localhost"), &loopback),
+            Ok(())
+        );
+        // Another port or scheme of the address is not a grant of it.
+        let elsewhere = [allow("http://127.0.0.1:8081"), allow("127.0.0.1:8080")];
+        assert!(check_addresses(&elsewhere, &[], &target("localhost"), &loopback).is_err());
+        // A name resolving partly to a private address is refused whole.
+        let mixed = [
+            "93.184.216.34:8080".parse().unwrap(),
+            "10.0.0.7:8080".parse().unwrap(),
+        ];
+        let wild = [allow("http://*.example.com:8080")];
+        let err = check_addresses(&wild, &[], &target("a.example.com"), &mixed).unwrap_err();
+        assert!(
+            err.contains("a.example.com resolves to 10.0.0.7, a private address"),
+            "{err}"
+        );
+        assert!(
+            err.ends_with("add --allow-http http://10.0.0.7:8080 to allow it"),
+            "{err}"
+        );
+        let public = ["93.184.216.34:8080".parse().unwrap()];
+        assert_eq!(
+            check_addresses(&wild, &[], &target("a.example.com"), &public),
+            Ok(())
+        );
+        let v6 = ["[::1]:8080".parse().unwrap()];
+        let err = check_addresses(&by_name, &[], &target("localhost"), &v6).unwrap_err();
+        assert!(
+            err.ends_with("add --allow-http http://[::1]:8080 to allow it"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn guest_timeouts_are_capped_at_the_defaults() {
+        let got = capped(Some(RequestOptions {
+            connect_timeout: Some(Duration::from_secs(3600)),
+            first_byte_timeout: Some(Duration::from_millis(5)),
+            between_bytes_timeout: None,
+        }));
+        assert_eq!(got.connect_timeout, Some(DEFAULT_HTTP_CONNECT_TIMEOUT));
+        assert_eq!(got.first_byte_timeout, Some(Duration::from_millis(5)));
+        assert_eq!(
+            got.between_bytes_timeout,
+            Some(DEFAULT_HTTP_FIRST_BYTE_TIMEOUT)
+        );
+    }
+}

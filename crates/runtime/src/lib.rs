@@ -1,0 +1,465 @@
+//! # taskhost-runtime
+//!
+//! The sandboxed WebAssembly runtime: one [`Runtime`] per host process owns
+//! the engine, the linker, the epoch ticker and the content-addressed plugin
+//! cache, and runs attempts. It decides *how* a plugin body runs; *when* and
+//! *how often* it runs is the supervisor's business.
+//!
+//! | module | owns |
+//! |---|---|
+//! | `engine` | engine config, pooling vs on-demand, disk cache, epoch ticker |
+//! | `bindings` | the Rust side of `wit/` (generated) |
+//! | `contract` | what a plugin declares: [`PluginInfo`], [`Capability`], resource templates |
+//! | `plugin` | bytes → validated [`Plugin`] (header sniffing, compile, world check, describe) |
+//! | `attempt` | one fresh instance: limits, epoch callback, host functions, error mapping |
+//! | `limits` | the per-attempt caps on handles, open files, HTTP requests, header bytes |
+//! | `sandbox` | grants: dirs, env, http, memory; capability checks; WASI context |
+//! | `http` | outbound HTTP: `--allow-http` grants, ceilings, the checks of every request and address |
+//! | `outbound` | outbound HTTP's send path: lookup, connect to the checked address, TLS, HTTP/1 |
+//! | `output` | guest stdout/stderr/log capture, bounded, line by line |
+//! | `reaper` | the thread that drops stopped attempts' stores on current-thread runtimes |
+//! | `plugin_task` | the bridge: [`PluginTask`](plugin_task::PluginTask), the supervisor's body of a plugin |
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod attempt;
+mod bindings;
+pub mod contract;
+mod engine;
+mod http;
+mod limits;
+mod outbound;
+mod output;
+mod plugin;
+pub mod plugin_task;
+mod reaper;
+mod sandbox;
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use wasmtime::Engine;
+use wasmtime::component::Linker;
+
+pub use attempt::{AttemptError, AttemptFacts, MAX_OUTPUT_BYTES, PreparedAttempt, StopSignals};
+pub use contract::{Capability, DefaultPolicy, PluginInfo, ResourceTemplate, TemplateError};
+pub use engine::{
+    Allocator, AllocatorChoice, DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES,
+    HurryGuard, POOL_RESERVE, PoolReset, RuntimeConfig, SLOW_COMPILE, SlowCompile,
+    default_cache_dir,
+};
+pub use http::{
+    DEFAULT_HTTP_CONNECT_TIMEOUT, DEFAULT_HTTP_FIRST_BYTE_TIMEOUT, HttpAllow, HttpScheme,
+};
+pub use limits::{
+    DEFAULT_MAX_HANDLES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_HTTP_REQUESTS,
+    DEFAULT_MAX_OPEN_FILES, GuestLimits, LimitError,
+};
+pub use output::{GuestSink, MAX_LINE_BYTES, MAX_OUTPUT_BYTES_PER_ATTEMPT, NullSink};
+pub use plugin::{
+    DESCRIBE_MAX_MEMORY, DESCRIBE_TIMEOUT, Digest, LoadError, MAX_PLUGIN_BYTES, Plugin,
+    check_header,
+};
+pub use sandbox::{DirGrant, GrantError, Sandbox, parse_env};
+
+use attempt::{AttemptEnv, AttemptState};
+
+mod cache;
+
+/// The runtime could not start.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RuntimeError {
+    /// The engine or its ticker could not be set up.
+    #[error("cannot start the WebAssembly runtime: {0}")]
+    Engine(String),
+    /// A cap of [`RuntimeConfig::guest_limits`] cannot work.
+    #[error(transparent)]
+    Limits(#[from] LimitError),
+}
+
+/// Everything needed to run one attempt of a plugin task.
+#[derive(Clone)]
+pub struct AttemptRequest {
+    /// The attempt's facts (task id, name, slot, attempt number, params).
+    pub facts: Arc<AttemptFacts>,
+    /// The input bytes given to `run`.
+    pub input: Arc<[u8]>,
+    /// What the guest may touch.
+    pub sandbox: Arc<Sandbox>,
+    /// Where the guest's output goes.
+    pub sink: Arc<dyn GuestSink>,
+}
+
+/// The engine, linker, ticker and plugin cache of one process.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<AttemptState>,
+    allocator: Allocator,
+    plugins: Mutex<cache::PluginCache>,
+    ticker: engine::EpochTicker,
+    /// Whether compiled plugins go to an on-disk cache.
+    disk_cache: bool,
+    on_slow_compile: Option<engine::SlowCompileHook>,
+    /// See [`RuntimeConfig::compile_nice`].
+    compile_nice: Option<i32>,
+    stats: RuntimeStats,
+    /// Drops the stores of stopped attempts beside a current-thread runtime.
+    reaper: Arc<reaper::Reaper>,
+    /// What every attempt shares: its caps, the host's own addresses.
+    env: AttemptEnv,
+}
+
+/// What a runtime counts about its plugin cache, for the daemon's metrics.
+#[derive(Debug, Default)]
+pub struct RuntimeStats {
+    /// Loads and lookups served by an already compiled plugin.
+    pub cache_hits: std::sync::atomic::AtomicU64,
+    /// Loads that had to compile (first use, or after an eviction).
+    pub cache_misses: std::sync::atomic::AtomicU64,
+    /// How long each compile (with its `describe`) took.
+    pub compile_time: taskhost_core::stats::DurationHistogram,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("allocator", &self.allocator)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Inputs over this many bytes are hashed on a blocking thread.
+const LARGE: usize = 1 << 20;
+
+/// The digest of `bytes`; over [`LARGE`], computed on a blocking thread
+/// (15 ms for an 18 MiB component would hold up every task waiting on
+/// that async worker). The bytes stay allocated by the caller: a large
+/// buffer allocated on a short-lived blocking thread stays in that
+/// thread's malloc arena once freed (30 MiB more RSS over 20 Python
+/// plugins in the daemon).
+pub async fn digest_of(bytes: &Arc<[u8]>) -> Digest {
+    if bytes.len() <= LARGE {
+        return Digest::of(bytes);
+    }
+    let input = Arc::clone(bytes);
+    tokio::task::spawn_blocking(move || Digest::of(&input))
+        .await
+        .unwrap_or_else(|_| Digest::of(bytes))
+}
+
+/// Raises the calling thread's nice value by `nice` (on Linux the value is
+/// the thread's own). Best effort: a thread that stays at its priority only
+/// competes more with the tasks.
+fn lower_priority(nice: i32) {
+    if let Err(err) = rustix::process::nice(nice) {
+        tracing::debug!("cannot lower a compile thread's priority: {err}");
+    }
+}
+
+/// Runs `compile` on a new thread at `nice` (see
+/// [`RuntimeConfig::compile_nice`]); a thread of the async runtime's
+/// blocking pool would keep the lower priority for whatever it runs next.
+fn spawn_compile<T: Send + 'static>(
+    nice: i32,
+    compile: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<tokio::sync::oneshot::Receiver<T>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("taskhost-compile".into())
+        .spawn(move || {
+            lower_priority(nice);
+            let _ = tx.send(compile());
+        })?;
+    Ok(rx)
+}
+
+impl Runtime {
+    /// Builds the engine (pooling if possible), links WASI p2 and the host
+    /// interface, and starts the epoch ticker.
+    pub fn new(config: &RuntimeConfig) -> Result<Self, RuntimeError> {
+        config.guest_limits.check()?;
+        if let Some(nice) = config.compile_nice {
+            // Only the first configuration of the global pool counts (an
+            // error means it was already started, maybe by the embedder).
+            let _ = rayon::ThreadPoolBuilder::new()
+                .thread_name(|i| format!("taskhost-compile-{i}"))
+                .start_handler(move |_| lower_priority(nice))
+                .build_global();
+        }
+        let (engine, allocator) = engine::build_engine(config)?;
+        let mut linker = Linker::new(&engine);
+        attempt::add_to_linker(&mut linker)
+            .map_err(|e| RuntimeError::Engine(attempt::error_chain(&e)))?;
+        let ticker = engine::EpochTicker::start(&engine, config.epoch_tick)?;
+        Ok(Self {
+            engine,
+            linker,
+            allocator,
+            plugins: Mutex::new(cache::PluginCache::new(config.plugin_cache_bytes)),
+            ticker,
+            disk_cache: config.cache_dir.is_some(),
+            on_slow_compile: config.on_slow_compile.clone(),
+            compile_nice: config.compile_nice,
+            stats: RuntimeStats::default(),
+            reaper: Arc::default(),
+            env: AttemptEnv {
+                limits: config.guest_limits,
+                own: Arc::default(),
+            },
+        })
+    }
+
+    /// Adds an address the host itself listens on (the daemon's `--http`
+    /// listener, once bound): from now on no guest's outbound HTTP reaches
+    /// it unless its grant names that IP address itself (one on an
+    /// unspecified address, such as `0.0.0.0:9100`, counts for every
+    /// address on its port).
+    pub fn add_own_address(&self, addr: std::net::SocketAddr) {
+        self.env.own.add(addr);
+    }
+
+    /// The caps every attempt of this runtime runs under.
+    pub fn guest_limits(&self) -> GuestLimits {
+        self.env.limits
+    }
+
+    /// Registers a deadline of an attempt of this runtime (a force-abort or
+    /// the end of its timeout): at the deadline the epoch ticker sets
+    /// `abort` and ticks at once, so the guest traps at its next epoch check
+    /// (within microseconds when it is running; other running guests pay one
+    /// extra yield), and from then on, until the guard is dropped, the epoch
+    /// ticks every millisecond.
+    pub fn hurry_at(&self, at: std::time::Instant, abort: Arc<AtomicBool>) -> HurryGuard {
+        self.ticker.hurry_at(at, abort)
+    }
+
+    /// Which instance allocator the engine uses.
+    pub fn allocator(&self) -> Allocator {
+        self.allocator
+    }
+
+    /// Reads, compiles and validates a plugin file.
+    pub async fn load_file(&self, path: &Path) -> Result<Arc<Plugin>, LoadError> {
+        let origin = path.display().to_string();
+        let unreadable = |why: String| LoadError::Unreadable {
+            origin: origin.clone(),
+            why,
+        };
+        let meta = tokio::fs::metadata(path)
+            .await
+            .map_err(|e| unreadable(e.to_string()))?;
+        if meta.is_dir() {
+            return Err(unreadable("it is a directory".into()));
+        }
+        if meta.len() > MAX_PLUGIN_BYTES as u64 {
+            return Err(plugin::too_big(&origin, meta.len()));
+        }
+        let bytes = tokio::fs::read(path)
+            .await
+            .map_err(|e| unreadable(e.to_string()))?;
+        self.load_bytes(bytes.into(), &origin).await
+    }
+
+    /// Compiles and validates a plugin from its bytes, once per digest: a
+    /// second load of the same bytes returns the cached plugin, and
+    /// concurrent loads of the same bytes compile once.
+    pub async fn load_bytes(
+        &self,
+        bytes: Arc<[u8]>,
+        origin: &str,
+    ) -> Result<Arc<Plugin>, LoadError> {
+        plugin::check_header(origin, &bytes)?;
+        let digest = digest_of(&bytes).await;
+        self.load_digested(bytes, digest, origin).await
+    }
+
+    /// [`Runtime::load_bytes`] with the digest of `bytes` already computed
+    /// (the caller vouches for it).
+    pub async fn load_digested(
+        &self,
+        bytes: Arc<[u8]>,
+        digest: Digest,
+        origin: &str,
+    ) -> Result<Arc<Plugin>, LoadError> {
+        plugin::check_header(origin, &bytes)?;
+        let cell = self.cache().cell(digest);
+        let counter = if cell.initialized() {
+            &self.stats.cache_hits
+        } else {
+            &self.stats.cache_misses
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let result = cell
+            .get_or_try_init(|| async {
+                let started = std::time::Instant::now();
+                let engine = self.engine.clone();
+                let linker = self.linker.clone();
+                let owned_origin = origin.to_owned();
+                let input = Arc::clone(&bytes);
+                // Compiling takes milliseconds to seconds: never on the async
+                // runtime's worker threads.
+                let job = move || plugin::compile(&engine, &linker, &owned_origin, &input);
+                let mut compile: std::pin::Pin<Box<dyn Future<Output = Result<_, String>> + Send>> =
+                    match self.compile_nice {
+                        Some(nice) => {
+                            let done =
+                                spawn_compile(nice, job).map_err(|e| LoadError::Invalid {
+                                    origin: origin.to_owned(),
+                                    why: format!("cannot start a compile thread: {e}"),
+                                })?;
+                            Box::pin(async move {
+                                done.await
+                                    .map_err(|_| "its thread ended without a result".to_owned())
+                            })
+                        }
+                        None => Box::pin(async move {
+                            tokio::task::spawn_blocking(job)
+                                .await
+                                .map_err(|e| e.to_string())
+                        }),
+                    };
+                let compiled = tokio::select! {
+                    done = &mut compile => done,
+                    () = tokio::time::sleep(SLOW_COMPILE) => {
+                        self.slow_compile(origin, bytes.len());
+                        compile.await
+                    }
+                };
+                let pre = compiled.map_err(|e| LoadError::Invalid {
+                    origin: origin.to_owned(),
+                    why: format!("the compiler crashed: {e}"),
+                })??;
+                // Instantiating a large component and running its describe
+                // takes milliseconds too (10 to 25 ms for Python): on a
+                // blocking thread, driven by this runtime's timers.
+                let runtime = tokio::runtime::Handle::current();
+                let engine = self.engine.clone();
+                let env = self.env.clone();
+                let owned_origin = origin.to_owned();
+                let size = bytes.len();
+                let plugin = tokio::task::spawn_blocking(move || {
+                    runtime.block_on(plugin::describe(
+                        &engine,
+                        &env,
+                        &owned_origin,
+                        digest,
+                        size,
+                        pre,
+                    ))
+                })
+                .await
+                .map_err(|e| LoadError::Invalid {
+                    origin: origin.to_owned(),
+                    why: format!("describe crashed: {e}"),
+                })?
+                .map(Arc::new);
+                self.stats.compile_time.observe(started.elapsed());
+                plugin
+            })
+            .await
+            .cloned();
+        match &result {
+            Ok(plugin) => self.cache().loaded(digest, plugin),
+            // Failed loads are not cached; drop the empty cell.
+            Err(_) => self.cache().failed(&digest),
+        }
+        result
+    }
+
+    /// Says that a compile is taking a while (see [`SLOW_COMPILE`]).
+    fn slow_compile(&self, origin: &str, size: usize) {
+        let note = SlowCompile {
+            origin: origin.to_owned(),
+            bytes: size as u64,
+            cached: self.disk_cache,
+        };
+        let size = taskhost_core::units::format_size(note.bytes);
+        if note.cached {
+            tracing::info!("compiling {origin} ({size}), cached afterwards");
+        } else {
+            tracing::info!("compiling {origin} ({size}), without a compilation cache");
+        }
+        if let Some(hook) = &self.on_slow_compile {
+            (hook.0)(&note);
+        }
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, cache::PluginCache> {
+        self.plugins.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Drops the cached plugin with this digest (attempts holding it go on;
+    /// a later load compiles it again). True if it was cached.
+    pub fn forget(&self, digest: &Digest) -> bool {
+        self.cache().forget(digest)
+    }
+
+    /// The cached plugin with this digest, if loaded (marked as used).
+    pub fn plugin(&self, digest: &Digest) -> Option<Arc<Plugin>> {
+        let plugin = self.cache().get(digest);
+        if plugin.is_some() {
+            self.stats
+                .cache_hits
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        plugin
+    }
+
+    /// What this runtime has counted about its plugin cache.
+    pub fn stats(&self) -> &RuntimeStats {
+        &self.stats
+    }
+
+    /// Whether the plugin with this digest is in the cache.
+    pub fn is_cached(&self, digest: &Digest) -> bool {
+        self.cache().contains(digest)
+    }
+
+    /// Bytes of plugins in the cache, counted by compiled image size.
+    pub fn cached_bytes(&self) -> u64 {
+        self.cache().bytes()
+    }
+
+    /// Creates a fresh store and instance for one attempt (the step before
+    /// an attempt's timeout starts). Stop signals apply from here on.
+    pub async fn prepare_attempt(
+        &self,
+        plugin: &Plugin,
+        request: &AttemptRequest,
+        signals: &StopSignals,
+    ) -> Result<PreparedAttempt, AttemptError> {
+        let (store, capture) = attempt::new_store(
+            &self.engine,
+            &self.env,
+            &request.sandbox,
+            Arc::clone(&request.facts),
+            signals,
+            Arc::clone(&request.sink),
+        )?;
+        attempt::instantiate(plugin.pre(), store, capture, signals, &self.reaper).await
+    }
+
+    /// Runs one attempt in a fresh instance. Returns when the instance is
+    /// gone. Stop it cooperatively with `signals.cancel()`, by force with
+    /// `signals.abort()` (it traps at its next epoch tick), or by dropping
+    /// the future (the instance is dropped with it).
+    pub async fn run_attempt(
+        &self,
+        plugin: &Plugin,
+        request: &AttemptRequest,
+        signals: &StopSignals,
+    ) -> Result<Vec<u8>, AttemptError> {
+        let prepared = self.prepare_attempt(plugin, request, signals).await?;
+        prepared.run(&request.input).await
+    }
+}
+
+/// The types most embedders need, in one `use`: the supervisor's and the
+/// controller's ([`taskhost_core::prelude`]) and the runtime's.
+pub mod prelude {
+    pub use crate::plugin_task::PluginTask;
+    pub use crate::{Runtime, RuntimeConfig, Sandbox};
+    pub use taskhost_core::prelude::*;
+}

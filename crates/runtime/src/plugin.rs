@@ -1,0 +1,602 @@
+//! Owns turning bytes into a runnable plugin: recognising what the bytes are
+//! (not wasm, a core module, a component), compiling once per content digest
+//! off the async runtime, checking the component targets our world, asking
+//! `describe` under a small time and memory limit, and validating what it
+//! says. Each failure is a [`LoadError`] that names the problem and the fix.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest as _, Sha256};
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+use super::attempt::{self, AttemptEnv, AttemptFacts, AttemptState, StopSignals, error_chain};
+use super::bindings::{self, WIT_PACKAGE, WIT_VERSION, taskhost::plugin::types};
+use super::contract::{Capability, PluginInfo, ResourceTemplate};
+use super::output::NullSink;
+use super::sandbox::Sandbox;
+
+/// Largest plugin file accepted.
+pub const MAX_PLUGIN_BYTES: usize = 256 << 20;
+/// How long `describe` may take at load time.
+pub const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Memory limit of the `describe` call at load time.
+pub const DESCRIBE_MAX_MEMORY: u64 = 128 << 20;
+
+const MAX_NAME_LEN: usize = 128;
+const MAX_TEXT_LEN: usize = 4096;
+const MAX_CAPABILITIES: usize = 64;
+
+/// A plugin's sha256 content digest.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct Digest(pub [u8; 32]);
+
+impl Digest {
+    /// The digest of these bytes.
+    pub fn of(bytes: &[u8]) -> Self {
+        Self(Sha256::digest(bytes).into())
+    }
+
+    /// The 64 lower-case hex digits.
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl std::str::FromStr for Digest {
+    type Err = String;
+
+    /// 64 hex digits, with or without `sha256:` in front.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let hex = s.strip_prefix("sha256:").unwrap_or(s);
+        let bad = || format!("`{s}` is not a sha256 digest (64 hex digits)");
+        if hex.len() != 64 || !hex.is_ascii() {
+            return Err(bad());
+        }
+        let mut out = [0u8; 32];
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        Ok(Self(out))
+    }
+}
+
+impl std::fmt::Display for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("sha256:")?;
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+/// Why bytes could not become a plugin.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read plugin `{origin}`: {why}")]
+    Unreadable {
+        /// Where the bytes came from.
+        origin: String,
+        /// The OS error.
+        why: String,
+    },
+    /// The bytes are not WebAssembly at all, or too big.
+    #[error("`{origin}` is not a WebAssembly component: {why}")]
+    NotWasm {
+        /// Where the bytes came from.
+        origin: String,
+        /// What they look like instead.
+        why: String,
+    },
+    /// A core module where a component was expected.
+    #[error(
+        "`{origin}` is a core WebAssembly module, not a component: build the plugin for \
+         wasm32-wasip2 (cargo build --target wasm32-wasip2) or wrap it with `wasm-tools component new`"
+    )]
+    CoreModule {
+        /// Where the bytes came from.
+        origin: String,
+    },
+    /// The component failed to compile.
+    #[error("`{origin}` is not a valid component: {why}")]
+    Invalid {
+        /// Where the bytes came from.
+        origin: String,
+        /// The compiler's complaint.
+        why: String,
+    },
+    /// A component of another world.
+    #[error("`{origin}` is a component but not a task plugin: {why}")]
+    WrongWorld {
+        /// Where the bytes came from.
+        origin: String,
+        /// What is missing or mismatched, and the fix.
+        why: String,
+    },
+    /// `describe` trapped, timed out or said something invalid.
+    #[error("`{origin}`: describe() {why}")]
+    BadDescribe {
+        /// Where the bytes came from.
+        origin: String,
+        /// What went wrong.
+        why: String,
+    },
+}
+
+/// A compiled, validated plugin, ready to instantiate any number of times.
+pub struct Plugin {
+    digest: Digest,
+    size: usize,
+    compiled: usize,
+    info: PluginInfo,
+    pre: bindings::TaskPluginPre<AttemptState>,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("digest", &self.digest)
+            .field("size", &self.size)
+            .field("compiled", &self.compiled)
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Plugin {
+    /// The content digest of the plugin's bytes.
+    pub fn digest(&self) -> Digest {
+        self.digest
+    }
+
+    /// Size of the component in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Size of its compiled image in memory (native code, data segments,
+    /// metadata): what keeping it loaded costs, about twice the component
+    /// for Python and JavaScript components.
+    pub fn compiled_size(&self) -> usize {
+        self.compiled
+    }
+
+    /// What the plugin declared.
+    pub fn info(&self) -> &PluginInfo {
+        &self.info
+    }
+
+    pub(crate) fn pre(&self) -> &bindings::TaskPluginPre<AttemptState> {
+        &self.pre
+    }
+}
+
+/// The error for a plugin over [`MAX_PLUGIN_BYTES`].
+pub(crate) fn too_big(origin: &str, size: u64) -> LoadError {
+    LoadError::NotWasm {
+        origin: origin.to_owned(),
+        why: format!(
+            "it is {}; the limit for a plugin is {}",
+            taskhost_core::units::format_size(size),
+            taskhost_core::units::format_size(MAX_PLUGIN_BYTES as u64)
+        ),
+    }
+}
+
+/// Sniffs the wasm header so the common mistakes get a precise message.
+pub fn check_header(origin: &str, bytes: &[u8]) -> Result<(), LoadError> {
+    const MAGIC: &[u8] = b"\0asm";
+    let not_wasm = |why: String| LoadError::NotWasm {
+        origin: origin.to_owned(),
+        why,
+    };
+    if bytes.len() > MAX_PLUGIN_BYTES {
+        return Err(too_big(origin, bytes.len() as u64));
+    }
+    if bytes.len() < 8 || &bytes[..4] != MAGIC {
+        let why = if bytes.is_empty() {
+            "the file is empty".to_owned()
+        } else if bytes.starts_with(b"(") || bytes.starts_with(b";;") {
+            "it looks like WebAssembly text; compile it to a binary component first".to_owned()
+        } else {
+            "it does not start with the WebAssembly magic bytes `\\0asm`".to_owned()
+        };
+        return Err(not_wasm(why));
+    }
+    match bytes[6..8] {
+        [0, 0] => Err(LoadError::CoreModule {
+            origin: origin.to_owned(),
+        }),
+        [1, 0] => Ok(()),
+        _ => Err(not_wasm(format!(
+            "unknown WebAssembly layer/version {:02x?}",
+            &bytes[4..8]
+        ))),
+    }
+}
+
+/// The WASI 0.2 interfaces `attempt::add_to_linker` links (wasmtime-wasi's
+/// p2 set), as `package/interface`. [`check_world`] refuses a component that
+/// imports any other `wasi:` interface before compiling it: keep this in
+/// step with the linker.
+const LINKED_WASI: &[&str] = &[
+    "cli/environment",
+    "cli/exit",
+    "cli/stderr",
+    "cli/stdin",
+    "cli/stdout",
+    "cli/terminal-input",
+    "cli/terminal-output",
+    "cli/terminal-stderr",
+    "cli/terminal-stdin",
+    "cli/terminal-stdout",
+    "clocks/monotonic-clock",
+    "clocks/wall-clock",
+    "filesystem/preopens",
+    "filesystem/types",
+    // Outbound HTTP (each request checked against the task's grant).
+    "http/outgoing-handler",
+    "http/types",
+    "io/error",
+    "io/poll",
+    "io/streams",
+    "random/insecure",
+    "random/insecure-seed",
+    "random/random",
+    "sockets/instance-network",
+    "sockets/ip-name-lookup",
+    "sockets/network",
+    "sockets/tcp",
+    "sockets/tcp-create-socket",
+    "sockets/udp",
+    "sockets/udp-create-socket",
+];
+
+/// The interfaces of our own package a plugin may import.
+const OUR_INTERFACES: &[&str] = &["host", "types"];
+
+/// The names of a component's own imports (but not of imported types) and
+/// exports (not those of the modules and components nested in it), read
+/// without compiling it.
+fn import_export_names(
+    origin: &str,
+    bytes: &[u8],
+) -> Result<(Vec<String>, Vec<String>), LoadError> {
+    use wasmparser::{Chunk, Parser, Payload};
+    let invalid = |why: String| LoadError::Invalid {
+        origin: origin.to_owned(),
+        why,
+    };
+    let (mut imports, mut exports) = (Vec::new(), Vec::new());
+    let mut parser = Parser::new(0);
+    let mut rest = bytes;
+    loop {
+        let payload = match parser.parse(rest, true) {
+            Ok(Chunk::Parsed { consumed, payload }) => {
+                rest = &rest[consumed..];
+                payload
+            }
+            Ok(Chunk::NeedMoreData(_)) => {
+                return Err(invalid("the file ends in the middle of a section".into()));
+            }
+            Err(e) => return Err(invalid(e.to_string())),
+        };
+        match payload {
+            Payload::ComponentImportSection(reader) => {
+                for import in reader {
+                    let import = import.map_err(|e| invalid(e.to_string()))?;
+                    // A world's `use` of a type is an import of that type
+                    // (`plugin-info`): nothing a linker provides.
+                    if !matches!(import.ty, wasmparser::ComponentTypeRef::Type(_)) {
+                        imports.push(import.name.name.to_owned());
+                    }
+                }
+            }
+            Payload::ComponentExportSection(reader) => {
+                for export in reader {
+                    let export = export.map_err(|e| invalid(e.to_string()))?;
+                    exports.push(export.name.name.to_owned());
+                }
+            }
+            // Nested modules and components (the bulk of the bytes) are
+            // the compiler's business: skip them.
+            Payload::ModuleSection {
+                unchecked_range, ..
+            }
+            | Payload::ComponentSection {
+                unchecked_range, ..
+            } => {
+                let Some(after) = rest.get(unchecked_range.len()..) else {
+                    return Err(invalid(format!(
+                        "a nested module at byte {} runs past the end of the file",
+                        unchecked_range.start
+                    )));
+                };
+                rest = after;
+            }
+            Payload::End(_) => return Ok((imports, exports)),
+            _ => {}
+        }
+    }
+}
+
+/// Whether `version` is a WASI 0.2 release (`0.2.x`, any x: wasmtime's
+/// version matching serves guests built for other 0.2 releases).
+fn is_wasi_02(version: &str) -> bool {
+    version
+        .strip_prefix("0.2.")
+        .is_some_and(|patch| !patch.is_empty() && patch.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Checks, before compiling, that a component exports `describe` and `run`
+/// and imports only what this host links: our package at [`WIT_VERSION`]
+/// and WASI 0.2. Reading the names takes a millisecond; finding the same
+/// at instantiation would take a compile of seconds for a large component.
+pub(crate) fn check_world(origin: &str, bytes: &[u8]) -> Result<(), LoadError> {
+    let (imports, exports) = import_export_names(origin, bytes)?;
+    let wrong_world = |why: String| LoadError::WrongWorld {
+        origin: origin.to_owned(),
+        why,
+    };
+    if !exports.iter().any(|e| e == "run") || !exports.iter().any(|e| e == "describe") {
+        return Err(wrong_world(format!(
+            "it exports [{}] but a task plugin exports `describe` and `run` of {WIT_PACKAGE}; \
+             build it with the taskhost-guest SDK or against the `task-plugin` world of wit/",
+            exports.join(", ")
+        )));
+    }
+    let mut unknown = Vec::new();
+    for import in &imports {
+        let (path, version) = import.split_once('@').unwrap_or((import, ""));
+        if let Some(interface) = path.strip_prefix("taskhost:plugin/") {
+            if version != WIT_VERSION {
+                return Err(wrong_world(format!(
+                    "it imports `{import}` but this host provides {WIT_PACKAGE}; rebuild the \
+                     plugin against {WIT_PACKAGE}: the wit/ directory of this host's release \
+                     (for Rust, the taskhost-guest SDK of that release)"
+                )));
+            }
+            if !OUR_INTERFACES.contains(&interface) {
+                unknown.push(import.as_str());
+            }
+        } else if let Some(interface) = path.strip_prefix("wasi:") {
+            if !version.is_empty() && !is_wasi_02(version) {
+                return Err(wrong_world(format!(
+                    "it imports `{import}`, of WASI {version}, but this host provides WASI 0.2 \
+                     (any 0.2.x release); build the plugin for WASI 0.2 (wasm32-wasip2)"
+                )));
+            }
+            if !LINKED_WASI.contains(&interface) {
+                unknown.push(import.as_str());
+            }
+        } else {
+            unknown.push(import.as_str());
+        }
+    }
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let mut why = format!(
+        "it imports {} that this host does not provide; it provides the `host` interface \
+         of {WIT_PACKAGE} and the WASI 0.2 interfaces of wasi:io, wasi:clocks, wasi:random, \
+         wasi:cli, wasi:filesystem, wasi:sockets and, for outbound requests, wasi:http/types \
+         and wasi:http/outgoing-handler",
+        unknown
+            .iter()
+            .map(|i| format!("`{i}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if unknown.iter().any(|i| i.starts_with("wasi:http/")) {
+        why.push_str(
+            "; componentize-js adds the wasi:http fetch event (an incoming handler, which a \
+             task has no use for): build with `componentize-js -d fetch-event ...` (and \
+             `-d http` too if the plugin makes no requests)",
+        );
+    }
+    Err(wrong_world(why))
+}
+
+/// Compiles (or fetches from wasmtime's disk cache) and validates a
+/// component. Blocking: call it on the blocking pool.
+pub(crate) fn compile(
+    engine: &Engine,
+    linker: &wasmtime::component::Linker<AttemptState>,
+    origin: &str,
+    bytes: &[u8],
+) -> Result<bindings::TaskPluginPre<AttemptState>, LoadError> {
+    check_header(origin, bytes)?;
+    check_world(origin, bytes)?;
+    let component = Component::new(engine, bytes).map_err(|e| LoadError::Invalid {
+        origin: origin.to_owned(),
+        why: error_chain(&e),
+    })?;
+    let wrong_world = |why: String| LoadError::WrongWorld {
+        origin: origin.to_owned(),
+        why,
+    };
+    let ty = component.component_type();
+    let exports: Vec<String> = ty
+        .exports(engine)
+        .map(|(name, _)| name.to_owned())
+        .collect();
+    // `check_world` has read the same names from the bytes; this is the
+    // compiler's view of them, kept as a second line of defence.
+    if !exports.iter().any(|e| e == "run") || !exports.iter().any(|e| e == "describe") {
+        return Err(wrong_world(format!(
+            "it exports [{}] but a task plugin exports `describe` and `run` of {WIT_PACKAGE}; \
+             build it with the taskhost-guest SDK or against the `task-plugin` world of wit/",
+            exports.join(", ")
+        )));
+    }
+    let instance_pre = linker.instantiate_pre(&component).map_err(|e| {
+        wrong_world(format!(
+            "it needs an import this host does not provide: {}",
+            error_chain(&e)
+        ))
+    })?;
+    bindings::TaskPluginPre::new(instance_pre).map_err(|e| {
+        wrong_world(format!(
+            "its exports do not match {WIT_PACKAGE}: {}",
+            error_chain(&e)
+        ))
+    })
+}
+
+/// Calls `describe` in a fresh, tightly limited instance and validates the
+/// answer.
+pub(crate) async fn describe(
+    engine: &Engine,
+    env: &AttemptEnv,
+    origin: &str,
+    digest: Digest,
+    size: usize,
+    pre: bindings::TaskPluginPre<AttemptState>,
+) -> Result<Plugin, LoadError> {
+    let bad = |why: String| LoadError::BadDescribe {
+        origin: origin.to_owned(),
+        why,
+    };
+    let sandbox = Sandbox {
+        max_memory: DESCRIBE_MAX_MEMORY,
+        ..Sandbox::default()
+    };
+    let signals = StopSignals::default();
+    let (mut store, capture) = attempt::new_store(
+        engine,
+        env,
+        &sandbox,
+        Arc::new(AttemptFacts::default()),
+        &signals,
+        Arc::new(NullSink),
+    )
+    .map_err(|e| bad(e.to_string()))?;
+    let call = async {
+        let instance = pre.instantiate_async(&mut store).await?;
+        instance.call_describe(&mut store).await
+    };
+    // The guest yields at every epoch tick, so the timeout fires even for a
+    // describe that spins; dropping the call drops its instance.
+    let raw = match tokio::time::timeout(DESCRIBE_TIMEOUT, call).await {
+        Err(_) => {
+            return Err(bad(format!(
+                "did not answer within {}ms; it must return at once, without side effects",
+                DESCRIBE_TIMEOUT.as_millis()
+            )));
+        }
+        Ok(Err(err)) => {
+            // One line: the trap, what the guest said, the top of its
+            // backtrace.
+            let why = attempt::describe_trap(&err, None, capture.explanation());
+            return Err(bad(format!("failed: {why}")));
+        }
+        Ok(Ok(raw)) => raw,
+    };
+    drop(store);
+    let info = validate_info(raw).map_err(bad)?;
+    let image = pre.instance_pre().component().image_range();
+    Ok(Plugin {
+        digest,
+        size,
+        compiled: image.end.addr().saturating_sub(image.start.addr()),
+        info,
+        pre,
+    })
+}
+
+fn validate_info(raw: types::PluginInfo) -> Result<PluginInfo, String> {
+    let short = |what: &str, value: &str, max: usize| {
+        if value.len() > max {
+            Err(format!(
+                "returned a {what} of {} bytes; the limit is {max}",
+                value.len()
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    if raw.name.is_empty()
+        || !raw
+            .name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(format!(
+            "returned the name {:?}; a plugin name is non-empty ASCII letters, digits, `-`, `_` or `.`",
+            raw.name.chars().take(MAX_NAME_LEN).collect::<String>()
+        ));
+    }
+    short("name", &raw.name, MAX_NAME_LEN)?;
+    short("version", &raw.version, MAX_NAME_LEN)?;
+    short("description", &raw.description, MAX_TEXT_LEN)?;
+    if raw.capabilities.len() > MAX_CAPABILITIES {
+        return Err(format!(
+            "declared {} capabilities; the limit is {MAX_CAPABILITIES}",
+            raw.capabilities.len()
+        ));
+    }
+    let resource = raw
+        .resource
+        .map(|r| ResourceTemplate::parse(&r))
+        .transpose()
+        .map_err(|e| format!("declared a bad resource: {e}"))?;
+    let capabilities = raw
+        .capabilities
+        .into_iter()
+        .map(|c| {
+            let cap = match c {
+                types::Capability::ReadDir(p) => Capability::ReadDir(p),
+                types::Capability::WriteDir(p) => Capability::WriteDir(p),
+                types::Capability::Env(n) => Capability::Env(n),
+                types::Capability::Network => Capability::Network,
+            };
+            match &cap {
+                Capability::ReadDir(s) | Capability::WriteDir(s) | Capability::Env(s) => {
+                    short("capability", s, MAX_TEXT_LEN).map(|()| cap)
+                }
+                Capability::Network => Ok(cap),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(PluginInfo {
+        name: raw.name,
+        version: raw.version,
+        description: raw.description,
+        resource,
+        default_policy: raw.default_policy.into(),
+        capabilities,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognises_headers() {
+        assert!(matches!(
+            check_header("x", b""),
+            Err(LoadError::NotWasm { .. })
+        ));
+        assert!(matches!(
+            check_header("x", b"hello world"),
+            Err(LoadError::NotWasm { .. })
+        ));
+        assert!(matches!(
+            check_header("x", b"\0asm\x01\0\0\0"),
+            Err(LoadError::CoreModule { .. })
+        ));
+        assert!(check_header("x", b"\0asm\x0d\0\x01\0").is_ok());
+    }
+
+    #[test]
+    fn digests_print_as_sha256_hex() {
+        let d = Digest::of(b"");
+        assert_eq!(
+            d.to_string(),
+            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+}
