@@ -6,7 +6,7 @@
 //!
 //! - `cargo demo` (alias of `cargo xtask demo`): checks the `wasm32-wasip2`
 //!   target (installing it with rustup when rustup is there), then builds the
-//!   host and the example plugins and runs `hello` (`tests/demo.rs`).
+//!   host and the example plugins and runs `hello` (`host/tests/demo.rs`).
 //! - `cargo xtask test`: checks every component the tests start, installs the
 //!   missing ones when allowed, then runs every test binary to its end.
 //! - `cargo xtask lint`: the target check, then clippy with `-D warnings`.

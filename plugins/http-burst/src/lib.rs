@@ -46,7 +46,9 @@ impl Task for HttpBurst {
                 .and_then(|()| request.set_authority(Some(authority)))
                 .and_then(|()| request.set_path_with_query(Some(path)));
             if set.is_err() {
-                return Err(taskhost_guest::fatal(format!("the host refused the URL {url}")));
+                return Err(taskhost_guest::fatal(format!(
+                    "the host refused the URL {url}"
+                )));
             }
             started.push(outgoing_handler::handle(request, None));
         }

@@ -1,5 +1,5 @@
 //! The PostgreSQL backend of cluster mode: the shared state of every node
-//! (`host/migrations/postgres/`), and each decision that two nodes could
+//! (`crates/daemon/migrations/postgres/`), and each decision that two nodes could
 //! race on as one transaction. Decisions in a slot (admission, release,
 //! cancel, takeover) lock that slot's row first, then the task rows, so
 //! they serialise per slot and never deadlock each other; a claim locks
