@@ -35,6 +35,7 @@
 //! | `admission` | the rules of a slot, as a pure function |
 //! | `lifecycle` | the words of a task's life: its states, where it was placed |
 //! | `outcome` | how a task ended |
+//! | `recovery` | what becomes of a task its host lost (a stop, a crash, a dead node) |
 //! | `logline` | a guest's lines and where they go |
 //! | `units` | durations and sizes as people write them |
 //! | `stats` | lock-free histograms read by `/metrics` |
@@ -47,6 +48,7 @@ pub mod controller;
 pub mod lifecycle;
 pub mod logline;
 pub mod outcome;
+pub mod recovery;
 pub mod stats;
 pub mod supervisor;
 pub mod units;

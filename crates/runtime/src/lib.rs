@@ -8,6 +8,7 @@
 //! | module | owns |
 //! |---|---|
 //! | `engine` | engine config, pooling vs on-demand, disk cache, epoch ticker |
+//! | `cache` | the compiled plugins in memory, bounded by their image sizes |
 //! | `bindings` | the Rust side of `wit/` (generated) |
 //! | `contract` | what a plugin declares: [`PluginInfo`], [`Capability`], resource templates |
 //! | `plugin` | bytes → validated [`Plugin`] (header sniffing, compile, world check, describe) |

@@ -10,6 +10,7 @@
 //! | `serve` | the daemon verb |
 //! | `client` | the verbs that talk to a daemon |
 //! | `tools` | `version`, `completions`, `man`, `new` |
+//! | `telemetry` | the `tracing` subscriber and the OTLP exporter |
 
 mod args;
 mod client;
@@ -215,8 +216,14 @@ pub fn main() -> ExitCode {
         }
     });
     // Do not wait for stray blocking work (a compile of a plugin we no longer
-    // need) on the way out.
-    runtime.shutdown_background();
+    // need) on the way out; but with spans to export, let the tasks be
+    // dropped first (briefly), so that their spans are closed and in the
+    // exporter's last batch rather than dropped after it.
+    if telemetry.exports() {
+        runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    } else {
+        runtime.shutdown_background();
+    }
     telemetry.shutdown();
     match result {
         Ok(code) => ExitCode::from(code),

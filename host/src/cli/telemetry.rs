@@ -120,6 +120,11 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
+    /// Whether spans are exported (`--otlp` or the `OTEL_*` variables).
+    pub fn exports(&self) -> bool {
+        self.provider.is_some()
+    }
+
     /// Sends the spans still buffered (waiting at most [`EXPORT_TIMEOUT`]).
     pub fn shutdown(self) {
         if let Some(provider) = self.provider

@@ -915,10 +915,9 @@ pub(crate) async fn handle(
             }
             let info = plugin.info();
             let admission = Admission {
+                names: submissions::names(&request, info),
                 request: *request,
                 plugin: info.name.clone(),
-                resource: info.resource.clone(),
-                default_policy: AdmissionPolicy::from(info.default_policy),
                 max_slot_queue: daemon.config.max_slot_queue,
                 max_total_pending: daemon.config.max_total_pending,
             };

@@ -19,16 +19,14 @@
 
 use std::sync::Arc;
 
+use taskhost_core::lifecycle::TaskState;
 use taskhost_core::outcome::TaskOutcome;
-use taskhost_core::supervisor::{
-    Event, EventKind, RestartPolicy, Resume, TaskDefaults, TaskReport,
-};
-use taskhost_core::units::format_duration;
+use taskhost_core::recovery::{Fate, fate};
+use taskhost_core::supervisor::{Event, EventKind, TaskReport};
 
 use crate::service::submissions::{Origin, place};
 use crate::state::Daemon;
 use crate::store::{Finished, Ticket, Unfinished, now_ms};
-use taskhost_core::lifecycle::TaskState;
 
 /// What recovery did, for the start-up log.
 #[derive(Debug, Default, Clone, Copy)]
@@ -36,88 +34,6 @@ pub(crate) struct Recovered {
     pub requeued: usize,
     pub retried: usize,
     pub ended: usize,
-}
-
-/// The reason of an attempt the host's stop interrupted.
-pub const INTERRUPTED: &str = "interrupted: the host stopped";
-
-/// What becomes of one unfinished task.
-pub(crate) enum Fate {
-    /// Placed again, resuming here; the text says why.
-    Place(Resume, String),
-    /// Ended with this outcome; the text says why.
-    End(TaskOutcome, String),
-}
-
-pub(crate) fn fate(task: &Unfinished) -> Fate {
-    let attempts = task.attempts;
-    let resume = Resume {
-        attempts,
-        ..Resume::default()
-    };
-    match task.state {
-        TaskState::Stopping => Fate::End(
-            TaskOutcome::Canceled,
-            "canceled: it was being stopped when the host stopped".into(),
-        ),
-        TaskState::Running if let Some(pause) = task.pause => {
-            let delay = std::time::Duration::from_millis(pause.until_ms.saturating_sub(now_ms()));
-            let resume = Resume {
-                attempts,
-                failures: pause.failures,
-                delay,
-            };
-            let why = format!(
-                "waiting: attempt {} is due in {}, as it was before the restart",
-                attempts + 1,
-                format_duration(delay)
-            );
-            Fate::Place(resume, why)
-        }
-        TaskState::Running => {
-            let request = &task.request;
-            let restart = request.restart.unwrap_or(RestartPolicy::Never);
-            // Every attempt of an unfinished on-failure task failed (a
-            // success would have ended it); of a periodic one only the
-            // interrupted attempt is known to have.
-            let failures = match restart {
-                RestartPolicy::OnFailure => attempts.max(1),
-                _ => 1,
-            };
-            let over_budget = request.max_retries.is_some_and(|max| failures > max);
-            if restart == RestartPolicy::Never || over_budget {
-                let reason = if restart == RestartPolicy::Never {
-                    format!("attempt {attempts} {INTERRUPTED}")
-                } else {
-                    format!("attempt {attempts} {INTERRUPTED}, and no retry is left")
-                };
-                let why = format!("failed: {reason}");
-                return Fate::End(
-                    TaskOutcome::Failed {
-                        reason,
-                        exit_code: None,
-                    },
-                    why,
-                );
-            }
-            let backoff = request
-                .backoff
-                .clone()
-                .unwrap_or_else(|| TaskDefaults::default().backoff);
-            let resume = Resume {
-                attempts,
-                failures,
-                delay: backoff.delay(failures - 1),
-            };
-            let why = format!(
-                "retrying: attempt {attempts} was {INTERRUPTED}; next attempt in {}",
-                format_duration(resume.delay)
-            );
-            Fate::Place(resume, why)
-        }
-        // Queued, or admitted and waiting (no attempt had started).
-        _ => Fate::Place(resume, "queued again after the host restarted".into()),
-    }
 }
 
 pub(crate) async fn recover(daemon: &Arc<Daemon>, unfinished: Vec<Unfinished>) -> Recovered {
@@ -156,7 +72,7 @@ pub(crate) async fn recover(daemon: &Arc<Daemon>, unfinished: Vec<Unfinished>) -
             tracing::error!(task = %id, "the store holds task {id} twice or above the next id; skipping it");
             continue;
         };
-        match fate(&task) {
+        match fate(&task.lost()) {
             Fate::End(outcome, why) => {
                 drop(reservation);
                 publish(why);

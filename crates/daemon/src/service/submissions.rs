@@ -24,7 +24,10 @@ use taskhost_core::supervisor::{
     TaskSpec,
 };
 use taskhost_core::units::format_size;
+use taskhost_runtime::PluginInfo;
 use taskhost_runtime::plugin_task::{PluginTask, resolve_slot};
+
+use crate::store::postgres::Names;
 use taskhost_runtime::{HttpAllow, Sandbox};
 
 use crate::server::connection::Replier;
@@ -122,6 +125,38 @@ fn check_memory_ceiling(ceiling: u64, asked: Option<u64>, limit: u64) -> Result<
              or its operator can lower max_memory or raise memory_ceiling"
         ),
     })
+}
+
+/// A submission's name, slot and policy once it has its id, written once
+/// for a daemon and for a cluster: the name given, else `<plugin>-<id>`;
+/// the slot given, else the plugin's resource template filled from the
+/// params, else the name; the policy given, else the plugin's default.
+pub(crate) fn naming(
+    request: &SubmitRequest,
+    info: &PluginInfo,
+    id: TaskId,
+) -> Result<(String, String, AdmissionPolicy), String> {
+    let name = request
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("{}-{id}", info.name));
+    let slot = resolve_slot(
+        request.slot.as_deref(),
+        info.resource.as_ref(),
+        &request.params,
+        &name,
+    )
+    .map_err(|e| e.to_string())?;
+    let policy = request
+        .policy
+        .unwrap_or_else(|| AdmissionPolicy::from(info.default_policy));
+    Ok((name, slot, policy))
+}
+
+/// [`naming`] for the cluster's database, which gives the id.
+pub(crate) fn names(request: &SubmitRequest, info: &PluginInfo) -> Names {
+    let (request, info) = (request.clone(), info.clone());
+    Box::new(move |id| naming(&request, &info, id))
 }
 
 /// The checks every submission passes before anything is recorded: the
@@ -230,20 +265,7 @@ pub(crate) async fn place(
         } => (reservation, submitted_ms, resume),
     };
     let id = reservation.id();
-    let name = request
-        .name
-        .clone()
-        .unwrap_or_else(|| format!("{}-{id}", info.name));
-    let slot = resolve_slot(
-        request.slot.as_deref(),
-        info.resource.as_ref(),
-        &request.params,
-        &name,
-    )
-    .map_err(|e| invalid(e.to_string()))?;
-    let policy = request
-        .policy
-        .unwrap_or_else(|| AdmissionPolicy::from(info.default_policy));
+    let (name, slot, policy) = naming(&request, info, id).map_err(invalid)?;
     // Admitted at once with a permit free: the submission is recorded with
     // its first attempt started, and that attempt waits for this same commit
     // (one commit fewer between a submission and its outcome). Under the

@@ -15,7 +15,12 @@
 //!
 //! The store decides nothing: the supervisor and controller keep their
 //! in-process semantics, the store records what they decided, and
-//! [`recovery`](super::recovery) rebuilds them from it at start.
+//! recovery rebuilds them from it at start.
+//!
+//! | file | owns |
+//! |---|---|
+//! | `sqlite` | the SQLite backend: open, migrations, the writer thread, the reader |
+//! | `postgres` | cluster mode's database: admission, claims, fenced writes, leases, reads |
 
 pub(crate) mod postgres;
 mod sqlite;
@@ -171,6 +176,23 @@ pub struct Unfinished {
     /// The pause before its next attempt, when its last attempt had ended
     /// (state `Running`): the attempt was not interrupted.
     pub pause: Option<Pause>,
+}
+
+impl Unfinished {
+    /// Where it stood, as the recovery rule reads it.
+    pub fn lost(&self) -> taskhost_core::recovery::Lost {
+        taskhost_core::recovery::Lost {
+            state: self.state,
+            attempts: self.attempts,
+            pause: self.pause.map(|pause| {
+                let delay = Duration::from_millis(pause.until_ms.saturating_sub(now_ms()));
+                (delay, pause.failures)
+            }),
+            restart: self.request.restart,
+            max_retries: self.request.max_retries,
+            backoff: self.request.backoff.clone(),
+        }
+    }
 }
 
 /// A task's pause before its next attempt.

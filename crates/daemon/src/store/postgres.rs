@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
@@ -22,9 +22,9 @@ use taskhost_core::admission::{self, Decision, Limits, OwnerState, SlotSummary, 
 use taskhost_core::controller::{AdmissionPolicy, SlotState, SlotView};
 use taskhost_core::logline::LogLine;
 use taskhost_core::outcome::{OutcomeKind, RejectionKind, TaskOutcome};
+use taskhost_core::recovery::{Fate, fate};
 use taskhost_core::supervisor::{Event, TaskId, TaskRef, TaskReport};
-use taskhost_runtime::plugin_task::resolve_slot;
-use taskhost_runtime::{Digest, ResourceTemplate};
+use taskhost_runtime::Digest;
 
 use super::{Finished, Pause, StoreError, Unfinished, now_ms};
 use crate::wire::protocol::{Placement, SubmitRequest, Submitted, TaskRow, TaskState};
@@ -74,6 +74,53 @@ fn db(what: &str) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
         let marker = if is_retryable(&e) { RETRY_MARK } else { "" };
         StoreError(format!("PostgreSQL: {what}: {}{marker}", error_text(&e)))
     }
+}
+
+/// The parameters of a statement.
+type Params<'a> = &'a [&'a (dyn tokio_postgres::types::ToSql + Sync)];
+
+/// Runs a statement (prepared once per connection), naming `what` failed.
+async fn exec(
+    c: &impl GenericClient,
+    what: &str,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<u64, StoreError> {
+    let stmt = c.prepare_cached(sql).await.map_err(db(what))?;
+    c.execute(&stmt, params).await.map_err(db(what))
+}
+
+/// The one row a query returns.
+async fn one(
+    c: &impl GenericClient,
+    what: &str,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<tokio_postgres::Row, StoreError> {
+    let stmt = c.prepare_cached(sql).await.map_err(db(what))?;
+    c.query_one(&stmt, params).await.map_err(db(what))
+}
+
+/// The row a query returns, if any.
+async fn opt(
+    c: &impl GenericClient,
+    what: &str,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Option<tokio_postgres::Row>, StoreError> {
+    let stmt = c.prepare_cached(sql).await.map_err(db(what))?;
+    c.query_opt(&stmt, params).await.map_err(db(what))
+}
+
+/// Every row a query returns.
+async fn all(
+    c: &impl GenericClient,
+    what: &str,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+    let stmt = c.prepare_cached(sql).await.map_err(db(what))?;
+    c.query(&stmt, params).await.map_err(db(what))
 }
 
 /// Ends the message of an error whose transaction may simply run again.
@@ -166,11 +213,16 @@ pub(crate) struct Admission {
     pub request: SubmitRequest,
     /// The plugin's name.
     pub plugin: String,
-    pub resource: Option<ResourceTemplate>,
-    pub default_policy: AdmissionPolicy,
+    /// The submission's name, slot and policy once it has its id: the
+    /// service's rule (the store only records what it is told).
+    pub names: Names,
     pub max_slot_queue: usize,
     pub max_total_pending: usize,
 }
+
+/// How a submission is named once the database has given it an id.
+pub(crate) type Names =
+    Box<dyn Fn(TaskId) -> Result<(String, String, AdmissionPolicy), String> + Send + Sync>;
 
 /// Why an admission was not made.
 pub(crate) enum AdmitError {
@@ -301,24 +353,34 @@ impl Pg {
             .transaction()
             .await
             .map_err(db("cannot start a transaction"))?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-            .await
-            .map_err(db("cannot take the migration lock"))?;
-        let exists: bool = tx
-            .query_one("SELECT to_regclass('taskhost_schema') IS NOT NULL", &[])
-            .await
-            .map_err(db("cannot read the schema"))?
-            .get(0);
+        exec(
+            &tx,
+            "cannot take the migration lock",
+            "SELECT pg_advisory_xact_lock($1)",
+            &[&MIGRATION_LOCK],
+        )
+        .await?;
+        let exists: bool = one(
+            &tx,
+            "cannot read the schema",
+            "SELECT to_regclass('taskhost_schema') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0);
         if !exists {
             tx.batch_execute("CREATE TABLE taskhost_schema (version INTEGER NOT NULL)")
                 .await
                 .map_err(db("cannot create the schema table"))?;
         }
-        let version: i32 = tx
-            .query_opt("SELECT version FROM taskhost_schema", &[])
-            .await
-            .map_err(db("cannot read the schema version"))?
-            .map_or(0, |r| r.get(0));
+        let version: i32 = opt(
+            &tx,
+            "cannot read the schema version",
+            "SELECT version FROM taskhost_schema",
+            &[],
+        )
+        .await?
+        .map_or(0, |r| r.get(0));
         let known = MIGRATIONS.len() as i32;
         if version > known {
             return Err(StoreError(format!(
@@ -332,16 +394,21 @@ impl Pg {
                 .map_err(db("cannot apply a migration"))?;
         }
         if version == 0 {
-            tx.execute(
+            exec(
+                &tx,
+                "cannot record the schema version",
                 "INSERT INTO taskhost_schema (version) VALUES ($1)",
                 &[&known],
             )
-            .await
-            .map_err(db("cannot record the schema version"))?;
+            .await?;
         } else if version < known {
-            tx.execute("UPDATE taskhost_schema SET version = $1", &[&known])
-                .await
-                .map_err(db("cannot record the schema version"))?;
+            exec(
+                &tx,
+                "cannot record the schema version",
+                "UPDATE taskhost_schema SET version = $1",
+                &[&known],
+            )
+            .await?;
         }
         tx.commit()
             .await
@@ -350,14 +417,18 @@ impl Pg {
 
     async fn notify(
         &self,
-        tx: &tokio_postgres::Transaction<'_>,
+        tx: &deadpool_postgres::Transaction<'_>,
         channel: &str,
         payload: &str,
     ) -> Result<(), StoreError> {
         if self.notify {
-            tx.execute("SELECT pg_notify($1, $2)", &[&channel, &payload])
-                .await
-                .map_err(db("cannot notify"))?;
+            exec(
+                tx,
+                "cannot notify",
+                "SELECT pg_notify($1, $2)",
+                &[&channel, &payload],
+            )
+            .await?;
         }
         Ok(())
     }
@@ -370,19 +441,19 @@ impl Pg {
         lease: Duration,
     ) -> Result<i64, StoreError> {
         let client = self.client().await?;
-        let row = client
-            .query_one(
-                "INSERT INTO taskhost_nodes (name, started_ms, lease_until, capacity) \
+        let row = one(
+            &client,
+            "cannot register this node",
+            "INSERT INTO taskhost_nodes (name, started_ms, lease_until, capacity) \
                  VALUES ($1, $2, now() + ($3::float8 * interval '1 millisecond'), $4) RETURNING id",
-                &[
-                    &name,
-                    &ms(now_ms()),
-                    &(lease.as_millis() as f64),
-                    &(i32::try_from(capacity).unwrap_or(i32::MAX)),
-                ],
-            )
-            .await
-            .map_err(db("cannot register this node"))?;
+            &[
+                &name,
+                &ms(now_ms()),
+                &(lease.as_millis() as f64),
+                &(i32::try_from(capacity).unwrap_or(i32::MAX)),
+            ],
+        )
+        .await?;
         Ok(row.get(0))
     }
 
@@ -390,17 +461,14 @@ impl Pg {
     /// its work over).
     pub(crate) async fn renew(&self, node: i64, lease: Duration) -> Result<bool, StoreError> {
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
-                "UPDATE taskhost_nodes SET lease_until = now() + ($2::float8 * interval '1 millisecond') \
+        let rows = all(
+            &client,
+            "cannot renew the lease",
+            "UPDATE taskhost_nodes SET lease_until = now() + ($2::float8 * interval '1 millisecond') \
                  WHERE id = $1 AND alive RETURNING id",
-            )
-            .await
-            .map_err(db("cannot renew the lease"))?;
-        let rows = client
-            .query(&stmt, &[&node, &(lease.as_millis() as f64)])
-            .await
-            .map_err(db("cannot renew the lease"))?;
+            &[&node, &(lease.as_millis() as f64)],
+        )
+        .await?;
         Ok(!rows.is_empty())
     }
 
@@ -408,42 +476,42 @@ impl Pg {
     /// not after its lease).
     pub(crate) async fn retire_node(&self, node: i64) -> Result<(), StoreError> {
         let client = self.client().await?;
-        client
-            .execute(
-                "UPDATE taskhost_nodes SET alive = FALSE WHERE id = $1",
-                &[&node],
-            )
-            .await
-            .map_err(db("cannot retire this node"))?;
+        exec(
+            &client,
+            "cannot retire this node",
+            "UPDATE taskhost_nodes SET alive = FALSE WHERE id = $1",
+            &[&node],
+        )
+        .await?;
         Ok(())
     }
 
     /// Marks every node whose lease ran out dead; returns their names.
     pub(crate) async fn expire_nodes(&self) -> Result<Vec<String>, StoreError> {
         let client = self.client().await?;
-        let rows = client
-            .query(
-                "UPDATE taskhost_nodes SET alive = FALSE WHERE id IN \
+        let rows = all(
+            &client,
+            "cannot expire leases",
+            "UPDATE taskhost_nodes SET alive = FALSE WHERE id IN \
                  (SELECT id FROM taskhost_nodes WHERE alive AND lease_until < now() \
                   FOR UPDATE SKIP LOCKED) RETURNING name",
-                &[],
-            )
-            .await
-            .map_err(db("cannot expire leases"))?;
+            &[],
+        )
+        .await?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     /// Tasks claimed by nodes that are dead (at most `limit`).
     pub(crate) async fn orphans(&self, limit: i64) -> Result<Vec<TaskId>, StoreError> {
         let client = self.client().await?;
-        let rows = client
-            .query(
-                "SELECT t.id FROM taskhost_tasks t JOIN taskhost_nodes n ON n.id = t.node \
+        let rows = all(
+            &client,
+            "cannot find orphaned tasks",
+            "SELECT t.id FROM taskhost_tasks t JOIN taskhost_nodes n ON n.id = t.node \
                  WHERE t.state IN ('running', 'stopping') AND NOT n.alive ORDER BY t.id LIMIT $1",
-                &[&limit],
-            )
-            .await
-            .map_err(db("cannot find orphaned tasks"))?;
+            &[&limit],
+        )
+        .await?;
         Ok(rows.iter().map(|r| id_of(r.get(0))).collect())
     }
 
@@ -466,16 +534,16 @@ impl Pg {
                 let Some(slot) = lock_slot_of(tx, id).await? else {
                     return Ok(None);
                 };
-                let Some(row) = tx
-                    .query_opt(
-                        "SELECT t.state, t.request, t.plugin, t.attempts, t.failures, t.resume_at_ms, \
+                let Some(row) = opt(
+                    tx,
+                    "cannot read an orphaned task",
+                    "SELECT t.state, t.request, t.plugin, t.attempts, t.failures, t.resume_at_ms, \
                          t.submitted_ms, t.name FROM taskhost_tasks t JOIN taskhost_nodes n ON n.id = t.node \
                          WHERE t.id = $1 AND t.state IN ('running', 'stopping') AND NOT n.alive \
                          FOR UPDATE OF t",
-                        &[&sql_id(id)],
-                    )
-                    .await
-                    .map_err(db("cannot read an orphaned task"))?
+                    &[&sql_id(id)],
+                )
+                .await?
                 else {
                     return Ok(None);
                 };
@@ -488,14 +556,14 @@ impl Pg {
                 let submitted_ms = row.get::<_, i64>(6).max(0) as u64;
                 let name: String = row.get(7);
                 let now = ms(now_ms());
-                let interrupted = tx
-                    .execute(
-                        "UPDATE taskhost_attempts SET ended_ms = $2, result = 'interrupted' \
+                let interrupted = exec(
+                    tx,
+                    "cannot close an interrupted attempt",
+                    "UPDATE taskhost_attempts SET ended_ms = $2, result = 'interrupted' \
                          WHERE task_id = $1 AND ended_ms IS NULL",
-                        &[&sql_id(id), &now],
-                    )
-                    .await
-                    .map_err(db("cannot close an interrupted attempt"))?;
+                    &[&sql_id(id), &now],
+                )
+                .await?;
                 // Claimed, but no attempt had started since (and none was
                 // pausing): nothing was interrupted; it is admitted again.
                 let state = match unfinished_state(&state) {
@@ -516,10 +584,12 @@ impl Pg {
                         failures,
                     }),
                 };
-                let why = match crate::service::recovery::fate(&unfinished) {
-                    crate::service::recovery::Fate::Place(resume, why) => {
+                let why = match fate(&unfinished.lost()) {
+                    Fate::Place(resume, why) => {
                         let resume_at = now.saturating_add(resume.delay.as_millis() as i64);
-                        tx.execute(
+                        exec(
+                            tx,
+                            "cannot requeue a task",
                             "UPDATE taskhost_tasks SET state = 'ready', node = NULL, token = NULL, \
                              attempts = $2, failures = $3, resume_at_ms = $4 WHERE id = $1",
                             &[
@@ -529,12 +599,11 @@ impl Pg {
                                 &resume_at,
                             ],
                         )
-                        .await
-                        .map_err(db("cannot requeue a task"))?;
+                        .await?;
                         self.notify(tx, READY, "").await?;
                         why
                     }
-                    crate::service::recovery::Fate::End(outcome, why) => {
+                    Fate::End(outcome, why) => {
                         let report = TaskReport {
                             id,
                             name: Arc::from(name.as_str()),
@@ -582,29 +651,17 @@ impl Pg {
             .transaction()
             .await
             .map_err(db("cannot start a transaction"))?;
-        let next = tx
-            .prepare_cached("SELECT nextval('taskhost_task_ids')")
-            .await
-            .map_err(db("cannot allocate an id"))?;
-        let id_value: i64 = tx
-            .query_one(&next, &[])
-            .await
-            .map_err(db("cannot allocate an id"))?
-            .get(0);
+        let id_value: i64 = one(
+            &tx,
+            "cannot allocate an id",
+            "SELECT nextval('taskhost_task_ids')",
+            &[],
+        )
+        .await?
+        .get(0);
         let id = id_of(id_value);
         let mut request = a.request.clone();
-        let name = request
-            .name
-            .clone()
-            .unwrap_or_else(|| format!("{}-{id}", a.plugin));
-        let slot = resolve_slot(
-            request.slot.as_deref(),
-            a.resource.as_ref(),
-            &request.params,
-            &name,
-        )
-        .map_err(|e| AdmitError::Invalid(e.to_string()))?;
-        let policy = request.policy.unwrap_or(a.default_policy);
+        let (name, slot, policy) = (a.names)(id).map_err(AdmitError::Invalid)?;
         request.name = Some(name.clone());
         request.slot = Some(slot.clone());
         request.policy = Some(policy);
@@ -626,22 +683,21 @@ impl Pg {
         }
         // The slot's row, created if new, locked either way: admissions
         // and releases in this slot wait for each other from here on.
-        let ensure = tx
-            .prepare_cached(
-                "INSERT INTO taskhost_slots (slot) VALUES ($1) \
+        exec(
+            &tx,
+            "cannot lock the slot",
+            "INSERT INTO taskhost_slots (slot) VALUES ($1) \
                  ON CONFLICT (slot) DO UPDATE SET slot = excluded.slot",
-            )
-            .await
-            .map_err(db("cannot lock the slot"))?;
-        tx.execute(&ensure, &[&slot])
-            .await
-            .map_err(db("cannot lock the slot"))?;
+            &[&slot],
+        )
+        .await?;
         // Everything the rules read, in one round trip: a live holder of the
         // name elsewhere, the owner and its state, the queue's length, head
         // and tail, and the pending work of the whole cluster.
-        let summary = tx
-            .prepare_cached(
-                "SELECT \
+        let row = one(
+            &tx,
+            "cannot read the slot",
+            "SELECT \
                  (SELECT id FROM taskhost_tasks WHERE name = $2 AND slot <> $1 \
                   AND state IN ('ready', 'running', 'stopping') LIMIT 1), \
                  o.id, o.state, \
@@ -653,13 +709,9 @@ impl Pg {
                  (SELECT count(*) FROM taskhost_tasks WHERE state = 'queued') \
                  FROM (SELECT 1) one LEFT JOIN taskhost_tasks o ON o.slot = $1 \
                   AND o.state IN ('ready', 'running', 'stopping')",
-            )
-            .await
-            .map_err(db("cannot read the slot"))?;
-        let row = tx
-            .query_one(&summary, &[&slot, &name])
-            .await
-            .map_err(db("cannot read the slot"))?;
+            &[&slot, &name],
+        )
+        .await?;
         let holder: Option<i64> = row.get(0);
         let owner: Option<(TaskId, OwnerState)> =
             row.get::<_, Option<i64>>(1).map(id_of).map(|owner| {
@@ -808,23 +860,24 @@ impl Pg {
     ) -> Result<(&'static str, i64, Placement), AdmitError> {
         // Locked: a claim may be turning it from ready to running; this
         // waits for that to commit.
-        let owner_row = tx
-            .query_one(
-                "SELECT name, state FROM taskhost_tasks WHERE id = $1 FOR UPDATE",
-                &[&sql_id(owner)],
-            )
-            .await
-            .map_err(db("cannot read the owner"))?;
+        let owner_row = one(
+            tx,
+            "cannot read the owner",
+            "SELECT name, state FROM taskhost_tasks WHERE id = $1 FOR UPDATE",
+            &[&sql_id(owner)],
+        )
+        .await?;
         let name: String = owner_row.get(0);
         let state: String = owner_row.get(1);
         Ok(match state.as_str() {
             "running" => {
-                tx.execute(
+                exec(
+                    tx,
+                    "cannot stop the owner",
                     "UPDATE taskhost_tasks SET state = 'stopping' WHERE id = $1",
                     &[&sql_id(owner)],
                 )
-                .await
-                .map_err(db("cannot stop the owner"))?;
+                .await?;
                 self.notify(tx, STOP, &owner.get().to_string()).await?;
                 ("queued", head - 1, Placement::Replacing { owner, name })
             }
@@ -842,22 +895,19 @@ impl Pg {
     /// each under a new fencing token.
     pub(crate) async fn claim(&self, node: i64, n: i64) -> Result<Vec<Claimed>, StoreError> {
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
-                "WITH c AS (SELECT id FROM taskhost_tasks WHERE state = 'ready' ORDER BY id \
+        let rows = all(
+            &client,
+            "cannot claim work",
+            "WITH c AS (SELECT id FROM taskhost_tasks WHERE state = 'ready' ORDER BY id \
                  LIMIT $2 FOR UPDATE SKIP LOCKED) \
                  UPDATE taskhost_tasks t SET state = 'running', node = $1, \
                  token = nextval('taskhost_fence') FROM c WHERE t.id = c.id \
                  AND EXISTS (SELECT 1 FROM taskhost_nodes WHERE id = $1 AND alive) \
                  RETURNING t.id, t.token, t.request, t.plugin, t.attempts, t.failures, \
                  t.resume_at_ms, t.submitted_ms",
-            )
-            .await
-            .map_err(db("cannot claim work"))?;
-        let rows = client
-            .query(&stmt, &[&node, &n])
-            .await
-            .map_err(db("cannot claim work"))?;
+            &[&node, &n],
+        )
+        .await?;
         let mut claimed: Vec<Claimed> = rows
             .iter()
             .map(|r| {
@@ -1012,13 +1062,13 @@ impl Pg {
         let Some(slot) = lock_slot_of(&tx, id).await? else {
             return Ok(Canceled::Already);
         };
-        let row = tx
-            .query_one(
-                "SELECT state, node FROM taskhost_tasks WHERE id = $1 FOR UPDATE",
-                &[&sql_id(id)],
-            )
-            .await
-            .map_err(db("cannot read the task"))?;
+        let row = one(
+            &tx,
+            "cannot read the task",
+            "SELECT state, node FROM taskhost_tasks WHERE id = $1 FOR UPDATE",
+            &[&sql_id(id)],
+        )
+        .await?;
         let state: String = row.get(0);
         let node: Option<i64> = row.get(1);
         let done = match state.as_str() {
@@ -1040,12 +1090,13 @@ impl Pg {
                 Canceled::Claimed { node: None }
             }
             "running" => {
-                tx.execute(
+                exec(
+                    &tx,
+                    "cannot mark the task stopping",
                     "UPDATE taskhost_tasks SET state = 'stopping' WHERE id = $1",
                     &[&sql_id(id)],
                 )
-                .await
-                .map_err(db("cannot mark the task stopping"))?;
+                .await?;
                 self.notify(&tx, STOP, &id.get().to_string()).await?;
                 Canceled::Claimed { node }
             }
@@ -1059,31 +1110,27 @@ impl Pg {
     /// the stop notification).
     pub(crate) async fn stopping_on(&self, node: i64) -> Result<Vec<TaskId>, StoreError> {
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached("SELECT id FROM taskhost_tasks WHERE node = $1 AND state = 'stopping'")
-            .await
-            .map_err(db("cannot read stop requests"))?;
-        let rows = client
-            .query(&stmt, &[&node])
-            .await
-            .map_err(db("cannot read stop requests"))?;
+        let rows = all(
+            &client,
+            "cannot read stop requests",
+            "SELECT id FROM taskhost_tasks WHERE node = $1 AND state = 'stopping'",
+            &[&node],
+        )
+        .await?;
         Ok(rows.iter().map(|r| id_of(r.get(0))).collect())
     }
 
     /// A finished task, if it has finished.
     pub(crate) async fn finished(&self, id: TaskId) -> Result<Option<Finished>, StoreError> {
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
-                "SELECT report, log, plugin, submitted_ms, finished_ms FROM taskhost_tasks \
+        let Some(row) = opt(
+            &client,
+            "cannot read a task",
+            "SELECT report, log, plugin, submitted_ms, finished_ms FROM taskhost_tasks \
                  WHERE id = $1 AND state = 'finished'",
-            )
-            .await
-            .map_err(db("cannot read a task"))?;
-        let Some(row) = client
-            .query_opt(&stmt, &[&sql_id(id)])
-            .await
-            .map_err(db("cannot read a task"))?
+            &[&sql_id(id)],
+        )
+        .await?
         else {
             return Ok(None);
         };
@@ -1109,24 +1156,24 @@ impl Pg {
     pub(crate) async fn resolve(&self, target: &TaskRef) -> Result<Option<Found>, StoreError> {
         let client = self.client().await?;
         let row = match target {
-            TaskRef::Id(id) => client
-                .query_opt(
-                    "SELECT t.id, t.state, t.node, n.name FROM taskhost_tasks t \
+            TaskRef::Id(id) => opt(
+     &client,
+     "cannot find the task",
+     "SELECT t.id, t.state, t.node, n.name FROM taskhost_tasks t \
                      LEFT JOIN taskhost_nodes n ON n.id = t.node WHERE t.id = $1",
-                    &[&sql_id(*id)],
-                )
-                .await
-                .map_err(db("cannot find the task"))?,
-            TaskRef::Name(name) => client
-                .query_opt(
-                    "SELECT t.id, t.state, t.node, n.name FROM taskhost_tasks t \
+     &[&sql_id(*id)],
+ )
+ .await?,
+            TaskRef::Name(name) => opt(
+     &client,
+     "cannot find the task",
+     "SELECT t.id, t.state, t.node, n.name FROM taskhost_tasks t \
                      LEFT JOIN taskhost_nodes n ON n.id = t.node WHERE t.name = $1 AND t.placed \
                      ORDER BY CASE WHEN t.state = 'finished' THEN 2 WHEN t.state = 'queued' THEN 1 ELSE 0 END, \
                      CASE WHEN t.state = 'finished' THEN -t.id ELSE t.id END LIMIT 1",
-                    &[name],
-                )
-                .await
-                .map_err(db("cannot find the task"))?,
+     &[name],
+ )
+ .await?,
         };
         Ok(row.map(|r| Found {
             id: id_of(r.get(0)),
@@ -1136,51 +1183,55 @@ impl Pg {
 
     /// `host ps`: every unfinished task of the cluster, with its node; with
     /// `all`, the newest `recent` finished ones too.
-    pub(crate) async fn list(&self, all: bool, recent: i64) -> Result<Vec<TaskRow>, StoreError> {
+    pub(crate) async fn list(
+        &self,
+        everything: bool,
+        recent: i64,
+    ) -> Result<Vec<TaskRow>, StoreError> {
         let client = self.client().await?;
         let now = now_ms();
-        let mut rows: Vec<TaskRow> = client
-            .query(
-                "SELECT t.id, t.name, t.slot, t.state, t.attempts, t.submitted_ms, t.plugin, n.name, \
+        let mut rows: Vec<TaskRow> = all(
+            &client,
+            "cannot list tasks",
+            "SELECT t.id, t.name, t.slot, t.state, t.attempts, t.submitted_ms, t.plugin, n.name, \
                  t.resume_at_ms FROM taskhost_tasks t LEFT JOIN taskhost_nodes n ON n.id = t.node \
                  WHERE t.state <> 'finished' ORDER BY t.id",
-                &[],
-            )
-            .await
-            .map_err(db("cannot list tasks"))?
-            .iter()
-            .map(|r| {
-                let state: String = r.get(3);
-                let pausing = r.get::<_, Option<i64>>(8).is_some();
-                TaskRow {
-                    id: id_of(r.get(0)),
-                    name: r.get(1),
-                    slot: r.get(2),
-                    state: match state.as_str() {
-                        "queued" => TaskState::Queued,
-                        "ready" => TaskState::Waiting,
-                        "stopping" => TaskState::Stopping,
-                        _ if pausing => TaskState::BackingOff,
-                        _ => TaskState::Running,
-                    },
-                    attempts: r.get::<_, i32>(4).max(0) as u32,
-                    age: Duration::from_millis(now.saturating_sub(r.get::<_, i64>(5).max(0) as u64)),
-                    progress: None,
-                    plugin: r.get(6),
-                    outcome: None,
-                    node: r.get(7),
-                }
-            })
-            .collect();
-        if all {
-            let finished = client
-                .query(
-                    "SELECT id, name, slot, attempts, submitted_ms, plugin, outcome FROM taskhost_tasks \
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            let state: String = r.get(3);
+            let pausing = r.get::<_, Option<i64>>(8).is_some();
+            TaskRow {
+                id: id_of(r.get(0)),
+                name: r.get(1),
+                slot: r.get(2),
+                state: match state.as_str() {
+                    "queued" => TaskState::Queued,
+                    "ready" => TaskState::Waiting,
+                    "stopping" => TaskState::Stopping,
+                    _ if pausing => TaskState::BackingOff,
+                    _ => TaskState::Running,
+                },
+                attempts: r.get::<_, i32>(4).max(0) as u32,
+                age: Duration::from_millis(now.saturating_sub(r.get::<_, i64>(5).max(0) as u64)),
+                progress: None,
+                plugin: r.get(6),
+                outcome: None,
+                node: r.get(7),
+            }
+        })
+        .collect();
+        if everything {
+            let finished = all(
+                &client,
+                "cannot list finished tasks",
+                "SELECT id, name, slot, attempts, submitted_ms, plugin, outcome FROM taskhost_tasks \
                      WHERE state = 'finished' ORDER BY finished_ms DESC LIMIT $1",
-                    &[&recent],
-                )
-                .await
-                .map_err(db("cannot list finished tasks"))?;
+                &[&recent],
+            )
+            .await?;
             rows.extend(finished.iter().map(|r| {
                 TaskRow {
                     id: id_of(r.get(0)),
@@ -1208,15 +1259,15 @@ impl Pg {
     /// `host slots`: each slot with an owner or a queue.
     pub(crate) async fn slots(&self) -> Result<Vec<SlotView>, StoreError> {
         let client = self.client().await?;
-        let rows = client
-            .query(
-                "SELECT slot, id, state FROM taskhost_tasks \
+        let rows = all(
+            &client,
+            "cannot list slots",
+            "SELECT slot, id, state FROM taskhost_tasks \
                  WHERE state IN ('queued', 'ready', 'running', 'stopping') \
                  ORDER BY slot, state = 'queued', pos, id",
-                &[],
-            )
-            .await
-            .map_err(db("cannot list slots"))?;
+            &[],
+        )
+        .await?;
         let mut slots: Vec<SlotView> = Vec::new();
         for r in &rows {
             let key: String = r.get(0);
@@ -1281,19 +1332,17 @@ impl Pg {
             .transaction()
             .await
             .map_err(db("cannot ship log lines"))?;
-        let stmt = tx
-            .prepare_cached(
-                "INSERT INTO taskhost_logs (task_id, line) \
+        exec(
+            &tx,
+            "cannot ship log lines",
+            "INSERT INTO taskhost_logs (task_id, line) \
                  SELECT u.id, u.line FROM unnest($1::bigint[], $2::bigint[], $3::bytea[]) \
                  WITH ORDINALITY AS u(id, token, line, n) \
                  JOIN taskhost_tasks t ON t.id = u.id AND t.token = u.token \
                  AND t.state IN ('running', 'stopping') ORDER BY u.n",
-            )
-            .await
-            .map_err(db("cannot ship log lines"))?;
-        tx.execute(&stmt, &[&ids, &tokens, &encoded])
-            .await
-            .map_err(db("cannot ship log lines"))?;
+            &[&ids, &tokens, &encoded],
+        )
+        .await?;
         ids.sort_unstable();
         ids.dedup();
         let trim = tx
@@ -1320,17 +1369,14 @@ impl Pg {
         after: i64,
     ) -> Result<(Vec<LogLine>, i64), StoreError> {
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
-                "SELECT seq, line FROM taskhost_logs WHERE task_id = $1 AND seq > $2 \
+        let rows = all(
+            &client,
+            "cannot read log lines",
+            "SELECT seq, line FROM taskhost_logs WHERE task_id = $1 AND seq > $2 \
                  ORDER BY seq LIMIT 1000",
-            )
-            .await
-            .map_err(db("cannot read log lines"))?;
-        let rows = client
-            .query(&stmt, &[&sql_id(id), &after])
-            .await
-            .map_err(db("cannot read log lines"))?;
+            &[&sql_id(id), &after],
+        )
+        .await?;
         let mut last = after;
         let mut lines = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -1344,17 +1390,14 @@ impl Pg {
     pub(crate) async fn ship_events(&self, node: i64, events: &[Event]) -> Result<(), StoreError> {
         let encoded = events.iter().map(encode).collect::<Result<Vec<_>, _>>()?;
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
-                "INSERT INTO taskhost_events (node, event) \
+        exec(
+            &client,
+            "cannot ship events",
+            "INSERT INTO taskhost_events (node, event) \
                  SELECT $1, e FROM unnest($2::bytea[]) WITH ORDINALITY AS u(e, n) ORDER BY n",
-            )
-            .await
-            .map_err(db("cannot ship events"))?;
-        client
-            .execute(&stmt, &[&node, &encoded])
-            .await
-            .map_err(db("cannot ship events"))?;
+            &[&node, &encoded],
+        )
+        .await?;
         Ok(())
     }
 
@@ -1395,14 +1438,14 @@ impl Pg {
     /// Whether the cluster holds this plugin.
     pub(crate) async fn has_plugin(&self, digest: &Digest) -> Result<bool, StoreError> {
         let client = self.client().await?;
-        Ok(client
-            .query_opt(
-                "SELECT 1 FROM taskhost_plugins WHERE digest = $1",
-                &[&&digest.0[..]],
-            )
-            .await
-            .map_err(db("cannot look a plugin up"))?
-            .is_some())
+        Ok(opt(
+            &client,
+            "cannot look a plugin up",
+            "SELECT 1 FROM taskhost_plugins WHERE digest = $1",
+            &[&&digest.0[..]],
+        )
+        .await?
+        .is_some())
     }
 
     /// Stores a plugin for the whole cluster (once per digest).
@@ -1413,15 +1456,15 @@ impl Pg {
         bytes: &[u8],
     ) -> Result<(), StoreError> {
         let client = self.client().await?;
-        client
-            .execute(
-                "INSERT INTO taskhost_plugins (digest, name, bytes, stored_ms) \
+        exec(
+            &client,
+            "cannot store a plugin",
+            "INSERT INTO taskhost_plugins (digest, name, bytes, stored_ms) \
                  VALUES ($1, $2, $3, $4) \
                  ON CONFLICT (digest) DO UPDATE SET stored_ms = excluded.stored_ms",
-                &[&&digest.0[..], &name, &bytes, &ms(now_ms())],
-            )
-            .await
-            .map_err(db("cannot store a plugin"))?;
+            &[&&digest.0[..], &name, &bytes, &ms(now_ms())],
+        )
+        .await?;
         Ok(())
     }
 
@@ -1436,26 +1479,26 @@ impl Pg {
             .transaction()
             .await
             .map_err(db("cannot start a transaction"))?;
-        let old = tx
-            .query(
-                "SELECT digest FROM taskhost_plugins WHERE stored_ms < $1 FOR UPDATE SKIP LOCKED",
-                &[&cutoff],
-            )
-            .await
-            .map_err(db("cannot list plugins"))?;
+        let old = all(
+            &tx,
+            "cannot list plugins",
+            "SELECT digest FROM taskhost_plugins WHERE stored_ms < $1 FOR UPDATE SKIP LOCKED",
+            &[&cutoff],
+        )
+        .await?;
         let mut removed = 0;
         for row in &old {
             let digest: &[u8] = row.get(0);
             // A new statement, so a new snapshot: admissions that committed
             // while this waited are seen.
-            removed += tx
-                .execute(
-                    "DELETE FROM taskhost_plugins WHERE digest = $1 AND NOT EXISTS \
+            removed += exec(
+                &tx,
+                "cannot collect a plugin",
+                "DELETE FROM taskhost_plugins WHERE digest = $1 AND NOT EXISTS \
                      (SELECT 1 FROM taskhost_tasks WHERE digest = $1)",
-                    &[&digest],
-                )
-                .await
-                .map_err(db("cannot collect a plugin"))?;
+                &[&digest],
+            )
+            .await?;
         }
         tx.commit().await.map_err(db("cannot commit"))?;
         Ok(removed)
@@ -1467,14 +1510,14 @@ impl Pg {
         digest: &Digest,
     ) -> Result<Option<Vec<u8>>, StoreError> {
         let client = self.client().await?;
-        Ok(client
-            .query_opt(
-                "SELECT bytes FROM taskhost_plugins WHERE digest = $1",
-                &[&&digest.0[..]],
-            )
-            .await
-            .map_err(db("cannot read a plugin"))?
-            .map(|r| r.get(0)))
+        Ok(opt(
+            &client,
+            "cannot read a plugin",
+            "SELECT bytes FROM taskhost_plugins WHERE digest = $1",
+            &[&&digest.0[..]],
+        )
+        .await?
+        .map(|r| r.get(0)))
     }
 
     /// Deletes finished tasks beyond the retention bounds (and their
@@ -1487,9 +1530,10 @@ impl Pg {
         let cutoff = ms(now_ms().saturating_sub(max_age.as_millis() as u64));
         let keep = i64::try_from(max_finished).unwrap_or(i64::MAX);
         let bytes = i64::try_from(max_bytes).unwrap_or(i64::MAX);
-        let n = client
-            .execute(
-                "WITH gone AS (DELETE FROM taskhost_tasks WHERE state = 'finished' AND \
+        let n = exec(
+            &client,
+            "cannot apply retention",
+            "WITH gone AS (DELETE FROM taskhost_tasks WHERE state = 'finished' AND \
                  (finished_ms < $1 OR id IN (SELECT id FROM (SELECT id, \
                  row_number() OVER newest AS n, \
                  sum(length(request) + coalesce(length(report), 0) + coalesce(length(log), 0)) \
@@ -1498,17 +1542,16 @@ impl Pg {
                  WHERE n > $2 OR bytes > $3)) RETURNING id), \
                  lines AS (DELETE FROM taskhost_logs WHERE task_id IN (SELECT id FROM gone)) \
                  DELETE FROM taskhost_attempts WHERE task_id IN (SELECT id FROM gone)",
-                &[&cutoff, &keep, &bytes],
-            )
-            .await
-            .map_err(db("cannot apply retention"))?;
-        client
-            .execute(
-                "DELETE FROM taskhost_events WHERE seq <= (SELECT max(seq) FROM taskhost_events) - $1",
-                &[&EVENTS_KEPT],
-            )
-            .await
-            .map_err(db("cannot prune events"))?;
+            &[&cutoff, &keep, &bytes],
+        )
+        .await?;
+        exec(
+            &client,
+            "cannot prune events",
+            "DELETE FROM taskhost_events WHERE seq <= (SELECT max(seq) FROM taskhost_events) - $1",
+            &[&EVENTS_KEPT],
+        )
+        .await?;
         Ok(n)
     }
 }
@@ -1535,17 +1578,17 @@ async fn lock_slot_of(
 
 /// The report of a task that ends now with `outcome`, from its row.
 async fn report_of(
-    tx: &tokio_postgres::Transaction<'_>,
+    tx: &deadpool_postgres::Transaction<'_>,
     id: TaskId,
     outcome: TaskOutcome,
 ) -> Result<TaskReport, StoreError> {
-    let row = tx
-        .query_one(
-            "SELECT name, slot, attempts FROM taskhost_tasks WHERE id = $1",
-            &[&sql_id(id)],
-        )
-        .await
-        .map_err(db("cannot read a task"))?;
+    let row = one(
+        tx,
+        "cannot read a task",
+        "SELECT name, slot, attempts FROM taskhost_tasks WHERE id = $1",
+        &[&sql_id(id)],
+    )
+    .await?;
     Ok(TaskReport {
         id,
         name: Arc::from(row.get::<_, &str>(0)),
@@ -1558,7 +1601,7 @@ async fn report_of(
 }
 
 async fn never_ran_row(
-    tx: &tokio_postgres::Transaction<'_>,
+    tx: &deadpool_postgres::Transaction<'_>,
     id: TaskId,
     kind: RejectionKind,
     reason: String,
@@ -1571,17 +1614,17 @@ async fn never_ran_row(
 /// the shipped lines go.
 async fn end_task(
     pg: &Pg,
-    tx: &tokio_postgres::Transaction<'_>,
+    tx: &deadpool_postgres::Transaction<'_>,
     report: &TaskReport,
     log: &[LogLine],
 ) -> Result<(), StoreError> {
-    let shipped = tx
-        .query(
-            "DELETE FROM taskhost_logs WHERE task_id = $1 RETURNING seq, line",
-            &[&sql_id(report.id)],
-        )
-        .await
-        .map_err(db("cannot take the shipped lines"))?;
+    let shipped = all(
+        tx,
+        "cannot take the shipped lines",
+        "DELETE FROM taskhost_logs WHERE task_id = $1 RETURNING seq, line",
+        &[&sql_id(report.id)],
+    )
+    .await?;
     let encoded = encode(report)?;
     let log = if log.is_empty() && !shipped.is_empty() {
         let mut lines: Vec<(i64, LogLine)> = shipped
@@ -1594,7 +1637,9 @@ async fn end_task(
     } else {
         encode(&log)?
     };
-    tx.execute(
+    exec(
+        tx,
+        "cannot record an outcome",
         "UPDATE taskhost_tasks SET state = 'finished', finished_ms = $2, outcome = $3, \
          report = $4, log = $5, attempts = $6, resume_at_ms = NULL WHERE id = $1",
         &[
@@ -1606,8 +1651,7 @@ async fn end_task(
             &(report.attempts as i32),
         ],
     )
-    .await
-    .map_err(db("cannot record an outcome"))?;
+    .await?;
     pg.notify(tx, FINISHED, &report.id.get().to_string()).await
 }
 
@@ -1615,18 +1659,18 @@ async fn end_task(
 /// lock and the slot has just lost its owner).
 async fn promote(
     pg: &Pg,
-    tx: &tokio_postgres::Transaction<'_>,
+    tx: &deadpool_postgres::Transaction<'_>,
     slot: &str,
 ) -> Result<(), StoreError> {
-    let promoted = tx
-        .query_opt(
-            "UPDATE taskhost_tasks SET state = 'ready' WHERE id = \
+    let promoted = opt(
+        tx,
+        "cannot admit the next in the slot",
+        "UPDATE taskhost_tasks SET state = 'ready' WHERE id = \
              (SELECT id FROM taskhost_tasks WHERE slot = $1 AND state = 'queued' \
               ORDER BY pos, id LIMIT 1) RETURNING id",
-            &[&slot],
-        )
-        .await
-        .map_err(db("cannot admit the next in the slot"))?;
+        &[&slot],
+    )
+    .await?;
     if promoted.is_some() {
         pg.notify(tx, READY, "").await?;
     }
