@@ -1,6 +1,7 @@
 //! Owns the daemon's settings: their defaults, the optional TOML file, and
 //! which wins (a flag over the file over the default).
 
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -8,8 +9,6 @@ use serde::Deserialize;
 
 use taskhost_core::units::{format_size, parse_duration, parse_size};
 use taskhost_runtime::{DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, GuestLimits, HttpAllow};
-
-use crate::cluster::ClusterSettings;
 
 /// The daemon's default grace for running tasks at shutdown (shorter than
 /// the supervisor's 60 s default: an interactive daemon should stop fast).
@@ -354,7 +353,7 @@ impl DaemonConfig {
 /// Checks one `http_allow_hosts` entry (`--http-allow-host`): a host name
 /// or IP literal (IPv6 in brackets), optionally with `:PORT`.
 pub fn check_allow_host(entry: &str) -> Result<(), String> {
-    match crate::server::http::Authority::parse(entry) {
+    match Authority::parse(entry) {
         Some(_) => Ok(()),
         None => Err(format!(
             "`{entry}` is not a host name like taskhost.example.com or taskhost.example.com:9100 \
@@ -530,5 +529,95 @@ mod tests {
             std::env::temp_dir().join(format!("taskhost-config-{what}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+}
+
+/// A node's cluster settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterSettings {
+    /// This node's name in `host ps` [default: `<hostname>-<pid>`].
+    pub node_name: Option<String>,
+    /// How long a node's lease lasts without renewal.
+    pub lease: Duration,
+    /// How often a node renews it (and looks for expired ones).
+    pub renew: Duration,
+    /// How often a node polls for work, stops and outcomes, in case a
+    /// notification was missed.
+    pub poll: Duration,
+    /// Whether nodes notify each other (LISTEN/NOTIFY); off only to test
+    /// the polling fallback.
+    pub notify: bool,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        Self {
+            node_name: None,
+            lease: Duration::from_secs(10),
+            renew: Duration::from_secs(1),
+            poll: Duration::from_secs(1),
+            notify: true,
+        }
+    }
+}
+
+/// A `Host` value (or an allow-list entry) split into its name and port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Authority<'a> {
+    /// The name or IP literal (an IPv6 one with its brackets).
+    pub(crate) name: &'a str,
+    /// The port, when one is written.
+    pub(crate) port: Option<u16>,
+}
+
+impl<'a> Authority<'a> {
+    /// Splits `NAME`, `NAME:PORT`, `[IPv6]` or `[IPv6]:PORT`; `None` when
+    /// it is none of those (an empty name, characters no host name has, a
+    /// port that is not a number).
+    pub(crate) fn parse(text: &'a str) -> Option<Self> {
+        let (name, port) = if text.starts_with('[') {
+            let end = text.find(']')?;
+            let (name, after) = text.split_at(end + 1);
+            name[1..name.len() - 1].parse::<Ipv6Addr>().ok()?;
+            let port = match after {
+                "" => None,
+                rest => Some(rest.strip_prefix(':')?),
+            };
+            (name, port)
+        } else {
+            let (name, port) = match text.rsplit_once(':') {
+                Some((name, port)) => (name, Some(port)),
+                None => (text, None),
+            };
+            let fits = !name.is_empty()
+                && name.len() <= 253
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+            if !fits {
+                return None;
+            }
+            (name, port)
+        };
+        let port = match port {
+            None => None,
+            Some(digits) if !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()) => {
+                Some(digits.parse().ok()?)
+            }
+            Some(_) => return None,
+        };
+        Some(Self { name, port })
+    }
+
+    /// The IP address this name writes, if it is an IP literal.
+    pub(crate) fn ip(&self) -> Option<IpAddr> {
+        match self.name.strip_prefix('[') {
+            Some(v6) => v6
+                .strip_suffix(']')?
+                .parse::<Ipv6Addr>()
+                .ok()
+                .map(IpAddr::V6),
+            None => self.name.parse().ok(),
+        }
     }
 }

@@ -31,7 +31,7 @@ pub mod state_dir;
 pub mod store;
 mod wire;
 
-pub use cluster::ClusterSettings;
+pub use config::ClusterSettings;
 pub use config::{DaemonConfig, default_worker_threads};
 pub use server::listener::{ServeError, serve};
 pub use service::json;

@@ -11,10 +11,10 @@ use tokio::sync::watch;
 
 use taskhost_core::controller::Controller;
 
-use crate::cluster::Cluster;
+use crate::cluster::node::Cluster;
 use crate::config::DaemonConfig;
 use crate::service::history::History;
-use crate::service::plugins::Plugins;
+use crate::service::plugins::{Plugins, Users};
 use crate::service::tasks::Tasks;
 use crate::store::Store;
 
@@ -46,6 +46,18 @@ pub(crate) struct Daemon {
     /// Set once a stopping daemon has closed its store and released its
     /// state directory (the answer to `Shutdown` waits for it).
     pub closed: watch::Sender<bool>,
+}
+
+impl Daemon {
+    /// The handles removing plugins needs.
+    pub(crate) fn plugin_users(&self) -> Users<'_> {
+        Users {
+            plugins: &self.plugins,
+            store: &self.store,
+            tasks: &self.tasks,
+            admission: &self.admission,
+        }
+    }
 }
 
 /// Counts the tasks whose outcome is still to be recorded, so the daemon

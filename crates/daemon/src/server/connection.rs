@@ -22,8 +22,8 @@ use crate::server::dispatch;
 use crate::service::uploads::Uploads;
 use crate::state::Daemon;
 use crate::wire::protocol::{
-    Envelope, ErrorKind, FrameError, Hello, MAGIC, OUTPUT_CHUNK, PROTOCOL_VERSION, Reassembly,
-    Reply, Request, Welcome, encode, read_frame, write_frame,
+    Envelope, ErrorKind, FrameError, Hello, MAGIC, OUTPUT_CHUNK, PROTOCOL_VERSION, Reply, Request,
+    Welcome, encode, read_frame, write_frame,
 };
 
 /// Requests one connection may have in flight before the daemon stops
@@ -145,50 +145,7 @@ pub(crate) struct Replier {
     _permit: OwnedSemaphorePermit,
 }
 
-/// The replies to a request asked from inside the daemon (the HTTP API asks
-/// what a socket client would): received in order, an output sent in parts
-/// reassembled into its report. Dropping it is the client leaving.
-pub(crate) struct LocalReplies {
-    rx: mpsc::Receiver<Envelope<Reply>>,
-    parts: Reassembly,
-    _gone: tokio_util::sync::DropGuard,
-}
-
-impl LocalReplies {
-    /// The next reply; `None` once every sender is done.
-    pub(crate) async fn next(&mut self) -> Option<Reply> {
-        loop {
-            let reply = self.rx.recv().await?.body;
-            if let Some(reply) = self.parts.take(reply) {
-                return Some(reply);
-            }
-        }
-    }
-}
-
 impl Replier {
-    /// A replier for a request asked from inside the daemon, and where its
-    /// replies arrive.
-    pub(crate) fn local() -> (Self, LocalReplies) {
-        let (tx, rx) = mpsc::channel(REPLY_BUFFER);
-        let gone = CancellationToken::new();
-        let permit = Arc::new(Semaphore::new(1))
-            .try_acquire_owned()
-            .expect("a new semaphore has its permit");
-        let replier = Self {
-            id: 0,
-            tx,
-            gone: gone.clone(),
-            _permit: permit,
-        };
-        let replies = LocalReplies {
-            rx,
-            parts: Reassembly::default(),
-            _gone: gone.drop_guard(),
-        };
-        (replier, replies)
-    }
-
     /// Awaits `work` unless the client leaves first (then `None`).
     pub(crate) async fn until_gone<T>(&self, work: impl Future<Output = T>) -> Option<T> {
         tokio::select! {

@@ -210,7 +210,7 @@ pub async fn serve(
     // Unused plugins: collected before the daemon listens, then every
     // minute (blocking file work under the admission lock, off the async
     // workers).
-    plugins::collect(&daemon);
+    plugins::collect(daemon.plugin_users(), daemon.config.keep_unused_plugins);
     {
         // Weak: the collector must not keep the daemon (and its store's
         // writer, which folds the WAL in when it ends) alive past the stop.
@@ -223,7 +223,10 @@ pub async fn serve(
                 let Some(daemon) = daemon.upgrade() else {
                     return;
                 };
-                let _ = tokio::task::spawn_blocking(move || plugins::collect(&daemon)).await;
+                let _ = tokio::task::spawn_blocking(move || {
+                    plugins::collect(daemon.plugin_users(), daemon.config.keep_unused_plugins)
+                })
+                .await;
             }
         });
     }

@@ -4,6 +4,7 @@
 //!
 //! | file | owns |
 //! |---|---|
+//! | `backend` | the one seam to where work is kept: one host's store and controller, or a cluster's database |
 //! | `submissions` | a submit request into a controller submission |
 //! | `plugins` | plugins stored by digest under the state directory |
 //! | `uploads` | plugin uploads in chunks |
@@ -12,6 +13,7 @@
 //! | `recovery` | rebuilding the controller from the store at start |
 //! | `json` | the JSON forms shared by the CLI's `--json` and the HTTP API |
 
+pub(crate) mod backend;
 pub(crate) mod history;
 pub mod json;
 pub(crate) mod plugins;

@@ -20,8 +20,8 @@ use std::time::{Duration, SystemTime};
 
 use taskhost_runtime::{Digest, Plugin, Runtime};
 
-use crate::state::Daemon;
-use crate::store::{PluginRefs, now_ms};
+use crate::service::tasks::Tasks;
+use crate::store::{PluginRefs, Store, now_ms};
 use crate::wire::protocol::{ErrorKind, PluginRow};
 
 /// How often the daemon collects unused plugins.
@@ -210,10 +210,10 @@ fn write_durably(tmp: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// Who uses each plugin: the store's tasks, and the daemon's tasks in
 /// memory (a submission is there before its store write commits; with the
 /// memory store they are the only record).
-pub(crate) fn refs(daemon: &Daemon) -> HashMap<Digest, PluginRefs> {
-    let mut refs = daemon.store.plugin_refs();
-    let durable = daemon.store.is_durable();
-    for (digest, memory) in daemon.tasks.plugin_refs() {
+pub(crate) fn refs(store: &Store, tasks: &Tasks) -> HashMap<Digest, PluginRefs> {
+    let mut refs = store.plugin_refs();
+    let durable = store.is_durable();
+    for (digest, memory) in tasks.plugin_refs() {
         let entry = refs.entry(digest).or_default();
         entry.name = entry.name.take().or(memory.name);
         entry.unfinished = entry.unfinished.max(memory.unfinished);
@@ -224,22 +224,32 @@ pub(crate) fn refs(daemon: &Daemon) -> HashMap<Digest, PluginRefs> {
     refs
 }
 
+/// What removing plugins reads and holds: the plugins, who uses them, and
+/// the admission lock (no submission is placed meanwhile).
+#[derive(Clone, Copy)]
+pub(crate) struct Users<'a> {
+    pub plugins: &'a Plugins,
+    pub store: &'a Store,
+    pub tasks: &'a Tasks,
+    pub admission: &'a std::sync::Mutex<()>,
+}
+
 /// Removes stored plugins: the one whose digest starts with `prefix`
 /// (refused while an unfinished task uses it), or, without a prefix, every
 /// plugin no task uses that was stored at least `min_age` ago. Returns what
 /// it removed.
 pub(crate) fn remove(
-    daemon: &Daemon,
+    users: Users<'_>,
     prefix: Option<&str>,
     min_age: Duration,
 ) -> Result<Vec<PluginRow>, (ErrorKind, String)> {
     // No submission is placed meanwhile (see the module docs).
-    let _admission = daemon
+    let _admission = users
         .admission
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let refs = refs(daemon);
-    let rows = daemon.plugins.list(&refs);
+    let refs = refs(users.store, users.tasks);
+    let rows = users.plugins.list(&refs);
     let chosen: Vec<PluginRow> = match prefix {
         Some(prefix) => {
             let hex = prefix
@@ -303,7 +313,7 @@ pub(crate) fn remove(
     };
     let mut removed = Vec::with_capacity(chosen.len());
     for row in chosen {
-        match daemon.plugins.remove(&row.digest) {
+        match users.plugins.remove(&row.digest) {
             Ok(()) => removed.push(row),
             Err(err) => {
                 tracing::warn!(plugin = %row.digest, "cannot remove a stored plugin: {err}");
@@ -314,8 +324,8 @@ pub(crate) fn remove(
 }
 
 /// Collects unused plugins (see the module docs), logging what it removed.
-pub(crate) fn collect(daemon: &Daemon) {
-    match remove(daemon, None, daemon.config.keep_unused_plugins) {
+pub(crate) fn collect(users: Users<'_>, keep_unused: Duration) {
+    match remove(users, None, keep_unused) {
         Ok(removed) if !removed.is_empty() => {
             let bytes: u64 = removed.iter().map(|r| r.bytes).sum();
             tracing::info!(

@@ -11,8 +11,8 @@
 //! acknowledgement waits for the store's commit; the next request is
 //! decided meanwhile (group commit).
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
@@ -30,13 +30,11 @@ use taskhost_runtime::plugin_task::{PluginTask, resolve_slot};
 use crate::store::postgres::Names;
 use taskhost_runtime::{HttpAllow, Sandbox};
 
-use crate::server::connection::Replier;
+use crate::cluster::node::Cluster;
 use crate::service::tasks::{Outcome, TaskLog, TaskRecord};
 use crate::state::{Daemon, RecordingGuard};
 use crate::store::{Finished, NewTask, Pause, Store, Ticket, now_ms};
-use crate::wire::protocol::{
-    ErrorKind, MAX_SUBMIT_INPUT, Placement, Reply, SubmitRequest, Submitted,
-};
+use crate::wire::protocol::{ErrorKind, MAX_SUBMIT_INPUT, Placement, SubmitRequest, Submitted};
 
 /// Where a submission comes from.
 pub(crate) enum Origin {
@@ -51,35 +49,38 @@ pub(crate) enum Origin {
     },
 }
 
-/// Handles one submission, in the order it was sent; the reply goes out
-/// once the submission is durable.
-pub(crate) async fn submit(daemon: &Arc<Daemon>, request: SubmitRequest, reply: Replier) {
-    match place(daemon, request, Origin::New).await {
-        Ok((submitted, ticket)) if ticket.is_immediate() => {
-            reply.send(Reply::Submitted(submitted)).await;
-        }
-        Ok((submitted, ticket)) => {
-            let daemon = Arc::clone(daemon);
-            tokio::spawn(async move {
-                match ticket.committed().await {
-                    Ok(()) => {
-                        reply.send(Reply::Submitted(submitted)).await;
-                    }
-                    Err(err) => {
-                        // Not durable, so not accepted: withdraw it.
-                        daemon.controller.remove(submitted.id);
-                        reply
-                            .error(
-                                ErrorKind::Internal,
-                                format!("the submission could not be stored, so it was not accepted: {err}"),
-                            )
-                            .await;
-                    }
-                }
-            });
-        }
-        Err((kind, message)) => reply.error(kind, message).await,
+/// A submission that was placed: acknowledged at once, or once the store
+/// has committed it.
+pub(crate) enum Accepted {
+    Now(Submitted),
+    /// Resolves when the store's commit holding it lands; a failed commit
+    /// has withdrawn it (not durable, so not accepted).
+    Later(BoxFuture<'static, Result<Submitted, (ErrorKind, String)>>),
+}
+
+/// Places one submission, in the order it was sent; the caller sends the
+/// acknowledgement once it is durable.
+pub(crate) async fn submit(
+    daemon: &Arc<Daemon>,
+    request: SubmitRequest,
+) -> Result<Accepted, (ErrorKind, String)> {
+    let (submitted, ticket) = place(daemon, request, Origin::New).await?;
+    if ticket.is_immediate() {
+        return Ok(Accepted::Now(submitted));
     }
+    let daemon = Arc::clone(daemon);
+    Ok(Accepted::Later(Box::pin(async move {
+        match ticket.committed().await {
+            Ok(()) => Ok(submitted),
+            Err(err) => {
+                daemon.controller.remove(submitted.id);
+                Err((
+                    ErrorKind::Internal,
+                    format!("the submission could not be stored, so it was not accepted: {err}"),
+                ))
+            }
+        }
+    })))
 }
 
 /// Refuses outbound HTTP grants beyond the daemon's own `allow_http`,
@@ -305,12 +306,12 @@ pub(crate) async fn place(
         .sandbox(sandbox)
         .sink(Arc::clone(&log) as _);
     let body: Arc<dyn TaskBody> = if store.is_durable() {
-        Arc::new(Recorded {
+        Arc::new(Recorded::stored(
             id,
-            first: std::sync::Mutex::new(started.then(|| ticket.clone())),
-            task: plugin_task,
-            store: store.clone(),
-        })
+            plugin_task,
+            store.clone(),
+            started.then(|| ticket.clone()),
+        ))
     } else {
         Arc::new(plugin_task)
     };
@@ -352,13 +353,7 @@ pub(crate) async fn place(
                 // start decides its end. Nobody sees an outcome now.
                 return;
             }
-            let finished = Finished {
-                report: (*report).clone(),
-                plugin: plugin_name,
-                log: log.lines(),
-                submitted_ms,
-                finished_ms: now_ms(),
-            };
+            let finished = Finished::now((*report).clone(), plugin_name, log.lines(), submitted_ms);
             // Nobody sees an outcome the store does not hold (a crash
             // would take it back): a failed write (a full disk) is retried
             // until it lands; a stop meanwhile leaves the task to the next
@@ -423,37 +418,102 @@ pub(crate) fn left_for_next_start(outcome: &TaskOutcome) -> bool {
     )
 }
 
-/// A plugin task whose attempts start only once the store knows they did,
-/// so that after a crash a started attempt is never mistaken for one that
-/// never ran (a run-once task must not run twice).
-struct Recorded {
+/// A plugin task whose attempts start only once they are recorded, so that
+/// after a crash a started attempt is never mistaken for one that never
+/// ran (a run-once task must not run twice); its pauses are recorded too.
+pub(crate) struct Recorded {
     id: TaskId,
-    /// The submission's commit, when it recorded attempt 1 as started.
-    first: std::sync::Mutex<Option<Ticket>>,
     task: PluginTask,
-    store: Store,
+    journal: Journal,
+}
+
+/// Where a [`Recorded`] task's attempts are written.
+enum Journal {
+    /// One host's durable store; `first` is the submission's commit when it
+    /// recorded attempt 1 as started.
+    Store {
+        store: Store,
+        first: Mutex<Option<Ticket>>,
+    },
+    /// The cluster's database, every write conditional on the claim's
+    /// fencing token: once the claim is taken away, no attempt starts.
+    Claim {
+        cluster: Arc<Cluster>,
+        token: i64,
+        /// The last pause's write, which the next attempt's write follows.
+        last_write: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    },
+}
+
+impl Recorded {
+    /// Attempts recorded in one host's store.
+    pub(crate) fn stored(
+        id: TaskId,
+        task: PluginTask,
+        store: Store,
+        first: Option<Ticket>,
+    ) -> Self {
+        let first = Mutex::new(first);
+        let journal = Journal::Store { store, first };
+        Self { id, task, journal }
+    }
+
+    /// Attempts of a claimed task, recorded under its token.
+    pub(crate) fn claimed(id: TaskId, task: PluginTask, cluster: Arc<Cluster>, token: i64) -> Self {
+        let last_write = Mutex::new(None);
+        let journal = Journal::Claim {
+            cluster,
+            token,
+            last_write,
+        };
+        Self { id, task, journal }
+    }
+}
+
+fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner).take()
 }
 
 impl TaskBody for Recorded {
     fn attempt(&self, ctx: AttemptContext) -> BoxFuture<'static, Result<RunFuture, TaskError>> {
-        let first = if ctx.attempt() == 1 {
-            self.first
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take()
-        } else {
-            None
-        };
-        let ticket =
-            first.unwrap_or_else(|| self.store.attempt_started(ctx.task_id(), ctx.attempt()));
         let task = self.task.clone();
-        Box::pin(async move {
-            ticket
-                .committed()
-                .await
-                .map_err(|e| TaskError::fail(format!("the attempt could not be recorded: {e}")))?;
-            task.attempt(ctx).await
-        })
+        let unrecorded = |e| TaskError::fail(format!("the attempt could not be recorded: {e}"));
+        match &self.journal {
+            Journal::Store { store, first } => {
+                let first = if ctx.attempt() == 1 {
+                    take(first)
+                } else {
+                    None
+                };
+                let ticket =
+                    first.unwrap_or_else(|| store.attempt_started(ctx.task_id(), ctx.attempt()));
+                Box::pin(async move {
+                    ticket.committed().await.map_err(unrecorded)?;
+                    task.attempt(ctx).await
+                })
+            }
+            Journal::Claim {
+                cluster,
+                token,
+                last_write,
+            } => {
+                let before = take(last_write);
+                let (cluster, id, token) = (Arc::clone(cluster), self.id, *token);
+                Box::pin(async move {
+                    if let Some(before) = before {
+                        let _ = before.await;
+                    }
+                    match cluster.pg.attempt_started(id, token, ctx.attempt()).await {
+                        Ok(true) => task.attempt(ctx).await,
+                        Ok(false) => Err(TaskError::fatal(
+                            "this node's claim on the task was taken over (its lease ran out); \
+                             another node runs it",
+                        )),
+                        Err(err) => Err(unrecorded(err)),
+                    }
+                })
+            }
+        }
     }
 
     fn hurry(
@@ -465,15 +525,26 @@ impl TaskBody for Recorded {
     }
 
     fn pausing(&self, next: Resume) {
-        let until_ms = now_ms().saturating_add(next.delay.as_millis() as u64);
-        self.store.pausing(
-            self.id,
-            next.attempts,
-            Pause {
-                until_ms,
-                failures: next.failures,
-            },
-        );
+        let pause = Pause {
+            until_ms: now_ms().saturating_add(next.delay.as_millis() as u64),
+            failures: next.failures,
+        };
+        match &self.journal {
+            Journal::Store { store, .. } => store.pausing(self.id, next.attempts, pause),
+            Journal::Claim {
+                cluster,
+                token,
+                last_write,
+            } => {
+                let (cluster, id, token) = (Arc::clone(cluster), self.id, *token);
+                let write = tokio::spawn(async move {
+                    if let Err(err) = cluster.pg.pausing(id, token, next.attempts, pause).await {
+                        tracing::warn!(task = %id, "cannot record a pause: {err}");
+                    }
+                });
+                *last_write.lock().unwrap_or_else(PoisonError::into_inner) = Some(write);
+            }
+        }
     }
 
     fn describe(&self) -> String {

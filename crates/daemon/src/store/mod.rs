@@ -230,6 +230,19 @@ pub struct Finished {
     pub finished_ms: u64,
 }
 
+impl Finished {
+    /// A task that finished now.
+    pub fn now(report: TaskReport, plugin: String, log: Vec<LogLine>, submitted_ms: u64) -> Self {
+        Self {
+            report,
+            plugin,
+            log,
+            submitted_ms,
+            finished_ms: now_ms(),
+        }
+    }
+}
+
 /// One write, with whom to tell when it is durable.
 enum Op {
     Submit(Box<NewTask>),

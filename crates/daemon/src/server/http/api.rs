@@ -16,27 +16,17 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 
-use taskhost_core::controller::SlotView;
 use taskhost_core::logline::LogLine;
-use taskhost_core::supervisor::{Event, EventStream, Received, TaskRef, TaskReport};
+use taskhost_core::supervisor::{Event, TaskRef, TaskReport};
 
 use super::Http;
-use crate::server::connection::{LocalReplies, Replier};
-use crate::server::dispatch::{self, Found};
+use crate::service::backend::{Backend, Item, Items};
 use crate::service::json::{self, JsonResult};
-use crate::service::uploads::Uploads;
-use crate::wire::protocol::{EventFilter, Reply, Request, TaskRow};
+use crate::wire::protocol::{ErrorKind, EventFilter};
 
 /// An error answer: `{"error": message}`.
 pub(super) fn error(status: StatusCode, message: String) -> Response {
     (status, Json(json!({ "error": message }))).into_response()
-}
-
-fn not_found(target: &TaskRef) -> Response {
-    error(
-        StatusCode::NOT_FOUND,
-        format!("no task with {target} (see `host ps --all`)"),
-    )
 }
 
 #[derive(Debug, Deserialize)]
@@ -47,43 +37,18 @@ pub(super) struct TasksQuery {
 
 /// `GET /api/tasks[?all=true]`: the rows of `host ps --json` (`--all`).
 pub(super) async fn tasks(State(http): State<Http>, Query(q): Query<TasksQuery>) -> Response {
-    if http.daemon.cluster.is_some() {
-        let rows = pages(&http, Request::List { all: q.all }, |r| match r {
-            Reply::Tasks(page) => Ok(page),
-            other => Err(Box::new(other)),
-        });
-        return match rows.await {
-            Ok(rows) => {
-                Json(Value::Array(rows.iter().map(json::task_row).collect())).into_response()
-            }
-            Err(answer) => answer,
-        };
+    match Backend::of(&http.daemon).rows(q.all).await {
+        Ok(rows) => Json(Value::Array(rows.iter().map(json::task_row).collect())).into_response(),
+        Err(answer) => failed(answer),
     }
-    let daemon = Arc::clone(&http.daemon);
-    // With `all`, the store is read: off the async workers.
-    let rows = tokio::task::spawn_blocking(move || dispatch::task_rows(&daemon, q.all))
-        .await
-        .unwrap_or_default();
-    Json(Value::Array(rows.iter().map(json::task_row).collect())).into_response()
 }
 
 /// `GET /api/slots`: the slots of `host slots --json`.
 pub(super) async fn slots(State(http): State<Http>) -> Response {
-    if http.daemon.cluster.is_some() {
-        let slots = pages(&http, Request::Slots, |r| match r {
-            Reply::Slots(page) => Ok(page),
-            other => Err(Box::new(other)),
-        });
-        return match slots.await {
-            Ok(slots) => {
-                let slots: Vec<SlotView> = slots;
-                Json(Value::Array(slots.iter().map(json::slot).collect())).into_response()
-            }
-            Err(answer) => answer,
-        };
+    match Backend::of(&http.daemon).slots().await {
+        Ok(slots) => Json(Value::Array(slots.iter().map(json::slot).collect())).into_response(),
+        Err(answer) => failed(answer),
     }
-    let slots = http.daemon.controller.snapshot();
-    Json(Value::Array(slots.iter().map(json::slot).collect())).into_response()
 }
 
 /// `GET /api/tasks/{id|name}`: the task's `ps` row while it is live, its
@@ -91,32 +56,21 @@ pub(super) async fn slots(State(http): State<Http>) -> Response {
 /// --json` prints it.
 pub(super) async fn task(State(http): State<Http>, Path(task): Path<String>) -> Response {
     let target = TaskRef::parse(&task);
-    if http.daemon.cluster.is_some() {
-        return cluster_task(&http, &target).await;
-    }
-    let found = find(&http, &target).await;
-    let body = match found {
-        None => return not_found(&target),
-        Some(Found::Live(record)) => {
-            let row = dispatch::task_rows(&http.daemon, false)
-                .into_iter()
-                .find(|r| r.id == record.id);
-            detail(
-                json!({ "id": record.id, "name": record.name, "slot": record.slot, "plugin": record.plugin }),
-                row.as_ref().map(json::task_row),
-                record.outcome.get().as_deref(),
-                &record.log.lines(),
-            )
-        }
-        Some(Found::Stored(finished)) => detail(
-            json!({ "id": finished.report.id, "name": finished.report.name,
-                    "slot": finished.report.slot, "plugin": finished.plugin }),
-            None,
-            Some(&finished.report),
-            &finished.log,
-        ),
+    let backend = Backend::of(&http.daemon);
+    let found = match backend.find(&target).await {
+        Ok(found) => found,
+        Err(answer) => return failed(answer),
     };
-    Json(body).into_response()
+    match backend.detail(found).await {
+        Ok(d) => Json(detail(
+            json!({ "id": d.id, "name": d.name, "slot": d.slot, "plugin": d.plugin }),
+            d.row.as_ref().map(json::task_row),
+            d.report.as_deref(),
+            &d.log,
+        ))
+        .into_response(),
+        Err(answer) => failed(answer),
+    }
 }
 
 fn detail(
@@ -160,42 +114,24 @@ pub(super) async fn remove(State(http): State<Http>, Path(task): Path<String>) -
     stop(&http, &task, false).await
 }
 
-/// The task a target names (the store is read off the async workers).
-async fn find(http: &Http, target: &TaskRef) -> Option<Found> {
-    let daemon = Arc::clone(&http.daemon);
-    let target = target.clone();
-    tokio::task::spawn_blocking(move || dispatch::find(&daemon, &target))
-        .await
-        .ok()
-        .flatten()
-}
-
 async fn stop(http: &Http, task: &str, wait: bool) -> Response {
     let target = TaskRef::parse(task);
-    if http.daemon.cluster.is_some() {
-        let mut replies = ask(http, Request::Cancel { target, wait }).await;
-        return match replies.next().await {
-            Some(Reply::Canceled { claimed, report }) => {
-                Json(json::canceled(claimed, report.as_ref())).into_response()
-            }
-            other => failed(other),
-        };
-    }
-    let found = find(http, &target).await;
-    let record = match found {
-        None => return not_found(&target),
-        Some(Found::Stored(finished)) => {
-            let report = wait.then_some(&finished.report);
-            return Json(json::canceled(false, report)).into_response();
-        }
-        Some(Found::Live(record)) => record,
+    let backend = Backend::of(&http.daemon);
+    let found = match backend.find(&target).await {
+        Ok(found) => found,
+        Err(answer) => return failed(answer),
     };
-    let claimed = dispatch::claim_stop(&http.daemon, &record);
+    let claimed = match backend.stop(&found).await {
+        Ok(claimed) => claimed,
+        Err(answer) => return failed(answer),
+    };
     if !wait {
         return Json(json::canceled(claimed, None)).into_response();
     }
-    let report = record.outcome.report().await;
-    Json(json::canceled(claimed, Some(&report))).into_response()
+    match backend.outcome(&found).await {
+        Ok(report) => Json(json::canceled(claimed, Some(&report))).into_response(),
+        Err(answer) => failed(answer),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -231,44 +167,12 @@ pub(super) async fn events(State(http): State<Http>, Query(q): Query<EventsQuery
         task: q.task.as_deref().map(TaskRef::parse),
         kinds: Vec::new(),
     };
-    if http.daemon.cluster.is_some() {
-        // The cluster's events, as `host events --follow` gets them (read
-        // from the database as they are shipped).
-        let replies = ask(
-            &http,
-            Request::Events {
-                follow: true,
-                filter,
-            },
-        )
-        .await;
-        let stream =
-            futures::stream::unfold((replies, permit), |(mut replies, permit)| async move {
-                match replies.next().await? {
-                    Reply::Event(event) => {
-                        Some((Ok::<_, Infallible>(sse(&event)), (replies, permit)))
-                    }
-                    _ => None,
-                }
-            });
-        return Sse::new(stream.boxed())
-            .keep_alive(KeepAlive::default())
-            .into_response();
-    }
-    // Subscribed before the history is copied, as `dispatch` does.
-    let (live, before) = http.daemon.controller.supervisor().subscribe_after();
-    let recorded = http.daemon.history.up_to(before).await;
-    let replay: std::collections::VecDeque<Arc<Event>> =
-        recorded.into_iter().filter(|e| filter.admits(e)).collect();
-    let state = Feed {
-        replay,
-        live,
-        before,
-        filter,
+    let feed = Feed {
+        items: Backend::of(&http.daemon).events(true, filter),
         metrics: Arc::clone(&http.metrics),
         _permit: permit,
     };
-    let stream = futures::stream::unfold(state, |mut feed| async move {
+    let stream = futures::stream::unfold(feed, |mut feed| async move {
         let event = feed.next().await?;
         Some((Ok::<_, Infallible>(event), feed))
     });
@@ -277,12 +181,9 @@ pub(super) async fn events(State(http): State<Http>, Query(q): Query<EventsQuery
         .into_response()
 }
 
-/// One SSE reader's position: the replay left, then the live lane.
+/// One SSE reader's stream of `host events --follow`.
 struct Feed {
-    replay: std::collections::VecDeque<Arc<Event>>,
-    live: EventStream,
-    before: u64,
-    filter: EventFilter,
+    items: Items,
     metrics: Arc<super::metrics::Metrics>,
     /// This stream's place among `http_max_streams`.
     _permit: OwnedSemaphorePermit,
@@ -290,14 +191,10 @@ struct Feed {
 
 impl Feed {
     async fn next(&mut self) -> Option<SseEvent> {
-        if let Some(event) = self.replay.pop_front() {
-            return Some(sse(&event));
-        }
         loop {
-            match self.live.recv().await? {
-                Received::Event(e) if e.seq <= self.before || !self.filter.admits(&e) => {}
-                Received::Event(e) => return Some(sse(&e)),
-                Received::Dropped(n) => {
+            match self.items.recv().await? {
+                Item::Event(e) => return Some(sse(&e)),
+                Item::Dropped(n) => {
                     self.metrics.lane_dropped(n);
                     return Some(
                         SseEvent::default()
@@ -305,6 +202,8 @@ impl Feed {
                             .data(json!({ "dropped": n }).to_string()),
                     );
                 }
+                Item::Log(_) => {}
+                Item::Failed(_) => return None,
             }
         }
     }
@@ -316,111 +215,11 @@ fn sse(event: &Event) -> SseEvent {
         .data(event.to_json().to_string())
 }
 
-// ---------------------------------------------------------------------------
-// Cluster mode: the answers are the cluster's, as a socket client gets
-// them (the node's memory only knows what runs here).
-
-/// Asks `request` as a socket client would and returns its replies.
-async fn ask(http: &Http, request: Request) -> LocalReplies {
-    let (reply, replies) = Replier::local();
-    dispatch::handle(&http.daemon, request, reply, &mut Uploads::default()).await;
-    replies
-}
-
-/// The rows of a paged answer (`page` takes a page apart).
-async fn pages<T>(
-    http: &Http,
-    request: Request,
-    page: impl Fn(Reply) -> Result<Vec<T>, Box<Reply>>,
-) -> Result<Vec<T>, Response> {
-    let mut replies = ask(http, request).await;
-    let mut rows = Vec::new();
-    loop {
-        match replies.next().await {
-            Some(Reply::End) => return Ok(rows),
-            Some(reply) => match page(reply) {
-                Ok(more) => rows.extend(more),
-                Err(other) => return Err(failed(Some(*other))),
-            },
-            None => return Err(failed(None)),
-        }
-    }
-}
-
-/// An error reply (or none) as an HTTP answer.
-fn failed(reply: Option<Reply>) -> Response {
-    use crate::wire::protocol::ErrorKind;
-    match reply {
-        Some(Reply::Error {
-            kind: ErrorKind::NotFound,
-            message,
-        }) => error(StatusCode::NOT_FOUND, message),
-        Some(Reply::Error { message, .. }) => error(StatusCode::INTERNAL_SERVER_ERROR, message),
-        Some(other) => error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("unexpected answer: {other:?}"),
-        ),
-        None => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the daemon is shutting down".into(),
-        ),
-    }
-}
-
-/// `GET /api/tasks/{id|name}` in cluster mode: the cluster's row while the
-/// task is unfinished, its log lines as shipped, and its recorded result.
-async fn cluster_task(http: &Http, target: &TaskRef) -> Response {
-    let Some(cluster) = &http.daemon.cluster else {
-        return not_found(target);
+/// An error of the seam as an HTTP answer.
+fn failed((kind, message): (ErrorKind, String)) -> Response {
+    let status = match kind {
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
-    let found = match cluster.pg.resolve(target).await {
-        Ok(Some(found)) => found,
-        Ok(None) => return not_found(target),
-        Err(err) => return error(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),
-    };
-    if found.state == "finished" {
-        return match cluster.pg.finished(found.id).await {
-            Ok(Some(finished)) => Json(detail(
-                json!({ "id": finished.report.id, "name": finished.report.name,
-                        "slot": finished.report.slot, "plugin": finished.plugin }),
-                None,
-                Some(&finished.report),
-                &finished.log,
-            ))
-            .into_response(),
-            Ok(None) => not_found(target),
-            Err(err) => error(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),
-        };
-    }
-    let rows = pages(http, Request::List { all: false }, |r| match r {
-        Reply::Tasks(page) => Ok(page),
-        other => Err(Box::new(other)),
-    });
-    let rows: Vec<TaskRow> = match rows.await {
-        Ok(rows) => rows,
-        Err(answer) => return answer,
-    };
-    let Some(row) = rows.into_iter().find(|r| r.id == found.id) else {
-        // Finished between the two reads: answer from the record.
-        return Box::pin(cluster_task(http, &TaskRef::Id(found.id))).await;
-    };
-    let mut log = Vec::new();
-    let mut replies = ask(
-        http,
-        Request::Logs {
-            target: TaskRef::Id(found.id),
-            follow: false,
-        },
-    )
-    .await;
-    while let Some(Reply::Log(line)) = replies.next().await {
-        log.push(line);
-    }
-    Json(detail(
-        json!({ "id": row.id, "name": row.name, "slot": row.slot, "plugin": row.plugin }),
-        Some(json::task_row(&row)),
-        None,
-        &log,
-    ))
-    .into_response()
+    error(status, message)
 }

@@ -7,68 +7,9 @@
 //! (421). An `Origin`, when a browser sends one, must be the origin of the
 //! `Host` itself (403 otherwise): a page elsewhere cannot drive the API.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 
-/// A `Host` value (or an allow-list entry) split into its name and port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Authority<'a> {
-    /// The name or IP literal (an IPv6 one with its brackets).
-    pub(crate) name: &'a str,
-    /// The port, when one is written.
-    pub(crate) port: Option<u16>,
-}
-
-impl<'a> Authority<'a> {
-    /// Splits `NAME`, `NAME:PORT`, `[IPv6]` or `[IPv6]:PORT`; `None` when
-    /// it is none of those (an empty name, characters no host name has, a
-    /// port that is not a number).
-    pub(crate) fn parse(text: &'a str) -> Option<Self> {
-        let (name, port) = if text.starts_with('[') {
-            let end = text.find(']')?;
-            let (name, after) = text.split_at(end + 1);
-            name[1..name.len() - 1].parse::<Ipv6Addr>().ok()?;
-            let port = match after {
-                "" => None,
-                rest => Some(rest.strip_prefix(':')?),
-            };
-            (name, port)
-        } else {
-            let (name, port) = match text.rsplit_once(':') {
-                Some((name, port)) => (name, Some(port)),
-                None => (text, None),
-            };
-            let fits = !name.is_empty()
-                && name.len() <= 253
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
-            if !fits {
-                return None;
-            }
-            (name, port)
-        };
-        let port = match port {
-            None => None,
-            Some(digits) if !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()) => {
-                Some(digits.parse().ok()?)
-            }
-            Some(_) => return None,
-        };
-        Some(Self { name, port })
-    }
-
-    /// The IP address this name writes, if it is an IP literal.
-    fn ip(&self) -> Option<IpAddr> {
-        match self.name.strip_prefix('[') {
-            Some(v6) => v6
-                .strip_suffix(']')?
-                .parse::<Ipv6Addr>()
-                .ok()
-                .map(IpAddr::V6),
-            None => self.name.parse().ok(),
-        }
-    }
-}
+use crate::config::Authority;
 
 /// The `Host` values one listener accepts.
 #[derive(Debug)]

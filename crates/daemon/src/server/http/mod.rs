@@ -32,8 +32,6 @@ mod hosts;
 mod metrics;
 mod token;
 
-pub(crate) use hosts::Authority;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,0 +1,200 @@
+//! Owns what one node of a cluster holds between its loops and the verbs
+//! it answers: the shared database, its id and lease, the tasks it claimed
+//! and their fencing tokens, and the signals (new work, outcomes, polls)
+//! that wake them.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use tokio::sync::{Notify, broadcast};
+
+use taskhost_core::controller::Controller;
+use taskhost_core::logline::LogLine;
+use taskhost_core::supervisor::TaskId;
+use taskhost_runtime::{Digest, Plugin};
+
+use crate::config::ClusterSettings;
+use crate::service::plugins::Plugins;
+use crate::store::postgres::Pg;
+use crate::store::{Finished, StoreError};
+use crate::wire::protocol::ErrorKind;
+
+/// Lines waiting to be shipped to the database; beyond it, lines are not
+/// shipped (they stay in the node's log, and in the outcome's).
+const SHIP_QUEUE: usize = 65_536;
+/// Most lines shipped in one statement.
+pub(crate) const SHIP_BATCH: usize = 1_000;
+
+/// One node's part of the cluster.
+pub(crate) struct Cluster {
+    pub(crate) pg: Pg,
+    pub(crate) name: String,
+    pub(crate) settings: ClusterSettings,
+    pub(crate) capacity: usize,
+    /// This node's id (a new one after it lost its lease and joined again).
+    pub(crate) node: AtomicI64,
+    /// Wakes the claim loop.
+    pub(crate) wake: Notify,
+    /// Ids of tasks whose outcome was just recorded (from notifications, and
+    /// from this node's own records).
+    pub(crate) finished: broadcast::Sender<TaskId>,
+    /// Ticks at every poll: waiters look at the database again.
+    pub(crate) poll_tick: broadcast::Sender<()>,
+    /// The tasks this node claimed and still runs, with their tokens.
+    pub(crate) claims: Mutex<HashMap<TaskId, i64>>,
+    /// Claimed tasks already told to stop here.
+    pub(crate) stopped: Mutex<HashSet<TaskId>>,
+    /// Set at a graceful stop: no more claims.
+    pub(crate) closing: AtomicBool,
+    /// Set once the node has left the cluster: its lease is no longer
+    /// renewed (nor taken again).
+    pub(crate) left: AtomicBool,
+    /// When the lease was last renewed.
+    pub(crate) renewed: Mutex<Instant>,
+    /// Lines of running tasks on their way to the database.
+    pub(crate) ship: tokio::sync::mpsc::Sender<(TaskId, i64, LogLine)>,
+    pub(crate) shipped: Mutex<Option<tokio::sync::mpsc::Receiver<(TaskId, i64, LogLine)>>>,
+}
+
+impl Cluster {
+    /// Joins the cluster: registers this node.
+    pub(crate) async fn join(
+        pg: Pg,
+        settings: ClusterSettings,
+        capacity: usize,
+    ) -> Result<Arc<Self>, StoreError> {
+        if settings.renew >= settings.lease {
+            return Err(StoreError(format!(
+                "the lease renewal ({}) must be shorter than the lease ({})",
+                taskhost_core::units::format_duration(settings.renew),
+                taskhost_core::units::format_duration(settings.lease)
+            )));
+        }
+        let name = settings.node_name.clone().unwrap_or_else(default_node_name);
+        let node = pg.register_node(&name, capacity, settings.lease).await?;
+        let (ship, shipped) = tokio::sync::mpsc::channel(SHIP_QUEUE);
+        Ok(Arc::new(Self {
+            ship,
+            shipped: Mutex::new(Some(shipped)),
+            pg,
+            name,
+            settings,
+            capacity,
+            node: AtomicI64::new(node),
+            wake: Notify::new(),
+            finished: broadcast::channel(4096).0,
+            poll_tick: broadcast::channel(16).0,
+            claims: Mutex::default(),
+            stopped: Mutex::default(),
+            closing: AtomicBool::new(false),
+            left: AtomicBool::new(false),
+            renewed: Mutex::new(Instant::now()),
+        }))
+    }
+
+    /// This node's id.
+    pub(crate) fn node(&self) -> i64 {
+        self.node.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn claims(&self) -> std::sync::MutexGuard<'_, HashMap<TaskId, i64>> {
+        self.claims.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether this node still holds `token` for `id`.
+    pub(crate) fn holds(&self, id: TaskId, token: i64) -> bool {
+        self.claims().get(&id) == Some(&token)
+    }
+
+    /// Forgets a claim that ended here (not a newer claim of the same task).
+    pub(crate) fn release(&self, id: TaskId, token: i64) {
+        let mut claims = self.claims();
+        if claims.get(&id) == Some(&token) {
+            claims.remove(&id);
+            self.stopped
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&id);
+        }
+    }
+
+    /// Stops claiming (a graceful stop).
+    pub(crate) fn stop_claiming(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+
+    /// Asks a task this node runs to stop (once).
+    pub(crate) fn stop_local(&self, controller: &Controller, id: TaskId) {
+        if !self.claims().contains_key(&id) {
+            return;
+        }
+        if self
+            .stopped
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id)
+        {
+            controller.remove(id);
+        }
+    }
+
+    /// The plugin, from this node's store, else from the cluster's.
+    pub(crate) async fn ensure_plugin(
+        &self,
+        plugins: &Plugins,
+        digest: &Digest,
+    ) -> Result<Arc<Plugin>, (ErrorKind, String)> {
+        if let Some(plugin) = plugins.get(digest).await {
+            return Ok(plugin);
+        }
+        let bytes = self
+            .pg
+            .plugin_bytes(digest)
+            .await
+            .map_err(|e| (ErrorKind::Internal, e.to_string()))?
+            .ok_or_else(|| {
+                (
+                    ErrorKind::NotFound,
+                    format!("the cluster does not know plugin {digest}; upload it first"),
+                )
+            })?;
+        plugins.store(bytes, Some(*digest)).await
+    }
+
+    /// Waits until a task's outcome is recorded, whichever node ran it: woken
+    /// by its notification, and looking again at every poll.
+    pub(crate) async fn wait_finished(&self, id: TaskId) -> Result<Finished, StoreError> {
+        let mut finished = self.finished.subscribe();
+        let mut ticks = self.poll_tick.subscribe();
+        loop {
+            if let Some(done) = self.pg.finished(id).await? {
+                return Ok(done);
+            }
+            loop {
+                tokio::select! {
+                    got = finished.recv() => match got {
+                        Ok(done) if done == id => break,
+                        Ok(_) => {}
+                        Err(broadcast::error::RecvError::Lagged(_)) => break,
+                        Err(broadcast::error::RecvError::Closed) => {
+                            return Err(StoreError("the node is stopping".into()));
+                        }
+                    },
+                    _ = ticks.recv() => break,
+                }
+            }
+        }
+    }
+}
+
+fn default_node_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "node".into());
+    format!("{host}-{}", std::process::id())
+}
