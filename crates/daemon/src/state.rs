@@ -26,10 +26,7 @@ pub(crate) struct Daemon {
     pub tasks: Tasks,
     pub history: Arc<History>,
     /// Where accepted work, its state and its outcomes are kept.
-    pub store: Store,
-    /// In cluster mode, this node's part of the cluster (the shared
-    /// database holds the work; `store` is then memory and unused).
-    pub cluster: Option<Arc<Cluster>>,
+    pub storage: Storage,
     /// Held from a submission's id to its placement, so the store's order
     /// of submissions is the controller's.
     pub admission: Mutex<()>,
@@ -48,12 +45,48 @@ pub(crate) struct Daemon {
     pub closed: watch::Sender<bool>,
 }
 
+/// Where a daemon keeps its work: one of the two backends of
+/// [`Backend`](crate::service::backend::Backend).
+pub(crate) enum Storage {
+    /// Its own store (SQLite or memory): the controller decides.
+    Local(Store),
+    /// A cluster's shared database (PostgreSQL): the database decides,
+    /// this node runs what it claims.
+    Shared(Arc<Cluster>),
+}
+
+impl Storage {
+    /// Whether accepted work outlives this process.
+    pub(crate) fn is_durable(&self) -> bool {
+        match self {
+            Self::Local(store) => store.is_durable(),
+            Self::Shared(_) => true,
+        }
+    }
+}
+
 impl Daemon {
+    /// Its own store, unless it is a cluster node.
+    pub(crate) fn local_store(&self) -> Option<&Store> {
+        match &self.storage {
+            Storage::Local(store) => Some(store),
+            Storage::Shared(_) => None,
+        }
+    }
+
+    /// Its part of the cluster, if it is a node of one.
+    pub(crate) fn cluster(&self) -> Option<&Arc<Cluster>> {
+        match &self.storage {
+            Storage::Local(_) => None,
+            Storage::Shared(cluster) => Some(cluster),
+        }
+    }
+
     /// The handles removing plugins needs.
     pub(crate) fn plugin_users(&self) -> Users<'_> {
         Users {
             plugins: &self.plugins,
-            store: &self.store,
+            store: self.local_store(),
             tasks: &self.tasks,
             admission: &self.admission,
         }

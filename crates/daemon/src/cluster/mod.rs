@@ -50,7 +50,7 @@ const TAKEOVER_BATCH: i64 = 1_000;
 /// Starts the node's loops: claims, lease and takeover, notifications, and
 /// the polling fallback. They hold the daemon weakly and end with it.
 pub(crate) fn start(daemon: &Arc<Daemon>) {
-    let Some(cluster) = daemon.cluster.as_ref() else {
+    let Some(cluster) = daemon.cluster() else {
         return;
     };
     tokio::spawn(claim_loop(Arc::downgrade(daemon)));
@@ -78,7 +78,7 @@ pub(crate) fn start(daemon: &Arc<Daemon>) {
 /// cluster, and its unfinished work is taken over now (by this node's own
 /// last transaction), not after its lease.
 pub(crate) async fn leave(daemon: &Arc<Daemon>) {
-    let Some(cluster) = daemon.cluster.as_ref() else {
+    let Some(cluster) = daemon.cluster() else {
         return;
     };
     let node = cluster.node();
@@ -94,7 +94,7 @@ pub(crate) async fn leave(daemon: &Arc<Daemon>) {
 async fn claim_loop(daemon: Weak<Daemon>) {
     loop {
         let Some(d) = daemon.upgrade() else { return };
-        let Some(cluster) = d.cluster.clone() else {
+        let Some(cluster) = d.cluster().cloned() else {
             return;
         };
         if cluster.closing.load(Ordering::SeqCst) {
@@ -207,7 +207,7 @@ impl LineSink for Shipping {
 async fn poll_loop(daemon: Weak<Daemon>) {
     let mut last_prune = Instant::now();
     loop {
-        let Some(cluster) = daemon.upgrade().and_then(|d| d.cluster.clone()) else {
+        let Some(cluster) = daemon.upgrade().and_then(|d| d.cluster().cloned()) else {
             return;
         };
         tokio::time::sleep(cluster.settings.poll).await;
@@ -248,7 +248,7 @@ async fn poll_loop(daemon: Weak<Daemon>) {
 
 async fn lease_loop(daemon: Weak<Daemon>) {
     loop {
-        let Some(cluster) = daemon.upgrade().and_then(|d| d.cluster.clone()) else {
+        let Some(cluster) = daemon.upgrade().and_then(|d| d.cluster().cloned()) else {
             return;
         };
         tokio::time::sleep(cluster.settings.renew).await;
@@ -361,7 +361,7 @@ async fn lost_lease(daemon: &Arc<Daemon>, cluster: &Cluster, why: &str) {
 
 async fn listen_loop(daemon: Weak<Daemon>) {
     loop {
-        let Some(cluster) = daemon.upgrade().and_then(|d| d.cluster.clone()) else {
+        let Some(cluster) = daemon.upgrade().and_then(|d| d.cluster().cloned()) else {
             return;
         };
         match cluster.pg.config().connect(tokio_postgres::NoTls).await {
@@ -402,7 +402,7 @@ async fn listen_loop(daemon: Weak<Daemon>) {
                     drop(cluster);
                     while let Some((channel, payload)) = rx.recv().await {
                         let Some(d) = daemon.upgrade() else { return };
-                        let Some(cluster) = d.cluster.as_ref() else {
+                        let Some(cluster) = d.cluster() else {
                             return;
                         };
                         let id = payload.parse::<u64>().ok().map(TaskId::from_u64);

@@ -128,7 +128,7 @@ pub(crate) async fn handle(
             let rows = tokio::task::spawn_blocking(move || {
                 daemon
                     .plugins
-                    .list(&plugins::refs(&daemon.store, &daemon.tasks))
+                    .list(&plugins::refs(daemon.local_store(), &daemon.tasks))
             })
             .await
             .unwrap_or_default();

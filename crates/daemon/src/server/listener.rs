@@ -25,7 +25,7 @@ use crate::service::history::History;
 use crate::service::plugins::{self, Plugins};
 use crate::service::recovery;
 use crate::service::tasks::Tasks;
-use crate::state::Daemon;
+use crate::state::{Daemon, Storage};
 use crate::state_dir::{self, StateLock};
 use crate::store::{Retention, Store, StoreSpec, postgres};
 use crate::wire::socket;
@@ -127,26 +127,33 @@ pub async fn serve(
         max_age: config.retain_for,
         max_bytes: config.retain_bytes,
     };
-    let (store, unfinished) = Store::open(&spec, retention).map_err(|e| fail(e.to_string()))?;
-    let cluster = match &spec {
+    let (storage, unfinished) = match &spec {
         StoreSpec::Postgres(url) => {
             let pool = config.max_connections.clamp(4, 16);
             let pg = postgres::open(url, config.cluster.notify, pool)
                 .await
                 .map_err(|e| fail(e.to_string()))?;
-            Some(
-                Cluster::join(pg, config.cluster.clone(), max_concurrent)
-                    .await
-                    .map_err(|e| fail(e.to_string()))?,
-            )
+            let cluster = Cluster::join(pg, config.cluster.clone(), max_concurrent)
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            (Storage::Shared(cluster), Vec::new())
         }
-        _ => None,
+        local => {
+            let (store, unfinished) =
+                Store::open(local, retention).map_err(|e| fail(e.to_string()))?;
+            if !store.is_durable() {
+                tracing::warn!("the store is memory: accepted work is lost when the daemon stops");
+            }
+            (Storage::Local(store), unfinished)
+        }
     };
-    if cluster.is_none() && !store.is_durable() {
-        tracing::warn!("the store is memory: accepted work is lost when the daemon stops");
-    }
+    // A cluster's ids come from its database.
+    let first_id = match &storage {
+        Storage::Local(store) => store.first_id(),
+        Storage::Shared(_) => 1,
+    };
     let supervisor = Supervisor::builder()
-        .first_id(store.first_id())
+        .first_id(first_id)
         .max_concurrent(max_concurrent)
         .grace(config.grace)
         .bus_capacity(config.event_lane_capacity)
@@ -184,8 +191,7 @@ pub async fn serve(
         controller,
         tasks: Tasks::new(config.retain_finished, config.retain_bytes),
         history,
-        store,
-        cluster,
+        storage,
         admission: Mutex::new(()),
         keep_unfinished: AtomicBool::new(false),
         shutdown_requested: AtomicBool::new(false),
@@ -195,9 +201,11 @@ pub async fn serve(
     });
     // Before recovery, so the metrics count the recovered work too.
     let http_server = http_bound.map(|bound| http::start(bound, &daemon));
-    if !unfinished.is_empty() {
+    if let Some(store) = daemon.local_store()
+        && !unfinished.is_empty()
+    {
         let started = std::time::Instant::now();
-        let done = recovery::recover(&daemon, unfinished).await;
+        let done = recovery::recover(&daemon, store, unfinished).await;
         tracing::info!(
             requeued = done.requeued,
             retried = done.retried,
@@ -233,7 +241,10 @@ pub async fn serve(
     tracing::info!(
         socket = %socket_path.display(),
         state_dir = %config.state_dir.display(),
-        store = %daemon.cluster.as_ref().map_or_else(|| format!("{:?}", daemon.store), |c| format!("{:?} (node {})", c.pg, c.node())),
+        store = %match &daemon.storage {
+            Storage::Local(store) => format!("{store:?}"),
+            Storage::Shared(c) => format!("{:?} (node {})", c.pg, c.node()),
+        },
         allocator = ?runtime.allocator(),
         max_concurrent,
         worker_threads = config.worker_threads,
@@ -292,11 +303,11 @@ pub async fn serve(
         .load(std::sync::atomic::Ordering::SeqCst)
     {
         daemon.keep_unfinished.store(
-            daemon.store.is_durable() || daemon.cluster.is_some(),
+            daemon.storage.is_durable(),
             std::sync::atomic::Ordering::SeqCst,
         );
     }
-    if let Some(cluster) = &daemon.cluster {
+    if let Some(cluster) = daemon.cluster() {
         cluster.stop_claiming();
     }
     let _ = std::fs::remove_file(&socket_path);
@@ -317,7 +328,9 @@ pub async fn serve(
     {
         tracing::warn!("some outcomes were still being recorded at exit");
     }
-    if let Err(err) = daemon.store.close().committed().await {
+    if let Some(store) = daemon.local_store()
+        && let Err(err) = store.close().committed().await
+    {
         tracing::error!("the store's last writes failed: {err}");
     }
     // A cluster node's unfinished work goes to the other nodes now.

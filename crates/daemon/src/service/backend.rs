@@ -24,9 +24,9 @@ use crate::service::history::EVENT_HISTORY;
 use crate::service::plugins::plugin_path;
 use crate::service::submissions::{self, Accepted};
 use crate::service::tasks::{MAX_FINISHED, TaskRecord};
-use crate::state::Daemon;
+use crate::state::{Daemon, Storage};
 use crate::store::postgres::{Admission, AdmitError, Canceled};
-use crate::store::{self, Finished, StoreError};
+use crate::store::{self, Finished, Store, StoreError};
 use crate::wire::protocol::{ErrorKind, EventFilter, SubmitRequest, TaskRow, TaskState};
 
 /// Items in flight to one streaming reader.
@@ -70,7 +70,7 @@ pub(crate) struct Detail {
 
 /// The seam: which backend this daemon's verbs go to.
 pub(crate) enum Backend<'a> {
-    Local(&'a Arc<Daemon>),
+    Local(&'a Arc<Daemon>, &'a Store),
     Shared(&'a Arc<Daemon>, &'a Arc<Cluster>),
 }
 
@@ -87,15 +87,15 @@ fn not_found(target: &TaskRef) -> (ErrorKind, String) {
 
 impl<'a> Backend<'a> {
     pub(crate) fn of(daemon: &'a Arc<Daemon>) -> Self {
-        match &daemon.cluster {
-            Some(cluster) => Self::Shared(daemon, cluster),
-            None => Self::Local(daemon),
+        match &daemon.storage {
+            Storage::Local(store) => Self::Local(daemon, store),
+            Storage::Shared(cluster) => Self::Shared(daemon, cluster),
         }
     }
 
     fn daemon(&self) -> &'a Arc<Daemon> {
         match self {
-            Self::Local(daemon) | Self::Shared(daemon, _) => daemon,
+            Self::Local(daemon, _) | Self::Shared(daemon, _) => daemon,
         }
     }
 
@@ -103,7 +103,7 @@ impl<'a> Backend<'a> {
     /// keeps unfinished work for the next start).
     pub(crate) fn is_durable(&self) -> bool {
         match self {
-            Self::Local(daemon) => daemon.store.is_durable(),
+            Self::Local(_, store) => store.is_durable(),
             Self::Shared(..) => true,
         }
     }
@@ -119,7 +119,7 @@ impl<'a> Backend<'a> {
     pub(crate) async fn has_plugin(&self, digest: &Digest) -> bool {
         let known = self.daemon().plugins.known(digest);
         match self {
-            Self::Local(_) => known,
+            Self::Local(..) => known,
             Self::Shared(_, cluster) => {
                 known || cluster.pg.has_plugin(digest).await.unwrap_or(false)
             }
@@ -152,7 +152,7 @@ impl<'a> Backend<'a> {
         request: SubmitRequest,
     ) -> Result<Accepted, (ErrorKind, String)> {
         match self {
-            Self::Local(daemon) => submissions::submit(daemon, request).await,
+            Self::Local(daemon, store) => submissions::submit(daemon, store, request).await,
             Self::Shared(daemon, cluster) => shared_submit(daemon, cluster, request).await,
         }
     }
@@ -160,14 +160,14 @@ impl<'a> Backend<'a> {
     /// The task a reference names.
     pub(crate) async fn find(&self, target: &TaskRef) -> Result<Found, (ErrorKind, String)> {
         match self {
-            Self::Local(daemon) => {
+            Self::Local(daemon, store) => {
                 if let Some(record) = daemon.tasks.resolve(target, &daemon.controller) {
                     return Ok(Found::Live(record));
                 }
-                let daemon = Arc::clone(daemon);
+                let store = Store::clone(store);
                 let wanted = target.clone();
                 // The store is read off the async workers.
-                tokio::task::spawn_blocking(move || stored(&daemon, &wanted))
+                tokio::task::spawn_blocking(move || stored(&store, &wanted))
                     .await
                     .ok()
                     .flatten()
@@ -205,7 +205,7 @@ impl<'a> Backend<'a> {
                     Ok(Arc::new(finished.report))
                 })
             }
-            (Self::Local(_), Found::Shared { .. }) => {
+            (Self::Local(..), Found::Shared { .. }) => {
                 Box::pin(async { Err((ErrorKind::Internal, "not a cluster node".to_owned())) })
             }
         }
@@ -218,8 +218,8 @@ impl<'a> Backend<'a> {
         match (self, found) {
             (_, Found::Live(record)) => {
                 let claimed = daemon.controller.remove(record.id);
-                if claimed {
-                    daemon.store.stopping(record.id);
+                if claimed && let Self::Local(_, store) = self {
+                    store.stopping(record.id);
                 }
                 Ok(claimed)
             }
@@ -235,23 +235,23 @@ impl<'a> Backend<'a> {
                     Canceled::Already => Ok(false),
                 }
             }
-            (Self::Local(_), Found::Shared { .. }) => Ok(false),
+            (Self::Local(..), Found::Shared { .. }) => Ok(false),
         }
     }
 
     /// The rows of `host ps` (with `all`, `host ps --all`), by id.
     pub(crate) async fn rows(&self, all: bool) -> Result<Vec<TaskRow>, (ErrorKind, String)> {
         match self {
-            Self::Local(daemon) if all => {
-                let daemon = Arc::clone(daemon);
+            Self::Local(daemon, store) if all => {
+                let (daemon, store) = (Arc::clone(daemon), Store::clone(store));
                 // The store is read: off the async workers.
                 Ok(
-                    tokio::task::spawn_blocking(move || local_rows(&daemon, true))
+                    tokio::task::spawn_blocking(move || local_rows(&daemon, &store, true))
                         .await
                         .unwrap_or_default(),
                 )
             }
-            Self::Local(daemon) => Ok(local_rows(daemon, false)),
+            Self::Local(daemon, store) => Ok(local_rows(daemon, store, false)),
             Self::Shared(daemon, cluster) => {
                 let mut rows = cluster
                     .pg
@@ -282,7 +282,7 @@ impl<'a> Backend<'a> {
     /// The slots of `host slots`.
     pub(crate) async fn slots(&self) -> Result<Vec<SlotView>, (ErrorKind, String)> {
         match self {
-            Self::Local(daemon) => Ok(daemon.controller.snapshot()),
+            Self::Local(daemon, _) => Ok(daemon.controller.snapshot()),
             Self::Shared(_, cluster) => cluster.pg.slots().await.map_err(internal),
         }
     }
@@ -308,7 +308,7 @@ impl<'a> Backend<'a> {
                     }
                 }
             }
-            (Self::Local(_), Found::Shared { .. }) => {}
+            (Self::Local(..), Found::Shared { .. }) => {}
         }
         rx
     }
@@ -318,7 +318,7 @@ impl<'a> Backend<'a> {
     pub(crate) fn events(&self, follow: bool, filter: EventFilter) -> Items {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         match self {
-            Self::Local(daemon) => {
+            Self::Local(daemon, _) => {
                 // Subscribe before copying the history (in order: events of
                 // requests sent after this one are seen), and let the
                 // history catch up with the events published before.
@@ -409,7 +409,7 @@ impl<'a> Backend<'a> {
     /// go first (the node's own copies are then collected as on one host).
     pub(crate) async fn prune_shared_plugins(&self) -> Result<(), (ErrorKind, String)> {
         match self {
-            Self::Local(_) => Ok(()),
+            Self::Local(..) => Ok(()),
             Self::Shared(_, cluster) => cluster
                 .pg
                 .collect_plugins(Duration::ZERO)
@@ -481,17 +481,17 @@ fn follow_local(tx: &mpsc::Sender<Item>, record: &TaskRecord, follow: bool) {
 }
 
 /// A task finished before, as the store keeps it.
-fn stored(daemon: &Daemon, target: &TaskRef) -> Option<Found> {
+fn stored(store: &Store, target: &TaskRef) -> Option<Found> {
     let stored = match target {
-        TaskRef::Id(id) => daemon.store.finished_task(*id),
-        TaskRef::Name(name) => daemon.store.finished_named(name),
+        TaskRef::Id(id) => store.finished_task(*id),
+        TaskRef::Name(name) => store.finished_named(name),
     };
     stored.map(|finished| Found::Stored(Box::new(finished)))
 }
 
 /// One host's `ps` rows: registered tasks, queued ones, and with `all` the
 /// finished ones the daemon still remembers or its store keeps.
-fn local_rows(daemon: &Daemon, all: bool) -> Vec<TaskRow> {
+fn local_rows(daemon: &Daemon, store: &Store, all: bool) -> Vec<TaskRow> {
     let supervisor = daemon.controller.supervisor();
     let mut rows: Vec<TaskRow> = supervisor
         .list()
@@ -552,8 +552,7 @@ fn local_rows(daemon: &Daemon, all: bool) -> Vec<TaskRow> {
         let known: std::collections::HashSet<_> = rows.iter().map(|r| r.id).collect();
         let now = store::now_ms();
         rows.extend(
-            daemon
-                .store
+            store
                 .finished_recent(MAX_FINISHED)
                 .into_iter()
                 .filter(|f| {

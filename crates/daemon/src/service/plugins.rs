@@ -209,10 +209,10 @@ fn write_durably(tmp: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// Who uses each plugin: the store's tasks, and the daemon's tasks in
 /// memory (a submission is there before its store write commits; with the
-/// memory store they are the only record).
-pub(crate) fn refs(store: &Store, tasks: &Tasks) -> HashMap<Digest, PluginRefs> {
-    let mut refs = store.plugin_refs();
-    let durable = store.is_durable();
+/// memory store, or on a cluster node, they are the only record here).
+pub(crate) fn refs(store: Option<&Store>, tasks: &Tasks) -> HashMap<Digest, PluginRefs> {
+    let mut refs = store.map(Store::plugin_refs).unwrap_or_default();
+    let durable = store.is_some_and(Store::is_durable);
     for (digest, memory) in tasks.plugin_refs() {
         let entry = refs.entry(digest).or_default();
         entry.name = entry.name.take().or(memory.name);
@@ -229,7 +229,8 @@ pub(crate) fn refs(store: &Store, tasks: &Tasks) -> HashMap<Digest, PluginRefs> 
 #[derive(Clone, Copy)]
 pub(crate) struct Users<'a> {
     pub plugins: &'a Plugins,
-    pub store: &'a Store,
+    /// None on a cluster node.
+    pub store: Option<&'a Store>,
     pub tasks: &'a Tasks,
     pub admission: &'a std::sync::Mutex<()>,
 }

@@ -26,7 +26,7 @@ use taskhost_core::supervisor::{Event, EventKind, TaskReport};
 
 use crate::service::submissions::{Origin, place};
 use crate::state::Daemon;
-use crate::store::{Finished, Ticket, Unfinished, now_ms};
+use crate::store::{Finished, Store, Ticket, Unfinished, now_ms};
 
 /// What recovery did, for the start-up log.
 #[derive(Debug, Default, Clone, Copy)]
@@ -36,7 +36,11 @@ pub(crate) struct Recovered {
     pub ended: usize,
 }
 
-pub(crate) async fn recover(daemon: &Arc<Daemon>, unfinished: Vec<Unfinished>) -> Recovered {
+pub(crate) async fn recover(
+    daemon: &Arc<Daemon>,
+    store: &Store,
+    unfinished: Vec<Unfinished>,
+) -> Recovered {
     let mut done = Recovered::default();
     let mut tickets: Vec<Ticket> = Vec::new();
     let supervisor = daemon.controller.supervisor();
@@ -52,7 +56,7 @@ pub(crate) async fn recover(daemon: &Arc<Daemon>, unfinished: Vec<Unfinished>) -
             );
         };
         let end = |outcome: TaskOutcome| {
-            daemon.store.finished(Finished {
+            store.finished(Finished {
                 report: TaskReport {
                     id,
                     name: Arc::clone(&name),
@@ -87,7 +91,7 @@ pub(crate) async fn recover(daemon: &Arc<Daemon>, unfinished: Vec<Unfinished>) -
                     submitted_ms: task.submitted_ms,
                     resume,
                 };
-                match place(daemon, task.request.clone(), origin).await {
+                match place(daemon, store, task.request.clone(), origin).await {
                     Ok(_) if queued => done.requeued += 1,
                     Ok(_) => done.retried += 1,
                     Err((_, message)) => {

@@ -62,9 +62,10 @@ pub(crate) enum Accepted {
 /// acknowledgement once it is durable.
 pub(crate) async fn submit(
     daemon: &Arc<Daemon>,
+    store: &Store,
     request: SubmitRequest,
 ) -> Result<Accepted, (ErrorKind, String)> {
-    let (submitted, ticket) = place(daemon, request, Origin::New).await?;
+    let (submitted, ticket) = place(daemon, store, request, Origin::New).await?;
     if ticket.is_immediate() {
         return Ok(Accepted::Now(submitted));
     }
@@ -227,6 +228,7 @@ pub(crate) async fn check(
 /// Validates, records and places one submission.
 pub(crate) async fn place(
     daemon: &Arc<Daemon>,
+    store: &Store,
     mut request: SubmitRequest,
     origin: Origin,
 ) -> Result<(Submitted, Ticket), (ErrorKind, String)> {
@@ -235,7 +237,6 @@ pub(crate) async fn place(
     let (plugin, sandbox) = check(daemon, &request).await?;
     let info = plugin.info();
 
-    let store = &daemon.store;
     // From here to the decision, one submission at a time.
     let admission = daemon
         .admission
@@ -338,13 +339,13 @@ pub(crate) async fn place(
     drop(admission);
 
     let watcher = Arc::clone(daemon);
+    let store = store.clone();
     let plugin_name = info.name.clone();
     let recording = RecordingGuard::new(daemon);
     tokio::spawn(async move {
         let _recording = recording;
         let report = waiter.report().await;
         log.close();
-        let store = &watcher.store;
         if store.is_durable() {
             if watcher.keep_unfinished.load(Ordering::SeqCst)
                 && left_for_next_start(&report.outcome)

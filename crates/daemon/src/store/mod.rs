@@ -302,9 +302,12 @@ impl Store {
         retention: Retention,
     ) -> Result<(Self, Vec<Unfinished>), StoreError> {
         match spec {
-            // A cluster node keeps nothing of its own: the shared database
-            // holds its work (`postgres`).
-            StoreSpec::Memory | StoreSpec::Postgres(_) => Ok((
+            // A cluster node keeps nothing of its own: it joins the shared
+            // database instead (`cluster::Cluster::join`).
+            StoreSpec::Postgres(_) => Err(StoreError(
+                "a PostgreSQL store is a cluster's: the daemon joins it as a node".into(),
+            )),
+            StoreSpec::Memory => Ok((
                 Self {
                     inner: Arc::new(Inner {
                         writer: None,

@@ -492,7 +492,7 @@ impl Collector for Scrape {
             "How long a plugin's compile (with describe) took.",
             &stats.compile_time.snapshot(),
         )?;
-        if d.store.is_durable() {
+        if d.local_store().is_some_and(|s| s.is_durable()) {
             histogram(
                 &mut enc,
                 "taskhost_store_commit",
