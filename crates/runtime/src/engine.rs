@@ -219,7 +219,7 @@ pub enum Allocator {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PoolReset {
     /// Only the pages the last instance dirtied, found with the
-    /// `PAGEMAP_SCAN` ioctl (Linux 6.7+; about 3x faster instantiation).
+    /// `PAGEMAP_SCAN` ioctl (Linux 6.7+): no page faults on reuse.
     PagemapScan,
     /// Kept-resident bytes with `memset`, the rest decommitted. Used when
     /// the ioctl is missing, or when swap or zswap is on: wasmtime 48.0.8's
@@ -382,7 +382,7 @@ fn pooling_config(instances: u32, reset: PoolReset) -> PoolingAllocationConfig {
     if reset == PoolReset::PagemapScan {
         // Reuse a slot without page faults: keep what an attempt dirtied
         // resident and reset only those pages (found with the PAGEMAP_SCAN
-        // ioctl, Linux 6.7+). This makes instantiate + run about 3x faster.
+        // ioctl, Linux 6.7+): instantiation then faults no pages in.
         pool.linear_memory_keep_resident(2 << 20)
             .table_keep_resident(64 << 10);
     } else {

@@ -15,10 +15,10 @@ use std::sync::mpsc;
 /// Whether the store of an attempt that was asked to stop should go to the
 /// reaper: only from a current-thread runtime, whose one thread would
 /// otherwise do every drop. On a multi-thread runtime the other workers
-/// already share the load (the reaper's hop made a shutdown of 1,000 plugin
-/// tasks there 1.4x slower), and attempts that end on their own stay inline
-/// everywhere (handing those over too halved the throughput of 10,000
-/// one-shot plugin tasks on a current-thread runtime: a round trip per task).
+/// already share the load, so the reaper's hop only adds to a shutdown;
+/// attempts that end on their own stay inline everywhere, since handing
+/// those over too costs a round trip per task (BENCHMARKS.md, the suite's
+/// shutdown and one-shot rows).
 pub(crate) fn wanted() -> bool {
     tokio::runtime::Handle::try_current()
         .is_ok_and(|rt| rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)

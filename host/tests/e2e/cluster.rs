@@ -259,6 +259,169 @@ fn the_controller_rules_hold_across_nodes() {
     );
 }
 
+/// The policies a submission of the admission programs may carry.
+const POLICIES: [&str; 3] = ["queue", "replace", "drop-if-running"];
+
+/// Runs one admission program on `via`: each step submits a parked sleeper
+/// to one of the slots of case `case` under a policy, then waits until
+/// the daemon is settled (every task of the case runs its guest or waits in
+/// a queue; stops and promotions done). Returns, per step, what became of
+/// the submission and the case's slots afterwards (owners and queues by
+/// name, so that the two backends' ids do not matter). Cancels the case's
+/// work at the end.
+fn play(via: &Daemon, case: usize, steps: &[(usize, usize)]) -> Vec<String> {
+    let sleeper = p("sleeper");
+    let prefix = format!("c{case}-");
+    let mut seen = Vec::new();
+    for (i, &(slot, policy)) in steps.iter().enumerate() {
+        let (name, slot) = (format!("{prefix}{i}"), format!("{prefix}s{slot}"));
+        let out = via.run(&[
+            "submit",
+            &sleeper,
+            "--slot",
+            &slot,
+            "--name",
+            &name,
+            "--policy",
+            POLICIES[policy],
+            "--param",
+            "ms=600000",
+            "--param",
+            "step_ms=600000",
+            "--json",
+        ]);
+        let json: serde_json::Value = serde_json::from_str(out.stdout.trim())
+            .unwrap_or_else(|e| panic!("submit {name}: {e}: {:?} / {}", out.stdout, out.stderr));
+        let placed = match out.code {
+            Some(0) => json["state"].as_str().unwrap_or_default().to_owned(),
+            Some(3) => format!("rejected {}", json["rejection"]),
+            other => panic!("submit {name}: exit {other:?}: {}", out.stderr),
+        };
+        seen.push(format!(
+            "{name} ({} {}): {placed}; {}",
+            POLICIES[policy],
+            slot,
+            settled(via, &prefix)
+        ));
+    }
+    for row in via.ps() {
+        if row["name"].as_str().is_some_and(|n| n.starts_with(&prefix)) {
+            via.run(&["cancel", &row["id"].to_string()]);
+        }
+    }
+    let deadline = Instant::now() + LIMIT;
+    while via
+        .ps()
+        .iter()
+        .any(|r| r["name"].as_str().is_some_and(|n| n.starts_with(&prefix)))
+    {
+        assert!(Instant::now() < deadline, "case {case}'s work never ended");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    seen
+}
+
+/// Waits until every live task named with `prefix` runs its guest (it has
+/// reported its first progress) or is queued, and the slots say the same
+/// twice in a row; returns the slots, owners and queues by name.
+fn settled(via: &Daemon, prefix: &str) -> String {
+    let deadline = Instant::now() + LIMIT;
+    let mut last = String::new();
+    loop {
+        let rows: Vec<serde_json::Value> = via
+            .ps()
+            .into_iter()
+            .filter(|r| r["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+            .collect();
+        let still = rows.iter().all(|r| {
+            r["state"] == "queued" || (r["state"] == "running" && r["progress"].is_object())
+        });
+        let names: HashMap<u64, String> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r["id"].as_u64().unwrap(),
+                    r["name"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        let named = |id: &serde_json::Value| {
+            id.as_u64()
+                .and_then(|id| names.get(&id).cloned())
+                .unwrap_or_else(|| format!("?{id}"))
+        };
+        let out = via.run(&["slots", "--json"]);
+        let slots: Vec<serde_json::Value> = serde_json::from_str(out.stdout.trim()).unwrap();
+        let mut shown: Vec<String> = slots
+            .iter()
+            .filter(|s| s["key"].as_str().is_some_and(|k| k.starts_with(prefix)))
+            .map(|s| {
+                let queued: Vec<String> =
+                    s["queued"].as_array().unwrap().iter().map(named).collect();
+                format!(
+                    "{} owner {} queue [{}]",
+                    s["key"],
+                    named(&s["owner"]),
+                    queued.join(" ")
+                )
+            })
+            .collect();
+        shown.sort();
+        let now = shown.join(", ");
+        if still && now == last && !now.contains('?') {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never settled: ps {rows:?}, slots {now}"
+        );
+        last = now;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The admission rules are written once (`admission::decide`) and applied
+/// twice: by the in-process controller to memory and by the cluster's
+/// store in its PostgreSQL transaction. Random programs of Queue, Replace
+/// and DropIfRunning submissions over two slots, under small bounds,
+/// give the same placements and leave the same owners and queues on a
+/// single daemon and on a cluster node.
+#[test]
+fn the_admission_rules_decide_alike_in_memory_and_in_postgres() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    let pg = Postgres::start();
+    let bounds = ["--max-slot-queue", "2", "--max-total-pending", "3"];
+    let single = Daemon::start(&[&["--store", "memory"][..], &bounds[..]].concat());
+    let node = steady_node(&pg, "n1", &bounds);
+    let case = std::cell::Cell::new(0);
+    let mut runner = TestRunner::new(Config {
+        cases: 8,
+        max_shrink_iters: 24,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    // Mostly Queue, over two slots, so that the bounds are reached.
+    let policy = prop_oneof![5 => Just(0usize), 3 => Just(1usize), 2 => Just(2usize)];
+    let programs = proptest::collection::vec((0..2usize, policy), 4..16);
+    runner
+        .run(&programs, |steps| {
+            let n = case.get();
+            case.set(n + 1);
+            let here = play(&single, n, &steps);
+            let there = play(&node, n, &steps);
+            prop_assert!(
+                here == there,
+                "a single daemon:\n{}\na cluster node:\n{}",
+                here.join("\n"),
+                there.join("\n")
+            );
+            Ok(())
+        })
+        .unwrap();
+}
+
 #[test]
 fn a_killed_node_s_work_is_taken_over_after_its_lease() {
     let pg = Postgres::start();

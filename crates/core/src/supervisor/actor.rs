@@ -96,12 +96,12 @@ impl Actor {
         let shared = Arc::clone(&self.shared);
         let entry = Arc::clone(&self.entry);
         let mut story = Story::default();
-        // The attempt loop lives in a box of its own. Inline, it made the
-        // spawned future 1,152 bytes (536 now), and glibc serves a
-        // 128-byte-aligned allocation of that size (Tokio aligns its task
-        // cells) from its large bins, consolidating its fast bins first:
-        // about 6% more time per task in a current-thread closed loop than
-        // a small task cell plus a small box (BENCHMARKS.md).
+        // The attempt loop lives in a box of its own, so the spawned
+        // future stays small: Tokio aligns its task cells to 128 bytes, and
+        // glibc serves a large aligned allocation from its large bins,
+        // consolidating its fast bins first, which costs more per task
+        // than a small cell plus a small box. Embedders on glibc feel it;
+        // the `host` binary runs on jemalloc.
         let result = AssertUnwindSafe(Box::pin(self.life(&mut story)))
             .catch_unwind()
             .await;

@@ -276,7 +276,7 @@ pub(crate) async fn place(
     // crash then ends a run-once task as interrupted: never run twice.
     // Only when the writer is idle: under a stream of submissions the
     // attempt's own write joins a later group commit anyway, and starting
-    // the attempts early takes the CPU from the intake (measured: 0.6x).
+    // the attempts early takes the CPU from the intake.
     let started = store.is_durable()
         && !recovered
         && store.is_idle()
