@@ -29,53 +29,14 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
 use crate::admission::{self, Decision, Limits, OwnerState, SlotSummary, Totals};
+pub use crate::admission::{AdmissionPolicy, SlotState, SlotView};
 pub use crate::lifecycle::Placement;
 use crate::outcome::{RejectionKind, TaskOutcome};
 use crate::supervisor::{
     Event, EventKind, OutcomeCell, Reservation, ShutdownReport, Supervisor, TaskId, TaskRef,
     TaskReport, TaskSpec, TaskWaiter,
 };
-
-/// What the controller does with a submission whose slot is busy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum AdmissionPolicy {
-    /// Wait in the slot's FIFO queue.
-    #[default]
-    Queue,
-    /// Stop the current owner and go next.
-    Replace,
-    /// Give up when the slot is busy (Rejected SlotBusy).
-    DropIfRunning,
-}
-
-impl std::fmt::Display for AdmissionPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Queue => "queue",
-            Self::Replace => "replace",
-            Self::DropIfRunning => "drop-if-running",
-        })
-    }
-}
-
-impl std::str::FromStr for AdmissionPolicy {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        match text {
-            "queue" => Ok(Self::Queue),
-            "replace" => Ok(Self::Replace),
-            "drop-if-running" => Ok(Self::DropIfRunning),
-            other => Err(format!(
-                "unknown policy `{other}`: use queue, replace or drop-if-running"
-            )),
-        }
-    }
-}
 
 /// Builds a [`Controller`]; every bound has a default.
 #[derive(Debug)]
@@ -154,50 +115,6 @@ impl Submission {
     pub fn slot(&self) -> &str {
         self.spec.slot().unwrap_or(self.spec.name())
     }
-}
-
-/// The state of a slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SlotState {
-    /// No owner (slots are forgotten when idle with an empty queue).
-    Idle,
-    /// The owner is being registered with the supervisor.
-    Admitting,
-    /// The owner is registered and running (or backing off, or waiting for
-    /// a permit).
-    Running,
-    /// The owner was asked to stop; the slot frees at its physical end.
-    Terminating,
-}
-
-impl SlotState {
-    /// The state as a word.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Idle => "idle",
-            Self::Admitting => "admitting",
-            Self::Running => "running",
-            Self::Terminating => "terminating",
-        }
-    }
-}
-
-/// A point-in-time view of one slot (it may be stale when read).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SlotView {
-    /// The slot key.
-    pub key: String,
-    /// Its state.
-    pub state: SlotState,
-    /// The owner's task id.
-    pub owner: Option<TaskId>,
-    /// Submissions waiting behind the owner.
-    pub queue_depth: usize,
-    /// How long it has been in this state.
-    pub in_state_for: Duration,
-    /// The ids waiting, in order.
-    pub queued: Vec<TaskId>,
 }
 
 /// A queued submission as seen from outside.

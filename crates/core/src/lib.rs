@@ -32,7 +32,7 @@
 //! |---|---|
 //! | `supervisor` | how often and how long a task runs, and its one outcome |
 //! | `controller` | when a submission may enter the supervisor (slots) |
-//! | `admission` | the rules of a slot, as a pure function |
+//! | `admission` | the words of a slot and its rules, as a pure function |
 //! | `lifecycle` | the words of a task's life: its states, where it was placed |
 //! | `outcome` | how a task ended |
 //! | `recovery` | what becomes of a task its host lost (a stop, a crash, a dead node) |

@@ -18,8 +18,9 @@ use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMe
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
-use taskhost_core::admission::{self, Decision, Limits, OwnerState, SlotSummary, Totals};
-use taskhost_core::controller::{AdmissionPolicy, SlotState, SlotView};
+use taskhost_core::admission::{
+    self, AdmissionPolicy, Decision, Limits, OwnerState, SlotState, SlotSummary, SlotView, Totals,
+};
 use taskhost_core::logline::LogLine;
 use taskhost_core::outcome::{OutcomeKind, RejectionKind, TaskOutcome};
 use taskhost_core::recovery::{Fate, fate};

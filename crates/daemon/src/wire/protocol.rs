@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use taskhost_core::controller::{AdmissionPolicy, SlotView};
+use taskhost_core::admission::{AdmissionPolicy, SlotView};
 pub use taskhost_core::lifecycle::{Placement, TaskState};
 use taskhost_core::logline::LogLine;
 use taskhost_core::outcome::{OutcomeKind, TaskOutcome};
