@@ -549,6 +549,18 @@ pub struct ClusterSettings {
     pub notify: bool,
 }
 
+impl ClusterSettings {
+    /// How long a node goes on without a successful renewal before it
+    /// fences itself (stops its attempts, as if it had lost its lease): the
+    /// lease less a quarter of it, counted by the node's own clock from the
+    /// start of its last successful renewal. The quarter is the margin for
+    /// the attempts to stop, and for the database's clock, before any other
+    /// node may take the work over.
+    pub fn fence_after(&self) -> Duration {
+        self.lease - self.lease / 4
+    }
+}
+
 impl Default for ClusterSettings {
     fn default() -> Self {
         Self {

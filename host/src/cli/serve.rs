@@ -82,7 +82,7 @@ pub struct ServeArgs {
     /// Cluster mode: how long this node's lease lasts without renewal; a node silent for longer is taken over by the others [default: 10s].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     lease: Option<Duration>,
-    /// Cluster mode: how often this node renews its lease and looks for expired ones [default: 1s].
+    /// Cluster mode: how often this node renews its lease and looks for expired ones; less than three quarters of --lease, after which a node with no successful renewal stops its attempts (fences itself) [default: 1s].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     lease_renew: Option<Duration>,
     /// Cluster mode: how often this node polls for work, stops and outcomes in case a notification was missed [default: 1s].

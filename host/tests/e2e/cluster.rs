@@ -9,6 +9,10 @@
 use crate::{common, daemon, http, postgres};
 
 use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use daemon::{Daemon, LIMIT, p};
@@ -553,6 +557,152 @@ fn a_node_paused_past_its_lease_is_fenced_off() {
     // a's attempt was closed by the takeover; a's late end was refused.
     assert_eq!(rows[0].result, "interrupted", "{rows:?}");
     assert_eq!(rows[1].result, "completed", "{rows:?}");
+    assert_no_overlap("long", &rows);
+    // a joined again as a new node and serves.
+    let out = a.run(&["submit", &p("hello"), "--input", "back", "--wait"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "back");
+}
+
+/// A Unix-socket proxy in front of PostgreSQL's socket that the test can
+/// pause: a paused proxy passes no byte either way and closes nothing, as
+/// a network partition looks to a node (no error, no answer).
+struct Partition {
+    dir: tempfile::TempDir,
+    paused: Arc<AtomicBool>,
+}
+
+impl Partition {
+    fn start(pg: &Postgres) -> Self {
+        let url = pg.url();
+        let server_dir = url
+            .split("host=")
+            .nth(1)
+            .and_then(|rest| rest.split('&').next())
+            .expect("the URL names the socket directory")
+            .to_owned();
+        let server = std::path::Path::new(&server_dir).join(".s.PGSQL.5432");
+        let dir = tempfile::tempdir().unwrap();
+        let listener = UnixListener::bind(dir.path().join(".s.PGSQL.5432")).unwrap();
+        let paused = Arc::new(AtomicBool::new(false));
+        let held = Arc::clone(&paused);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(upstream) = UnixStream::connect(&server) else {
+                    continue;
+                };
+                for (from, to) in [
+                    (client.try_clone().unwrap(), upstream.try_clone().unwrap()),
+                    (upstream, client),
+                ] {
+                    let held = Arc::clone(&held);
+                    std::thread::spawn(move || pump(from, to, &held));
+                }
+            }
+        });
+        Self { dir, paused }
+    }
+
+    /// The address a node connects to PostgreSQL through.
+    fn url(&self) -> String {
+        format!(
+            "postgresql:///postgres?host={}&user=taskhost",
+            self.dir.path().display()
+        )
+    }
+
+    fn cut(&self, cut: bool) {
+        self.paused.store(cut, Ordering::SeqCst);
+    }
+}
+
+/// Copies `from` to `to`, holding every byte read while `paused` is set.
+fn pump(mut from: UnixStream, mut to: UnixStream, paused: &AtomicBool) {
+    let mut buf = [0u8; 16 << 10];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        while paused.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Write);
+}
+
+#[test]
+fn a_node_cut_off_from_the_database_fences_itself_before_the_takeover() {
+    let pg = Postgres::start();
+    let partition = Partition::start(&pg);
+    let url = partition.url();
+    let mut a = Daemon::start(&[
+        "--store",
+        url.as_str(),
+        "--node-name",
+        "a",
+        "--lease",
+        "2s",
+        "--lease-renew",
+        "200ms",
+        "--cluster-poll",
+        "200ms",
+        "--grace",
+        "5s",
+    ]);
+    a.submit(&[
+        &p("sleeper"),
+        "--name",
+        "long",
+        "--param",
+        "ms=4000",
+        "--restart",
+        "on-failure",
+        "--backoff",
+        "100ms",
+    ]);
+    wait_until(&a, "long", "running", Some("a"));
+    let b = node(&pg, "b", &[]);
+
+    // No answer from the database, no error either: before the fix, a's
+    // renewal waited for ever and its attempt ran on beside b's.
+    partition.cut(true);
+    let cut = Instant::now();
+    let line = a
+        .process
+        .as_mut()
+        .expect("running")
+        .wait_for_line("lost its lease", LIMIT);
+    let fenced = Instant::now();
+    assert!(line.contains("fenced itself"), "{line}");
+    let fenced_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(
+        fenced - cut < Duration::from_secs(2),
+        "a fenced itself {:?} after the cut, past its 2 s lease",
+        fenced - cut
+    );
+    // Past a's lease, b takes the task over and runs it.
+    wait_until(&b, "long", "running", Some("b"));
+    partition.cut(false);
+
+    let (code, json) = wait_json(&b, "long");
+    assert_eq!(code, Some(0), "{json}");
+    let rows = attempts(&pg, "long");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[0].result, "interrupted", "{rows:?}");
+    assert_eq!(rows[1].result, "completed", "{rows:?}");
+    assert!(
+        rows[1].started >= fenced_ms,
+        "b's attempt started at {} ms, before a had fenced itself (by {fenced_ms} ms): {rows:?}",
+        rows[1].started
+    );
     assert_no_overlap("long", &rows);
     // a joined again as a new node and serves.
     let out = a.run(&["submit", &p("hello"), "--input", "back", "--wait"]);

@@ -10,7 +10,9 @@
 //! - renews its lease, and takes over the work of nodes whose lease ran out
 //!   (recovery's `fate` decides each interrupted attempt);
 //! - stops its attempts at once when it finds its own lease lost (paused or
-//!   cut off past it), records nothing for them, and joins again;
+//!   cut off past it), or by its own clock when no renewal has succeeded for
+//!   three quarters of the lease (it fences itself before any other node may
+//!   take its work over), records nothing for them, and joins again;
 //! - hears about new work, stops and outcomes through LISTEN/NOTIFY, and
 //!   polls for the same as the fallback.
 //!
@@ -29,6 +31,7 @@ use taskhost_core::controller::{AdmissionPolicy, Submission};
 use taskhost_core::logline::{LineSink, LogLine, Stream};
 use taskhost_core::outcome::TaskOutcome;
 use taskhost_core::supervisor::{Event, EventKind, Received, Resume, TaskId, TaskReport};
+use taskhost_core::units::format_duration;
 use taskhost_runtime::plugin_task::PluginTask;
 
 pub(crate) mod node;
@@ -55,6 +58,7 @@ pub(crate) fn start(daemon: &Arc<Daemon>) {
     };
     tokio::spawn(claim_loop(Arc::downgrade(daemon)));
     tokio::spawn(lease_loop(Arc::downgrade(daemon)));
+    tokio::spawn(fence_loop(Arc::downgrade(daemon)));
     tokio::spawn(poll_loop(Arc::downgrade(daemon)));
     tokio::spawn(event_loop(
         Arc::downgrade(cluster),
@@ -258,34 +262,82 @@ async fn lease_loop(daemon: Weak<Daemon>) {
         if cluster.left.load(Ordering::SeqCst) {
             return;
         }
-        let since = cluster
-            .renewed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .elapsed();
-        match cluster
-            .pg
-            .renew(cluster.node(), cluster.settings.lease)
-            .await
-        {
-            Ok(true) => {
-                *cluster
+        let node = cluster.node();
+        let started = Instant::now();
+        // A renewal that hangs (a cut-off database) is given up after a
+        // lease and tried again; `fence_loop` has stopped this node's
+        // attempts by then.
+        let renewal = tokio::time::timeout(
+            cluster.settings.lease,
+            cluster.pg.renew(node, cluster.settings.lease),
+        )
+        .await;
+        match renewal {
+            Ok(Ok(true)) => {
+                let mut renewed = cluster
                     .renewed
                     .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Instant::now();
+                    .unwrap_or_else(PoisonError::into_inner);
+                *renewed = (*renewed).max(started);
             }
-            Ok(false) => lost_lease(&d, &cluster, "another node took this node's work over").await,
-            Err(err) if since > cluster.settings.lease => {
+            Ok(Ok(false)) => {
                 lost_lease(
                     &d,
                     &cluster,
-                    &format!("the lease could not be renewed: {err}"),
+                    node,
+                    "another node took this node's work over",
                 )
                 .await;
             }
-            Err(err) => tracing::warn!("cannot renew the lease: {err}"),
+            Ok(Err(err)) => tracing::warn!("cannot renew the lease: {err}"),
+            Err(_) => tracing::warn!(
+                "the lease renewal got no answer within {}",
+                format_duration(cluster.settings.lease)
+            ),
         }
-        take_over(&d, &cluster).await;
+        // Off this loop: a takeover waiting on a slot's lock must not hold
+        // up the next renewal.
+        if !cluster.taking_over.swap(true, Ordering::SeqCst) {
+            let cluster = Arc::clone(&cluster);
+            tokio::spawn(async move {
+                take_over(&d, &cluster).await;
+                cluster.taking_over.store(false, Ordering::SeqCst);
+            });
+        }
+    }
+}
+
+/// Fences this node by its own clock: when no renewal has succeeded for
+/// `fence_after` since the last successful one started, it stops its
+/// attempts (as at a lost lease) before any other node may take them over,
+/// whether or not the database answers.
+async fn fence_loop(daemon: Weak<Daemon>) {
+    loop {
+        let Some(cluster) = daemon.upgrade().and_then(|d| d.cluster().cloned()) else {
+            return;
+        };
+        let renewed = *cluster
+            .renewed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let node = cluster.node();
+        tokio::time::sleep_until((renewed + cluster.settings.fence_after()).into()).await;
+        if cluster.left.load(Ordering::SeqCst) {
+            return;
+        }
+        let still = *cluster
+            .renewed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            == renewed;
+        if still && cluster.node() == node {
+            let Some(d) = daemon.upgrade() else { return };
+            let why = format!(
+                "it fenced itself: no renewal succeeded for {} (the lease less its margin)",
+                format_duration(cluster.settings.fence_after())
+            );
+            lost_lease(&d, &cluster, node, &why).await;
+        }
     }
 }
 
@@ -328,10 +380,15 @@ async fn take_over(daemon: &Arc<Daemon>, cluster: &Cluster) {
     }
 }
 
-/// This node's lease is gone: its claims were (or may have been) taken
-/// over. Its attempts stop at once and record nothing; it joins again as a
-/// new node.
-async fn lost_lease(daemon: &Arc<Daemon>, cluster: &Cluster, why: &str) {
+/// This node's lease (as node id `lost`) is gone, or it fenced itself: its
+/// claims were (or may be) taken over. Its attempts stop at once and record
+/// nothing; it joins again as a new node. Nothing, if it has joined again
+/// under another id meanwhile.
+async fn lost_lease(daemon: &Arc<Daemon>, cluster: &Cluster, lost: i64, why: &str) {
+    let _rejoin = cluster.rejoin.lock().await;
+    if cluster.node() != lost {
+        return;
+    }
     let orphaned: Vec<TaskId> = cluster.claims().drain().map(|(id, _)| id).collect();
     tracing::error!(
         node = cluster.node(),
@@ -341,6 +398,7 @@ async fn lost_lease(daemon: &Arc<Daemon>, cluster: &Cluster, why: &str) {
     for id in &orphaned {
         daemon.controller.supervisor().abort_now(*id);
     }
+    let registering = Instant::now();
     match cluster
         .pg
         .register_node(&cluster.name, cluster.capacity, cluster.settings.lease)
@@ -351,7 +409,7 @@ async fn lost_lease(daemon: &Arc<Daemon>, cluster: &Cluster, why: &str) {
             *cluster
                 .renewed
                 .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Instant::now();
+                .unwrap_or_else(PoisonError::into_inner) = registering;
             tracing::info!(node, "joined the cluster again");
             cluster.wake.notify_one();
         }

@@ -51,8 +51,15 @@ pub(crate) struct Cluster {
     /// Set once the node has left the cluster: its lease is no longer
     /// renewed (nor taken again).
     pub(crate) left: AtomicBool,
-    /// When the lease was last renewed.
+    /// When the last successful renewal (or registration) of the lease
+    /// started: the node fences itself `fence_after` later unless another
+    /// one succeeds.
     pub(crate) renewed: Mutex<Instant>,
+    /// Held while the node gives up a lost lease and joins again.
+    pub(crate) rejoin: tokio::sync::Mutex<()>,
+    /// Set while a takeover of dead nodes' work runs (one at a time, off
+    /// the lease loop).
+    pub(crate) taking_over: AtomicBool,
     /// Lines of running tasks on their way to the database.
     pub(crate) ship: tokio::sync::mpsc::Sender<(TaskId, i64, LogLine)>,
     pub(crate) shipped: Mutex<Option<tokio::sync::mpsc::Receiver<(TaskId, i64, LogLine)>>>,
@@ -65,14 +72,17 @@ impl Cluster {
         settings: ClusterSettings,
         capacity: usize,
     ) -> Result<Arc<Self>, StoreError> {
-        if settings.renew >= settings.lease {
+        if settings.renew >= settings.fence_after() {
             return Err(StoreError(format!(
-                "the lease renewal ({}) must be shorter than the lease ({})",
+                "the lease renewal ({}) must be shorter than three quarters of the lease ({}): \
+                 a node that has not renewed its lease for {} fences itself",
                 taskhost_core::units::format_duration(settings.renew),
-                taskhost_core::units::format_duration(settings.lease)
+                taskhost_core::units::format_duration(settings.lease),
+                taskhost_core::units::format_duration(settings.fence_after())
             )));
         }
         let name = settings.node_name.clone().unwrap_or_else(default_node_name);
+        let registering = Instant::now();
         let node = pg.register_node(&name, capacity, settings.lease).await?;
         let (ship, shipped) = tokio::sync::mpsc::channel(SHIP_QUEUE);
         Ok(Arc::new(Self {
@@ -90,7 +100,9 @@ impl Cluster {
             stopped: Mutex::default(),
             closing: AtomicBool::new(false),
             left: AtomicBool::new(false),
-            renewed: Mutex::new(Instant::now()),
+            renewed: Mutex::new(registering),
+            rejoin: tokio::sync::Mutex::new(()),
+            taking_over: AtomicBool::new(false),
         }))
     }
 
