@@ -711,6 +711,86 @@ fn a_node_cut_off_from_the_database_fences_itself_before_the_takeover() {
 }
 
 #[test]
+fn a_frozen_peer_holding_a_slot_lock_does_not_cost_the_others_their_lease() {
+    let pg = Postgres::start();
+    let x = node(&pg, "x", &[]);
+    x.submit(&[
+        &p("sleeper"),
+        "--name",
+        "frozen",
+        "--slot",
+        "held",
+        "--param",
+        "ms=60000",
+        "--restart",
+        "on-failure",
+    ]);
+    wait_until(&x, "frozen", "running", Some("x"));
+    let a = node(&pg, "a", &[]);
+    std::thread::scope(|scope| {
+        // A session that holds the slot's row lock, as a peer frozen in
+        // the middle of a transaction would.
+        let holder = scope.spawn(|| {
+            pg.psql(
+                "BEGIN; SELECT slot FROM taskhost_slots WHERE slot = 'held' FOR UPDATE; \
+                 SELECT pg_sleep(6); COMMIT;",
+            )
+        });
+        let pid = x.pid().to_string();
+        let kill = |sig: &str| {
+            assert!(
+                std::process::Command::new("kill")
+                    .args([sig, &pid])
+                    .status()
+                    .unwrap()
+                    .success()
+            )
+        };
+        kill("-STOP");
+        // x's lease runs out; a's takeover of `frozen` waits on the lock.
+        let deadline = Instant::now() + LIMIT;
+        while pg
+            .psql(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND query LIKE '%taskhost_slots%'",
+            )
+            .trim()
+            != "1"
+        {
+            assert!(
+                Instant::now() < deadline,
+                "no takeover ever waited on the lock"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // While it waits, for longer than a lease, a's lease stays renewed.
+        let waited = Instant::now();
+        while waited.elapsed() < Duration::from_millis(2500) {
+            let ahead = pg.psql(
+                "SELECT count(*) FROM taskhost_nodes WHERE name = 'a' AND alive \
+                 AND lease_until > now() + interval '1 second'",
+            );
+            assert_eq!(
+                ahead.trim(),
+                "1",
+                "a's lease was not renewed while its takeover waited on a lock"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        holder.join().unwrap();
+        kill("-CONT");
+    });
+    // The takeover went through once the lock was free: `frozen` runs on a,
+    // which never lost its lease (it never joined again as a new node).
+    wait_until(&a, "frozen", "running", Some("a"));
+    assert_eq!(
+        pg.psql("SELECT count(*) FROM taskhost_nodes WHERE name = 'a'")
+            .trim(),
+        "1"
+    );
+}
+
+#[test]
 fn a_node_that_shuts_down_hands_its_work_over_at_once() {
     let pg = Postgres::start();
     // A lease far longer than a handover takes on a loaded machine: a
