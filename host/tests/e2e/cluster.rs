@@ -82,6 +82,19 @@ fn wait_json(via: &Daemon, target: &str) -> (Option<i32>, serde_json::Value) {
     (out.code, json)
 }
 
+/// The outcomes the cluster's events tell of for the task `name`, as `via`
+/// shows them (`host events --json --task NAME`).
+fn finished_events(via: &Daemon, name: &str) -> Vec<String> {
+    let out = via.run(&["events", "--json", "--task", name]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    out.stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["kind"] == "TaskFinished")
+        .map(|e| e["outcome"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
 /// One recorded attempt.
 #[derive(Debug)]
 struct Attempt {
@@ -562,6 +575,9 @@ fn a_node_paused_past_its_lease_is_fenced_off() {
     let out = a.run(&["submit", &p("hello"), "--input", "back", "--wait"]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert_eq!(out.stdout, "back");
+    // a's abort of the attempt it had lost is not the task's end: the
+    // cluster's events tell of one end, b's.
+    assert_eq!(finished_events(&a, "long"), ["completed"]);
 }
 
 /// A Unix-socket proxy in front of PostgreSQL's socket that the test can
@@ -708,6 +724,9 @@ fn a_node_cut_off_from_the_database_fences_itself_before_the_takeover() {
     let out = a.run(&["submit", &p("hello"), "--input", "back", "--wait"]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert_eq!(out.stdout, "back");
+    // a's abort of the attempt it had lost is not the task's end: the
+    // cluster's events tell of one end, b's.
+    assert_eq!(finished_events(&a, "long"), ["completed"]);
 }
 
 #[test]

@@ -160,8 +160,12 @@ async fn event_loop(cluster: Weak<Cluster>, mut lane: taskhost_core::supervisor:
         };
         let deadline = tokio::time::Instant::now() + Duration::from_millis(50);
         let mut next = Some(first);
+        let Some(cluster) = cluster.upgrade() else {
+            return;
+        };
         while let Some(received) = next.take() {
             match received {
+                Received::Event(event) if !shipped(&cluster, &event) => {}
                 Received::Event(event) => batch.push(Event::clone(&event)),
                 Received::Dropped(n) => {
                     tracing::warn!(
@@ -176,14 +180,34 @@ async fn event_loop(cluster: Weak<Cluster>, mut lane: taskhost_core::supervisor:
                 next = Some(more);
             }
         }
-        let Some(cluster) = cluster.upgrade() else {
-            return;
-        };
+        if batch.is_empty() {
+            continue;
+        }
         if let Err(err) = cluster.pg.ship_events(cluster.node(), &batch).await {
             tracing::warn!("cannot ship {} events: {err}", batch.len());
         }
         batch.clear();
     }
+}
+
+/// Whether `event` goes to the cluster's database: not if it tells of a
+/// task this node gave up with its lease (its abort here is not the task's
+/// end; the node that took it over tells that).
+fn shipped(cluster: &Cluster, event: &Event) -> bool {
+    let Some(id) = event.task_id else {
+        return true;
+    };
+    let mut fenced = cluster
+        .fenced
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if !fenced.contains(&id) {
+        return true;
+    }
+    if event.kind == EventKind::TaskRemoved {
+        fenced.remove(&id);
+    }
+    false
 }
 
 /// A claimed task's lines: into the node's log, and shipped to the
@@ -390,6 +414,12 @@ async fn lost_lease(daemon: &Arc<Daemon>, cluster: &Cluster, lost: i64, why: &st
         return;
     }
     let orphaned: Vec<TaskId> = cluster.claims().drain().map(|(id, _)| id).collect();
+    // Before the aborts, so that none of their events is shipped.
+    cluster
+        .fenced
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .extend(orphaned.iter().copied());
     tracing::error!(
         node = cluster.node(),
         orphaned = orphaned.len(),

@@ -46,6 +46,11 @@ pub(crate) struct Cluster {
     pub(crate) claims: Mutex<HashMap<TaskId, i64>>,
     /// Claimed tasks already told to stop here.
     pub(crate) stopped: Mutex<HashSet<TaskId>>,
+    /// Tasks whose claim this node gave up with its lease while their
+    /// attempt still ran here: the events of their end are this node's
+    /// alone (another node owns the task now), so they are not shipped.
+    /// Each leaves the set at its `TaskRemoved`.
+    pub(crate) fenced: Mutex<HashSet<TaskId>>,
     /// Set at a graceful stop: no more claims.
     pub(crate) closing: AtomicBool,
     /// Set once the node has left the cluster: its lease is no longer
@@ -98,6 +103,7 @@ impl Cluster {
             poll_tick: broadcast::channel(16).0,
             claims: Mutex::default(),
             stopped: Mutex::default(),
+            fenced: Mutex::default(),
             closing: AtomicBool::new(false),
             left: AtomicBool::new(false),
             renewed: Mutex::new(registering),
