@@ -31,10 +31,14 @@ fn steady_node(pg: &Postgres, name: &str, extra: &[&str]) -> Daemon {
 }
 
 fn node_with_lease(pg: &Postgres, name: &str, lease: &str, extra: &[&str]) -> Daemon {
-    let url = pg.url();
+    node_at(&pg.url(), name, lease, extra)
+}
+
+/// A node that reaches the database at `url`.
+fn node_at(url: &str, name: &str, lease: &str, extra: &[&str]) -> Daemon {
     let mut args = vec![
         "--store",
-        url.as_str(),
+        url,
         "--node-name",
         name,
         "--lease",
@@ -528,10 +532,8 @@ fn a_claim_whose_attempt_never_started_is_admitted_again_not_failed() {
     assert_eq!(json["output"], "ran once", "{json}");
 }
 
-#[test]
-fn a_node_paused_past_its_lease_is_fenced_off() {
-    let pg = Postgres::start();
-    let mut a = node(&pg, "a", &[]);
+/// Runs the restartable sleeper `long` (4 s) on node `a`.
+fn run_long(a: &Daemon) {
     a.submit(&[
         &p("sleeper"),
         "--name",
@@ -543,7 +545,34 @@ fn a_node_paused_past_its_lease_is_fenced_off() {
         "--backoff",
         "100ms",
     ]);
-    wait_until(&a, "long", "running", Some("a"));
+    wait_until(a, "long", "running", Some("a"));
+}
+
+/// After `a` lost `long` to `b`: b completed it in a second attempt, a's
+/// attempt was closed by the takeover (a's late end refused), the two never
+/// overlapped, a serves again as a new node, and the cluster's events tell
+/// of one end, b's (a's abort is not the task's end). Returns the attempts.
+fn taken_over_once(pg: &Postgres, a: &Daemon, b: &Daemon) -> Vec<Attempt> {
+    let (code, json) = wait_json(b, "long");
+    assert_eq!(code, Some(0), "{json}");
+    assert_eq!(json["attempts"], 2, "{json}");
+    let rows = attempts(pg, "long");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[0].result, "interrupted", "{rows:?}");
+    assert_eq!(rows[1].result, "completed", "{rows:?}");
+    assert_no_overlap("long", &rows);
+    let out = a.run(&["submit", &p("hello"), "--input", "back", "--wait"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "back");
+    assert_eq!(finished_events(a, "long"), ["completed"]);
+    rows
+}
+
+#[test]
+fn a_node_paused_past_its_lease_is_fenced_off() {
+    let pg = Postgres::start();
+    let mut a = node(&pg, "a", &[]);
+    run_long(&a);
     let b = node(&pg, "b", &[]);
     let pid = a.pid().to_string();
     let signal = |name: &str| {
@@ -562,22 +591,7 @@ fn a_node_paused_past_its_lease_is_fenced_off() {
         .expect("running")
         .wait_for_line("lost its lease", LIMIT);
 
-    let (code, json) = wait_json(&b, "long");
-    assert_eq!(code, Some(0), "{json}");
-    assert_eq!(json["attempts"], 2, "{json}");
-    let rows = attempts(&pg, "long");
-    assert_eq!(rows.len(), 2, "{rows:?}");
-    // a's attempt was closed by the takeover; a's late end was refused.
-    assert_eq!(rows[0].result, "interrupted", "{rows:?}");
-    assert_eq!(rows[1].result, "completed", "{rows:?}");
-    assert_no_overlap("long", &rows);
-    // a joined again as a new node and serves.
-    let out = a.run(&["submit", &p("hello"), "--input", "back", "--wait"]);
-    assert_eq!(out.code, Some(0), "{}", out.stderr);
-    assert_eq!(out.stdout, "back");
-    // a's abort of the attempt it had lost is not the task's end: the
-    // cluster's events tell of one end, b's.
-    assert_eq!(finished_events(&a, "long"), ["completed"]);
+    taken_over_once(&pg, &a, &b);
 }
 
 /// A Unix-socket proxy in front of PostgreSQL's socket that the test can
@@ -655,33 +669,8 @@ fn pump(mut from: UnixStream, mut to: UnixStream, paused: &AtomicBool) {
 fn a_node_cut_off_from_the_database_fences_itself_before_the_takeover() {
     let pg = Postgres::start();
     let partition = Partition::start(&pg);
-    let url = partition.url();
-    let mut a = Daemon::start(&[
-        "--store",
-        url.as_str(),
-        "--node-name",
-        "a",
-        "--lease",
-        "2s",
-        "--lease-renew",
-        "200ms",
-        "--cluster-poll",
-        "200ms",
-        "--grace",
-        "5s",
-    ]);
-    a.submit(&[
-        &p("sleeper"),
-        "--name",
-        "long",
-        "--param",
-        "ms=4000",
-        "--restart",
-        "on-failure",
-        "--backoff",
-        "100ms",
-    ]);
-    wait_until(&a, "long", "running", Some("a"));
+    let mut a = node_at(&partition.url(), "a", "2s", &[]);
+    run_long(&a);
     let b = node(&pg, "b", &[]);
 
     // No answer from the database, no error either: before the fix, a's
@@ -708,25 +697,12 @@ fn a_node_cut_off_from_the_database_fences_itself_before_the_takeover() {
     wait_until(&b, "long", "running", Some("b"));
     partition.cut(false);
 
-    let (code, json) = wait_json(&b, "long");
-    assert_eq!(code, Some(0), "{json}");
-    let rows = attempts(&pg, "long");
-    assert_eq!(rows.len(), 2, "{rows:?}");
-    assert_eq!(rows[0].result, "interrupted", "{rows:?}");
-    assert_eq!(rows[1].result, "completed", "{rows:?}");
+    let rows = taken_over_once(&pg, &a, &b);
     assert!(
         rows[1].started >= fenced_ms,
         "b's attempt started at {} ms, before a had fenced itself (by {fenced_ms} ms): {rows:?}",
         rows[1].started
     );
-    assert_no_overlap("long", &rows);
-    // a joined again as a new node and serves.
-    let out = a.run(&["submit", &p("hello"), "--input", "back", "--wait"]);
-    assert_eq!(out.code, Some(0), "{}", out.stderr);
-    assert_eq!(out.stdout, "back");
-    // a's abort of the attempt it had lost is not the task's end: the
-    // cluster's events tell of one end, b's.
-    assert_eq!(finished_events(&a, "long"), ["completed"]);
 }
 
 #[test]
