@@ -90,6 +90,15 @@ pub struct DaemonConfig {
     /// `--allow-http` grants must be covered by one of these. Empty (the
     /// default): no submission may reach anything.
     pub allow_http: Vec<HttpAllow>,
+    /// The directories a submission's `--dir` grants must lie within (a
+    /// read-only one admits only read-only grants). `None` (the default):
+    /// any directory on one daemon, none on a cluster node, which also
+    /// runs what other nodes (or anyone who can write the database)
+    /// recorded.
+    pub allow_dirs: Option<Vec<DirAllow>>,
+    /// The environment variables a submission's `--env` may set: names,
+    /// or prefixes ending in `*`. `None` (the default): any.
+    pub allow_env: Option<Vec<String>>,
     /// Cluster mode (a `postgres://` store): this node's name, lease and
     /// polling.
     pub cluster: ClusterSettings,
@@ -154,6 +163,8 @@ impl DaemonConfig {
             worker_threads: default_worker_threads(),
             plugin_cache: 256 << 20,
             allow_http: Vec::new(),
+            allow_dirs: None,
+            allow_env: None,
             cluster: ClusterSettings::default(),
             http: None,
             http_token_file: None,
@@ -279,6 +290,19 @@ impl DaemonConfig {
                 .map(|text| HttpAllow::parse(text).map_err(|e| format!("allow_http: {e}")))
                 .collect::<Result<_, _>>()?;
         }
+        if let Some(v) = file.allow_dirs {
+            self.allow_dirs = Some(
+                v.iter()
+                    .map(|text| DirAllow::parse(text).map_err(|e| format!("allow_dirs: {e}")))
+                    .collect::<Result<_, _>>()?,
+            );
+        }
+        if let Some(v) = file.allow_env {
+            for name in &v {
+                check_env_pattern(name).map_err(|e| format!("allow_env: {e}"))?;
+            }
+            self.allow_env = Some(v);
+        }
         if let Some(v) = file.keep_unused_plugins {
             self.keep_unused_plugins = dur(&v, "keep_unused_plugins")?;
         }
@@ -389,6 +413,8 @@ struct FileConfig {
     worker_threads: Option<usize>,
     plugin_cache: Option<String>,
     allow_http: Option<Vec<String>>,
+    allow_dirs: Option<Vec<String>>,
+    allow_env: Option<Vec<String>>,
     node_name: Option<String>,
     lease: Option<String>,
     lease_renew: Option<String>,
@@ -530,6 +556,56 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }
+}
+
+/// A directory under which submissions may be granted directories
+/// (`host serve --allow-dir PATH[:ro]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirAllow {
+    /// An absolute path on this host.
+    pub path: std::path::PathBuf,
+    /// Only read-only grants under it.
+    pub read_only: bool,
+}
+
+impl DirAllow {
+    /// Parses `PATH` or `PATH:ro`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (path, read_only) = match text.strip_suffix(":ro") {
+            Some(path) => (path, true),
+            None => (text, false),
+        };
+        let path = std::path::PathBuf::from(path);
+        if !path.is_absolute() {
+            return Err(format!(
+                "invalid --allow-dir `{text}`: the directory must be an absolute path \
+                 (PATH or PATH:ro)"
+            ));
+        }
+        Ok(Self { path, read_only })
+    }
+}
+
+impl std::fmt::Display for DirAllow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.path.display())?;
+        if self.read_only {
+            f.write_str(":ro")?;
+        }
+        Ok(())
+    }
+}
+
+/// Refuses an `--allow-env` entry that is not a name or a prefix with `*`.
+pub fn check_env_pattern(text: &str) -> Result<(), String> {
+    let name = text.strip_suffix('*').unwrap_or(text);
+    if name.contains(['=', '*', '\0']) || (name.is_empty() && text != "*") {
+        return Err(format!(
+            "invalid --allow-env `{text}`: use a variable's name, a prefix ending in `*` \
+             (APP_*), or `*` for any"
+        ));
+    }
+    Ok(())
 }
 
 /// A node's cluster settings.

@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, memory_ceiling, max_handles, max_open_files, max_http_requests, max_header_bytes, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, memory_ceiling, max_handles, max_open_files, max_http_requests, max_header_bytes, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http, allow_dirs, allow_env); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -76,6 +76,12 @@ pub struct ServeArgs {
     /// The most outbound HTTP a submission may be granted (repeatable; same forms as submit --allow-http): each --allow-http of a submission must lie within one of these, or the submission is refused. Replaces the config file's allow_http. Without any, no submission may reach anything [default: none].
     #[arg(long = "allow-http", value_name = "[http://]HOST[:PORT]", value_parser = super::args::parse_allow_http)]
     allow_http: Vec<taskhost::runtime::HttpAllow>,
+    /// The directories a submission's --dir grants must lie within (repeatable; PATH, or PATH:ro to allow only read-only grants under it), compared once symbolic links and `..` are resolved. A cluster node checks the tasks it claims too, whoever recorded them: one that asks for more ends failed with the reason. Replaces the config file's allow_dirs [default: any directory on one daemon, none on a cluster node].
+    #[arg(long = "allow-dir", value_name = "PATH[:ro]", value_parser = taskhost::daemon::config::DirAllow::parse)]
+    allow_dir: Vec<taskhost::daemon::config::DirAllow>,
+    /// The environment variables a submission's --env may set (repeatable): a name, a prefix ending in `*` such as APP_*, or `*` for any. Replaces the config file's allow_env [default: any].
+    #[arg(long = "allow-env", value_name = "NAME", value_parser = parse_allow_env)]
+    allow_env: Vec<String>,
     /// Cluster mode (with `--store postgres://…`): this node's name in `host ps` [default: <hostname>-<pid>].
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
@@ -206,6 +212,12 @@ impl ServeArgs {
         }
         if !self.allow_http.is_empty() {
             config.allow_http = self.allow_http.clone();
+        }
+        if !self.allow_dir.is_empty() {
+            config.allow_dirs = Some(self.allow_dir.clone());
+        }
+        if !self.allow_env.is_empty() {
+            config.allow_env = Some(self.allow_env.clone());
         }
         if let Some(v) = &self.node_name {
             config.cluster.node_name = Some(v.clone());
@@ -408,4 +420,8 @@ fn notify_systemd(state: &str) {
     if let Err(err) = sent {
         tracing::warn!("cannot notify systemd at {target}: {err}");
     }
+}
+
+fn parse_allow_env(text: &str) -> Result<String, String> {
+    taskhost::daemon::config::check_env_pattern(text).map(|()| text.to_owned())
 }

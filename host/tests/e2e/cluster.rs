@@ -8,6 +8,8 @@
 
 use crate::{common, daemon, http, postgres};
 
+use common::run_host;
+
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -532,6 +534,106 @@ fn a_claim_whose_attempt_never_started_is_admitted_again_not_failed() {
     assert_eq!(json["output"], "ran once", "{json}");
 }
 
+#[test]
+fn a_node_refuses_a_claimed_task_whose_grants_exceed_its_own_ceiling() {
+    let pg = Postgres::start();
+    let data = tempfile::tempdir().unwrap();
+    let wide = data.path().to_str().unwrap();
+    // a allows the directory and runs one task at a time; b allows none
+    // (a cluster node's default).
+    let a = steady_node(&pg, "a", &["--max-concurrent", "1", "--allow-dir", wide]);
+    a.submit(&[&p("sleeper"), "--name", "busy", "--param", "ms=60000"]);
+    wait_until(&a, "busy", "running", Some("a"));
+    let b = steady_node(&pg, "b", &[]);
+    let grant = format!("{wide}::/data");
+    // Submitted through b, it is refused at once.
+    let out = b.run(&["submit", &p("hello"), "--dir", &grant, "--input", "x"]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("this daemon allows no directory grants"),
+        "{}",
+        out.stderr
+    );
+    // Recorded through a, whose ceiling admits it, and claimed by b (a is
+    // full): b does not run it.
+    a.submit(&[
+        &p("hello"),
+        "--name",
+        "wide",
+        "--dir",
+        &grant,
+        "--input",
+        "x",
+    ]);
+    let (code, json) = wait_json(&a, "wide");
+    assert_eq!(code, Some(1), "{json}");
+    assert_eq!(json["outcome"], "failed", "{json}");
+    let reason = json["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("cannot run on node b: --dir ")
+            && reason.contains("this daemon allows no directory grants"),
+        "{json}"
+    );
+    assert_eq!(json["attempts"], 0, "{json}");
+}
+
+#[test]
+fn nodes_speak_tls_to_the_database_and_verify_its_certificate() {
+    let pg = Postgres::start_with_tls();
+    let ca = pg.ca_file();
+    let full = pg.tcp_url(
+        "localhost",
+        &format!("sslmode=verify-full&sslrootcert={}", ca.display()),
+    );
+    let a = node_at(&full, "a", "10s", &[]);
+    // Encrypted only, as libpq's `require`; and plain text still works.
+    let b = node_at(&pg.tcp_url("127.0.0.1", "sslmode=require"), "b", "10s", &[]);
+    let c = node_at(&pg.url(), "c", "10s", &[]);
+    for (via, input) in [(&a, "verified"), (&b, "encrypted"), (&c, "plain")] {
+        let out = via.run(&["submit", &p("hello"), "--input", input, "--wait"]);
+        assert_eq!(out.code, Some(0), "{input}: {}", out.stderr);
+        assert_eq!(out.stdout, input);
+    }
+    // The server saw TLS on every TCP session of the nodes, none without.
+    let seen = pg.psql(
+        "SELECT s.ssl, count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+         WHERE a.application_name = 'taskhost' AND a.client_addr IS NOT NULL GROUP BY s.ssl",
+    );
+    assert!(
+        seen.trim().starts_with("t|") && !seen.contains("f|"),
+        "sessions by TLS: {seen:?}"
+    );
+
+    // A certificate the node cannot verify: it does not start, and says why.
+    let dir = tempfile::tempdir().unwrap();
+    let serve = |url: &str| {
+        run_host(&[
+            "serve",
+            "--store",
+            url,
+            "--socket",
+            dir.path().join("h.sock").to_str().unwrap(),
+            "--state-dir",
+            dir.path().join("state").to_str().unwrap(),
+        ])
+    };
+    let out = serve(&pg.tcp_url("localhost", "sslmode=verify-full&sslrootcert=system"));
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("invalid peer certificate") && out.stderr.contains("UnknownIssuer"),
+        "{}",
+        out.stderr
+    );
+    let out = serve(&pg.tcp_url("localhost", "sslmode=verify-full"));
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("add sslrootcert=/path/to/ca.pem"),
+        "{}",
+        out.stderr
+    );
+}
+
 /// Runs the restartable sleeper `long` (4 s) on node `a`.
 fn run_long(a: &Daemon) {
     a.submit(&[
@@ -1053,6 +1155,43 @@ fn a_running_tasks_shipped_lines_are_trimmed_to_its_newest() {
     );
     let out = a.run(&["cancel", "loud"]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
+}
+
+#[test]
+fn many_followers_and_waiters_on_one_node_share_its_polls() {
+    let pg = Postgres::start();
+    let a = steady_node(&pg, "a", &["--no-notify"]);
+    let b = steady_node(&pg, "b", &["--no-notify"]);
+    // Without notifications every follower and waiter of b depends on b's
+    // polls: one read of the events and one look-up of the waited tasks
+    // per poll, for all of them.
+    const N: usize = 24;
+    let followers: Vec<_> = (0..N)
+        .map(|_| b.spawn_stdout_lines(&["events", "--follow", "--json", "--task", "nap"]))
+        .collect();
+    a.submit(&[&p("sleeper"), "--name", "nap", "--param", "ms=300"]);
+    let waiters: Vec<_> = (0..N).map(|_| b.spawn(&["wait", "nap"])).collect();
+    for waiter in waiters {
+        let (_, out) = waiter.finish(LIMIT);
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+    }
+    for (mut child, lines) in followers {
+        let deadline = Instant::now() + LIMIT;
+        let mut seen = Vec::new();
+        loop {
+            match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) if line.contains("TaskFinished") => break,
+                Ok(line) => seen.push(line),
+                Err(_) => panic!("a follower never saw nap finish; it saw {seen:?}"),
+            }
+        }
+        assert!(
+            seen.iter().any(|l| l.contains("AttemptStarting")),
+            "the follower saw the start first: {seen:?}"
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
 
 #[test]

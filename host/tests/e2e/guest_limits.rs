@@ -216,3 +216,81 @@ fn a_max_memory_above_the_daemon_ceiling_is_refused() {
     );
     assert!(!socket.exists());
 }
+
+#[test]
+fn directory_and_env_grants_beyond_the_daemon_ceiling_are_refused() {
+    let allowed = tempfile::tempdir().unwrap();
+    let inner = allowed.path().join("inner");
+    std::fs::create_dir(&inner).unwrap();
+    let reading = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let ro = format!("{}:ro", reading.path().display());
+    let d = Daemon::start(&[
+        "--allow-dir",
+        allowed.path().to_str().unwrap(),
+        "--allow-dir",
+        &ro,
+        "--allow-env",
+        "APP_*",
+        "--allow-env",
+        "LANG",
+    ]);
+    let hello = p("hello");
+    let submit = |extra: &[&str]| {
+        let mut args = vec!["submit", hello.as_str(), "--input", "ran", "--wait"];
+        args.extend_from_slice(extra);
+        d.run(&args)
+    };
+    // Within the ceiling: a directory under an allowed one, a read-only
+    // grant under the read-only one, allowed names.
+    let under = format!("{}::/data", inner.display());
+    let read = format!("{}::/ref:ro", reading.path().display());
+    let out = submit(&[
+        "--dir",
+        &under,
+        "--dir",
+        &read,
+        "--env",
+        "APP_MODE=x",
+        "--env",
+        "LANG=C",
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "ran");
+
+    // Outside it, by path or by `..`: refused, naming the fix.
+    let escape = format!("{}/..::/data", allowed.path().display());
+    for grant in [format!("{}::/data", outside.path().display()), escape] {
+        let out = submit(&["--dir", &grant]);
+        assert_eq!(out.code, Some(2), "{grant}: {}", out.stderr);
+        assert!(
+            out.stderr
+                .contains("is outside the directories this daemon allows")
+                && out.stderr.contains("host serve --allow-dir"),
+            "{}",
+            out.stderr
+        );
+    }
+    // Writable under the read-only one.
+    let write = format!("{}::/ref", reading.path().display());
+    let out = submit(&["--dir", &write]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("allows only read-only grants there; add `:ro`"),
+        "{}",
+        out.stderr
+    );
+    let out = submit(&["--env", "SECRET=1"]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert_eq!(
+        out.stderr.trim_end(),
+        "error: --env SECRET: this daemon does not let submissions set `SECRET` (its \
+         allow_env: APP_*, LANG); its operator can add it with `host serve --allow-env SECRET`"
+    );
+    assert!(
+        d.ps().iter().all(|t| t["state"] == "completed"),
+        "{:?}",
+        d.ps()
+    );
+}

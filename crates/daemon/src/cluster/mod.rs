@@ -24,8 +24,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use tokio_postgres::AsyncMessage;
+use tokio::sync::broadcast;
 
 use taskhost_core::controller::{AdmissionPolicy, Submission};
 use taskhost_core::logline::{LineSink, LogLine, Stream};
@@ -36,19 +35,38 @@ use taskhost_runtime::plugin_task::PluginTask;
 
 pub(crate) mod node;
 
+use crate::config::ClusterSettings;
 use crate::service::submissions;
 use crate::service::tasks::{MAX_LOG_LINES, Outcome, TaskLog, TaskRecord};
 use crate::state::{Daemon, RecordingGuard};
+use crate::store::pg_link::Timeouts;
 use crate::store::postgres::{self, Claimed};
-use crate::store::{Finished, now_ms};
+use crate::store::{Finished, StoreError, now_ms};
 pub(crate) use node::{Cluster, SHIP_BATCH};
 
 /// Most tasks claimed in one statement.
 const CLAIM_BATCH: usize = 64;
+/// The longest any one statement may run.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often retention runs on each node.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
+/// Most events the feed reads in one statement.
+const FEED_BATCH: usize = 1_000;
 /// Orphaned tasks taken over per lease round.
 const TAKEOVER_BATCH: i64 = 1_000;
+
+/// The session timeouts of a node's connections: a statement, a lock
+/// wait and a transaction left idle (a frozen node's) each end within a
+/// lease; quiet connections are probed after a quarter of one.
+pub(crate) fn timeouts(settings: &ClusterSettings) -> Timeouts {
+    Timeouts {
+        statement: STATEMENT_TIMEOUT,
+        lock: settings.lease,
+        idle_in_transaction: settings.lease,
+        keepalive_idle: (settings.lease / 4).max(Duration::from_secs(1)),
+        tcp_user: settings.lease,
+    }
+}
 
 /// Starts the node's loops: claims, lease and takeover, notifications, and
 /// the polling fallback. They hold the daemon weakly and end with it.
@@ -241,7 +259,17 @@ async fn poll_loop(daemon: Weak<Daemon>) {
         tokio::time::sleep(cluster.settings.poll).await;
         let Some(d) = daemon.upgrade() else { return };
         cluster.wake.notify_one();
-        let _ = cluster.poll_tick.send(());
+        let waited = cluster.waited();
+        if !waited.is_empty() {
+            match cluster.pg.finished_among(&waited).await {
+                Ok(ids) => {
+                    for id in ids {
+                        let _ = cluster.finished.send(id);
+                    }
+                }
+                Err(err) => tracing::warn!("cannot look up the tasks clients wait on: {err}"),
+            }
+        }
         match cluster.pg.stopping_on(cluster.node()).await {
             Ok(ids) => {
                 for id in ids {
@@ -288,23 +316,24 @@ async fn lease_loop(daemon: Weak<Daemon>) {
         }
         let node = cluster.node();
         let started = Instant::now();
-        // A renewal that hangs (a cut-off database) is given up after a
-        // lease and tried again; `fence_loop` has stopped this node's
-        // attempts by then.
-        let renewal = tokio::time::timeout(
-            cluster.settings.lease,
-            cluster.pg.renew(node, cluster.settings.lease),
-        )
-        .await;
+        // A renewal that hangs (a cut-off database) is given up after
+        // the time left before this node would fence itself, and tried
+        // again on a new connection; `fence_loop` stops this node's
+        // attempts in time whatever the database does.
+        let deadline = cluster.settings.fence_after().max(cluster.settings.renew);
+        let renewal = cluster
+            .pg
+            .renew(node, cluster.settings.lease, deadline)
+            .await;
         match renewal {
-            Ok(Ok(true)) => {
+            Ok(true) => {
                 let mut renewed = cluster
                     .renewed
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
                 *renewed = (*renewed).max(started);
             }
-            Ok(Ok(false)) => {
+            Ok(false) => {
                 lost_lease(
                     &d,
                     &cluster,
@@ -313,11 +342,7 @@ async fn lease_loop(daemon: Weak<Daemon>) {
                 )
                 .await;
             }
-            Ok(Err(err)) => tracing::warn!("cannot renew the lease: {err}"),
-            Err(_) => tracing::warn!(
-                "the lease renewal got no answer within {}",
-                format_duration(cluster.settings.lease)
-            ),
+            Err(err) => tracing::warn!("cannot renew the lease: {err}"),
         }
         // Off this loop: a takeover waiting on a slot's lock must not hold
         // up the next renewal.
@@ -365,6 +390,59 @@ async fn fence_loop(daemon: Weak<Daemon>) {
     }
 }
 
+/// A receiver of the cluster's new events (from now on), for a follower
+/// on this node: one reader polls the database for all of them, started
+/// by the first.
+pub(crate) async fn follow_events(
+    cluster: &Arc<Cluster>,
+) -> Result<broadcast::Receiver<Arc<Event>>, StoreError> {
+    let feed = cluster.feed.subscribe();
+    if !cluster.feed_started.swap(true, Ordering::SeqCst) {
+        tokio::spawn(feed_loop(Arc::downgrade(cluster)));
+    }
+    let mut ready = cluster.feed_ready.subscribe();
+    match tokio::time::timeout(cluster.settings.lease, ready.wait_for(|r| *r)).await {
+        Ok(Ok(_)) => Ok(feed),
+        _ => Err(StoreError(
+            "PostgreSQL: the cluster's events cannot be read (the database does not answer)".into(),
+        )),
+    }
+}
+
+/// Reads the cluster's new events every poll (at most 200 ms apart) and
+/// hands them to this node's followers.
+async fn feed_loop(cluster: Weak<Cluster>) {
+    let mut after: Option<i64> = None;
+    loop {
+        let Some(c) = cluster.upgrade() else { return };
+        match after {
+            None => match c.pg.events(None, 1).await {
+                Ok(newest) => {
+                    after = Some(newest.last().map_or(0, |e| e.seq as i64));
+                    c.feed_ready.send_replace(true);
+                }
+                Err(err) => tracing::warn!("cannot read the cluster's events: {err}"),
+            },
+            Some(_) => match c.pg.events(after, FEED_BATCH as i64).await {
+                Ok(events) => {
+                    let full = events.len() == FEED_BATCH;
+                    for event in events {
+                        after = Some(event.seq as i64);
+                        let _ = c.feed.send(Arc::new(event));
+                    }
+                    if full {
+                        continue;
+                    }
+                }
+                Err(err) => tracing::warn!("cannot read the cluster's events: {err}"),
+            },
+        }
+        let pause = c.settings.poll.min(Duration::from_millis(200));
+        drop(c);
+        tokio::time::sleep(pause).await;
+    }
+}
+
 /// Marks nodes whose lease ran out dead and settles their tasks.
 async fn take_over(daemon: &Arc<Daemon>, cluster: &Cluster) {
     match cluster.pg.expire_nodes().await {
@@ -386,7 +464,7 @@ async fn take_over(daemon: &Arc<Daemon>, cluster: &Cluster) {
         }
     };
     for id in orphans {
-        match cluster.pg.settle(id).await {
+        match cluster.pg.settle(id, cluster.settings.renew).await {
             Ok(Some(settled)) => {
                 let name: Arc<str> = Arc::from(settled.name.as_str());
                 let slot: Arc<str> = Arc::from(settled.slot.as_str());
@@ -452,37 +530,16 @@ async fn listen_loop(daemon: Weak<Daemon>) {
         let Some(cluster) = daemon.upgrade().and_then(|d| d.cluster().cloned()) else {
             return;
         };
-        match cluster.pg.config().connect(tokio_postgres::NoTls).await {
-            Ok((client, mut connection)) => {
-                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-                let driver = tokio::spawn(async move {
-                    let mut messages =
-                        futures::stream::poll_fn(move |cx| connection.poll_message(cx));
-                    while let Some(message) = messages.next().await {
-                        match message {
-                            Ok(AsyncMessage::Notification(n)) => {
-                                if tx
-                                    .send((n.channel().to_owned(), n.payload().to_owned()))
-                                    .is_err()
-                                {
-                                    return;
-                                }
-                            }
-                            Ok(_) => {}
-                            Err(err) => {
-                                tracing::warn!("the notification connection failed: {err}");
-                                return;
-                            }
-                        }
-                    }
-                });
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        match cluster.pg.link().connect(Some(tx)).await {
+            Ok(session) => {
                 let listen = format!(
                     "LISTEN {}; LISTEN {}; LISTEN {}",
                     postgres::READY,
                     postgres::STOP,
                     postgres::FINISHED
                 );
-                if let Err(err) = client.batch_execute(&listen).await {
+                if let Err(err) = session.client.batch_execute(&listen).await {
                     tracing::warn!("cannot listen for notifications: {err}");
                 } else {
                     // Whatever happened while not listening, the poll finds.
@@ -504,7 +561,6 @@ async fn listen_loop(daemon: Weak<Daemon>) {
                         }
                     }
                 }
-                driver.abort();
             }
             Err(err) => tracing::warn!("cannot open the notification connection: {err}"),
         }

@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::{Notify, broadcast, watch};
 
 use taskhost_core::controller::Controller;
 use taskhost_core::logline::LogLine;
-use taskhost_core::supervisor::TaskId;
+use taskhost_core::supervisor::{Event, TaskId};
 use taskhost_runtime::{Digest, Plugin};
 
 use crate::config::ClusterSettings;
@@ -40,8 +40,16 @@ pub(crate) struct Cluster {
     /// Ids of tasks whose outcome was just recorded (from notifications, and
     /// from this node's own records).
     pub(crate) finished: broadcast::Sender<TaskId>,
-    /// Ticks at every poll: waiters look at the database again.
-    pub(crate) poll_tick: broadcast::Sender<()>,
+    /// The tasks clients wait on through this node, with how many wait on
+    /// each: every poll looks them all up in one statement, and tells
+    /// `finished` of those that ended.
+    pub(crate) waited: Mutex<HashMap<TaskId, usize>>,
+    /// The cluster's new events, read once per poll for all of this node's
+    /// followers (`cluster::follow_events`).
+    pub(crate) feed: broadcast::Sender<Arc<Event>>,
+    /// True once the feed's reader has its starting point.
+    pub(crate) feed_ready: watch::Sender<bool>,
+    pub(crate) feed_started: AtomicBool,
     /// The tasks this node claimed and still runs, with their tokens.
     pub(crate) claims: Mutex<HashMap<TaskId, i64>>,
     /// Claimed tasks already told to stop here.
@@ -76,6 +84,7 @@ impl Cluster {
         pg: Pg,
         settings: ClusterSettings,
         capacity: usize,
+        lane: usize,
     ) -> Result<Arc<Self>, StoreError> {
         if settings.renew >= settings.fence_after() {
             return Err(StoreError(format!(
@@ -100,7 +109,10 @@ impl Cluster {
             node: AtomicI64::new(node),
             wake: Notify::new(),
             finished: broadcast::channel(4096).0,
-            poll_tick: broadcast::channel(16).0,
+            waited: Mutex::default(),
+            feed: broadcast::channel(lane.max(1)).0,
+            feed_ready: watch::channel(false).0,
+            feed_started: AtomicBool::new(false),
             claims: Mutex::default(),
             stopped: Mutex::default(),
             fenced: Mutex::default(),
@@ -183,26 +195,68 @@ impl Cluster {
     }
 
     /// Waits until a task's outcome is recorded, whichever node ran it: woken
-    /// by its notification, and looking again at every poll.
+    /// by its notification, or by the poll that looks up every waited task.
     pub(crate) async fn wait_finished(&self, id: TaskId) -> Result<Finished, StoreError> {
         let mut finished = self.finished.subscribe();
-        let mut ticks = self.poll_tick.subscribe();
+        let _waiting = Waiting::new(self, id);
         loop {
             if let Some(done) = self.pg.finished(id).await? {
                 return Ok(done);
             }
             loop {
-                tokio::select! {
-                    got = finished.recv() => match got {
-                        Ok(done) if done == id => break,
-                        Ok(_) => {}
-                        Err(broadcast::error::RecvError::Lagged(_)) => break,
-                        Err(broadcast::error::RecvError::Closed) => {
-                            return Err(StoreError("the node is stopping".into()));
-                        }
-                    },
-                    _ = ticks.recv() => break,
+                match finished.recv().await {
+                    Ok(done) if done == id => break,
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => break,
+                    Err(broadcast::error::RecvError::Closed) => {
+                        return Err(StoreError("the node is stopping".into()));
+                    }
                 }
+            }
+        }
+    }
+
+    /// The tasks waited on through this node.
+    pub(crate) fn waited(&self) -> Vec<TaskId> {
+        self.waited
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .copied()
+            .collect()
+    }
+}
+
+/// One client waiting on a task, counted in `Cluster::waited` while it
+/// waits.
+struct Waiting<'a> {
+    cluster: &'a Cluster,
+    id: TaskId,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(cluster: &'a Cluster, id: TaskId) -> Self {
+        *cluster
+            .waited
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(id)
+            .or_default() += 1;
+        Self { cluster, id }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut waited = self
+            .cluster
+            .waited
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = waited.get_mut(&self.id) {
+            *n -= 1;
+            if *n == 0 {
+                waited.remove(&self.id);
             }
         }
     }

@@ -130,12 +130,22 @@ pub async fn serve(
     let (storage, unfinished) = match &spec {
         StoreSpec::Postgres(url) => {
             let pool = config.max_connections.clamp(4, 16);
-            let pg = postgres::open(url, config.cluster.notify, pool)
-                .await
-                .map_err(|e| fail(e.to_string()))?;
-            let cluster = Cluster::join(pg, config.cluster.clone(), max_concurrent)
-                .await
-                .map_err(|e| fail(e.to_string()))?;
+            let pg = postgres::open(
+                url,
+                crate::cluster::timeouts(&config.cluster),
+                config.cluster.notify,
+                pool,
+            )
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+            let cluster = Cluster::join(
+                pg,
+                config.cluster.clone(),
+                max_concurrent,
+                config.event_lane_capacity,
+            )
+            .await
+            .map_err(|e| fail(e.to_string()))?;
             (Storage::Shared(cluster), Vec::new())
         }
         local => {

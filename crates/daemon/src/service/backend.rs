@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 
 use taskhost_core::controller::SlotView;
 use taskhost_core::logline::LogLine;
@@ -614,40 +614,57 @@ async fn local_events(
 }
 
 /// The cluster's events: the newest recorded ones that pass the filter,
-/// then (following) new ones as they are shipped.
+/// then (following) new ones from the node's feed.
 async fn shared_events(
-    cluster: &Cluster,
+    cluster: &Arc<Cluster>,
     tx: &mpsc::Sender<Item>,
     follow: bool,
     filter: &EventFilter,
 ) {
-    // None: the newest first; then everything after the last one seen.
-    let mut after: Option<i64> = None;
-    loop {
-        let newest = after.is_none();
-        match cluster.pg.events(after, EVENT_HISTORY as i64).await {
-            Ok(events) => {
-                let full = !newest && events.len() == EVENT_HISTORY;
-                after = Some(after.unwrap_or(0));
-                for event in events {
-                    after = Some(event.seq as i64);
-                    if filter.admits(&event) && tx.send(Item::Event(event)).await.is_err() {
-                        return;
-                    }
-                }
-                if full {
-                    continue;
-                }
-            }
+    // Subscribed before the history is read: nothing between is missed.
+    let feed = if follow {
+        match crate::cluster::follow_events(cluster).await {
+            Ok(feed) => Some(feed),
             Err(err) => {
                 let _ = tx.send(Item::Failed(err.to_string())).await;
                 return;
             }
         }
-        if !follow {
+    } else {
+        None
+    };
+    let mut last = 0;
+    match cluster.pg.events(None, EVENT_HISTORY as i64).await {
+        Ok(events) => {
+            for event in events {
+                last = event.seq;
+                if filter.admits(&event) && tx.send(Item::Event(event)).await.is_err() {
+                    return;
+                }
+            }
+        }
+        Err(err) => {
+            let _ = tx.send(Item::Failed(err.to_string())).await;
             return;
         }
-        tokio::time::sleep(cluster.settings.poll.min(Duration::from_millis(200))).await;
+    }
+    let Some(mut feed) = feed else { return };
+    loop {
+        let item = match feed.recv().await {
+            Ok(event) if event.seq <= last => continue,
+            Ok(event) => {
+                last = event.seq;
+                if !filter.admits(&event) {
+                    continue;
+                }
+                Item::Event(Event::clone(&event))
+            }
+            Err(broadcast::error::RecvError::Lagged(n)) => Item::Dropped(n),
+            Err(broadcast::error::RecvError::Closed) => return,
+        };
+        if tx.send(item).await.is_err() {
+            return;
+        }
     }
 }
 

@@ -27,12 +27,13 @@ use taskhost_core::units::format_size;
 use taskhost_runtime::PluginInfo;
 use taskhost_runtime::plugin_task::{PluginTask, resolve_slot};
 
-use crate::store::postgres::Names;
-use taskhost_runtime::{HttpAllow, Sandbox};
+use taskhost_runtime::{DirGrant, HttpAllow, Sandbox};
 
 use crate::cluster::node::Cluster;
+use crate::config::DirAllow;
 use crate::service::tasks::{Outcome, TaskLog, TaskRecord};
 use crate::state::{Daemon, RecordingGuard};
+use crate::store::postgres::Names;
 use crate::store::{Finished, NewTask, Pause, Store, Ticket, now_ms};
 use crate::wire::protocol::{ErrorKind, MAX_SUBMIT_INPUT, Placement, SubmitRequest, Submitted};
 
@@ -104,6 +105,79 @@ fn check_http_ceiling(ceiling: &[HttpAllow], wanted: &[HttpAllow]) -> Result<(),
             allowed.join(", ")
         )
     })
+}
+
+/// Refuses a directory grant outside the daemon's `allow_dirs` (compared
+/// once symbolic links and `..` are resolved), or a writable one under a
+/// read-only entry.
+fn check_dir_ceiling(allowed: &[DirAllow], dirs: &[DirGrant]) -> Result<(), String> {
+    let roots: Vec<(std::path::PathBuf, &DirAllow)> = allowed
+        .iter()
+        .filter_map(|a| Some((std::fs::canonicalize(&a.path).ok()?, a)))
+        .collect();
+    for dir in dirs {
+        let real = std::fs::canonicalize(&dir.host).map_err(|e| {
+            format!(
+                "directory grant `{}` cannot be resolved: {e}",
+                dir.host.display()
+            )
+        })?;
+        let within = |(root, _): &&(std::path::PathBuf, &DirAllow)| real.starts_with(root);
+        if roots
+            .iter()
+            .filter(within)
+            .any(|(_, a)| dir.read_only || !a.read_only)
+        {
+            continue;
+        }
+        let grant = format!("{}::{}", dir.host.display(), dir.guest);
+        return Err(if roots.iter().any(|r| within(&r)) {
+            format!(
+                "--dir {grant}: this daemon allows only read-only grants there; add `:ro`, \
+                 or its operator can allow writing with `host serve --allow-dir {}`",
+                dir.host.display()
+            )
+        } else if allowed.is_empty() {
+            format!(
+                "--dir {grant}: this daemon allows no directory grants; its operator can \
+                 allow some with `host serve --allow-dir {}` or `allow_dirs = [\"{}\"]` in \
+                 the config file",
+                dir.host.display(),
+                dir.host.display()
+            )
+        } else {
+            let shown: Vec<String> = allowed.iter().map(ToString::to_string).collect();
+            format!(
+                "--dir {grant} is outside the directories this daemon allows ({}); grant \
+                 one under those, or its operator can add it with `host serve --allow-dir {}`",
+                shown.join(", "),
+                dir.host.display()
+            )
+        });
+    }
+    Ok(())
+}
+
+/// Refuses an environment variable the daemon's `allow_env` does not name.
+fn check_env_ceiling(allowed: &[String], env: &[(String, String)]) -> Result<(), String> {
+    let covered = |name: &str| {
+        allowed.iter().any(|a| match a.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => a == name,
+        })
+    };
+    match env.iter().find(|(name, _)| !covered(name)) {
+        None => Ok(()),
+        Some((name, _)) => Err(format!(
+            "--env {name}: this daemon does not let submissions set `{name}` (its allow_env: \
+             {}); its operator can add it with `host serve --allow-env {name}`",
+            if allowed.is_empty() {
+                "none".to_owned()
+            } else {
+                allowed.join(", ")
+            }
+        )),
+    }
 }
 
 /// Refuses a memory limit above the daemon's `memory_ceiling`, naming both
@@ -217,6 +291,17 @@ pub(crate) async fn check(
         )));
     }
     sandbox.check_dirs().map_err(|e| invalid(e.to_string()))?;
+    let allow_dirs = match &daemon.config.allow_dirs {
+        Some(allowed) => Some(allowed.as_slice()),
+        None if daemon.cluster().is_some() => Some(&[][..]),
+        None => None,
+    };
+    if let Some(allowed) = allow_dirs {
+        check_dir_ceiling(allowed, &sandbox.dirs).map_err(invalid)?;
+    }
+    if let Some(allowed) = &daemon.config.allow_env {
+        check_env_ceiling(allowed, &sandbox.env).map_err(invalid)?;
+    }
     check_http_ceiling(&daemon.config.allow_http, &sandbox.http).map_err(invalid)?;
     sandbox
         .check_capabilities(&info.capabilities)

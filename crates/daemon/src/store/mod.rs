@@ -21,7 +21,9 @@
 //! |---|---|
 //! | `sqlite` | the SQLite backend: open, migrations, the writer thread, the reader |
 //! | `postgres` | cluster mode's database: admission, claims, fenced writes, leases, reads |
+//! | `pg_link` | how a node reaches that database: TLS, session timeouts, keepalives, connections of its own |
 
+pub(crate) mod pg_link;
 pub(crate) mod postgres;
 mod sqlite;
 

@@ -14,8 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::NoTls;
+use deadpool_postgres::{GenericClient, Pool};
 use tokio_postgres::error::SqlState;
 
 use taskhost_core::admission::{
@@ -27,6 +26,7 @@ use taskhost_core::recovery::{Fate, fate};
 use taskhost_core::supervisor::{Event, TaskId, TaskRef, TaskReport};
 use taskhost_runtime::Digest;
 
+use super::pg_link::{Link, Session, Timeouts};
 use super::{Finished, Pause, StoreError, Unfinished, now_ms};
 use crate::wire::protocol::{Placement, SubmitRequest, Submitted, TaskRow, TaskState};
 
@@ -55,16 +55,18 @@ pub(crate) const FINISHED: &str = "taskhost_finished";
 #[derive(Clone)]
 pub(crate) struct Pg {
     pool: Pool,
-    config: tokio_postgres::Config,
+    link: Link,
+    /// The connection lease renewals have to themselves (with its
+    /// driver), so that nothing else queued on the pool delays them.
+    lease: Arc<tokio::sync::Mutex<Option<Session>>>,
     /// Whether decisions send notifications (off only to test the polling
     /// fallback).
     notify: bool,
-    describe: Arc<str>,
 }
 
 impl std::fmt::Debug for Pg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.describe)
+        f.write_str(&self.link.describe)
     }
 }
 
@@ -288,46 +290,33 @@ fn unfinished_state(state: &str) -> TaskState {
 }
 
 /// Opens the cluster's database and migrates it (nodes starting together
-/// take turns on an advisory lock).
-pub(crate) async fn open(url: &str, notify: bool, pool_size: usize) -> Result<Pg, StoreError> {
-    let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
-        StoreError(format!(
-            "`{url}` is not a PostgreSQL address ({e}); use postgres://USER@HOST:PORT/DB \
-             or postgres:///DB?host=/run/postgresql"
-        ))
-    })?;
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(Duration::from_secs(5));
-    }
-    config.application_name("taskhost");
-    let describe: Arc<str> = Arc::from(format!(
-        "postgres {}/{}",
-        config
-            .get_hosts()
-            .first()
-            .map(|h| match h {
-                tokio_postgres::config::Host::Tcp(h) => h.clone(),
-                tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
-            })
-            .unwrap_or_default(),
-        config.get_dbname().unwrap_or("")
-    ));
-    let manager = Manager::from_config(
-        config.clone(),
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let pool = Pool::builder(manager)
+/// take turns on an advisory lock). Every session gets `timeouts`; the
+/// pool gives up a wait for a connection after `timeouts.lock`.
+pub(crate) async fn open(
+    url: &str,
+    timeouts: Timeouts,
+    notify: bool,
+    pool_size: usize,
+) -> Result<Pg, StoreError> {
+    let link = Link::parse(url, timeouts)?;
+    let connect = link
+        .config
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(Duration::from_secs(5));
+    let pool = Pool::builder(link.manager())
         .max_size(pool_size.max(2))
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .wait_timeout(Some(timeouts.lock))
+        .create_timeout(Some(connect))
+        .recycle_timeout(Some(connect))
         .build()
         .map_err(|e| StoreError(format!("PostgreSQL: cannot build the pool: {e}")))?;
     let pg = Pg {
         pool,
-        config,
+        link,
+        lease: Arc::default(),
         notify,
-        describe,
     };
     pg.migrate().await.map_err(|e| {
         StoreError(format!(
@@ -339,9 +328,10 @@ pub(crate) async fn open(url: &str, notify: bool, pool_size: usize) -> Result<Pg
 }
 
 impl Pg {
-    /// The connection settings (for the node's listening connection).
-    pub(crate) fn config(&self) -> &tokio_postgres::Config {
-        &self.config
+    /// The database's address and settings (for the node's listening
+    /// connection).
+    pub(crate) fn link(&self) -> &Link {
+        &self.link
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
@@ -458,18 +448,42 @@ impl Pg {
         Ok(row.get(0))
     }
 
-    /// Renews a node's lease; false once it has lost it (another node took
-    /// its work over).
-    pub(crate) async fn renew(&self, node: i64, lease: Duration) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let rows = all(
-            &client,
-            "cannot renew the lease",
-            "UPDATE taskhost_nodes SET lease_until = now() + ($2::float8 * interval '1 millisecond') \
-                 WHERE id = $1 AND alive RETURNING id",
-            &[&node, &(lease.as_millis() as f64)],
-        )
-        .await?;
+    /// Renews a node's lease on its own connection; false once it has lost
+    /// it (another node took its work over). A renewal that gets no answer
+    /// within `deadline` fails, and its connection is given up.
+    pub(crate) async fn renew(
+        &self,
+        node: i64,
+        lease: Duration,
+        deadline: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut held = self.lease.lock().await;
+        let renewal = tokio::time::timeout(deadline, async {
+            let session = match held.take() {
+                Some(session) => session,
+                None => self.link.connect(None).await?,
+            };
+            let rows = session
+                .client
+                .query(
+                    "UPDATE taskhost_nodes SET lease_until = now() + ($2::float8 * interval '1 millisecond') \
+                         WHERE id = $1 AND alive RETURNING id",
+                    &[&node, &(lease.as_millis() as f64)],
+                )
+                .await
+                .map_err(db("cannot renew the lease"))?;
+            Ok((session, rows))
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError(format!(
+                "PostgreSQL: the lease renewal got no answer within {}",
+                taskhost_core::units::format_duration(deadline)
+            )))
+        });
+        // A failed renewal's session is dropped (a new one next time).
+        let (session, rows) = renewal?;
+        *held = Some(session);
         Ok(!rows.is_empty())
     }
 
@@ -518,12 +532,21 @@ impl Pg {
 
     /// Takes over one task of a dead node, as recovery would after a crash:
     /// its interrupted attempt is closed and its restart policy decides
-    /// (`fate`). None if another node settled it first.
-    pub(crate) async fn settle(&self, id: TaskId) -> Result<Option<Settled>, StoreError> {
-        retry(|| self.settle_once(id)).await
+    /// (`fate`). None if another node settled it first. It waits at most
+    /// `lock_wait` for a lock (a frozen node may hold the slot's).
+    pub(crate) async fn settle(
+        &self,
+        id: TaskId,
+        lock_wait: Duration,
+    ) -> Result<Option<Settled>, StoreError> {
+        retry(|| self.settle_once(id, lock_wait)).await
     }
 
-    async fn settle_once(&self, id: TaskId) -> Result<Option<Settled>, StoreError> {
+    async fn settle_once(
+        &self,
+        id: TaskId,
+        lock_wait: Duration,
+    ) -> Result<Option<Settled>, StoreError> {
         let mut client = self.client().await?;
         let tx = client
             .transaction()
@@ -532,6 +555,14 @@ impl Pg {
         let settled = {
             let tx = &tx;
             {
+                let wait = format!("{}ms", lock_wait.as_millis().max(1));
+                exec(
+                    tx,
+                    "cannot bound the takeover's lock waits",
+                    "SELECT set_config('lock_timeout', $1, true)",
+                    &[&wait],
+                )
+                .await?;
                 let Some(slot) = lock_slot_of(tx, id).await? else {
                     return Ok(None);
                 };
@@ -1148,6 +1179,20 @@ impl Pg {
             submitted_ms: row.get::<_, i64>(3).max(0) as u64,
             finished_ms: row.get::<_, Option<i64>>(4).unwrap_or(0).max(0) as u64,
         }))
+    }
+
+    /// Which of these tasks have finished.
+    pub(crate) async fn finished_among(&self, ids: &[TaskId]) -> Result<Vec<TaskId>, StoreError> {
+        let client = self.client().await?;
+        let ids: Vec<i64> = ids.iter().map(|id| sql_id(*id)).collect();
+        let rows = all(
+            &client,
+            "cannot look up waited tasks",
+            "SELECT id FROM taskhost_tasks WHERE id = ANY($1) AND state = 'finished'",
+            &[&ids],
+        )
+        .await?;
+        Ok(rows.iter().map(|r| id_of(r.get(0))).collect())
     }
 
     /// The task a target refers to: an id is that task; a name is the live

@@ -18,6 +18,8 @@ pub struct Postgres {
     dir: tempfile::TempDir,
     bin: PathBuf,
     as_nobody: bool,
+    /// The TCP port on 127.0.0.1 of a server started with TLS.
+    tls_port: Option<u16>,
 }
 
 /// The directory holding `initdb`, `pg_ctl` and `psql`: on the PATH, else
@@ -60,6 +62,18 @@ fn find_bin() -> PathBuf {
 impl Postgres {
     /// Creates and starts a fresh server.
     pub fn start() -> Self {
+        Self::start_with(false)
+    }
+
+    /// A fresh server that also listens on 127.0.0.1 (a free port), with
+    /// TLS on: its certificate, for `localhost` and 127.0.0.1, is signed by
+    /// a throwaway CA made with `openssl` (`ca_file`), as docs/cluster.md
+    /// shows.
+    pub fn start_with_tls() -> Self {
+        Self::start_with(true)
+    }
+
+    fn start_with(tls: bool) -> Self {
         let bin = find_bin();
         // Short: the socket path must fit in 107 bytes.
         let dir = tempfile::Builder::new()
@@ -74,10 +88,17 @@ impl Postgres {
             std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY))
                 .expect("chown the PostgreSQL directory to nobody");
         }
+        let tls_port = tls.then(|| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port for PostgreSQL")
+                .port()
+        });
         let pg = Self {
             dir,
             bin,
             as_nobody,
+            tls_port,
         };
         let data = pg.data();
         pg.run(
@@ -93,11 +114,22 @@ impl Postgres {
                 "--no-sync",
             ],
         );
-        let options = format!(
-            "-c listen_addresses='' -c unix_socket_directories='{}' -c fsync=off \
+        let mut options = format!(
+            "-c unix_socket_directories='{}' -c fsync=off \
              -c synchronous_commit=off -c full_page_writes=off -c max_connections=300",
             pg.dir.path().display()
         );
+        match pg.tls_port {
+            None => options.push_str(" -c listen_addresses=''"),
+            Some(port) => {
+                pg.make_certificates();
+                options.push_str(&format!(
+                    " -c listen_addresses='127.0.0.1' -c port={port} -c ssl=on \
+                     -c ssl_cert_file='{dir}/server.pem' -c ssl_key_file='{dir}/server.key'",
+                    dir = pg.dir.path().display()
+                ));
+            }
+        }
         let log = pg.dir.path().join("server.log");
         pg.run(
             "pg_ctl",
@@ -115,6 +147,101 @@ impl Postgres {
             ],
         );
         pg
+    }
+
+    /// The throwaway CA and the server's certificate and key, in the
+    /// server's directory (the key readable by the server's user only).
+    fn make_certificates(&self) {
+        let dir = self.dir.path();
+        std::fs::write(
+            dir.join("server.ext"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+        )
+        .unwrap();
+        let steps: [&[&str]; 3] = [
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=taskhost test CA",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+            ],
+            &[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-subj",
+                "/CN=localhost",
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+            ],
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                "server.ext",
+                "-out",
+                "server.pem",
+            ],
+        ];
+        for args in steps {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .unwrap_or_else(|e| {
+                    panic!("cannot run openssl ({e}): the TLS test needs it (Debian: openssl)")
+                });
+            assert!(
+                out.status.success(),
+                "openssl {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let key = dir.join("server.key");
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        if self.as_nobody {
+            for file in ["server.key", "server.pem", "ca.pem"] {
+                std::os::unix::fs::chown(dir.join(file), Some(NOBODY), Some(NOBODY)).unwrap();
+            }
+        }
+    }
+
+    /// The CA that signed a TLS server's certificate.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// The TCP address of a server started with TLS, with `params`
+    /// (`sslmode=…`) appended.
+    pub fn tcp_url(&self, host: &str, params: &str) -> String {
+        let port = self.tls_port.expect("a server started with start_with_tls");
+        format!("postgresql://taskhost@{host}:{port}/postgres?{params}")
     }
 
     fn data(&self) -> PathBuf {
@@ -178,8 +305,12 @@ impl Postgres {
 
     /// The address for `host serve --store`.
     pub fn url(&self) -> String {
+        let port = self
+            .tls_port
+            .map(|p| format!("&port={p}"))
+            .unwrap_or_default();
         format!(
-            "postgresql:///postgres?host={}&user=taskhost",
+            "postgresql:///postgres?host={}&user=taskhost{port}",
             self.dir.path().display()
         )
     }
@@ -187,11 +318,14 @@ impl Postgres {
     /// Runs SQL through `psql`; returns its unaligned, tuples-only output.
     pub fn psql(&self, sql: &str) -> String {
         let dir = self.dir.path().to_str().unwrap().to_owned();
+        let port = self.tls_port.unwrap_or(5432).to_string();
         self.run(
             "psql",
             &[
                 "-h",
                 &dir,
+                "-p",
+                &port,
                 "-U",
                 "taskhost",
                 "-d",
