@@ -2,7 +2,7 @@
 //! PostgreSQL that the benchmark starts itself (as the cluster tests do),
 //! driven through the library's `Client`.
 //!
-//! - throughput with 1, 2 and 3 nodes: 2,000 `hello` submissions (each its
+//! - throughput with 1, 2 and 3 nodes: 10,000 `hello` submissions (each its
 //!   own slot) spread over the nodes by 8 pipelined clients, until every
 //!   outcome is recorded; tasks/s, and the share of the CPU time the
 //!   database's processes used (this 2-core machine runs everything, so
@@ -17,7 +17,10 @@
 //!   (SIGKILL); the time until its next attempt starts on the other node,
 //!   against the configured lease.
 //!
-//! Run with `cargo bench -p taskhost --bench cluster`.
+//! Run with `cargo bench -p taskhost --bench cluster [-- throughput|latency|takeover]`
+//! (the scenarios whose names contain an argument; all without one). With
+//! `TASKHOST_BENCH_PG_PROFILE=1` the throughput runs also print the
+//! database's statements (pg_stat_statements): calls and time per task.
 
 #[path = "../tests/e2e/common/postgres.rs"]
 mod postgres;
@@ -30,7 +33,8 @@ use taskhost::daemon::Client;
 use taskhost::daemon::protocol::{Placement, Reply, Request, SubmitRequest};
 use taskhost::supervisor::TaskRef;
 
-const THROUGHPUT_TASKS: usize = 2_000;
+/// Submissions of the throughput scenario (`TASKHOST_BENCH_TASKS` to change).
+const THROUGHPUT_TASKS: usize = 10_000;
 const CLIENTS: usize = 8;
 const LATENCY_SAMPLES: usize = 200;
 const CANCEL_SAMPLES: usize = 40;
@@ -155,15 +159,66 @@ fn main() {
     println!(
         "# cluster benchmark (lease {LEASE}, renewed every {RENEW}); one PostgreSQL per scenario"
     );
-    for nodes in 1..=3 {
-        throughput(&rt, nodes);
+    let wanted: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let run = |name: &str| wanted.is_empty() || wanted.iter().any(|w| name.contains(w.as_str()));
+    if run("throughput") {
+        for nodes in 1..=3 {
+            throughput(&rt, nodes);
+        }
     }
-    latencies(&rt);
-    takeover(&rt);
+    if run("latency") {
+        latencies(&rt);
+    }
+    if run("takeover") {
+        takeover(&rt);
+    }
+}
+
+/// Whether to profile the database's statements.
+fn profiling() -> bool {
+    std::env::var_os("TASKHOST_BENCH_PG_PROFILE").is_some_and(|v| v == "1")
+}
+
+/// The statements the database ran most time on, per task.
+fn print_profile(pg: &postgres::Postgres, tasks: usize) {
+    let rows = pg.psql(
+        "SELECT calls, round(total_exec_time::numeric, 1), round(mean_exec_time::numeric * 1000, 1), \
+         regexp_replace(left(query, 110), '\\s+', ' ', 'g') FROM pg_stat_statements \
+         WHERE query NOT LIKE '%pg_stat_statements%' ORDER BY total_exec_time DESC LIMIT 25",
+    );
+    let total = pg
+        .psql("SELECT sum(calls), round(sum(total_exec_time)::numeric, 1) FROM pg_stat_statements");
+    println!(
+        "  database profile ({tasks} tasks): calls, total ms, mean µs, statement; all: {}",
+        total.trim()
+    );
+    for row in rows.lines() {
+        let f: Vec<&str> = row.splitn(4, '|').collect();
+        if f.len() == 4 {
+            let calls: f64 = f[0].parse().unwrap_or(0.0);
+            println!(
+                "  {:>7} ({:>5.2}/task) {:>8} ms {:>8} µs  {}",
+                f[0],
+                calls / tasks as f64,
+                f[1],
+                f[2],
+                f[3]
+            );
+        }
+    }
 }
 
 fn throughput(rt: &tokio::runtime::Runtime, count: usize) {
-    let pg = postgres::Postgres::start();
+    let pg = if profiling() {
+        postgres::Postgres::start_with_settings(
+            "-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all",
+        )
+    } else {
+        postgres::Postgres::start()
+    };
     let dir = tempfile::tempdir().unwrap();
     let nodes: Vec<Node> = (1..=count)
         .map(|i| start_node(dir.path(), &pg, &format!("n{i}")))
@@ -171,6 +226,35 @@ fn throughput(rt: &tokio::runtime::Runtime, count: usize) {
     let sockets: Vec<PathBuf> = nodes.iter().map(|n| n.socket.clone()).collect();
     let node_pids: Vec<u32> = nodes.iter().map(|n| n.child.id()).collect();
     let hello = std::fs::read(plugin_artifacts::HELLO).expect("hello");
+    let tasks = std::env::var("TASKHOST_BENCH_TASKS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(THROUGHPUT_TASKS);
+    // Warm: the plugin uploaded, fetched and compiled by every node (each
+    // runs a few of the warm-up's tasks), outside the timed part.
+    rt.block_on(async {
+        for socket in &sockets {
+            let client = Client::connect(socket).await.expect("connect");
+            let digest = client.ensure_plugin(&hello).await.expect("upload");
+            let mut ids = Vec::new();
+            for _ in 0..16 {
+                ids.push(
+                    client
+                        .submit(SubmitRequest::new(digest))
+                        .await
+                        .expect("submit")
+                        .id,
+                );
+            }
+            for id in ids {
+                client.wait(TaskRef::Id(id)).await.expect("wait");
+            }
+        }
+    });
+    if profiling() {
+        pg.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+        pg.psql("SELECT pg_stat_statements_reset()");
+    }
     let pg_pids = postgres_pids(&pg);
     let (pg_before, nodes_before) = (cpu_of(&pg_pids), cpu_of(&node_pids));
     let started = Instant::now();
@@ -183,7 +267,7 @@ fn throughput(rt: &tokio::runtime::Runtime, count: usize) {
                 let client = Client::connect(&socket).await.expect("connect");
                 let digest = client.ensure_plugin(&hello).await.expect("upload");
                 let mut pending = Vec::new();
-                for _ in 0..THROUGHPUT_TASKS / CLIENTS {
+                for _ in 0..tasks / CLIENTS {
                     pending.push(
                         client
                             .request(Request::Submit(Box::new(SubmitRequest::new(digest))))
@@ -233,6 +317,13 @@ fn throughput(rt: &tokio::runtime::Runtime, count: usize) {
         nodes_cpu,
         100.0 * pg_cpu / (pg_cpu + nodes_cpu).max(1e-9),
     );
+    println!(
+        "  database CPU per task: {:.3} ms",
+        1000.0 * pg_cpu / ids.len().max(1) as f64
+    );
+    if profiling() {
+        print_profile(&pg, ids.len());
+    }
 }
 
 fn latencies(rt: &tokio::runtime::Runtime) {

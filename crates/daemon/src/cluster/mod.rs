@@ -550,12 +550,21 @@ async fn listen_loop(daemon: Weak<Daemon>) {
                         let Some(cluster) = d.cluster() else {
                             return;
                         };
-                        let id = payload.parse::<u64>().ok().map(TaskId::from_u64);
-                        match (channel.as_str(), id) {
-                            (postgres::READY, _) => cluster.wake.notify_one(),
-                            (postgres::STOP, Some(id)) => cluster.stop_local(&d.controller, id),
-                            (postgres::FINISHED, Some(id)) => {
-                                let _ = cluster.finished.send(id);
+                        // A payload names one task, or several (a batch).
+                        let ids = payload
+                            .split(',')
+                            .filter_map(|id| id.parse::<u64>().ok().map(TaskId::from_u64));
+                        match channel.as_str() {
+                            postgres::READY => cluster.wake.notify_one(),
+                            postgres::STOP => {
+                                for id in ids {
+                                    cluster.stop_local(&d.controller, id);
+                                }
+                            }
+                            postgres::FINISHED => {
+                                for id in ids {
+                                    let _ = cluster.finished.send(id);
+                                }
                             }
                             _ => {}
                         }

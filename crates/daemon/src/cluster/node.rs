@@ -73,6 +73,8 @@ pub(crate) struct Cluster {
     /// Set while a takeover of dead nodes' work runs (one at a time, off
     /// the lease loop).
     pub(crate) taking_over: AtomicBool,
+    /// Held while a plugin is fetched from the database.
+    pub(crate) fetching: tokio::sync::Mutex<()>,
     /// Lines of running tasks on their way to the database.
     pub(crate) ship: tokio::sync::mpsc::Sender<(TaskId, i64, LogLine)>,
     pub(crate) shipped: Mutex<Option<tokio::sync::mpsc::Receiver<(TaskId, i64, LogLine)>>>,
@@ -121,6 +123,7 @@ impl Cluster {
             renewed: Mutex::new(registering),
             rejoin: tokio::sync::Mutex::new(()),
             taking_over: AtomicBool::new(false),
+            fetching: tokio::sync::Mutex::new(()),
         }))
     }
 
@@ -177,6 +180,12 @@ impl Cluster {
         plugins: &Plugins,
         digest: &Digest,
     ) -> Result<Arc<Plugin>, (ErrorKind, String)> {
+        if let Some(plugin) = plugins.get(digest).await {
+            return Ok(plugin);
+        }
+        // One fetch at a time: the claims of many tasks of a plugin new to
+        // this node wait for the first to bring it.
+        let _fetching = self.fetching.lock().await;
         if let Some(plugin) = plugins.get(digest).await {
             return Ok(plugin);
         }

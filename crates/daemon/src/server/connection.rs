@@ -19,7 +19,6 @@ use taskhost_core::outcome::TaskOutcome;
 use taskhost_core::supervisor::TaskReport;
 
 use crate::server::dispatch;
-use crate::service::uploads::Uploads;
 use crate::state::Daemon;
 use crate::wire::protocol::{
     Envelope, ErrorKind, FrameError, Hello, MAGIC, OUTPUT_CHUNK, PROTOCOL_VERSION, Reply, Request,
@@ -64,7 +63,7 @@ pub(crate) async fn serve(daemon: Arc<Daemon>, stream: UnixStream) -> Result<(),
     let writer_task = tokio::spawn(write_replies(writer, rx));
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let gone = CancellationToken::new();
-    let mut uploads = Uploads::default();
+    let mut session = dispatch::Session::default();
     let result = loop {
         let request: Envelope<Request> = match read_frame(&mut reader).await {
             Ok(request) => request,
@@ -80,7 +79,7 @@ pub(crate) async fn serve(daemon: Arc<Daemon>, stream: UnixStream) -> Result<(),
             gone: gone.clone(),
             _permit: permit,
         };
-        dispatch::handle(&daemon, request.body, reply, &mut uploads).await;
+        dispatch::handle(&daemon, request.body, reply, &mut session).await;
     };
     // The client is gone: end its waits and streams (they only served it),
     // so a vanished waiter does not hold this connection until its task ends.

@@ -2,7 +2,10 @@
 //! sent and does the part that decides (take a chunk, place a submission,
 //! resolve a name, claim a stop, subscribe to a stream) before the next
 //! request is read; only the part that waits (for an outcome, a stream, the
-//! shutdown) goes on in a task of its own.
+//! shutdown) goes on in a task of its own. A cluster's submissions are
+//! decided by the database in batches: each is queued in order and its
+//! reply follows the decision, and the next request that is not a
+//! submission waits for the decisions before it.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -15,17 +18,33 @@ use crate::service::uploads::Uploads;
 use crate::state::Daemon;
 use crate::wire::protocol::{ErrorKind, LIST_PAGE, Reply, Request};
 
+/// What one connection's requests share: its uploads in progress, and its
+/// submissions the cluster is still deciding.
+#[derive(Default)]
+pub(crate) struct Session {
+    pub(crate) uploads: Uploads,
+    deciding: Vec<tokio::task::JoinHandle<()>>,
+}
+
 /// Handles one request (see the module docs for what happens in order).
 pub(crate) async fn handle(
     daemon: &Arc<Daemon>,
     request: Request,
     reply: Replier,
-    uploads: &mut Uploads,
+    session: &mut Session,
 ) {
     if let Err(message) = request.check() {
         reply.error(ErrorKind::Invalid, message).await;
         return;
     }
+    if matches!(request, Request::Submit(_)) {
+        session.deciding.retain(|d| !d.is_finished());
+    } else {
+        for decided in session.deciding.drain(..) {
+            let _ = decided.await;
+        }
+    }
+    let uploads = &mut session.uploads;
     let backend = Backend::of(daemon);
     match request {
         Request::HasPlugin(digest) => {
@@ -65,6 +84,16 @@ pub(crate) async fn handle(
                         Err((kind, message)) => reply.error(kind, message).await,
                     }
                 });
+            }
+            Ok(Accepted::Deciding(decided)) => {
+                session.deciding.push(tokio::spawn(async move {
+                    match decided.await {
+                        Ok(submitted) => {
+                            reply.send(Reply::Submitted(submitted)).await;
+                        }
+                        Err((kind, message)) => reply.error(kind, message).await,
+                    }
+                }));
             }
             Err((kind, message)) => reply.error(kind, message).await,
         },

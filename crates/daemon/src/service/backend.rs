@@ -735,10 +735,11 @@ async fn follow_shipped(cluster: &Cluster, tx: &mpsc::Sender<Item>, id: TaskId, 
     }
 }
 
-/// A submission to the cluster: checked here, admitted by the database.
+/// A submission to the cluster: checked here, then queued for the
+/// database's next batch of admissions (in the order sent), which decides.
 async fn shared_submit(
-    daemon: &Daemon,
-    cluster: &Cluster,
+    daemon: &Arc<Daemon>,
+    cluster: &Arc<Cluster>,
     request: SubmitRequest,
 ) -> Result<Accepted, (ErrorKind, String)> {
     let plugin = cluster
@@ -746,48 +747,53 @@ async fn shared_submit(
         .await?;
     submissions::check(daemon, &request).await?;
     let info = plugin.info();
-    let admission = Admission {
+    let admission = Arc::new(Admission {
         names: submissions::names(&request, info),
         request,
         plugin: info.name.clone(),
         max_slot_queue: daemon.config.max_slot_queue,
         max_total_pending: daemon.config.max_total_pending,
-    };
-    let mut admitted = cluster.pg.admit(&admission).await;
-    if matches!(admitted, Err(AdmitError::PluginGone)) {
-        // Collected from the database meanwhile: this node still has it;
-        // store it again for the others.
-        let digest = &admission.request.plugin;
-        let path = plugin_path(&daemon.config.state_dir, digest);
-        let stored = match std::fs::read(&path) {
-            Ok(bytes) => cluster
-                .pg
-                .put_plugin(digest, Some(&info.name), &bytes)
-                .await
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(format!("cannot read `{}`: {e}", path.display())),
-        };
-        admitted = match stored {
-            Ok(()) => cluster.pg.admit(&admission).await,
-            Err(e) => Err(AdmitError::Store(StoreError(e))),
-        };
-    }
-    match admitted {
-        Ok(submitted) => {
-            cluster.wake.notify_one();
-            Ok(Accepted::Now(submitted))
+    });
+    let decided = cluster.pg.admit_queued(Arc::clone(&admission));
+    let (daemon, cluster) = (Arc::clone(daemon), Arc::clone(cluster));
+    Ok(Accepted::Deciding(Box::pin(async move {
+        let mut admitted = decided.await;
+        if matches!(admitted, Err(AdmitError::PluginGone)) {
+            // Collected from the database meanwhile: this node still has
+            // it; store it again for the others.
+            let digest = &admission.request.plugin;
+            let path = plugin_path(&daemon.config.state_dir, digest);
+            let name = &admission.plugin;
+            let stored = match std::fs::read(&path) {
+                Ok(bytes) => cluster
+                    .pg
+                    .put_plugin(digest, Some(name), &bytes)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(format!("cannot read `{}`: {e}", path.display())),
+            };
+            admitted = match stored {
+                Ok(()) => cluster.pg.admit(Arc::clone(&admission)).await,
+                Err(e) => Err(AdmitError::Store(StoreError(e))),
+            };
         }
-        Err(AdmitError::PluginGone) => Err((
-            ErrorKind::NotFound,
-            format!(
-                "the cluster does not hold plugin {}; upload it again",
-                admission.request.plugin
-            ),
-        )),
-        Err(AdmitError::Invalid(message)) => Err((ErrorKind::Invalid, message)),
-        Err(AdmitError::Store(err)) => Err((
-            ErrorKind::Internal,
-            format!("the submission could not be stored, so it was not accepted: {err}"),
-        )),
-    }
+        match admitted {
+            Ok(submitted) => {
+                cluster.wake.notify_one();
+                Ok(submitted)
+            }
+            Err(AdmitError::PluginGone) => Err((
+                ErrorKind::NotFound,
+                format!(
+                    "the cluster does not hold plugin {}; upload it again",
+                    admission.request.plugin
+                ),
+            )),
+            Err(AdmitError::Invalid(message)) => Err((ErrorKind::Invalid, message)),
+            Err(AdmitError::Store(err)) => Err((
+                ErrorKind::Internal,
+                format!("the submission could not be stored, so it was not accepted: {err}"),
+            )),
+        }
+    })))
 }

@@ -57,6 +57,10 @@ pub(crate) enum Accepted {
     /// Resolves when the store's commit holding it lands; a failed commit
     /// has withdrawn it (not durable, so not accepted).
     Later(BoxFuture<'static, Result<Submitted, (ErrorKind, String)>>),
+    /// Resolves when the cluster's database has decided it, in the order
+    /// it was sent among the submissions before and after it; what the
+    /// same client sends next (other than submissions) waits for it.
+    Deciding(BoxFuture<'static, Result<Submitted, (ErrorKind, String)>>),
 }
 
 /// Places one submission, in the order it was sent; the caller sends the

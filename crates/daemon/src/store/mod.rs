@@ -21,8 +21,10 @@
 //! |---|---|
 //! | `sqlite` | the SQLite backend: open, migrations, the writer thread, the reader |
 //! | `postgres` | cluster mode's database: admission, claims, fenced writes, leases, reads |
+//! | `pg_batch` | that database's batched writes: attempt starts, ends and admissions, one transaction per batch |
 //! | `pg_link` | how a node reaches that database: TLS, session timeouts, keepalives, connections of its own |
 
+mod pg_batch;
 pub(crate) mod pg_link;
 pub(crate) mod postgres;
 mod sqlite;

@@ -26,6 +26,7 @@ use taskhost_core::recovery::{Fate, fate};
 use taskhost_core::supervisor::{Event, TaskId, TaskRef, TaskReport};
 use taskhost_runtime::Digest;
 
+use super::pg_batch::Writer;
 use super::pg_link::{Link, Session, Timeouts};
 use super::{Finished, Pause, StoreError, Unfinished, now_ms};
 use crate::wire::protocol::{Placement, SubmitRequest, Submitted, TaskRow, TaskState};
@@ -62,6 +63,8 @@ pub(crate) struct Pg {
     /// Whether decisions send notifications (off only to test the polling
     /// fallback).
     notify: bool,
+    /// The node's batched writes (set once the handle exists).
+    writer: Arc<std::sync::OnceLock<Writer>>,
 }
 
 impl std::fmt::Debug for Pg {
@@ -70,7 +73,7 @@ impl std::fmt::Debug for Pg {
     }
 }
 
-fn db(what: &str) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
+pub(super) fn db(what: &str) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
     move |e| {
         // A lost deadlock or serialisation race is marked, so that
         // `retry` runs the transaction again.
@@ -80,10 +83,10 @@ fn db(what: &str) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
 }
 
 /// The parameters of a statement.
-type Params<'a> = &'a [&'a (dyn tokio_postgres::types::ToSql + Sync)];
+pub(super) type Params<'a> = &'a [&'a (dyn tokio_postgres::types::ToSql + Sync)];
 
 /// Runs a statement (prepared once per connection), naming `what` failed.
-async fn exec(
+pub(super) async fn exec(
     c: &impl GenericClient,
     what: &str,
     sql: &str,
@@ -94,7 +97,7 @@ async fn exec(
 }
 
 /// The one row a query returns.
-async fn one(
+pub(super) async fn one(
     c: &impl GenericClient,
     what: &str,
     sql: &str,
@@ -105,7 +108,7 @@ async fn one(
 }
 
 /// The row a query returns, if any.
-async fn opt(
+pub(super) async fn opt(
     c: &impl GenericClient,
     what: &str,
     sql: &str,
@@ -116,7 +119,7 @@ async fn opt(
 }
 
 /// Every row a query returns.
-async fn all(
+pub(super) async fn all(
     c: &impl GenericClient,
     what: &str,
     sql: &str,
@@ -156,12 +159,12 @@ fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
     StoreError(format!("PostgreSQL: no connection: {text}"))
 }
 
-fn retryable(e: &StoreError) -> bool {
+pub(super) fn retryable(e: &StoreError) -> bool {
     e.0.ends_with(RETRY_MARK)
 }
 
 /// Runs a transaction again while it loses deadlock or serialisation races.
-async fn retry<T, F, Fut>(mut work: F) -> Result<T, StoreError>
+pub(super) async fn retry<T, F, Fut>(mut work: F) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
@@ -183,31 +186,31 @@ fn is_retryable(e: &tokio_postgres::Error) -> bool {
     )
 }
 
-fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
+pub(super) fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
     postcard::to_allocvec(value).map_err(|e| StoreError(format!("cannot encode a row: {e}")))
 }
 
-fn decode<T: for<'de> serde::Deserialize<'de>>(bytes: &[u8]) -> Result<T, StoreError> {
+pub(super) fn decode<T: for<'de> serde::Deserialize<'de>>(bytes: &[u8]) -> Result<T, StoreError> {
     postcard::from_bytes(bytes)
         .map_err(|e| StoreError(format!("a stored row does not decode: {e}")))
 }
 
 /// A stored submission, also one a protocol-5 node wrote (before
 /// `allow_http`).
-fn decode_request(bytes: &[u8]) -> Result<SubmitRequest, StoreError> {
+pub(super) fn decode_request(bytes: &[u8]) -> Result<SubmitRequest, StoreError> {
     SubmitRequest::decode_stored(bytes)
         .map_err(|e| StoreError(format!("a stored row does not decode: {e}")))
 }
 
-fn ms(v: u64) -> i64 {
+pub(super) fn ms(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-fn id_of(v: i64) -> TaskId {
+pub(super) fn id_of(v: i64) -> TaskId {
     TaskId::from_u64(u64::try_from(v).unwrap_or(0))
 }
 
-fn sql_id(id: TaskId) -> i64 {
+pub(super) fn sql_id(id: TaskId) -> i64 {
     ms(id.get())
 }
 
@@ -317,7 +320,9 @@ pub(crate) async fn open(
         link,
         lease: Arc::default(),
         notify,
+        writer: Arc::default(),
     };
+    let _ = pg.writer.set(Writer::start(&pg));
     pg.migrate().await.map_err(|e| {
         StoreError(format!(
             "{} (is PostgreSQL running at `{url}`, and may this user create tables?)",
@@ -328,13 +333,19 @@ pub(crate) async fn open(
 }
 
 impl Pg {
+    fn writer(&self) -> &Writer {
+        self.writer
+            .get()
+            .expect("the writer starts as the handle is opened")
+    }
+
     /// The database's address and settings (for the node's listening
     /// connection).
     pub(crate) fn link(&self) -> &Link {
         &self.link
     }
 
-    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+    pub(super) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.pool.get().await.map_err(pool_err)
     }
 
@@ -406,7 +417,7 @@ impl Pg {
             .map_err(db("cannot commit the migrations"))
     }
 
-    async fn notify(
+    pub(super) async fn notify(
         &self,
         tx: &deadpool_postgres::Transaction<'_>,
         channel: &str,
@@ -664,36 +675,32 @@ impl Pg {
 
     /// Admits a submission: its id, name and slot, then the controller's
     /// rules under the slot's lock, as one transaction.
-    pub(crate) async fn admit(&self, admission: &Admission) -> Result<Submitted, AdmitError> {
-        let mut last = None;
-        for _ in 0..RETRIES {
-            match self.admit_once(admission).await {
-                Err(AdmitError::Store(e)) if retryable(&e) => last = Some(e),
-                other => return other,
-            }
-        }
-        Err(AdmitError::Store(last.unwrap_or_else(|| {
-            StoreError("PostgreSQL: cannot admit: gave up".into())
-        })))
+    pub(crate) async fn admit(&self, admission: Arc<Admission>) -> Result<Submitted, AdmitError> {
+        self.admit_queued(admission).await
     }
 
-    async fn admit_once(&self, a: &Admission) -> Result<Submitted, AdmitError> {
-        let mut client = self.client().await?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(db("cannot start a transaction"))?;
-        let id_value: i64 = one(
-            &tx,
-            "cannot allocate an id",
-            "SELECT nextval('taskhost_task_ids')",
-            &[],
-        )
-        .await?
-        .get(0);
+    /// Queues a submission for the next batch of admissions now (its
+    /// place among this node's submissions); the future resolves with its
+    /// decision.
+    pub(crate) fn admit_queued(
+        &self,
+        admission: Arc<Admission>,
+    ) -> impl std::future::Future<Output = Result<Submitted, AdmitError>> + Send + 'static {
+        self.writer().admit(admission)
+    }
+
+    /// Admits one submission in `tx` under id `id_value`, reading its
+    /// slot afresh (a Replace in a batch of admissions; the caller holds
+    /// nothing of the slot it has not written).
+    pub(super) async fn admit_in(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        a: &Admission,
+        id_value: i64,
+        (name, slot, policy): (String, String, AdmissionPolicy),
+    ) -> Result<Submitted, AdmitError> {
         let id = id_of(id_value);
         let mut request = a.request.clone();
-        let (name, slot, policy) = (a.names)(id).map_err(AdmitError::Invalid)?;
         request.name = Some(name.clone());
         request.slot = Some(slot.clone());
         request.policy = Some(policy);
@@ -716,7 +723,7 @@ impl Pg {
         // The slot's row, created if new, locked either way: admissions
         // and releases in this slot wait for each other from here on.
         exec(
-            &tx,
+            tx,
             "cannot lock the slot",
             "INSERT INTO taskhost_slots (slot) VALUES ($1) \
                  ON CONFLICT (slot) DO UPDATE SET slot = excluded.slot",
@@ -727,7 +734,7 @@ impl Pg {
         // name elsewhere, the owner and its state, the queue's length, head
         // and tail, and the pending work of the whole cluster.
         let row = one(
-            &tx,
+            tx,
             "cannot read the slot",
             "SELECT \
                  (SELECT id FROM taskhost_tasks WHERE name = $2 AND slot <> $1 \
@@ -807,13 +814,13 @@ impl Pg {
                 let head = head.map_or(0, |h| h.1);
                 if let Some(old) = displaced {
                     let report = never_ran_row(
-                        &tx,
+                        tx,
                         old,
                         RejectionKind::SupersededByReplace,
                         format!("a newer Replace submission ({id}) took its place"),
                     )
                     .await?;
-                    end_task(self, &tx, &report, &[]).await?;
+                    end_task(self, tx, &report, &[]).await?;
                 }
                 match stop {
                     None => (
@@ -823,7 +830,7 @@ impl Pg {
                             owner: queued_owner,
                         },
                     ),
-                    Some(owner) => self.stop_for_replace(&tx, owner, head).await?,
+                    Some(owner) => self.stop_for_replace(tx, owner, head).await?,
                 }
             }
         };
@@ -864,14 +871,11 @@ impl Pg {
                     Arc::from(slot.as_str()),
                     outcome.clone(),
                 );
-                end_task(self, &tx, &report, &[]).await?;
+                end_task(self, tx, &report, &[]).await?;
             }
-            _ if state == "ready" => self.notify(&tx, READY, "").await?,
+            _ if state == "ready" => self.notify(tx, READY, "").await?,
             _ => {}
         }
-        tx.commit()
-            .await
-            .map_err(|e| AdmitError::Store(db("cannot commit the submission")(e)))?;
         Ok(Submitted {
             id,
             name,
@@ -967,24 +971,7 @@ impl Pg {
         token: i64,
         attempt: u32,
     ) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
-                "WITH t AS (UPDATE taskhost_tasks SET attempts = $3, resume_at_ms = NULL \
-                 WHERE id = $1 AND token = $2 AND state IN ('running', 'stopping') RETURNING slot, node) \
-                 INSERT INTO taskhost_attempts (task_id, attempt, token, slot, node, started_ms) \
-                 SELECT $1, $3, $2, slot, node, $4 FROM t",
-            )
-            .await
-            .map_err(db("cannot record an attempt"))?;
-        let n = client
-            .execute(
-                &stmt,
-                &[&sql_id(id), &token, &(attempt as i32), &ms(now_ms())],
-            )
-            .await
-            .map_err(db("cannot record an attempt"))?;
-        Ok(n == 1)
+        self.writer().started(id, token, attempt).await
     }
 
     /// Records that attempt `attempts` ended and the next is due after a
@@ -1026,56 +1013,7 @@ impl Pg {
     /// Records a claimed task's end and frees its slot for the next in
     /// line; false if the claim was taken away (nothing is recorded).
     pub(crate) async fn finish(&self, token: i64, finished: &Finished) -> Result<bool, StoreError> {
-        retry(|| self.finish_once(token, finished)).await
-    }
-
-    async fn finish_once(&self, token: i64, finished: &Finished) -> Result<bool, StoreError> {
-        let id = finished.report.id;
-        let mut client = self.client().await?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(db("cannot start a transaction"))?;
-        let Some(slot) = lock_slot_of(&tx, id).await? else {
-            return Ok(false);
-        };
-        let mine = tx
-            .prepare_cached(
-                "SELECT 1 FROM taskhost_tasks WHERE id = $1 AND token = $2 \
-                 AND state IN ('running', 'stopping') FOR UPDATE",
-            )
-            .await
-            .map_err(db("cannot check a claim"))?;
-        if tx
-            .query_opt(&mine, &[&sql_id(id), &token])
-            .await
-            .map_err(db("cannot check a claim"))?
-            .is_none()
-        {
-            return Ok(false);
-        }
-        let close = tx
-            .prepare_cached(
-                "UPDATE taskhost_attempts SET ended_ms = $3, result = $4 \
-                 WHERE task_id = $1 AND token = $2 AND ended_ms IS NULL",
-            )
-            .await
-            .map_err(db("cannot close an attempt"))?;
-        tx.execute(
-            &close,
-            &[
-                &sql_id(id),
-                &token,
-                &ms(finished.finished_ms),
-                &finished.report.outcome.kind().as_str(),
-            ],
-        )
-        .await
-        .map_err(db("cannot close an attempt"))?;
-        end_task(self, &tx, &finished.report, &finished.log).await?;
-        promote(self, &tx, &slot).await?;
-        tx.commit().await.map_err(db("cannot commit"))?;
-        Ok(true)
+        self.writer().finished(token, finished.clone()).await
     }
 
     /// Stops a task wherever it is: queued work is removed, a task not yet

@@ -62,7 +62,13 @@ fn find_bin() -> PathBuf {
 impl Postgres {
     /// Creates and starts a fresh server.
     pub fn start() -> Self {
-        Self::start_with(false)
+        Self::start_with(false, "")
+    }
+
+    /// A fresh server with more `-c name=value` settings (the benchmark's
+    /// profile preloads pg_stat_statements).
+    pub fn start_with_settings(settings: &str) -> Self {
+        Self::start_with(false, settings)
     }
 
     /// A fresh server that also listens on 127.0.0.1 (a free port), with
@@ -70,10 +76,10 @@ impl Postgres {
     /// a throwaway CA made with `openssl` (`ca_file`), as docs/cluster.md
     /// shows.
     pub fn start_with_tls() -> Self {
-        Self::start_with(true)
+        Self::start_with(true, "")
     }
 
-    fn start_with(tls: bool) -> Self {
+    fn start_with(tls: bool, settings: &str) -> Self {
         let bin = find_bin();
         // Short: the socket path must fit in 107 bytes.
         let dir = tempfile::Builder::new()
@@ -119,6 +125,10 @@ impl Postgres {
              -c synchronous_commit=off -c full_page_writes=off -c max_connections=300",
             pg.dir.path().display()
         );
+        if !settings.is_empty() {
+            options.push(' ');
+            options.push_str(settings);
+        }
         match pg.tls_port {
             None => options.push_str(" -c listen_addresses=''"),
             Some(port) => {
