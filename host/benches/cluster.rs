@@ -18,6 +18,7 @@
 //!   against the configured lease.
 //!
 //! Run with `cargo bench -p taskhost --bench cluster [-- throughput|latency|takeover]`
+//! (`TASKHOST_BENCH_HOST=PATH` runs another build's `host` as the nodes)
 //! (the scenarios whose names contain an argument; all without one). With
 //! `TASKHOST_BENCH_PG_PROFILE=1` the throughput runs also print the
 //! database's statements (pg_stat_statements): calls and time per task.
@@ -55,7 +56,7 @@ impl Drop for Node {
 
 fn start_node(dir: &Path, pg: &postgres::Postgres, name: &str) -> Node {
     let socket = dir.join(format!("{name}.sock"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_host"))
+    let mut child = Command::new(host_binary())
         .args([
             "serve",
             "--socket",
@@ -94,6 +95,14 @@ fn start_node(dir: &Path, pg: &postgres::Postgres, name: &str) -> Node {
     rx.recv_timeout(Duration::from_secs(60))
         .expect("the node starts listening");
     Node { child, socket }
+}
+
+/// The `host` the nodes run: this build's, or `TASKHOST_BENCH_HOST` (a
+/// baseline build, to compare side by side with the same harness).
+fn host_binary() -> PathBuf {
+    std::env::var_os("TASKHOST_BENCH_HOST")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_host")))
 }
 
 /// CPU seconds (user + system) of a process and its children now running.
@@ -293,7 +302,13 @@ fn throughput(rt: &tokio::runtime::Runtime, count: usize) {
     });
     let accepted = started.elapsed();
     loop {
-        let left = pg.psql("SELECT count(*) FROM taskhost_tasks WHERE state <> 'finished'");
+        // Through the partial indexes of the unfinished states (a count
+        // of every row would cost the database more than a task).
+        let left = pg.psql(
+            "SELECT (SELECT count(*) FROM taskhost_tasks WHERE state = 'queued') \
+             + (SELECT count(*) FROM taskhost_tasks WHERE state = 'ready') \
+             + (SELECT count(*) FROM taskhost_tasks WHERE state IN ('running', 'stopping'))",
+        );
         if left.trim() == "0" {
             break;
         }

@@ -101,29 +101,40 @@ impl Cluster {
         let registering = Instant::now();
         let node = pg.register_node(&name, capacity, settings.lease).await?;
         let (ship, shipped) = tokio::sync::mpsc::channel(SHIP_QUEUE);
-        Ok(Arc::new(Self {
-            ship,
-            shipped: Mutex::new(Some(shipped)),
-            pg,
-            name,
-            settings,
-            capacity,
-            node: AtomicI64::new(node),
-            wake: Notify::new(),
-            finished: broadcast::channel(4096).0,
-            waited: Mutex::default(),
-            feed: broadcast::channel(lane.max(1)).0,
-            feed_ready: watch::channel(false).0,
-            feed_started: AtomicBool::new(false),
-            claims: Mutex::default(),
-            stopped: Mutex::default(),
-            fenced: Mutex::default(),
-            closing: AtomicBool::new(false),
-            left: AtomicBool::new(false),
-            renewed: Mutex::new(registering),
-            rejoin: tokio::sync::Mutex::new(()),
-            taking_over: AtomicBool::new(false),
-            fetching: tokio::sync::Mutex::new(()),
+        Ok(Arc::new_cyclic(|me: &std::sync::Weak<Self>| {
+            let (room, wake) = (me.clone(), me.clone());
+            pg.set_node(crate::store::postgres::NodeHooks {
+                room: Box::new(move || room.upgrade().map_or(0, |c| c.room())),
+                wake: Box::new(move || {
+                    if let Some(c) = wake.upgrade() {
+                        c.wake.notify_one();
+                    }
+                }),
+            });
+            Self {
+                ship,
+                shipped: Mutex::new(Some(shipped)),
+                pg,
+                name,
+                settings,
+                capacity,
+                node: AtomicI64::new(node),
+                wake: Notify::new(),
+                finished: broadcast::channel(4096).0,
+                waited: Mutex::default(),
+                feed: broadcast::channel(lane.max(1)).0,
+                feed_ready: watch::channel(false).0,
+                feed_started: AtomicBool::new(false),
+                claims: Mutex::default(),
+                stopped: Mutex::default(),
+                fenced: Mutex::default(),
+                closing: AtomicBool::new(false),
+                left: AtomicBool::new(false),
+                renewed: Mutex::new(registering),
+                rejoin: tokio::sync::Mutex::new(()),
+                taking_over: AtomicBool::new(false),
+                fetching: tokio::sync::Mutex::new(()),
+            }
         }))
     }
 
@@ -151,6 +162,14 @@ impl Cluster {
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(&id);
         }
+    }
+
+    /// How many more tasks this node would claim now.
+    pub(crate) fn room(&self) -> usize {
+        if self.closing.load(Ordering::SeqCst) {
+            return 0;
+        }
+        self.capacity.saturating_sub(self.claims().len())
     }
 
     /// Stops claiming (a graceful stop).

@@ -17,7 +17,7 @@ use taskhost_core::outcome::{RejectionKind, TaskOutcome};
 use taskhost_core::supervisor::{TaskId, TaskReport};
 
 use super::postgres::{
-    Admission, AdmitError, FINISHED, Pg, READY, all, db, decode, encode, exec, id_of, ms, retry,
+    Admission, AdmitError, FINISHED, Pg, all, db, decode, encode, exec, id_of, ms, retry,
     retryable, sql_id,
 };
 use super::{Finished, StoreError, now_ms};
@@ -179,10 +179,7 @@ async fn started(pg: &Pg, items: &[(TaskId, i64, u32)]) -> Result<HashSet<TaskId
 /// One transaction for a batch of ends: the slots locked in order, the
 /// claims checked, the attempts closed, the reports recorded, each freed
 /// slot's next task admitted; the ids recorded.
-async fn finished(
-    pg: &Pg,
-    jobs: &[FinishJob],
-) -> Result<HashSet<TaskId>, StoreError> {
+async fn finished(pg: &Pg, jobs: &[FinishJob]) -> Result<HashSet<TaskId>, StoreError> {
     let ids: Vec<i64> = jobs.iter().map(|j| sql_id(j.1.report.id)).collect();
     let tokens: Vec<i64> = jobs.iter().map(|j| j.0).collect();
     let mut client = pg.client().await?;
@@ -293,10 +290,14 @@ async fn finished(
     )
     .await?;
     notify_ids(pg, &tx, FINISHED, &ids).await?;
-    if !promoted.is_empty() {
-        pg.notify(&tx, READY, "").await?;
-    }
+    // The slots freed here: this node's claims have just ended, so it has
+    // room for their next tasks (`announce_ready` tells the others of what
+    // it has none for).
+    let claim_here = pg.announce_ready(&tx, promoted.len()).await?;
     tx.commit().await.map_err(db("cannot commit"))?;
+    if claim_here {
+        pg.claim_here();
+    }
     Ok(ids.into_iter().map(id_of).collect())
 }
 
@@ -515,7 +516,7 @@ async fn admit_batch(
     };
     let mut pending = count_pending(&tx).await?;
     let mut rows: Vec<NewRow> = Vec::new();
-    let mut any_ready = false;
+    let mut ready = 0;
     let mut rejected: Vec<i64> = Vec::new();
     for (i, a) in admissions.iter().enumerate() {
         let Some((name, slot, policy)) = named[i].take() else {
@@ -600,7 +601,7 @@ async fn admit_batch(
             Some(Decision::Admit) => {
                 rows.push(row("ready", 0, true)?);
                 state.owner = Some((id, OwnerState::Running));
-                any_ready = true;
+                ready += 1;
                 holders.insert(name.clone(), (slot.clone(), ids[i]));
                 Placement::Running
             }
@@ -644,13 +645,14 @@ async fn admit_batch(
         }));
     }
     insert(&tx, rows).await?;
-    if any_ready {
-        pg.notify(&tx, READY, "").await?;
-    }
+    let claim_here = pg.announce_ready(&tx, ready).await?;
     notify_ids(pg, &tx, FINISHED, &rejected).await?;
     tx.commit()
         .await
         .map_err(db("cannot commit the submissions"))?;
+    if claim_here {
+        pg.claim_here();
+    }
     Ok(results
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err(AdmitError::Store(StoreError("not admitted".into())))))

@@ -36,6 +36,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0001_cluster.sql"),
     include_str!("../../migrations/postgres/0002_logs.sql"),
     include_str!("../../migrations/postgres/0003_events.sql"),
+    include_str!("../../migrations/postgres/0004_fillfactor.sql"),
 ];
 
 /// Events kept in the database (each node prunes beyond it).
@@ -65,6 +66,19 @@ pub(crate) struct Pg {
     notify: bool,
     /// The node's batched writes (set once the handle exists).
     writer: Arc<std::sync::OnceLock<Writer>>,
+    /// What the node answers and does for its batches (none until the
+    /// node says).
+    node: Arc<std::sync::OnceLock<NodeHooks>>,
+}
+
+/// How the batched writes ask the node about new ready work.
+pub(crate) struct NodeHooks {
+    /// How many more tasks the node would claim now: new ready work
+    /// beyond it is announced to the other nodes, the rest is this
+    /// node's to claim.
+    pub room: Box<dyn Fn() -> usize + Send + Sync>,
+    /// Wakes the node's claims (after a commit that made work ready).
+    pub wake: Box<dyn Fn() + Send + Sync>,
 }
 
 impl std::fmt::Debug for Pg {
@@ -321,6 +335,7 @@ pub(crate) async fn open(
         lease: Arc::default(),
         notify,
         writer: Arc::default(),
+        node: Arc::default(),
     };
     let _ = pg.writer.set(Writer::start(&pg));
     pg.migrate().await.map_err(|e| {
@@ -333,6 +348,36 @@ pub(crate) async fn open(
 }
 
 impl Pg {
+    /// Tells the handle about its node (once).
+    pub(crate) fn set_node(&self, hooks: NodeHooks) {
+        let _ = self.node.set(hooks);
+    }
+
+    /// Announces `ready` new ready tasks to the other nodes unless this
+    /// node has room for them all; true if this node is to claim them
+    /// (`claim_here` once committed).
+    pub(super) async fn announce_ready(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        ready: usize,
+    ) -> Result<bool, StoreError> {
+        if ready == 0 {
+            return Ok(false);
+        }
+        let room = self.node.get().map_or(0, |node| (node.room)());
+        if ready > room {
+            self.notify(tx, READY, "").await?;
+        }
+        Ok(true)
+    }
+
+    /// Wakes this node's claims.
+    pub(super) fn claim_here(&self) {
+        if let Some(node) = self.node.get() {
+            (node.wake)();
+        }
+    }
+
     fn writer(&self) -> &Writer {
         self.writer
             .get()
