@@ -50,6 +50,8 @@ const CLAIM_BATCH: usize = 64;
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often retention runs on each node.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
+/// How long a running task's new lines wait before they are shipped.
+const SHIP_DELAY: Duration = Duration::from_millis(50);
 /// Most events the feed reads in one statement.
 const FEED_BATCH: usize = 1_000;
 /// Orphaned tasks taken over per lease round.
@@ -158,9 +160,22 @@ async fn ship_loop(
 ) {
     let mut batch = Vec::with_capacity(SHIP_BATCH);
     while lines.recv_many(&mut batch, SHIP_BATCH).await > 0 {
+        // The lines wait a moment: those of a task that ends meanwhile go
+        // to the database with its end (its whole log), not on their own.
+        tokio::time::sleep(SHIP_DELAY).await;
+        while batch.len() < SHIP_BATCH {
+            match lines.try_recv() {
+                Ok(line) => batch.push(line),
+                Err(_) => break,
+            }
+        }
         let Some(cluster) = cluster.upgrade() else {
             return;
         };
+        batch.retain(|(id, token, _)| cluster.holds(*id, *token));
+        if batch.is_empty() {
+            continue;
+        }
         if let Err(err) = cluster.pg.ship_lines(&batch, MAX_LOG_LINES).await {
             tracing::warn!("cannot ship {} log lines: {err}", batch.len());
         }

@@ -457,10 +457,13 @@ async fn admit_batch(
     )
     .await?;
     let mut now: HashMap<String, SlotNow> = HashMap::new();
+    // The pending work of the whole cluster comes with each slot's row.
+    let mut pending = 0;
     for row in all(
         &tx,
         "cannot read the slots",
-        "SELECT s.slot, o.id, o.state, q.n, q.last, h.id FROM unnest($1::text[]) AS s(slot) \
+        "SELECT s.slot, o.id, o.state, q.n, q.last, h.id, \
+             (SELECT count(*) FROM taskhost_tasks WHERE state = 'queued') FROM unnest($1::text[]) AS s(slot) \
              LEFT JOIN taskhost_tasks o ON o.slot = s.slot AND o.state IN ('ready', 'running', 'stopping') \
              LEFT JOIN LATERAL (SELECT count(*) AS n, max(pos) AS last FROM taskhost_tasks \
                  WHERE slot = s.slot AND state = 'queued') q ON TRUE \
@@ -470,6 +473,7 @@ async fn admit_batch(
     )
     .await?
     {
+        pending = row.get::<_, i64>(6).max(0) as usize;
         let owner = row.get::<_, Option<i64>>(1).map(|id| {
             let state = match row.get::<_, Option<&str>>(2) {
                 Some("stopping") => OwnerState::Stopping,
@@ -514,7 +518,6 @@ async fn admit_batch(
                 .map_or(0, |r| r.get::<_, i64>(0).max(0) as usize)
         })
     };
-    let mut pending = count_pending(&tx).await?;
     let mut rows: Vec<NewRow> = Vec::new();
     let mut ready = 0;
     let mut rejected: Vec<i64> = Vec::new();
