@@ -888,6 +888,94 @@ fn a_frozen_peer_holding_a_slot_lock_does_not_cost_the_others_their_lease() {
 }
 
 #[test]
+fn a_slot_held_by_a_frozen_session_holds_up_only_its_own_submissions() {
+    let pg = Postgres::start();
+    let a = steady_node(&pg, "a", &[]);
+    let out = a.run(&[
+        "submit",
+        &p("hello"),
+        "--slot",
+        "held",
+        "--input",
+        "x",
+        "--wait",
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    std::thread::scope(|scope| {
+        // A session holding the slot's row lock, as a peer frozen in the
+        // middle of a transaction would, for less than a's lock timeout.
+        let holder = scope.spawn(|| {
+            pg.psql(
+                "BEGIN; SELECT slot FROM taskhost_slots WHERE slot = 'held' FOR UPDATE; \
+                 SELECT pg_sleep(4); COMMIT;",
+            )
+        });
+        let deadline = Instant::now() + LIMIT;
+        // The holder is in place once its sleep runs.
+        while pg
+            .psql("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(4)%' AND state = 'active' AND pid <> pg_backend_pid()")
+            .trim()
+            != "1"
+        {
+            assert!(Instant::now() < deadline, "the holder never took the lock");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let late = a.spawn(&[
+            "submit",
+            &p("hello"),
+            "--slot",
+            "held",
+            "--input",
+            "late",
+            "--wait",
+        ]);
+        // Its admission waits on the lock, on a connection of its own.
+        while pg
+            .psql(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND application_name = 'taskhost'",
+            )
+            .trim()
+            == "0"
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the admission never waited on the lock: {}",
+                pg.psql("SELECT application_name, state, wait_event_type, left(query, 80) FROM pg_stat_activity")
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Meanwhile other slots are admitted, run and end at once.
+        let started = Instant::now();
+        for i in 0..3 {
+            let input = format!("now {i}");
+            let slot = format!("free-{i}");
+            let out = a.run(&[
+                "submit",
+                &p("hello"),
+                "--slot",
+                &slot,
+                "--input",
+                &input,
+                "--wait",
+            ]);
+            assert_eq!(out.code, Some(0), "{}", out.stderr);
+            assert_eq!(out.stdout, input);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "other slots waited for the held one: {:?}",
+            started.elapsed()
+        );
+        holder.join().unwrap();
+        // Once the lock is free, the held slot's submission goes through.
+        let (_, out) = late.finish(LIMIT);
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+        assert_eq!(out.stdout, "late");
+    });
+}
+
+#[test]
 fn a_node_that_shuts_down_hands_its_work_over_at_once() {
     let pg = Postgres::start();
     // A lease far longer than a handover takes on a loaded machine: a

@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
-use taskhost_core::admission::{self, Decision, Limits, OwnerState, SlotSummary, Totals};
+use taskhost_core::admission::{
+    self, AdmissionPolicy, Decision, Limits, OwnerState, SlotSummary, Totals,
+};
 use taskhost_core::logline::LogLine;
 use taskhost_core::outcome::{RejectionKind, TaskOutcome};
 use taskhost_core::supervisor::{TaskId, TaskReport};
@@ -42,8 +44,10 @@ pub(crate) struct Writer {
     admit: mpsc::UnboundedSender<AdmitJob>,
 }
 
-/// Runs `record` on every batch of requests that arrive on a new channel.
+/// Runs `record` on every batch (of at most `max`) of the requests that
+/// arrive on a new channel.
 fn writer<J: Send + 'static, Fut>(
+    max: usize,
     record: impl Fn(Vec<J>) -> Fut + Send + 'static,
 ) -> mpsc::UnboundedSender<J>
 where
@@ -53,7 +57,7 @@ where
     tokio::spawn(async move {
         while let Some(first) = rx.recv().await {
             let mut jobs = vec![first];
-            while jobs.len() < BATCH {
+            while jobs.len() < max {
                 match rx.try_recv() {
                     Ok(job) => jobs.push(job),
                     Err(_) => break,
@@ -69,12 +73,63 @@ fn gone() -> StoreError {
     StoreError("PostgreSQL: the node's database writer has stopped".into())
 }
 
+/// Answers each end of a batch: recorded or not, or the batch's error;
+/// those deferred go to `later`.
+fn answer_ends(
+    jobs: Vec<FinishJob>,
+    result: Result<Ends, StoreError>,
+    later: Option<&mpsc::UnboundedSender<FinishJob>>,
+) {
+    match result {
+        Ok(ends) => {
+            for job in jobs {
+                let id = job.1.report.id;
+                match later {
+                    Some(later) if ends.deferred.contains(&id) => {
+                        if let Err(mpsc::error::SendError(job)) = later.send(job) {
+                            let _ = job.2.send(Err(gone()));
+                        }
+                    }
+                    _ => {
+                        let _ = job.2.send(Ok(ends.recorded.contains(&id)));
+                    }
+                }
+            }
+        }
+        Err(err) => {
+            for (.., reply) in jobs {
+                let _ = reply.send(Err(err.clone()));
+            }
+        }
+    }
+}
+
 impl Writer {
     /// Starts the writers on `pg`.
     pub(crate) fn start(pg: &Pg) -> Self {
-        let (p1, p2, p3) = (pg.clone(), pg.clone(), pg.clone());
+        let (p1, p2, p3, p4, p5) = (pg.clone(), pg.clone(), pg.clone(), pg.clone(), pg.clone());
+        // Ends and admissions whose slot another transaction holds (a
+        // frozen node's, say) are not waited for by the batch: they go one
+        // at a time to a writer of their own, which waits for the lock.
+        let slow_ends = writer(1, move |jobs: Vec<FinishJob>| {
+            let pg = p4.clone();
+            async move {
+                let result = retry(|| finished(&pg, &jobs, true)).await;
+                answer_ends(jobs, result, None);
+            }
+        });
+        let deferred: Deferred = Arc::default();
+        let held = Arc::clone(&deferred);
+        let slow_admissions = writer(1, move |jobs: Vec<DeferredJob>| {
+            let (pg, held) = (p5.clone(), Arc::clone(&held));
+            async move {
+                for job in jobs {
+                    admit_alone(&pg, job, &held).await;
+                }
+            }
+        });
         Self {
-            start: writer(move |jobs: Vec<StartJob>| {
+            start: writer(BATCH, move |jobs: Vec<StartJob>| {
                 let pg = p1.clone();
                 async move {
                     let items: Vec<(TaskId, i64, u32)> =
@@ -93,26 +148,17 @@ impl Writer {
                     }
                 }
             }),
-            finish: writer(move |jobs: Vec<FinishJob>| {
-                let pg = p2.clone();
+            finish: writer(BATCH, move |jobs: Vec<FinishJob>| {
+                let (pg, slow) = (p2.clone(), slow_ends.clone());
                 async move {
-                    match retry(|| finished(&pg, &jobs)).await {
-                        Ok(recorded) => {
-                            for (_, f, reply) in jobs {
-                                let _ = reply.send(Ok(recorded.contains(&f.report.id)));
-                            }
-                        }
-                        Err(err) => {
-                            for (.., reply) in jobs {
-                                let _ = reply.send(Err(err.clone()));
-                            }
-                        }
-                    }
+                    let result = retry(|| finished(&pg, &jobs, false)).await;
+                    answer_ends(jobs, result, Some(&slow));
                 }
             }),
-            admit: writer(move |jobs: Vec<AdmitJob>| {
-                let pg = p3.clone();
-                async move { admit_all(&pg, jobs).await }
+            admit: writer(BATCH, move |jobs: Vec<AdmitJob>| {
+                let (pg, slow, deferred) =
+                    (p3.clone(), slow_admissions.clone(), Arc::clone(&deferred));
+                async move { admit_all(&pg, jobs, &slow, &deferred).await }
             }),
         }
     }
@@ -176,10 +222,19 @@ async fn started(pg: &Pg, items: &[(TaskId, i64, u32)]) -> Result<HashSet<TaskId
     Ok(rows.iter().map(|r| id_of(r.get(0))).collect())
 }
 
-/// One transaction for a batch of ends: the slots locked in order, the
-/// claims checked, the attempts closed, the reports recorded, each freed
-/// slot's next task admitted; the ids recorded.
-async fn finished(pg: &Pg, jobs: &[FinishJob]) -> Result<HashSet<TaskId>, StoreError> {
+/// What a batch of ends did: the ids recorded, and those whose slot
+/// another transaction held (left for the writer that waits).
+#[derive(Default)]
+struct Ends {
+    recorded: HashSet<TaskId>,
+    deferred: HashSet<TaskId>,
+}
+
+/// One transaction for a batch of ends: the slots locked in order (those
+/// another transaction holds skipped, unless `wait`), the claims checked,
+/// the attempts closed, the reports recorded, each freed slot's next task
+/// admitted.
+async fn finished(pg: &Pg, jobs: &[FinishJob], wait: bool) -> Result<Ends, StoreError> {
     let ids: Vec<i64> = jobs.iter().map(|j| sql_id(j.1.report.id)).collect();
     let tokens: Vec<i64> = jobs.iter().map(|j| j.0).collect();
     let mut client = pg.client().await?;
@@ -189,21 +244,34 @@ async fn finished(pg: &Pg, jobs: &[FinishJob]) -> Result<HashSet<TaskId>, StoreE
         .map_err(db("cannot start a transaction"))?;
     // The slot's lock first, as every decision in a slot takes it; in
     // order, so that two batches never wait on each other in a circle.
-    all(
-        &tx,
-        "cannot lock the slots",
-        "SELECT s.slot FROM taskhost_tasks t JOIN taskhost_slots s ON s.slot = t.slot \
-             WHERE t.id = ANY($1) ORDER BY s.slot FOR UPDATE OF s",
-        &[&ids],
-    )
-    .await?;
+    let lock = if wait {
+        "SELECT t.id, s.slot FROM taskhost_tasks t JOIN taskhost_slots s ON s.slot = t.slot \
+             WHERE t.id = ANY($1) ORDER BY s.slot FOR UPDATE OF s"
+    } else {
+        "SELECT t.id, s.slot FROM taskhost_tasks t JOIN taskhost_slots s ON s.slot = t.slot \
+             WHERE t.id = ANY($1) ORDER BY s.slot FOR UPDATE OF s SKIP LOCKED"
+    };
+    let locked: HashMap<i64, String> = all(&tx, "cannot lock the slots", lock, &[&ids])
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let mut ends = Ends::default();
+    if !wait {
+        ends.deferred = ids
+            .iter()
+            .filter(|id| !locked.contains_key(id))
+            .map(|id| id_of(*id))
+            .collect();
+    }
+    let held: Vec<&str> = locked.values().map(String::as_str).collect();
     let mine: HashMap<i64, String> = all(
         &tx,
         "cannot check the claims",
         "SELECT t.id, t.slot FROM taskhost_tasks t \
              JOIN unnest($1::int8[], $2::int8[]) AS u(id, token) ON t.id = u.id AND t.token = u.token \
-             WHERE t.state IN ('running', 'stopping') ORDER BY t.id FOR UPDATE OF t",
-        &[&ids, &tokens],
+             WHERE t.state IN ('running', 'stopping') AND t.slot = ANY($3) ORDER BY t.id FOR UPDATE OF t",
+        &[&ids, &tokens, &held],
     )
     .await?
     .iter()
@@ -215,7 +283,7 @@ async fn finished(pg: &Pg, jobs: &[FinishJob]) -> Result<HashSet<TaskId>, StoreE
         .collect();
     if ours.is_empty() {
         tx.commit().await.map_err(db("cannot commit"))?;
-        return Ok(HashSet::new());
+        return Ok(ends);
     }
     let ids: Vec<i64> = ours.iter().map(|j| sql_id(j.1.report.id)).collect();
     let tokens: Vec<i64> = ours.iter().map(|j| j.0).collect();
@@ -298,7 +366,8 @@ async fn finished(pg: &Pg, jobs: &[FinishJob]) -> Result<HashSet<TaskId>, StoreE
     if claim_here {
         pg.claim_here();
     }
-    Ok(ids.into_iter().map(id_of).collect())
+    ends.recorded = ids.into_iter().map(id_of).collect();
+    Ok(ends)
 }
 
 /// Notifies `channel` of `ids`, as few notifications as fit them
@@ -338,6 +407,65 @@ struct SlotNow {
     stale: bool,
 }
 
+/// Slots with admissions waiting in the writer that waits for locks, with
+/// how many each: later admissions to them wait there too, in order.
+type Deferred = Arc<std::sync::Mutex<HashMap<String, usize>>>;
+
+/// An admission whose slot another transaction held, with the id and
+/// names the batch gave it.
+struct DeferredJob {
+    admission: Arc<Admission>,
+    id: i64,
+    names: (String, String, AdmissionPolicy),
+    reply: Reply<Result<Submitted, AdmitError>>,
+}
+
+/// What a batch of admissions decided: an answer for each, except those
+/// whose slot was held (index, id, names), left for `admit_alone`.
+type Decided = (
+    Vec<Option<Result<Submitted, AdmitError>>>,
+    Vec<(usize, i64, (String, String, AdmissionPolicy))>,
+);
+
+/// Admits one deferred submission in a transaction of its own, waiting
+/// (within `lock_timeout`) for its slot.
+async fn admit_alone(pg: &Pg, job: DeferredJob, held: &Deferred) {
+    let mut result = Err(AdmitError::Store(StoreError(
+        "PostgreSQL: cannot admit: gave up".into(),
+    )));
+    for _ in 0..8 {
+        result = async {
+            let mut client = pg.client().await?;
+            let tx = client
+                .transaction()
+                .await
+                .map_err(db("cannot start a transaction"))?;
+            let submitted = pg
+                .admit_in(&tx, &job.admission, job.id, job.names.clone())
+                .await?;
+            tx.commit()
+                .await
+                .map_err(db("cannot commit the submission"))?;
+            Ok(submitted)
+        }
+        .await;
+        match &result {
+            Err(AdmitError::Store(e)) if retryable(e) => continue,
+            _ => break,
+        }
+    }
+    let _ = job.reply.send(result);
+    let mut held = held
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(n) = held.get_mut(&job.names.1) {
+        *n -= 1;
+        if *n == 0 {
+            held.remove(&job.names.1);
+        }
+    }
+}
+
 /// A decided row on its way into `taskhost_tasks`.
 struct NewRow {
     id: i64,
@@ -355,16 +483,58 @@ struct NewRow {
     log: Option<Vec<u8>>,
 }
 
-/// Admits a batch of submissions and answers each.
-async fn admit_all(pg: &Pg, jobs: Vec<AdmitJob>) {
+/// Admits a batch of submissions and answers each (those whose slot was
+/// held, once `admit_alone` has).
+async fn admit_all(
+    pg: &Pg,
+    jobs: Vec<AdmitJob>,
+    slow: &mpsc::UnboundedSender<DeferredJob>,
+    deferred: &Deferred,
+) {
     let admissions: Vec<&Admission> = jobs.iter().map(|(a, _)| &**a).collect();
     let mut last = None;
     for _ in 0..8 {
-        match admit_batch(pg, &admissions).await {
+        let waiting: HashSet<String> = deferred
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect();
+        match admit_batch(pg, &admissions, &waiting).await {
             Err(e) if retryable(&e) => last = Some(e),
-            Ok(results) => {
-                for ((_, reply), result) in jobs.into_iter().zip(results) {
-                    let _ = reply.send(result);
+            Ok((results, later)) => {
+                let mut later: HashMap<usize, (i64, (String, String, AdmissionPolicy))> =
+                    later.into_iter().map(|(i, id, n)| (i, (id, n))).collect();
+                {
+                    let mut held = deferred
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    for (_, names) in later.values() {
+                        *held.entry(names.1.clone()).or_default() += 1;
+                    }
+                }
+                for (i, ((admission, reply), result)) in jobs.into_iter().zip(results).enumerate() {
+                    match (later.remove(&i), result) {
+                        (Some((id, names)), _) => {
+                            let job = DeferredJob {
+                                admission,
+                                id,
+                                names,
+                                reply,
+                            };
+                            if let Err(mpsc::error::SendError(job)) = slow.send(job) {
+                                let _ = job.reply.send(Err(AdmitError::Store(gone())));
+                            }
+                        }
+                        (None, Some(result)) => {
+                            let _ = reply.send(result);
+                        }
+                        (None, None) => {
+                            let _ = reply.send(Err(AdmitError::Store(StoreError(
+                                "PostgreSQL: the submission was not decided".into(),
+                            ))));
+                        }
+                    }
                 }
                 return;
             }
@@ -387,7 +557,8 @@ async fn admit_all(pg: &Pg, jobs: Vec<AdmitJob>) {
 async fn admit_batch(
     pg: &Pg,
     admissions: &[&Admission],
-) -> Result<Vec<Result<Submitted, AdmitError>>, StoreError> {
+    waiting: &HashSet<String>,
+) -> Result<Decided, StoreError> {
     let mut client = pg.client().await?;
     let tx = client
         .transaction()
@@ -434,28 +605,48 @@ async fn admit_batch(
             named[i] = None;
         }
     }
-    let mut slots: Vec<&str> = named
+    let mut slots: Vec<String> = named
         .iter()
         .flatten()
-        .map(|(_, slot, _)| slot.as_str())
+        .map(|(_, slot, _)| slot.clone())
         .collect();
     slots.sort_unstable();
     slots.dedup();
-    let names: Vec<&str> = named
-        .iter()
-        .flatten()
-        .map(|(name, _, _)| name.as_str())
-        .collect();
-    // Every slot's row, created if new, locked in order: admissions and
-    // releases in these slots wait for this transaction from here on.
+    // Every slot's row, created if new, then locked in order: admissions
+    // and releases in these slots wait for this transaction from here on.
+    // A slot another transaction holds is not waited for: its admissions
+    // (and every later one to it) are left for `admit_alone`.
+    slots.retain(|slot| !waiting.contains(slot));
     exec(
         &tx,
-        "cannot lock the slots",
+        "cannot create the slots",
         "INSERT INTO taskhost_slots (slot) SELECT s FROM unnest($1::text[]) AS s ORDER BY s \
-             ON CONFLICT (slot) DO UPDATE SET slot = excluded.slot",
+             ON CONFLICT (slot) DO NOTHING",
         &[&slots],
     )
     .await?;
+    let locked: HashSet<String> = all(
+        &tx,
+        "cannot lock the slots",
+        "SELECT slot FROM taskhost_slots WHERE slot = ANY($1) ORDER BY slot \
+             FOR UPDATE SKIP LOCKED",
+        &[&slots],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    slots.retain(|slot| locked.contains(slot));
+    let mut later = Vec::new();
+    for (i, names) in named.iter_mut().enumerate() {
+        if names
+            .as_ref()
+            .is_some_and(|(_, slot, _)| !locked.contains(slot))
+            && let Some(names) = names.take()
+        {
+            later.push((i, ids[i], names));
+        }
+    }
     let mut now: HashMap<String, SlotNow> = HashMap::new();
     // The pending work of the whole cluster comes with each slot's row.
     let mut pending = 0;
@@ -492,6 +683,11 @@ async fn admit_batch(
             },
         );
     }
+    let names: Vec<&str> = named
+        .iter()
+        .flatten()
+        .map(|(name, _, _)| name.as_str())
+        .collect();
     // Live holders of the names (a name is held by one live task).
     let mut holders: HashMap<String, (String, i64)> = HashMap::new();
     for row in all(
@@ -656,10 +852,7 @@ async fn admit_batch(
     if claim_here {
         pg.claim_here();
     }
-    Ok(results
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(AdmitError::Store(StoreError("not admitted".into())))))
-        .collect())
+    Ok((results, later))
 }
 
 /// Inserts decided rows in one statement.
