@@ -1357,7 +1357,9 @@ fn unused_plugins_are_collected_from_the_database() {
 
 /// `TASKHOST_CLUSTER_SOAK=N` submissions (default 10,000) over N/100 slots
 /// (at least 6) from 8 clients spread over three nodes; one node is killed
-/// and started again during the run.
+/// and started again during the run, then one slot's row is held by another
+/// session for 3 s while another node is cut off from the database for
+/// 1.8 s.
 #[test]
 fn cluster_soak_keeps_one_owner_per_slot_and_one_outcome_per_task() {
     let total: usize = std::env::var("TASKHOST_CLUSTER_SOAK")
@@ -1372,10 +1374,12 @@ fn cluster_soak_keeps_one_owner_per_slot_and_one_outcome_per_task() {
         "--max-total-pending",
         "1000000",
     ];
+    // s3 reaches the database through a proxy that is paused for a while.
+    let partition = Partition::start(&pg);
     let mut nodes = [
         node(&pg, "s1", &extra),
         node(&pg, "s2", &extra),
-        node(&pg, "s3", &extra),
+        node_at(&partition.url(), "s3", "2s", &extra),
     ];
     let sockets: Vec<std::path::PathBuf> = nodes.iter().map(|n| n.socket.clone()).collect();
     let hello = std::fs::read(plugin_artifacts::path("hello")).expect("hello");
@@ -1464,6 +1468,32 @@ fn cluster_soak_keeps_one_owner_per_slot_and_one_outcome_per_task() {
         "1000000",
     ]);
 
+    // Half way: a session holds one slot's row lock for 3 s (a peer frozen
+    // in a transaction), while s3 is cut off from the database for 1.8 s
+    // (past the point where it fences itself, short of its lease).
+    let deadline = Instant::now() + LIMIT;
+    while submitted.load(std::sync::atomic::Ordering::SeqCst) < total / 2 {
+        assert!(Instant::now() < deadline, "the clients stalled");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            pg.psql(
+                "BEGIN; SELECT slot FROM taskhost_slots WHERE slot = 'slot-0' FOR UPDATE; \
+                 SELECT pg_sleep(3); COMMIT;",
+            )
+        });
+        partition.cut(true);
+        std::thread::sleep(Duration::from_millis(1800));
+        partition.cut(false);
+    });
+    let line = nodes[2]
+        .process
+        .as_mut()
+        .expect("running")
+        .wait_for_line("lost its lease", LIMIT);
+    assert!(line.contains("fenced itself"), "{line}");
+
     let mut acked: Vec<u64> = Vec::new();
     for client in clients {
         let ids = runtime.block_on(client).expect("client task");
@@ -1520,7 +1550,7 @@ fn cluster_soak_keeps_one_owner_per_slot_and_one_outcome_per_task() {
     let failed = acked.iter().filter(|id| outcomes[*id] == "failed").count();
     println!(
         "cluster soak: {} of {total} acknowledged over {slots} slots, {failed} failed \
-         (interrupted by the kill), {checked} attempt intervals checked",
+         (interrupted by the kill or the partition), {checked} attempt intervals checked",
         acked.len()
     );
     // Each acknowledged id was answered by `host wait` on any node.
