@@ -110,6 +110,15 @@ pub struct DaemonConfig {
     /// dashboard page requires. Without it a loopback listener makes its
     /// own, kept in `<state dir>/http-token`.
     pub http_token_file: Option<PathBuf>,
+    /// The HTTP listener's TLS certificate chain (PEM); with
+    /// [`tls_key`](Self::tls_key) the listener speaks only HTTPS, and
+    /// reloads both on SIGHUP or when the files change.
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of [`tls_cert`](Self::tls_cert) (PEM).
+    pub tls_key: Option<PathBuf>,
+    /// Serve plain HTTP on a non-loopback address (behind a TLS proxy, say);
+    /// without it such an address needs TLS.
+    pub http_allow_plain: bool,
     /// Host names, besides the loopback names (loopback binds) or IP
     /// literals and this machine's hostname (other binds), that the HTTP
     /// listener answers to (`NAME` or `NAME:PORT`); requests naming any
@@ -168,6 +177,9 @@ impl DaemonConfig {
             cluster: ClusterSettings::default(),
             http: None,
             http_token_file: None,
+            tls_cert: None,
+            tls_key: None,
+            http_allow_plain: false,
             http_allow_hosts: Vec::new(),
             http_max_connections: DEFAULT_HTTP_MAX_CONNECTIONS,
             http_max_streams: DEFAULT_HTTP_MAX_STREAMS,
@@ -330,6 +342,15 @@ impl DaemonConfig {
         if let Some(v) = file.http_token_file {
             self.http_token_file = Some(v);
         }
+        if let Some(v) = file.tls_cert {
+            self.tls_cert = Some(v);
+        }
+        if let Some(v) = file.tls_key {
+            self.tls_key = Some(v);
+        }
+        if let Some(v) = file.http_allow_plain {
+            self.http_allow_plain = v;
+        }
         if let Some(v) = file.http_allow_hosts {
             self.http_allow_hosts = v
                 .into_iter()
@@ -422,6 +443,9 @@ struct FileConfig {
     cluster_notify: Option<bool>,
     http: Option<String>,
     http_token_file: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    http_allow_plain: Option<bool>,
     http_allow_hosts: Option<Vec<String>>,
     http_max_connections: Option<usize>,
     http_max_streams: Option<usize>,

@@ -38,4 +38,5 @@ pub use service::json;
 pub use service::plugins::plugin_path;
 pub use state_dir::default_state_dir;
 pub use wire::client::{Client, ClientError, Replies};
+pub use wire::remote::Remote;
 pub use wire::{protocol, socket};

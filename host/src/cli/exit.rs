@@ -54,7 +54,7 @@ pub fn client(err: ClientError) -> anyhow::Error {
         ClientError::Daemon { kind, .. } => match kind {
             ErrorKind::Invalid | ErrorKind::NotFound => EXIT_USAGE,
             ErrorKind::ShuttingDown => EXIT_REJECTED,
-            ErrorKind::Internal => EXIT_DAEMON,
+            ErrorKind::Internal | ErrorKind::Forbidden => EXIT_DAEMON,
         },
         _ => EXIT_DAEMON,
     };

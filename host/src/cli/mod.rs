@@ -40,6 +40,15 @@ pub struct Cli {
     /// The daemon's socket, for the verbs that talk to one (also accepted after the verb).
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
+    /// Talk to a daemon's HTTP listener instead of a local socket, e.g. https://build-1:9100 (the client verbs; same output and exit codes).
+    #[arg(long, value_name = "URL", env = "TASKHOST_URL", global = true)]
+    remote: Option<String>,
+    /// With --remote: a file whose one line is the token to send (only its owner may read it); TASKHOST_TOKEN may give the token itself.
+    #[arg(long, value_name = "FILE", global = true)]
+    token_file: Option<PathBuf>,
+    /// With --remote: PEM certificates of the CA that signed the listener's certificate (a private CA) [default: the Mozilla roots].
+    #[arg(long, value_name = "PEM", global = true)]
+    ca_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -80,7 +89,7 @@ enum Command {
     /// the next start (`host shutdown --cancel-all`, or `--store memory`,
     /// ends it all now); the socket is removed.
     #[command(
-        after_long_help = "EXAMPLES:\n  host serve --detach                  # returns once the daemon accepts; logs in <state dir>/daemon.log\n  host serve --grace 30s --max-concurrent 8\n  host --socket /tmp/h.sock serve --state-dir /tmp/h-state\n  host serve --allow-http '*.example.com' --allow-http http://127.0.0.1:8080   # the most HTTP a submission may get\n  host serve --http 127.0.0.1:9100      # metrics at /metrics, dashboard at /\n  host serve --http 0.0.0.0:9100 --http-token-file ~/.config/taskhost/token\n  (systemd: Type=notify; the daemon reports READY=1 once it listens)"
+        after_long_help = "EXAMPLES:\n  host serve --detach                  # returns once the daemon accepts; logs in <state dir>/daemon.log\n  host serve --grace 30s --max-concurrent 8\n  host --socket /tmp/h.sock serve --state-dir /tmp/h-state\n  host serve --allow-http '*.example.com' --allow-http http://127.0.0.1:8080   # the most HTTP a submission may get\n  host serve --http 127.0.0.1:9100      # metrics at /metrics, dashboard at /\n  host serve --http 0.0.0.0:9100 --http-token-file ~/.config/taskhost/tokens --tls-cert cert.pem --tls-key key.pem\n  host --remote https://build-1:9100 --token-file ~/.config/taskhost/token ps   # any client verb, remotely\n  (systemd: Type=notify; the daemon reports READY=1 once it listens)"
     )]
     Serve(Box<serve::ServeArgs>),
     /// Send one task to the daemon; prints its id (or, with --wait, its result).
@@ -194,6 +203,10 @@ pub fn main() -> ExitCode {
         }
     };
     let socket = cli.socket;
+    if let Err(err) = client::set_remote(cli.remote, cli.token_file, cli.ca_file) {
+        eprintln!("error: {err:#}");
+        return ExitCode::from(err.downcast_ref::<ExitError>().map_or(1, |e| e.code));
+    }
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(*args).await,

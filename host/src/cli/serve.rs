@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, memory_ceiling, max_handles, max_open_files, max_http_requests, max_header_bytes, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http, allow_dirs, allow_env); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, tls_cert, tls_key, http_allow_plain, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, memory_ceiling, max_handles, max_open_files, max_http_requests, max_header_bytes, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http, allow_dirs, allow_env); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -97,12 +97,21 @@ pub struct ServeArgs {
     /// Cluster mode: send and hear no LISTEN/NOTIFY notifications, only poll (to test the fallback; slower).
     #[arg(long)]
     no_notify: bool,
-    /// Serve metrics (/metrics), a JSON API and a live dashboard (/) over HTTP on this address, e.g. 127.0.0.1:9100 (port 0: any free port; the log says which). Every request but the dashboard page needs a bearer token: --http-token-file's, or on a loopback address without it the daemon's own, kept in <state dir>/http-token (the log gives the dashboard's URL with it). Without --http there is no HTTP listener at all. Any address but a loopback one needs --http-token-file [TOML: http].
+    /// Serve metrics (/metrics), a JSON API and a live dashboard (/) over HTTP on this address, e.g. 127.0.0.1:9100 (port 0: any free port; the log says which). Every request but the dashboard page needs a bearer token: --http-token-file's, or on a loopback address without it the daemon's own, kept in <state dir>/http-token (the log gives the dashboard's URL with it). Without --http there is no HTTP listener at all. Any address but a loopback one needs --http-token-file, and TLS (--tls-cert, --tls-key) or --http-allow-plain [TOML: http].
     #[arg(long, value_name = "ADDR")]
     http: Option<std::net::SocketAddr>,
-    /// A file whose one line is the secret every HTTP request but the dashboard page must carry (`Authorization: Bearer <token>`; the dashboard asks for it); needed to bind a non-loopback --http address [default: the daemon's own token, in <state dir>/http-token] [TOML: http_token_file].
+    /// A file of the tokens HTTP requests carry (`Authorization: Bearer <token>`; the dashboard asks for it): one `SCOPE TOKEN` per line, SCOPE one of read (lists, logs, events, metrics), submit (also submit, wait, rerun) or admin (everything: cancel, remove, shutdown); a bare token line is admin. Only its owner may read it. Needed to bind a non-loopback --http address [default: the daemon's own admin token, in <state dir>/http-token] [TOML: http_token_file].
     #[arg(long, value_name = "FILE")]
     http_token_file: Option<PathBuf>,
+    /// The HTTP listener's TLS certificate chain, PEM (with --tls-key: the listener speaks only HTTPS; both files are reloaded on SIGHUP or when they change) [TOML: tls_cert].
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, PEM [TOML: tls_key].
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Serve plain HTTP on a non-loopback --http address (when a TLS proxy in front terminates TLS); without it such an address needs --tls-cert and --tls-key [TOML: http_allow_plain].
+    #[arg(long)]
+    http_allow_plain: bool,
     /// Also answer HTTP requests whose Host is NAME, with or without the port (NAME:PORT: that port only), e.g. the name a TLS proxy in front reaches the listener by (repeatable; replaces the config file's list). Answered always: on a loopback bind, localhost and loopback addresses with the port; on another, localhost and IP addresses with the port and this machine's hostname. Others get 421 [TOML: http_allow_hosts].
     #[arg(long = "http-allow-host", value_name = "NAME[:PORT]", value_parser = parse_allow_host)]
     http_allow_hosts: Vec<String>,
@@ -245,6 +254,15 @@ impl ServeArgs {
         }
         if let Some(v) = &self.http_token_file {
             config.http_token_file = Some(v.clone());
+        }
+        if let Some(v) = &self.tls_cert {
+            config.tls_cert = Some(v.clone());
+        }
+        if let Some(v) = &self.tls_key {
+            config.tls_key = Some(v.clone());
+        }
+        if self.http_allow_plain {
+            config.http_allow_plain = true;
         }
         if !self.http_allow_hosts.is_empty() {
             config.http_allow_hosts = self.http_allow_hosts.clone();

@@ -27,8 +27,16 @@ pub struct VersionArgs {
 /// `host version`: this binary's version, and the daemon's if one answers
 /// (without waiting for one to start).
 pub async fn version(args: VersionArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
-    let path = socket::resolve(args.socket.socket.as_deref().or(before_verb.as_deref()));
-    let daemon = match Client::connect(&path).await {
+    let remote = super::client::remote();
+    let path = match remote {
+        Some(remote) => PathBuf::from(&remote.url),
+        None => socket::resolve(args.socket.socket.as_deref().or(before_verb.as_deref())),
+    };
+    let connected = match remote {
+        Some(remote) => Client::connect_remote(remote).await,
+        None => Client::connect(&path).await,
+    };
+    let daemon = match connected {
         Ok(client) => Ok(client.daemon_version().to_owned()),
         Err(err) => Err(err),
     };

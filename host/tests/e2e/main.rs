@@ -18,6 +18,7 @@
 //! | `outbound_http` | grants, denials, address checks and redirects of guests' HTTP; its cap |
 //! | `guest_limits` | per-attempt caps on files and handles, memory over all memories, the memory ceiling |
 //! | `cluster` | cluster mode on a real PostgreSQL |
+//! | `remote` | `host --remote`, tokens with scopes, TLS, the JSON API's verbs |
 //! | `observability` | `--http`: metrics, the JSON API, the dashboard in Chromium |
 //! | `traces` | OpenTelemetry traces to a collector in the test |
 //! | `trust` | trust boundaries: private files, peers checked, one daemon per store |
@@ -52,6 +53,7 @@ mod guests;
 mod observability;
 mod outbound_http;
 mod regressions;
+mod remote;
 mod scaffold;
 mod serve;
 mod soak;

@@ -475,9 +475,11 @@ fn a_non_loopback_bind_needs_a_token_and_no_flag_means_no_listener() {
 
     let empty = dir.path().join("empty-token");
     std::fs::write(&empty, "\n").unwrap();
+    std::fs::set_permissions(&empty, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let out = serve(&[
         "--http",
         "0.0.0.0:0",
+        "--http-allow-plain",
         "--http-token-file",
         empty.to_str().unwrap(),
     ]);
@@ -507,6 +509,7 @@ fn a_non_loopback_bind_needs_a_token_and_no_flag_means_no_listener() {
 
     let token = dir.path().join("token");
     std::fs::write(&token, "s3cret\n").unwrap();
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let out = serve(&["--http-token-file", token.to_str().unwrap()]);
     assert_eq!(out.code, Some(1));
     assert!(
@@ -548,6 +551,7 @@ fn a_non_loopback_bind_needs_a_token_and_no_flag_means_no_listener() {
         dir2.path().join("state").display().to_string(),
         "--http".to_owned(),
         "0.0.0.0:0".to_owned(),
+        "--http-allow-plain".to_owned(),
         "--http-token-file".to_owned(),
         token.display().to_string(),
     ];
@@ -572,6 +576,11 @@ fn the_api_answers_as_the_cli_and_mutations_need_the_token() {
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    std::fs::set_permissions(
+        &token_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let daemon = Daemon::start(&[
         "--http",
         "127.0.0.1:0",
@@ -1197,6 +1206,11 @@ fn every_endpoint_but_the_page_needs_the_token() {
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, "read-token-7\n").unwrap();
+    std::fs::set_permissions(
+        &token_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let daemon = Daemon::start(&[
         "--http",
         "127.0.0.1:0",
@@ -1389,9 +1403,15 @@ fn a_non_loopback_listener_answers_only_its_hosts_and_its_own_origin() {
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, "lan-token\n").unwrap();
+    std::fs::set_permissions(
+        &token_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let daemon = Daemon::start(&[
         "--http",
         "0.0.0.0:0",
+        "--http-allow-plain",
         "--http-token-file",
         token_file.to_str().unwrap(),
         "--http-allow-host",
@@ -1720,7 +1740,7 @@ fn event_streams_over_the_cap_are_answered_503() {
     let body = stream_body(&mut third);
     let error = body["error"].as_str().unwrap();
     assert!(
-        error.contains("2 event streams are open") && error.contains("--http-max-streams"),
+        error.contains("2 streams are open") && error.contains("--http-max-streams"),
         "{error}"
     );
     // The rest of the API is not capped by it.

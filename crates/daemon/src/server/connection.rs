@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -19,6 +19,7 @@ use taskhost_core::outcome::TaskOutcome;
 use taskhost_core::supervisor::TaskReport;
 
 use crate::server::dispatch;
+use crate::server::scope::Scope;
 use crate::state::Daemon;
 use crate::wire::protocol::{
     Envelope, ErrorKind, FrameError, Hello, MAGIC, OUTPUT_CHUNK, PROTOCOL_VERSION, Reply, Request,
@@ -35,9 +36,20 @@ const WRITE_BATCH: usize = 256 * 1024;
 /// How long a client has to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Serves one client: handshake, then requests until it leaves.
+/// Serves one client of the Unix socket (its owner: every request).
 pub(crate) async fn serve(daemon: Arc<Daemon>, stream: UnixStream) -> Result<(), FrameError> {
-    let (mut reader, mut writer) = stream.into_split();
+    let (reader, writer) = stream.into_split();
+    serve_io(daemon, reader, writer, Scope::Admin).await
+}
+
+/// Serves one client on any byte stream: handshake, then requests until it
+/// leaves, each refused unless `scope` allows it.
+pub(crate) async fn serve_io(
+    daemon: Arc<Daemon>,
+    mut reader: impl AsyncRead + Unpin,
+    mut writer: impl AsyncWrite + Unpin + Send + 'static,
+    scope: Scope,
+) -> Result<(), FrameError> {
     let hello: Hello = tokio::time::timeout(HELLO_TIMEOUT, read_frame(&mut reader))
         .await
         .map_err(|_| FrameError::Malformed("no hello within 5s".into()))??;
@@ -79,6 +91,13 @@ pub(crate) async fn serve(daemon: Arc<Daemon>, stream: UnixStream) -> Result<(),
             gone: gone.clone(),
             _permit: permit,
         };
+        let needed = Scope::needed(&request.body);
+        if needed > scope {
+            reply
+                .error(ErrorKind::Forbidden, scope.refusal(needed))
+                .await;
+            continue;
+        }
         dispatch::handle(&daemon, request.body, reply, &mut session).await;
     };
     // The client is gone: end its waits and streams (they only served it),
@@ -92,7 +111,7 @@ pub(crate) async fn serve(daemon: Arc<Daemon>, stream: UnixStream) -> Result<(),
 /// Puts replies on the wire; the replies that are ready together go out in
 /// one write, so a pipelining client gets many per system call.
 async fn write_replies(
-    mut writer: tokio::net::unix::OwnedWriteHalf,
+    mut writer: impl AsyncWrite + Unpin,
     mut rx: mpsc::Receiver<Envelope<Reply>>,
 ) {
     let mut batch = Vec::new();

@@ -203,25 +203,36 @@ pub(crate) async fn handle(
         },
         Request::Shutdown { grace, cancel_all } => {
             let daemon = Arc::clone(daemon);
-            daemon.shutdown_requested.store(true, Ordering::SeqCst);
-            daemon
-                .keep_unfinished
-                .store(backend.is_durable() && !cancel_all, Ordering::SeqCst);
-            backend.stop_taking();
             tokio::spawn(async move {
-                let grace = grace.unwrap_or(daemon.config.grace);
-                let report = daemon.controller.shutdown(grace).await;
-                // The accept loop finishes the stop (it reuses the same
-                // report); the answer waits until the store is closed and
-                // the state directory free, so a `host serve` right after
-                // `host shutdown` finds it free.
-                let mut closed = daemon.closed.subscribe();
-                let _ = daemon.stop.send(Some(grace));
-                let _ = closed.wait_for(|closed| *closed).await;
+                let report = shutdown(&daemon, grace, cancel_all).await;
                 reply.send(Reply::ShutdownDone(report)).await;
             });
         }
     }
+}
+
+/// Shuts the daemon down (the socket's `Shutdown`, the HTTP API's): stops
+/// taking work, gives running tasks the grace, and answers once the store
+/// is closed and the state directory free, so a `host serve` right after
+/// `host shutdown` finds it free.
+pub(crate) async fn shutdown(
+    daemon: &Arc<Daemon>,
+    grace: Option<std::time::Duration>,
+    cancel_all: bool,
+) -> taskhost_core::supervisor::ShutdownReport {
+    let backend = Backend::of(daemon);
+    daemon.shutdown_requested.store(true, Ordering::SeqCst);
+    daemon
+        .keep_unfinished
+        .store(backend.is_durable() && !cancel_all, Ordering::SeqCst);
+    backend.stop_taking();
+    let grace = grace.unwrap_or(daemon.config.grace);
+    let report = daemon.controller.shutdown(grace).await;
+    // The accept loop finishes the stop (it reuses the same report).
+    let mut closed = daemon.closed.subscribe();
+    let _ = daemon.stop.send(Some(grace));
+    let _ = closed.wait_for(|closed| *closed).await;
+    report
 }
 
 /// Sends rows in pages of at most [`LIST_PAGE`], then [`Reply::End`].

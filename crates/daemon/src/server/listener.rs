@@ -304,7 +304,7 @@ pub async fn serve(
     };
     // Stop taking connections first, so nobody submits into a closing host.
     drop(listener);
-    drop(http_server);
+    let http_draining = http_server.map(http::Server::stop);
     // A signal is a graceful stop: with a durable store, unfinished work
     // waits for the next start (a shutdown request has set this already,
     // unless it asked to cancel everything).
@@ -354,6 +354,9 @@ pub async fn serve(
     // leaves; one that lingers is not waited for long).
     let all = u32::try_from(config.max_connections).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(FLUSH_GRACE, connections.acquire_many(all)).await;
+    if let Some(draining) = http_draining {
+        draining.drained(FLUSH_GRACE).await;
+    }
     Ok(report)
 }
 

@@ -7,9 +7,11 @@
 //! | `listener` | start-up, the accept loop, shutdown |
 //! | `connection` | one connection: handshake, requests in order, batched replies |
 //! | `dispatch` | what each request does |
+//! | `scope` | what a credential allows, and what each request needs |
 //! | `http/` | the optional HTTP listener: metrics, JSON API, dashboard |
 
 pub(crate) mod connection;
 pub(crate) mod dispatch;
 pub(crate) mod http;
 pub(crate) mod listener;
+pub(crate) mod scope;

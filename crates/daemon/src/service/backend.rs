@@ -56,6 +56,17 @@ pub(crate) enum Found {
     Shared { id: TaskId, finished: bool },
 }
 
+impl Found {
+    /// The task's id.
+    pub(crate) fn id(&self) -> TaskId {
+        match self {
+            Found::Live(record) => record.id,
+            Found::Stored(finished) => finished.report.id,
+            Found::Shared { id, .. } => *id,
+        }
+    }
+}
+
 /// A task as `GET /api/tasks/{id}` shows it.
 pub(crate) struct Detail {
     pub id: TaskId,

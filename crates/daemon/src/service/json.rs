@@ -113,3 +113,39 @@ pub fn canceled(claimed: bool, report: Option<&TaskReport>) -> Value {
     });
     json!({ "claimed": claimed, "report": report })
 }
+
+/// The answer of `host submit --json` (without `--wait`).
+pub fn submitted(s: &crate::wire::protocol::Submitted) -> Value {
+    use crate::wire::protocol::Placement;
+    let (state, replacing) = match &s.placement {
+        Placement::Running => ("running", None),
+        Placement::Queued { .. } => ("queued", None),
+        Placement::Replacing { owner, .. } => ("replacing", Some(owner.get())),
+        Placement::Rejected(_) => ("rejected", None),
+    };
+    json!({ "id": s.id, "name": s.name, "slot": s.slot,
+            "queued": state != "running", "state": state, "replacing": replacing })
+}
+
+/// A row of `host plugins ls --json`.
+pub fn plugin_row(r: &crate::wire::protocol::PluginRow) -> Value {
+    json!({
+        "digest": r.digest.to_string(),
+        "name": r.name,
+        "bytes": r.bytes,
+        "stored_ms": r.stored_ms,
+        "unfinished": r.unfinished,
+        "finished": r.finished,
+        "loaded": r.loaded,
+    })
+}
+
+/// The answer of `host shutdown --json`.
+pub fn shutdown(report: &taskhost_core::supervisor::ShutdownReport) -> Value {
+    use taskhost_core::supervisor::ShutdownReport;
+    let stuck = match report {
+        ShutdownReport::AllStopped => Vec::new(),
+        ShutdownReport::GraceExceeded { stuck } => stuck.clone(),
+    };
+    json!({ "all_stopped": stuck.is_empty(), "force_aborted": stuck })
+}

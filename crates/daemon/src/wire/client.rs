@@ -26,9 +26,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::UnixStream;
-use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::mpsc;
 
 use taskhost_core::controller::SlotView;
@@ -95,6 +94,15 @@ pub enum ClientError {
         /// The socket.
         socket: PathBuf,
     },
+    /// A remote daemon could not be reached or refused us (the URL, TLS,
+    /// the token): nothing was sent.
+    #[error("cannot use the daemon at `{url}`: {why}")]
+    Remote {
+        /// The URL tried.
+        url: String,
+        /// What went wrong, and the fix.
+        why: String,
+    },
     /// The daemon answered with an error.
     #[error("{message}")]
     Daemon {
@@ -120,7 +128,7 @@ struct Inner {
     socket: PathBuf,
     daemon_version: String,
     daemon_pid: Option<u32>,
-    writer: tokio::sync::Mutex<BufWriter<OwnedWriteHalf>>,
+    writer: tokio::sync::Mutex<BufWriter<Box<dyn AsyncWrite + Send + Unpin>>>,
     routes: Routes,
     next_id: AtomicU32,
 }
@@ -195,11 +203,22 @@ impl Client {
             }
         })?;
         let daemon_pid = peer.pid().and_then(|p| u32::try_from(p).ok());
+        let (reader, writer) = stream.into_split();
+        Self::establish(socket, reader, writer, daemon_pid).await
+    }
+
+    /// Says hello on a connected stream (a socket's, or one upgraded from
+    /// HTTP) and starts routing its replies.
+    pub(crate) async fn establish(
+        socket: &Path,
+        mut reader: impl AsyncRead + Unpin + Send + 'static,
+        mut writer: impl AsyncWrite + Unpin + Send + 'static,
+        daemon_pid: Option<u32>,
+    ) -> Result<Self, ClientError> {
         let protocol = |e: FrameError| ClientError::Protocol {
             socket: socket.to_owned(),
             message: e.to_string(),
         };
-        let (mut reader, mut writer) = stream.into_split();
         write_frame(
             &mut writer,
             &Hello {
@@ -247,7 +266,7 @@ impl Client {
                 socket: socket.to_owned(),
                 daemon_version: welcome.daemon,
                 daemon_pid,
-                writer: tokio::sync::Mutex::new(BufWriter::new(writer)),
+                writer: tokio::sync::Mutex::new(BufWriter::new(Box::new(writer))),
                 routes,
                 next_id: AtomicU32::new(1),
             }),

@@ -5,8 +5,10 @@
 //! |---|---|
 //! | `protocol` | message types, version handshake, framing limits |
 //! | `client` | the client: pipelined requests, replies routed by id |
+//! | `remote` | the client's transport to a daemon's HTTP listener: TLS, token, upgrade |
 //! | `socket` | socket paths and owner-only permissions, the client's checks |
 
 pub(crate) mod client;
 pub mod protocol;
+pub mod remote;
 pub mod socket;

@@ -23,7 +23,7 @@ use taskhost_core::supervisor::{
 use taskhost_runtime::{Digest, DirGrant, HttpAllow};
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).
@@ -466,6 +466,9 @@ pub enum ErrorKind {
     ShuttingDown,
     /// Anything else.
     Internal,
+    /// The credential does not allow the request (a token of too small a
+    /// scope, on a connection upgraded from HTTP).
+    Forbidden,
 }
 
 /// A framing or decoding failure: the connection is finished.

@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use serde_json::json;
 use taskhost::daemon::protocol::{Reply, Request};
 use taskhost::supervisor::ShutdownReport;
 use taskhost::units::parse_duration;
@@ -47,10 +46,7 @@ pub async fn shutdown(args: ShutdownArgs, before_verb: Option<PathBuf>) -> anyho
         ShutdownReport::GraceExceeded { stuck } => stuck.clone(),
     };
     if args.json {
-        println!(
-            "{}",
-            json!({ "all_stopped": stuck.is_empty(), "force_aborted": stuck })
-        );
+        println!("{}", taskhost::daemon::json::shutdown(&report));
     } else if stuck.is_empty() {
         eprintln!("daemon shut down: every task stopped within the grace");
     } else {

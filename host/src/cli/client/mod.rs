@@ -16,10 +16,11 @@ pub mod submit;
 pub mod tasks;
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use taskhost::daemon::{Client, socket};
+use taskhost::daemon::{Client, Remote, socket};
 
 use super::args::SocketArg;
 use super::exit;
@@ -28,9 +29,59 @@ use super::exit;
 /// not there yet, or not accepting yet) before it says none answers.
 const STARTING_DAEMON_PATIENCE: Duration = Duration::from_secs(2);
 
-/// Connects to the daemon named by the verb's `--socket`, else the one
-/// before the verb, else `TASKHOST_SOCKET`, else the per-user default.
+/// The remote daemon `--remote` (or `TASKHOST_URL`) names, set once at
+/// start.
+static REMOTE: OnceLock<Option<Remote>> = OnceLock::new();
+
+/// Takes `--remote`, `--token-file` (else `TASKHOST_TOKEN`) and `--ca-file`.
+pub fn set_remote(
+    url: Option<String>,
+    token_file: Option<PathBuf>,
+    ca_file: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let remote = match url.filter(|u| !u.is_empty()) {
+        None => {
+            if token_file.is_some() || ca_file.is_some() {
+                return Err(exit::usage(
+                    "--token-file and --ca-file are for a remote daemon: give --remote URL \
+                     (or TASKHOST_URL) too",
+                ));
+            }
+            None
+        }
+        Some(url) => {
+            let token = match token_file {
+                Some(path) => Some(Remote::token_from_file(&path).map_err(|e| {
+                    exit::ExitError::error(exit::EXIT_DAEMON, format!("--token-file: {e}"))
+                })?),
+                None => std::env::var("TASKHOST_TOKEN")
+                    .ok()
+                    .map(|t| t.trim().to_owned())
+                    .filter(|t| !t.is_empty()),
+            };
+            Some(Remote {
+                url,
+                token,
+                ca_file,
+            })
+        }
+    };
+    let _ = REMOTE.set(remote);
+    Ok(())
+}
+
+/// The remote daemon to talk to, if `--remote` named one.
+pub fn remote() -> Option<&'static Remote> {
+    REMOTE.get().and_then(Option::as_ref)
+}
+
+/// Connects to the remote daemon `--remote` names, else the one of the
+/// verb's `--socket`, else the one before the verb, else
+/// `TASKHOST_SOCKET`, else the per-user default.
 pub async fn connect(arg: &SocketArg, before_verb: Option<&Path>) -> anyhow::Result<Client> {
+    if let Some(remote) = remote() {
+        return Client::connect_remote(remote).await.map_err(exit::client);
+    }
     let path = socket::resolve(arg.socket.as_deref().or(before_verb));
     Client::connect_waiting(&path, STARTING_DAEMON_PATIENCE)
         .await

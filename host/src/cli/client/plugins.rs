@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use serde_json::json;
 use taskhost::daemon::protocol::PluginRow;
 use taskhost::units::{format_duration, format_size};
 
@@ -123,17 +122,7 @@ fn print_rows(rows: &[PluginRow], as_json: bool) {
     if as_json {
         let rows: Vec<_> = rows
             .iter()
-            .map(|r| {
-                json!({
-                    "digest": r.digest.to_string(),
-                    "name": r.name,
-                    "bytes": r.bytes,
-                    "stored_ms": r.stored_ms,
-                    "unfinished": r.unfinished,
-                    "finished": r.finished,
-                    "loaded": r.loaded,
-                })
-            })
+            .map(taskhost::daemon::json::plugin_row)
             .collect();
         println!("{}", serde_json::Value::Array(rows));
         return;

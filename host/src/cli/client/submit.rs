@@ -6,7 +6,6 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use clap::Args;
-use serde_json::json;
 use taskhost::controller::AdmissionPolicy;
 use taskhost::daemon::Client;
 use taskhost::daemon::protocol::{
@@ -111,17 +110,7 @@ pub async fn submit(args: SubmitArgs, before_verb: Option<PathBuf>) -> anyhow::R
     }
     if !args.wait {
         if task.json {
-            let (state, replacing) = match &submitted.placement {
-                Placement::Running => ("running", None),
-                Placement::Queued { .. } => ("queued", None),
-                Placement::Replacing { owner, .. } => ("replacing", Some(owner.get())),
-                Placement::Rejected(_) => ("rejected", None),
-            };
-            println!(
-                "{}",
-                json!({ "id": submitted.id, "name": submitted.name, "slot": submitted.slot,
-                        "queued": state != "running", "state": state, "replacing": replacing })
-            );
+            println!("{}", taskhost::daemon::json::submitted(&submitted));
         } else {
             println!("{}", submitted.id);
             let Submitted { id, name, slot, .. } = &submitted;

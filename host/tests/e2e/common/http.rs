@@ -126,6 +126,17 @@ pub fn request(
     headers: &[(&str, &str)],
     body: &str,
 ) -> Answer {
+    request_bytes(port, method, path, headers, body.as_bytes())
+}
+
+/// [`request`] with a body of any bytes.
+pub fn request_bytes(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Answer {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the HTTP listener");
     stream.set_read_timeout(Some(LIMIT)).unwrap();
     let mut head = format!(
@@ -140,7 +151,7 @@ pub fn request(
     }
     head.push_str("\r\n");
     stream.write_all(head.as_bytes()).unwrap();
-    stream.write_all(body.as_bytes()).unwrap();
+    stream.write_all(body).unwrap();
     // Read the header block, then the body by its length (some servers
     // keep the connection open despite `Connection: close`).
     let mut reader = BufReader::new(stream);

@@ -163,78 +163,7 @@ impl Postgres {
     /// server's directory (the key readable by the server's user only).
     fn make_certificates(&self) {
         let dir = self.dir.path();
-        std::fs::write(
-            dir.join("server.ext"),
-            "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
-        )
-        .unwrap();
-        let steps: [&[&str]; 3] = [
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=taskhost test CA",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.pem",
-            ],
-            &[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-subj",
-                "/CN=localhost",
-                "-keyout",
-                "server.key",
-                "-out",
-                "server.csr",
-            ],
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                "server.ext",
-                "-out",
-                "server.pem",
-            ],
-        ];
-        for args in steps {
-            let out = Command::new("openssl")
-                .args(args)
-                .current_dir(dir)
-                .output()
-                .unwrap_or_else(|e| {
-                    panic!("cannot run openssl ({e}): the TLS test needs it (Debian: openssl)")
-                });
-            assert!(
-                out.status.success(),
-                "openssl {args:?} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let key = dir.join("server.key");
-        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .unwrap();
+        make_certificates(dir);
         if self.as_nobody {
             for file in ["server.key", "server.pem", "ca.pem"] {
                 std::os::unix::fs::chown(dir.join(file), Some(NOBODY), Some(NOBODY)).unwrap();
@@ -367,4 +296,84 @@ impl Drop for Postgres {
             ])
             .output();
     }
+}
+
+/// A throwaway CA (`ca.pem`, `ca.key`) and a server certificate it signed
+/// for `localhost` and 127.0.0.1 (`server.pem`, `server.key`, the key
+/// owner-only), made with `openssl` in `dir`.
+pub fn make_certificates(dir: &Path) {
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .unwrap();
+    let steps: [&[&str]; 3] = [
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=taskhost test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ],
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ],
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.pem",
+        ],
+    ];
+    for args in steps {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("cannot run openssl ({e}): the TLS tests need it (Debian: openssl)")
+            });
+        assert!(
+            out.status.success(),
+            "openssl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    std::fs::set_permissions(
+        dir.join("server.key"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
 }

@@ -149,19 +149,7 @@ pub(super) struct EventsQuery {
 pub(super) async fn events(State(http): State<Http>, Query(q): Query<EventsQuery>) -> Response {
     // Held by the stream: given back when the response body is dropped.
     let Ok(permit) = Arc::clone(&http.streams).try_acquire_owned() else {
-        let mut answer = error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "{} event streams are open, the most this daemon serves at once \
-                 (--http-max-streams, http_max_streams): close one, or ask its operator \
-                 to raise the limit",
-                http.max_streams
-            ),
-        );
-        answer
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-        return answer;
+        return too_many_streams(&http);
     };
     let filter = EventFilter {
         task: q.task.as_deref().map(TaskRef::parse),
@@ -176,9 +164,13 @@ pub(super) async fn events(State(http): State<Http>, Query(q): Query<EventsQuery
         let event = feed.next().await?;
         Some((Ok::<_, Infallible>(event), feed))
     });
-    Sse::new(stream.boxed())
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    Sse::new(
+        stream
+            .take_until(http.stop.clone().cancelled_owned())
+            .boxed(),
+    )
+    .keep_alive(KeepAlive::default())
+    .into_response()
 }
 
 /// One SSE reader's stream of `host events --follow`.
@@ -215,11 +207,31 @@ fn sse(event: &Event) -> SseEvent {
         .data(event.to_json().to_string())
 }
 
+/// The answer to one stream more than `http_max_streams`.
+pub(super) fn too_many_streams(http: &Http) -> Response {
+    let mut answer = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "{} streams are open, the most this daemon serves at once \
+             (--http-max-streams, http_max_streams): close one, or ask its operator \
+             to raise the limit",
+            http.max_streams
+        ),
+    );
+    answer
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+    answer
+}
+
 /// An error of the seam as an HTTP answer.
-fn failed((kind, message): (ErrorKind, String)) -> Response {
+pub(super) fn failed((kind, message): (ErrorKind, String)) -> Response {
     let status = match kind {
+        ErrorKind::Invalid => StatusCode::BAD_REQUEST,
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Forbidden => StatusCode::FORBIDDEN,
+        ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     };
     error(status, message)
 }

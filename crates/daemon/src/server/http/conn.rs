@@ -14,9 +14,10 @@ use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// How often at most a refused connection or a failed accept is logged.
 const WARN_EVERY: Duration = Duration::from_secs(1);
@@ -40,6 +41,8 @@ pub(super) async fn accept_loop(
     listener: TcpListener,
     app: Router,
     limits: Limits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    tracker: TaskTracker,
     stop: CancellationToken,
 ) {
     let open = Arc::new(Semaphore::new(limits.max_connections));
@@ -66,6 +69,8 @@ pub(super) async fn accept_loop(
                 }
             }
         };
+        // Small answers and event lines go out at once.
+        let _ = stream.set_nodelay(true);
         let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
             if let Some(more) = refused.note() {
                 tracing::warn!(
@@ -78,30 +83,45 @@ pub(super) async fn accept_loop(
             drop(stream);
             continue;
         };
-        tokio::spawn(serve(
-            stream,
-            peer,
-            permit,
-            builder.clone(),
-            app.clone(),
-            stop.clone(),
-        ));
+        let (builder, app, stop) = (builder.clone(), app.clone(), stop.clone());
+        match &tls {
+            None => {
+                tracker.spawn(serve(stream, peer, permit, builder, app, stop));
+            }
+            Some(acceptor) => {
+                let acceptor = acceptor.clone();
+                tracker.spawn(async move {
+                    // The handshake is part of the header's time.
+                    let shaken =
+                        tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await;
+                    match shaken {
+                        Ok(Ok(stream)) => serve(stream, peer, permit, builder, app, stop).await,
+                        Ok(Err(err)) => {
+                            tracing::debug!("TLS handshake with {peer} failed: {err}");
+                        }
+                        Err(_) => tracing::debug!("TLS handshake with {peer} timed out"),
+                    }
+                });
+            }
+        }
     }
 }
 
 /// Serves one connection; its permit is given back when it ends.
-async fn serve(
-    stream: TcpStream,
+async fn serve<S>(
+    stream: S,
     peer: SocketAddr,
     permit: OwnedSemaphorePermit,
     builder: http1::Builder,
     app: Router,
     stop: CancellationToken,
-) {
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let _permit = permit;
-    // Small answers and event lines go out at once.
-    let _ = stream.set_nodelay(true);
-    let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+    let conn = builder
+        .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app))
+        .with_upgrades();
     let mut conn = std::pin::pin!(conn);
     let served = tokio::select! {
         served = conn.as_mut() => served,

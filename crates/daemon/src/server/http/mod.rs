@@ -21,8 +21,11 @@
 //! | `mod.rs` | settings check, binding, routing, the guards |
 //! | `conn.rs` | the accept loop, the connection cap, hyper's timeouts, the graceful stop |
 //! | `hosts.rs` | the `Host` and `Origin` rules |
-//! | `token.rs` | the bearer token: the operator's, or the daemon's own; the comparison |
-//! | `api.rs` | the JSON endpoints and the event stream |
+//! | `tls.rs` | `--tls-cert`/`--tls-key`: the acceptor, reloads on SIGHUP or a changed file |
+//! | `token.rs` | the bearer tokens and their scopes: the operator's file, or the daemon's own |
+//! | `wire.rs` | `/api/wire`: the daemon's own protocol over an upgraded connection |
+//! | `api.rs` | the reads (tasks, a task, slots), cancel, remove, the event stream |
+//! | `verbs.rs` | upload, submit, the outcome's long poll, logs, plugins, version, shutdown |
 //! | `metrics.rs` | `/metrics`: counters from the event bus, gauges at scrape time |
 //! | `dashboard.html` | the page at `/` (embedded, no build step) |
 
@@ -30,35 +33,42 @@ mod api;
 mod conn;
 mod hosts;
 mod metrics;
-mod token;
+mod tls;
+pub(crate) mod token;
+mod verbs;
+mod wire;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post, put};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::DaemonConfig;
+use crate::server::scope::Scope;
 use crate::state::Daemon;
 
 /// The HTTP listener's settings, checked before the daemon starts.
 #[derive(Debug)]
 pub(crate) struct Plan {
     addr: SocketAddr,
-    /// The operator's token (`--http-token-file`); `None`: the daemon's
+    /// The operator's tokens (`--http-token-file`); `None`: the daemon's
     /// own, read or made in the state directory when binding.
-    token: Option<String>,
+    token: Option<token::Tokens>,
     state_dir: PathBuf,
     allow_hosts: Vec<String>,
     limits: conn::Limits,
     max_streams: usize,
+    tls: Option<tls::Files>,
 }
 
 /// Checks `--http` and its settings; `None` when no listener is asked for.
@@ -78,15 +88,47 @@ pub(crate) fn plan(config: &DaemonConfig) -> Result<Option<Plan>, String> {
         crate::config::check_allow_host(entry).map_err(|e| format!("--http-allow-host: {e}"))?;
     }
     let token = match &config.http_token_file {
-        Some(path) => Some(token::read_file(path).map_err(|e| e.to_string())?),
+        Some(path) => Some(token::read_tokens(path).map_err(|e| e.to_string())?),
         None => None,
     };
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::Files {
+            cert: cert.clone(),
+            key: key.clone(),
+        }),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(
+                "--tls-cert (tls_cert) needs --tls-key (tls_key): the certificate's \
+                        private key, PEM"
+                    .into(),
+            );
+        }
+        (None, Some(_)) => {
+            return Err(
+                "--tls-key (tls_key) needs --tls-cert (tls_cert): the certificate \
+                        chain, PEM"
+                    .into(),
+            );
+        }
+    };
+    if let Some(files) = &tls {
+        // Checked now, so a bad file stops the start with its name.
+        files.load(&rustls::crypto::ring::default_provider())?;
+    }
     if !addr.ip().is_loopback() && token.is_none() {
         return Err(format!(
             "--http {addr} is not a loopback address: anyone who can reach it could read \
              every task's output and cancel tasks; give --http-token-file FILE (a secret \
              every request must carry), or bind 127.0.0.1:{}",
             addr.port()
+        ));
+    }
+    if !addr.ip().is_loopback() && tls.is_none() && !config.http_allow_plain {
+        return Err(format!(
+            "--http {addr} is not a loopback address and the listener has no TLS: tokens \
+             and outputs would cross the network in clear; give --tls-cert FILE --tls-key \
+             FILE, or --http-allow-plain when a TLS proxy in front terminates it"
         ));
     }
     Ok(Some(Plan {
@@ -99,6 +141,7 @@ pub(crate) fn plan(config: &DaemonConfig) -> Result<Option<Plan>, String> {
             header_timeout: config.http_header_timeout,
         },
         max_streams: config.http_max_streams,
+        tls,
     }))
 }
 
@@ -107,11 +150,34 @@ pub(crate) fn plan(config: &DaemonConfig) -> Result<Option<Plan>, String> {
 #[derive(Debug)]
 pub(crate) struct Server {
     stop: CancellationToken,
+    /// Its connections' tasks (upgraded ones too).
+    tracker: TaskTracker,
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop.cancel();
+        self.tracker.close();
+    }
+}
+
+impl Server {
+    /// Stops accepting; the open connections finish their current request
+    /// and the streams end. The answer waits for them.
+    pub(crate) fn stop(self) -> Draining {
+        Draining(self.tracker.clone())
+    }
+}
+
+/// A stopped listener's connections, finishing.
+pub(crate) struct Draining(TaskTracker);
+
+impl Draining {
+    /// Waits up to `bound` for every connection to end, so an answer
+    /// being written (a shutdown's, through the API) reaches its client
+    /// before the process exits.
+    pub(crate) async fn drained(self, bound: std::time::Duration) {
+        let _ = tokio::time::timeout(bound, self.0.wait()).await;
     }
 }
 
@@ -129,12 +195,18 @@ enum Whose {
 struct Http {
     daemon: Arc<Daemon>,
     metrics: Arc<metrics::Metrics>,
-    token: Arc<str>,
+    tokens: Arc<token::Tokens>,
     whose: Whose,
     /// The `Host` headers answered.
     hosts: Arc<hosts::Hosts>,
     /// One permit per open `/api/events` stream.
     streams: Arc<Semaphore>,
+    /// One permit per connection upgraded at `/api/wire`.
+    wires: Arc<Semaphore>,
+    /// Cancelled when the listener stops: the streams end.
+    stop: CancellationToken,
+    /// The connections' tasks.
+    tracker: TaskTracker,
     max_streams: usize,
 }
 
@@ -143,12 +215,15 @@ struct Http {
 pub(crate) struct Bound {
     listener: tokio::net::TcpListener,
     local: SocketAddr,
-    token: String,
+    tokens: token::Tokens,
+    /// The daemon's own token, for the dashboard URL the log gives.
+    own_token: Option<String>,
     /// The daemon's own token file, when the token is the daemon's.
     own: Option<PathBuf>,
     allow_hosts: Vec<String>,
     limits: conn::Limits,
     max_streams: usize,
+    tls: Option<tls::Tls>,
 }
 
 impl Bound {
@@ -162,15 +237,15 @@ impl Bound {
 /// binds the listener (before the daemon starts, so a taken port stops it
 /// at once).
 pub(crate) async fn bind(plan: Plan) -> Result<Bound, String> {
-    let (token, own) = match plan.token {
-        Some(token) => (token, None),
+    let (tokens, own_token, own) = match plan.token {
+        Some(tokens) => (tokens, None, None),
         None => {
             let state_dir = plan.state_dir.clone();
             let made = tokio::task::spawn_blocking(move || token::own(&state_dir))
                 .await
                 .map_err(|e| format!("cannot make the HTTP token: {e}"))?;
             let (token, path) = made.map_err(|e| e.to_string())?;
-            (token, Some(path))
+            (token::Tokens::admin(&token), Some(token), Some(path))
         }
     };
     let cannot = |e: std::io::Error| {
@@ -179,6 +254,10 @@ pub(crate) async fn bind(plan: Plan) -> Result<Bound, String> {
             plan.addr
         )
     };
+    let tls = match plan.tls {
+        Some(files) => Some(tls::Tls::new(files)?),
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(plan.addr)
         .await
         .map_err(cannot)?;
@@ -186,11 +265,13 @@ pub(crate) async fn bind(plan: Plan) -> Result<Bound, String> {
     Ok(Bound {
         listener,
         local,
-        token,
+        tokens,
+        own_token,
         own,
         allow_hosts: plan.allow_hosts,
         limits: plan.limits,
         max_streams: plan.max_streams,
+        tls,
     })
 }
 
@@ -200,12 +281,17 @@ pub(crate) fn start(bound: Bound, daemon: &Arc<Daemon>) -> Server {
     let Bound {
         listener,
         local,
-        token,
+        tokens,
+        own_token,
         own,
         allow_hosts,
         limits,
         max_streams,
+        tls,
     } = bound;
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let stop = CancellationToken::new();
+    let tracker = TaskTracker::new();
     let hostname = hosts::machine_hostname();
     let hosts = hosts::Hosts::new(local, &allow_hosts, hostname.as_deref());
     let guarded = match &own {
@@ -217,13 +303,11 @@ pub(crate) fn start(bound: Bound, daemon: &Arc<Daemon>) -> Server {
             "every request but the dashboard page needs the token of --http-token-file".to_owned()
         }
     };
-    let dashboard_url = own
-        .as_ref()
-        .map(|_| format!("http://{local}/#token={token}"));
+    let dashboard_url = own_token.map(|token| format!("{scheme}://{local}/#token={token}"));
     let state = Http {
         daemon: Arc::clone(daemon),
         metrics: metrics::Metrics::start(daemon),
-        token: Arc::from(token),
+        tokens: Arc::new(tokens),
         whose: if own.is_some() {
             Whose::Own
         } else {
@@ -231,32 +315,64 @@ pub(crate) fn start(bound: Bound, daemon: &Arc<Daemon>) -> Server {
         },
         hosts: Arc::new(hosts),
         streams: Arc::new(Semaphore::new(max_streams)),
+        wires: Arc::new(Semaphore::new(limits.max_connections)),
+        stop: stop.clone(),
+        tracker: tracker.clone(),
         max_streams,
     };
-    let guarded_routes = Router::new()
+    let guard = |scope: Scope| middleware::from_fn_with_state((state.clone(), scope), authorize);
+    let read = Router::new()
         .route("/metrics", get(metrics::scrape))
         .route("/api/tasks", get(api::tasks))
         .route("/api/tasks/{task}", get(api::task))
         .route("/api/slots", get(api::slots))
         .route("/api/events", get(api::events))
+        .route("/api/tasks/{task}/logs", get(verbs::logs))
+        .route("/api/plugins", get(verbs::plugins))
+        .route("/api/version", get(verbs::version))
+        .route("/api/wire", get(wire::upgrade))
+        .route_layer(guard(Scope::Read));
+    let submit = Router::new()
+        .route("/api/tasks", post(verbs::submit))
+        .route("/api/tasks/{task}/outcome", get(verbs::outcome))
+        .route(
+            "/api/plugins/{digest}",
+            put(verbs::put_plugin).layer(DefaultBodyLimit::max(verbs::MAX_PLUGIN_BYTES)),
+        )
+        .route_layer(guard(Scope::Submit));
+    let admin = Router::new()
         .route("/api/tasks/{task}/cancel", post(api::cancel))
         .route("/api/tasks/{task}/remove", post(api::remove))
-        .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
+        .route("/api/plugins/{digest}", delete(verbs::remove_plugin))
+        .route("/api/shutdown", post(verbs::shutdown))
+        .route_layer(guard(Scope::Admin));
     let app = Router::new()
         .route("/", get(dashboard))
-        .merge(guarded_routes)
+        .merge(read)
+        .merge(submit)
+        .merge(admin)
         .layer(middleware::from_fn_with_state(state.clone(), check_host))
         .with_state(state);
-    let stop = CancellationToken::new();
-    tokio::spawn(conn::accept_loop(listener, app, limits, stop.clone()));
+    if let Some(tls) = &tls {
+        tls.watch(stop.clone());
+    }
+    let acceptor = tls.map(|t| t.acceptor);
+    tokio::spawn(conn::accept_loop(
+        listener,
+        app,
+        limits,
+        acceptor,
+        tracker.clone(),
+        stop.clone(),
+    ));
     // Tests and scripts that asked for port 0 read the port from this line.
-    tracing::info!("taskhost HTTP listening on http://{local}/ ({guarded})");
+    tracing::info!("taskhost HTTP listening on {scheme}://{local}/ ({guarded})");
     if let Some(url) = dashboard_url {
         // The token in the fragment: a browser sends it to no server and
         // puts it in no Referer; the page takes it out of the address bar.
         tracing::info!("taskhost HTTP dashboard: {url}");
     }
-    Server { stop }
+    Server { stop, tracker }
 }
 
 /// The dashboard page (static: every datum it shows needs the token).
@@ -306,11 +422,16 @@ async fn check_host(State(http): State<Http>, request: Request, next: Next) -> R
     next.run(request).await
 }
 
-/// Every endpoint but the page: the bearer token; a `POST` also needs a
+/// Every endpoint but the page: a bearer token with at least the route's
+/// scope (the token's scope goes on to the handler); a `POST` also needs a
 /// JSON content type (which a cross-site form cannot send).
-async fn authorize(State(http): State<Http>, request: Request, next: Next) -> Response {
+async fn authorize(
+    State((http, needed)): State<(Http, Scope)>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let given = token::bearer(request.headers()).unwrap_or("");
-    if !token::same(given.as_bytes(), http.token.as_bytes()) {
+    let Some(scope) = http.tokens.scope_of(given) else {
         let whose = match http.whose {
             Whose::Operator => "the token in the daemon's --http-token-file",
             Whose::Own => {
@@ -327,7 +448,11 @@ async fn authorize(State(http): State<Http>, request: Request, next: Next) -> Re
             HeaderValue::from_static("Bearer realm=\"taskhost\""),
         );
         return response;
+    };
+    if scope < needed {
+        return api::error(StatusCode::FORBIDDEN, scope.refusal(needed));
     }
+    request.extensions_mut().insert(scope);
     if request.method() == axum::http::Method::POST && !is_json(request.headers()) {
         return api::error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,

@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 use axum::http::{HeaderMap, header};
 
+use crate::server::scope::Scope;
+
 /// The name of the daemon's own token file in its state directory.
 pub(crate) const OWN_TOKEN_FILE: &str = "http-token";
 
@@ -20,28 +22,35 @@ const TOKEN_BYTES: usize = 32;
 
 /// Why there is no token.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum TokenError {
-    #[error("cannot read the HTTP token file `{}`: {source}", .path.display())]
+pub enum TokenError {
+    #[error("cannot read the token file `{}`: {source}", .path.display())]
     Read {
         path: PathBuf,
         source: std::io::Error,
     },
     #[error(
-        "the HTTP token file `{0}` is empty: put a secret in it (e.g. `openssl rand -hex 32 > {0}`)",
+        "the token file `{0}` is empty: put a secret in it (e.g. `(umask 077; openssl rand -hex 32 > {0})`)",
         .path.display()
     )]
     Empty { path: PathBuf },
     #[error(
-        "the HTTP token file `{}` holds more than one word: the token is its one line",
+        "the token file `{}` holds more than one word: the token is its one line",
         .path.display()
     )]
     NotOneWord { path: PathBuf },
     #[error(
-        "the HTTP token file `{0}` is open to other users (mode {mode:o}, owner uid {uid}): \
-         `chmod 600 {0}` if it is yours, or delete it and the daemon makes a new one",
+        "the token file `{0}` is open to other users (mode {mode:o}, owner uid {uid}): \
+         `chmod 600 {0}` if it is yours (the daemon makes its own http-token anew when \
+         it is deleted)",
         .path.display()
     )]
     Exposed { path: PathBuf, mode: u32, uid: u32 },
+    #[error("the token file `{}`, line {line}: {why}", .path.display())]
+    Line {
+        path: PathBuf,
+        line: usize,
+        why: String,
+    },
     #[error("cannot make the HTTP token: reading /dev/urandom failed: {0}")]
     Random(std::io::Error),
     #[error("cannot write the HTTP token file `{}`: {source}", .path.display())]
@@ -51,8 +60,100 @@ pub(crate) enum TokenError {
     },
 }
 
-/// Reads the operator's token: the file's one line.
-pub(crate) fn read_file(path: &Path) -> Result<String, TokenError> {
+/// The tokens the listener accepts, kept as SHA-256 digests with their
+/// scopes.
+#[derive(Debug, Clone)]
+pub(crate) struct Tokens {
+    entries: Vec<([u8; 32], Scope)>,
+}
+
+impl Tokens {
+    /// One token with `admin` scope (the daemon's own).
+    pub(crate) fn admin(token: &str) -> Tokens {
+        Tokens {
+            entries: vec![(digest(token), Scope::Admin)],
+        }
+    }
+
+    /// The scope of `given`, if it is one of these tokens. Every entry is
+    /// compared, each in constant time, so the time taken says nothing of
+    /// which (or how much of one) matched.
+    pub(crate) fn scope_of(&self, given: &str) -> Option<Scope> {
+        let given = digest(given);
+        self.entries.iter().fold(None, |found, (entry, scope)| {
+            if same(&given, entry) {
+                Some(found.map_or(*scope, |f: Scope| f.max(*scope)))
+            } else {
+                found
+            }
+        })
+    }
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(token.as_bytes()).into()
+}
+
+/// Reads the operator's token file: one `SCOPE TOKEN` pair per line (scope
+/// `read`, `submit` or `admin`), a line with only a token meaning `admin`;
+/// blank lines and lines starting with `#` are skipped. Refused when other
+/// users could read it.
+pub(crate) fn read_tokens(path: &Path) -> Result<Tokens, TokenError> {
+    check_private(path)?;
+    let text = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut entries = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let (scope, token) = match words[..] {
+            [token] => (Scope::Admin, token),
+            [scope, token] => match Scope::parse(scope) {
+                Some(scope) => (scope, token),
+                None => {
+                    return Err(TokenError::Line {
+                        path: path.to_owned(),
+                        line: number + 1,
+                        why: format!(
+                            "`{}` is not a scope: one of read, submit, admin",
+                            scope.escape_debug()
+                        ),
+                    });
+                }
+            },
+            _ => {
+                return Err(TokenError::Line {
+                    path: path.to_owned(),
+                    line: number + 1,
+                    why: "a line is `SCOPE TOKEN` or a bare token (admin)".into(),
+                });
+            }
+        };
+        if token.chars().any(char::is_control) {
+            return Err(TokenError::Line {
+                path: path.to_owned(),
+                line: number + 1,
+                why: "the token holds a control character".into(),
+            });
+        }
+        entries.push((digest(token), scope));
+    }
+    if entries.is_empty() {
+        return Err(TokenError::Empty {
+            path: path.to_owned(),
+        });
+    }
+    Ok(Tokens { entries })
+}
+
+/// Reads a file's one token (the daemon's own, a client's `--token-file`).
+pub fn read_file(path: &Path) -> Result<String, TokenError> {
     let text = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
         path: path.to_owned(),
         source,
@@ -116,6 +217,13 @@ pub(crate) fn own(state_dir: &Path) -> Result<(String, PathBuf), TokenError> {
 
 /// Reads the daemon's own token file, refusing one others could read.
 fn read_own(path: &Path) -> Result<String, TokenError> {
+    check_private(path)?;
+    read_file(path)
+}
+
+/// Refuses a token file that is not this user's, or that group or others
+/// may read or write.
+pub fn check_private(path: &Path) -> Result<(), TokenError> {
     let meta = std::fs::metadata(path).map_err(|source| TokenError::Read {
         path: path.to_owned(),
         source,
@@ -129,7 +237,7 @@ fn read_own(path: &Path) -> Result<String, TokenError> {
             uid: meta.uid(),
         });
     }
-    read_file(path)
+    Ok(())
 }
 
 /// `TOKEN_BYTES` bytes from the OS's random source, in lowercase hex.

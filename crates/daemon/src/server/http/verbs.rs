@@ -1,0 +1,418 @@
+//! Owns the HTTP API's verbs beyond the reads of `api.rs`: plugin upload by
+//! digest, submit, wait (a long poll), logs (and following them), plugins,
+//! version and shutdown. Each calls what the socket's `dispatch` calls for
+//! the same request, with the same checks and the same wording, and
+//! answers in the CLI's `--json` shapes.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use taskhost_core::admission::AdmissionPolicy;
+use taskhost_core::supervisor::{BackoffPolicy, RestartPolicy, TaskRef, TaskReport};
+use taskhost_core::units::{parse_duration, parse_size};
+use taskhost_runtime::{Digest, DirGrant, HttpAllow};
+
+use super::Http;
+use super::api::{error, failed};
+use crate::server::dispatch;
+use crate::service::backend::{Backend, Item};
+use crate::service::json::{self, JsonResult};
+use crate::service::plugins;
+use crate::service::submissions::Accepted;
+use crate::wire::protocol::{ErrorKind, MAX_WIRE_DURATION, Placement, Request, SubmitRequest};
+
+/// The largest plugin a `PUT /api/plugins/{sha256}` takes.
+pub(super) const MAX_PLUGIN_BYTES: usize = 256 << 20;
+
+/// `PUT /api/plugins/{sha256}`: stores the body as the plugin of that
+/// digest (compiled, as an upload through the socket is); a no-op when the
+/// daemon has it. Answers `{"digest", "name"}`.
+pub(super) async fn put_plugin(
+    State(http): State<Http>,
+    Path(digest): Path<String>,
+    body: Bytes,
+) -> Response {
+    let digest: Digest = match digest.parse() {
+        Ok(d) => d,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "`{digest}` is not a plugin digest ({e}): the path names the SHA-256 of the bytes, in hex"
+                ),
+            );
+        }
+    };
+    let backend = Backend::of(&http.daemon);
+    if backend.has_plugin(&digest).await {
+        return Json(json!({ "digest": digest.to_string(), "stored": false })).into_response();
+    }
+    let actual = Digest::of(&body);
+    if actual != digest {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "the body's SHA-256 is {actual}, not {digest}: upload the plugin's own bytes to its digest"
+            ),
+        );
+    }
+    match backend.upload(digest, body.to_vec()).await {
+        Ok(name) => Json(json!({ "digest": digest.to_string(), "name": name, "stored": true }))
+            .into_response(),
+        Err(answer) => failed(answer),
+    }
+}
+
+/// The JSON of `POST /api/tasks`: the flags of `host submit`, with the
+/// plugin named by its digest (upload it first).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SubmitBody {
+    plugin: String,
+    name: Option<String>,
+    slot: Option<String>,
+    policy: Option<String>,
+    #[serde(default)]
+    params: std::collections::BTreeMap<String, String>,
+    /// The input as text.
+    input: Option<String>,
+    /// The input as base64 (for bytes that are not UTF-8).
+    input_base64: Option<String>,
+    restart: Option<String>,
+    every: Option<String>,
+    max_retries: Option<u32>,
+    backoff: Option<String>,
+    timeout: Option<String>,
+    max_memory: Option<Value>,
+    #[serde(default)]
+    dirs: Vec<String>,
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    allow_http: Vec<String>,
+}
+
+impl SubmitBody {
+    /// The request it stands for, or what is wrong (the CLI's wording).
+    fn request(self) -> Result<SubmitRequest, String> {
+        let digest: Digest = self
+            .plugin
+            .parse()
+            .map_err(|e| format!("plugin: `{}` is not a plugin digest ({e})", self.plugin))?;
+        let mut request = SubmitRequest::new(digest);
+        request.name = self.name;
+        request.slot = self.slot;
+        request.policy = self
+            .policy
+            .map(|p| {
+                p.parse::<AdmissionPolicy>()
+                    .map_err(|e| format!("policy: {e}"))
+            })
+            .transpose()?;
+        request.params = self.params.into_iter().collect();
+        request.input = match (self.input, self.input_base64) {
+            (Some(_), Some(_)) => return Err("give input or input_base64, not both".into()),
+            (Some(text), None) => text.into_bytes(),
+            (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+                .decode(b64.as_bytes())
+                .map_err(|e| format!("input_base64: not base64 ({e})"))?,
+            (None, None) => Vec::new(),
+        };
+        let duration = |what: &str, text: Option<String>| {
+            text.map(|t| parse_duration(&t).map_err(|e| format!("{what}: {e}")))
+                .transpose()
+        };
+        let every = duration("every", self.every)?;
+        request.restart = Some(match (self.restart.as_deref(), every) {
+            (Some("never" | "on-failure"), Some(_)) => {
+                return Err(
+                    "every reruns after success; it needs restart always (or no restart)".into(),
+                );
+            }
+            (Some("always") | None, Some(interval)) => RestartPolicy::Always { interval },
+            (Some("always"), None) => RestartPolicy::Always {
+                interval: Duration::ZERO,
+            },
+            (Some("on-failure"), None) => RestartPolicy::OnFailure,
+            (Some("never") | None, None) => RestartPolicy::Never,
+            (Some(other), _) => {
+                return Err(format!(
+                    "restart: `{other}` is not one of never, on-failure, always"
+                ));
+            }
+        });
+        request.max_retries = self.max_retries;
+        request.backoff = self
+            .backoff
+            .map(|b| {
+                b.parse::<BackoffPolicy>()
+                    .map_err(|e| format!("backoff: {e}"))
+            })
+            .transpose()?;
+        request.timeout = duration("timeout", self.timeout)?;
+        request.max_memory = match self.max_memory {
+            None | Some(Value::Null) => None,
+            Some(Value::Number(n)) => {
+                Some(n.as_u64().ok_or("max_memory: a whole number of bytes")?)
+            }
+            Some(Value::String(s)) => Some(parse_size(&s).map_err(|e| format!("max_memory: {e}"))?),
+            Some(_) => return Err("max_memory: bytes, or a size like \"64MiB\"".into()),
+        };
+        request.dirs = self
+            .dirs
+            .iter()
+            .map(|d| DirGrant::parse(d).map_err(|e| format!("dirs: {e}")))
+            .collect::<Result<_, _>>()?;
+        request.env = self.env.into_iter().collect();
+        request.allow_http = self
+            .allow_http
+            .iter()
+            .map(|h| HttpAllow::parse(h).map_err(|e| format!("allow_http: {e}")))
+            .collect::<Result<_, _>>()?;
+        Ok(request)
+    }
+}
+
+/// `POST /api/tasks`: submits a task; answers as `host submit --json`
+/// once it is accepted (durably, with a durable store), or with the
+/// rejection as `host submit --wait --json` prints it.
+pub(super) async fn submit(State(http): State<Http>, body: Bytes) -> Response {
+    let body: SubmitBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("the task's JSON: {e}")),
+    };
+    let request = match body.request() {
+        Ok(r) => r,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    let request = Request::Submit(Box::new(request));
+    if let Err(message) = request.check() {
+        return error(StatusCode::BAD_REQUEST, message);
+    }
+    let Request::Submit(request) = request else {
+        unreachable!("made as a Submit above")
+    };
+    let accepted = match Backend::of(&http.daemon).submit(*request).await {
+        Ok(accepted) => accepted,
+        Err(answer) => return failed(answer),
+    };
+    let submitted = match accepted {
+        Accepted::Now(s) => Ok(s),
+        Accepted::Later(durable) => durable.await,
+        Accepted::Deciding(decided) => decided.await,
+    };
+    match submitted {
+        Ok(s) => {
+            let mut answer = json::submitted(&s);
+            if let Placement::Rejected(outcome) = &s.placement {
+                let report = TaskReport {
+                    id: s.id,
+                    name: s.name.as_str().into(),
+                    slot: s.slot.as_str().into(),
+                    outcome: outcome.clone(),
+                    attempts: 0,
+                    history: Vec::new(),
+                    duration: Duration::ZERO,
+                };
+                answer["outcome"] = JsonResult::new(&report).to_value();
+            }
+            (StatusCode::CREATED, Json(answer)).into_response()
+        }
+        Err(answer) => failed(answer),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct WaitQuery {
+    /// How long to wait for the outcome, e.g. `30s`.
+    wait: Option<String>,
+}
+
+/// `GET /api/tasks/{id|name}/outcome?wait=DUR`: the task's result as `host
+/// wait --json` prints it once it has one; with `wait`, waits up to that
+/// long for it (a long poll), else answers at once. Without a result yet:
+/// `202` and `{"id", "outcome": null}`.
+pub(super) async fn outcome(
+    State(http): State<Http>,
+    Path(task): Path<String>,
+    Query(q): Query<WaitQuery>,
+) -> Response {
+    let patience = match q.wait.as_deref().map(parse_duration).transpose() {
+        Ok(d) => d.unwrap_or(Duration::ZERO).min(MAX_WIRE_DURATION),
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("wait: {e}")),
+    };
+    let backend = Backend::of(&http.daemon);
+    let found = match backend.find(&TaskRef::parse(&task)).await {
+        Ok(found) => found,
+        Err(answer) => return failed(answer),
+    };
+    let id = found.id();
+    let waited = tokio::time::timeout(patience, backend.outcome(&found)).await;
+    match waited {
+        Ok(Ok(report)) => Json(JsonResult::new(&report).to_value()).into_response(),
+        Ok(Err(answer)) => failed(answer),
+        Err(_) => (
+            StatusCode::ACCEPTED,
+            Json(json!({ "id": id, "outcome": Value::Null })),
+        )
+            .into_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct LogsQuery {
+    #[serde(default)]
+    follow: bool,
+}
+
+/// `GET /api/tasks/{id|name}/logs[?follow=true]`: the task's log lines as
+/// `host logs --json` prints them, in a JSON array; with `follow`, as
+/// server-sent events (each line's JSON) until the task ends, then an
+/// `end` event.
+pub(super) async fn logs(
+    State(http): State<Http>,
+    Path(task): Path<String>,
+    Query(q): Query<LogsQuery>,
+) -> Response {
+    let backend = Backend::of(&http.daemon);
+    let found = match backend.find(&TaskRef::parse(&task)).await {
+        Ok(found) => found,
+        Err(answer) => return failed(answer),
+    };
+    let mut items = backend.log(found, q.follow).await;
+    if !q.follow {
+        let mut lines = Vec::new();
+        while let Some(item) = items.recv().await {
+            match item {
+                Item::Log(line) => lines.push(serde_json::to_value(&line).unwrap_or(Value::Null)),
+                Item::Failed(message) => return error(StatusCode::INTERNAL_SERVER_ERROR, message),
+                Item::Event(_) | Item::Dropped(_) => {}
+            }
+        }
+        return Json(Value::Array(lines)).into_response();
+    }
+    let Ok(permit) = Arc::clone(&http.streams).try_acquire_owned() else {
+        return super::api::too_many_streams(&http);
+    };
+    let stream = futures::stream::unfold(Some((items, permit)), |state| async move {
+        let (mut items, permit) = state?;
+        loop {
+            match items.recv().await {
+                Some(Item::Log(line)) => {
+                    let data = serde_json::to_string(&line).unwrap_or_default();
+                    return Some((
+                        Ok::<_, Infallible>(SseEvent::default().data(data)),
+                        Some((items, permit)),
+                    ));
+                }
+                Some(Item::Dropped(n)) => {
+                    let data = json!({ "dropped": n }).to_string();
+                    return Some((
+                        Ok(SseEvent::default().event("dropped").data(data)),
+                        Some((items, permit)),
+                    ));
+                }
+                Some(Item::Event(_)) => {}
+                Some(Item::Failed(message)) => {
+                    let data = json!({ "error": message }).to_string();
+                    return Some((Ok(SseEvent::default().event("error").data(data)), None));
+                }
+                None => return Some((Ok(SseEvent::default().event("end").data("{}")), None)),
+            }
+        }
+    });
+    Sse::new(
+        stream
+            .take_until(http.stop.clone().cancelled_owned())
+            .boxed(),
+    )
+    .keep_alive(KeepAlive::default())
+    .into_response()
+}
+
+/// `GET /api/plugins`: the rows of `host plugins ls --json`.
+pub(super) async fn plugins(State(http): State<Http>) -> Response {
+    let daemon = Arc::clone(&http.daemon);
+    let rows = tokio::task::spawn_blocking(move || {
+        daemon
+            .plugins
+            .list(&plugins::refs(daemon.local_store(), &daemon.tasks))
+    })
+    .await
+    .unwrap_or_default();
+    Json(Value::Array(rows.iter().map(json::plugin_row).collect())).into_response()
+}
+
+/// `DELETE /api/plugins/{digest prefix}`: as `host plugins rm` (refused
+/// while an unfinished task uses it); answers the rows removed.
+pub(super) async fn remove_plugin(
+    State(http): State<Http>,
+    Path(prefix): Path<String>,
+) -> Response {
+    let daemon = Arc::clone(&http.daemon);
+    let removed = tokio::task::spawn_blocking(move || {
+        plugins::remove(daemon.plugin_users(), Some(&prefix), Duration::ZERO)
+    })
+    .await
+    .unwrap_or_else(|e| Err((ErrorKind::Internal, e.to_string())));
+    match removed {
+        Ok(rows) => Json(Value::Array(rows.iter().map(json::plugin_row).collect())).into_response(),
+        Err(answer) => failed(answer),
+    }
+}
+
+/// `GET /api/version`: the daemon's build and protocol versions.
+pub(super) async fn version() -> Response {
+    Json(json!({
+        "daemon": env!("CARGO_PKG_VERSION"),
+        "protocol": crate::wire::protocol::PROTOCOL_VERSION,
+    }))
+    .into_response()
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ShutdownBody {
+    grace: Option<String>,
+    #[serde(default)]
+    cancel_all: bool,
+}
+
+/// `POST /api/shutdown` (`{"grace": "10s", "cancel_all": false}`, both
+/// optional): as `host shutdown --json`, answered once the daemon has
+/// stopped its tasks.
+pub(super) async fn shutdown(State(http): State<Http>, body: Bytes) -> Response {
+    let body: ShutdownBody = if body.is_empty() {
+        ShutdownBody::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(b) => b,
+            Err(e) => return error(StatusCode::BAD_REQUEST, format!("the shutdown's JSON: {e}")),
+        }
+    };
+    let grace = match body.grace.as_deref().map(parse_duration).transpose() {
+        Ok(g) => g,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("grace: {e}")),
+    };
+    let request = Request::Shutdown {
+        grace,
+        cancel_all: body.cancel_all,
+    };
+    if let Err(message) = request.check() {
+        return error(StatusCode::BAD_REQUEST, message);
+    }
+    let report = dispatch::shutdown(&http.daemon, grace, body.cancel_all).await;
+    Json(json::shutdown(&report)).into_response()
+}

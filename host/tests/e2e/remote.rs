@@ -1,0 +1,531 @@
+//! Operating a daemon from elsewhere: `host --remote URL` over the HTTP
+//! listener (plain on loopback, TLS with a test CA), tokens with scopes,
+//! and the JSON API driven by a plain HTTP client.
+
+use std::os::unix::fs::PermissionsExt;
+
+use serde_json::Value;
+
+use crate::common::{self, Finished};
+use crate::daemon::{Daemon, LIMIT, p};
+use crate::http::{self, Api};
+
+/// A token file (owner-only) with one token per scope: `read-token`,
+/// `submit-token`, `admin-token`; and one file per token for clients.
+struct Tokens {
+    dir: tempfile::TempDir,
+}
+
+impl Tokens {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = Tokens { dir };
+        tokens.write(
+            "tokens",
+            "# scope token\nread read-token\nsubmit submit-token\nadmin-token\n",
+        );
+        for scope in ["read", "submit", "admin"] {
+            tokens.write(scope, &format!("{scope}-token\n"));
+        }
+        tokens.write("wrong", "not-a-token\n");
+        tokens
+    }
+
+    fn write(&self, name: &str, text: &str) {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
+    fn file(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+}
+
+/// The port of the listening line, `http://` or `https://`.
+fn listening_port(daemon: &Daemon) -> u16 {
+    let seen = &daemon.process.as_ref().expect("running").stderr_seen;
+    let line = seen
+        .iter()
+        .find(|l| l.contains("taskhost HTTP listening on "))
+        .unwrap_or_else(|| panic!("no HTTP listening line in {seen:?}"));
+    let rest = line.split("://").nth(1).expect("a URL");
+    let addr = rest.split('/').next().expect("an address");
+    addr.rsplit(':').next().unwrap().parse().expect("a port")
+}
+
+/// A remote client: `host --remote URL [--token-file F] [--ca-file C]`,
+/// in an environment where no socket is found.
+struct Remote {
+    url: String,
+    token: Option<String>,
+    ca: Option<String>,
+    nowhere: tempfile::TempDir,
+}
+
+impl Remote {
+    fn new(url: String, token: Option<String>) -> Self {
+        Remote {
+            url,
+            token,
+            ca: None,
+            nowhere: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> Finished {
+        let mut cmd = common::host();
+        cmd.env("TASKHOST_SOCKET", self.nowhere.path().join("no.sock"))
+            .env("XDG_RUNTIME_DIR", self.nowhere.path())
+            .env_remove("TASKHOST_TOKEN")
+            .env_remove("TASKHOST_URL")
+            .args(["--remote", &self.url]);
+        if let Some(token) = &self.token {
+            cmd.args(["--token-file", token]);
+        }
+        if let Some(ca) = &self.ca {
+            cmd.args(["--ca-file", ca]);
+        }
+        let out = cmd.args(args).output().expect("spawn host");
+        Finished {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+fn all_tasks(daemon: &Daemon) -> usize {
+    let out = daemon.run(&["ps", "--all", "--json"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    serde_json::from_str::<Value>(&out.stdout)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .len()
+}
+
+#[test]
+fn every_verb_works_remotely_with_the_sockets_output_and_exit_codes() {
+    let tokens = Tokens::new();
+    let mut daemon = Daemon::start(&[
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        &tokens.file("tokens"),
+    ]);
+    let url = format!("http://127.0.0.1:{}", listening_port(&daemon));
+    let admin = Remote::new(url.clone(), Some(tokens.file("admin")));
+    let submitter = Remote::new(url.clone(), Some(tokens.file("submit")));
+
+    // submit --wait from a machine with no socket: the same output and code.
+    let hello = p("hello");
+    let remote = submitter.run(&["submit", &hello, "--slot", "r", "--input", "hi", "--wait"]);
+    let local = daemon.run(&["submit", &hello, "--slot", "l", "--input", "hi", "--wait"]);
+    assert_eq!(remote.code, Some(0), "{remote:?}");
+    assert_eq!(remote.stdout, local.stdout);
+    let failing = submitter.run(&[
+        "submit",
+        &p("flaky"),
+        "--name",
+        "broken",
+        "--param",
+        "fail_times=5",
+        "--wait",
+    ]);
+    assert_eq!(failing.code, Some(1), "{failing:?}");
+
+    // The reads and waits: equal answers, equal codes.
+    for args in [
+        &["ps", "--all", "--json"][..],
+        &["slots", "--json"],
+        &["wait", "broken", "--json"],
+        &["logs", "broken", "--json"],
+        &["logs", "broken", "--follow", "--json"],
+        &["wait", "no-such-task"],
+        &["plugins", "ls", "--json"],
+        &["events", "--task", "broken", "--json"],
+    ] {
+        let remote = admin.run(args);
+        let local = daemon.run(args);
+        assert_eq!(remote.code, local.code, "{args:?}: {remote:?} / {local:?}");
+        if args.contains(&"ps") || args.contains(&"slots") {
+            // Times in state move on between the two calls.
+            let shape = |out: &str| {
+                let mut v: Value = serde_json::from_str(out).unwrap();
+                for row in v.as_array_mut().unwrap() {
+                    row.as_object_mut()
+                        .unwrap()
+                        .retain(|k, _| !k.ends_with("_ms"));
+                }
+                v
+            };
+            assert_eq!(shape(&remote.stdout), shape(&local.stdout), "{args:?}");
+        } else {
+            assert_eq!(remote.stdout, local.stdout, "{args:?}");
+        }
+    }
+
+    // Follow a live task's events remotely; cancel it remotely (exit 4 for
+    // a canceled wait, as over the socket); remove another.
+    let read_token = tokens.file("read");
+    let (mut follower, lines) = daemon.spawn_stdout_lines(&[
+        "--remote",
+        &url,
+        "--token-file",
+        &read_token,
+        "events",
+        "--follow",
+        "--task",
+        "nap",
+    ]);
+    let id = submitter.run(&[
+        "submit",
+        &p("sleeper"),
+        "--name",
+        "nap",
+        "--param",
+        "ms=600000",
+    ]);
+    assert_eq!(id.code, Some(0), "{id:?}");
+    daemon.wait_until_state("nap", "running");
+    let waiter = {
+        let mut cmd = common::host();
+        cmd.args([
+            "--remote",
+            &url,
+            "--token-file",
+            &tokens.file("submit"),
+            "wait",
+            "nap",
+        ]);
+        common::Running::spawn_command(cmd)
+    };
+    let canceled = admin.run(&["cancel", "nap"]);
+    assert_eq!(canceled.code, Some(0), "{canceled:?}");
+    let (status, _) = waiter.finish(LIMIT);
+    assert_eq!(status.code(), Some(4), "a canceled task's wait exits 4");
+    let deadline = std::time::Instant::now() + LIMIT;
+    loop {
+        let line = lines
+            .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+            .expect("the remote follower prints nap's end");
+        if line.contains("TaskFinished") && line.contains("outcome=canceled") {
+            break;
+        }
+    }
+    let _ = follower.kill();
+    let _ = follower.wait();
+    let queued = admin.run(&[
+        "submit",
+        &p("sleeper"),
+        "--name",
+        "q",
+        "--param",
+        "ms=600000",
+    ]);
+    assert_eq!(queued.code, Some(0));
+    assert_eq!(admin.run(&["remove", "q"]).code, Some(0));
+
+    let version = admin.run(&["version", "--json"]);
+    let v: Value = serde_json::from_str(&version.stdout).unwrap();
+    assert_eq!(v["daemon"]["version"], v["client"], "{v}");
+
+    // A submit-scoped token cannot shut the daemon down; an admin one can.
+    let refused = submitter.run(&["shutdown"]);
+    assert_eq!(refused.code, Some(5), "{refused:?}");
+    assert!(
+        refused.stderr.contains("scope is submit") && refused.stderr.contains("needs admin"),
+        "{}",
+        refused.stderr
+    );
+    let down = admin.run(&["shutdown", "--json"]);
+    assert_eq!(down.code, Some(0), "{down:?}");
+    let (status, _) = daemon.finish(LIMIT);
+    assert!(status.success());
+}
+
+#[test]
+fn missing_wrong_and_under_scoped_tokens_are_refused_with_nothing_created() {
+    let tokens = Tokens::new();
+    let daemon = Daemon::start(&[
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        &tokens.file("tokens"),
+    ]);
+    let url = format!("http://127.0.0.1:{}", listening_port(&daemon));
+    let hello = p("hello");
+    let before = all_tasks(&daemon);
+    for (token, says) in [
+        (
+            None,
+            "give a token with --token-file FILE or TASKHOST_TOKEN",
+        ),
+        (Some(tokens.file("wrong")), "is not one the daemon accepts"),
+        (
+            Some(tokens.file("read")),
+            "this token's scope is read, and this needs submit",
+        ),
+    ] {
+        let out = Remote::new(url.clone(), token).run(&["submit", &hello, "--wait"]);
+        assert_eq!(out.code, Some(5), "{out:?}");
+        assert!(out.stderr.contains(says), "{says}: {}", out.stderr);
+    }
+    // The JSON API refuses the same way.
+    let api = |token: &str| Api {
+        port: listening_port(&daemon),
+        token: token.into(),
+    };
+    let digest = sha256_hex(&std::fs::read(common::plugin("hello")).unwrap());
+    let body = format!(r#"{{"plugin":"{digest}","input":"hi"}}"#);
+    let json = [("Content-Type", "application/json")];
+    assert_eq!(
+        api("not-a-token")
+            .request("POST", "/api/tasks", &json, &body)
+            .status,
+        401
+    );
+    assert_eq!(
+        api("read-token")
+            .request("POST", "/api/tasks", &json, &body)
+            .status,
+        403
+    );
+    assert_eq!(api("submit-token").post("/api/shutdown").status, 403);
+    assert_eq!(api("read-token").get("/api/tasks").status, 200);
+    assert_eq!(all_tasks(&daemon), before, "nothing was created");
+
+    // A token file others can read is refused at start.
+    let exposed = tokens.dir.path().join("exposed");
+    std::fs::write(&exposed, "admin-token\n").unwrap();
+    std::fs::set_permissions(&exposed, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = common::run_host(&[
+        "serve",
+        "--socket",
+        dir.path().join("h.sock").to_str().unwrap(),
+        "--state-dir",
+        dir.path().join("state").to_str().unwrap(),
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        exposed.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr.contains("is open to other users"),
+        "{}",
+        out.stderr
+    );
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[test]
+fn tls_with_a_private_ca_and_refusals_without_it() {
+    let certs = tempfile::tempdir().unwrap();
+    crate::postgres::make_certificates(certs.path());
+    let tokens = Tokens::new();
+    let cert = certs.path().join("server.pem");
+    let key = certs.path().join("server.key");
+    let daemon = Daemon::start(&[
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        &tokens.file("tokens"),
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ]);
+    let port = listening_port(&daemon);
+    let ca = certs.path().join("ca.pem").display().to_string();
+    let mut remote = Remote::new(
+        format!("https://localhost:{port}"),
+        Some(tokens.file("submit")),
+    );
+    remote.ca = Some(ca.clone());
+    let out = remote.run(&["submit", &p("hello"), "--input", "tls", "--wait"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let local = daemon.run(&["submit", &p("hello"), "--input", "tls", "--wait"]);
+    assert_eq!(out.stdout, local.stdout);
+
+    // Without the CA: the certificate does not verify, and the message
+    // names the fix.
+    remote.ca = None;
+    let out = remote.run(&["ps"]);
+    assert_eq!(out.code, Some(5), "{out:?}");
+    assert!(out.stderr.contains("--ca-file"), "{}", out.stderr);
+    // Plain HTTP to the TLS port gets no answer it can use.
+    let plain = Remote::new(
+        format!("http://127.0.0.1:{port}"),
+        Some(tokens.file("submit")),
+    );
+    let out = plain.run(&["ps"]);
+    assert_eq!(out.code, Some(5), "{out:?}");
+    assert!(out.stderr.contains("https://"), "{}", out.stderr);
+
+    // A renewed certificate is served after SIGHUP without a restart.
+    let again = tempfile::tempdir().unwrap();
+    crate::postgres::make_certificates(again.path());
+    std::fs::copy(again.path().join("server.pem"), &cert).unwrap();
+    std::fs::copy(again.path().join("server.key"), &key).unwrap();
+    daemon.process.as_ref().unwrap().signal("HUP");
+    remote.ca = Some(again.path().join("ca.pem").display().to_string());
+    let deadline = std::time::Instant::now() + LIMIT;
+    loop {
+        let out = remote.run(&["ps"]);
+        if out.code == Some(0) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new certificate was never served: {out:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let old = remote.run(&["ps"]);
+    assert_eq!(old.code, Some(0));
+    remote.ca = Some(ca);
+    assert_eq!(
+        remote.run(&["ps"]).code,
+        Some(5),
+        "the old CA no longer verifies it"
+    );
+}
+
+#[test]
+fn a_plain_http_client_uploads_submits_and_long_polls_the_outcome() {
+    let tokens = Tokens::new();
+    let daemon = Daemon::start(&[
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        &tokens.file("tokens"),
+    ]);
+    let port = listening_port(&daemon);
+    let api = Api {
+        port,
+        token: "submit-token".into(),
+    };
+    let bytes = std::fs::read(common::plugin("hello")).unwrap();
+    let digest = sha256_hex(&bytes);
+    let bearer = api.bearer();
+    let auth = [("Authorization", bearer.as_str())];
+    let put = http::request_bytes(
+        port,
+        "PUT",
+        &format!("/api/plugins/{digest}"),
+        &auth,
+        &bytes,
+    );
+    assert_eq!(put.status, 200, "{}", put.body);
+    assert_eq!(put.json()["stored"], true);
+    let again = http::request_bytes(
+        port,
+        "PUT",
+        &format!("/api/plugins/{digest}"),
+        &auth,
+        &bytes,
+    );
+    assert_eq!(again.json()["stored"], false, "a no-op when present");
+    let wrong = http::request_bytes(port, "PUT", &format!("/api/plugins/{digest}"), &auth, b"x");
+    assert_eq!(wrong.status, 200, "present: a no-op, whatever the body");
+    let other = sha256_hex(b"not a plugin");
+    let bad = http::request_bytes(port, "PUT", &format!("/api/plugins/{other}"), &auth, b"x");
+    assert_eq!(bad.status, 400, "{}", bad.body);
+
+    let json = [("Content-Type", "application/json")];
+    let body = format!(r#"{{"plugin":"{digest}","input":"over http","slot":"h","name":"web"}}"#);
+    let submitted = api.request("POST", "/api/tasks", &json, &body);
+    assert_eq!(submitted.status, 201, "{}", submitted.body);
+    let id = submitted.json()["id"].as_u64().unwrap();
+    let outcome = api.get(&format!("/api/tasks/{id}/outcome?wait=30s"));
+    assert_eq!(outcome.status, 200, "{}", outcome.body);
+    let waited = daemon.run(&["wait", &id.to_string(), "--json"]);
+    let cli: Value = serde_json::from_str(&waited.stdout).unwrap();
+    assert_eq!(outcome.json(), cli, "the same result as `host wait --json`");
+
+    // A task still running: the long poll ends after its time with 202.
+    let sleeper = std::fs::read(common::plugin("sleeper")).unwrap();
+    let sleeper_digest = sha256_hex(&sleeper);
+    let put = http::request_bytes(
+        port,
+        "PUT",
+        &format!("/api/plugins/{sleeper_digest}"),
+        &auth,
+        &sleeper,
+    );
+    assert_eq!(put.status, 200, "{}", put.body);
+    let body =
+        format!(r#"{{"plugin":"{sleeper_digest}","params":{{"ms":"600000"}},"name":"long"}}"#);
+    let long = api.request("POST", "/api/tasks", &json, &body);
+    assert_eq!(long.status, 201, "{}", long.body);
+    let pending = api.get("/api/tasks/long/outcome?wait=50ms");
+    assert_eq!(pending.status, 202, "{}", pending.body);
+    assert_eq!(pending.json()["outcome"], Value::Null);
+
+    // Invalid requests get the CLI's wording, and nothing is created.
+    let before = all_tasks(&daemon);
+    for (body, says) in [
+        (
+            format!(r#"{{"plugin":"{digest}","policy":"sometimes"}}"#),
+            "policy",
+        ),
+        (
+            format!(r#"{{"plugin":"{digest}","timeout":"soon"}}"#),
+            "timeout",
+        ),
+        (
+            format!(r#"{{"plugin":"{digest}","colour":"red"}}"#),
+            "colour",
+        ),
+        (r#"{"plugin":"abc"}"#.to_owned(), "not a plugin digest"),
+    ] {
+        let answer = api.request("POST", "/api/tasks", &json, &body);
+        assert_eq!(answer.status, 400, "{body}: {}", answer.body);
+        assert!(
+            answer.json()["error"].as_str().unwrap().contains(says),
+            "{}",
+            answer.body
+        );
+    }
+    assert_eq!(all_tasks(&daemon), before);
+
+    // Logs, plugins and the version as JSON.
+    let logs = api.get("/api/tasks/web/logs");
+    assert_eq!(logs.status, 200, "{}", logs.body);
+    assert!(logs.json().is_array());
+    let plugins = api.get("/api/plugins").json();
+    assert!(
+        plugins
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["digest"] == format!("sha256:{digest}") || p["digest"] == digest),
+        "{plugins}"
+    );
+    let version = api.get("/api/version").json();
+    assert_eq!(version["daemon"], env!("CARGO_PKG_VERSION"));
+
+    // Shutdown with an admin token.
+    let admin = Api {
+        port,
+        token: "admin-token".into(),
+    };
+    let down = admin.request(
+        "POST",
+        "/api/shutdown",
+        &json,
+        r#"{"grace":"0s","cancel_all":true}"#,
+    );
+    assert_eq!(down.status, 200, "{}", down.body);
+    assert_eq!(down.json()["force_aborted"], serde_json::json!(["long"]));
+}
