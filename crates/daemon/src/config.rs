@@ -17,6 +17,9 @@ pub const DEFAULT_DAEMON_GRACE: Duration = Duration::from_secs(10);
 /// The default of [`DaemonConfig::retain_bytes`]: 256 MiB.
 pub const DEFAULT_RETAIN_BYTES: u64 = 256 << 20;
 
+/// How long an idempotency key gives back its task by default: a day.
+pub const DEFAULT_IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
 /// The default most HTTP connections open at once (`http_max_connections`).
 pub const DEFAULT_HTTP_MAX_CONNECTIONS: usize = 64;
 
@@ -116,6 +119,9 @@ pub struct DaemonConfig {
     pub tls_cert: Option<PathBuf>,
     /// The private key of [`tls_cert`](Self::tls_cert) (PEM).
     pub tls_key: Option<PathBuf>,
+    /// How long an idempotency key gives back the task it first made
+    /// (`--idempotency-retention`).
+    pub idempotency_retention: Duration,
     /// Serve plain HTTP on a non-loopback address (behind a TLS proxy, say);
     /// without it such an address needs TLS.
     pub http_allow_plain: bool,
@@ -180,6 +186,7 @@ impl DaemonConfig {
             tls_cert: None,
             tls_key: None,
             http_allow_plain: false,
+            idempotency_retention: DEFAULT_IDEMPOTENCY_RETENTION,
             http_allow_hosts: Vec::new(),
             http_max_connections: DEFAULT_HTTP_MAX_CONNECTIONS,
             http_max_streams: DEFAULT_HTTP_MAX_STREAMS,
@@ -351,6 +358,10 @@ impl DaemonConfig {
         if let Some(v) = file.http_allow_plain {
             self.http_allow_plain = v;
         }
+        if let Some(v) = file.idempotency_retention {
+            self.idempotency_retention =
+                parse_duration(&v).map_err(|e| format!("idempotency_retention: {e}"))?;
+        }
         if let Some(v) = file.http_allow_hosts {
             self.http_allow_hosts = v
                 .into_iter()
@@ -446,6 +457,7 @@ struct FileConfig {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     http_allow_plain: Option<bool>,
+    idempotency_retention: Option<String>,
     http_allow_hosts: Option<Vec<String>>,
     http_max_connections: Option<usize>,
     http_max_streams: Option<usize>,

@@ -101,6 +101,11 @@ enum Command {
         after_long_help = "EXAMPLES:\n  host submit target/plugins/hello.wasm --slot x --input hi --wait\n  host submit target/plugins/deploy.wasm --param env=prod --param endpoint=https://deploy.example.com/hook --allow-http deploy.example.com   # slot deploy/prod, policy replace\n  host submit target/plugins/sleeper.wasm --name nap --param ms=60000\n  host submit my.wasm --slot db --policy queue --restart on-failure --max-retries 3"
     )]
     Submit(Box<client::submit::SubmitArgs>),
+    /// Submit a new task with a task's request (its plugin, input, params, slot, policy and grants); prints the new id (or, with --wait, its result).
+    #[command(
+        after_long_help = "EXAMPLES:\n  host rerun 42\n  host rerun nightly-report --wait --json"
+    )]
+    Rerun(client::tasks::RerunArgs),
     /// Wait for a task's final outcome and print it (exit code by outcome).
     #[command(after_long_help = "EXAMPLES:\n  host wait 42\n  host wait nap --json")]
     Wait(client::tasks::TargetArgs),
@@ -214,6 +219,7 @@ pub fn main() -> ExitCode {
             Command::Serve(args) => serve::serve_cmd(*args, socket).await,
             Command::Submit(args) => client::submit::submit(*args, socket).await,
             Command::Wait(args) => client::tasks::wait(args, socket).await,
+            Command::Rerun(args) => client::tasks::rerun(args, socket).await,
             Command::Cancel(args) => client::tasks::cancel(args, true, socket).await,
             Command::Remove(args) => client::tasks::cancel(args, false, socket).await,
             Command::Ps(args) => client::tasks::ps(args, socket).await,

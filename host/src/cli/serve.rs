@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, tls_cert, tls_key, http_allow_plain, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, memory_ceiling, max_handles, max_open_files, max_http_requests, max_header_bytes, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http, allow_dirs, allow_env); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, tls_cert, tls_key, http_allow_plain, idempotency_retention, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, memory_ceiling, max_handles, max_open_files, max_http_requests, max_header_bytes, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http, allow_dirs, allow_env); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -112,6 +112,9 @@ pub struct ServeArgs {
     /// Serve plain HTTP on a non-loopback --http address (when a TLS proxy in front terminates TLS); without it such an address needs --tls-cert and --tls-key [TOML: http_allow_plain].
     #[arg(long)]
     http_allow_plain: bool,
+    /// How long an idempotency key (`host submit --idempotency-key`) gives back the task it first made [default: 24h] [TOML: idempotency_retention].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    idempotency_retention: Option<Duration>,
     /// Also answer HTTP requests whose Host is NAME, with or without the port (NAME:PORT: that port only), e.g. the name a TLS proxy in front reaches the listener by (repeatable; replaces the config file's list). Answered always: on a loopback bind, localhost and loopback addresses with the port; on another, localhost and IP addresses with the port and this machine's hostname. Others get 421 [TOML: http_allow_hosts].
     #[arg(long = "http-allow-host", value_name = "NAME[:PORT]", value_parser = parse_allow_host)]
     http_allow_hosts: Vec<String>,
@@ -263,6 +266,9 @@ impl ServeArgs {
         }
         if self.http_allow_plain {
             config.http_allow_plain = true;
+        }
+        if let Some(v) = self.idempotency_retention {
+            config.idempotency_retention = v;
         }
         if !self.http_allow_hosts.is_empty() {
             config.http_allow_hosts = self.http_allow_hosts.clone();

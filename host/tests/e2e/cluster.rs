@@ -1558,3 +1558,53 @@ fn cluster_soak_keeps_one_owner_per_slot_and_one_outcome_per_task() {
     let out = nodes[2].run(&["wait", &id]);
     assert!(matches!(out.code, Some(0) | Some(1)), "{}", out.stderr);
 }
+
+#[test]
+fn an_idempotency_key_sent_through_two_nodes_makes_one_task() {
+    let pg = Postgres::start();
+    let n1 = steady_node(&pg, "n1", &[]);
+    let n2 = steady_node(&pg, "n2", &[]);
+    let hello = p("hello");
+    let args = |key: &str| {
+        vec![
+            "submit".to_owned(),
+            hello.clone(),
+            "--input".to_owned(),
+            "x".to_owned(),
+            "--idempotency-key".to_owned(),
+            key.to_owned(),
+        ]
+    };
+    // One after the other, and both at once.
+    let first = n1.run(&args("k1").iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(first.code, Some(0), "{first:?}");
+    let second = n2.run(&args("k1").iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(second.code, Some(0), "{second:?}");
+    assert_eq!(first.stdout, second.stdout, "the same task");
+    let together: Vec<_> = [&n1, &n2, &n1, &n2]
+        .iter()
+        .map(|via| via.spawn(&args("k2").iter().map(String::as_str).collect::<Vec<_>>()))
+        .collect();
+    let ids: std::collections::BTreeSet<String> = together
+        .into_iter()
+        .map(|running| {
+            let (status, out) = running.finish(LIMIT);
+            assert!(status.success(), "{out:?}");
+            out.stdout.trim().to_owned()
+        })
+        .collect();
+    assert_eq!(
+        ids.len(),
+        1,
+        "one task for four submissions of one key: {ids:?}"
+    );
+    // Another request with the key is refused through either node.
+    let mut other = args("k1");
+    other[3] = "y".to_owned();
+    let refused = n2.run(&other.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(refused.code, Some(3), "{refused:?}");
+    assert!(refused.stderr.contains("k1"), "{}", refused.stderr);
+    let rows = n1.run(&["ps", "--all", "--json"]);
+    let rows: serde_json::Value = serde_json::from_str(&rows.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 2, "{rows}");
+}

@@ -529,3 +529,177 @@ fn a_plain_http_client_uploads_submits_and_long_polls_the_outcome() {
     assert_eq!(down.status, 200, "{}", down.body);
     assert_eq!(down.json()["force_aborted"], serde_json::json!(["long"]));
 }
+
+#[test]
+fn an_idempotency_key_gives_back_its_task_across_a_kill_and_refuses_another_request() {
+    let mut daemon = Daemon::start(&[]);
+    let hello = p("hello");
+    let submit = |daemon: &Daemon, input: &str| {
+        daemon.run(&[
+            "submit",
+            &hello,
+            "--slot",
+            "k",
+            "--input",
+            input,
+            "--idempotency-key",
+            "deploy-42",
+        ])
+    };
+    let first = submit(&daemon, "once");
+    assert_eq!(first.code, Some(0), "{first:?}");
+    let id = first.stdout.trim().to_owned();
+    let again = submit(&daemon, "once");
+    assert_eq!(again.code, Some(0), "{again:?}");
+    assert_eq!(again.stdout.trim(), id, "the same task");
+    assert!(
+        again.stderr.contains("already submitted"),
+        "{}",
+        again.stderr
+    );
+    let other = submit(&daemon, "twice");
+    assert_eq!(other.code, Some(3), "{other:?}");
+    assert!(
+        other.stderr.contains("deploy-42") && other.stderr.contains(&format!("task id {id}")),
+        "{}",
+        other.stderr
+    );
+    let waited = daemon.run(&["wait", &id, "--json"]);
+    assert_eq!(waited.code, Some(0));
+    assert_eq!(all_tasks(&daemon), 1, "one task");
+
+    // After SIGKILL and a restart the key still names the task, and with
+    // --wait gives its outcome.
+    let mut process = daemon.process.take().unwrap();
+    process.child.kill().unwrap();
+    let _ = process.child.wait();
+    daemon.restart(&[]);
+    let after = daemon.run(&[
+        "submit",
+        &hello,
+        "--slot",
+        "k",
+        "--input",
+        "once",
+        "--idempotency-key",
+        "deploy-42",
+        "--wait",
+        "--json",
+    ]);
+    assert_eq!(after.code, Some(0), "{after:?}");
+    let report: Value = serde_json::from_str(&after.stdout).unwrap();
+    assert_eq!(report["id"].to_string(), id);
+    let first: Value = serde_json::from_str(&waited.stdout).unwrap();
+    assert_eq!(report, first);
+    assert_eq!(all_tasks(&daemon), 1, "still one task");
+
+    // A key the daemon kept past its retention is free again.
+    drop(daemon);
+    let short = Daemon::start(&["--idempotency-retention", "1ms"]);
+    let one = short.submit(&[&hello, "--idempotency-key", "k"]);
+    let deadline = std::time::Instant::now() + LIMIT;
+    loop {
+        let two = short.run(&["submit", &hello, "--idempotency-key", "k"]);
+        if two.stdout.trim() != one {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the key never expired"
+        );
+    }
+}
+
+#[test]
+fn keys_and_reruns_over_the_json_api_and_the_cli() {
+    let tokens = Tokens::new();
+    let daemon = Daemon::start(&[
+        "--store",
+        "memory",
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        &tokens.file("tokens"),
+    ]);
+    let port = listening_port(&daemon);
+    let api = Api {
+        port,
+        token: "submit-token".into(),
+    };
+    let bytes = std::fs::read(common::plugin("flaky")).unwrap();
+    let digest = sha256_hex(&bytes);
+    let bearer = api.bearer();
+    let put = http::request_bytes(
+        port,
+        "PUT",
+        &format!("/api/plugins/{digest}"),
+        &[("Authorization", bearer.as_str())],
+        &bytes,
+    );
+    assert_eq!(put.status, 200, "{}", put.body);
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("Idempotency-Key", "job-7"),
+    ];
+    let body = format!(r#"{{"plugin":"{digest}","params":{{"fail_times":"9"}},"name":"shaky"}}"#);
+    let first = api.request("POST", "/api/tasks", &headers, &body);
+    assert_eq!(first.status, 201, "{}", first.body);
+    let id = first.json()["id"].as_u64().unwrap();
+    let again = api.request("POST", "/api/tasks", &headers, &body);
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(again.json()["id"].as_u64(), Some(id));
+    assert_eq!(again.json()["existing"], true);
+    let other = body.replace("\"9\"", "\"1\"");
+    let refused = api.request("POST", "/api/tasks", &headers, &other);
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    assert!(
+        refused.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("task id {id}"))
+    );
+    let failed = api.get(&format!("/api/tasks/{id}/outcome?wait=30s")).json();
+    assert_eq!(failed["outcome"], "failed", "{failed}");
+
+    // Rerun through the API: a new task with the same request.
+    let json = [("Content-Type", "application/json")];
+    let rerun = api.request("POST", &format!("/api/tasks/{id}/rerun"), &json, "{}");
+    assert_eq!(rerun.status, 201, "{}", rerun.body);
+    let second = rerun.json()["id"].as_u64().unwrap();
+    assert_ne!(second, id);
+    assert_eq!(rerun.json()["name"], "shaky");
+    let read = Api {
+        port,
+        token: "read-token".into(),
+    };
+    assert_eq!(
+        read.request("POST", &format!("/api/tasks/{id}/rerun"), &json, "{}")
+            .status,
+        403,
+        "a read token cannot rerun"
+    );
+
+    // And through the CLI: the same outcome and exit code as the first.
+    let out = daemon.run(&["rerun", &second.to_string(), "--wait", "--json"]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let report: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(report["outcome"], "failed");
+    assert_eq!(report["name"], "shaky");
+    assert_ne!(report["id"].as_u64(), Some(second));
+    let missing = daemon.run(&["rerun", "no-such-task"]);
+    assert_eq!(missing.code, Some(2), "{missing:?}");
+}
+
+#[test]
+fn a_durable_rerun_after_a_restart_runs_the_stored_request() {
+    let mut daemon = Daemon::start(&[]);
+    let id = daemon.submit(&[&p("hello"), "--input", "again", "--name", "greet"]);
+    let first = daemon.run(&["wait", &id]);
+    assert_eq!(first.code, Some(0));
+    daemon.run(&["shutdown"]);
+    let _ = daemon.finish(LIMIT);
+    daemon.restart(&[]);
+    let out = daemon.run(&["rerun", &id, "--wait"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, first.stdout, "the same input, the same output");
+}

@@ -705,6 +705,7 @@ async fn run_claimed(daemon: Arc<Daemon>, cluster: Arc<Cluster>, task: Claimed) 
             .checked_sub(Duration::from_millis(now_ms().saturating_sub(submitted_ms)))
             .unwrap_or_else(Instant::now),
         placed: true,
+        request: None,
     });
     let recording = RecordingGuard::new(daemon);
     let daemon = Arc::clone(daemon);

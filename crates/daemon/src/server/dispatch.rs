@@ -16,7 +16,7 @@ use crate::service::plugins;
 use crate::service::submissions::Accepted;
 use crate::service::uploads::Uploads;
 use crate::state::Daemon;
-use crate::wire::protocol::{ErrorKind, LIST_PAGE, Reply, Request};
+use crate::wire::protocol::{ErrorKind, LIST_PAGE, Reply, Request, SubmitRequest};
 
 /// What one connection's requests share: its uploads in progress, and its
 /// submissions the cluster is still deciding.
@@ -37,7 +37,7 @@ pub(crate) async fn handle(
         reply.error(ErrorKind::Invalid, message).await;
         return;
     }
-    if matches!(request, Request::Submit(_)) {
+    if matches!(request, Request::Submit(_) | Request::Rerun(_)) {
         session.deciding.retain(|d| !d.is_finished());
     } else {
         for decided in session.deciding.drain(..) {
@@ -71,32 +71,17 @@ pub(crate) async fn handle(
                 Err((kind, message)) => reply.error(kind, message).await,
             },
         },
-        Request::Submit(request) => match backend.submit(*request).await {
-            Ok(Accepted::Now(submitted)) => {
-                reply.send(Reply::Submitted(submitted)).await;
+        Request::Submit(request) => submit(&backend, *request, reply, session).await,
+        Request::Rerun(target) => {
+            let found = match backend.find(&target).await {
+                Ok(found) => found,
+                Err((kind, message)) => return reply.error(kind, message).await,
+            };
+            match backend.request_of(&found).await {
+                Ok(request) => submit(&backend, request, reply, session).await,
+                Err((kind, message)) => reply.error(kind, message).await,
             }
-            Ok(Accepted::Later(durable)) => {
-                tokio::spawn(async move {
-                    match durable.await {
-                        Ok(submitted) => {
-                            reply.send(Reply::Submitted(submitted)).await;
-                        }
-                        Err((kind, message)) => reply.error(kind, message).await,
-                    }
-                });
-            }
-            Ok(Accepted::Deciding(decided)) => {
-                session.deciding.push(tokio::spawn(async move {
-                    match decided.await {
-                        Ok(submitted) => {
-                            reply.send(Reply::Submitted(submitted)).await;
-                        }
-                        Err((kind, message)) => reply.error(kind, message).await,
-                    }
-                }));
-            }
-            Err((kind, message)) => reply.error(kind, message).await,
-        },
+        }
         Request::Wait(target) => match backend.find(&target).await {
             Ok(found) => {
                 let outcome = backend.outcome(&found);
@@ -208,6 +193,42 @@ pub(crate) async fn handle(
                 reply.send(Reply::ShutdownDone(report)).await;
             });
         }
+    }
+}
+
+/// Places a submission (a Submit's, a Rerun's) in order; its reply follows
+/// the acknowledgement.
+async fn submit(
+    backend: &Backend<'_>,
+    request: SubmitRequest,
+    reply: Replier,
+    session: &mut Session,
+) {
+    match backend.submit(request).await {
+        Ok(Accepted::Now(submitted)) => {
+            reply.send(Reply::Submitted(submitted)).await;
+        }
+        Ok(Accepted::Later(durable)) => {
+            tokio::spawn(async move {
+                match durable.await {
+                    Ok(submitted) => {
+                        reply.send(Reply::Submitted(submitted)).await;
+                    }
+                    Err((kind, message)) => reply.error(kind, message).await,
+                }
+            });
+        }
+        Ok(Accepted::Deciding(decided)) => {
+            session.deciding.push(tokio::spawn(async move {
+                match decided.await {
+                    Ok(submitted) => {
+                        reply.send(Reply::Submitted(submitted)).await;
+                    }
+                    Err((kind, message)) => reply.error(kind, message).await,
+                }
+            }));
+        }
+        Err((kind, message)) => reply.error(kind, message).await,
     }
 }
 

@@ -126,6 +126,7 @@ pub async fn serve(
         max_finished: config.retain_finished,
         max_age: config.retain_for,
         max_bytes: config.retain_bytes,
+        key_age: config.idempotency_retention,
     };
     let (storage, unfinished) = match &spec {
         StoreSpec::Postgres(url) => {
@@ -202,6 +203,7 @@ pub async fn serve(
         tasks: Tasks::new(config.retain_finished, config.retain_bytes),
         history,
         storage,
+        keys: crate::service::keys::Keys::new(config.idempotency_retention),
         admission: Mutex::new(()),
         keep_unfinished: AtomicBool::new(false),
         shutdown_requested: AtomicBool::new(false),

@@ -45,7 +45,9 @@ impl Scope {
             | Request::Events { .. }
             | Request::Logs { .. }
             | Request::Plugins => Scope::Read,
-            Request::Upload { .. } | Request::Submit(_) | Request::Wait(_) => Scope::Submit,
+            Request::Upload { .. } | Request::Submit(_) | Request::Wait(_) | Request::Rerun(_) => {
+                Scope::Submit
+            }
             Request::Cancel { .. } | Request::Shutdown { .. } | Request::RemovePlugins { .. } => {
                 Scope::Admin
             }

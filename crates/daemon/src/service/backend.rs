@@ -27,7 +27,7 @@ use crate::service::tasks::{MAX_FINISHED, TaskRecord};
 use crate::state::{Daemon, Storage};
 use crate::store::postgres::{Admission, AdmitError, Canceled};
 use crate::store::{self, Finished, Store, StoreError};
-use crate::wire::protocol::{ErrorKind, EventFilter, SubmitRequest, TaskRow, TaskState};
+use crate::wire::protocol::{ErrorKind, EventFilter, SubmitRequest, Submitted, TaskRow, TaskState};
 
 /// Items in flight to one streaming reader.
 const STREAM_BUFFER: usize = 256;
@@ -193,6 +193,37 @@ impl<'a> Backend<'a> {
                 Err(err) => Err(internal(err)),
             },
         }
+    }
+
+    /// The request a task was submitted with (resolved: its name, slot
+    /// and policy as placed), for `host rerun`; its idempotency key is
+    /// left out.
+    pub(crate) async fn request_of(
+        &self,
+        found: &Found,
+    ) -> Result<SubmitRequest, (ErrorKind, String)> {
+        let id = found.id();
+        let request = match (self, found) {
+            (_, Found::Live(record)) if record.request.is_some() => {
+                record.request.as_deref().cloned()
+            }
+            (Self::Local(_, store), _) => {
+                let store = Store::clone(store);
+                tokio::task::spawn_blocking(move || store.request_of(id))
+                    .await
+                    .ok()
+                    .flatten()
+            }
+            (Self::Shared(_, cluster), _) => cluster.pg.request_of(id).await.map_err(internal)?,
+        };
+        let mut request = request.ok_or_else(|| {
+            (
+                ErrorKind::NotFound,
+                format!("task {id}'s request is no longer kept (retention), so it cannot be rerun"),
+            )
+        })?;
+        request.idempotency_key = None;
+        Ok(request)
     }
 
     /// The task's report once it has one.
@@ -765,7 +796,31 @@ async fn shared_submit(
         max_slot_queue: daemon.config.max_slot_queue,
         max_total_pending: daemon.config.max_total_pending,
     });
-    let decided = cluster.pg.admit_queued(Arc::clone(&admission));
+    let keyed = admission
+        .request
+        .idempotency_key
+        .clone()
+        .map(|key| (key, admission.request.fingerprint()));
+    let since = daemon.keys.cutoff_ms() as i64;
+    let decide = {
+        let (cluster, admission) = (Arc::clone(cluster), Arc::clone(&admission));
+        move || -> BoxFuture<'static, Result<Submitted, AdmitError>> {
+            match keyed.clone() {
+                // A transaction of its own, which inserts the key first.
+                Some((key, fingerprint)) => {
+                    let (cluster, admission) = (Arc::clone(&cluster), Arc::clone(&admission));
+                    Box::pin(async move {
+                        cluster
+                            .pg
+                            .admit_keyed(&admission, &key, fingerprint, since)
+                            .await
+                    })
+                }
+                None => Box::pin(cluster.pg.admit_queued(Arc::clone(&admission))),
+            }
+        }
+    };
+    let decided = decide();
     let (daemon, cluster) = (Arc::clone(daemon), Arc::clone(cluster));
     Ok(Accepted::Deciding(Box::pin(async move {
         let mut admitted = decided.await;
@@ -784,7 +839,7 @@ async fn shared_submit(
                 Err(e) => Err(format!("cannot read `{}`: {e}", path.display())),
             };
             admitted = match stored {
-                Ok(()) => cluster.pg.admit(Arc::clone(&admission)).await,
+                Ok(()) => decide().await,
                 Err(e) => Err(AdmitError::Store(StoreError(e))),
             };
         }
@@ -801,6 +856,7 @@ async fn shared_submit(
                 ),
             )),
             Err(AdmitError::Invalid(message)) => Err((ErrorKind::Invalid, message)),
+            Err(AdmitError::Conflict(message)) => Err((ErrorKind::Conflict, message)),
             Err(AdmitError::Store(err)) => Err((
                 ErrorKind::Internal,
                 format!("the submission could not be stored, so it was not accepted: {err}"),

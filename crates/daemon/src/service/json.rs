@@ -124,7 +124,8 @@ pub fn submitted(s: &crate::wire::protocol::Submitted) -> Value {
         Placement::Rejected(_) => ("rejected", None),
     };
     json!({ "id": s.id, "name": s.name, "slot": s.slot,
-            "queued": state != "running", "state": state, "replacing": replacing })
+            "queued": state != "running", "state": state, "replacing": replacing,
+            "existing": s.existing })
 }
 
 /// A row of `host plugins ls --json`.

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | `backend` | the one seam to where work is kept: one host's store and controller, or a cluster's database |
 //! | `submissions` | a submit request into a controller submission |
+//! | `keys` | idempotency keys: which task a key made, checked at intake |
 //! | `plugins` | plugins stored by digest under the state directory |
 //! | `uploads` | plugin uploads in chunks |
 //! | `tasks` | what the daemon remembers of submissions (waiters, logs, names) |
@@ -16,6 +17,7 @@
 pub(crate) mod backend;
 pub(crate) mod history;
 pub mod json;
+pub(crate) mod keys;
 pub(crate) mod plugins;
 pub(crate) mod recovery;
 pub(crate) mod submissions;

@@ -21,7 +21,7 @@ use taskhost_core::controller::{AdmissionPolicy, Submission};
 use taskhost_core::outcome::{RejectionKind, TaskOutcome};
 use taskhost_core::supervisor::{
     AttemptContext, Reservation, RestartPolicy, Resume, RunFuture, TaskBody, TaskError, TaskId,
-    TaskSpec,
+    TaskRef, TaskSpec,
 };
 use taskhost_core::units::format_size;
 use taskhost_runtime::PluginInfo;
@@ -31,6 +31,7 @@ use taskhost_runtime::{DirGrant, HttpAllow, Sandbox};
 
 use crate::cluster::node::Cluster;
 use crate::config::DirAllow;
+use crate::service::keys::{self, KeyEntry};
 use crate::service::tasks::{Outcome, TaskLog, TaskRecord};
 use crate::state::{Daemon, RecordingGuard};
 use crate::store::postgres::Names;
@@ -39,8 +40,9 @@ use crate::wire::protocol::{ErrorKind, MAX_SUBMIT_INPUT, Placement, SubmitReques
 
 /// Where a submission comes from.
 pub(crate) enum Origin {
-    /// A client sent it now.
-    New,
+    /// A client sent it now, perhaps with an idempotency key and its
+    /// request's fingerprint.
+    New { key: Option<(String, [u8; 32])> },
     /// The store kept it across a restart; it keeps its id.
     Recovered {
         reservation: Reservation,
@@ -70,7 +72,18 @@ pub(crate) async fn submit(
     store: &Store,
     request: SubmitRequest,
 ) -> Result<Accepted, (ErrorKind, String)> {
-    let (submitted, ticket) = place(daemon, store, request, Origin::New).await?;
+    let key = match request.idempotency_key.clone() {
+        None => None,
+        Some(key) => {
+            let fingerprint = request.fingerprint();
+            if let Some(made) = made_before(daemon, store, &key).await {
+                return existing(daemon, store, &key, made, fingerprint).map(Accepted::Now);
+            }
+            Some((key, fingerprint))
+        }
+    };
+    let (submitted, ticket) =
+        place(daemon, store, request, Origin::New { key: key.clone() }).await?;
     if ticket.is_immediate() {
         return Ok(Accepted::Now(submitted));
     }
@@ -79,6 +92,9 @@ pub(crate) async fn submit(
         match ticket.committed().await {
             Ok(()) => Ok(submitted),
             Err(err) => {
+                if let Some((key, _)) = &key {
+                    daemon.keys.release(key, submitted.id);
+                }
                 daemon.controller.remove(submitted.id);
                 Err((
                     ErrorKind::Internal,
@@ -87,6 +103,60 @@ pub(crate) async fn submit(
             }
         }
     })))
+}
+
+/// What `key` made, if this process or the store remembers it.
+async fn made_before(daemon: &Arc<Daemon>, store: &Store, key: &str) -> Option<KeyEntry> {
+    if let Some(entry) = daemon.keys.get(key) {
+        return Some(entry);
+    }
+    if !store.is_durable() {
+        return None;
+    }
+    let (store, key, since) = (store.clone(), key.to_owned(), daemon.keys.cutoff_ms());
+    tokio::task::spawn_blocking(move || store.key(&key, since))
+        .await
+        .ok()
+        .flatten()
+        .map(|(id, fingerprint, created_ms)| KeyEntry {
+            id,
+            fingerprint,
+            created_ms,
+        })
+}
+
+/// The answer to a submission whose key made a task before: that task
+/// (its placement is not told again), or, for another request, the
+/// refusal naming it.
+fn existing(
+    daemon: &Daemon,
+    store: &Store,
+    key: &str,
+    made: KeyEntry,
+    fingerprint: [u8; 32],
+) -> Result<Submitted, (ErrorKind, String)> {
+    if made.fingerprint != fingerprint {
+        return Err((ErrorKind::Conflict, keys::conflict(key, made.id)));
+    }
+    let id = made.id;
+    let (name, slot, placement) = match daemon.tasks.resolve(&TaskRef::Id(id), &daemon.controller) {
+        Some(record) => (record.name, record.slot, Placement::Running),
+        None => match store.finished_task(id) {
+            Some(finished) => (
+                finished.report.name.to_string(),
+                finished.report.slot.to_string(),
+                Placement::Running,
+            ),
+            None => (id.to_string(), String::new(), Placement::Running),
+        },
+    };
+    Ok(Submitted {
+        id,
+        name,
+        slot,
+        placement,
+        existing: true,
+    })
 }
 
 /// Refuses outbound HTTP grants beyond the daemon's own `allow_http`,
@@ -343,12 +413,25 @@ pub(crate) async fn place(
         ));
     }
     let recovered = matches!(origin, Origin::Recovered { .. });
+    let mut key = None;
     let (reservation, submitted_ms, resume) = match origin {
-        Origin::New => (
-            controller.supervisor().reserve(),
-            now_ms(),
-            Resume::default(),
-        ),
+        Origin::New { key: keyed } => {
+            // Under the admission lock: one of two submissions of a key
+            // sent together is placed, the other finds it.
+            if let Some((k, fingerprint)) = &keyed
+                && let Some(made) = daemon.keys.get(k)
+            {
+                drop(admission);
+                return existing(daemon, store, k, made, *fingerprint)
+                    .map(|submitted| (submitted, Ticket::done()));
+            }
+            key = keyed;
+            (
+                controller.supervisor().reserve(),
+                now_ms(),
+                Resume::default(),
+            )
+        }
         Origin::Recovered {
             reservation,
             submitted_ms,
@@ -357,6 +440,15 @@ pub(crate) async fn place(
     };
     let id = reservation.id();
     let (name, slot, policy) = naming(&request, info, id).map_err(invalid)?;
+    if let Some((k, fingerprint)) = &key {
+        let entry = KeyEntry {
+            id,
+            fingerprint: *fingerprint,
+            created_ms: submitted_ms,
+        };
+        // Free: checked under this same lock just above.
+        let _ = daemon.keys.claim(k, entry);
+    }
     // Admitted at once with a permit free: the submission is recorded with
     // its first attempt started, and that attempt waits for this same commit
     // (one commit fewer between a submission and its outcome). Under the
@@ -371,20 +463,23 @@ pub(crate) async fn place(
         && store.is_idle()
         && controller.is_slot_free(&slot)
         && controller.supervisor().free_permits() != Some(0);
+    // Kept resolved (for the store and `host rerun`), so a recovery or a
+    // rerun places it exactly the same way.
+    let mut resolved = request.clone();
+    resolved.name = Some(name.clone());
+    resolved.slot = Some(slot.clone());
+    resolved.policy = Some(policy);
+    let resolved = Arc::new(resolved);
     let ticket = if store.is_durable() && !recovered {
-        // Stored resolved, so a recovery places it exactly the same way.
-        let mut stored = request.clone();
-        stored.name = Some(name.clone());
-        stored.slot = Some(slot.clone());
-        stored.policy = Some(policy);
         store.submit(NewTask {
             id,
             name: name.clone(),
             slot: slot.clone(),
             plugin: info.name.clone(),
-            request: stored,
+            request: Arc::clone(&resolved),
             submitted_ms,
             started,
+            key,
         })
     } else {
         Ticket::done()
@@ -424,6 +519,7 @@ pub(crate) async fn place(
         log: Arc::clone(&log),
         submitted: Instant::now().checked_sub(age).unwrap_or_else(Instant::now),
         placed: !matches!(placement, Placement::Rejected(_)),
+        request: Some(resolved),
     });
     drop(admission);
 
@@ -468,6 +564,7 @@ pub(crate) async fn place(
             name,
             slot,
             placement,
+            existing: false,
         },
         ticket,
     ))

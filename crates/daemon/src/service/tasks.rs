@@ -174,6 +174,9 @@ pub(crate) struct TaskRecord {
     /// Whether it ever held its name (was admitted or queued); a submission
     /// rejected at intake never did.
     pub placed: bool,
+    /// Its request, resolved (name, slot and policy filled in), for `host
+    /// rerun`; `None` on a cluster node (the database keeps it).
+    pub request: Option<Arc<crate::wire::protocol::SubmitRequest>>,
 }
 
 impl TaskRecord {
@@ -186,7 +189,14 @@ impl TaskRecord {
                 taskhost_core::outcome::TaskOutcome::Completed { output } => output.len(),
                 _ => 0,
             });
-        (output + self.log.bytes()) as u64
+        let request = self.request.as_ref().map_or(0, |r| {
+            r.input.len()
+                + r.params
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len())
+                    .sum::<usize>()
+        });
+        (output + self.log.bytes() + request) as u64
     }
 }
 

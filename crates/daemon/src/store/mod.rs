@@ -92,6 +92,8 @@ pub struct Retention {
     /// At most this many bytes of finished tasks' rows (request, report and
     /// log), newest kept first.
     pub max_bytes: u64,
+    /// Idempotency keys older than this are forgotten.
+    pub key_age: Duration,
 }
 
 impl Default for Retention {
@@ -100,6 +102,7 @@ impl Default for Retention {
             max_finished: 10_000,
             max_age: Duration::from_secs(7 * 24 * 3600),
             max_bytes: super::config::DEFAULT_RETAIN_BYTES,
+            key_age: super::config::DEFAULT_IDEMPOTENCY_RETENTION,
         }
     }
 }
@@ -149,13 +152,16 @@ pub struct NewTask {
     /// The plugin's name.
     pub plugin: String,
     /// The submission, with name, slot and policy resolved.
-    pub request: SubmitRequest,
+    pub request: Arc<SubmitRequest>,
     /// Milliseconds since the Unix epoch.
     pub submitted_ms: u64,
     /// Recorded with its first attempt already started (it was admitted at
     /// once with a concurrency permit free): that attempt waits for this
     /// write's commit instead of a commit of its own.
     pub started: bool,
+    /// Its idempotency key and the request's fingerprint, stored in the
+    /// same commit.
+    pub key: Option<(String, [u8; 32])>,
 }
 
 /// An unfinished task, for recovery.
@@ -439,6 +445,26 @@ impl Store {
     /// file: for the daemon's last moments (later writes still work).
     pub fn close(&self) -> Ticket {
         self.write(Op::Checkpoint, true)
+    }
+
+    /// The request (resolved) a task was stored with, while its row is
+    /// kept.
+    pub fn request_of(&self, id: TaskId) -> Option<SubmitRequest> {
+        let reader = self.inner.reader.as_ref()?;
+        let bytes = reader
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .request_of(id)?;
+        SubmitRequest::decode_stored(&bytes).ok()
+    }
+
+    /// What an idempotency key made, if it was stored since `since_ms`.
+    pub fn key(&self, key: &str, since_ms: u64) -> Option<(TaskId, [u8; 32], u64)> {
+        let reader = self.inner.reader.as_ref()?;
+        reader
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .key(key, since_ms)
     }
 
     /// A finished task by id.

@@ -841,6 +841,7 @@ async fn admit_batch(
             name,
             slot: request.slot.clone().unwrap_or_default(),
             placement,
+            existing: false,
         }));
     }
     insert(&tx, rows).await?;

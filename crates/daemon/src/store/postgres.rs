@@ -37,6 +37,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0002_logs.sql"),
     include_str!("../../migrations/postgres/0003_events.sql"),
     include_str!("../../migrations/postgres/0004_fillfactor.sql"),
+    include_str!("../../migrations/postgres/0005_idempotency.sql"),
 ];
 
 /// Events kept in the database (each node prunes beyond it).
@@ -252,6 +253,8 @@ pub(crate) enum AdmitError {
     PluginGone,
     /// The database failed.
     Store(StoreError),
+    /// The idempotency key made another request's task (the refusal).
+    Conflict(String),
 }
 
 impl From<StoreError> for AdmitError {
@@ -718,10 +721,116 @@ impl Pg {
         Ok(settled)
     }
 
-    /// Admits a submission: its id, name and slot, then the controller's
-    /// rules under the slot's lock, as one transaction.
-    pub(crate) async fn admit(&self, admission: Arc<Admission>) -> Result<Submitted, AdmitError> {
-        self.admit_queued(admission).await
+    /// Admits a submission that carries an idempotency key, in a
+    /// transaction of its own that inserts the key first: the node that
+    /// inserts it admits the task; one that finds it (having waited for the
+    /// transaction that inserted it) answers with that key's task, or
+    /// refuses another request. Keys older than `since_ms` are replaced.
+    pub(crate) async fn admit_keyed(
+        &self,
+        admission: &Admission,
+        key: &str,
+        fingerprint: [u8; 32],
+        since_ms: i64,
+    ) -> Result<Submitted, AdmitError> {
+        let mut last = None;
+        for _ in 0..8 {
+            match self
+                .admit_keyed_once(admission, key, fingerprint, since_ms)
+                .await
+            {
+                Err(AdmitError::Store(e)) if retryable(&e) => last = Some(e),
+                other => return other,
+            }
+        }
+        Err(AdmitError::Store(last.unwrap_or_else(|| {
+            StoreError("PostgreSQL: cannot admit: gave up".into())
+        })))
+    }
+
+    async fn admit_keyed_once(
+        &self,
+        admission: &Admission,
+        key: &str,
+        fingerprint: [u8; 32],
+        since_ms: i64,
+    ) -> Result<Submitted, AdmitError> {
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(db("cannot start a transaction"))?;
+        let now = crate::store::now_ms() as i64;
+        let won = opt(
+            &tx,
+            "cannot record the idempotency key",
+            "INSERT INTO taskhost_idempotency (key, fingerprint, created_ms) VALUES ($1, $2, $3) \
+             ON CONFLICT (key) DO UPDATE SET task_id = NULL, fingerprint = excluded.fingerprint, \
+             created_ms = excluded.created_ms WHERE taskhost_idempotency.created_ms < $4 \
+             RETURNING key",
+            &[&key, &&fingerprint[..], &now, &since_ms],
+        )
+        .await?
+        .is_some();
+        if !won {
+            let row = one(
+                &tx,
+                "cannot read the idempotency key",
+                "SELECT k.task_id, k.fingerprint, t.name, t.slot FROM taskhost_idempotency k \
+                 LEFT JOIN taskhost_tasks t ON t.id = k.task_id WHERE k.key = $1",
+                &[&key],
+            )
+            .await?;
+            let id: Option<i64> = row.get(0);
+            let stored: Vec<u8> = row.get(1);
+            let id = id_of(id.unwrap_or(0));
+            if stored[..] != fingerprint[..] {
+                return Err(AdmitError::Conflict(crate::service::keys::conflict(
+                    key, id,
+                )));
+            }
+            let name: Option<String> = row.get(2);
+            let slot: Option<String> = row.get(3);
+            return Ok(Submitted {
+                id,
+                name: name.unwrap_or_else(|| id.to_string()),
+                slot: slot.unwrap_or_default(),
+                placement: Placement::Running,
+                existing: true,
+            });
+        }
+        let id: i64 = one(
+            &tx,
+            "cannot allocate an id",
+            "SELECT nextval('taskhost_task_ids')",
+            &[],
+        )
+        .await?
+        .get(0);
+        let names = (admission.names)(id_of(id)).map_err(AdmitError::Invalid)?;
+        let submitted = self.admit_in(&tx, admission, id, names).await?;
+        exec(
+            &tx,
+            "cannot record the idempotency key",
+            "UPDATE taskhost_idempotency SET task_id = $2 WHERE key = $1",
+            &[&key, &id],
+        )
+        .await?;
+        tx.commit()
+            .await
+            .map_err(db("cannot commit the submission"))?;
+        // Now and then, the expired keys go (an expired one is also
+        // replaced when it is given again).
+        if fastrand::u32(..256) == 0 {
+            let _ = exec(
+                &client,
+                "cannot forget expired idempotency keys",
+                "DELETE FROM taskhost_idempotency WHERE created_ms < $1",
+                &[&since_ms],
+            )
+            .await;
+        }
+        Ok(submitted)
     }
 
     /// Queues a submission for the next batch of admissions now (its
@@ -926,6 +1035,7 @@ impl Pg {
             name,
             slot,
             placement,
+            existing: false,
         })
     }
 
@@ -1182,6 +1292,20 @@ impl Pg {
     /// task holding it (its slot's owner, else the oldest queued), else the
     /// newest finished one that held it. A rejected submission never held
     /// its name.
+    /// The request (resolved) a task was admitted with, while its row is
+    /// kept.
+    pub(crate) async fn request_of(&self, id: TaskId) -> Result<Option<SubmitRequest>, StoreError> {
+        let client = self.client().await?;
+        let row = opt(
+            &client,
+            "cannot read the task's request",
+            "SELECT request FROM taskhost_tasks WHERE id = $1",
+            &[&(id.get() as i64)],
+        )
+        .await?;
+        Ok(row.and_then(|r| SubmitRequest::decode_stored(r.get::<_, &[u8]>(0)).ok()))
+    }
+
     pub(crate) async fn resolve(&self, target: &TaskRef) -> Result<Option<Found>, StoreError> {
         let client = self.client().await?;
         let row = match target {

@@ -22,6 +22,7 @@ use super::{
 const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0001_tasks.sql"),
     include_str!("../../migrations/0002_pauses.sql"),
+    include_str!("../../migrations/0003_idempotency.sql"),
 ];
 
 /// Most writes in one transaction.
@@ -356,7 +357,7 @@ impl Writer {
             match &write.op {
                 Op::Submit(task) => {
                     let attempts = started[i].max(u32::from(task.started));
-                    let request = postcard::to_allocvec(&task.request)
+                    let request = postcard::to_allocvec(&*task.request)
                         .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
                     tx.prepare_cached(
                         "INSERT INTO tasks (id, name, slot, plugin, digest, request, state, attempts, \
@@ -373,6 +374,18 @@ impl Writer {
                         attempts,
                         task.submitted_ms as i64
                     ])?;
+                    if let Some((key, fingerprint)) = &task.key {
+                        tx.prepare_cached(
+                            "INSERT OR REPLACE INTO idempotency (key, task_id, fingerprint, \
+                             created_ms) VALUES (?1, ?2, ?3, ?4)",
+                        )?
+                        .execute(params![
+                            key,
+                            task.id.get() as i64,
+                            &fingerprint[..],
+                            task.submitted_ms as i64
+                        ])?;
+                    }
                     next_id = next_id.max(task.id.get() + 1);
                 }
                 Op::AttemptStarted { id, attempt } => {
@@ -471,6 +484,11 @@ impl Writer {
         if deleted > 0 {
             tracing::debug!(path = %self.path.display(), deleted, "store retention");
         }
+        let key_cutoff = now_ms().saturating_sub(self.retention.key_age.as_millis() as u64);
+        self.conn.execute(
+            "DELETE FROM idempotency WHERE created_ms < ?1",
+            params![key_cutoff as i64],
+        )?;
         Ok(())
     }
 }
@@ -533,6 +551,45 @@ impl Reader {
             Err(e) => {
                 tracing::warn!("cannot read the store: {e}");
                 Vec::new()
+            }
+        }
+    }
+
+    /// The request a task was stored with.
+    pub(super) fn request_of(&self, id: TaskId) -> Option<Vec<u8>> {
+        self.conn
+            .prepare_cached("SELECT request FROM tasks WHERE id = ?1")
+            .and_then(|mut stmt| stmt.query_row(params![id.get() as i64], |r| r.get(0)))
+            .ok()
+    }
+
+    /// What an idempotency key made, if stored since `since_ms`.
+    pub(super) fn key(&self, key: &str, since_ms: u64) -> Option<(TaskId, [u8; 32], u64)> {
+        let row = self
+            .conn
+            .prepare_cached(
+                "SELECT task_id, fingerprint, created_ms FROM idempotency \
+             WHERE key = ?1 AND created_ms >= ?2",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_row(params![key, since_ms as i64], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, Vec<u8>>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ))
+                })
+            });
+        match row {
+            Ok((id, fingerprint, created)) => Some((
+                TaskId::from_u64(id as u64),
+                fingerprint.try_into().ok()?,
+                created as u64,
+            )),
+            Err(rusqlite::Error::QueryReturnedNoRows) => None,
+            Err(e) => {
+                tracing::warn!("cannot read the store's idempotency keys: {e}");
+                None
             }
         }
     }

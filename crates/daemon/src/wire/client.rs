@@ -367,6 +367,14 @@ impl Client {
         }
     }
 
+    /// Submits a new task with the request of `target` (as it was placed).
+    pub async fn rerun(&self, target: TaskRef) -> Result<Submitted, ClientError> {
+        match self.call(Request::Rerun(target)).await? {
+            Reply::Submitted(submitted) => Ok(submitted),
+            other => Err(self.unexpected("a rerun", &other)),
+        }
+    }
+
     /// Waits for a task's final report.
     pub async fn wait(&self, target: TaskRef) -> Result<TaskReport, ClientError> {
         match self.call(Request::Wait(target)).await? {

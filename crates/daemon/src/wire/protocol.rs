@@ -99,10 +99,37 @@ pub struct SubmitRequest {
     /// Environment grants.
     pub env: Vec<(String, String)>,
     /// Where the task's outbound HTTP requests may go (`--allow-http`);
-    /// each must be within the daemon's own `allow_http`. Last, so that
-    /// requests stored before it existed still decode
-    /// ([`SubmitRequest::decode_stored`]).
+    /// each must be within the daemon's own `allow_http`.
     pub allow_http: Vec<HttpAllow>,
+    /// The client's idempotency key (`--idempotency-key`): the same key
+    /// with the same request gives the task it first made, for the
+    /// daemon's `idempotency_retention`. Last, so that requests stored
+    /// before it existed still decode ([`SubmitRequest::decode_stored`]).
+    pub idempotency_key: Option<String>,
+}
+
+/// The longest idempotency key taken, in bytes.
+pub const MAX_IDEMPOTENCY_KEY: usize = 256;
+
+/// A [`SubmitRequest`] as protocol 6 stored it (before
+/// `idempotency_key`).
+#[derive(Deserialize)]
+struct SubmitRequestV6 {
+    plugin: Digest,
+    name: Option<String>,
+    slot: Option<String>,
+    policy: Option<AdmissionPolicy>,
+    params: Vec<(String, String)>,
+    #[serde(with = "serde_bytes")]
+    input: Vec<u8>,
+    restart: Option<RestartPolicy>,
+    max_retries: Option<u32>,
+    backoff: Option<BackoffPolicy>,
+    timeout: Option<Duration>,
+    max_memory: Option<u64>,
+    dirs: Vec<DirGrant>,
+    env: Vec<(String, String)>,
+    allow_http: Vec<HttpAllow>,
 }
 
 /// A [`SubmitRequest`] as protocols 4 and 5 stored it (before
@@ -127,12 +154,32 @@ struct SubmitRequestV5 {
 
 impl SubmitRequest {
     /// Decodes a request a store kept (postcard): the current layout, else
-    /// the layout of protocols 4 and 5, which had no `allow_http` (such a task is
-    /// granted no HTTP, as it was then).
+    /// the layout of protocol 6 (no idempotency key), else that of
+    /// protocols 4 and 5, which had no `allow_http` (such a task is granted
+    /// no HTTP, as it was then).
     pub fn decode_stored(bytes: &[u8]) -> Result<Self, postcard::Error> {
         let current = postcard::from_bytes::<Self>(bytes);
         if current.is_ok() {
             return current;
+        }
+        if let Ok(old) = postcard::from_bytes::<SubmitRequestV6>(bytes) {
+            return Ok(Self {
+                plugin: old.plugin,
+                name: old.name,
+                slot: old.slot,
+                policy: old.policy,
+                params: old.params,
+                input: old.input,
+                restart: old.restart,
+                max_retries: old.max_retries,
+                backoff: old.backoff,
+                timeout: old.timeout,
+                max_memory: old.max_memory,
+                dirs: old.dirs,
+                env: old.env,
+                allow_http: old.allow_http,
+                idempotency_key: None,
+            });
         }
         match postcard::from_bytes::<SubmitRequestV5>(bytes) {
             Ok(old) => Ok(Self {
@@ -150,6 +197,7 @@ impl SubmitRequest {
                 dirs: old.dirs,
                 env: old.env,
                 allow_http: Vec::new(),
+                idempotency_key: None,
             }),
             Err(_) => current,
         }
@@ -172,7 +220,18 @@ impl SubmitRequest {
             dirs: Vec::new(),
             env: Vec::new(),
             allow_http: Vec::new(),
+            idempotency_key: None,
         }
+    }
+
+    /// What an idempotency key is compared by: the SHA-256 of the request
+    /// as the client sent it, the key left out.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        use sha2::Digest as _;
+        let mut plain = self.clone();
+        plain.idempotency_key = None;
+        let bytes = postcard::to_allocvec(&plain).unwrap_or_default();
+        sha2::Sha256::digest(&bytes).into()
     }
 }
 
@@ -219,6 +278,9 @@ pub enum Request {
     Submit(Box<SubmitRequest>),
     /// Wait for a task's final report.
     Wait(TaskRef),
+    /// Submit a new task with the request of this one (as it was placed:
+    /// its name, slot and policy); answered as a [`Request::Submit`].
+    Rerun(TaskRef),
     /// Stop a task (or remove queued work); with `wait`, wait for its end.
     Cancel {
         /// Which task.
@@ -290,6 +352,16 @@ impl Request {
         match self {
             Request::Submit(submit) => {
                 duration("the timeout", submit.timeout)?;
+                if let Some(key) = &submit.idempotency_key
+                    && (key.is_empty()
+                        || key.len() > MAX_IDEMPOTENCY_KEY
+                        || key.chars().any(char::is_control))
+                {
+                    return Err(format!(
+                        "the idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY} bytes of \
+                         printable text"
+                    ));
+                }
                 if let Some(RestartPolicy::Always { interval }) = submit.restart {
                     duration("the interval (--every)", Some(interval))?;
                 }
@@ -343,6 +415,9 @@ pub struct Submitted {
     pub slot: String,
     /// Where it went.
     pub placement: Placement,
+    /// Made before: its idempotency key was given with the same request
+    /// (`placement` is then what it was first).
+    pub existing: bool,
 }
 
 /// A row of `host ps`.
@@ -469,6 +544,9 @@ pub enum ErrorKind {
     /// The credential does not allow the request (a token of too small a
     /// scope, on a connection upgraded from HTTP).
     Forbidden,
+    /// An idempotency key given with a request other than the one it was
+    /// first given with.
+    Conflict,
 }
 
 /// A framing or decoding failure: the connection is finished.
@@ -547,17 +625,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stored_requests_of_protocols_4_and_5_still_decode() {
+    fn stored_requests_of_protocols_4_to_6_still_decode() {
         let mut request = SubmitRequest::new(Digest::of(b"plugin"));
         request.name = Some("nap".into());
         request.env = vec![("K".into(), "V".into())];
         request.timeout = Some(Duration::from_secs(3));
-        // Protocols 4 and 5 had no trailing `allow_http`: an empty one is one zero
-        // byte (its length) at the end.
+        // Protocol 6 had no trailing idempotency key (`None`: one zero
+        // byte); protocols 4 and 5 no `allow_http` before it either (an
+        // empty one: one zero byte, its length).
         let mut old = postcard::to_allocvec(&request).unwrap();
         assert_eq!(old.pop(), Some(0));
         assert_eq!(SubmitRequest::decode_stored(&old).unwrap(), request);
         request.allow_http = vec!["http://127.0.0.1:8080".parse().unwrap()];
+        let mut v6 = postcard::to_allocvec(&request).unwrap();
+        assert_eq!(v6.pop(), Some(0));
+        assert_eq!(SubmitRequest::decode_stored(&v6).unwrap(), request);
+        request.allow_http.clear();
+        assert_eq!(old.pop(), Some(0));
+        assert_eq!(SubmitRequest::decode_stored(&old).unwrap(), request);
+        request.allow_http = vec!["http://127.0.0.1:8080".parse().unwrap()];
+        request.idempotency_key = Some("k-1".into());
         let new = postcard::to_allocvec(&request).unwrap();
         assert_eq!(SubmitRequest::decode_stored(&new).unwrap(), request);
         assert!(SubmitRequest::decode_stored(&new[..10]).is_err());

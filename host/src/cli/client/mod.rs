@@ -4,7 +4,7 @@
 //! | module | verbs |
 //! |---|---|
 //! | `submit` | `submit`, and the wait with live progress it shares with `wait` |
-//! | `tasks` | `wait`, `cancel`, `remove`, `ps`, `slots` |
+//! | `tasks` | `wait`, `rerun`, `cancel`, `remove`, `ps`, `slots` |
 //! | `streams` | `events`, `logs` |
 //! | `admin` | `shutdown` |
 //! | `plugins` | `plugins ls`, `plugins rm`, `plugins prune` |

@@ -30,6 +30,9 @@ pub struct SubmitArgs {
     /// Wait for the final outcome and print it (output on stdout, exit code by outcome).
     #[arg(long)]
     wait: bool,
+    /// Make the submission idempotent: the same KEY with the same request gives the task it first made (and, with --wait, its outcome) for the daemon's --idempotency-retention (default 24h), across restarts and cluster nodes; the same KEY with another request is refused (exit 3) naming that task.
+    #[arg(long, value_name = "KEY")]
+    idempotency_key: Option<String>,
     #[command(flatten)]
     pub socket: SocketArg,
 }
@@ -94,7 +97,19 @@ pub async fn submit(args: SubmitArgs, before_verb: Option<PathBuf>) -> anyhow::R
     request.dirs = dirs;
     request.env = sandbox.env.clone();
     request.allow_http = sandbox.http.clone();
+    request.idempotency_key = args.idempotency_key.clone();
     let submitted = client.submit(request).await.map_err(name_the_file)?;
+    answer(&client, submitted, args.wait, task.json).await
+}
+
+/// Prints where a submission (or a rerun) went: its id, or with `wait` its
+/// result (exit code by outcome).
+pub async fn answer(
+    client: &Client,
+    submitted: Submitted,
+    wait: bool,
+    json: bool,
+) -> anyhow::Result<u8> {
     if let Placement::Rejected(outcome) = &submitted.placement {
         // Rejected at intake: this is the final outcome, with or without --wait.
         let report = TaskReport {
@@ -106,14 +121,20 @@ pub async fn submit(args: SubmitArgs, before_verb: Option<PathBuf>) -> anyhow::R
             history: Vec::new(),
             duration: std::time::Duration::ZERO,
         };
-        return finish(&report, task.json);
+        return finish(&report, json);
     }
-    if !args.wait {
-        if task.json {
+    if !wait {
+        if json {
             println!("{}", taskhost::daemon::json::submitted(&submitted));
         } else {
             println!("{}", submitted.id);
             let Submitted { id, name, slot, .. } = &submitted;
+            if submitted.existing {
+                eprintln!(
+                    "already submitted with this idempotency key: {name} (id {id}) in slot {slot}"
+                );
+                return Ok(0);
+            }
             let place = match &submitted.placement {
                 Placement::Running => format!("running in slot {slot}"),
                 Placement::Queued { owner: Some(owner) } => {
@@ -129,9 +150,9 @@ pub async fn submit(args: SubmitArgs, before_verb: Option<PathBuf>) -> anyhow::R
         }
         return Ok(0);
     }
-    let live = !task.json && std::io::stderr().is_terminal();
-    let report = wait_for(&client, TaskRef::Id(submitted.id), live).await?;
-    finish(&report, task.json)
+    let live = !json && std::io::stderr().is_terminal();
+    let report = wait_for(client, TaskRef::Id(submitted.id), live).await?;
+    finish(&report, json)
 }
 
 use taskhost::daemon::protocol::Submitted;

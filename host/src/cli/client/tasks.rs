@@ -27,6 +27,31 @@ pub struct TargetArgs {
     pub socket: SocketArg,
 }
 
+#[derive(Debug, Args)]
+pub struct RerunArgs {
+    /// The task whose request to submit again: its id, or its name.
+    #[arg(value_name = "ID|NAME")]
+    target: String,
+    /// Wait for the new task's final outcome and print it (exit code by outcome).
+    #[arg(long)]
+    wait: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    pub socket: SocketArg,
+}
+
+/// `host rerun`: a new task with the request of a finished (or any) one.
+pub async fn rerun(args: RerunArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
+    let client = super::connect(&args.socket, before_verb.as_deref()).await?;
+    let submitted = client
+        .rerun(TaskRef::parse(&args.target))
+        .await
+        .map_err(exit::client)?;
+    super::submit::answer(&client, submitted, args.wait, args.json).await
+}
+
 pub async fn wait(args: TargetArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
     let client = super::connect(&args.socket, before_verb.as_deref()).await?;
     let live = !args.json && std::io::stderr().is_terminal();

@@ -231,6 +231,7 @@ pub(super) fn failed((kind, message): (ErrorKind, String)) -> Response {
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
         ErrorKind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Forbidden => StatusCode::FORBIDDEN,
+        ErrorKind::Conflict => StatusCode::CONFLICT,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     };
     error(status, message)

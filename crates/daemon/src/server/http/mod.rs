@@ -335,6 +335,7 @@ pub(crate) fn start(bound: Bound, daemon: &Arc<Daemon>) -> Server {
     let submit = Router::new()
         .route("/api/tasks", post(verbs::submit))
         .route("/api/tasks/{task}/outcome", get(verbs::outcome))
+        .route("/api/tasks/{task}/rerun", post(verbs::rerun))
         .route(
             "/api/plugins/{digest}",
             put(verbs::put_plugin).layer(DefaultBodyLimit::max(verbs::MAX_PLUGIN_BYTES)),

@@ -11,7 +11,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -102,6 +102,8 @@ pub(super) struct SubmitBody {
     env: std::collections::BTreeMap<String, String>,
     #[serde(default)]
     allow_http: Vec<String>,
+    /// As the `Idempotency-Key` header.
+    idempotency_key: Option<String>,
 }
 
 impl SubmitBody {
@@ -181,22 +183,45 @@ impl SubmitBody {
             .iter()
             .map(|h| HttpAllow::parse(h).map_err(|e| format!("allow_http: {e}")))
             .collect::<Result<_, _>>()?;
+        request.idempotency_key = self.idempotency_key;
         Ok(request)
     }
 }
 
-/// `POST /api/tasks`: submits a task; answers as `host submit --json`
-/// once it is accepted (durably, with a durable store), or with the
-/// rejection as `host submit --wait --json` prints it.
-pub(super) async fn submit(State(http): State<Http>, body: Bytes) -> Response {
+/// `POST /api/tasks`: submits a task; answers `201` as `host submit
+/// --json` once it is accepted (durably, with a durable store), with the
+/// rejection as `host submit --wait --json` prints it; `200` with
+/// `"existing": true` for the task an `Idempotency-Key` made before, `409`
+/// for that key with another request.
+pub(super) async fn submit(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> Response {
     let body: SubmitBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("the task's JSON: {e}")),
     };
-    let request = match body.request() {
+    let header_key = match headers.get("idempotency-key").map(|v| v.to_str()) {
+        None => None,
+        Some(Ok(key)) => Some(key.to_owned()),
+        Some(Err(_)) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "the Idempotency-Key header must be printable text".into(),
+            );
+        }
+    };
+    let mut request = match body.request() {
         Ok(r) => r,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
+    match (header_key, &request.idempotency_key) {
+        (Some(h), Some(b)) if &h != b => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "the Idempotency-Key header and the body's idempotency_key differ: give one".into(),
+            );
+        }
+        (Some(h), _) => request.idempotency_key = Some(h),
+        _ => {}
+    }
     let request = Request::Submit(Box::new(request));
     if let Err(message) = request.check() {
         return error(StatusCode::BAD_REQUEST, message);
@@ -204,7 +229,27 @@ pub(super) async fn submit(State(http): State<Http>, body: Bytes) -> Response {
     let Request::Submit(request) = request else {
         unreachable!("made as a Submit above")
     };
-    let accepted = match Backend::of(&http.daemon).submit(*request).await {
+    place(&http, *request).await
+}
+
+/// `POST /api/tasks/{id|name}/rerun`: submits a new task with that task's
+/// request (as it was placed: its name, slot and policy); answers as
+/// `POST /api/tasks`.
+pub(super) async fn rerun(State(http): State<Http>, Path(task): Path<String>) -> Response {
+    let backend = Backend::of(&http.daemon);
+    let found = match backend.find(&TaskRef::parse(&task)).await {
+        Ok(found) => found,
+        Err(answer) => return failed(answer),
+    };
+    match backend.request_of(&found).await {
+        Ok(request) => place(&http, request).await,
+        Err(answer) => failed(answer),
+    }
+}
+
+/// Places a submission and answers with where it went.
+async fn place(http: &Http, request: SubmitRequest) -> Response {
+    let accepted = match Backend::of(&http.daemon).submit(request).await {
         Ok(accepted) => accepted,
         Err(answer) => return failed(answer),
     };
@@ -228,7 +273,12 @@ pub(super) async fn submit(State(http): State<Http>, body: Bytes) -> Response {
                 };
                 answer["outcome"] = JsonResult::new(&report).to_value();
             }
-            (StatusCode::CREATED, Json(answer)).into_response()
+            let status = if s.existing {
+                StatusCode::OK
+            } else {
+                StatusCode::CREATED
+            };
+            (status, Json(answer)).into_response()
         }
         Err(answer) => failed(answer),
     }
