@@ -29,7 +29,13 @@
 //! daemon: their RSS per task, and how soon every waiter has its report
 //! after a shutdown that cancels them all.
 //!
+//! Then the remote scenario: one memory daemon with `--http` on loopback,
+//! driven through the library's `Client` over its socket and over HTTP
+//! (the upgrade `host --remote` uses), side by side: closed-loop
+//! submit-to-outcome latency and 8-client pipelined intake.
+//!
 //! `TASKHOST_BENCH_ONLY_RESTART=1` runs only the restart scenario;
+//! `TASKHOST_BENCH_ONLY_REMOTE=1` only the remote one;
 //! `TASKHOST_BENCH_ONLY_PARKED=1` only the parked one;
 //! `TASKHOST_BENCH_ONLY_COMPILES=1` only the compile scenario
 //! (`TASKHOST_BENCH_LARGE=PATH` names another large component for it);
@@ -68,7 +74,7 @@ const RESTART_QUEUED: usize = 10_000;
 fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     // TASKHOST_BENCH_ONLY_…=1 runs one scenario alone.
-    let only = ["RESTART", "COMPILES", "PARKED"]
+    let only = ["RESTART", "COMPILES", "PARKED", "REMOTE"]
         .into_iter()
         .find(|s| std::env::var_os(format!("TASKHOST_BENCH_ONLY_{s}")).is_some());
     if let Some(scenario) = only {
@@ -79,6 +85,7 @@ fn main() {
         match scenario {
             "RESTART" => rt.block_on(restart_with_queued(dir.path())),
             "COMPILES" => rt.block_on(compiles(dir.path())),
+            "REMOTE" => rt.block_on(remote(dir.path())),
             _ => rt.block_on(parked(dir.path())),
         }
         return;
@@ -249,8 +256,165 @@ fn main() {
         let _ = child.wait();
     }
     rt.block_on(restart_with_queued(dir.path()));
+    rt.block_on(remote(dir.path()));
     rt.block_on(parked(dir.path()));
     rt.block_on(compiles(dir.path()));
+}
+
+/// Rounds of the remote scenario.
+const REMOTE_ROUNDS: usize = 3;
+
+/// The remote scenario: one memory daemon with `--http` on loopback, driven
+/// through the library's `Client` over its Unix socket and over HTTP
+/// (`Client::connect_remote`, the upgrade of `host --remote`), side by
+/// side: closed-loop submit → outcome latency on one connection, and
+/// intake from 8 pipelined clients.
+async fn remote(dir: &Path) {
+    use taskhost::daemon::{Client, Remote};
+    let socket = dir.join("remote.sock");
+    let state = dir.join("remote-state");
+    let host = Path::new(env!("CARGO_BIN_EXE_host"));
+    let (mut child, seen) = start_daemon_seen(
+        host,
+        &socket,
+        &state,
+        "memory",
+        &["--worker-threads", "2", "--http", "127.0.0.1:0"],
+    );
+    let line = seen
+        .iter()
+        .find(|l| l.contains("taskhost HTTP listening on http://"))
+        .expect("the HTTP listening line");
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .expect("an address");
+    let token = std::fs::read_to_string(state.join("http-token")).expect("the daemon's token");
+    let remote = Remote {
+        url: format!("http://{addr}"),
+        token: Some(token.trim().to_owned()),
+        ca_file: None,
+    };
+    let hello = std::fs::read(plugin_artifacts::HELLO).expect("hello.wasm");
+    let local = Client::connect(&socket).await.expect("connect");
+    let digest = local.ensure_plugin(&hello).await.expect("upload");
+    let transports = ["socket", "remote"];
+    let connect = |which: &str| {
+        let (socket, remote) = (socket.clone(), remote.clone());
+        let which = which.to_owned();
+        async move {
+            if which == "socket" {
+                Client::connect(&socket).await.expect("connect")
+            } else {
+                Client::connect_remote(&remote)
+                    .await
+                    .expect("connect remotely")
+            }
+        }
+    };
+    println!(
+        "# remote: {LATENCY_ITERATIONS} closed-loop submit+wait per round and {SUBMISSIONS} submissions from {CLIENTS} pipelined clients per round, {REMOTE_ROUNDS} rounds, {transports:?} side by side (the library's Client, memory store)"
+    );
+    // Warm up both.
+    for which in transports {
+        let client = connect(which).await;
+        client_latency(&client, digest, 200).await;
+        let clients = vec![client];
+        client_intake(&clients, digest, 2_000).await;
+        drain(&socket).await;
+    }
+    let mut p50 = [Vec::new(), Vec::new()];
+    let mut p99 = [Vec::new(), Vec::new()];
+    let mut rates = [Vec::new(), Vec::new()];
+    for round in 1..=REMOTE_ROUNDS {
+        for (i, which) in transports.iter().enumerate() {
+            let client = connect(which).await;
+            let mut samples = client_latency(&client, digest, LATENCY_ITERATIONS).await;
+            samples.sort_by(f64::total_cmp);
+            let (m, t) = (quantile(&samples, 0.5), quantile(&samples, 0.99));
+            let mut clients = Vec::new();
+            for _ in 0..CLIENTS {
+                clients.push(connect(which).await);
+            }
+            let rate = client_intake(&clients, digest, SUBMISSIONS).await;
+            drain(&socket).await;
+            println!(
+                "  round {round}: {which}: submit-to-outcome median {m:.1} µs, p99 {t:.1} µs; intake, {CLIENTS} pipelined clients: {rate:.0} submissions/s"
+            );
+            p50[i].push(m);
+            p99[i].push(t);
+            rates[i].push(rate);
+        }
+    }
+    for (i, which) in transports.iter().enumerate() {
+        println!(
+            "{which}: submit-to-outcome median of round medians {:.1} µs, p99s {:.1} µs; intake, {CLIENTS} pipelined clients: median {:.0} submissions/s (min {:.0})",
+            median(&p50[i]),
+            median(&p99[i]),
+            median(&rates[i]),
+            min(&rates[i])
+        );
+    }
+    println!(
+        "remote/socket: submit-to-outcome median {:.2}x; intake {:.2}x",
+        median(&p50[1]) / median(&p50[0]),
+        median(&rates[1]) / median(&rates[0])
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Closed-loop submit → outcome through a `Client`, in µs per iteration.
+async fn client_latency(
+    client: &taskhost::daemon::Client,
+    digest: Digest,
+    iterations: usize,
+) -> Vec<f64> {
+    let mut samples = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let start = Instant::now();
+        let mut request = SubmitRequest::new(digest);
+        request.input = b"hi".to_vec();
+        let submitted = client.submit(request).await.expect("submit");
+        let report = client.wait(TaskRef::Id(submitted.id)).await.expect("wait");
+        samples.push(start.elapsed().as_secs_f64() * 1e6);
+        assert!(matches!(report.outcome, TaskOutcome::Completed { .. }));
+    }
+    samples
+}
+
+/// Submissions per second from these clients, each pipelining its share
+/// (every request sent before its replies are read).
+async fn client_intake(clients: &[taskhost::daemon::Client], digest: Digest, total: usize) -> f64 {
+    let per_client = total / clients.len();
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for client in clients {
+        let client = client.clone();
+        handles.push(tokio::spawn(async move {
+            let mut replies = Vec::with_capacity(per_client);
+            for _ in 0..per_client {
+                replies.push(client.request(submit_request(digest)).await.expect("send"));
+            }
+            for mut reply in replies {
+                match reply.next_reply().await.expect("reply") {
+                    Reply::Submitted(Submitted {
+                        placement: Placement::Rejected(_),
+                        ..
+                    }) => panic!("rejected: raise the daemon's limits"),
+                    Reply::Submitted(_) => {}
+                    other => panic!("unexpected reply {other:?}"),
+                }
+            }
+            per_client
+        }));
+    }
+    let mut accepted = 0;
+    for handle in handles {
+        accepted += handle.await.unwrap();
+    }
+    accepted as f64 / start.elapsed().as_secs_f64()
 }
 
 /// Parked sleepers in the parked scenario.
@@ -629,6 +793,17 @@ fn rss(pid: u32) -> String {
 /// Starts the release daemon with limits high enough that nothing throttles,
 /// and returns once it listens.
 fn start_daemon(host: &Path, socket: &Path, state: &Path, store: &str, extra: &[&str]) -> Child {
+    start_daemon_seen(host, socket, state, store, extra).0
+}
+
+/// As [`start_daemon`], with the log lines it wrote until it listened.
+fn start_daemon_seen(
+    host: &Path,
+    socket: &Path,
+    state: &Path,
+    store: &str,
+    extra: &[&str],
+) -> (Child, Vec<String>) {
     let mut child = Command::new(host)
         .args(["serve", "--socket"])
         .arg(socket)
@@ -649,16 +824,17 @@ fn start_daemon(host: &Path, socket: &Path, state: &Path, store: &str, extra: &[
         .spawn()
         .expect("spawn host serve");
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
     loop {
         match lines.next() {
             Some(Ok(line)) if line.contains("taskhost daemon listening on") => break,
-            Some(Ok(_)) => {}
+            Some(Ok(line)) => seen.push(line),
             _ => panic!("the daemon exited before listening"),
         }
     }
     // Keep draining its log so it never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    child
+    (child, seen)
 }
 
 async fn connect(socket: &Path) -> (OwnedReadHalf, OwnedWriteHalf) {

@@ -77,6 +77,7 @@ const FILES: &[&str] = &[
     "docs/plugins.md",
     "docs/protocol.md",
     "docs/python.md",
+    "docs/remote.md",
     "docs/semantics.md",
     "guest-sdk/README.md",
 ];
@@ -412,6 +413,11 @@ fn docs_javascript() {
 #[test]
 fn docs_python() {
     run_doc("docs/python.md");
+}
+
+#[test]
+fn docs_remote() {
+    run_doc("docs/remote.md");
 }
 
 #[test]

@@ -247,7 +247,8 @@ fn a_store_from_an_older_version_is_migrated_and_its_work_resumed() {
     let db = d.dir.path().join("state/taskhost.db");
     let conn = rusqlite::Connection::open(&db).unwrap();
     conn.execute_batch(
-        "ALTER TABLE tasks DROP COLUMN resume_at_ms; \
+        "DROP TABLE idempotency; \
+         ALTER TABLE tasks DROP COLUMN resume_at_ms; \
          ALTER TABLE tasks DROP COLUMN failures; \
          PRAGMA user_version = 1;",
     )
@@ -266,7 +267,7 @@ fn a_store_from_an_older_version_is_migrated_and_its_work_resumed() {
         .unwrap()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 2, "every migration is applied");
+    assert_eq!(version, 3, "every migration is applied");
 }
 
 #[test]

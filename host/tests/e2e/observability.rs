@@ -983,6 +983,83 @@ impl Cdp {
 }
 
 #[test]
+fn the_dashboard_asks_for_an_operator_token_once_and_reruns_a_failed_task_in_chromium() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "read viewer-token\nsubmit ci-token\n").unwrap();
+    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let daemon = Daemon::start(&[
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        tokens.to_str().unwrap(),
+    ]);
+    let port = http_port(&daemon);
+    let out = daemon.run(&[
+        "submit",
+        &p("flaky"),
+        "--name",
+        "shaky",
+        "--param",
+        "fail_times=9",
+        "--wait",
+    ]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let failed_id = daemon.ps_all_ids();
+
+    let browser = Chromium::launch();
+    let mut page = browser.page();
+    page.call("Page.enable", json!({}));
+    page.call("Runtime.enable", json!({}));
+    page.call(
+        "Page.navigate",
+        json!({ "url": format!("http://127.0.0.1:{port}/") }),
+    );
+    page.wait_event("Page.loadEventFired");
+    // Asked once; kept for the tab.
+    page.wait_for(
+        "the token prompt",
+        "document.querySelector('#token-form').style.display === 'inline'",
+    );
+    page.click("#token-input");
+    page.call("Input.insertText", json!({ "text": "ci-token" }));
+    page.click("#token-save");
+    let row = format!("#failed tr[data-task-id=\"{}\"]", failed_id[0]);
+    page.wait_for(
+        "the failed view",
+        &format!("(() => {{ const r = document.querySelector('{row}'); return r && r.innerText.includes('shaky') && r.innerText.includes('failed'); }})()"),
+    );
+    assert_eq!(
+        page.eval("sessionStorage.getItem('taskhost-token')"),
+        json!("ci-token")
+    );
+    page.click(&format!("{row} button[data-action=\"rerun\"]"));
+    // The page goes to the new task, which runs the same request.
+    let title = page.wait_for(
+        "the new task's page",
+        &format!("(() => {{ const t = document.querySelector('#task-title').innerText; return location.hash.startsWith('#/task/') && location.hash !== '#/task/{}' && t.includes('shaky') && t; }})()", failed_id[0]),
+    );
+    let new_id: String = title
+        .as_str()
+        .unwrap()
+        .rsplit("task ")
+        .next()
+        .unwrap()
+        .trim_end_matches(')')
+        .to_owned();
+    let waited = daemon.run(&["wait", &new_id, "--json"]);
+    assert_eq!(waited.code, Some(1), "{waited:?}");
+    let result: Value = serde_json::from_str(&waited.stdout).unwrap();
+    assert_eq!(result["name"], "shaky");
+    // The page's own task view offers the rerun too, once it has ended.
+    page.wait_for(
+        "the rerun button on the task page",
+        "document.querySelector('#task-actions button[data-action=\"rerun\"]') !== null",
+    );
+    assert_eq!(daemon.ps_all_ids().len(), 2, "one rerun");
+}
+
+#[test]
 fn the_dashboard_shows_a_running_task_and_cancels_it_in_chromium() {
     // No token file: the daemon's own token, in the URL it logs.
     let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);

@@ -703,3 +703,56 @@ fn a_durable_rerun_after_a_restart_runs_the_stored_request() {
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(out.stdout, first.stdout, "the same input, the same output");
 }
+
+#[test]
+fn the_openapi_document_names_every_route_with_the_scope_it_enforces() {
+    let tokens = Tokens::new();
+    let daemon = Daemon::start(&[
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        &tokens.file("tokens"),
+    ]);
+    let port = listening_port(&daemon);
+    let reader = Api {
+        port,
+        token: "read-token".into(),
+    };
+    let doc = reader.get("/api/openapi.json");
+    assert_eq!(doc.status, 200, "{}", doc.body);
+    let doc = doc.json();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    assert!(paths.len() >= 15, "{}", paths.len());
+    let below = |scope: &str| match scope {
+        "submit" => Some("read-token"),
+        "admin" => Some("submit-token"),
+        _ => None,
+    };
+    let mut checked = 0;
+    for (path, methods) in paths {
+        let concrete = path
+            .replace("{task}", "1")
+            .replace("{digest}", &"0".repeat(64));
+        for (method, operation) in methods.as_object().unwrap() {
+            let method = method.to_uppercase();
+            let json = [("Content-Type", "application/json")];
+            // No token: 401, so the route exists (an unknown one is 404).
+            let anonymous = http::request(port, &method, &concrete, &json, "{}");
+            assert_eq!(anonymous.status, 401, "{method} {path}: {}", anonymous.body);
+            // A token just below the documented scope: 403.
+            let scope = operation["x-taskhost-scope"].as_str().unwrap();
+            if let Some(token) = below(scope) {
+                let api = Api {
+                    port,
+                    token: token.into(),
+                };
+                let refused = api.request(&method, &concrete, &json, "{}");
+                assert_eq!(refused.status, 403, "{method} {path} ({scope}): {}", refused.body);
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 18, "{checked} operations");
+    assert_eq!(all_tasks(&daemon), 0, "nothing was created");
+}

@@ -226,6 +226,16 @@ impl Daemon {
     }
 
     /// The rows of `host plugins ls --json`.
+    /// The ids of `host ps --all`, newest first.
+    pub fn ps_all_ids(&self) -> Vec<u64> {
+        let out = self.run(&["ps", "--all", "--json"]);
+        assert_eq!(out.code, Some(0), "{out:?}");
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&out.stdout).expect("JSON");
+        let mut ids: Vec<u64> = rows.iter().filter_map(|r| r["id"].as_u64()).collect();
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        ids
+    }
+
     pub fn plugins(&self) -> Vec<serde_json::Value> {
         let out = self.run(&["plugins", "ls", "--json"]);
         assert_eq!(out.code, Some(0), "plugins ls: {}", out.stderr);

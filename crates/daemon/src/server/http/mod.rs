@@ -21,6 +21,7 @@
 //! | `mod.rs` | settings check, binding, routing, the guards |
 //! | `conn.rs` | the accept loop, the connection cap, hyper's timeouts, the graceful stop |
 //! | `hosts.rs` | the `Host` and `Origin` rules |
+//! | `openapi.rs` | the table of routes and scopes, and the OpenAPI document built from it |
 //! | `tls.rs` | `--tls-cert`/`--tls-key`: the acceptor, reloads on SIGHUP or a changed file |
 //! | `token.rs` | the bearer tokens and their scopes: the operator's file, or the daemon's own |
 //! | `wire.rs` | `/api/wire`: the daemon's own protocol over an upgraded connection |
@@ -33,6 +34,7 @@ mod api;
 mod conn;
 mod hosts;
 mod metrics;
+mod openapi;
 mod tls;
 pub(crate) mod token;
 mod verbs;
@@ -48,7 +50,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post, put};
+use axum::routing::{MethodRouter, delete, get, post, put};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -320,38 +322,50 @@ pub(crate) fn start(bound: Bound, daemon: &Arc<Daemon>) -> Server {
         tracker: tracker.clone(),
         max_streams,
     };
-    let guard = |scope: Scope| middleware::from_fn_with_state((state.clone(), scope), authorize);
-    let read = Router::new()
-        .route("/metrics", get(metrics::scrape))
-        .route("/api/tasks", get(api::tasks))
-        .route("/api/tasks/{task}", get(api::task))
-        .route("/api/slots", get(api::slots))
-        .route("/api/events", get(api::events))
-        .route("/api/tasks/{task}/logs", get(verbs::logs))
-        .route("/api/plugins", get(verbs::plugins))
-        .route("/api/version", get(verbs::version))
-        .route("/api/wire", get(wire::upgrade))
-        .route_layer(guard(Scope::Read));
-    let submit = Router::new()
-        .route("/api/tasks", post(verbs::submit))
-        .route("/api/tasks/{task}/outcome", get(verbs::outcome))
-        .route("/api/tasks/{task}/rerun", post(verbs::rerun))
-        .route(
+    // Each route's scope is the one `openapi::ROUTES` documents.
+    let mut api = Router::new();
+    for (method, path, handler) in [
+        ("get", "/metrics", get(metrics::scrape)),
+        ("get", "/api/openapi.json", get(openapi_document)),
+        ("get", "/api/tasks", get(api::tasks)),
+        ("get", "/api/tasks/{task}", get(api::task)),
+        ("get", "/api/tasks/{task}/logs", get(verbs::logs)),
+        ("get", "/api/slots", get(api::slots)),
+        ("get", "/api/events", get(api::events)),
+        ("get", "/api/plugins", get(verbs::plugins)),
+        ("get", "/api/version", get(verbs::version)),
+        ("get", "/api/wire", get(wire::upgrade)),
+        (
+            "put",
             "/api/plugins/{digest}",
             put(verbs::put_plugin).layer(DefaultBodyLimit::max(verbs::MAX_PLUGIN_BYTES)),
-        )
-        .route_layer(guard(Scope::Submit));
-    let admin = Router::new()
-        .route("/api/tasks/{task}/cancel", post(api::cancel))
-        .route("/api/tasks/{task}/remove", post(api::remove))
-        .route("/api/plugins/{digest}", delete(verbs::remove_plugin))
-        .route("/api/shutdown", post(verbs::shutdown))
-        .route_layer(guard(Scope::Admin));
+        ),
+        (
+            "post",
+            "/api/tasks",
+            post(verbs::submit).layer(DefaultBodyLimit::max(verbs::MAX_SUBMIT_BODY)),
+        ),
+        ("get", "/api/tasks/{task}/outcome", get(verbs::outcome)),
+        ("post", "/api/tasks/{task}/rerun", post(verbs::rerun)),
+        ("post", "/api/tasks/{task}/cancel", post(api::cancel)),
+        ("post", "/api/tasks/{task}/remove", post(api::remove)),
+        (
+            "delete",
+            "/api/plugins/{digest}",
+            delete(verbs::remove_plugin),
+        ),
+        ("post", "/api/shutdown", post(verbs::shutdown)),
+    ] {
+        let scope = openapi::scope(method, path);
+        let handler: MethodRouter<Http> = handler.route_layer(middleware::from_fn_with_state(
+            (state.clone(), scope),
+            authorize,
+        ));
+        api = api.route(path, handler);
+    }
     let app = Router::new()
         .route("/", get(dashboard))
-        .merge(read)
-        .merge(submit)
-        .merge(admin)
+        .merge(api)
         .layer(middleware::from_fn_with_state(state.clone(), check_host))
         .with_state(state);
     if let Some(tls) = &tls {
@@ -374,6 +388,11 @@ pub(crate) fn start(bound: Bound, daemon: &Arc<Daemon>) -> Server {
         tracing::info!("taskhost HTTP dashboard: {url}");
     }
     Server { stop, tracker }
+}
+
+/// `GET /api/openapi.json`.
+async fn openapi_document() -> impl IntoResponse {
+    axum::Json(openapi::document())
 }
 
 /// The dashboard page (static: every datum it shows needs the token).

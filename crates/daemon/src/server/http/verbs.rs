@@ -31,10 +31,15 @@ use crate::service::backend::{Backend, Item};
 use crate::service::json::{self, JsonResult};
 use crate::service::plugins;
 use crate::service::submissions::Accepted;
-use crate::wire::protocol::{ErrorKind, MAX_WIRE_DURATION, Placement, Request, SubmitRequest};
+use crate::wire::protocol::{
+    ErrorKind, MAX_SUBMIT_INPUT, MAX_WIRE_DURATION, Placement, Request, SubmitRequest,
+};
 
 /// The largest plugin a `PUT /api/plugins/{sha256}` takes.
 pub(super) const MAX_PLUGIN_BYTES: usize = 256 << 20;
+/// The largest `POST /api/tasks` body: an input of the most a submission
+/// carries, in base64, with room for the rest.
+pub(super) const MAX_SUBMIT_BODY: usize = MAX_SUBMIT_INPUT / 3 * 4 + (1 << 20);
 
 /// `PUT /api/plugins/{sha256}`: stores the body as the plugin of that
 /// digest (compiled, as an upload through the socket is); a no-op when the
@@ -465,4 +470,39 @@ pub(super) async fn shutdown(State(http): State<Http>, body: Bytes) -> Response 
     }
     let report = dispatch::shutdown(&http.daemon, grace, body.cancel_all).await;
     Json(json::shutdown(&report)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_submit_properties_are_exactly_the_ones_taken() {
+        let documented: Vec<&str> = super::super::openapi::SUBMIT_PROPERTIES
+            .iter()
+            .map(|(n, _, _)| *n)
+            .collect();
+        let mut body = serde_json::Map::new();
+        for (name, kind, _) in super::super::openapi::SUBMIT_PROPERTIES {
+            let value = match *kind {
+                "string" => json!("x"),
+                "integer" => json!(1),
+                "object" => json!({}),
+                _ => json!([]),
+            };
+            body.insert((*name).to_owned(), value);
+        }
+        // Every documented property is taken (unknown ones are refused)...
+        let parsed: Result<SubmitBody, _> = serde_json::from_value(Value::Object(body.clone()));
+        assert!(parsed.is_ok(), "{parsed:?}");
+        // ...and every one taken is documented: serde lists the fields it
+        // expects when it meets an unknown one.
+        body.insert("undocumented".into(), json!(1));
+        let err = serde_json::from_value::<SubmitBody>(Value::Object(body))
+            .unwrap_err()
+            .to_string();
+        let expected = err.split("expected one of").nth(1).expect("the field list");
+        let taken: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+        assert_eq!(taken, documented);
+    }
 }
