@@ -486,6 +486,27 @@ fn a_non_loopback_bind_needs_a_token_and_no_flag_means_no_listener() {
     assert_eq!(out.code, Some(1));
     assert!(out.stderr.contains("is empty"), "{}", out.stderr);
 
+    // A non-loopback address with a token but neither TLS nor
+    // --http-allow-plain: refused, naming both.
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "admin t0ken\n").unwrap();
+    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let out = serve(&[
+        "--http",
+        "0.0.0.0:0",
+        "--http-token-file",
+        tokens.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr.contains("has no TLS")
+            && out.stderr.contains("--tls-cert")
+            && out.stderr.contains("--http-allow-plain"),
+        "{}",
+        out.stderr
+    );
+    assert!(!socket.exists(), "refused before it listened");
+
     // The listener's settings are checked before anything starts too.
     for (flags, says) in [
         (

@@ -95,6 +95,33 @@ impl Remote {
     }
 }
 
+/// A daemon whose listener takes `tokens`, with `extra` flags; its port.
+fn serve_with(tokens: &Tokens, extra: &[&str]) -> (Daemon, u16) {
+    let file = tokens.file("tokens");
+    let mut args = vec!["--http", "127.0.0.1:0", "--http-token-file", file.as_str()];
+    args.extend_from_slice(extra);
+    let daemon = Daemon::start(&args);
+    let port = listening_port(&daemon);
+    (daemon, port)
+}
+
+/// Uploads the example plugin `name` with `PUT /api/plugins/{sha256}`;
+/// its digest (hex).
+fn put_plugin(api: &Api, name: &str) -> String {
+    let bytes = std::fs::read(common::plugin(name)).unwrap();
+    let digest = sha256_hex(&bytes);
+    let bearer = api.bearer();
+    let put = http::request_bytes(
+        api.port,
+        "PUT",
+        &format!("/api/plugins/{digest}"),
+        &[("Authorization", bearer.as_str())],
+        &bytes,
+    );
+    assert_eq!(put.status, 200, "{}", put.body);
+    digest
+}
+
 fn all_tasks(daemon: &Daemon) -> usize {
     let out = daemon.run(&["ps", "--all", "--json"]);
     assert_eq!(out.code, Some(0), "{out:?}");
@@ -108,13 +135,8 @@ fn all_tasks(daemon: &Daemon) -> usize {
 #[test]
 fn every_verb_works_remotely_with_the_sockets_output_and_exit_codes() {
     let tokens = Tokens::new();
-    let mut daemon = Daemon::start(&[
-        "--http",
-        "127.0.0.1:0",
-        "--http-token-file",
-        &tokens.file("tokens"),
-    ]);
-    let url = format!("http://127.0.0.1:{}", listening_port(&daemon));
+    let (mut daemon, port) = serve_with(&tokens, &[]);
+    let url = format!("http://127.0.0.1:{port}");
     let admin = Remote::new(url.clone(), Some(tokens.file("admin")));
     let submitter = Remote::new(url.clone(), Some(tokens.file("submit")));
 
@@ -227,6 +249,11 @@ fn every_verb_works_remotely_with_the_sockets_output_and_exit_codes() {
     assert_eq!(queued.code, Some(0));
     assert_eq!(admin.run(&["remove", "q"]).code, Some(0));
 
+    let rerun_remote = admin.run(&["rerun", "broken", "--wait"]);
+    let rerun_local = daemon.run(&["rerun", "broken", "--wait"]);
+    assert_eq!(rerun_remote.code, Some(1), "{rerun_remote:?}");
+    assert_eq!(rerun_remote.code, rerun_local.code);
+
     let version = admin.run(&["version", "--json"]);
     let v: Value = serde_json::from_str(&version.stdout).unwrap();
     assert_eq!(v["daemon"]["version"], v["client"], "{v}");
@@ -248,13 +275,8 @@ fn every_verb_works_remotely_with_the_sockets_output_and_exit_codes() {
 #[test]
 fn missing_wrong_and_under_scoped_tokens_are_refused_with_nothing_created() {
     let tokens = Tokens::new();
-    let daemon = Daemon::start(&[
-        "--http",
-        "127.0.0.1:0",
-        "--http-token-file",
-        &tokens.file("tokens"),
-    ]);
-    let url = format!("http://127.0.0.1:{}", listening_port(&daemon));
+    let (daemon, port) = serve_with(&tokens, &[]);
+    let url = format!("http://127.0.0.1:{port}");
     let hello = p("hello");
     let before = all_tasks(&daemon);
     for (token, says) in [
@@ -391,26 +413,33 @@ fn tls_with_a_private_ca_and_refusals_without_it() {
         );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    let old = remote.run(&["ps"]);
-    assert_eq!(old.code, Some(0));
     remote.ca = Some(ca);
     assert_eq!(
         remote.run(&["ps"]).code,
         Some(5),
         "the old CA no longer verifies it"
     );
+
+    // A changed file is noticed without a signal too.
+    let third = tempfile::tempdir().unwrap();
+    crate::postgres::make_certificates(third.path());
+    std::fs::copy(third.path().join("server.key"), &key).unwrap();
+    std::fs::copy(third.path().join("server.pem"), &cert).unwrap();
+    remote.ca = Some(third.path().join("ca.pem").display().to_string());
+    let deadline = std::time::Instant::now() + LIMIT;
+    while remote.run(&["ps"]).code != Some(0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the changed certificate was never served"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 }
 
 #[test]
 fn a_plain_http_client_uploads_submits_and_long_polls_the_outcome() {
     let tokens = Tokens::new();
-    let daemon = Daemon::start(&[
-        "--http",
-        "127.0.0.1:0",
-        "--http-token-file",
-        &tokens.file("tokens"),
-    ]);
-    let port = listening_port(&daemon);
+    let (daemon, port) = serve_with(&tokens, &[]);
     let api = Api {
         port,
         token: "submit-token".into(),
@@ -454,16 +483,7 @@ fn a_plain_http_client_uploads_submits_and_long_polls_the_outcome() {
     assert_eq!(outcome.json(), cli, "the same result as `host wait --json`");
 
     // A task still running: the long poll ends after its time with 202.
-    let sleeper = std::fs::read(common::plugin("sleeper")).unwrap();
-    let sleeper_digest = sha256_hex(&sleeper);
-    let put = http::request_bytes(
-        port,
-        "PUT",
-        &format!("/api/plugins/{sleeper_digest}"),
-        &auth,
-        &sleeper,
-    );
-    assert_eq!(put.status, 200, "{}", put.body);
+    let sleeper_digest = put_plugin(&api, "sleeper");
     let body =
         format!(r#"{{"plugin":"{sleeper_digest}","params":{{"ms":"600000"}},"name":"long"}}"#);
     let long = api.request("POST", "/api/tasks", &json, &body);
@@ -613,30 +633,12 @@ fn an_idempotency_key_gives_back_its_task_across_a_kill_and_refuses_another_requ
 #[test]
 fn keys_and_reruns_over_the_json_api_and_the_cli() {
     let tokens = Tokens::new();
-    let daemon = Daemon::start(&[
-        "--store",
-        "memory",
-        "--http",
-        "127.0.0.1:0",
-        "--http-token-file",
-        &tokens.file("tokens"),
-    ]);
-    let port = listening_port(&daemon);
+    let (daemon, port) = serve_with(&tokens, &["--store", "memory"]);
     let api = Api {
         port,
         token: "submit-token".into(),
     };
-    let bytes = std::fs::read(common::plugin("flaky")).unwrap();
-    let digest = sha256_hex(&bytes);
-    let bearer = api.bearer();
-    let put = http::request_bytes(
-        port,
-        "PUT",
-        &format!("/api/plugins/{digest}"),
-        &[("Authorization", bearer.as_str())],
-        &bytes,
-    );
-    assert_eq!(put.status, 200, "{}", put.body);
+    let digest = put_plugin(&api, "flaky");
     let headers = [
         ("Content-Type", "application/json"),
         ("Idempotency-Key", "job-7"),
@@ -707,13 +709,7 @@ fn a_durable_rerun_after_a_restart_runs_the_stored_request() {
 #[test]
 fn the_openapi_document_names_every_route_with_the_scope_it_enforces() {
     let tokens = Tokens::new();
-    let daemon = Daemon::start(&[
-        "--http",
-        "127.0.0.1:0",
-        "--http-token-file",
-        &tokens.file("tokens"),
-    ]);
-    let port = listening_port(&daemon);
+    let (daemon, port) = serve_with(&tokens, &[]);
     let reader = Api {
         port,
         token: "read-token".into(),
@@ -748,7 +744,11 @@ fn the_openapi_document_names_every_route_with_the_scope_it_enforces() {
                     token: token.into(),
                 };
                 let refused = api.request(&method, &concrete, &json, "{}");
-                assert_eq!(refused.status, 403, "{method} {path} ({scope}): {}", refused.body);
+                assert_eq!(
+                    refused.status, 403,
+                    "{method} {path} ({scope}): {}",
+                    refused.body
+                );
             }
             checked += 1;
         }

@@ -138,14 +138,7 @@ pub(crate) async fn handle(
             Err((kind, message)) => reply.error(kind, message).await,
         },
         Request::Plugins => {
-            let daemon = Arc::clone(daemon);
-            let rows = tokio::task::spawn_blocking(move || {
-                daemon
-                    .plugins
-                    .list(&plugins::refs(daemon.local_store(), &daemon.tasks))
-            })
-            .await
-            .unwrap_or_default();
+            let rows = backend.plugin_rows().await;
             send_pages(&reply, rows, Reply::Plugins).await;
         }
         Request::RemovePlugins { prefix } => {

@@ -195,6 +195,19 @@ impl<'a> Backend<'a> {
         }
     }
 
+    /// The stored plugins, as `host plugins ls` shows them.
+    pub(crate) async fn plugin_rows(&self) -> Vec<crate::wire::protocol::PluginRow> {
+        let daemon = Arc::clone(self.daemon());
+        tokio::task::spawn_blocking(move || {
+            daemon.plugins.list(&crate::service::plugins::refs(
+                daemon.local_store(),
+                &daemon.tasks,
+            ))
+        })
+        .await
+        .unwrap_or_default()
+    }
+
     /// The request a task was submitted with (resolved: its name, slot
     /// and policy as placed), for `host rerun`; its idempotency key is
     /// left out.

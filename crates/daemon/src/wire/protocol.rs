@@ -112,23 +112,11 @@ pub struct SubmitRequest {
 pub const MAX_IDEMPOTENCY_KEY: usize = 256;
 
 /// A [`SubmitRequest`] as protocol 6 stored it (before
-/// `idempotency_key`).
+/// `idempotency_key`): postcard writes a struct's fields one after the
+/// other, so the fields of protocols 4 and 5, then `allow_http`.
 #[derive(Deserialize)]
 struct SubmitRequestV6 {
-    plugin: Digest,
-    name: Option<String>,
-    slot: Option<String>,
-    policy: Option<AdmissionPolicy>,
-    params: Vec<(String, String)>,
-    #[serde(with = "serde_bytes")]
-    input: Vec<u8>,
-    restart: Option<RestartPolicy>,
-    max_retries: Option<u32>,
-    backoff: Option<BackoffPolicy>,
-    timeout: Option<Duration>,
-    max_memory: Option<u64>,
-    dirs: Vec<DirGrant>,
-    env: Vec<(String, String)>,
+    request: SubmitRequestV5,
     allow_http: Vec<HttpAllow>,
 }
 
@@ -162,43 +150,33 @@ impl SubmitRequest {
         if current.is_ok() {
             return current;
         }
-        if let Ok(old) = postcard::from_bytes::<SubmitRequestV6>(bytes) {
-            return Ok(Self {
-                plugin: old.plugin,
-                name: old.name,
-                slot: old.slot,
-                policy: old.policy,
-                params: old.params,
-                input: old.input,
-                restart: old.restart,
-                max_retries: old.max_retries,
-                backoff: old.backoff,
-                timeout: old.timeout,
-                max_memory: old.max_memory,
-                dirs: old.dirs,
-                env: old.env,
-                allow_http: old.allow_http,
-                idempotency_key: None,
-            });
-        }
-        match postcard::from_bytes::<SubmitRequestV5>(bytes) {
-            Ok(old) => Ok(Self {
-                plugin: old.plugin,
-                name: old.name,
-                slot: old.slot,
-                policy: old.policy,
-                params: old.params,
-                input: old.input,
-                restart: old.restart,
-                max_retries: old.max_retries,
-                backoff: old.backoff,
-                timeout: old.timeout,
-                max_memory: old.max_memory,
-                dirs: old.dirs,
-                env: old.env,
+        let old = postcard::from_bytes::<SubmitRequestV6>(bytes).or_else(|_| {
+            postcard::from_bytes::<SubmitRequestV5>(bytes).map(|v5| SubmitRequestV6 {
+                request: v5,
                 allow_http: Vec::new(),
-                idempotency_key: None,
-            }),
+            })
+        });
+        match old {
+            Ok(old) => {
+                let v5 = old.request;
+                Ok(Self {
+                    plugin: v5.plugin,
+                    name: v5.name,
+                    slot: v5.slot,
+                    policy: v5.policy,
+                    params: v5.params,
+                    input: v5.input,
+                    restart: v5.restart,
+                    max_retries: v5.max_retries,
+                    backoff: v5.backoff,
+                    timeout: v5.timeout,
+                    max_memory: v5.max_memory,
+                    dirs: v5.dirs,
+                    env: v5.env,
+                    allow_http: old.allow_http,
+                    idempotency_key: None,
+                })
+            }
             Err(_) => current,
         }
     }

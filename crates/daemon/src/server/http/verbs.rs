@@ -399,14 +399,7 @@ pub(super) async fn logs(
 
 /// `GET /api/plugins`: the rows of `host plugins ls --json`.
 pub(super) async fn plugins(State(http): State<Http>) -> Response {
-    let daemon = Arc::clone(&http.daemon);
-    let rows = tokio::task::spawn_blocking(move || {
-        daemon
-            .plugins
-            .list(&plugins::refs(daemon.local_store(), &daemon.tasks))
-    })
-    .await
-    .unwrap_or_default();
+    let rows = Backend::of(&http.daemon).plugin_rows().await;
     Json(Value::Array(rows.iter().map(json::plugin_row).collect())).into_response()
 }
 
