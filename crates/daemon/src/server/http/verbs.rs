@@ -12,10 +12,9 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -388,13 +387,7 @@ pub(super) async fn logs(
             }
         }
     });
-    Sse::new(
-        stream
-            .take_until(http.stop.clone().cancelled_owned())
-            .boxed(),
-    )
-    .keep_alive(KeepAlive::default())
-    .into_response()
+    super::api::stream_response(&http, stream)
 }
 
 /// `GET /api/plugins`: the rows of `host plugins ls --json`.
