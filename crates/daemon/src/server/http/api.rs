@@ -164,15 +164,6 @@ pub(super) async fn events(State(http): State<Http>, Query(q): Query<EventsQuery
         let event = feed.next().await?;
         Some((Ok::<_, Infallible>(event), feed))
     });
-    stream_response(&http, stream)
-}
-
-/// A stream of server-sent events as an answer: kept alive, and ended
-/// when the listener stops.
-pub(super) fn stream_response(
-    http: &Http,
-    stream: impl futures::Stream<Item = Result<SseEvent, Infallible>> + Send + 'static,
-) -> Response {
     Sse::new(
         stream
             .take_until(http.stop.clone().cancelled_owned())

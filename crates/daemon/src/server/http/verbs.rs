@@ -12,9 +12,10 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::Event as SseEvent;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
+use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -387,7 +388,13 @@ pub(super) async fn logs(
             }
         }
     });
-    super::api::stream_response(&http, stream)
+    Sse::new(
+        stream
+            .take_until(http.stop.clone().cancelled_owned())
+            .boxed(),
+    )
+    .keep_alive(KeepAlive::default())
+    .into_response()
 }
 
 /// `GET /api/plugins`: the rows of `host plugins ls --json`.
