@@ -25,9 +25,11 @@
 //! # }
 //! ```
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
 
 use crate::admission::{self, Decision, Limits, OwnerState, SlotSummary, Totals};
 pub use crate::admission::{AdmissionPolicy, SlotState, SlotView};
@@ -43,6 +45,7 @@ use crate::supervisor::{
 pub struct ControllerBuilder {
     supervisor: Supervisor,
     limits: Limits,
+    max_delayed: usize,
 }
 
 impl ControllerBuilder {
@@ -66,17 +69,29 @@ impl ControllerBuilder {
         self
     }
 
+    /// Delayed submissions waiting for their due time at once [default:
+    /// 100,000]. Over it, delayed submissions are Rejected ResourceLimit.
+    pub fn max_delayed(mut self, n: usize) -> Self {
+        self.max_delayed = n;
+        self
+    }
+
     /// Builds the controller.
     pub fn build(self) -> Controller {
         Controller {
             inner: Arc::new(Inner {
                 supervisor: self.supervisor,
                 config: self.limits,
+                max_delayed: self.max_delayed,
                 state: Mutex::new(State::default()),
+                due: Arc::new(Notify::new()),
             }),
         }
     }
 }
+
+/// The default of [`ControllerBuilder::max_delayed`].
+pub const DEFAULT_MAX_DELAYED: usize = 100_000;
 
 /// One submission: a task and the policy for a busy slot. The slot is the
 /// spec's slot ([`TaskSpec::with_slot`]), else its name.
@@ -84,6 +99,7 @@ impl ControllerBuilder {
 pub struct Submission {
     spec: TaskSpec,
     policy: AdmissionPolicy,
+    not_before: Option<tokio::time::Instant>,
 }
 
 impl Submission {
@@ -92,12 +108,23 @@ impl Submission {
         Self {
             spec,
             policy: AdmissionPolicy::Queue,
+            not_before: None,
         }
     }
 
     /// Sets the policy for a busy slot.
     pub fn policy(mut self, policy: AdmissionPolicy) -> Self {
         self.policy = policy;
+        self
+    }
+
+    /// Holds the submission until `due`: it is accepted now (it has its id,
+    /// `remove` and `cancel` take it out, shutdown rejects it), and placed
+    /// at `due` as if it were submitted then, by its policy against the
+    /// slot as it is then. A time already past places it at once. Its
+    /// first attempt's start is measured from `due`.
+    pub fn not_before(mut self, due: tokio::time::Instant) -> Self {
+        self.not_before = Some(due);
         self
     }
 
@@ -130,6 +157,8 @@ pub struct QueuedView {
     pub body: String,
     /// How long it has waited.
     pub age: Duration,
+    /// For a delayed submission, how long until it is due (zero once due).
+    pub due_in: Option<Duration>,
 }
 
 struct Pending {
@@ -161,12 +190,29 @@ struct State {
     owners: HashMap<TaskId, Arc<str>, foldhash::fast::RandomState>,
     pending: usize,
     closed: bool,
+    /// Delayed submissions by due time.
+    delayed: BTreeMap<(tokio::time::Instant, TaskId), Delayed>,
+    /// Delayed id -> its due time.
+    delayed_at: HashMap<TaskId, tokio::time::Instant, foldhash::fast::RandomState>,
+    /// Whether the task that places delayed submissions when due runs.
+    timer: bool,
+}
+
+/// A submission held until its due time.
+struct Delayed {
+    pending: Pending,
+    policy: AdmissionPolicy,
+    name: Arc<str>,
+    slot: Arc<str>,
 }
 
 struct Inner {
     supervisor: Supervisor,
     config: Limits,
+    max_delayed: usize,
     state: Mutex<State>,
+    /// Told when a delayed submission is due sooner than the timer knew.
+    due: Arc<Notify>,
 }
 
 /// The controller; cheap to clone.
@@ -187,6 +233,7 @@ impl Controller {
         ControllerBuilder {
             supervisor,
             limits: Limits::default(),
+            max_delayed: DEFAULT_MAX_DELAYED,
         }
     }
 
@@ -215,16 +262,28 @@ impl Controller {
         reservation: Reservation,
         submission: Submission,
     ) -> (TaskWaiter, Placement) {
-        let Submission { spec, policy } = submission;
+        let Submission {
+            mut spec,
+            policy,
+            not_before,
+        } = submission;
+        let schedule = spec.schedule_name().cloned();
         let id = reservation.id();
         let name: Arc<str> = Arc::from(spec.name());
         let slot: Arc<str> = Arc::from(spec.slot().unwrap_or(spec.name()));
         let cell = Arc::new(OutcomeCell::new());
         let waiter = cell.waiter(id);
-        let mut event = Event::new(EventKind::ControllerSubmitted).task(id, &name, &slot);
+        let mut event = Event::new(EventKind::ControllerSubmitted)
+            .task(id, &name, &slot)
+            .schedule(schedule.as_ref());
         event.detail = Some(policy.to_string());
         self.inner.supervisor.bus().publish(event);
 
+        let now = tokio::time::Instant::now();
+        let due = not_before.filter(|due| *due > now);
+        if let Some(due) = not_before {
+            spec = spec.due(due);
+        }
         let pending = Pending {
             reservation,
             spec,
@@ -232,7 +291,42 @@ impl Controller {
             since: Instant::now(),
         };
         let mut state = self.lock();
-        let summary = match state.slots.get(&slot) {
+        let placed = match due {
+            Some(due) => self.hold(&mut state, due, pending, policy, &name, &slot),
+            None => self.place(&mut state, pending, policy, &slot),
+        };
+        drop(state);
+        let placed = match placed {
+            Ok(Some(placed)) => placed,
+            // Registration failed: the waiter holds the Rejected.
+            Ok(None) => {
+                Placement::Rejected(waiter.try_outcome().unwrap_or(TaskOutcome::Panicked {
+                    reason: "a refused registration left no outcome (host bug)".into(),
+                }))
+            }
+            Err((kind, reason)) => {
+                self.resolve_rejected(
+                    (id, &name, &slot, schedule.as_ref()),
+                    &cell,
+                    kind,
+                    reason.clone(),
+                );
+                Placement::Rejected(TaskOutcome::Rejected { kind, reason })
+            }
+        };
+        (waiter, placed)
+    }
+
+    /// Decides a submission against its slot as it is now and carries the
+    /// decision out.
+    fn place(
+        &self,
+        state: &mut State,
+        pending: Pending,
+        policy: AdmissionPolicy,
+        slot: &Arc<str>,
+    ) -> Result<Option<Placement>, (RejectionKind, String)> {
+        let summary = match state.slots.get(slot) {
             None => SlotSummary::IDLE,
             Some(s) => SlotSummary {
                 owner: s.owner.map(|owner| {
@@ -252,35 +346,110 @@ impl Controller {
             slots: state.slots.len(),
         };
         let decision = admission::decide(
-            &slot,
+            slot,
             &summary,
             policy,
             totals,
             &self.inner.config,
             state.closed,
         );
-        let placed = self.apply(
-            &mut state,
-            &slot,
-            summary.owner.map(|o| o.0),
-            decision,
-            pending,
+        self.apply(state, slot, summary.owner.map(|o| o.0), decision, pending)
+    }
+
+    /// Holds a submission until `due`, within the bound of delayed ones.
+    fn hold(
+        &self,
+        state: &mut State,
+        due: tokio::time::Instant,
+        pending: Pending,
+        policy: AdmissionPolicy,
+        name: &Arc<str>,
+        slot: &Arc<str>,
+    ) -> Result<Option<Placement>, (RejectionKind, String)> {
+        if state.closed {
+            return Err((
+                RejectionKind::ShuttingDown,
+                "the host is shutting down".into(),
+            ));
+        }
+        if state.delayed.len() >= self.inner.max_delayed {
+            return Err((
+                RejectionKind::ResourceLimit,
+                format!(
+                    "{} delayed submissions already wait for their time, the most this host \
+                     holds (max_delayed)",
+                    state.delayed.len()
+                ),
+            ));
+        }
+        let id = pending.id();
+        let wait = due.saturating_duration_since(tokio::time::Instant::now());
+        let due_ms = u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .saturating_add(wait)
+                .as_millis(),
+        )
+        .unwrap_or(u64::MAX);
+        let sooner = state
+            .delayed
+            .first_key_value()
+            .is_none_or(|(k, _)| due < k.0);
+        state.delayed.insert(
+            (due, id),
+            Delayed {
+                pending,
+                policy,
+                name: Arc::clone(name),
+                slot: Arc::clone(slot),
+            },
         );
-        drop(state);
-        let placed = match placed {
-            Ok(Some(placed)) => placed,
-            // Registration failed: the waiter holds the Rejected.
-            Ok(None) => {
-                Placement::Rejected(waiter.try_outcome().unwrap_or(TaskOutcome::Panicked {
-                    reason: "a refused registration left no outcome (host bug)".into(),
-                }))
+        state.delayed_at.insert(id, due);
+        if !state.timer {
+            state.timer = true;
+            tokio::spawn(place_when_due(
+                Arc::downgrade(&self.inner),
+                Arc::clone(&self.inner.due),
+            ));
+        } else if sooner {
+            self.inner.due.notify_one();
+        }
+        Ok(Some(Placement::Delayed { due_ms }))
+    }
+
+    /// Places every delayed submission due by now, in due order; returns
+    /// when the next is due, or `None` (and marks the timer stopped) when
+    /// none is left.
+    fn place_due(&self) -> Option<tokio::time::Instant> {
+        let now = tokio::time::Instant::now();
+        let mut state = self.lock();
+        loop {
+            let Some(entry) = state.delayed.first_entry() else {
+                state.timer = false;
+                return None;
+            };
+            let (due, id) = *entry.key();
+            if due > now {
+                return Some(due);
             }
-            Err((kind, reason)) => {
-                self.resolve_rejected(id, &name, &slot, &cell, kind, reason.clone());
-                Placement::Rejected(TaskOutcome::Rejected { kind, reason })
+            let delayed = entry.remove();
+            state.delayed_at.remove(&id);
+            let mut event = Event::new(EventKind::DelayDue)
+                .task(id, &delayed.name, &delayed.slot)
+                .schedule(delayed.pending.spec.schedule_name());
+            event.delay_ms = Some(now.saturating_duration_since(due).as_millis() as u64);
+            self.inner.supervisor.bus().publish(event);
+            crate::stats::DELAYS_DUE.observe(now.saturating_duration_since(due));
+            let cell = Arc::clone(&delayed.pending.cell);
+            let schedule = delayed.pending.spec.schedule_name().cloned();
+            if let Err((kind, reason)) =
+                self.place(&mut state, delayed.pending, delayed.policy, &delayed.slot)
+            {
+                let who = (id, &delayed.name, &delayed.slot, schedule.as_ref());
+                self.resolve_rejected(who, &cell, kind, reason);
             }
-        };
-        (waiter, placed)
+        }
     }
 
     /// Carries out an admission decision on the slot table.
@@ -327,9 +496,7 @@ impl Controller {
                         state.queued.remove(&old.id());
                         let name: Arc<str> = Arc::from(old.spec.name());
                         self.resolve_rejected(
-                            old.id(),
-                            &name,
-                            slot_key,
+                            (old.id(), &name, slot_key, old.spec.schedule_name()),
                             &old.cell,
                             RejectionKind::SupersededByReplace,
                             format!("a newer Replace submission ({id}) took its place"),
@@ -443,11 +610,11 @@ impl Controller {
         self.inner.supervisor.bus().publish(event);
     }
 
+    /// Ends a submission that never ran: `who` is its id, name, slot and
+    /// schedule.
     fn resolve_rejected(
         &self,
-        id: TaskId,
-        name: &Arc<str>,
-        slot: &Arc<str>,
+        (id, name, slot, schedule): (TaskId, &Arc<str>, &Arc<str>, Option<&Arc<str>>),
         cell: &OutcomeCell,
         kind: RejectionKind,
         reason: String,
@@ -456,6 +623,7 @@ impl Controller {
         self.inner.supervisor.bus().publish(
             Event::new(EventKind::ControllerRejected)
                 .task(id, name, slot)
+                .schedule(schedule)
                 .outcome(&outcome),
         );
         cell.set(TaskReport::never_ran(
@@ -489,6 +657,9 @@ impl Controller {
     }
 
     fn remove_queued(&self, target: &TaskRef) -> bool {
+        if self.remove_delayed(target) {
+            return true;
+        }
         let mut state = self.lock();
         let found = match target {
             TaskRef::Id(id) => state.queued.get(id).map(|slot| (*id, Arc::clone(slot))),
@@ -520,12 +691,47 @@ impl Controller {
         drop(state);
         let name: Arc<str> = Arc::from(pending.spec.name());
         self.resolve_rejected(
-            id,
-            &name,
-            &key,
+            (id, &name, &key, pending.spec.schedule_name()),
             &pending.cell,
             RejectionKind::RemovedFromQueue,
             "removed from the queue before it ran".into(),
+        );
+        true
+    }
+
+    /// Takes a delayed submission out (it ends Rejected RemovedFromQueue).
+    fn remove_delayed(&self, target: &TaskRef) -> bool {
+        let mut state = self.lock();
+        let found = match target {
+            TaskRef::Id(id) => state.delayed_at.get(id).map(|due| (*due, *id)),
+            TaskRef::Name(name) => {
+                if self.inner.supervisor.is_alive(name) {
+                    None
+                } else {
+                    state
+                        .delayed
+                        .iter()
+                        .find(|(_, d)| &*d.name == name.as_str())
+                        .map(|(key, _)| *key)
+                }
+            }
+        };
+        let Some(key) = found else { return false };
+        let Some(delayed) = state.delayed.remove(&key) else {
+            return false;
+        };
+        state.delayed_at.remove(&key.1);
+        drop(state);
+        self.resolve_rejected(
+            (
+                key.1,
+                &delayed.name,
+                &delayed.slot,
+                delayed.pending.spec.schedule_name(),
+            ),
+            &delayed.pending.cell,
+            RejectionKind::RemovedFromQueue,
+            "removed before it was due".into(),
         );
         true
     }
@@ -596,9 +802,21 @@ impl Controller {
             slot: key.to_string(),
             body: p.spec.body().describe(),
             age: now.saturating_duration_since(p.since),
+            due_in: None,
+        };
+        let delayed = state
+            .delayed
+            .values()
+            .map(|d| d.view(tokio::time::Instant::now()));
+        let delayed: Vec<QueuedView> = match target {
+            TaskRef::Id(id) => delayed.filter(|v| v.id == *id).collect(),
+            TaskRef::Name(name) => delayed.filter(|v| &v.name == name).collect(),
         };
         match target {
             TaskRef::Id(id) => {
+                if let Some(view) = delayed.into_iter().next() {
+                    return Some(view);
+                }
                 let key = state.queued.get(id)?;
                 let slot = state.slots.get(key)?;
                 slot.queue
@@ -611,8 +829,9 @@ impl Controller {
                 .iter()
                 .flat_map(|(key, slot)| slot.queue.iter().map(move |p| (key, p)))
                 .filter(|(_, p)| p.spec.name() == name)
-                .min_by_key(|(_, p)| p.id())
-                .map(|(key, p)| view(key, p)),
+                .map(|(key, p)| view(key, p))
+                .chain(delayed)
+                .min_by_key(|v| v.id),
         }
     }
 
@@ -630,9 +849,12 @@ impl Controller {
                     slot: key.to_string(),
                     body: p.spec.body().describe(),
                     age: now.saturating_duration_since(p.since),
+                    due_in: None,
                 })
             })
             .collect();
+        let later = tokio::time::Instant::now();
+        all.extend(state.delayed.values().map(|d| d.view(later)));
         all.sort_by_key(|q| q.id);
         all
     }
@@ -650,14 +872,15 @@ impl Controller {
             }
             state.pending = 0;
             state.queued.clear();
+            let delayed = std::mem::take(&mut state.delayed);
+            state.delayed_at.clear();
+            out.extend(delayed.into_values().map(|d| (d.slot, d.pending)));
             out
         };
         for (slot, p) in rejected {
             let name: Arc<str> = Arc::from(p.spec.name());
             self.resolve_rejected(
-                p.id(),
-                &name,
-                &slot,
+                (p.id(), &name, &slot, p.spec.schedule_name()),
                 &p.cell,
                 RejectionKind::ShuttingDown,
                 "the host shut down before it ran".into(),
@@ -671,6 +894,38 @@ impl Controller {
             .state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Delayed {
+    fn view(&self, now: tokio::time::Instant) -> QueuedView {
+        let due = self.pending.spec.due_at().unwrap_or(now);
+        QueuedView {
+            id: self.pending.id(),
+            name: self.name.to_string(),
+            slot: self.slot.to_string(),
+            body: self.pending.spec.body().describe(),
+            age: self.pending.since.elapsed(),
+            due_in: Some(due.saturating_duration_since(now)),
+        }
+    }
+}
+
+/// The task that places delayed submissions when they are due: it sleeps
+/// until the soonest, and is woken when a sooner one arrives. It holds the
+/// controller only while it places, and ends when none is left (the next
+/// delayed submission starts it again) or the controller is gone.
+async fn place_when_due(inner: Weak<Inner>, sooner: Arc<Notify>) {
+    loop {
+        let next = match inner.upgrade() {
+            Some(inner) => Controller { inner }.place_due(),
+            None => return,
+        };
+        let Some(next) = next else { return };
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {}
+            () = sooner.notified() => {}
+        }
     }
 }
 

@@ -37,11 +37,15 @@ pub enum TaskState {
     /// Admitted to its slot in a cluster, not yet claimed by a node
     /// (`host ps` shows it as waiting).
     Ready,
+    /// Accepted with a time before which it may not enter its slot (a
+    /// delayed submission); `host ps` shows it as waiting, with its due
+    /// time.
+    Delayed,
 }
 
 impl TaskState {
     /// Every state, in wire order.
-    pub const ALL: [TaskState; 8] = [
+    pub const ALL: [TaskState; 9] = [
         Self::Queued,
         Self::Waiting,
         Self::Running,
@@ -50,6 +54,7 @@ impl TaskState {
         Self::Finishing,
         Self::Finished,
         Self::Ready,
+        Self::Delayed,
     ];
 
     /// The state as a word: what `host ps` shows and what a store keeps.
@@ -63,6 +68,7 @@ impl TaskState {
             Self::Finishing => "finishing",
             Self::Finished => "finished",
             Self::Ready => "ready",
+            Self::Delayed => "delayed",
         }
     }
 
@@ -72,10 +78,11 @@ impl TaskState {
     }
 
     /// How `host ps` shows it: a task admitted in a cluster but not yet
-    /// claimed waits, as one waiting for a permit does.
+    /// claimed waits, as one waiting for a permit does, and so does one
+    /// waiting for its due time.
     pub fn shown(self) -> Self {
         match self {
-            Self::Ready => Self::Waiting,
+            Self::Ready | Self::Delayed => Self::Waiting,
             other => other,
         }
     }
@@ -111,6 +118,11 @@ pub enum Placement {
     },
     /// It was rejected at intake: this is its final outcome.
     Rejected(TaskOutcome),
+    /// It waits for its due time; then it is placed as if submitted then.
+    Delayed {
+        /// When it is due, ms since the Unix epoch.
+        due_ms: u64,
+    },
 }
 
 impl Placement {
@@ -120,6 +132,7 @@ impl Placement {
             Self::Running => TaskState::Waiting,
             Self::Queued { .. } | Self::Replacing { .. } => TaskState::Queued,
             Self::Rejected(_) => TaskState::Finished,
+            Self::Delayed { .. } => TaskState::Delayed,
         }
     }
 }

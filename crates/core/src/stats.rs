@@ -81,6 +81,15 @@ impl DurationHistogram {
 /// (one observation per batch the store's writer thread commits).
 pub static STORE_COMMITS: DurationHistogram = DurationHistogram::new();
 
+/// How late delayed submissions were placed after their due time (one
+/// observation per delayed submission placed).
+pub static DELAYS_DUE: DurationHistogram = DurationHistogram::new();
+
+/// From a task's due time (a delayed submission's, a schedule firing's) to
+/// the start of its first attempt (one observation per such task that
+/// started).
+pub static DUE_TO_START: DurationHistogram = DurationHistogram::new();
+
 #[cfg(test)]
 mod tests {
     use super::*;

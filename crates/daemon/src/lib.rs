@@ -15,6 +15,7 @@
 //! | `service` | submissions, plugins, uploads, the memory of tasks, history, recovery, JSON forms |
 //! | `cluster` | what a cluster node does that a single host does not: claims, leases, notifications, shipping |
 //! | `store` | what survives a restart: submissions, states, outcomes, logs |
+//! | `schedule` | the rules of time: cron in a zone, missed firings, RFC 3339 |
 //! | `config` | daemon settings from flags and the TOML file |
 //! | `state` | what the connections share |
 //! | `state_dir` | the state directory: its default, privacy and lock |
@@ -24,6 +25,7 @@
 
 mod cluster;
 pub mod config;
+pub mod schedule;
 mod server;
 mod service;
 mod state;

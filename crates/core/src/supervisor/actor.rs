@@ -129,7 +129,11 @@ impl Actor {
         entry.set_phase(TaskState::Finishing);
         shared.registry.unregister(&entry);
         entry.gone.cancel();
-        shared.publish(Event::new(EventKind::TaskRemoved).task(entry.id, &entry.name, &entry.slot));
+        shared.publish(
+            Event::new(EventKind::TaskRemoved)
+                .task(entry.id, &entry.name, &entry.slot)
+                .schedule(entry.schedule.as_ref()),
+        );
         if let Some(on_gone) = on_gone {
             on_gone();
         }
@@ -159,10 +163,10 @@ impl Actor {
             entry.set_phase(TaskState::Waiting);
             let permit = match &self.shared.permits {
                 None => None,
-                Some(semaphore) => tokio::select! {
+                Some(permits) => tokio::select! {
                     biased;
                     () = stop_requested(&mut stop) => return TaskOutcome::Canceled,
-                    permit = Arc::clone(semaphore).acquire_owned() => permit.ok(),
+                    permit = permits.acquire(self.policies.priority) => Some(permit),
                 },
             };
             if stop.borrow().is_some() {
@@ -171,7 +175,13 @@ impl Actor {
             let attempt = entry.count_attempt();
             story.attempts = attempt;
             entry.set_phase(TaskState::Running);
-            self.event(EventKind::AttemptStarting, attempt);
+            let mut starting = self.base_event(EventKind::AttemptStarting, attempt);
+            if let Some(due) = self.policies.due.filter(|_| story.first_start.is_none()) {
+                let late = Instant::now().saturating_duration_since(due);
+                crate::stats::DUE_TO_START.observe(late);
+                starting.delay_ms = Some(late.as_millis() as u64);
+            }
+            self.shared.publish(starting);
             let started = Instant::now();
             story.first_start.get_or_insert(started);
             let span = tracing::debug_span!(
@@ -412,7 +422,9 @@ impl Actor {
     }
 
     fn base_event(&self, kind: EventKind, attempt: u32) -> Event {
-        let mut event = Event::new(kind).task(self.entry.id, &self.entry.name, &self.entry.slot);
+        let mut event = Event::new(kind)
+            .task(self.entry.id, &self.entry.name, &self.entry.slot)
+            .schedule(self.entry.schedule.as_ref());
         event.attempt = Some(attempt);
         event
     }
@@ -515,6 +527,7 @@ fn finish_logically(shared: &Shared, entry: &TaskEntry, outcome: TaskOutcome, st
     }
     let mut event = Event::new(EventKind::TaskFinished)
         .task(entry.id, &entry.name, &entry.slot)
+        .schedule(entry.schedule.as_ref())
         .outcome(&outcome);
     event.attempt = (story.attempts > 0).then_some(story.attempts);
     shared.publish(event);

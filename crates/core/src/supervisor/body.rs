@@ -142,6 +142,7 @@ impl AttemptContext {
         let entry = &self.entry;
         let mut event = Event::new(EventKind::GuestLog)
             .task(entry.id, &entry.name, &entry.slot)
+            .schedule(entry.schedule.as_ref())
             .reason(text);
         event.attempt = Some(self.attempt);
         event.stream = Some(stream);
@@ -152,7 +153,9 @@ impl AttemptContext {
     pub fn progress(&self, done: u64, total: u64) {
         let entry = &self.entry;
         entry.set_progress(done, total);
-        let mut event = Event::new(EventKind::Progress).task(entry.id, &entry.name, &entry.slot);
+        let mut event = Event::new(EventKind::Progress)
+            .task(entry.id, &entry.name, &entry.slot)
+            .schedule(entry.schedule.as_ref());
         event.attempt = Some(self.attempt);
         event.done = Some(done);
         event.total = Some(total);

@@ -68,6 +68,17 @@ pub enum EventKind {
     /// unfinished; `reason` says what became of it (queued again, retried
     /// after an interrupted attempt, ended).
     Recovered,
+    /// A delayed submission's time came and it was placed (`delay_ms`: how
+    /// late it was placed).
+    DelayDue,
+    /// A schedule fired: its task was submitted (`schedule`, the task,
+    /// `delay_ms`: how late after its due time, `detail`: `on-time`,
+    /// `catch-up` or `run`).
+    ScheduleFired,
+    /// A schedule's firings passed while the host was down or the
+    /// schedule paused, and were skipped (`--missed skip`; `reason` says
+    /// how many and since when).
+    ScheduleMissed,
 }
 
 /// Why a backoff was scheduled.
@@ -126,6 +137,8 @@ pub struct Event {
     pub done: Option<u64>,
     /// Progress: units in total (0 if unknown).
     pub total: Option<u64>,
+    /// The schedule that fired the task.
+    pub schedule: Option<Arc<str>>,
 }
 
 impl Event {
@@ -153,6 +166,7 @@ impl Event {
             detail: None,
             done: None,
             total: None,
+            schedule: None,
         }
     }
 
@@ -171,6 +185,12 @@ impl Event {
         self.task_id = Some(id);
         self.name = Some(Arc::clone(name));
         self.slot = Some(Arc::clone(slot));
+        self
+    }
+
+    /// Sets the schedule that fired the task, if any.
+    pub fn schedule(mut self, schedule: Option<&Arc<str>>) -> Self {
+        self.schedule = schedule.cloned();
         self
     }
 

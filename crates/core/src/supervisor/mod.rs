@@ -12,6 +12,7 @@
 //! | `body` | the [`TaskBody`] trait, [`AttemptContext`], native bodies |
 //! | `spec` | what a task is: body, restart, backoff, timeout, retry budget |
 //! | `backoff` | the delay before retry `i` |
+//! | `permits` | the concurrency limit: permits by priority, then arrival |
 //! | `registry` | unique names, stop claims, per-task handles |
 //! | `actor` | one task's life: attempts, decisions, stop and force-abort |
 //! | `waiter` | reliable outcome delivery |
@@ -39,6 +40,7 @@ pub mod backoff;
 mod body;
 mod events;
 mod id;
+mod permits;
 mod registry;
 mod spec;
 mod subscribers;
@@ -47,7 +49,7 @@ mod waiter;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{OnceCell, Semaphore};
+use tokio::sync::OnceCell;
 
 use crate::outcome::{RejectionKind, TaskOutcome};
 
@@ -106,7 +108,9 @@ impl Default for SupervisorBuilder {
 
 impl SupervisorBuilder {
     /// Most attempts running at once (at least 1) [default: unlimited].
-    /// Waiting for a permit or backing off holds none.
+    /// Waiting for a permit or backing off holds none. Waiting attempts
+    /// get permits by their task's priority ([`TaskSpec::with_priority`]),
+    /// highest first, and in the order they began to wait within one.
     pub fn max_concurrent(mut self, n: usize) -> Self {
         self.max_concurrent = Some(n.max(1));
         self
@@ -175,7 +179,9 @@ impl SupervisorBuilder {
                 }
             })
             .collect();
-        let permits = self.max_concurrent.map(|n| Arc::new(Semaphore::new(n)));
+        let permits = self
+            .max_concurrent
+            .map(|n| Arc::new(permits::Permits::new(n)));
         Supervisor {
             shared: Arc::new(Shared {
                 limits: Limits {
@@ -231,7 +237,7 @@ pub(crate) struct Shared {
     defaults: TaskDefaults,
     registry: Registry,
     bus: Arc<Bus>,
-    permits: Option<Arc<Semaphore>>,
+    permits: Option<Arc<permits::Permits>>,
     ids: Ids,
     shutdown: OnceCell<ShutdownReport>,
     subscribers: Mutex<Vec<SubscriberLane>>,
@@ -366,14 +372,21 @@ impl Supervisor {
             .slot
             .as_deref()
             .map_or_else(|| Arc::clone(&name), Arc::from);
-        shared.publish(Event::new(EventKind::TaskAddRequested).task(id, &name, &slot));
-        let entry = Arc::new(TaskEntry::new(
+        let schedule = spec.schedule.clone();
+        shared.publish(
+            Event::new(EventKind::TaskAddRequested)
+                .task(id, &name, &slot)
+                .schedule(schedule.as_ref()),
+        );
+        let mut entry = TaskEntry::new(
             id,
             Arc::clone(&name),
             Arc::clone(&slot),
             Arc::clone(&spec.body),
             cell,
-        ));
+        );
+        entry.schedule = schedule.clone();
+        let entry = Arc::new(entry);
         entry.attempts_before(spec.resume.attempts);
         let registered = if reservation.issuer() == shared.ids.issuer() {
             shared
@@ -408,6 +421,7 @@ impl Supervisor {
             shared.publish(
                 Event::new(EventKind::TaskAddFailed)
                     .task(id, &name, &slot)
+                    .schedule(schedule.as_ref())
                     .outcome(&outcome),
             );
             entry
@@ -415,7 +429,11 @@ impl Supervisor {
                 .set(TaskReport::never_ran(id, name, slot, outcome));
             return Err(kind);
         }
-        shared.publish(Event::new(EventKind::TaskAdded).task(id, &name, &slot));
+        shared.publish(
+            Event::new(EventKind::TaskAdded)
+                .task(id, &name, &slot)
+                .schedule(schedule.as_ref()),
+        );
         let policies = spec.resolve(&shared.defaults);
         let actor = actor::Actor {
             shared: Arc::clone(shared),
@@ -542,7 +560,7 @@ impl Supervisor {
     /// Concurrency permits free right now (`None`: no limit). A hint: the
     /// next attempt to start may take the last one.
     pub fn free_permits(&self) -> Option<usize> {
-        self.shared.permits.as_ref().map(|p| p.available_permits())
+        self.shared.permits.as_ref().map(|p| p.available())
     }
 
     /// Attempts that may run at once (`None`: no limit).

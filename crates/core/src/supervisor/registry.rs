@@ -121,6 +121,8 @@ pub(crate) struct TaskEntry {
     pub id: TaskId,
     pub name: Arc<str>,
     pub slot: Arc<str>,
+    /// The schedule that fired it, if any (its events carry it).
+    pub schedule: Option<Arc<str>>,
     body: Arc<dyn TaskBody>,
     since: Instant,
     /// `Some(deadline)` once a stop is requested: the body must end by then.
@@ -169,6 +171,7 @@ impl TaskEntry {
             id,
             name,
             slot,
+            schedule: None,
             body,
             since: Instant::now(),
             stop: watch::channel(None).0,

@@ -95,6 +95,9 @@ pub struct TaskSpec {
     pub(crate) timeout: Option<Duration>,
     pub(crate) max_retries: Option<Option<u32>>,
     pub(crate) resume: Resume,
+    pub(crate) priority: i32,
+    pub(crate) due: Option<tokio::time::Instant>,
+    pub(crate) schedule: Option<Arc<str>>,
 }
 
 /// Where a task picks up when a host that keeps tasks across restarts
@@ -128,6 +131,9 @@ impl TaskSpec {
             timeout: None,
             max_retries: None,
             resume: Resume::default(),
+            priority: 0,
+            due: None,
+            schedule: None,
         }
     }
 
@@ -176,6 +182,45 @@ impl TaskSpec {
     pub fn with_max_retries(mut self, n: Option<u32>) -> Self {
         self.max_retries = Some(n);
         self
+    }
+
+    /// Sets the priority of its attempts among those waiting for a
+    /// concurrency permit: higher goes first; equal ones in the order they
+    /// began to wait [default: 0]. It orders nothing else (a slot's queue
+    /// keeps its order).
+    pub fn with_priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// The priority of its attempts.
+    pub fn priority(&self) -> i32 {
+        self.priority
+    }
+
+    /// Says when the task became due (a delayed submission's time, a
+    /// schedule's firing): its first attempt's start is measured from it
+    /// (the `delay_ms` of that `AttemptStarting`, and
+    /// [`stats::DUE_TO_START`](crate::stats::DUE_TO_START)).
+    pub fn due(mut self, due: tokio::time::Instant) -> Self {
+        self.due = Some(due);
+        self
+    }
+
+    /// When the task became due, if it was held until a time.
+    pub fn due_at(&self) -> Option<tokio::time::Instant> {
+        self.due
+    }
+
+    /// Names the schedule that fired the task: its events carry it.
+    pub fn with_schedule(mut self, schedule: impl Into<Arc<str>>) -> Self {
+        self.schedule = Some(schedule.into());
+        self
+    }
+
+    /// The schedule that fired the task, if any.
+    pub fn schedule_name(&self) -> Option<&Arc<str>> {
+        self.schedule.as_ref()
     }
 
     /// Sets the slot the task reports in its facts and events (the
@@ -246,6 +291,8 @@ pub(crate) struct ResolvedPolicies {
     pub timeout: Option<Duration>,
     pub max_retries: Option<u32>,
     pub resume: Resume,
+    pub priority: i32,
+    pub due: Option<tokio::time::Instant>,
 }
 
 impl TaskSpec {
@@ -259,6 +306,8 @@ impl TaskSpec {
             timeout: self.timeout.or(defaults.timeout).filter(|t| !t.is_zero()),
             max_retries: self.max_retries.unwrap_or(defaults.max_retries),
             resume: self.resume,
+            priority: self.priority,
+            due: self.due,
         }
     }
 }

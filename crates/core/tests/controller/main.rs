@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common_sup::*;
-use taskhost_core::controller::{ControllerBuilder, SlotState};
-use taskhost_core::supervisor::{EventKind, Received};
+use taskhost_core::controller::{ControllerBuilder, Placement, SlotState};
+use taskhost_core::supervisor::{EventKind, Received, TaskRef};
 use taskhost_runtime::plugin_task::resolve_slot;
 use taskhost_runtime::prelude::*;
 use tokio::sync::Notify;
@@ -629,4 +629,107 @@ async fn storm_of_mixed_submissions_keeps_one_owner_per_slot() {
     );
     assert!(ran.load(Ordering::Relaxed) >= completed);
     assert!(c.snapshot().is_empty());
+}
+
+/// A delayed submission is accepted at once, holds no slot while it waits,
+/// and is placed at its time by its policy against the slot as it is then;
+/// its first attempt reports how long after its due time it started.
+#[tokio::test(start_paused = true)]
+async fn a_delayed_submission_waits_for_its_time_then_takes_its_turn() {
+    let c = controller();
+    let mut rec = Recorder::new(c.supervisor(), NATIVE_LIMIT);
+    let start = tokio::time::Instant::now();
+    let due = start + ms(500);
+    let (later, placement) = c.submit_placed(
+        c.supervisor().reserve(),
+        Submission::new(TaskSpec::once("later", returns(b"later")).with_slot("s")).not_before(due),
+    );
+    assert!(
+        matches!(placement, Placement::Delayed { .. }),
+        "{placement:?}"
+    );
+    let id = later.id();
+    let queued = c.queued(&TaskRef::Id(id)).expect("listed while it waits");
+    assert_eq!(queued.due_in, Some(ms(500)));
+    assert!(c.snapshot().is_empty(), "it holds no slot while it waits");
+    // Meanwhile the slot is taken by a task that runs past its time: the
+    // delayed one then queues behind it (Queue policy).
+    let now = submit(&c, "now", "s", AdmissionPolicy::Queue, sleeps(ms(800)));
+    assert_eq!(
+        later.wait().await,
+        TaskOutcome::Completed {
+            output: b"later".to_vec()
+        }
+    );
+    now.wait().await;
+    let due_event = rec.until_kind(id, EventKind::DelayDue).await;
+    assert_eq!(due_event.delay_ms, Some(0));
+    let starting = rec.until_kind(id, EventKind::AttemptStarting).await;
+    assert_eq!(
+        starting.delay_ms,
+        Some(300),
+        "started when the owner ended, 300 ms after its due time"
+    );
+    assert_eq!(start.elapsed(), ms(800));
+}
+
+/// A delayed submission can be removed while it waits (it ends
+/// RemovedFromQueue and never runs), shutdown rejects the ones left, and a
+/// time already past places it at once.
+#[tokio::test(start_paused = true)]
+async fn delayed_submissions_are_removed_rejected_at_shutdown_or_placed_when_past() {
+    let c = controller();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let counting = || {
+        let ran = Arc::clone(&ran);
+        native(move |_| {
+            ran.fetch_add(1, Ordering::SeqCst);
+            async { Ok(Vec::new()) }
+        })
+    };
+    let delayed = |name: &str, after: Duration, body| {
+        c.submit(
+            Submission::new(TaskSpec::once(name, body).with_slot(name))
+                .not_before(tokio::time::Instant::now() + after),
+        )
+    };
+    let removed = delayed("removed", ms(1_000), counting());
+    assert!(c.remove("removed"), "found by name while it waits");
+    assert_eq!(
+        rejected(&removed.wait().await),
+        Some(RejectionKind::RemovedFromQueue)
+    );
+    let past = c.submit(
+        Submission::new(TaskSpec::once("past", counting()).with_slot("past"))
+            .not_before(tokio::time::Instant::now() - ms(1)),
+    );
+    assert!(matches!(past.wait().await, TaskOutcome::Completed { .. }));
+    let left = delayed("left", ms(60_000), counting());
+    c.shutdown(ms(100)).await;
+    assert_eq!(
+        rejected(&left.wait().await),
+        Some(RejectionKind::ShuttingDown)
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 1, "only `past` ran");
+}
+
+/// Past `max_delayed`, a delayed submission is refused at once.
+#[tokio::test(start_paused = true)]
+async fn delayed_submissions_are_bounded() {
+    let c = builder().max_delayed(2).build();
+    let at = tokio::time::Instant::now() + ms(10_000);
+    let waiters: Vec<TaskWaiter> = (0..3)
+        .map(|i| {
+            c.submit(
+                Submission::new(TaskSpec::once(format!("d{i}"), returns(b"")).with_slot("s"))
+                    .not_before(at),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rejected(&waiters[2].try_outcome().expect("decided at once")),
+        Some(RejectionKind::ResourceLimit)
+    );
+    assert_eq!(c.queued_all().len(), 2);
+    c.shutdown(ms(100)).await;
 }

@@ -113,3 +113,46 @@ async fn at_most_max_concurrent_plugin_attempts_run_at_once() {
     assert_eq!(most, LIMIT, "the bound is reached");
     assert!(alive.is_empty());
 }
+
+/// Among attempts waiting for a permit, the higher priority starts first;
+/// equal ones start in the order they began to wait.
+#[tokio::test(start_paused = true)]
+async fn waiting_attempts_get_permits_by_priority_then_arrival() {
+    let sup = Supervisor::builder().max_concurrent(1).build();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let job = |label: &'static str| {
+        let order = Arc::clone(&order);
+        native(move |_| {
+            let order = Arc::clone(&order);
+            async move {
+                order.lock().unwrap().push(label);
+                tokio::time::sleep(ms(10)).await;
+                Ok(Vec::new())
+            }
+        })
+    };
+    // The first holds the only permit; the rest wait, in this order.
+    let mut waiters = vec![sup.add(TaskSpec::once("first", job("first")))];
+    tokio::task::yield_now().await;
+    for (label, priority) in [
+        ("low-1", -1),
+        ("normal-1", 0),
+        ("urgent", 10),
+        ("normal-2", 0),
+        ("high", 5),
+        ("low-2", -1),
+    ] {
+        waiters.push(sup.add(TaskSpec::once(label, job(label)).with_priority(priority)));
+        tokio::task::yield_now().await;
+    }
+    for w in waiters {
+        within(NATIVE_LIMIT, "prioritised job", w.wait()).await;
+    }
+    assert_eq!(
+        *order.lock().unwrap(),
+        [
+            "first", "urgent", "high", "normal-1", "normal-2", "low-1", "low-2"
+        ]
+    );
+    assert_eq!(sup.free_permits(), Some(1));
+}

@@ -117,15 +117,21 @@ pub fn canceled(claimed: bool, report: Option<&TaskReport>) -> Value {
 /// The answer of `host submit --json` (without `--wait`).
 pub fn submitted(s: &crate::wire::protocol::Submitted) -> Value {
     use crate::wire::protocol::Placement;
-    let (state, replacing) = match &s.placement {
-        Placement::Running => ("running", None),
-        Placement::Queued { .. } => ("queued", None),
-        Placement::Replacing { owner, .. } => ("replacing", Some(owner.get())),
-        Placement::Rejected(_) => ("rejected", None),
+    let (state, replacing, due_ms) = match &s.placement {
+        Placement::Running => ("running", None, None),
+        Placement::Queued { .. } => ("queued", None, None),
+        Placement::Replacing { owner, .. } => ("replacing", Some(owner.get()), None),
+        Placement::Rejected(_) => ("rejected", None, None),
+        Placement::Delayed { due_ms } => ("waiting", None, Some(*due_ms)),
     };
-    json!({ "id": s.id, "name": s.name, "slot": s.slot,
+    let mut value = json!({ "id": s.id, "name": s.name, "slot": s.slot,
             "queued": state != "running", "state": state, "replacing": replacing,
-            "existing": s.existing })
+            "existing": s.existing });
+    if let Some(due_ms) = due_ms {
+        value["due_ms"] = json!(due_ms);
+        value["due"] = json!(crate::schedule::format_ms(due_ms));
+    }
+    value
 }
 
 /// A row of `host plugins ls --json`.
