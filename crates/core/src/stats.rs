@@ -85,6 +85,10 @@ pub static STORE_COMMITS: DurationHistogram = DurationHistogram::new();
 /// observation per delayed submission placed).
 pub static DELAYS_DUE: DurationHistogram = DurationHistogram::new();
 
+/// How late schedules fired after their due times (one observation per
+/// firing on time or catch-up; `host schedule run` is not late).
+pub static SCHEDULE_LATENESS: DurationHistogram = DurationHistogram::new();
+
 /// From a task's due time (a delayed submission's, a schedule firing's) to
 /// the start of its first attempt (one observation per such task that
 /// started).

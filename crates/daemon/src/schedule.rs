@@ -254,9 +254,7 @@ pub fn decide(zone: &CronZone, next_ms: u64, now_ms: u64, missed: Option<Missed>
             next_ms: Some(next_ms),
         };
     }
-    let latest = zone
-        .last_at_or_before(now_ms, next_ms)
-        .unwrap_or(next_ms);
+    let latest = zone.last_at_or_before(now_ms, next_ms).unwrap_or(next_ms);
     let mut count = 1;
     let mut at = next_ms;
     while count < COUNT_LIMIT {
@@ -350,7 +348,10 @@ mod tests {
             "2026-01-01T10:00:31Z"
         );
         let hourly = CronZone::parse("@hourly", None).unwrap();
-        assert_eq!(next(&hourly, "2026-01-01T10:20:00Z"), "2026-01-01T11:00:00Z");
+        assert_eq!(
+            next(&hourly, "2026-01-01T10:20:00Z"),
+            "2026-01-01T11:00:00Z"
+        );
         let weekdays = CronZone::parse("30 9 * * MON-FRI", Some("Europe/Berlin")).unwrap();
         // Saturday 3 January 2026: next is Monday 09:30 Berlin time.
         assert_eq!(
@@ -388,8 +389,14 @@ mod tests {
     #[test]
     fn spring_forward_gap() {
         let daily = CronZone::parse("30 2 * * *", Some("Europe/Berlin")).unwrap();
-        assert_eq!(next(&daily, "2026-03-28T12:00:00Z"), "2026-03-29T03:00:00+02:00");
-        assert_eq!(next(&daily, "2026-03-29T01:00:00Z"), "2026-03-30T02:30:00+02:00");
+        assert_eq!(
+            next(&daily, "2026-03-28T12:00:00Z"),
+            "2026-03-29T03:00:00+02:00"
+        );
+        assert_eq!(
+            next(&daily, "2026-03-29T01:00:00Z"),
+            "2026-03-30T02:30:00+02:00"
+        );
         let quarter = CronZone::parse("*/15 * * * *", Some("Europe/Berlin")).unwrap();
         let mut at = ms("2026-03-29T00:40:00Z"); // 01:40 local
         let mut seen = Vec::new();
@@ -457,7 +464,10 @@ mod tests {
         assert!(check_name("42").is_err());
         assert!(check_name("has space").is_err());
         assert!(check_name("").is_err());
-        assert_eq!(format_ms(ms("2026-12-24T18:00:00Z")), "2026-12-24T18:00:00Z");
+        assert_eq!(
+            format_ms(ms("2026-12-24T18:00:00Z")),
+            "2026-12-24T18:00:00Z"
+        );
         assert_eq!(ms("2026-12-24T19:00:00+01:00"), ms("2026-12-24T18:00:00Z"));
         assert!(parse_rfc3339("tomorrow").unwrap_err().contains("RFC 3339"));
     }

@@ -27,6 +27,8 @@ pub(crate) struct Daemon {
     pub history: Arc<History>,
     /// Where accepted work, its state and its outcomes are kept.
     pub storage: Storage,
+    /// One host's schedules (a cluster keeps its own in its database).
+    pub schedules: crate::service::schedules::Schedules,
     /// The idempotency keys this process placed (one host).
     pub keys: crate::service::keys::Keys,
     /// Held from a submission's id to its placement, so the store's order

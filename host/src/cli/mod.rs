@@ -118,6 +118,23 @@ enum Command {
     /// List the daemon's live tasks, queued ones included (--all: finished ones too).
     #[command(after_long_help = "EXAMPLES:\n  host ps\n  host ps --all --json")]
     Ps(client::tasks::PsArgs),
+    /// Run tasks at times: cron schedules kept by the daemon (add, ls, rm, pause, resume, run).
+    ///
+    /// A schedule submits its plugin, with its task flags, at every time its
+    /// cron expression names, in its time zone. Each firing is an ordinary
+    /// task named <schedule>-<id>, in the schedule's slot (--slot, else the
+    /// plugin's resource, else the schedule's name), so the slot's policy
+    /// decides what happens when the last firing still runs. Schedules
+    /// survive restarts; firings missed while the daemon was down or the
+    /// schedule paused follow its --missed (once: one catch-up; skip: none).
+    #[command(after_long_help = "EXAMPLES:
+  host schedule add nightly --cron '0 3 * * *' --tz Europe/Berlin target/plugins/hello.wasm --input backup
+  host schedule ls
+  host schedule pause nightly
+  host schedule resume nightly
+  host schedule run nightly --wait
+  host schedule rm nightly")]
+    Schedule(client::schedule::ScheduleArgs),
     /// Show the controller's slots: state, owner, queue depth, time in state.
     #[command(after_long_help = "EXAMPLES:\n  host slots\n  host slots --json")]
     Slots(client::tasks::SlotsArgs),
@@ -224,6 +241,7 @@ pub fn main() -> ExitCode {
             Command::Remove(args) => client::tasks::cancel(args, false, socket).await,
             Command::Ps(args) => client::tasks::ps(args, socket).await,
             Command::Slots(args) => client::tasks::slots(args, socket).await,
+            Command::Schedule(args) => client::schedule::schedule(args, socket).await,
             Command::Plugins(args) => client::plugins::plugins(args, socket).await,
             Command::Events(args) => client::streams::events(args, socket).await,
             Command::Logs(args) => client::streams::logs(args, socket).await,

@@ -18,6 +18,7 @@
 //! | `outbound_http` | grants, denials, address checks and redirects of guests' HTTP; its cap |
 //! | `guest_limits` | per-attempt caps on files and handles, memory over all memories, the memory ceiling |
 //! | `cluster` | cluster mode on a real PostgreSQL |
+//! | `time` | schedules, delayed submissions and priorities on one host |
 //! | `remote` | `host --remote`, tokens with scopes, TLS, the JSON API's verbs |
 //! | `observability` | `--http`: metrics, the JSON API, the dashboard in Chromium |
 //! | `traces` | OpenTelemetry traces to a collector in the test |
@@ -57,5 +58,6 @@ mod remote;
 mod scaffold;
 mod serve;
 mod soak;
+mod time;
 mod traces;
 mod trust;

@@ -34,6 +34,7 @@ use taskhost_core::units::format_duration;
 use taskhost_runtime::plugin_task::PluginTask;
 
 pub(crate) mod node;
+pub(crate) mod schedules;
 
 use crate::config::ClusterSettings;
 use crate::service::submissions;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::server::connection::Replier;
-use crate::service::backend::{Backend, Item, Items};
+use crate::service::backend::{Backend, Item, Items, Scheduled};
 use crate::service::plugins;
 use crate::service::submissions::Accepted;
 use crate::service::uploads::Uploads;
@@ -72,6 +72,14 @@ pub(crate) async fn handle(
             },
         },
         Request::Submit(request) => submit(&backend, *request, reply, session).await,
+        Request::Schedule(verb) => match backend.schedule(verb).await {
+            Ok(Scheduled::Rows(rows)) => send_pages(&reply, rows, Reply::Schedules).await,
+            Ok(Scheduled::Row(row)) => {
+                reply.send(Reply::Schedule(row)).await;
+            }
+            Ok(Scheduled::Fired(accepted)) => answer(accepted, reply, session).await,
+            Err((kind, message)) => reply.error(kind, message).await,
+        },
         Request::Rerun(target) => {
             let found = match backend.find(&target).await {
                 Ok(found) => found,
@@ -198,10 +206,18 @@ async fn submit(
     session: &mut Session,
 ) {
     match backend.submit(request).await {
-        Ok(Accepted::Now(submitted)) => {
+        Ok(accepted) => answer(accepted, reply, session).await,
+        Err((kind, message)) => reply.error(kind, message).await,
+    }
+}
+
+/// Sends a submission's acknowledgement once it is durable (or decided).
+async fn answer(accepted: Accepted, reply: Replier, session: &mut Session) {
+    match accepted {
+        Accepted::Now(submitted) => {
             reply.send(Reply::Submitted(submitted)).await;
         }
-        Ok(Accepted::Later(durable)) => {
+        Accepted::Later(durable) => {
             tokio::spawn(async move {
                 match durable.await {
                     Ok(submitted) => {
@@ -211,7 +227,7 @@ async fn submit(
                 }
             });
         }
-        Ok(Accepted::Deciding(decided)) => {
+        Accepted::Deciding(decided) => {
             session.deciding.push(tokio::spawn(async move {
                 match decided.await {
                     Ok(submitted) => {
@@ -221,7 +237,6 @@ async fn submit(
                 }
             }));
         }
-        Err((kind, message)) => reply.error(kind, message).await,
     }
 }
 
@@ -271,7 +286,7 @@ async fn stream_out(reply: Replier, mut items: Items) {
         let sent = match next {
             None => break,
             Some(Item::Log(line)) => reply.send(Reply::Log(line)).await,
-            Some(Item::Event(event)) => reply.send(Reply::Event(event)).await,
+            Some(Item::Event(event)) => reply.send(Reply::Event(*event)).await,
             Some(Item::Dropped(n)) => reply.send(Reply::Dropped(n)).await,
             Some(Item::Failed(message)) => {
                 reply.error(ErrorKind::Internal, message).await;

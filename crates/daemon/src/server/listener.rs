@@ -203,6 +203,7 @@ pub async fn serve(
         tasks: Tasks::new(config.retain_finished, config.retain_bytes),
         history,
         storage,
+        schedules: Default::default(),
         keys: crate::service::keys::Keys::new(config.idempotency_retention),
         admission: Mutex::new(()),
         keep_unfinished: AtomicBool::new(false),
@@ -226,6 +227,7 @@ pub async fn serve(
             "recovered unfinished work from the store"
         );
     }
+    crate::service::schedules::start(&daemon).await;
     cluster::start(&daemon);
     // Unused plugins: collected before the daemon listens, then every
     // minute (blocking file work under the admission lock, off the async

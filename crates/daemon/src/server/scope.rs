@@ -3,7 +3,7 @@
 //! owner-only Unix socket is `Admin`; a connection upgraded from HTTP has
 //! its token's scope, checked for every request it sends.
 
-use crate::wire::protocol::Request;
+use crate::wire::protocol::{Request, ScheduleVerb};
 
 /// What a token lets its bearer do; each scope includes the ones before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -48,9 +48,14 @@ impl Scope {
             Request::Upload { .. } | Request::Submit(_) | Request::Wait(_) | Request::Rerun(_) => {
                 Scope::Submit
             }
-            Request::Cancel { .. } | Request::Shutdown { .. } | Request::RemovePlugins { .. } => {
-                Scope::Admin
-            }
+            Request::Schedule(ScheduleVerb::List) => Scope::Read,
+            Request::Schedule(ScheduleVerb::Add(_) | ScheduleVerb::Run(_)) => Scope::Submit,
+            Request::Cancel { .. }
+            | Request::Shutdown { .. }
+            | Request::RemovePlugins { .. }
+            | Request::Schedule(
+                ScheduleVerb::Remove(_) | ScheduleVerb::Pause(_) | ScheduleVerb::Resume(_),
+            ) => Scope::Admin,
         }
     }
 

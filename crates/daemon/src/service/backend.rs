@@ -27,7 +27,10 @@ use crate::service::tasks::{MAX_FINISHED, TaskRecord};
 use crate::state::{Daemon, Storage};
 use crate::store::postgres::{Admission, AdmitError, Canceled};
 use crate::store::{self, Finished, Store, StoreError};
-use crate::wire::protocol::{ErrorKind, EventFilter, SubmitRequest, Submitted, TaskRow, TaskState};
+use crate::wire::protocol::{
+    ErrorKind, EventFilter, NotBefore, ScheduleRow, ScheduleVerb, SubmitRequest, Submitted,
+    TaskRow, TaskState,
+};
 
 /// Items in flight to one streaming reader.
 const STREAM_BUFFER: usize = 256;
@@ -35,7 +38,7 @@ const STREAM_BUFFER: usize = 256;
 /// What a streaming verb yields, in order; the stream ends after the last.
 pub(crate) enum Item {
     Log(LogLine),
-    Event(Event),
+    Event(Box<Event>),
     /// This many items were lost (a reader that fell behind, a lane that
     /// overflowed): said, never skipped silently.
     Dropped(u64),
@@ -77,6 +80,16 @@ pub(crate) struct Detail {
     pub row: Option<TaskRow>,
     pub report: Option<Arc<TaskReport>>,
     pub log: Vec<LogLine>,
+}
+
+/// What a schedule verb answers.
+pub(crate) enum Scheduled {
+    /// `ls`.
+    Rows(Vec<ScheduleRow>),
+    /// `add`, `rm`, `pause`, `resume`: the schedule as it left it.
+    Row(ScheduleRow),
+    /// `run`: the firing, answered as a submission.
+    Fired(Accepted),
 }
 
 /// The seam: which backend this daemon's verbs go to.
@@ -165,6 +178,50 @@ impl<'a> Backend<'a> {
         match self {
             Self::Local(daemon, store) => submissions::submit(daemon, store, request).await,
             Self::Shared(daemon, cluster) => shared_submit(daemon, cluster, request).await,
+        }
+    }
+
+    /// A schedule verb (`host schedule …`).
+    pub(crate) async fn schedule(
+        &self,
+        verb: ScheduleVerb,
+    ) -> Result<Scheduled, (ErrorKind, String)> {
+        use crate::service::schedules;
+        match self {
+            Self::Local(daemon, store) => Ok(match verb {
+                ScheduleVerb::Add(spec) => {
+                    Scheduled::Row(schedules::add(daemon, store, *spec).await?)
+                }
+                ScheduleVerb::List => Scheduled::Rows(schedules::list(daemon, store).await),
+                ScheduleVerb::Remove(name) => {
+                    Scheduled::Row(schedules::remove(daemon, store, &name).await?)
+                }
+                ScheduleVerb::Pause(name) => {
+                    Scheduled::Row(schedules::set_paused(daemon, store, &name, true).await?)
+                }
+                ScheduleVerb::Resume(name) => {
+                    Scheduled::Row(schedules::set_paused(daemon, store, &name, false).await?)
+                }
+                ScheduleVerb::Run(name) => {
+                    let (submitted, ticket) = schedules::run(daemon, store, &name).await?;
+                    Scheduled::Fired(if ticket.is_immediate() {
+                        Accepted::Now(submitted)
+                    } else {
+                        Accepted::Later(Box::pin(async move {
+                            ticket.committed().await.map_err(|e| {
+                                (
+                                    ErrorKind::Internal,
+                                    format!("the firing could not be stored: {e}"),
+                                )
+                            })?;
+                            Ok(submitted)
+                        }))
+                    })
+                }
+            }),
+            Self::Shared(daemon, cluster) => {
+                crate::cluster::schedules::verb(daemon, cluster, verb).await
+            }
         }
     }
 
@@ -548,36 +605,60 @@ fn stored(store: &Store, target: &TaskRef) -> Option<Found> {
 /// finished ones the daemon still remembers or its store keeps.
 fn local_rows(daemon: &Daemon, store: &Store, all: bool) -> Vec<TaskRow> {
     let supervisor = daemon.controller.supervisor();
+    let schedule_of = |record: Option<&TaskRecord>| {
+        record
+            .and_then(|r| r.request.as_ref())
+            .and_then(|r| r.schedule.clone())
+    };
     let mut rows: Vec<TaskRow> = supervisor
         .list()
         .into_iter()
-        .map(|t| TaskRow {
-            id: t.id,
-            state: t.phase,
-            name: t.name,
-            slot: t.slot,
-            attempts: t.attempts,
-            age: daemon
-                .tasks
-                .get(t.id)
-                .map_or(t.age, |r| r.submitted.elapsed()),
-            progress: t.progress,
-            plugin: t.body,
-            outcome: None,
-            node: None,
+        .map(|t| {
+            let record = daemon.tasks.get(t.id);
+            TaskRow {
+                id: t.id,
+                state: t.phase,
+                name: t.name,
+                slot: t.slot,
+                attempts: t.attempts,
+                age: record.as_ref().map_or(t.age, |r| r.submitted.elapsed()),
+                progress: t.progress,
+                plugin: t.body,
+                outcome: None,
+                node: None,
+                due_ms: None,
+                schedule: schedule_of(record.as_ref()),
+            }
         })
         .collect();
-    rows.extend(daemon.controller.queued_all().into_iter().map(|q| TaskRow {
-        id: q.id,
-        name: q.name,
-        slot: q.slot,
-        state: TaskState::Queued,
-        attempts: 0,
-        age: q.age,
-        progress: None,
-        plugin: q.body,
-        outcome: None,
-        node: None,
+    let now = store::now_ms();
+    rows.extend(daemon.controller.queued_all().into_iter().map(|q| {
+        let record = daemon.tasks.get(q.id);
+        TaskRow {
+            id: q.id,
+            name: q.name,
+            slot: q.slot,
+            // Waiting for its time, or for its turn in the slot.
+            state: if q.due_in.is_some() {
+                TaskState::Waiting
+            } else {
+                TaskState::Queued
+            },
+            attempts: 0,
+            age: q.age,
+            progress: None,
+            plugin: q.body,
+            outcome: None,
+            node: None,
+            // The time it was given (exact), else from the controller.
+            due_ms: q.due_in.map(|d| {
+                match record.as_ref().and_then(|r| r.request.as_ref()?.not_before) {
+                    Some(NotBefore::At(at)) => at,
+                    _ => now.saturating_add(d.as_millis() as u64),
+                }
+            }),
+            schedule: schedule_of(record.as_ref()),
+        }
     }));
     if all {
         let live: std::collections::HashSet<_> = rows.iter().map(|r| r.id).collect();
@@ -600,12 +681,13 @@ fn local_rows(daemon: &Daemon, store: &Store, all: bool) -> Vec<TaskRow> {
                         plugin: r.plugin,
                         outcome: Some(report.outcome.kind()),
                         node: None,
+                        due_ms: None,
+                        schedule: r.request.as_ref().and_then(|q| q.schedule.clone()),
                     })
                 }),
         );
         // Finished before this run of the daemon: from the store.
         let known: std::collections::HashSet<_> = rows.iter().map(|r| r.id).collect();
-        let now = store::now_ms();
         rows.extend(
             store
                 .finished_recent(MAX_FINISHED)
@@ -624,6 +706,8 @@ fn local_rows(daemon: &Daemon, store: &Store, all: bool) -> Vec<TaskRow> {
                     plugin: f.plugin,
                     outcome: Some(f.report.outcome.kind()),
                     node: None,
+                    due_ms: None,
+                    schedule: None,
                 }),
         );
     }
@@ -643,7 +727,11 @@ async fn local_events(
     let recorded = history.up_to(before).await;
     let last_seq = recorded.last().map_or(0, |e| e.seq);
     for event in recorded.iter().filter(|e| filter.admits(e)) {
-        if tx.send(Item::Event(Event::clone(event))).await.is_err() {
+        if tx
+            .send(Item::Event(Box::new(Event::clone(event))))
+            .await
+            .is_err()
+        {
             return;
         }
     }
@@ -659,7 +747,7 @@ async fn local_events(
     while let Some(received) = live.recv().await {
         let item = match received {
             Received::Event(e) if e.seq <= before || !filter.admits(&e) => continue,
-            Received::Event(e) => Item::Event(Event::clone(&e)),
+            Received::Event(e) => Item::Event(Box::new(Event::clone(&e))),
             Received::Dropped(n) => Item::Dropped(n),
         };
         if tx.send(item).await.is_err() {
@@ -693,7 +781,7 @@ async fn shared_events(
         Ok(events) => {
             for event in events {
                 last = event.seq;
-                if filter.admits(&event) && tx.send(Item::Event(event)).await.is_err() {
+                if filter.admits(&event) && tx.send(Item::Event(Box::new(event))).await.is_err() {
                     return;
                 }
             }
@@ -712,7 +800,7 @@ async fn shared_events(
                 if !filter.admits(&event) {
                     continue;
                 }
-                Item::Event(Event::clone(&event))
+                Item::Event(Box::new(Event::clone(&event)))
             }
             Err(broadcast::error::RecvError::Lagged(n)) => Item::Dropped(n),
             Err(broadcast::error::RecvError::Closed) => return,

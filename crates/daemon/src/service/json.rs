@@ -77,7 +77,7 @@ impl<'a> JsonResult<'a> {
 
 /// One row of `host ps --json`.
 pub fn task_row(t: &TaskRow) -> Value {
-    json!({
+    let mut row = json!({
         "id": t.id,
         "name": t.name,
         "slot": t.slot,
@@ -88,7 +88,15 @@ pub fn task_row(t: &TaskRow) -> Value {
         "plugin": t.plugin,
         "outcome": t.outcome,
         "node": t.node,
-    })
+    });
+    if let Some(due_ms) = t.due_ms {
+        row["due_ms"] = json!(due_ms);
+        row["due"] = json!(crate::schedule::format_ms(due_ms));
+    }
+    if let Some(schedule) = &t.schedule {
+        row["schedule"] = json!(schedule);
+    }
+    row
 }
 
 /// One slot of `host slots --json`.
@@ -132,6 +140,30 @@ pub fn submitted(s: &crate::wire::protocol::Submitted) -> Value {
         value["due"] = json!(crate::schedule::format_ms(due_ms));
     }
     value
+}
+
+/// A schedule of `host schedule ls --json` (and of its other verbs).
+pub fn schedule(r: &crate::wire::protocol::ScheduleRow) -> Value {
+    let time = |ms: Option<u64>| ms.map(crate::schedule::format_ms);
+    json!({
+        "name": r.name,
+        "cron": r.cron,
+        "tz": r.tz,
+        "missed": r.missed.as_str(),
+        "paused": r.paused,
+        "plugin": r.plugin,
+        "digest": r.digest.to_string(),
+        "slot": r.slot,
+        "policy": r.policy.map(|p| p.to_string()),
+        "priority": r.priority,
+        "next_ms": r.next_ms,
+        "next": time(r.next_ms),
+        "last_fire_ms": r.last_fire_ms,
+        "last_fire": time(r.last_fire_ms),
+        "last_task": r.last_task,
+        "last_outcome": r.last_outcome,
+        "created_ms": r.created_ms,
+    })
 }
 
 /// A row of `host plugins ls --json`.

@@ -12,6 +12,7 @@
 //! | `tasks` | what the daemon remembers of submissions (waiters, logs, names) |
 //! | `history` | recent events, bridged to the daemon's log |
 //! | `recovery` | rebuilding the controller from the store at start |
+//! | `schedules` | one host's schedules: their table, the firing loop, the verbs |
 //! | `json` | the JSON forms shared by the CLI's `--json` and the HTTP API |
 
 pub(crate) mod backend;
@@ -20,6 +21,7 @@ pub mod json;
 pub(crate) mod keys;
 pub(crate) mod plugins;
 pub(crate) mod recovery;
+pub(crate) mod schedules;
 pub(crate) mod submissions;
 pub(crate) mod tasks;
 pub(crate) mod uploads;

@@ -35,14 +35,19 @@ use crate::service::keys::{self, KeyEntry};
 use crate::service::tasks::{Outcome, TaskLog, TaskRecord};
 use crate::state::{Daemon, RecordingGuard};
 use crate::store::postgres::Names;
-use crate::store::{Finished, NewTask, Pause, Store, Ticket, now_ms};
-use crate::wire::protocol::{ErrorKind, MAX_SUBMIT_INPUT, Placement, SubmitRequest, Submitted};
+use crate::store::{Finished, Firing, NewTask, Pause, Store, Ticket, now_ms};
+use crate::wire::protocol::{
+    ErrorKind, MAX_SUBMIT_INPUT, NotBefore, Placement, SubmitRequest, Submitted,
+};
 
 /// Where a submission comes from.
 pub(crate) enum Origin {
     /// A client sent it now, perhaps with an idempotency key and its
-    /// request's fingerprint.
-    New { key: Option<(String, [u8; 32])> },
+    /// request's fingerprint; or a schedule fired it (`fired`).
+    New {
+        key: Option<(String, [u8; 32])>,
+        fired: Option<Firing>,
+    },
     /// The store kept it across a restart; it keeps its id.
     Recovered {
         reservation: Reservation,
@@ -82,8 +87,16 @@ pub(crate) async fn submit(
             Some((key, fingerprint))
         }
     };
-    let (submitted, ticket) =
-        place(daemon, store, request, Origin::New { key: key.clone() }).await?;
+    let (submitted, ticket) = place(
+        daemon,
+        store,
+        request,
+        Origin::New {
+            key: key.clone(),
+            fired: None,
+        },
+    )
+    .await?;
     if ticket.is_immediate() {
         return Ok(Accepted::Now(submitted));
     }
@@ -278,23 +291,27 @@ fn check_memory_ceiling(ceiling: u64, asked: Option<u64>, limit: u64) -> Result<
 }
 
 /// A submission's name, slot and policy once it has its id, written once
-/// for a daemon and for a cluster: the name given, else `<plugin>-<id>`;
-/// the slot given, else the plugin's resource template filled from the
-/// params, else the name; the policy given, else the plugin's default.
+/// for a daemon and for a cluster: the name given, else `<plugin>-<id>`
+/// (`<schedule>-<id>` for a schedule's firing); the slot given, else the
+/// plugin's resource template filled from the params, else the name (the
+/// schedule's name for its firings); the policy given, else the plugin's
+/// default.
 pub(crate) fn naming(
     request: &SubmitRequest,
     info: &PluginInfo,
     id: TaskId,
 ) -> Result<(String, String, AdmissionPolicy), String> {
-    let name = request
-        .name
-        .clone()
-        .unwrap_or_else(|| format!("{}-{id}", info.name));
+    let name = request.name.clone().unwrap_or_else(|| {
+        let prefix = request.schedule.as_deref().unwrap_or(&info.name);
+        format!("{prefix}-{id}")
+    });
+    // A schedule's firings share the schedule's slot unless told
+    // otherwise, so that its policy decides what an overlap does.
     let slot = resolve_slot(
         request.slot.as_deref(),
         info.resource.as_ref(),
         &request.params,
-        &name,
+        request.schedule.as_deref().unwrap_or(&name),
     )
     .map_err(|e| e.to_string())?;
     let policy = request
@@ -414,8 +431,12 @@ pub(crate) async fn place(
     }
     let recovered = matches!(origin, Origin::Recovered { .. });
     let mut key = None;
+    let mut fired = None;
     let (reservation, submitted_ms, resume) = match origin {
-        Origin::New { key: keyed } => {
+        Origin::New {
+            key: keyed,
+            fired: firing,
+        } => {
             // Under the admission lock: one of two submissions of a key
             // sent together is placed, the other finds it.
             if let Some((k, fingerprint)) = &keyed
@@ -426,6 +447,7 @@ pub(crate) async fn place(
                     .map(|submitted| (submitted, Ticket::done()));
             }
             key = keyed;
+            fired = firing;
             (
                 controller.supervisor().reserve(),
                 now_ms(),
@@ -458,8 +480,17 @@ pub(crate) async fn place(
     // Only when the writer is idle: under a stream of submissions the
     // attempt's own write joins a later group commit anyway, and starting
     // the attempts early takes the CPU from the intake.
+    // A delayed submission keeps its due time (a `--delay` from now);
+    // until then it waits outside its slot.
+    let due_ms = request.not_before.map(|at| at.at(submitted_ms));
+    request.not_before = due_ms.map(NotBefore::At);
+    let now = now_ms();
+    let wait = due_ms
+        .filter(|due| *due > now)
+        .map(|due| Duration::from_millis(due - now));
     let started = store.is_durable()
         && !recovered
+        && wait.is_none()
         && store.is_idle()
         && controller.is_slot_free(&slot)
         && controller.supervisor().free_permits() != Some(0);
@@ -480,6 +511,7 @@ pub(crate) async fn place(
             submitted_ms,
             started,
             key,
+            fired: fired.clone(),
         })
     } else {
         Ticket::done()
@@ -500,10 +532,18 @@ pub(crate) async fn place(
     } else {
         Arc::new(plugin_task)
     };
-    let spec = spec_for(&request, name.clone(), slot.clone(), body, resume);
-
-    let (waiter, placement) =
-        controller.submit_placed(reservation, Submission::new(spec).policy(policy));
+    let mut spec = spec_for(&request, name.clone(), slot.clone(), body, resume);
+    if let Some(fired) = &fired {
+        // Its first attempt's start is measured from the firing's time.
+        let late = Duration::from_millis(now.saturating_sub(fired.due_ms));
+        let now = tokio::time::Instant::now();
+        spec = spec.due(now.checked_sub(late).unwrap_or(now));
+    }
+    let mut submission = Submission::new(spec).policy(policy);
+    if let Some(wait) = wait {
+        submission = submission.not_before(tokio::time::Instant::now() + wait);
+    }
+    let (waiter, placement) = controller.submit_placed(reservation, submission);
     if let Placement::Replacing { owner, .. } = &placement {
         store.stopping(*owner);
     }
@@ -584,7 +624,11 @@ pub(crate) fn spec_for(
         .with_restart(request.restart.unwrap_or(RestartPolicy::Never))
         .with_max_retries(request.max_retries)
         .with_timeout(request.timeout.unwrap_or_default())
+        .with_priority(request.priority)
         .resuming(resume);
+    if let Some(schedule) = &request.schedule {
+        spec = spec.with_schedule(schedule.as_str());
+    }
     if let Some(backoff) = request.backoff.clone() {
         spec = spec.with_backoff(backoff);
     }

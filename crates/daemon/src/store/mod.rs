@@ -46,7 +46,8 @@ use taskhost_core::logline::LogLine;
 use taskhost_core::supervisor::{TaskId, TaskReport};
 use taskhost_runtime::Digest;
 
-use super::protocol::SubmitRequest;
+use super::protocol::{ScheduleSpec, SubmitRequest};
+use crate::schedule::FireKind;
 
 /// Which backend the daemon keeps its state in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,6 +163,47 @@ pub struct NewTask {
     /// Its idempotency key and the request's fingerprint, stored in the
     /// same commit.
     pub key: Option<(String, [u8; 32])>,
+    /// The schedule firing that made it, recorded in the same commit.
+    pub fired: Option<Firing>,
+}
+
+/// A schedule's firing, recorded with the task it made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Firing {
+    /// The schedule.
+    pub schedule: String,
+    /// The due time it served, ms since the Unix epoch.
+    pub due_ms: u64,
+    /// The schedule's next firing from then on.
+    pub next_ms: Option<u64>,
+    /// Why it fired (a `Run` leaves the next firing as it was).
+    pub kind: FireKind,
+}
+
+impl Firing {
+    /// Whether it moves the schedule's next firing on.
+    pub fn advances(&self) -> bool {
+        self.kind != FireKind::Run
+    }
+}
+
+/// A schedule as the store keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredSchedule {
+    /// The schedule as it was added.
+    pub spec: ScheduleSpec,
+    /// Its plugin's name.
+    pub plugin: String,
+    /// Whether it is paused.
+    pub paused: bool,
+    /// Its next firing.
+    pub next_ms: Option<u64>,
+    /// Its last firing's due time.
+    pub last_fire_ms: Option<u64>,
+    /// The task its last firing made.
+    pub last_task: Option<TaskId>,
+    /// When it was added.
+    pub created_ms: u64,
 }
 
 /// An unfinished task, for recovery.
@@ -270,6 +312,11 @@ enum Op {
         id: TaskId,
     },
     Finished(Box<Finished>),
+    /// A schedule, whole (added, paused, resumed, or its next firing
+    /// moved without a firing).
+    Schedule(Box<StoredSchedule>),
+    /// A schedule deleted.
+    ScheduleRemoved(String),
     /// Nothing: its ticket resolves once every earlier write is committed.
     Flush,
     /// As `Flush`, then the write-ahead log is folded into the database
@@ -296,6 +343,8 @@ struct Inner {
     reader: Option<Mutex<sqlite::Reader>>,
     first_id: u64,
     describe: String,
+    /// The schedules read at open, taken once by the daemon's start.
+    schedules: Mutex<Vec<StoredSchedule>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -325,12 +374,19 @@ impl Store {
                         reader: None,
                         first_id: 1,
                         describe: "memory (nothing survives a restart)".into(),
+                        schedules: Mutex::default(),
                     }),
                 },
                 Vec::new(),
             )),
             StoreSpec::Sqlite(path) => {
-                let (writer, reader, first_id, unfinished) = sqlite::open(path, retention)?;
+                let sqlite::Opened {
+                    writer,
+                    reader,
+                    next_id: first_id,
+                    unfinished,
+                    schedules,
+                } = sqlite::open(path, retention)?;
                 let (tx, rx) = mpsc::channel();
                 let pending = Arc::new(AtomicUsize::new(0));
                 let applied = Arc::clone(&pending);
@@ -348,6 +404,7 @@ impl Store {
                             reader: Some(Mutex::new(reader)),
                             first_id,
                             describe: format!("sqlite {}", path.display()),
+                            schedules: Mutex::new(schedules),
                         }),
                     },
                     unfinished,
@@ -436,6 +493,28 @@ impl Store {
         self.write(Op::Finished(Box::new(finished)), true)
     }
 
+    /// Records a schedule whole (added, paused, resumed, moved on).
+    pub fn schedule(&self, schedule: StoredSchedule) -> Ticket {
+        self.write(Op::Schedule(Box::new(schedule)), true)
+    }
+
+    /// Deletes a schedule.
+    pub fn schedule_removed(&self, name: &str) -> Ticket {
+        self.write(Op::ScheduleRemoved(name.to_owned()), true)
+    }
+
+    /// The schedules the store held when it was opened (once; later calls
+    /// get none).
+    pub fn take_schedules(&self) -> Vec<StoredSchedule> {
+        std::mem::take(
+            &mut *self
+                .inner
+                .schedules
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
     /// Resolves once every write made before it is committed.
     pub fn flush(&self) -> Ticket {
         self.write(Op::Flush, true)
@@ -474,6 +553,23 @@ impl Store {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .finished_by_id(id)
+    }
+
+    /// How each of these finished tasks ended, for those the store keeps.
+    pub fn outcome_kinds(
+        &self,
+        ids: &[TaskId],
+    ) -> HashMap<TaskId, taskhost_core::outcome::OutcomeKind> {
+        let Some(reader) = self.inner.reader.as_ref() else {
+            return HashMap::new();
+        };
+        let reader = reader.lock().unwrap_or_else(PoisonError::into_inner);
+        ids.iter()
+            .filter_map(|id| {
+                let finished = reader.finished_by_id(*id)?;
+                Some((*id, finished.report.outcome.kind()))
+            })
+            .collect()
     }
 
     /// The newest finished task that held `name`.

@@ -1373,6 +1373,8 @@ impl Pg {
                 plugin: r.get(6),
                 outcome: None,
                 node: r.get(7),
+                due_ms: None,
+                schedule: None,
             }
         })
         .collect();
@@ -1402,6 +1404,8 @@ impl Pg {
                         .as_deref()
                         .and_then(OutcomeKind::from_word),
                     node: None,
+                    due_ms: None,
+                    schedule: None,
                 }
             }));
             rows.sort_by_key(|r| r.id);

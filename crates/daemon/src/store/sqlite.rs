@@ -9,13 +9,14 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, params};
 
-use crate::protocol::SubmitRequest;
+use crate::protocol::{ScheduleSpec, SubmitRequest};
 use taskhost_core::lifecycle::TaskState;
 use taskhost_core::supervisor::TaskId;
 use taskhost_runtime::Digest;
 
 use super::{
-    Finished, Op, Pause, PluginRefs, Retention, StoreError, Unfinished, Write, digest_bytes, now_ms,
+    Finished, Op, Pause, PluginRefs, Retention, StoreError, StoredSchedule, Unfinished, Write,
+    digest_bytes, now_ms,
 };
 
 /// The migrations, in order; `PRAGMA user_version` counts those applied.
@@ -23,6 +24,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0001_tasks.sql"),
     include_str!("../../migrations/0002_pauses.sql"),
     include_str!("../../migrations/0003_idempotency.sql"),
+    include_str!("../../migrations/0004_schedules.sql"),
 ];
 
 /// Most writes in one transaction.
@@ -45,10 +47,7 @@ fn connect(path: &Path, flags: OpenFlags) -> Result<Connection, StoreError> {
 
 /// Opens the database: creates or migrates it, refuses one written by a
 /// newer version or one that is damaged, and reads what recovery needs.
-pub(super) fn open(
-    path: &Path,
-    retention: Retention,
-) -> Result<(Writer, Reader, u64, Vec<Unfinished>), StoreError> {
+pub(super) fn open(path: &Path, retention: Retention) -> Result<Opened, StoreError> {
     check_size(path)?;
     let mut conn = connect(
         path,
@@ -117,6 +116,7 @@ pub(super) fn open(
         )
         .map_err(|e| err(path, "cannot read it", e))? as u64;
     let unfinished = read_unfinished(&conn).map_err(|e| err(path, "cannot read it", e))?;
+    let schedules = read_schedules(&conn).map_err(|e| err(path, "cannot read it", e))?;
     let reader = Reader {
         conn: connect(
             path,
@@ -135,7 +135,63 @@ pub(super) fn open(
     if let Err(e) = writer.prune() {
         tracing::warn!("store retention failed: {e}");
     }
-    Ok((writer, reader, next_id, unfinished))
+    Ok(Opened {
+        writer,
+        reader,
+        next_id,
+        unfinished,
+        schedules,
+    })
+}
+
+/// What opening the database gives: its writer and reader, the next task
+/// id, and what recovery and the schedules need.
+pub(super) struct Opened {
+    pub writer: Writer,
+    pub reader: Reader,
+    pub next_id: u64,
+    pub unfinished: Vec<Unfinished>,
+    pub schedules: Vec<StoredSchedule>,
+}
+
+fn read_schedules(conn: &Connection) -> rusqlite::Result<Vec<StoredSchedule>> {
+    let mut stmt = conn.prepare(
+        "SELECT name, spec, paused, next_ms, last_fire_ms, last_task, created_ms, plugin \
+         FROM schedules ORDER BY name",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, Vec<u8>>(1)?,
+            r.get::<_, bool>(2)?,
+            r.get::<_, Option<i64>>(3)?,
+            r.get::<_, Option<i64>>(4)?,
+            r.get::<_, Option<i64>>(5)?,
+            r.get::<_, i64>(6)?,
+            r.get::<_, String>(7)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (name, spec, paused, next_ms, last_fire_ms, last_task, created_ms, plugin) = row?;
+        let spec = match ScheduleSpec::decode_stored(&spec) {
+            Ok(spec) => spec,
+            Err(e) => {
+                tracing::error!("schedule `{name}` in the store cannot be read ({e}); skipping it");
+                continue;
+            }
+        };
+        out.push(StoredSchedule {
+            spec,
+            plugin,
+            paused,
+            next_ms: next_ms.map(|v| v.max(0) as u64),
+            last_fire_ms: last_fire_ms.map(|v| v.max(0) as u64),
+            last_task: last_task.map(|v| TaskId::from_u64(v.max(0) as u64)),
+            created_ms: created_ms.max(0) as u64,
+        });
+    }
+    Ok(out)
 }
 
 /// `PRAGMA application_id` of a taskhost store ("TSKH").
@@ -386,7 +442,43 @@ impl Writer {
                             task.submitted_ms as i64
                         ])?;
                     }
+                    if let Some(fired) = &task.fired {
+                        tx.prepare_cached(
+                            "UPDATE schedules SET last_fire_ms = ?2, last_task = ?3, \
+                             next_ms = CASE WHEN ?4 THEN ?5 ELSE next_ms END WHERE name = ?1",
+                        )?
+                        .execute(params![
+                            fired.schedule,
+                            fired.due_ms as i64,
+                            task.id.get() as i64,
+                            fired.advances(),
+                            fired.next_ms.map(|v| v as i64)
+                        ])?;
+                    }
                     next_id = next_id.max(task.id.get() + 1);
+                }
+                Op::Schedule(schedule) => {
+                    let spec = postcard::to_allocvec(&schedule.spec)
+                        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+                    tx.prepare_cached(
+                        "INSERT OR REPLACE INTO schedules (name, spec, paused, next_ms, \
+                         last_fire_ms, last_task, created_ms, plugin) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                    )?
+                    .execute(params![
+                        schedule.spec.name,
+                        spec,
+                        schedule.paused,
+                        schedule.next_ms.map(|v| v as i64),
+                        schedule.last_fire_ms.map(|v| v as i64),
+                        schedule.last_task.map(|id| id.get() as i64),
+                        schedule.created_ms as i64,
+                        schedule.plugin
+                    ])?;
+                }
+                Op::ScheduleRemoved(name) => {
+                    tx.prepare_cached("DELETE FROM schedules WHERE name = ?1")?
+                        .execute(params![name])?;
                 }
                 Op::AttemptStarted { id, attempt } => {
                     tx.prepare_cached(
@@ -521,7 +613,7 @@ fn fold_starts(batch: &[Write]) -> (Vec<u32>, Vec<bool>) {
             Op::Finished(finished) => {
                 open.remove(&finished.report.id);
             }
-            Op::Flush | Op::Checkpoint => {}
+            Op::Flush | Op::Checkpoint | Op::Schedule(_) | Op::ScheduleRemoved(_) => {}
         }
     }
     (started, folded)

@@ -36,8 +36,8 @@ use taskhost_runtime::Digest;
 
 use crate::wire::protocol::{
     Envelope, ErrorKind, FrameError, Hello, MAGIC, PROTOCOL_VERSION, PluginRow, Reassembly, Reply,
-    Request, SubmitRequest, Submitted, TaskRow, UPLOAD_CHUNK, Welcome, encode, read_frame,
-    write_frame,
+    Request, ScheduleRow, ScheduleVerb, SubmitRequest, Submitted, TaskRow, UPLOAD_CHUNK, Welcome,
+    encode, read_frame, write_frame,
 };
 
 /// Replies buffered per request before the connection's reader waits for
@@ -408,6 +408,34 @@ impl Client {
             other => Err(Box::new(other)),
         })
         .await
+    }
+
+    /// Every schedule, by name.
+    pub async fn schedules(&self) -> Result<Vec<ScheduleRow>, ClientError> {
+        let list = Request::Schedule(ScheduleVerb::List);
+        self.pages(list, "schedule ls", |reply| match reply {
+            Reply::Schedules(page) => Ok(page),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+
+    /// A schedule verb answered with the schedule (`add`, `rm`, `pause`,
+    /// `resume`).
+    pub async fn schedule(&self, verb: ScheduleVerb) -> Result<ScheduleRow, ClientError> {
+        match self.call(Request::Schedule(verb)).await? {
+            Reply::Schedule(row) => Ok(row),
+            other => Err(self.unexpected("a schedule verb", &other)),
+        }
+    }
+
+    /// Fires a schedule once now; answered as a submission.
+    pub async fn run_schedule(&self, name: &str) -> Result<Submitted, ClientError> {
+        let run = Request::Schedule(ScheduleVerb::Run(name.to_owned()));
+        match self.call(run).await? {
+            Reply::Submitted(submitted) => Ok(submitted),
+            other => Err(self.unexpected("schedule run", &other)),
+        }
     }
 
     /// Sends a request answered by pages (`page` takes one apart) ended by

@@ -23,7 +23,7 @@ use taskhost_core::supervisor::{
 use taskhost_runtime::{Digest, DirGrant, HttpAllow};
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).
@@ -103,82 +103,58 @@ pub struct SubmitRequest {
     pub allow_http: Vec<HttpAllow>,
     /// The client's idempotency key (`--idempotency-key`): the same key
     /// with the same request gives the task it first made, for the
-    /// daemon's `idempotency_retention`. Last, so that requests stored
-    /// before it existed still decode ([`SubmitRequest::decode_stored`]).
+    /// daemon's `idempotency_retention`.
     pub idempotency_key: Option<String>,
+    /// Hold the task until then (`--delay`, `--at`): accepted at once,
+    /// placed in its slot no earlier. The daemon keeps it as
+    /// [`NotBefore::At`].
+    pub not_before: Option<NotBefore>,
+    /// Among attempts waiting for the concurrency limit, higher goes
+    /// first (`--priority`) [default: 0].
+    pub priority: i32,
+    /// The schedule that fired it: set by the daemon, never by a client.
+    /// New fields go last, each one a single zero byte when unset, so that
+    /// requests stored before them still decode
+    /// ([`SubmitRequest::decode_stored`]).
+    pub schedule: Option<String>,
 }
+
+/// When a delayed submission may enter its slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NotBefore {
+    /// This long after the daemon accepts it.
+    After(Duration),
+    /// At this time, ms since the Unix epoch.
+    At(u64),
+}
+
+impl NotBefore {
+    /// The time, ms since the Unix epoch, for a request accepted at
+    /// `now_ms`.
+    pub fn at(self, now_ms: u64) -> u64 {
+        match self {
+            Self::After(d) => now_ms.saturating_add(d.as_millis() as u64),
+            Self::At(at) => at,
+        }
+    }
+}
+
+/// Fields added to [`SubmitRequest`] since protocol 4 (`allow_http`,
+/// `idempotency_key`, `not_before`, `priority`, `schedule`).
+const ADDED_FIELDS: usize = 5;
 
 /// The longest idempotency key taken, in bytes.
 pub const MAX_IDEMPOTENCY_KEY: usize = 256;
 
-/// A [`SubmitRequest`] as protocol 6 stored it (before
-/// `idempotency_key`): postcard writes a struct's fields one after the
-/// other, so the fields of protocols 4 and 5, then `allow_http`.
-#[derive(Deserialize)]
-struct SubmitRequestV6 {
-    request: SubmitRequestV5,
-    allow_http: Vec<HttpAllow>,
-}
-
-/// A [`SubmitRequest`] as protocols 4 and 5 stored it (before
-/// `allow_http`), so that the rows of an older daemon's store still decode.
-#[derive(Deserialize)]
-struct SubmitRequestV5 {
-    plugin: Digest,
-    name: Option<String>,
-    slot: Option<String>,
-    policy: Option<AdmissionPolicy>,
-    params: Vec<(String, String)>,
-    #[serde(with = "serde_bytes")]
-    input: Vec<u8>,
-    restart: Option<RestartPolicy>,
-    max_retries: Option<u32>,
-    backoff: Option<BackoffPolicy>,
-    timeout: Option<Duration>,
-    max_memory: Option<u64>,
-    dirs: Vec<DirGrant>,
-    env: Vec<(String, String)>,
-}
-
 impl SubmitRequest {
-    /// Decodes a request a store kept (postcard): the current layout, else
-    /// the layout of protocol 6 (no idempotency key), else that of
-    /// protocols 4 and 5, which had no `allow_http` (such a task is granted
-    /// no HTTP, as it was then).
+    /// Decodes a request a store kept (postcard). Fields were only ever
+    /// added at the end, each of which encodes unset as one zero byte (an
+    /// empty list, `None`, 0): a request stored before some of them decodes
+    /// with those zero bytes added, which gives exactly the values an
+    /// older daemon meant (no `allow_http` for protocols 4 and 5, no
+    /// idempotency key before 7, no delay, priority or schedule before 8).
     pub fn decode_stored(bytes: &[u8]) -> Result<Self, postcard::Error> {
-        let current = postcard::from_bytes::<Self>(bytes);
-        if current.is_ok() {
-            return current;
-        }
-        let old = postcard::from_bytes::<SubmitRequestV6>(bytes).or_else(|_| {
-            postcard::from_bytes::<SubmitRequestV5>(bytes).map(|v5| SubmitRequestV6 {
-                request: v5,
-                allow_http: Vec::new(),
-            })
-        });
-        match old {
-            Ok(old) => {
-                let v5 = old.request;
-                Ok(Self {
-                    plugin: v5.plugin,
-                    name: v5.name,
-                    slot: v5.slot,
-                    policy: v5.policy,
-                    params: v5.params,
-                    input: v5.input,
-                    restart: v5.restart,
-                    max_retries: v5.max_retries,
-                    backoff: v5.backoff,
-                    timeout: v5.timeout,
-                    max_memory: v5.max_memory,
-                    dirs: v5.dirs,
-                    env: v5.env,
-                    allow_http: old.allow_http,
-                    idempotency_key: None,
-                })
-            }
-            Err(_) => current,
-        }
+        decode_padded(bytes)
     }
 
     /// A submission of this plugin with every default.
@@ -199,6 +175,9 @@ impl SubmitRequest {
             env: Vec::new(),
             allow_http: Vec::new(),
             idempotency_key: None,
+            not_before: None,
+            priority: 0,
+            schedule: None,
         }
     }
 
@@ -308,6 +287,106 @@ pub enum Request {
         /// A digest or its unique prefix (hex); `None`: every unused one.
         prefix: Option<String>,
     },
+    /// A verb on schedules (`host schedule …`).
+    Schedule(ScheduleVerb),
+}
+
+/// What `host schedule` asks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ScheduleVerb {
+    /// Store a new schedule; answered with its [`Reply::Schedule`].
+    Add(Box<ScheduleSpec>),
+    /// Every schedule: pages of [`Reply::Schedules`], then [`Reply::End`].
+    List,
+    /// Delete a schedule (its tasks go on); answered with its last row.
+    Remove(String),
+    /// Stop a schedule's firings until it is resumed.
+    Pause(String),
+    /// Let a paused schedule fire again (its missed firings as it says).
+    Resume(String),
+    /// Fire a schedule once now, whatever its time; answered as a submit.
+    Run(String),
+}
+
+/// A schedule as `host schedule add` sends it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleSpec {
+    /// Its name (unique; its firings are named `<name>-<id>`).
+    pub name: String,
+    /// The cron expression (5 fields, 6 with seconds, or `@hourly` and
+    /// such).
+    pub cron: String,
+    /// The IANA zone its expression is read in [default: UTC].
+    pub tz: Option<String>,
+    /// What it does with firings missed while the host was down or it was
+    /// paused.
+    pub missed: crate::schedule::Missed,
+    /// What each firing submits (no name: each firing gets its own).
+    pub request: SubmitRequest,
+}
+
+impl ScheduleSpec {
+    /// Decodes a schedule a store kept (its request as
+    /// [`SubmitRequest::decode_stored`] reads one).
+    pub fn decode_stored(bytes: &[u8]) -> Result<Self, postcard::Error> {
+        decode_padded(bytes)
+    }
+}
+
+/// Decodes a stored value whose last part is a [`SubmitRequest`] (see
+/// [`SubmitRequest::decode_stored`]): as it is, else with the zero bytes of
+/// the fields added since it was stored.
+fn decode_padded<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, postcard::Error> {
+    let current = postcard::from_bytes::<T>(bytes);
+    if current.is_ok() {
+        return current;
+    }
+    let mut padded = bytes.to_vec();
+    for added in 1..=ADDED_FIELDS {
+        padded.resize(bytes.len() + added, 0);
+        if let Ok(old) = postcard::from_bytes::<T>(&padded) {
+            return Ok(old);
+        }
+    }
+    current
+}
+
+/// A schedule as `host schedule ls` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduleRow {
+    /// Its name.
+    pub name: String,
+    /// Its cron expression.
+    pub cron: String,
+    /// Its zone.
+    pub tz: String,
+    /// What it does with missed firings.
+    pub missed: crate::schedule::Missed,
+    /// Whether it is paused.
+    pub paused: bool,
+    /// Its plugin's name.
+    pub plugin: String,
+    /// Its plugin's digest.
+    pub digest: Digest,
+    /// The slot its firings ask for, when given (else the plugin's
+    /// resource, else the schedule's name).
+    pub slot: Option<String>,
+    /// The policy of its firings for a busy slot, when given (else the
+    /// plugin's).
+    pub policy: Option<AdmissionPolicy>,
+    /// Its firings' priority.
+    pub priority: i32,
+    /// Its next firing, ms since the Unix epoch (none while paused, or if
+    /// it never fires again).
+    pub next_ms: Option<u64>,
+    /// When it last fired (the due time that firing served).
+    pub last_fire_ms: Option<u64>,
+    /// The task its last firing submitted.
+    pub last_task: Option<TaskId>,
+    /// How that task ended, once it has.
+    pub last_outcome: Option<OutcomeKind>,
+    /// When it was added, ms since the Unix epoch.
+    pub created_ms: u64,
 }
 
 /// The longest duration a request may carry (a timeout, an interval, a
@@ -318,49 +397,92 @@ pub const MAX_WIRE_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600
 impl Request {
     /// Checks the durations and sizes a request carries, which serde only
     /// checked for their type: every one within [`MAX_WIRE_DURATION`], a
-    /// memory limit of at least one WebAssembly page.
+    /// memory limit of at least one WebAssembly page; and that a client
+    /// sets nothing only the daemon sets.
     pub fn check(&self) -> Result<(), String> {
-        let duration = |what: &str, d: Option<Duration>| match d {
-            Some(d) if d > MAX_WIRE_DURATION => Err(format!(
-                "{what} {d:?} is out of range: at most {} days",
-                MAX_WIRE_DURATION.as_secs() / 86_400
-            )),
-            _ => Ok(()),
-        };
         match self {
             Request::Submit(submit) => {
-                duration("the timeout", submit.timeout)?;
-                if let Some(key) = &submit.idempotency_key
-                    && (key.is_empty()
-                        || key.len() > MAX_IDEMPOTENCY_KEY
-                        || key.chars().any(char::is_control))
-                {
-                    return Err(format!(
-                        "the idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY} bytes of \
-                         printable text"
-                    ));
+                if submit.schedule.is_some() {
+                    return Err("a submission cannot name a schedule: schedules fire their \
+                                own (`host schedule add`)"
+                        .into());
                 }
-                if let Some(RestartPolicy::Always { interval }) = submit.restart {
-                    duration("the interval (--every)", Some(interval))?;
+                check_submit(submit)
+            }
+            Request::Schedule(ScheduleVerb::Add(spec)) => {
+                if spec.request.schedule.is_some() || spec.request.name.is_some() {
+                    return Err(
+                        "a schedule's firings are named `<schedule>-<id>`: it takes \
+                                no task name"
+                            .into(),
+                    );
                 }
-                duration(
-                    "the backoff",
-                    submit.backoff.as_ref().map(BackoffPolicy::max),
-                )?;
-                if let Some(bytes) = submit.max_memory
-                    && bytes < 64 << 10
-                {
-                    return Err(format!(
-                        "the memory limit {bytes} bytes is out of range: at least 64KiB (one \
-                         WebAssembly page)"
-                    ));
+                if spec.request.not_before.is_some() {
+                    return Err("a schedule's firings take no --delay or --at".into());
                 }
-                Ok(())
+                if spec.request.idempotency_key.is_some() {
+                    return Err("a schedule's firings take no idempotency key".into());
+                }
+                check_submit(&spec.request)
             }
             Request::Shutdown { grace, .. } => duration("the grace", *grace),
             _ => Ok(()),
         }
     }
+}
+
+/// A duration within [`MAX_WIRE_DURATION`].
+fn duration(what: &str, d: Option<Duration>) -> Result<(), String> {
+    match d {
+        Some(d) if d > MAX_WIRE_DURATION => Err(format!(
+            "{what} {d:?} is out of range: at most {} days",
+            MAX_WIRE_DURATION.as_secs() / 86_400
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Checks the durations and sizes of a submission (see [`Request::check`]).
+fn check_submit(submit: &SubmitRequest) -> Result<(), String> {
+    duration("the timeout", submit.timeout)?;
+    match submit.not_before {
+        Some(NotBefore::After(d)) => duration("the delay (--delay)", Some(d))?,
+        Some(NotBefore::At(at)) => {
+            let latest =
+                crate::store::now_ms().saturating_add(MAX_WIRE_DURATION.as_millis() as u64);
+            if at > latest {
+                return Err(format!(
+                    "--at {} is out of range: at most {} days from now",
+                    crate::schedule::format_ms(at),
+                    MAX_WIRE_DURATION.as_secs() / 86_400
+                ));
+            }
+        }
+        None => {}
+    }
+    if let Some(key) = &submit.idempotency_key
+        && (key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY || key.chars().any(char::is_control))
+    {
+        return Err(format!(
+            "the idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY} bytes of printable text"
+        ));
+    }
+    if let Some(RestartPolicy::Always { interval }) = submit.restart {
+        duration("the interval (--every)", Some(interval))?;
+    }
+    duration(
+        "the backoff",
+        submit.backoff.as_ref().map(BackoffPolicy::max),
+    )?;
+    if let Some(bytes) = submit.max_memory
+        && bytes < 64 << 10
+    {
+        return Err(format!(
+            "the memory limit {bytes} bytes is out of range: at least 64KiB (one WebAssembly \
+             page)"
+        ));
+    }
+    Ok(())
 }
 
 /// A stored plugin, as `host plugins ls` shows it.
@@ -421,6 +543,10 @@ pub struct TaskRow {
     pub outcome: Option<OutcomeKind>,
     /// In cluster mode, the node running it.
     pub node: Option<String>,
+    /// For a delayed submission, when it is due (ms since the Unix epoch).
+    pub due_ms: Option<u64>,
+    /// The schedule that fired it.
+    pub schedule: Option<String>,
 }
 
 /// Puts outputs sent in [`Reply::OutputPart`]s back into the report that
@@ -506,6 +632,10 @@ pub enum Reply {
         /// One line for people.
         message: String,
     },
+    /// A page of `host schedule ls`.
+    Schedules(Vec<ScheduleRow>),
+    /// One schedule, as a verb left it.
+    Schedule(ScheduleRow),
 }
 
 /// The kind of a failed request.
@@ -603,26 +733,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stored_requests_of_protocols_4_to_6_still_decode() {
+    fn stored_requests_of_older_protocols_still_decode() {
         let mut request = SubmitRequest::new(Digest::of(b"plugin"));
         request.name = Some("nap".into());
         request.env = vec![("K".into(), "V".into())];
         request.timeout = Some(Duration::from_secs(3));
-        // Protocol 6 had no trailing idempotency key (`None`: one zero
-        // byte); protocols 4 and 5 no `allow_http` before it either (an
-        // empty one: one zero byte, its length).
-        let mut old = postcard::to_allocvec(&request).unwrap();
-        assert_eq!(old.pop(), Some(0));
-        assert_eq!(SubmitRequest::decode_stored(&old).unwrap(), request);
-        request.allow_http = vec!["http://127.0.0.1:8080".parse().unwrap()];
-        let mut v6 = postcard::to_allocvec(&request).unwrap();
-        assert_eq!(v6.pop(), Some(0));
-        assert_eq!(SubmitRequest::decode_stored(&v6).unwrap(), request);
-        request.allow_http.clear();
-        assert_eq!(old.pop(), Some(0));
-        assert_eq!(SubmitRequest::decode_stored(&old).unwrap(), request);
         request.allow_http = vec!["http://127.0.0.1:8080".parse().unwrap()];
         request.idempotency_key = Some("k-1".into());
+        // Protocol 7 ended with the idempotency key: no delay, priority or
+        // schedule (three zero bytes now).
+        let mut v7 = postcard::to_allocvec(&request).unwrap();
+        for _ in 0..3 {
+            assert_eq!(v7.pop(), Some(0));
+        }
+        assert_eq!(SubmitRequest::decode_stored(&v7).unwrap(), request);
+        // Protocol 6 had no idempotency key; 4 and 5 no `allow_http`.
+        request.idempotency_key = None;
+        let mut v6 = postcard::to_allocvec(&request).unwrap();
+        v6.truncate(v6.len() - 4);
+        assert_eq!(SubmitRequest::decode_stored(&v6).unwrap(), request);
+        request.allow_http.clear();
+        let mut v5 = postcard::to_allocvec(&request).unwrap();
+        v5.truncate(v5.len() - 5);
+        assert_eq!(SubmitRequest::decode_stored(&v5).unwrap(), request);
+        request.not_before = Some(NotBefore::At(1_800_000_000_000));
+        request.priority = -3;
+        request.schedule = Some("nightly".into());
         let new = postcard::to_allocvec(&request).unwrap();
         assert_eq!(SubmitRequest::decode_stored(&new).unwrap(), request);
         assert!(SubmitRequest::decode_stored(&new[..10]).is_err());

@@ -6,11 +6,13 @@
 //! | `submit` | `submit`, and the wait with live progress it shares with `wait` |
 //! | `tasks` | `wait`, `rerun`, `cancel`, `remove`, `ps`, `slots` |
 //! | `streams` | `events`, `logs` |
+//! | `schedule` | `schedule add`, `ls`, `rm`, `pause`, `resume`, `run` |
 //! | `admin` | `shutdown` |
 //! | `plugins` | `plugins ls`, `plugins rm`, `plugins prune` |
 
 pub mod admin;
 pub mod plugins;
+pub mod schedule;
 pub mod streams;
 pub mod submit;
 pub mod tasks;

@@ -4,15 +4,16 @@
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Args;
 use taskhost::controller::AdmissionPolicy;
 use taskhost::daemon::Client;
 use taskhost::daemon::protocol::{
-    EventFilter, MAX_SUBMIT_INPUT, Placement, Reply, Request, SubmitRequest,
+    EventFilter, MAX_SUBMIT_INPUT, NotBefore, Placement, Reply, Request, SubmitRequest,
 };
 use taskhost::supervisor::{EventKind, TaskRef, TaskReport};
-use taskhost::units::{format_duration, format_size};
+use taskhost::units::{format_duration, format_size, parse_duration};
 
 use super::super::args::{PolicyArgs, SocketArg, TaskArgs};
 use super::super::exit::{self, outcome_code, usage};
@@ -27,6 +28,15 @@ pub struct SubmitArgs {
     /// What to do when the slot is busy: queue, replace, drop-if-running [default: the plugin's].
     #[arg(long, value_name = "POLICY")]
     policy: Option<AdmissionPolicy>,
+    /// Among attempts waiting for the daemon's --max-concurrent, higher goes first; equal ones in the order they began to wait. It does not reorder a slot's queue [default: 0].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    priority: Option<i32>,
+    /// Hold the task this long after the daemon accepts it, such as 90s or 2h: it is acknowledged at once, shown as waiting with its due time in `host ps`, and enters its slot no earlier (kept across restarts).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, conflicts_with = "at")]
+    delay: Option<Duration>,
+    /// Hold the task until this time, RFC 3339 such as 2026-12-24T18:00:00Z or 2026-12-24T19:00:00+01:00 (as --delay; a time past enters at once).
+    #[arg(long, value_name = "TIME", value_parser = parse_at)]
+    at: Option<u64>,
     /// Wait for the final outcome and print it (output on stdout, exit code by outcome).
     #[arg(long)]
     wait: bool,
@@ -37,8 +47,29 @@ pub struct SubmitArgs {
     pub socket: SocketArg,
 }
 
-pub async fn submit(args: SubmitArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
-    let task = &args.task;
+/// `--at TIME`: RFC 3339, as ms since the Unix epoch.
+fn parse_at(text: &str) -> Result<u64, String> {
+    taskhost::daemon::schedule::parse_rfc3339(text)
+}
+
+/// A submission read from the task flags, with its plugin's bytes.
+pub struct Prepared {
+    /// The plugin file as the user named it.
+    pub shown: String,
+    /// The plugin's bytes.
+    pub bytes: Vec<u8>,
+    /// The request (its plugin by digest).
+    pub request: SubmitRequest,
+}
+
+/// Reads the task flags into a request: every mistake is a usage error
+/// before anything is sent.
+pub fn prepare(
+    task: &TaskArgs,
+    policy_flags: &PolicyArgs,
+    policy: Option<AdmissionPolicy>,
+    priority: Option<i32>,
+) -> anyhow::Result<Prepared> {
     let params = task.params()?;
     let sandbox = task.sandbox()?;
     let input = task.input()?;
@@ -49,8 +80,7 @@ pub async fn submit(args: SubmitArgs, before_verb: Option<PathBuf>) -> anyhow::R
             format_size(MAX_SUBMIT_INPUT as u64)
         )));
     }
-    // Checked here so a mistake is a usage error before anything is sent.
-    let policies = args.policy_flags.resolve(task.timeout)?;
+    let policies = policy_flags.resolve(task.timeout)?;
     let shown = task.plugin.display().to_string();
     let bytes = std::fs::read(&task.plugin)
         .map_err(|e| usage(format!("cannot read plugin `{shown}`: {e}")))?;
@@ -69,24 +99,10 @@ pub async fn submit(args: SubmitArgs, before_verb: Option<PathBuf>) -> anyhow::R
             Ok(grant)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-
-    let client = super::connect(&args.socket, before_verb.as_deref()).await?;
-    // The daemon names plugins by digest; the user knows the file.
-    let digest = taskhost::runtime::Digest::of(&bytes);
-    let name_the_file = |err: taskhost::daemon::ClientError| {
-        let message = err.to_string().replace(&digest.to_string(), &shown);
-        match err {
-            taskhost::daemon::ClientError::Daemon { kind, .. } => {
-                exit::client(taskhost::daemon::ClientError::Daemon { kind, message })
-            }
-            other => exit::client(other),
-        }
-    };
-    client.ensure_plugin(&bytes).await.map_err(name_the_file)?;
-    let mut request = SubmitRequest::new(digest);
+    let mut request = SubmitRequest::new(taskhost::runtime::Digest::of(&bytes));
     request.name = task.name.clone();
     request.slot = task.slot.clone();
-    request.policy = args.policy;
+    request.policy = policy;
     request.params = params;
     request.input = input;
     request.restart = Some(policies.restart);
@@ -97,9 +113,53 @@ pub async fn submit(args: SubmitArgs, before_verb: Option<PathBuf>) -> anyhow::R
     request.dirs = dirs;
     request.env = sandbox.env.clone();
     request.allow_http = sandbox.http.clone();
-    request.idempotency_key = args.idempotency_key.clone();
-    let submitted = client.submit(request).await.map_err(name_the_file)?;
-    answer(&client, submitted, args.wait, task.json).await
+    request.priority = priority.unwrap_or(0);
+    Ok(Prepared {
+        shown,
+        bytes,
+        request,
+    })
+}
+
+impl Prepared {
+    /// Errors of the daemon that name the plugin by digest, with the file's
+    /// name instead.
+    pub fn name_the_file(&self, err: taskhost::daemon::ClientError) -> anyhow::Error {
+        let digest = self.request.plugin.to_string();
+        let message = err.to_string().replace(&digest, &self.shown);
+        match err {
+            taskhost::daemon::ClientError::Daemon { kind, .. } => {
+                exit::client(taskhost::daemon::ClientError::Daemon { kind, message })
+            }
+            other => exit::client(other),
+        }
+    }
+
+    /// Uploads the plugin unless the daemon has it.
+    pub async fn upload(&self, client: &Client) -> anyhow::Result<()> {
+        client
+            .ensure_plugin(&self.bytes)
+            .await
+            .map_err(|e| self.name_the_file(e))?;
+        Ok(())
+    }
+}
+
+pub async fn submit(args: SubmitArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
+    let mut prepared = prepare(&args.task, &args.policy_flags, args.policy, args.priority)?;
+    prepared.request.idempotency_key = args.idempotency_key.clone();
+    prepared.request.not_before = match (args.delay, args.at) {
+        (Some(delay), _) => Some(NotBefore::After(delay)),
+        (None, Some(at)) => Some(NotBefore::At(at)),
+        (None, None) => None,
+    };
+    let client = super::connect(&args.socket, before_verb.as_deref()).await?;
+    prepared.upload(&client).await?;
+    let submitted = client
+        .submit(prepared.request.clone())
+        .await
+        .map_err(|e| prepared.name_the_file(e))?;
+    answer(&client, submitted, args.wait, args.task.json).await
 }
 
 /// Prints where a submission (or a rerun) went: its id, or with `wait` its
@@ -145,6 +205,10 @@ pub async fn answer(
                     format!("replacing {name} (id {owner}) in slot {slot}")
                 }
                 Placement::Rejected(_) => String::new(),
+                Placement::Delayed { due_ms } => format!(
+                    "waiting until {} for slot {slot}",
+                    taskhost::daemon::schedule::format_ms(*due_ms)
+                ),
             };
             eprintln!("submitted {name} (id {id}), {place}");
         }

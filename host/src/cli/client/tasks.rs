@@ -118,6 +118,7 @@ pub async fn ps(args: PsArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8
         eprintln!("no live tasks (finished ones: host ps --all)");
     }
     let clustered = tasks.iter().any(|t| t.node.is_some());
+    let due = tasks.iter().any(|t| t.due_ms.is_some());
     let rows: Vec<Vec<String>> = tasks
         .iter()
         .map(|t| {
@@ -136,6 +137,12 @@ pub async fn ps(args: PsArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8
                     .map_or_else(|| "-".into(), |(done, total)| progress_text(done, total)),
                 t.plugin.clone(),
             ];
+            if due {
+                row.push(
+                    t.due_ms
+                        .map_or_else(|| "-".into(), taskhost::daemon::schedule::format_ms),
+                );
+            }
             if clustered {
                 row.push(t.node.clone().unwrap_or_else(|| "-".into()));
             }
@@ -145,6 +152,9 @@ pub async fn ps(args: PsArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8
     let mut header = vec![
         "ID", "NAME", "SLOT", "STATE", "ATTEMPTS", "AGE", "PROGRESS", "PLUGIN",
     ];
+    if due {
+        header.push("DUE");
+    }
     if clustered {
         header.push("NODE");
     }

@@ -22,7 +22,10 @@ use prometheus_client::registry::{Registry, Unit};
 use taskhost_core::controller::SlotState;
 use taskhost_core::lifecycle::TaskState;
 use taskhost_core::outcome::{OutcomeKind, RejectionKind};
-use taskhost_core::stats::{DurationHistogram, HistogramSnapshot, STORE_COMMITS};
+use taskhost_core::stats::{
+    DELAYS_DUE, DUE_TO_START, DurationHistogram, HistogramSnapshot, SCHEDULE_LATENESS,
+    STORE_COMMITS,
+};
 use taskhost_core::supervisor::{EventKind, EventStream, Received};
 use taskhost_runtime::Allocator;
 
@@ -491,6 +494,49 @@ impl Collector for Scrape {
             "taskhost_plugin_compile",
             "How long a plugin's compile (with describe) took.",
             &stats.compile_time.snapshot(),
+        )?;
+        // Time: schedules, delayed submissions, due -> start.
+        use crate::service::schedules::{FIRED, PASSED};
+        let kinds = ["on-time", "catch-up", "run"].map(str::to_owned);
+        labeled(
+            &mut enc,
+            MetricType::Counter,
+            "taskhost_schedule_firings",
+            "Schedule firings by kind: on time, catch-up (for firings missed while down or paused), run (by request).",
+            "kind",
+            &loaded(&FIRED, kinds.into_iter()),
+        )?;
+        counter(
+            &mut enc,
+            "taskhost_schedule_passed",
+            "Due times of schedules that got no firing of their own: skipped (--missed skip), or folded into one firing.",
+            get(&PASSED),
+        )?;
+        if d.cluster().is_none() {
+            gauge(
+                &mut enc,
+                "taskhost_schedules",
+                "Schedules this daemon holds.",
+                d.schedules.len() as i64,
+            )?;
+        }
+        histogram(
+            &mut enc,
+            "taskhost_schedule_lateness",
+            "How late schedules fired after their due times.",
+            &SCHEDULE_LATENESS.snapshot(),
+        )?;
+        histogram(
+            &mut enc,
+            "taskhost_delay_lateness",
+            "How late delayed submissions entered their slots after their due times (its count: delays that came due).",
+            &DELAYS_DUE.snapshot(),
+        )?;
+        histogram(
+            &mut enc,
+            "taskhost_due_to_start",
+            "From a task's due time (a delayed submission's, a schedule firing's) to its first attempt's start.",
+            &DUE_TO_START.snapshot(),
         )?;
         if d.local_store().is_some_and(|s| s.is_durable()) {
             histogram(
