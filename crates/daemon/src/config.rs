@@ -47,6 +47,10 @@ pub struct DaemonConfig {
     pub max_slot_queue: usize,
     /// Pending submissions over all slots.
     pub max_total_pending: usize,
+    /// Delayed submissions waiting for their time (`--delay`, `--at`).
+    pub max_delayed: usize,
+    /// Schedules one daemon (or cluster) holds.
+    pub max_schedules: usize,
     /// Default memory limit of a guest (all its linear memories together).
     pub max_memory: u64,
     /// The most memory a submission's `--max-memory` may ask for; one
@@ -160,6 +164,8 @@ impl DaemonConfig {
             max_concurrent: 256,
             max_slot_queue: 100,
             max_total_pending: 10_000,
+            max_delayed: taskhost_core::controller::DEFAULT_MAX_DELAYED,
+            max_schedules: 100_000,
             max_memory: DEFAULT_MAX_MEMORY,
             memory_ceiling: DEFAULT_MEMORY_CEILING,
             max_handles: taskhost_runtime::DEFAULT_MAX_HANDLES,
@@ -241,6 +247,12 @@ impl DaemonConfig {
         }
         if let Some(v) = file.max_total_pending {
             self.max_total_pending = v;
+        }
+        if let Some(v) = file.max_delayed {
+            self.max_delayed = v;
+        }
+        if let Some(v) = file.max_schedules {
+            self.max_schedules = v;
         }
         if let Some(v) = file.max_memory {
             self.max_memory = parse_size(&v).map_err(|e| format!("max_memory: {e}"))?;
@@ -427,6 +439,8 @@ struct FileConfig {
     max_concurrent: Option<usize>,
     max_slot_queue: Option<usize>,
     max_total_pending: Option<usize>,
+    max_delayed: Option<usize>,
+    max_schedules: Option<usize>,
     max_memory: Option<String>,
     memory_ceiling: Option<String>,
     max_handles: Option<usize>,

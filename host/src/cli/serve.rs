@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, tls_cert, tls_key, http_allow_plain, idempotency_retention, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_memory, memory_ceiling, max_handles, max_open_files, max_http_requests, max_header_bytes, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http, allow_dirs, allow_env); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, tls_cert, tls_key, http_allow_plain, idempotency_retention, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_delayed, max_schedules, max_memory, memory_ceiling, max_handles, max_open_files, max_http_requests, max_header_bytes, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http, allow_dirs, allow_env); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -35,6 +35,12 @@ pub struct ServeArgs {
     /// Pending submissions over all slots [default: 10000].
     #[arg(long, value_name = "N")]
     max_total_pending: Option<usize>,
+    /// Delayed submissions (--delay, --at) waiting for their time at once; past it a delayed submission is rejected (ResourceLimit) [default: 100000].
+    #[arg(long, value_name = "N")]
+    max_delayed: Option<usize>,
+    /// Schedules the daemon (in a cluster: the cluster) holds; past it `host schedule add` is refused [default: 100000].
+    #[arg(long, value_name = "N")]
+    max_schedules: Option<usize>,
     /// Default memory limit of a guest, all its linear memories together [default: 256MiB].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     max_memory: Option<u64>,
@@ -184,6 +190,12 @@ impl ServeArgs {
         }
         if let Some(v) = self.max_total_pending {
             config.max_total_pending = v;
+        }
+        if let Some(v) = self.max_delayed {
+            config.max_delayed = v;
+        }
+        if let Some(v) = self.max_schedules {
+            config.max_schedules = v;
         }
         if let Some(v) = self.max_memory {
             if v < 64 << 10 {

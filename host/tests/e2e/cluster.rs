@@ -1608,3 +1608,119 @@ fn an_idempotency_key_sent_through_two_nodes_makes_one_task() {
     let rows: serde_json::Value = serde_json::from_str(&rows.stdout).unwrap();
     assert_eq!(rows.as_array().unwrap().len(), 2, "{rows}");
 }
+
+/// The due times of the tasks a schedule fired, from the database, in
+/// order.
+fn fired_dues(pg: &Postgres, schedule: &str) -> Vec<u64> {
+    pg.psql(&format!(
+        "SELECT due_ms FROM taskhost_tasks WHERE schedule = '{schedule}' ORDER BY due_ms"
+    ))
+    .lines()
+    .map(|l| l.trim().parse().expect("a due time"))
+    .collect()
+}
+
+#[test]
+fn a_per_second_schedule_fires_once_a_second_across_nodes_and_a_sigkill() {
+    let pg = Postgres::start();
+    let a = node(&pg, "a", &[]);
+    let b = node(&pg, "b", &[]);
+    let mut c = node(&pg, "c", &[]);
+    let out = a.run(&[
+        "schedule",
+        "add",
+        "tick",
+        "--cron",
+        "* * * * * *",
+        &p("hello"),
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    // Every node answers for the cluster's schedules.
+    let out = b.run(&["schedule", "ls", "--json"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(out.stdout.contains("\"tick\""), "{}", out.stdout);
+    let until = |n: usize| {
+        let deadline = Instant::now() + LIMIT;
+        while fired_dues(&pg, "tick").len() < n {
+            assert!(Instant::now() < deadline, "fewer than {n} firings");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    until(4);
+    // A node dies, whatever it was doing (perhaps firing).
+    let mut process = c.process.take().expect("running");
+    process.child.kill().expect("SIGKILL c");
+    let _ = process.child.wait();
+    let after_kill = fired_dues(&pg, "tick").len();
+    until(after_kill + 4);
+    let out = b.run(&["schedule", "rm", "tick"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let dues = fired_dues(&pg, "tick");
+    for pair in dues.windows(2) {
+        assert_eq!(
+            pair[1] - pair[0],
+            1_000,
+            "one firing per second, none twice, none left out: {dues:?}"
+        );
+    }
+    // Every firing ran (on some node) and completed.
+    let outcomes = pg.psql(
+        "SELECT count(*) FROM taskhost_tasks WHERE schedule = 'tick' AND outcome = 'completed'",
+    );
+    let settled = pg
+        .psql("SELECT count(*) FROM taskhost_tasks WHERE schedule = 'tick' AND state = 'finished'");
+    assert_eq!(outcomes.trim(), settled.trim(), "{dues:?}");
+    let nodes = pg.psql(
+        "SELECT count(DISTINCT a.node) FROM taskhost_attempts a \
+         JOIN taskhost_tasks t ON t.id = a.task_id WHERE t.schedule = 'tick'",
+    );
+    assert!(
+        nodes.trim().parse::<u64>().unwrap() >= 2,
+        "ran on several nodes"
+    );
+}
+
+#[test]
+fn a_delayed_task_outlives_its_node_and_runs_once_after_its_time() {
+    let pg = Postgres::start();
+    let mut a = node(&pg, "a", &[]);
+    let b = node(&pg, "b", &[]);
+    let out = a.run(&[
+        "submit",
+        &p("hello"),
+        "--name",
+        "later",
+        "--input",
+        "late",
+        "--delay",
+        "3s",
+        "--json",
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let submitted: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("JSON");
+    assert_eq!(submitted["state"], "waiting", "{submitted}");
+    let due = submitted["due_ms"].as_u64().expect("due_ms");
+    let row = wait_until(&b, "later", "waiting", None);
+    assert_eq!(row["due_ms"].as_u64(), Some(due), "{row}");
+    // The node that took it dies; another places it at its time.
+    let mut process = a.process.take().expect("running");
+    process.child.kill().expect("SIGKILL a");
+    let _ = process.child.wait();
+    let (code, json) = wait_json(&b, "later");
+    assert_eq!(code, Some(0), "{json}");
+    assert_eq!(json["output"], "late");
+    assert_eq!(json["attempts"], 1, "{json}");
+    let rows = attempts(&pg, "later");
+    assert_eq!(rows.len(), 1, "ran once: {rows:?}");
+    assert!(
+        rows[0].started >= due,
+        "not before its time: {rows:?}, due {due}"
+    );
+    // Canceled while it waits, through any node: it never runs.
+    b.submit(&[&p("hello"), "--name", "never", "--delay", "1h"]);
+    let out = b.run(&["cancel", "never"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let (code, json) = wait_json(&b, "never");
+    assert_eq!(code, Some(3), "{json}");
+    assert_eq!(json["rejection"], "RemovedFromQueue", "{json}");
+}

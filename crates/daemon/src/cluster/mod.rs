@@ -19,6 +19,7 @@
 //! | file | owns |
 //! |---|---|
 //! | `node` | what the loops and the backend share: the database, the node's id and claims, its wake-ups |
+//! | `time` | the schedule verbs on the database; the loop that places delayed submissions and fires schedules when due |
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError, Weak};
@@ -34,7 +35,7 @@ use taskhost_core::units::format_duration;
 use taskhost_runtime::plugin_task::PluginTask;
 
 pub(crate) mod node;
-pub(crate) mod schedules;
+pub(crate) mod time;
 
 use crate::config::ClusterSettings;
 use crate::service::submissions;
@@ -81,6 +82,7 @@ pub(crate) fn start(daemon: &Arc<Daemon>) {
     tokio::spawn(lease_loop(Arc::downgrade(daemon)));
     tokio::spawn(fence_loop(Arc::downgrade(daemon)));
     tokio::spawn(poll_loop(Arc::downgrade(daemon)));
+    tokio::spawn(time::time_loop(Arc::downgrade(daemon)));
     tokio::spawn(event_loop(
         Arc::downgrade(cluster),
         daemon.controller.supervisor().subscribe(),
@@ -550,10 +552,11 @@ async fn listen_loop(daemon: Weak<Daemon>) {
         match cluster.pg.link().connect(Some(tx)).await {
             Ok(session) => {
                 let listen = format!(
-                    "LISTEN {}; LISTEN {}; LISTEN {}",
+                    "LISTEN {}; LISTEN {}; LISTEN {}; LISTEN {}",
                     postgres::READY,
                     postgres::STOP,
-                    postgres::FINISHED
+                    postgres::FINISHED,
+                    crate::store::pg_time::TIME
                 );
                 if let Err(err) = session.client.batch_execute(&listen).await {
                     tracing::warn!("cannot listen for notifications: {err}");
@@ -572,6 +575,7 @@ async fn listen_loop(daemon: Weak<Daemon>) {
                             .filter_map(|id| id.parse::<u64>().ok().map(TaskId::from_u64));
                         match channel.as_str() {
                             postgres::READY => cluster.wake.notify_one(),
+                            crate::store::pg_time::TIME => cluster.time.notify_one(),
                             postgres::STOP => {
                                 for id in ids {
                                     cluster.stop_local(&d.controller, id);

@@ -37,6 +37,8 @@ pub(crate) struct Cluster {
     pub(crate) node: AtomicI64,
     /// Wakes the claim loop.
     pub(crate) wake: Notify,
+    /// Wakes the time loop (a due time may have changed).
+    pub(crate) time: Notify,
     /// Ids of tasks whose outcome was just recorded (from notifications, and
     /// from this node's own records).
     pub(crate) finished: broadcast::Sender<TaskId>,
@@ -120,6 +122,7 @@ impl Cluster {
                 capacity,
                 node: AtomicI64::new(node),
                 wake: Notify::new(),
+                time: Notify::new(),
                 finished: broadcast::channel(4096).0,
                 waited: Mutex::default(),
                 feed: broadcast::channel(lane.max(1)).0,

@@ -179,6 +179,7 @@ pub async fn serve(
     let controller = Controller::builder(supervisor)
         .max_slot_queue(config.max_slot_queue)
         .max_total_pending(config.max_total_pending)
+        .max_delayed(config.max_delayed)
         .max_slots(max_slots)
         .build();
     let http_bound = match http_plan {

@@ -220,7 +220,7 @@ impl<'a> Backend<'a> {
                 }
             }),
             Self::Shared(daemon, cluster) => {
-                crate::cluster::schedules::verb(daemon, cluster, verb).await
+                crate::cluster::time::verb(daemon, cluster, verb).await
             }
         }
     }
@@ -890,12 +890,21 @@ async fn shared_submit(
         .await?;
     submissions::check(daemon, &request).await?;
     let info = plugin.info();
+    // A delayed one is recorded as such (its own transaction); its time
+    // counts from now.
+    let now = store::now_ms();
+    let due = request
+        .not_before
+        .map(|at| at.at(now))
+        .filter(|due| *due > now)
+        .map(|due| (due, daemon.config.max_delayed));
     let admission = Arc::new(Admission {
         names: submissions::names(&request, info),
         request,
         plugin: info.name.clone(),
         max_slot_queue: daemon.config.max_slot_queue,
         max_total_pending: daemon.config.max_total_pending,
+        due,
     });
     let keyed = admission
         .request
@@ -916,6 +925,10 @@ async fn shared_submit(
                             .admit_keyed(&admission, &key, fingerprint, since)
                             .await
                     })
+                }
+                None if admission.due.is_some() => {
+                    let (cluster, admission) = (Arc::clone(&cluster), Arc::clone(&admission));
+                    Box::pin(async move { cluster.pg.delay(&admission).await })
                 }
                 None => Box::pin(cluster.pg.admit_queued(Arc::clone(&admission))),
             }

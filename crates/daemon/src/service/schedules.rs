@@ -26,10 +26,7 @@ use crate::schedule::{self, CronZone, FireKind, Missed};
 use crate::service::submissions::{Origin, place};
 use crate::state::Daemon;
 use crate::store::{Firing, Store, StoredSchedule, Ticket, now_ms};
-use crate::wire::protocol::{ErrorKind, ScheduleRow, ScheduleSpec, Submitted};
-
-/// Schedules one daemon holds at most.
-pub const MAX_SCHEDULES: usize = 100_000;
+use crate::wire::protocol::{ErrorKind, NotBefore, ScheduleRow, ScheduleSpec, Submitted};
 
 /// The longest the firing loop sleeps before it looks at the clock again
 /// (a wall clock set forward is noticed within it).
@@ -376,6 +373,7 @@ async fn fire(
 ) -> Result<(Submitted, Ticket), Failure> {
     let mut request = due.spec.request.clone();
     request.schedule = Some(due.name.clone());
+    request.not_before = Some(NotBefore::At(due_ms));
     let firing = Firing {
         schedule: due.name.clone(),
         due_ms,
@@ -441,10 +439,7 @@ pub(crate) async fn add(
     store: &Store,
     spec: ScheduleSpec,
 ) -> Result<ScheduleRow, Failure> {
-    let invalid = |m: String| (ErrorKind::Invalid, m);
-    schedule::check_name(&spec.name).map_err(invalid)?;
-    let zone = CronZone::parse(&spec.cron, spec.tz.as_deref()).map_err(invalid)?;
-    let plugin = check_firing(daemon, &spec).await?;
+    let (spec, plugin, zone) = prepare(daemon, spec).await?;
     let now = now_ms();
     let entry = Entry {
         next_ms: zone.next_after(now),
@@ -459,19 +454,11 @@ pub(crate) async fn add(
     {
         let table = daemon.schedules.lock();
         if table.entries.contains_key(&entry.spec.name) {
-            return Err((
-                ErrorKind::Conflict,
-                format!(
-                    "a schedule named `{}` exists; remove it first (`host schedule rm {}`) or \
-                     choose another name",
-                    entry.spec.name, entry.spec.name
-                ),
-            ));
+            return Err(exists(&entry.spec.name));
         }
-        if table.entries.len() >= MAX_SCHEDULES {
-            return Err(invalid(format!(
-                "this daemon holds its limit of {MAX_SCHEDULES} schedules; remove some first"
-            )));
+        let most = daemon.config.max_schedules;
+        if table.entries.len() >= most {
+            return Err(full(most));
         }
     }
     stored(store.schedule(entry.stored())).await?;
@@ -481,16 +468,49 @@ pub(crate) async fn add(
     Ok(row)
 }
 
-/// Checks what a schedule's firings will submit, as a submission is
-/// checked now; returns the plugin's name.
-pub(crate) async fn check_firing(daemon: &Daemon, spec: &ScheduleSpec) -> Result<String, Failure> {
+/// The refusal of a name that is taken.
+pub(crate) fn exists(name: &str) -> Failure {
+    (
+        ErrorKind::Conflict,
+        format!(
+            "a schedule named `{name}` exists; remove it first (`host schedule rm {name}`) or \
+             choose another name"
+        ),
+    )
+}
+
+/// The refusal of a schedule past `--max-schedules`.
+pub(crate) fn full(most: usize) -> Failure {
+    (
+        ErrorKind::Invalid,
+        format!(
+            "this daemon holds its limit of {most} schedules (--max-schedules); remove some first"
+        ),
+    )
+}
+
+/// Checks a new schedule: its name, its expression and zone, and what its
+/// firings will submit, as a submission is checked now. Returns it with
+/// its firings' slot and policy resolved (the plugin's resource template
+/// and default policy are read once, here), its plugin's name and its
+/// zone.
+pub(crate) async fn prepare(
+    daemon: &Daemon,
+    mut spec: ScheduleSpec,
+) -> Result<(ScheduleSpec, String, CronZone), Failure> {
+    let invalid = |m: String| (ErrorKind::Invalid, m);
+    schedule::check_name(&spec.name).map_err(invalid)?;
+    let zone = CronZone::parse(&spec.cron, spec.tz.as_deref()).map_err(invalid)?;
     let mut request = spec.request.clone();
     request.schedule = Some(spec.name.clone());
     let (plugin, _) = crate::service::submissions::check(daemon, &request).await?;
     let info = plugin.info();
-    crate::service::submissions::naming(&request, info, TaskId::from_u64(1))
-        .map_err(|m| (ErrorKind::Invalid, m))?;
-    Ok(info.name.clone())
+    let (_, slot, policy) =
+        crate::service::submissions::naming(&request, info, TaskId::from_u64(1))
+            .map_err(invalid)?;
+    spec.request.slot = Some(slot);
+    spec.request.policy = Some(policy);
+    Ok((spec, info.name.clone(), zone))
 }
 
 /// `host schedule ls`: every schedule, by name, with how its last firing's

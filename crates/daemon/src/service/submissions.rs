@@ -533,9 +533,13 @@ pub(crate) async fn place(
         Arc::new(plugin_task)
     };
     let mut spec = spec_for(&request, name.clone(), slot.clone(), body, resume);
-    if let Some(fired) = &fired {
-        // Its first attempt's start is measured from the firing's time.
-        let late = Duration::from_millis(now.saturating_sub(fired.due_ms));
+    // Its first attempt's start is measured from its due time: a schedule
+    // firing's, or the time a delayed submission was held for (not a time
+    // already past when it was submitted).
+    if let Some(due) =
+        due_ms.filter(|due| wait.is_none() && (*due >= submitted_ms || fired.is_some()))
+    {
+        let late = Duration::from_millis(now.saturating_sub(due));
         let now = tokio::time::Instant::now();
         spec = spec.due(now.checked_sub(late).unwrap_or(now));
     }

@@ -23,9 +23,11 @@
 //! | `postgres` | cluster mode's database: admission, claims, fenced writes, leases, reads |
 //! | `pg_batch` | that database's batched writes: attempt starts, ends and admissions, one transaction per batch |
 //! | `pg_link` | how a node reaches that database: TLS, session timeouts, keepalives, connections of its own |
+//! | `pg_time` | that database's time: delayed submissions admitted when due, schedules fired once |
 
 mod pg_batch;
 pub(crate) mod pg_link;
+pub(crate) mod pg_time;
 pub(crate) mod postgres;
 mod sqlite;
 

@@ -477,6 +477,8 @@ struct NewRow {
     state: &'static str,
     pos: i64,
     placed: bool,
+    priority: i32,
+    schedule: Option<String>,
     /// A rejected one is recorded finished at once.
     outcome: Option<&'static str>,
     report: Option<Vec<u8>>,
@@ -775,6 +777,8 @@ async fn admit_batch(
                 state,
                 pos,
                 placed,
+                priority: request.priority,
+                schedule: request.schedule.clone(),
                 outcome: None,
                 report: None,
                 log: None,
@@ -878,6 +882,7 @@ async fn insert(
     );
     let (mut outcomes, mut reports, mut logs, mut finished) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut priorities, mut schedules) = (Vec::new(), Vec::new());
     for r in rows {
         c.0.push(r.id);
         c.1.push(r.name);
@@ -888,6 +893,8 @@ async fn insert(
         c.6.push(r.state);
         c.7.push(r.pos);
         c.8.push(r.placed);
+        priorities.push(r.priority);
+        schedules.push(r.schedule);
         finished.push(r.outcome.map(|_| now));
         outcomes.push(r.outcome);
         reports.push(r.report);
@@ -897,16 +904,16 @@ async fn insert(
         tx,
         "cannot record the submissions",
         "INSERT INTO taskhost_tasks (id, name, slot, plugin, digest, request, state, pos, placed, \
-             submitted_ms, outcome, report, log, finished_ms) \
+             submitted_ms, outcome, report, log, finished_ms, priority, schedule) \
          SELECT id, name, slot, plugin, digest, request, state, pos, placed, $10, outcome, report, \
-             log, finished_ms FROM unnest($1::int8[], $2::text[], $3::text[], $4::text[], \
-             $5::bytea[], $6::bytea[], $7::text[], $8::int8[], $9::bool[], $11::text[], \
-             $12::bytea[], $13::bytea[], $14::int8[]) \
+             log, finished_ms, priority, schedule FROM unnest($1::int8[], $2::text[], $3::text[], \
+             $4::text[], $5::bytea[], $6::bytea[], $7::text[], $8::int8[], $9::bool[], $11::text[], \
+             $12::bytea[], $13::bytea[], $14::int8[], $15::int4[], $16::text[]) \
              AS u(id, name, slot, plugin, digest, request, state, pos, placed, outcome, report, \
-             log, finished_ms) ORDER BY id",
+             log, finished_ms, priority, schedule) ORDER BY id",
         &[
             &c.0, &c.1, &c.2, &c.3, &c.4, &c.5, &c.6, &c.7, &c.8, &now, &outcomes, &reports, &logs,
-            &finished,
+            &finished, &priorities, &schedules,
         ],
     )
     .await?;

@@ -38,6 +38,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0003_events.sql"),
     include_str!("../../migrations/postgres/0004_fillfactor.sql"),
     include_str!("../../migrations/postgres/0005_idempotency.sql"),
+    include_str!("../../migrations/postgres/0006_time.sql"),
 ];
 
 /// Events kept in the database (each node prunes beyond it).
@@ -239,6 +240,9 @@ pub(crate) struct Admission {
     pub names: Names,
     pub max_slot_queue: usize,
     pub max_total_pending: usize,
+    /// Held until this time (ms since the Unix epoch), within this bound of
+    /// delayed submissions: it is recorded as delayed, not admitted.
+    pub due: Option<(u64, usize)>,
 }
 
 /// How a submission is named once the database has given it an id.
@@ -808,7 +812,13 @@ impl Pg {
         .await?
         .get(0);
         let names = (admission.names)(id_of(id)).map_err(AdmitError::Invalid)?;
-        let submitted = self.admit_in(&tx, admission, id, names).await?;
+        let submitted = match admission.due {
+            Some((due_ms, max_delayed)) => {
+                self.delay_in(&tx, admission, id, names, due_ms, max_delayed)
+                    .await?
+            }
+            None => self.admit_in(&tx, admission, id, names).await?,
+        };
         exec(
             &tx,
             "cannot record the idempotency key",
@@ -851,7 +861,20 @@ impl Pg {
         tx: &deadpool_postgres::Transaction<'_>,
         a: &Admission,
         id_value: i64,
+        names: (String, String, AdmissionPolicy),
+    ) -> Result<Submitted, AdmitError> {
+        self.admit_row(tx, a, id_value, names, false).await
+    }
+
+    /// Like [`Pg::admit_in`]; with `existing`, the task's row is there
+    /// already (a delayed submission come due) and is changed, not added.
+    pub(super) async fn admit_row(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        a: &Admission,
+        id_value: i64,
         (name, slot, policy): (String, String, AdmissionPolicy),
+        existing: bool,
     ) -> Result<Submitted, AdmitError> {
         let id = id_of(id_value);
         let mut request = a.request.clone();
@@ -990,33 +1013,52 @@ impl Pg {
         };
         let now = ms(now_ms());
         let placed = !matches!(placement, Placement::Rejected(_));
-        let insert = tx
-            .prepare_cached(
-                "INSERT INTO taskhost_tasks (id, name, slot, plugin, digest, request, state, pos, \
-                 placed, submitted_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-            )
-            .await
-            .map_err(db("cannot record the submission"))?;
         // A rejected one is inserted queued and ended at once (its report
         // and the notification of its end).
         let inserted = if state == "finished" { "queued" } else { state };
-        tx.execute(
-            &insert,
-            &[
-                &id_value,
-                &name,
-                &slot,
-                &a.plugin,
-                &&a.request.plugin.0[..],
-                &encoded,
-                &inserted,
-                &pos,
-                &placed,
-                &now,
-            ],
-        )
-        .await
-        .map_err(db("cannot record the submission"))?;
+        // The time it was due (a schedule's firing), kept for the record.
+        let due_ms = match a.request.not_before {
+            Some(crate::wire::protocol::NotBefore::At(at)) => Some(ms(at)),
+            _ => None,
+        };
+        if existing {
+            exec(
+                tx,
+                "cannot admit the delayed submission",
+                "UPDATE taskhost_tasks SET state = $2, pos = $3, placed = $4 WHERE id = $1",
+                &[&id_value, &inserted, &pos, &placed],
+            )
+            .await?;
+        } else {
+            let insert = tx
+                .prepare_cached(
+                    "INSERT INTO taskhost_tasks (id, name, slot, plugin, digest, request, state, \
+                     pos, placed, submitted_ms, priority, schedule, due_ms) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                )
+                .await
+                .map_err(db("cannot record the submission"))?;
+            tx.execute(
+                &insert,
+                &[
+                    &id_value,
+                    &name,
+                    &slot,
+                    &a.plugin,
+                    &&a.request.plugin.0[..],
+                    &encoded,
+                    &inserted,
+                    &pos,
+                    &placed,
+                    &now,
+                    &a.request.priority,
+                    &a.request.schedule,
+                    &due_ms,
+                ],
+            )
+            .await
+            .map_err(db("cannot record the submission"))?;
+        }
         match &placement {
             Placement::Rejected(outcome) => {
                 let report = TaskReport::never_ran(
@@ -1089,8 +1131,8 @@ impl Pg {
         let rows = all(
             &client,
             "cannot claim work",
-            "WITH c AS (SELECT id FROM taskhost_tasks WHERE state = 'ready' ORDER BY id \
-                 LIMIT $2 FOR UPDATE SKIP LOCKED) \
+            "WITH c AS (SELECT id FROM taskhost_tasks WHERE state = 'ready' \
+                 ORDER BY priority DESC, id LIMIT $2 FOR UPDATE SKIP LOCKED) \
                  UPDATE taskhost_tasks t SET state = 'running', node = $1, \
                  token = nextval('taskhost_fence') FROM c WHERE t.id = c.id \
                  AND EXISTS (SELECT 1 FROM taskhost_nodes WHERE id = $1 AND alive) \
@@ -1114,7 +1156,7 @@ impl Pg {
                 })
             })
             .collect::<Result<_, StoreError>>()?;
-        claimed.sort_by_key(|c| c.id);
+        claimed.sort_by_key(|c| (std::cmp::Reverse(c.request.priority), c.id));
         Ok(claimed)
     }
 
@@ -1184,6 +1226,28 @@ impl Pg {
             .transaction()
             .await
             .map_err(db("cannot start a transaction"))?;
+        // Waiting for its time: it holds no slot. (Locked: a node placing
+        // it as it comes due is waited for, and then it is no longer
+        // delayed.)
+        let delayed = opt(
+            &tx,
+            "cannot read the task",
+            "SELECT 1 FROM taskhost_tasks WHERE id = $1 AND state = 'delayed' FOR UPDATE",
+            &[&sql_id(id)],
+        )
+        .await?;
+        if delayed.is_some() {
+            let report = never_ran_row(
+                &tx,
+                id,
+                RejectionKind::RemovedFromQueue,
+                "removed before it was due".into(),
+            )
+            .await?;
+            end_task(self, &tx, &report, &[]).await?;
+            tx.commit().await.map_err(db("cannot commit"))?;
+            return Ok(Canceled::Claimed { node: None });
+        }
         let Some(slot) = lock_slot_of(&tx, id).await? else {
             return Ok(Canceled::Already);
         };
@@ -1322,7 +1386,7 @@ impl Pg {
      "cannot find the task",
      "SELECT t.id, t.state, t.node, n.name FROM taskhost_tasks t \
                      LEFT JOIN taskhost_nodes n ON n.id = t.node WHERE t.name = $1 AND t.placed \
-                     ORDER BY CASE WHEN t.state = 'finished' THEN 2 WHEN t.state = 'queued' THEN 1 ELSE 0 END, \
+                     ORDER BY CASE WHEN t.state = 'finished' THEN 2 WHEN t.state IN ('queued', 'delayed') THEN 1 ELSE 0 END, \
                      CASE WHEN t.state = 'finished' THEN -t.id ELSE t.id END LIMIT 1",
      &[name],
  )
@@ -1347,7 +1411,8 @@ impl Pg {
             &client,
             "cannot list tasks",
             "SELECT t.id, t.name, t.slot, t.state, t.attempts, t.submitted_ms, t.plugin, n.name, \
-                 t.resume_at_ms FROM taskhost_tasks t LEFT JOIN taskhost_nodes n ON n.id = t.node \
+                 t.resume_at_ms, t.due_ms, t.schedule FROM taskhost_tasks t \
+                 LEFT JOIN taskhost_nodes n ON n.id = t.node \
                  WHERE t.state <> 'finished' ORDER BY t.id",
             &[],
         )
@@ -1362,7 +1427,7 @@ impl Pg {
                 slot: r.get(2),
                 state: match state.as_str() {
                     "queued" => TaskState::Queued,
-                    "ready" => TaskState::Waiting,
+                    "ready" | "delayed" => TaskState::Waiting,
                     "stopping" => TaskState::Stopping,
                     _ if pausing => TaskState::BackingOff,
                     _ => TaskState::Running,
@@ -1373,8 +1438,10 @@ impl Pg {
                 plugin: r.get(6),
                 outcome: None,
                 node: r.get(7),
-                due_ms: None,
-                schedule: None,
+                due_ms: (state == "delayed")
+                    .then(|| r.get::<_, Option<i64>>(9).map(|v| v.max(0) as u64))
+                    .flatten(),
+                schedule: r.get(10),
             }
         })
         .collect();
@@ -1382,8 +1449,8 @@ impl Pg {
             let finished = all(
                 &client,
                 "cannot list finished tasks",
-                "SELECT id, name, slot, attempts, submitted_ms, plugin, outcome FROM taskhost_tasks \
-                     WHERE state = 'finished' ORDER BY finished_ms DESC LIMIT $1",
+                "SELECT id, name, slot, attempts, submitted_ms, plugin, outcome, schedule \
+                     FROM taskhost_tasks WHERE state = 'finished' ORDER BY finished_ms DESC LIMIT $1",
                 &[&recent],
             )
             .await?;
@@ -1405,7 +1472,7 @@ impl Pg {
                         .and_then(OutcomeKind::from_word),
                     node: None,
                     due_ms: None,
-                    schedule: None,
+                    schedule: r.get(7),
                 }
             }));
             rows.sort_by_key(|r| r.id);
@@ -1652,7 +1719,8 @@ impl Pg {
                 &tx,
                 "cannot collect a plugin",
                 "DELETE FROM taskhost_plugins WHERE digest = $1 AND NOT EXISTS \
-                     (SELECT 1 FROM taskhost_tasks WHERE digest = $1)",
+                     (SELECT 1 FROM taskhost_tasks WHERE digest = $1) AND NOT EXISTS \
+                     (SELECT 1 FROM taskhost_schedules WHERE digest = $1)",
                 &[&digest],
             )
             .await?;
@@ -1769,7 +1837,7 @@ async fn never_ran_row(
 /// Records a task's final report (the caller holds its slot's lock), with
 /// `log`, else the lines its node shipped (a task ended by a takeover);
 /// the shipped lines go.
-async fn end_task(
+pub(super) async fn end_task(
     pg: &Pg,
     tx: &deadpool_postgres::Transaction<'_>,
     report: &TaskReport,
