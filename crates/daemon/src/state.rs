@@ -92,6 +92,7 @@ impl Daemon {
             plugins: &self.plugins,
             store: self.local_store(),
             tasks: &self.tasks,
+            schedules: &self.schedules,
             admission: &self.admission,
         }
     }

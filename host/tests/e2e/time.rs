@@ -507,3 +507,34 @@ fn common_now_ms() -> u64 {
         .unwrap()
         .as_millis() as u64
 }
+
+#[test]
+fn a_schedule_keeps_its_plugin_from_removal_and_collection() {
+    let d = Daemon::start(&[]);
+    add(
+        &d,
+        &[
+            "nightly",
+            "--cron",
+            "0 3 * * *",
+            &p("sleeper"),
+            "--param",
+            "ms=1",
+        ],
+    );
+    let plugins = d.plugins();
+    let sleeper = plugins
+        .iter()
+        .find(|r| r["name"] == "sleeper")
+        .unwrap_or_else(|| panic!("the schedule's plugin is stored: {plugins:?}"));
+    assert_eq!(sleeper["unfinished"], 1, "{sleeper}");
+    let digest = sleeper["digest"].as_str().unwrap().to_owned();
+    let out = d.run(&["plugins", "rm", &digest[..12]]);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(out.stderr.contains("schedule"), "{}", out.stderr);
+    ok(d.run(&["plugins", "prune"]));
+    assert!(d.plugins().iter().any(|r| r["digest"] == digest.as_str()));
+    ok(d.run(&["schedule", "rm", "nightly"]));
+    ok(d.run(&["plugins", "prune"]));
+    assert!(!d.plugins().iter().any(|r| r["digest"] == digest.as_str()));
+}

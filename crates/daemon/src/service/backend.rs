@@ -259,6 +259,7 @@ impl<'a> Backend<'a> {
             daemon.plugins.list(&crate::service::plugins::refs(
                 daemon.local_store(),
                 &daemon.tasks,
+                &daemon.schedules,
             ))
         })
         .await

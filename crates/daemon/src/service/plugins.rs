@@ -210,8 +210,18 @@ fn write_durably(tmp: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// Who uses each plugin: the store's tasks, and the daemon's tasks in
 /// memory (a submission is there before its store write commits; with the
 /// memory store, or on a cluster node, they are the only record here).
-pub(crate) fn refs(store: Option<&Store>, tasks: &Tasks) -> HashMap<Digest, PluginRefs> {
+pub(crate) fn refs(
+    store: Option<&Store>,
+    tasks: &Tasks,
+    schedules: &crate::service::schedules::Schedules,
+) -> HashMap<Digest, PluginRefs> {
     let mut refs = store.map(Store::plugin_refs).unwrap_or_default();
+    // A schedule holds its plugin as an unfinished task does: its next
+    // firing needs it.
+    for (digest, n) in schedules.plugins() {
+        let entry = refs.entry(digest).or_default();
+        entry.unfinished += n;
+    }
     let durable = store.is_some_and(Store::is_durable);
     for (digest, memory) in tasks.plugin_refs() {
         let entry = refs.entry(digest).or_default();
@@ -232,6 +242,8 @@ pub(crate) struct Users<'a> {
     /// None on a cluster node.
     pub store: Option<&'a Store>,
     pub tasks: &'a Tasks,
+    /// One host's schedules (each holds its plugin).
+    pub schedules: &'a crate::service::schedules::Schedules,
     pub admission: &'a std::sync::Mutex<()>,
 }
 
@@ -249,7 +261,7 @@ pub(crate) fn remove(
         .admission
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let refs = refs(users.store, users.tasks);
+    let refs = refs(users.store, users.tasks, users.schedules);
     let rows = users.plugins.list(&refs);
     let chosen: Vec<PluginRow> = match prefix {
         Some(prefix) => {
@@ -291,8 +303,8 @@ pub(crate) fn remove(
                 return Err((
                     ErrorKind::Invalid,
                     format!(
-                        "plugin {} ({}) is used by {} unfinished task(s); cancel them or let them \
-                         finish first",
+                        "plugin {} ({}) is used by {} unfinished task(s) or schedule(s); cancel \
+                         them or let them finish, and remove the schedules, first",
                         row.digest,
                         row.name.as_deref().unwrap_or("unnamed"),
                         row.unfinished

@@ -201,6 +201,15 @@ impl Schedules {
         self.lock().entries.len()
     }
 
+    /// How many schedules use each plugin.
+    pub(crate) fn plugins(&self) -> HashMap<taskhost_runtime::Digest, u64> {
+        let mut used = HashMap::new();
+        for entry in self.lock().entries.values() {
+            *used.entry(entry.spec.request.plugin).or_default() += 1;
+        }
+        used
+    }
+
     /// Takes every schedule due by `now` out of the due set, each with what
     /// it does (`schedule::decide`; `missed`: how the passed firings
     /// count), and moves each one's next firing on.
