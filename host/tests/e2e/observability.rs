@@ -1860,3 +1860,121 @@ fn event_streams_over_the_cap_are_answered_503() {
     }
     drop(second);
 }
+
+/// Schedules and delayed submissions over the JSON API, and on the
+/// dashboard in Chromium: listed with their next firing, paused, resumed
+/// and run by a click.
+#[test]
+fn the_api_and_the_dashboard_show_and_drive_schedules_in_chromium() {
+    let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);
+    let api = Api::of(&daemon);
+    let url = dashboard_url(&daemon);
+    let out = daemon.run(&["plugins", "ls", "--json"]);
+    assert_eq!(out.code, Some(0));
+    // The plugin by digest, then the schedule as JSON.
+    let bytes = std::fs::read(p("hello")).unwrap();
+    let digest = {
+        use std::fmt::Write as _;
+        let mut hex = String::new();
+        for b in sha256(&bytes) {
+            write!(hex, "{b:02x}").unwrap();
+        }
+        hex
+    };
+    let put = http::request_bytes(
+        api.port,
+        "PUT",
+        &format!("/api/plugins/{digest}"),
+        &[("Authorization", api.bearer().as_str())],
+        &bytes,
+    );
+    assert_eq!(put.status, 200, "{}", put.body);
+    let json_body = [("Content-Type", "application/json")];
+    let bad = api.request(
+        "POST",
+        "/api/schedules",
+        &json_body,
+        &format!(r#"{{"name":"bad","cron":"0 25 * * *","task":{{"plugin":"{digest}"}}}}"#),
+    );
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert!(bad.body.contains("hour field"), "{}", bad.body);
+    let added = api.request(
+        "POST",
+        "/api/schedules",
+        &json_body,
+        &format!(
+            r#"{{"name":"daily-hi","cron":"@daily","tz":"Europe/Berlin","missed":"skip","task":{{"plugin":"{digest}","input":"hi","priority":3}}}}"#
+        ),
+    );
+    assert_eq!(added.status, 201, "{}", added.body);
+    let row = added.json();
+    assert_eq!(row["tz"], "Europe/Berlin");
+    assert_eq!(row["missed"], "skip");
+    assert_eq!(row["priority"], 3);
+    assert_eq!(row["slot"], "daily-hi", "the schedule's own slot");
+    assert!(row["next"].as_str().unwrap().ends_with('Z'), "{row}");
+    let listed = api.get("/api/schedules").json();
+    let out = daemon.run(&["schedule", "ls", "--json"]);
+    let cli: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(listed, cli, "the API answers as the CLI");
+    // A delayed task over the API.
+    let later = api.request(
+        "POST",
+        "/api/tasks",
+        &json_body,
+        &format!(r#"{{"plugin":"{digest}","name":"later","delay":"1h"}}"#),
+    );
+    assert_eq!(later.status, 201, "{}", later.body);
+    assert_eq!(later.json()["state"], "waiting");
+
+    let browser = Chromium::launch();
+    let mut page = browser.page();
+    page.call("Page.enable", json!({}));
+    page.call("Runtime.enable", json!({}));
+    page.call("Page.navigate", json!({ "url": url }));
+    page.wait_event("Page.loadEventFired");
+    let row = "#schedules tr[data-schedule=\"daily-hi\"]";
+    page.wait_for(
+        "the schedule's row",
+        &format!("(() => {{ const r = document.querySelector('{row}'); return r && r.innerText.includes('@daily') && r.innerText.includes('Europe/Berlin'); }})()"),
+    );
+    page.wait_for(
+        "the delayed task, waiting with its time",
+        "(() => { const r = document.querySelector('#tasks tbody tr'); return r && r.innerText.includes('later') && r.innerText.includes('waiting until'); })()",
+    );
+    page.click(&format!("{row} button[data-action=\"pause\"]"));
+    page.wait_for(
+        "the paused schedule",
+        &format!("document.querySelector('{row}') && document.querySelector('{row}').innerText.includes('paused')"),
+    );
+    let paused = api.get("/api/schedules").json();
+    assert_eq!(paused[0]["paused"], true, "{paused}");
+    page.click(&format!("{row} button[data-action=\"resume\"]"));
+    page.wait_for(
+        "the resumed schedule",
+        &format!("document.querySelector('{row} button[data-action=\"pause\"]') !== null"),
+    );
+    page.click(&format!("{row} button[data-action=\"run\"]"));
+    page.wait_for(
+        "the firing's outcome on the row",
+        &format!("document.querySelector('{row}') && document.querySelector('{row}').innerText.includes('completed')"),
+    );
+    page.screenshot("dashboard-schedules.png");
+    let ran = api.get("/api/schedules").json();
+    let task = ran[0]["last_task"].as_u64().expect("the run's task");
+    let out = daemon.run(&["wait", &task.to_string(), "--json"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let report: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(report["output"], "hi");
+    let gone = api.request("DELETE", "/api/schedules/daily-hi", &[], "");
+    assert_eq!(gone.status, 200, "{}", gone.body);
+    assert_eq!(api.get("/api/schedules").json(), json!([]));
+    let missing = api.post("/api/schedules/daily-hi/run");
+    assert_eq!(missing.status, 404, "{}", missing.body);
+}
+
+/// SHA-256, for a plugin's digest in the API's paths.
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes).into()
+}

@@ -355,6 +355,32 @@ pub(crate) fn start(bound: Bound, daemon: &Arc<Daemon>) -> Server {
             delete(verbs::remove_plugin),
         ),
         ("post", "/api/shutdown", post(verbs::shutdown)),
+        ("get", "/api/schedules", get(verbs::schedules)),
+        (
+            "post",
+            "/api/schedules",
+            post(verbs::add_schedule).layer(DefaultBodyLimit::max(verbs::MAX_SUBMIT_BODY)),
+        ),
+        (
+            "delete",
+            "/api/schedules/{schedule}",
+            delete(verbs::remove_schedule),
+        ),
+        (
+            "post",
+            "/api/schedules/{schedule}/pause",
+            post(verbs::pause_schedule),
+        ),
+        (
+            "post",
+            "/api/schedules/{schedule}/resume",
+            post(verbs::resume_schedule),
+        ),
+        (
+            "post",
+            "/api/schedules/{schedule}/run",
+            post(verbs::run_schedule),
+        ),
     ] {
         let scope = openapi::scope(method, path);
         let handler: MethodRouter<Http> = handler.route_layer(middleware::from_fn_with_state(

@@ -131,6 +131,42 @@ pub(super) const ROUTES: &[Route] = &[
         Scope::Admin,
         "Shut the daemon down, as `host shutdown --json`",
     ),
+    route(
+        "get",
+        "/api/schedules",
+        Scope::Read,
+        "The rows of `host schedule ls --json`",
+    ),
+    route(
+        "post",
+        "/api/schedules",
+        Scope::Submit,
+        "Add a schedule: name, cron, tz, missed, and `task` (the body of POST /api/tasks)",
+    ),
+    route(
+        "delete",
+        "/api/schedules/{schedule}",
+        Scope::Admin,
+        "Delete a schedule, as `host schedule rm --json`",
+    ),
+    route(
+        "post",
+        "/api/schedules/{schedule}/pause",
+        Scope::Admin,
+        "Pause a schedule, as `host schedule pause --json`",
+    ),
+    route(
+        "post",
+        "/api/schedules/{schedule}/resume",
+        Scope::Admin,
+        "Resume a schedule, as `host schedule resume --json`",
+    ),
+    route(
+        "post",
+        "/api/schedules/{schedule}/run",
+        Scope::Submit,
+        "Fire a schedule once now; answered as POST /api/tasks",
+    ),
 ];
 
 /// The scope a route needs, by method and path as [`ROUTES`] writes them.
@@ -180,6 +216,17 @@ pub(super) const SUBMIT_PROPERTIES: &[(&str, &str, &str)] = &[
         "[http://]HOST[:PORT] the guest may call",
     ),
     ("idempotency_key", "string", "as the Idempotency-Key header"),
+    (
+        "delay",
+        "string",
+        "hold it this long after it is accepted (a duration)",
+    ),
+    ("at", "string", "hold it until this time (RFC 3339)"),
+    (
+        "priority",
+        "integer",
+        "its attempts' priority for permits (higher first)",
+    ),
 ];
 
 /// The document.
@@ -196,7 +243,7 @@ pub(super) fn document() -> Value {
                 "403": { "description": format!("a token whose scope is below {}", r.scope.name()) },
             },
         });
-        let parameters: Vec<Value> = ["task", "digest"]
+        let parameters: Vec<Value> = ["task", "digest", "schedule"]
             .iter()
             .filter(|p| r.path.contains(&format!("{{{p}}}")))
             .map(|p| json!({ "name": p, "in": "path", "required": true, "schema": { "type": "string" } }))

@@ -27,12 +27,13 @@ use taskhost_runtime::{Digest, DirGrant, HttpAllow};
 use super::Http;
 use super::api::{error, failed};
 use crate::server::dispatch;
-use crate::service::backend::{Backend, Item};
+use crate::service::backend::{Backend, Item, Scheduled};
 use crate::service::json::{self, JsonResult};
 use crate::service::plugins;
 use crate::service::submissions::Accepted;
 use crate::wire::protocol::{
-    ErrorKind, MAX_SUBMIT_INPUT, MAX_WIRE_DURATION, Placement, Request, SubmitRequest,
+    ErrorKind, MAX_SUBMIT_INPUT, MAX_WIRE_DURATION, NotBefore, Placement, Request, ScheduleSpec,
+    ScheduleVerb, SubmitRequest,
 };
 
 /// The largest plugin a `PUT /api/plugins/{sha256}` takes.
@@ -109,6 +110,12 @@ pub(super) struct SubmitBody {
     allow_http: Vec<String>,
     /// As the `Idempotency-Key` header.
     idempotency_key: Option<String>,
+    /// Hold it this long after it is accepted (a duration), as `--delay`.
+    delay: Option<String>,
+    /// Hold it until this time (RFC 3339), as `--at`.
+    at: Option<String>,
+    /// Its attempts' priority for permits, as `--priority`.
+    priority: Option<i32>,
 }
 
 impl SubmitBody {
@@ -189,7 +196,118 @@ impl SubmitBody {
             .map(|h| HttpAllow::parse(h).map_err(|e| format!("allow_http: {e}")))
             .collect::<Result<_, _>>()?;
         request.idempotency_key = self.idempotency_key;
+        request.not_before = match (self.delay, self.at) {
+            (Some(_), Some(_)) => return Err("give delay or at, not both".into()),
+            (Some(delay), None) => Some(NotBefore::After(
+                parse_duration(&delay).map_err(|e| format!("delay: {e}"))?,
+            )),
+            (None, Some(at)) => Some(NotBefore::At(
+                crate::schedule::parse_rfc3339(&at).map_err(|e| format!("at: {e}"))?,
+            )),
+            (None, None) => None,
+        };
+        request.priority = self.priority.unwrap_or(0);
         Ok(request)
+    }
+}
+
+/// The JSON of `POST /api/schedules`: the flags of `host schedule add`,
+/// with what each firing submits as `task` (the body of `POST /api/tasks`,
+/// without a name, delay or idempotency key).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ScheduleBody {
+    name: String,
+    cron: String,
+    tz: Option<String>,
+    missed: Option<String>,
+    task: SubmitBody,
+}
+
+/// `GET /api/schedules`: the rows of `host schedule ls --json`.
+pub(super) async fn schedules(State(http): State<Http>) -> Response {
+    match Backend::of(&http.daemon).schedule(ScheduleVerb::List).await {
+        Ok(Scheduled::Rows(rows)) => {
+            Json(Value::Array(rows.iter().map(json::schedule).collect())).into_response()
+        }
+        Ok(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "not a list".into()),
+        Err(answer) => failed(answer),
+    }
+}
+
+/// `POST /api/schedules`: adds a schedule; answers `201` with its row as
+/// `host schedule add --json` prints it.
+pub(super) async fn add_schedule(State(http): State<Http>, body: Bytes) -> Response {
+    let body: ScheduleBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("the schedule's JSON: {e}")),
+    };
+    let missed = match body.missed.as_deref().map(str::parse).transpose() {
+        Ok(m) => m.unwrap_or_default(),
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("missed: {e}")),
+    };
+    let request = match body.task.request() {
+        Ok(r) => r,
+        Err(message) => return error(StatusCode::BAD_REQUEST, format!("task: {message}")),
+    };
+    let spec = ScheduleSpec {
+        name: body.name,
+        cron: body.cron,
+        tz: body.tz,
+        missed,
+        request,
+    };
+    let verb = ScheduleVerb::Add(Box::new(spec));
+    if let Err(message) = Request::Schedule(verb.clone()).check() {
+        return error(StatusCode::BAD_REQUEST, message);
+    }
+    match Backend::of(&http.daemon).schedule(verb).await {
+        Ok(Scheduled::Row(row)) => {
+            (StatusCode::CREATED, Json(json::schedule(&row))).into_response()
+        }
+        Ok(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "not a row".into()),
+        Err(answer) => failed(answer),
+    }
+}
+
+/// `DELETE /api/schedules/{name}`, `POST /api/schedules/{name}/pause`
+/// and `…/resume`: the schedule as the verb left it.
+async fn schedule_verb(http: &Http, verb: ScheduleVerb) -> Response {
+    match Backend::of(&http.daemon).schedule(verb).await {
+        Ok(Scheduled::Row(row)) => Json(json::schedule(&row)).into_response(),
+        Ok(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "not a row".into()),
+        Err(answer) => failed(answer),
+    }
+}
+
+pub(super) async fn remove_schedule(
+    State(http): State<Http>,
+    Path(name): Path<String>,
+) -> Response {
+    schedule_verb(&http, ScheduleVerb::Remove(name)).await
+}
+
+pub(super) async fn pause_schedule(State(http): State<Http>, Path(name): Path<String>) -> Response {
+    schedule_verb(&http, ScheduleVerb::Pause(name)).await
+}
+
+pub(super) async fn resume_schedule(
+    State(http): State<Http>,
+    Path(name): Path<String>,
+) -> Response {
+    schedule_verb(&http, ScheduleVerb::Resume(name)).await
+}
+
+/// `POST /api/schedules/{name}/run`: fires it once now; answers as
+/// `POST /api/tasks`.
+pub(super) async fn run_schedule(State(http): State<Http>, Path(name): Path<String>) -> Response {
+    match Backend::of(&http.daemon)
+        .schedule(ScheduleVerb::Run(name))
+        .await
+    {
+        Ok(Scheduled::Fired(accepted)) => answer(accepted).await,
+        Ok(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "not a firing".into()),
+        Err(answer) => failed(answer),
     }
 }
 
@@ -254,10 +372,14 @@ pub(super) async fn rerun(State(http): State<Http>, Path(task): Path<String>) ->
 
 /// Places a submission and answers with where it went.
 async fn place(http: &Http, request: SubmitRequest) -> Response {
-    let accepted = match Backend::of(&http.daemon).submit(request).await {
-        Ok(accepted) => accepted,
-        Err(answer) => return failed(answer),
-    };
+    match Backend::of(&http.daemon).submit(request).await {
+        Ok(accepted) => answer(accepted).await,
+        Err(answer) => failed(answer),
+    }
+}
+
+/// Answers an accepted submission (once durable) with where it went.
+async fn answer(accepted: Accepted) -> Response {
     let submitted = match accepted {
         Accepted::Now(s) => Ok(s),
         Accepted::Later(durable) => durable.await,
