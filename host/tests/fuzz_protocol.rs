@@ -32,9 +32,10 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 use taskhost::controller::AdmissionPolicy;
 use taskhost::daemon::protocol::{
-    Envelope, EventFilter, FrameError, Hello, MAGIC, MAX_FRAME, PROTOCOL_VERSION, Reply, Request,
-    SubmitRequest, Welcome, decode, encode, read_frame,
+    Envelope, EventFilter, FrameError, Hello, MAGIC, MAX_FRAME, NotBefore, PROTOCOL_VERSION, Reply,
+    Request, ScheduleSpec, ScheduleVerb, SubmitRequest, Welcome, decode, encode, read_frame,
 };
+use taskhost::daemon::schedule::Missed;
 use taskhost::runtime::{Digest, DirGrant};
 use taskhost::supervisor::{BackoffPolicy, EventKind, Jitter, RestartPolicy, TaskId, TaskRef};
 
@@ -546,6 +547,30 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
             },
         ),
         ("prune-plugins", Request::RemovePlugins { prefix: None }),
+        (
+            "submit-delayed",
+            Request::Submit(Box::new({
+                let mut later = SubmitRequest::new(Digest([0xcd; 32]));
+                later.not_before = Some(NotBefore::At(1_800_000_000_000));
+                later.priority = -2;
+                later
+            })),
+        ),
+        (
+            "schedule-add",
+            Request::Schedule(ScheduleVerb::Add(Box::new(ScheduleSpec {
+                name: "nightly".into(),
+                cron: "30 2 * * *".into(),
+                tz: Some("Europe/Berlin".into()),
+                missed: Missed::Skip,
+                request: SubmitRequest::new(Digest([0xef; 32])),
+            }))),
+        ),
+        ("schedule-list", Request::Schedule(ScheduleVerb::List)),
+        (
+            "schedule-run",
+            Request::Schedule(ScheduleVerb::Run("nightly".into())),
+        ),
     ];
     let mut out: Vec<(String, Vec<u8>)> = valid
         .into_iter()

@@ -835,7 +835,13 @@ impl Controller {
         }
     }
 
-    /// Every queued submission, by id.
+    /// How many delayed submissions wait for their time.
+    pub fn delayed_count(&self) -> usize {
+        self.lock().delayed.len()
+    }
+
+    /// Every queued submission, by id (delayed ones included, with their
+    /// `due_in`).
     pub fn queued_all(&self) -> Vec<QueuedView> {
         let state = self.lock();
         let now = Instant::now();

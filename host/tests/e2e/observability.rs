@@ -1960,6 +1960,15 @@ fn the_api_and_the_dashboard_show_and_drive_schedules_in_chromium() {
         &format!("document.querySelector('{row}') && document.querySelector('{row}').innerText.includes('completed')"),
     );
     page.screenshot("dashboard-schedules.png");
+    let metrics = scrape_until(&api, "the run's firing", |m| {
+        m.counter("taskhost_schedule_firings", &[("kind", "run")]) >= 1.0
+    });
+    assert_eq!(metrics.gauge("taskhost_schedules", &[]), 1.0);
+    assert_eq!(metrics.gauge("taskhost_delayed_submissions", &[]), 1.0);
+    assert_eq!(
+        metrics.counter("taskhost_schedule_firings", &[("kind", "on-time")]),
+        0.0
+    );
     let ran = api.get("/api/schedules").json();
     let task = ran[0]["last_task"].as_u64().expect("the run's task");
     let out = daemon.run(&["wait", &task.to_string(), "--json"]);

@@ -440,6 +440,14 @@ impl Collector for Scrape {
             "Submissions queued over all slots.",
             queued as i64,
         )?;
+        if d.cluster().is_none() {
+            gauge(
+                &mut enc,
+                "taskhost_delayed_submissions",
+                "Delayed submissions waiting for their time (--delay, --at).",
+                d.controller.delayed_count() as i64,
+            )?;
+        }
         if let Some(max) = supervisor.max_concurrent() {
             let free = supervisor.free_permits().unwrap_or(max);
             gauge(
