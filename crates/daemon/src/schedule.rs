@@ -254,9 +254,24 @@ pub fn decide(zone: &CronZone, next_ms: u64, now_ms: u64, missed: Option<Missed>
             next_ms: Some(next_ms),
         };
     }
+    // The usual case, one due time: one search, whose answer is also the
+    // next firing.
+    let after = zone.next_after(next_ms);
+    if after.is_none_or(|later| later > now_ms) {
+        let (fire, passed) = match missed {
+            None => (Some((next_ms, FireKind::OnTime)), 0),
+            Some(Missed::Once) => (Some((next_ms, FireKind::CatchUp)), 0),
+            Some(Missed::Skip) => (None, 1),
+        };
+        return Decision {
+            fire,
+            passed,
+            next_ms: after,
+        };
+    }
     let latest = zone.last_at_or_before(now_ms, next_ms).unwrap_or(next_ms);
-    let mut count = 1;
-    let mut at = next_ms;
+    let mut count = 2;
+    let mut at = after.unwrap_or(next_ms);
     while count < COUNT_LIMIT {
         match zone.next_after(at) {
             Some(later) if later <= now_ms => {
@@ -268,7 +283,6 @@ pub fn decide(zone: &CronZone, next_ms: u64, now_ms: u64, missed: Option<Missed>
     }
     let next = zone.next_after(now_ms);
     let (fire, passed) = match missed {
-        None if count == 1 => (Some((next_ms, FireKind::OnTime)), 0),
         None => (Some((latest, FireKind::OnTime)), count - 1),
         Some(Missed::Once) => (Some((latest, FireKind::CatchUp)), count - 1),
         Some(Missed::Skip) => (None, count),

@@ -42,11 +42,24 @@ static TEMP_FILES: AtomicU64 = AtomicU64::new(0);
 pub(crate) struct Plugins {
     runtime: Arc<Runtime>,
     state_dir: PathBuf,
+    /// Digests whose file was seen and not removed since: a submission's
+    /// check under the admission lock needs no `stat` for them.
+    seen: std::sync::Mutex<std::collections::HashSet<Digest>>,
 }
 
 impl Plugins {
     pub(crate) fn new(runtime: Arc<Runtime>, state_dir: PathBuf) -> Self {
-        Self { runtime, state_dir }
+        Self {
+            runtime,
+            state_dir,
+            seen: Default::default(),
+        }
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<Digest>> {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub(crate) fn runtime(&self) -> &Arc<Runtime> {
@@ -85,9 +98,17 @@ impl Plugins {
         }
     }
 
-    /// Whether the plugin's file is stored (one `stat`).
+    /// Whether the plugin's file is stored: one `stat` the first time, then
+    /// remembered until [`Plugins::remove`] deletes it.
     pub(crate) fn is_stored(&self, digest: &Digest) -> bool {
-        plugin_path(&self.state_dir, digest).is_file()
+        if self.seen().contains(digest) {
+            return true;
+        }
+        let stored = plugin_path(&self.state_dir, digest).is_file();
+        if stored {
+            self.seen().insert(*digest);
+        }
+        stored
     }
 
     /// The stored plugins with who uses them, by digest.
@@ -137,6 +158,7 @@ impl Plugins {
     /// (attempts that hold it go on). Call under the admission lock.
     pub(crate) fn remove(&self, digest: &Digest) -> std::io::Result<()> {
         self.runtime.forget(digest);
+        self.seen().remove(digest);
         std::fs::remove_file(plugin_path(&self.state_dir, digest))
     }
 

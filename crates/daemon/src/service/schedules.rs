@@ -358,8 +358,21 @@ async fn fire_loop(daemon: Weak<Daemon>) {
             let Some((due_ms, kind)) = due.fire else {
                 continue;
             };
-            // Each firing in a task of its own: a plugin the daemon has to
-            // compile again does not hold up the other schedules.
+            let loaded = daemon
+                .plugins
+                .runtime()
+                .plugin(&due.spec.request.plugin)
+                .is_some();
+            if loaded {
+                // Placed here, one after the other: no task to spawn and
+                // schedule per firing (a burst of them is one loop).
+                if let Err((_, message)) = fire(&daemon, store, &due, due_ms, kind).await {
+                    tracing::warn!(schedule = %due.name, "schedule `{}` could not fire: {message}", due.name);
+                }
+                continue;
+            }
+            // A plugin the daemon has to compile again: in a task of its
+            // own, so it does not hold up the other schedules.
             let (daemon, store) = (Arc::clone(&daemon), store.clone());
             tokio::spawn(async move {
                 if let Err((_, message)) = fire(&daemon, &store, &due, due_ms, kind).await {
