@@ -18,7 +18,9 @@
 //!   (the first `AttemptStarting`'s `delay_ms`): median, p99.
 //!
 //! `TASKHOST_BENCH_ONLY=schedules|delayed` runs one scenario,
-//! `TASKHOST_BENCH_SHAPE=burst|spread` one shape of schedules. Run with
+//! `TASKHOST_BENCH_SHAPE=burst|spread` one shape of schedules;
+//! `TASKHOST_BENCH_SERVE="--flag value …"` adds flags to the schedules'
+//! daemons. Run with
 //! `cargo bench -p taskhost --bench time`.
 
 use std::io::{BufRead, BufReader};
@@ -122,12 +124,10 @@ async fn schedules(dir: &Path, hello: &[u8], shape: &str, minutes: u64) {
     // Every event of a burst kept for the reader below.
     let config = dir.join(format!("{shape}.toml"));
     std::fs::write(&config, "event_lane_capacity = 1000000\n").unwrap();
-    let mut daemon = start(
-        &socket,
-        &dir.join(shape),
-        "sqlite",
-        &["--config", config.to_str().unwrap()],
-    );
+    let extra = std::env::var("TASKHOST_BENCH_SERVE").unwrap_or_default();
+    let mut args = vec!["--config", config.to_str().unwrap()];
+    args.extend(extra.split_whitespace());
+    let mut daemon = start(&socket, &dir.join(shape), "sqlite", &args);
     let client = Client::connect(&socket).await.expect("connect");
     let digest = client.ensure_plugin(hello).await.expect("upload");
     add_schedules(&client, digest, |i| match shape {
@@ -151,11 +151,18 @@ async fn schedules(dir: &Path, hello: &[u8], shape: &str, minutes: u64) {
     let cpu_before = cpu_time(daemon.id());
     let expected = SCHEDULES * minutes as usize;
     let mut late = Vec::with_capacity(expected);
+    // Each minute's firings apart too: (the minute of the due time, late).
+    let mut by_minute: std::collections::BTreeMap<u64, Vec<f64>> = Default::default();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60 * minutes + 30);
     while late.len() < expected {
         let next = tokio::time::timeout_at(deadline, events.next()).await;
         match next {
-            Ok(Some(Reply::Event(e))) => late.push(e.delay_ms.unwrap_or(0) as f64),
+            Ok(Some(Reply::Event(e))) => {
+                let ms = e.delay_ms.unwrap_or(0);
+                late.push(ms as f64);
+                let due = e.at_ms.saturating_sub(ms);
+                by_minute.entry(due / 60_000).or_default().push(ms as f64);
+            }
             Ok(Some(Reply::Dropped(n))) => panic!("the event reader lost {n} events"),
             Ok(Some(_)) => {}
             Ok(None) => panic!("the event stream ended"),
@@ -165,11 +172,19 @@ async fn schedules(dir: &Path, hello: &[u8], shape: &str, minutes: u64) {
     let cpu = cpu_time(daemon.id()).saturating_sub(cpu_before);
     late.sort_by(f64::total_cmp);
     let fired = late.len();
+    let per_minute: Vec<String> = by_minute
+        .values_mut()
+        .map(|v| {
+            v.sort_by(f64::total_cmp);
+            format!("{:.0}/{:.0}", quantile(v, 0.5), quantile(v, 0.99))
+        })
+        .collect();
     println!(
-        "schedules {shape}: {fired} firings in {minutes} min; lateness median {:.0} ms, p99 {:.0} ms, max {:.0} ms; daemon CPU {:.2} s per minute, {:.0} µs per firing",
+        "schedules {shape}: {fired} firings in {minutes} min; lateness median {:.0} ms, p99 {:.0} ms, max {:.0} ms (each minute's median/p99: {}); daemon CPU {:.2} s per minute, {:.0} µs per firing",
         quantile(&late, 0.5),
         quantile(&late, 0.99),
         late.last().copied().unwrap_or(0.0),
+        per_minute.join(", "),
         cpu.as_secs_f64() / minutes as f64,
         cpu.as_secs_f64() * 1e6 / fired.max(1) as f64,
     );

@@ -606,7 +606,11 @@ impl Controller {
         let mut event = Event::new(EventKind::ControllerSlotTransition).reason(why);
         event.slot = Some(Arc::clone(key));
         event.task_id = slot.owner;
-        event.detail = Some(format!("{}->{}", from.as_str(), to.as_str()));
+        let mut detail = String::with_capacity(24);
+        detail.push_str(from.as_str());
+        detail.push_str("->");
+        detail.push_str(to.as_str());
+        event.detail = Some(detail);
         self.inner.supervisor.bus().publish(event);
     }
 

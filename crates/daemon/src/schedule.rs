@@ -86,11 +86,24 @@ impl FireKind {
     }
 }
 
-/// A cron expression in a zone, checked.
-#[derive(Debug, Clone)]
+/// A cron expression in a zone, checked. It remembers its last answer of
+/// [`CronZone::next_after`], so that many schedules of one expression
+/// sharing it (a burst of them due at once) search once.
+#[derive(Debug)]
 pub struct CronZone {
     cron: Cron,
     tz: Tz,
+    last: std::sync::Mutex<Option<(u64, Option<u64>)>>,
+}
+
+impl Clone for CronZone {
+    fn clone(&self) -> Self {
+        Self {
+            cron: self.cron.clone(),
+            tz: self.tz,
+            last: std::sync::Mutex::new(None),
+        }
+    }
 }
 
 /// The names of the fields of a 5-field expression, in order.
@@ -150,7 +163,11 @@ impl CronZone {
         let cron = parser()
             .parse(text)
             .map_err(|e| explain(text, &fields, &e.to_string()))?;
-        let zone = Self { cron, tz };
+        let zone = Self {
+            cron,
+            tz,
+            last: std::sync::Mutex::new(None),
+        };
         // An expression that never matches (February 30th) is refused
         // here, not found out at its first firing.
         let now = Utc::now().timestamp_millis().max(0) as u64;
@@ -170,7 +187,20 @@ impl CronZone {
     /// The first firing strictly after `after_ms` (ms since the Unix
     /// epoch), or `None` if there is none within croner's search range.
     pub fn next_after(&self, after_ms: u64) -> Option<u64> {
-        let secs = i64::try_from(after_ms / 1000).ok()?;
+        let second = after_ms / 1000;
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((asked, answer)) = *last
+            && asked == second
+        {
+            return answer;
+        }
+        let answer = self.search_after(second);
+        *last = Some((second, answer));
+        answer
+    }
+
+    fn search_after(&self, second: u64) -> Option<u64> {
+        let secs = i64::try_from(second).ok()?;
         let at = self.tz.timestamp_opt(secs, 0).single()?;
         let next = self.cron.find_next_occurrence(&at, false).ok()?;
         u64::try_from(next.timestamp_millis()).ok()

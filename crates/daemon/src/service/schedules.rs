@@ -58,17 +58,22 @@ pub(crate) struct Schedules {
     wake: Arc<Notify>,
 }
 
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 #[derive(Default)]
 struct Table {
-    entries: HashMap<String, Entry>,
+    entries: FastMap<String, Entry>,
     /// `(next_ms, name)` of every schedule that is not paused and fires
     /// again.
     due: BTreeSet<(u64, String)>,
+    /// One zone per expression and zone name, shared by the schedules that
+    /// have them (a burst of them due at once searches once).
+    zones: FastMap<(String, Option<String>), Arc<CronZone>>,
 }
 
 struct Entry {
     spec: Arc<ScheduleSpec>,
-    zone: CronZone,
+    zone: Arc<CronZone>,
     plugin: String,
     paused: bool,
     next_ms: Option<u64>,
@@ -121,7 +126,9 @@ pub(crate) fn row_of(
 }
 
 impl Table {
-    fn put(&mut self, entry: Entry) {
+    fn put(&mut self, mut entry: Entry) {
+        let key = (entry.spec.cron.clone(), entry.spec.tz.clone());
+        entry.zone = Arc::clone(self.zones.entry(key).or_insert(entry.zone));
         let name = entry.spec.name.clone();
         if let Some(old) = self.entries.remove(&name)
             && let Some(next) = old.next_ms
@@ -227,6 +234,32 @@ impl Schedules {
         out
     }
 
+    /// The soonest schedule due by `now`, decided (the running daemon's
+    /// rule: late, not missed), its next firing moved on.
+    fn take_next(&self, now: u64) -> Option<Due> {
+        let mut table = self.lock();
+        loop {
+            let (at, name) = table.due.first().cloned()?;
+            if at > now {
+                return None;
+            }
+            if let Some(due) = table.decide(&name, now, &|_| None) {
+                return Some(due);
+            }
+            table.due.pop_first();
+        }
+    }
+
+    /// How many schedules are due by `now`, counted up to `most`.
+    fn due_by(&self, now: u64, most: usize) -> usize {
+        self.lock()
+            .due
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .take(most)
+            .count()
+    }
+
     /// Like [`Schedules::take_due`] for one schedule.
     fn take_one(&self, name: &str, now: u64, missed: Missed) -> Option<Due> {
         let mut table = self.lock();
@@ -265,7 +298,7 @@ pub(crate) async fn start(daemon: &Arc<Daemon>) {
         let next_ms = stored.next_ms.or_else(|| zone.next_after(now));
         daemon.schedules.lock().put(Entry {
             spec: Arc::new(stored.spec),
-            zone,
+            zone: Arc::new(zone),
             plugin: stored.plugin,
             paused: stored.paused,
             next_ms,
@@ -353,33 +386,51 @@ async fn fire_loop(daemon: Weak<Daemon>) {
         let Some(store) = daemon.local_store() else {
             return;
         };
+        // Two placers take the due schedules one at a time, each deciding
+        // one and firing it before it takes the next: the first firing of
+        // a burst is not held up by the decisions of the others, and the
+        // burst is placed on both workers.
         let now = now_ms();
-        for due in daemon.schedules.take_due(now, |_| None) {
-            let Some((due_ms, kind)) = due.fire else {
-                continue;
-            };
-            let loaded = daemon
-                .plugins
-                .runtime()
-                .plugin(&due.spec.request.plugin)
-                .is_some();
-            if loaded {
-                // Placed here, one after the other: no task to spawn and
-                // schedule per firing (a burst of them is one loop).
-                if let Err((_, message)) = fire(&daemon, store, &due, due_ms, kind).await {
-                    tracing::warn!(schedule = %due.name, "schedule `{}` could not fire: {message}", due.name);
-                }
-                continue;
-            }
-            // A plugin the daemon has to compile again: in a task of its
-            // own, so it does not hold up the other schedules.
+        let helper = (daemon.schedules.due_by(now, PLACER_SHARE + 1) > PLACER_SHARE).then(|| {
             let (daemon, store) = (Arc::clone(&daemon), store.clone());
-            tokio::spawn(async move {
-                if let Err((_, message)) = fire(&daemon, &store, &due, due_ms, kind).await {
-                    tracing::warn!(schedule = %due.name, "schedule `{}` could not fire: {message}", due.name);
-                }
-            });
+            tokio::spawn(async move { place_due(&daemon, &store, now).await })
+        });
+        place_due(&daemon, store, now).await;
+        if let Some(helper) = helper {
+            let _ = helper.await;
         }
+    }
+}
+
+/// A burst of more due schedules than this gets a second placer.
+const PLACER_SHARE: usize = 64;
+
+/// Fires the schedules due by `now`, taking them one at a time, until none
+/// is left.
+async fn place_due(daemon: &Arc<Daemon>, store: &Store, now: u64) {
+    while let Some(due) = daemon.schedules.take_next(now) {
+        let Some((due_ms, kind)) = due.fire else {
+            continue;
+        };
+        let loaded = daemon
+            .plugins
+            .runtime()
+            .plugin(&due.spec.request.plugin)
+            .is_some();
+        if loaded {
+            if let Err((_, message)) = fire(daemon, store, &due, due_ms, kind).await {
+                tracing::warn!(schedule = %due.name, "schedule `{}` could not fire: {message}", due.name);
+            }
+            continue;
+        }
+        // A plugin the daemon has to compile again: in a task of its own,
+        // so it does not hold up the other schedules.
+        let (daemon, store) = (Arc::clone(daemon), store.clone());
+        tokio::spawn(async move {
+            if let Err((_, message)) = fire(&daemon, &store, &due, due_ms, kind).await {
+                tracing::warn!(schedule = %due.name, "schedule `{}` could not fire: {message}", due.name);
+            }
+        });
     }
 }
 
@@ -424,16 +475,7 @@ async fn fire(
     event.delay_ms = Some(late.as_millis() as u64);
     event.detail = Some(kind.as_str().to_owned());
     daemon.controller.supervisor().publish(event);
-    // A firing whose commit fails was not made (the next start catches it
-    // up, as for a crash): its task is withdrawn.
-    let watch = ticket.clone();
-    let (withdraw, id) = (Arc::clone(daemon), submitted.id);
-    tokio::spawn(async move {
-        if let Err(err) = watch.committed().await {
-            tracing::error!(task = %id, "a schedule's firing could not be stored: {err}");
-            withdraw.controller.remove(id);
-        }
-    });
+    // A firing whose commit fails is withdrawn by `place`'s watcher.
     Ok((submitted, ticket))
 }
 
@@ -465,7 +507,7 @@ pub(crate) async fn add(
     let now = now_ms();
     let entry = Entry {
         next_ms: zone.next_after(now),
-        zone,
+        zone: Arc::new(zone),
         plugin,
         paused: false,
         last_fire_ms: None,
@@ -590,10 +632,20 @@ pub(crate) async fn remove(
     };
     stored(store.schedule_removed(name)).await?;
     let mut table = daemon.schedules.lock();
-    if let Some(entry) = table.entries.remove(name)
-        && let Some(next) = entry.next_ms
-    {
-        table.due.remove(&(next, name.to_owned()));
+    if let Some(entry) = table.entries.remove(name) {
+        if let Some(next) = entry.next_ms {
+            table.due.remove(&(next, name.to_owned()));
+        }
+        // The zone goes with the last schedule that had it.
+        let key = (entry.spec.cron.clone(), entry.spec.tz.clone());
+        drop(entry);
+        if table
+            .zones
+            .get(&key)
+            .is_some_and(|z| Arc::strong_count(z) == 1)
+        {
+            table.zones.remove(&key);
+        }
     }
     drop(table);
     daemon.schedules.wake.notify_one();

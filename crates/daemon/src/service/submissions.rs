@@ -571,8 +571,18 @@ pub(crate) async fn place(
     let store = store.clone();
     let plugin_name = info.name.clone();
     let recording = RecordingGuard::new(daemon);
+    // A firing whose commit fails was not made (the next start catches it
+    // up, as it would after a crash): its task is withdrawn. (A client's
+    // submission is withdrawn by `submit`, which answers it.)
+    let firing = fired.is_some().then(|| ticket.clone());
     tokio::spawn(async move {
         let _recording = recording;
+        if let Some(firing) = firing
+            && let Err(err) = firing.committed().await
+        {
+            tracing::error!(task = %id, "a schedule's firing could not be stored: {err}");
+            watcher.controller.remove(id);
+        }
         let report = waiter.report().await;
         log.close();
         if store.is_durable() {

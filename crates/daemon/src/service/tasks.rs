@@ -218,7 +218,7 @@ impl Default for Tasks {
 
 #[derive(Debug, Default)]
 struct Inner {
-    by_id: HashMap<TaskId, TaskRecord>,
+    by_id: HashMap<TaskId, TaskRecord, foldhash::fast::RandomState>,
     /// Finished tasks, oldest first, with the bytes each holds.
     finished: VecDeque<(TaskId, u64)>,
     /// The sum of `finished`'s bytes.
