@@ -1648,9 +1648,7 @@ fn a_per_second_schedule_fires_once_a_second_across_nodes_and_a_sigkill() {
     };
     until(4);
     // A node dies, whatever it was doing (perhaps firing).
-    let mut process = c.process.take().expect("running");
-    process.child.kill().expect("SIGKILL c");
-    let _ = process.child.wait();
+    c.kill_9();
     let after_kill = fired_dues(&pg, "tick").len();
     until(after_kill + 4);
     let out = b.run(&["schedule", "rm", "tick"]);
@@ -1703,9 +1701,7 @@ fn a_delayed_task_outlives_its_node_and_runs_once_after_its_time() {
     let row = wait_until(&b, "later", "waiting", None);
     assert_eq!(row["due_ms"].as_u64(), Some(due), "{row}");
     // The node that took it dies; another places it at its time.
-    let mut process = a.process.take().expect("running");
-    process.child.kill().expect("SIGKILL a");
-    let _ = process.child.wait();
+    a.kill_9();
     let (code, json) = wait_json(&b, "later");
     assert_eq!(code, Some(0), "{json}");
     assert_eq!(json["output"], "late");

@@ -17,12 +17,6 @@ fn json(out: &Finished) -> Value {
         .unwrap_or_else(|e| panic!("not JSON ({e}): {:?} / {:?}", out.stdout, out.stderr))
 }
 
-fn kill_9(d: &mut Daemon) {
-    let mut process = d.process.take().expect("running");
-    process.child.kill().expect("SIGKILL");
-    let _ = process.child.wait();
-}
-
 #[test]
 fn kill_9_then_restart_keeps_every_accepted_task_and_its_id() {
     // A long grace, so a spinner asked to stop is still stopping at the kill.
@@ -90,7 +84,7 @@ fn kill_9_then_restart_keeps_every_accepted_task_and_its_id() {
     // submission is committed after every write before it.
     d.submit(&[&p("hello"), "--name", "fence"]);
 
-    kill_9(&mut d);
+    d.kill_9();
     d.restart(&[]);
 
     // Finished work is still there, by name and by id.
@@ -242,7 +236,7 @@ fn a_graceful_stop_keeps_queued_work_for_the_next_start() {
 fn a_store_from_an_older_version_is_migrated_and_its_work_resumed() {
     let mut d = Daemon::start(&[]);
     let queued = owner_with_one_queued(&d, "m", "queued", "migrated");
-    kill_9(&mut d);
+    d.kill_9();
     // Back to schema 1, as the first durable release wrote it.
     let db = d.dir.path().join("state/taskhost.db");
     let conn = rusqlite::Connection::open(&db).unwrap();

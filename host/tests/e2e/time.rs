@@ -18,14 +18,7 @@ use daemon::{Daemon, LIMIT, p};
 use serde_json::Value;
 
 fn json(out: &Finished) -> Value {
-    serde_json::from_str(out.stdout.trim())
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {:?} / {:?}", out.stdout, out.stderr))
-}
-
-fn kill_9(d: &mut Daemon) {
-    let mut process = d.process.take().expect("running");
-    process.child.kill().expect("SIGKILL");
-    let _ = process.child.wait();
+    out.json()
 }
 
 /// Follows the daemon's events of these kinds (JSON lines).
@@ -260,7 +253,7 @@ fn missed_firings_after_a_sigkill_are_one_catch_up_or_none() {
         events.fired("once");
         events.fired("skip");
     }
-    kill_9(&mut d);
+    d.kill_9();
     // Down for a few firings.
     std::thread::sleep(Duration::from_millis(3_500));
     d.restart(&[]);
@@ -339,7 +332,7 @@ fn a_delayed_task_waits_in_ps_survives_a_restart_and_runs_once_after_its_time() 
     let slots = json(&ok(d.run(&["slots", "--json"])));
     assert_eq!(slots, Value::Array(Vec::new()));
 
-    kill_9(&mut d);
+    d.kill_9();
     d.restart(&[]);
     let row = d.wait_until_state("later", "waiting");
     assert_eq!(

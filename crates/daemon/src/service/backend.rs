@@ -267,8 +267,8 @@ impl<'a> Backend<'a> {
     }
 
     /// The request a task was submitted with (resolved: its name, slot
-    /// and policy as placed), for `host rerun`; its idempotency key is
-    /// left out.
+    /// and policy as placed), for `host rerun`; its idempotency key and
+    /// the schedule that fired it are left out.
     pub(crate) async fn request_of(
         &self,
         found: &Found,
@@ -294,6 +294,8 @@ impl<'a> Backend<'a> {
             )
         })?;
         request.idempotency_key = None;
+        // A rerun is nobody's firing: a client submits it.
+        request.schedule = None;
         Ok(request)
     }
 

@@ -115,6 +115,22 @@ fn stored_of(row: &tokio_postgres::Row) -> Result<StoredSchedule, StoreError> {
     })
 }
 
+/// The schedule `name`, its row locked for `tx`.
+async fn lock_schedule(
+    tx: &deadpool_postgres::Transaction<'_>,
+    name: &str,
+) -> Result<StoredSchedule, ScheduleError> {
+    let row = opt(
+        tx,
+        "cannot read the schedule",
+        &format!("SELECT {SCHEDULE_COLUMNS} FROM taskhost_schedules WHERE name = $1 FOR UPDATE"),
+        &[&name],
+    )
+    .await?
+    .ok_or(ScheduleError::Unknown)?;
+    Ok(stored_of(&row)?)
+}
+
 const SCHEDULE_COLUMNS: &str = "spec, plugin, paused, next_ms, last_fire_ms, last_task, created_ms";
 
 impl Pg {
@@ -470,17 +486,7 @@ impl Pg {
             .transaction()
             .await
             .map_err(db("cannot start a transaction"))?;
-        let row = opt(
-            &tx,
-            "cannot read the schedule",
-            &format!(
-                "SELECT {SCHEDULE_COLUMNS} FROM taskhost_schedules WHERE name = $1 FOR UPDATE"
-            ),
-            &[&name],
-        )
-        .await?
-        .ok_or(ScheduleError::Unknown)?;
-        let mut stored = stored_of(&row)?;
+        let mut stored = lock_schedule(&tx, name).await?;
         let mut placed = None;
         if stored.paused != paused {
             stored.paused = paused;
@@ -528,17 +534,7 @@ impl Pg {
             .transaction()
             .await
             .map_err(db("cannot start a transaction"))?;
-        let row = opt(
-            &tx,
-            "cannot read the schedule",
-            &format!(
-                "SELECT {SCHEDULE_COLUMNS} FROM taskhost_schedules WHERE name = $1 FOR UPDATE"
-            ),
-            &[&name],
-        )
-        .await?
-        .ok_or(ScheduleError::Unknown)?;
-        let stored = stored_of(&row)?;
+        let stored = lock_schedule(&tx, name).await?;
         let submitted = self.admit_firing(&tx, &stored, now_ms, bounds).await?;
         exec(
             &tx,

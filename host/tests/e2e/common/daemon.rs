@@ -283,6 +283,13 @@ impl Daemon {
             .count()
     }
 
+    /// Kills the daemon with SIGKILL and reaps it.
+    pub fn kill_9(&mut self) {
+        let mut process = self.process.take().expect("running");
+        process.child.kill().expect("SIGKILL");
+        let _ = process.child.wait();
+    }
+
     /// Waits for the daemon to exit on its own.
     pub fn finish(&mut self, limit: Duration) -> (ExitStatus, Finished) {
         self.process.take().expect("running").finish(limit)

@@ -50,6 +50,14 @@ pub struct Finished {
     pub stderr: String,
 }
 
+impl Finished {
+    /// Its stdout as one JSON value.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(self.stdout.trim())
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?} / {:?}", self.stdout, self.stderr))
+    }
+}
+
 /// Runs `host` with these arguments to completion.
 pub fn run_host(args: &[&str]) -> Finished {
     let out = host().args(args).output().expect("spawn host");
