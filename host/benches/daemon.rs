@@ -34,6 +34,7 @@
 //! (the upgrade `host --remote` uses), side by side: closed-loop
 //! submit-to-outcome latency and 8-client pipelined intake.
 //!
+//! `TASKHOST_BENCH_INTAKE_ONLY=1` runs intake and latency alone;
 //! `TASKHOST_BENCH_ONLY_RESTART=1` runs only the restart scenario;
 //! `TASKHOST_BENCH_ONLY_REMOTE=1` only the remote one;
 //! `TASKHOST_BENCH_ONLY_PARKED=1` only the parked one;
@@ -254,6 +255,9 @@ fn main() {
     for (_, _, mut child) in daemons {
         let _ = child.kill();
         let _ = child.wait();
+    }
+    if std::env::var_os("TASKHOST_BENCH_INTAKE_ONLY").is_some() {
+        return;
     }
     rt.block_on(restart_with_queued(dir.path()));
     rt.block_on(remote(dir.path()));

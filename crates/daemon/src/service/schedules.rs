@@ -227,8 +227,11 @@ impl Schedules {
             if at > now {
                 break;
             }
-            if let Some(due) = table.decide(&name, now, &missed) {
-                out.push(due);
+            match table.decide(&name, now, &missed) {
+                Some(due) => out.push(due),
+                None => {
+                    table.due.pop_first();
+                }
             }
         }
         out

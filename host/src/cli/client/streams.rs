@@ -119,6 +119,9 @@ fn event_line(e: &Event) -> String {
     if let Some(slot) = &e.slot {
         line.push_str(&format!(" slot={slot}"));
     }
+    if let Some(schedule) = &e.schedule {
+        line.push_str(&format!(" schedule={schedule}"));
+    }
     if let Some(outcome) = e.outcome {
         line.push_str(&format!(" outcome={outcome}"));
     }
