@@ -877,9 +877,31 @@ fn a_frozen_peer_holding_a_slot_lock_does_not_cost_the_others_their_lease() {
         holder.join().unwrap();
         kill("-CONT");
     });
-    // The takeover went through once the lock was free: `frozen` runs on a,
-    // which never lost its lease (it never joined again as a new node).
-    wait_until(&a, "frozen", "running", Some("a"));
+    // The takeover went through once the lock was free: `frozen` runs its
+    // second attempt on a live node: a, or x joined again as a new node
+    // after it found its lease gone (both may claim it), never the x that
+    // was frozen. a never lost its lease (it never joined again).
+    let deadline = Instant::now() + LIMIT;
+    let rows = loop {
+        let rows = attempts(&pg, "held");
+        if rows.len() == 2 {
+            break rows;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the takeover never started attempt 2: {rows:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(rows[0].result, "interrupted", "{rows:?}");
+    assert_ne!(
+        rows[1].node, rows[0].node,
+        "attempt 2 ran on a live node, not on the frozen one: {rows:?}"
+    );
+    assert!(
+        rows[0].ended.is_some_and(|ended| ended <= rows[1].started),
+        "the attempts do not overlap: {rows:?}"
+    );
     assert_eq!(
         pg.psql("SELECT count(*) FROM taskhost_nodes WHERE name = 'a'")
             .trim(),
