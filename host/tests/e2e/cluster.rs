@@ -823,7 +823,8 @@ fn a_frozen_peer_holding_a_slot_lock_does_not_cost_the_others_their_lease() {
         "on-failure",
     ]);
     wait_until(&x, "frozen", "running", Some("x"));
-    let a = node(&pg, "a", &[]);
+    // The node that takes `frozen` over (kept alive to the end).
+    let _a = node(&pg, "a", &[]);
     std::thread::scope(|scope| {
         // A session that holds the slot's row lock, as a peer frozen in
         // the middle of a transaction would.
