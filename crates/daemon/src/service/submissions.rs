@@ -547,7 +547,11 @@ pub(crate) async fn place(
     if let Some(wait) = wait {
         submission = submission.not_before(tokio::time::Instant::now() + wait);
     }
-    let (waiter, placement) = controller.submit_placed(reservation, submission);
+    let (waiter, mut placement) = controller.submit_placed(reservation, submission);
+    // The time as it was given (the controller's is counted on its clock).
+    if let (Placement::Delayed { due_ms: told }, Some(due)) = (&mut placement, due_ms) {
+        *told = due;
+    }
     if let Placement::Replacing { owner, .. } = &placement {
         store.stopping(*owner);
     }
