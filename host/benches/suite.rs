@@ -37,8 +37,9 @@
 //! Then, in fresh child processes (one per measurement, so that the
 //! allocator holds no memory freed by earlier work): resident memory per
 //! live parked task, `(VmRSS after 1,000 parked tasks - VmRSS before) /
-//! 1,000`; and `host run hello.wasm` as a whole process (the release
-//! binary, warm `TASKHOST_CACHE_DIR`), 30 runs.
+//! 1,000`; and `host run` as a whole process (the release binary, warm
+//! `TASKHOST_CACHE_DIR`) of `hello.wasm` and of the Python and JavaScript
+//! examples (built once by `plugins/guests/build.sh`), 30 runs each in turn.
 //!
 //! Every limit that could throttle a side is raised to the same value on
 //! both (listed in the output). Each scenario runs one untimed warm-up round
@@ -1550,7 +1551,30 @@ fn vm_rss_kib() -> i64 {
         .expect("VmRSS in /proc/self/status")
 }
 
-/// `host run hello.wasm` as a whole process with the warm cache, and the
+/// The Python and JavaScript examples (`py-hello`, `js-hello`), built once
+/// by `plugins/guests/build.sh` into the target's temporary directory and
+/// reused; `None` (said on stderr) when a toolchain is missing.
+fn guest_examples() -> Option<[PathBuf; 2]> {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("guests-bench");
+    let paths = [dir.join("py-hello.wasm"), dir.join("js-hello.wasm")];
+    if paths.iter().all(|p| p.exists()) {
+        return Some(paths);
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/guests/build.sh");
+    let built = Command::new("bash").arg(script).arg(&dir).status();
+    if built.is_ok_and(|s| s.success()) && paths.iter().all(|p| p.exists()) {
+        Some(paths)
+    } else {
+        eprintln!(
+            "host-run: cannot build the Python and JavaScript examples (see \
+             plugins/guests/build.sh); their rows are left out"
+        );
+        None
+    }
+}
+
+/// `host run` as a whole process with the warm cache: the Rust `hello`,
+/// and the Python and JavaScript examples, one run of each in turn; the
 /// bare process (`host --help`) as the baseline.
 fn host_run(cache: &Path, table: &mut Table) {
     let host = env!("CARGO_BIN_EXE_host");
@@ -1572,23 +1596,43 @@ fn host_run(cache: &Path, table: &mut Table) {
         ms
     };
     let hello = plugin_artifacts::HELLO;
+    let guests = guest_examples();
+    let guests: Vec<String> = guests
+        .iter()
+        .flatten()
+        .map(|p| p.display().to_string())
+        .collect();
+    let mut plugins = vec![hello.to_owned()];
+    plugins.extend(guests);
     // Warm the cache for this engine configuration, and the page cache.
     for _ in 0..3 {
-        time(&["run", hello]);
+        for plugin in &plugins {
+            time(&["run", plugin, "--input", "hi"]);
+        }
     }
-    let run: Vec<f64> = (0..HOST_RUNS).map(|_| time(&["run", hello])).collect();
+    let mut runs: Vec<Vec<f64>> = vec![Vec::new(); plugins.len()];
+    for _ in 0..HOST_RUNS {
+        for (plugin, samples) in plugins.iter().zip(&mut runs) {
+            samples.push(time(&["run", plugin, "--input", "hi"]));
+        }
+    }
     let bare: Vec<f64> = (0..HOST_RUNS).map(|_| time(&["--help"])).collect();
-    let scenario = "`host run hello.wasm`, whole process";
+    for (i, (plugin, samples)) in plugins.iter().zip(&runs).enumerate() {
+        let name = Path::new(plugin)
+            .file_name()
+            .map_or(plugin.clone(), |n| n.to_string_lossy().into_owned());
+        let target = if i == 0 { 5.0 } else { 40.0 };
+        table.latency(
+            &format!("`host run {name}`, whole process"),
+            "the binary's own",
+            "release binary, warm cache",
+            samples,
+            "ms",
+            Some(check_at_most(median(samples), target, "ms median")),
+        );
+    }
     table.latency(
-        scenario,
-        "the binary's own",
-        "release binary, warm cache",
-        &run,
-        "ms",
-        Some(check_at_most(median(&run), 20.0, "ms median")),
-    );
-    table.latency(
-        scenario,
+        "`host run`, whole process",
         "the binary's own",
         "baseline: `host --help`",
         &bare,

@@ -4,6 +4,8 @@
 //! did (returned, failed, trapped, ran out of memory, was aborted) into an
 //! [`AttemptError`]. Retries, timeouts and outcomes belong to the supervisor.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -1,6 +1,8 @@
 //! Owns the Rust bindings generated from `wit/`, the single source of truth
 //! for the plugin contract. Nothing else in the host spells WIT names.
 
+#![forbid(unsafe_code)]
+
 wasmtime::component::bindgen!({
     path: "../../wit",
     world: "task-plugin",

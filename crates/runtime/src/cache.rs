@@ -5,6 +5,8 @@
 //! plugin stays alive for the attempts that hold it; the next load compiles
 //! it again (from wasmtime's on-disk cache when that is on).
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::sync::Arc;
 

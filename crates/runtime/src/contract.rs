@@ -6,6 +6,8 @@
 //! side of the types in `wit/`; checking grants against capabilities is the
 //! sandbox's business, choosing a slot the caller's.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeSet;
 
 use crate::bindings::taskhost::plugin::types;

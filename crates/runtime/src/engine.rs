@@ -1,18 +1,17 @@
 //! Owns the one wasmtime [`Engine`] of a host process: its configuration
-//! (trimmed features, epoch interruption, the on-disk compilation cache), the
+//! (trimmed features, epoch interruption), the
 //! choice between the pooling and the on-demand instance allocator, and the
 //! epoch ticker thread that drives interruption. It leaves what runs in a
 //! store to `attempt` and what gets compiled to `plugin`.
 
-use std::path::{Path, PathBuf};
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use wasmtime::{
-    Cache, CacheConfig, Config, Enabled, Engine, InstanceAllocationStrategy,
-    PoolingAllocationConfig,
-};
+use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::RuntimeError;
 
@@ -104,10 +103,11 @@ impl std::fmt::Debug for SlowCompileHook {
 }
 
 impl RuntimeConfig {
-    /// Directory for wasmtime's compilation cache; `None` disables it
-    /// [default: [`default_cache_dir`]]. A relative path is made absolute
-    /// against the current directory (wasmtime's cache needs an absolute
-    /// one).
+    /// Directory of compiled plugins on disk, so the next process maps
+    /// them in instead of compiling; `None` disables it [default:
+    /// [`default_cache_dir`]]. It is created owner-only when missing, and
+    /// not used (with a warning) when another user owns it or may write to
+    /// it. A relative path is made absolute against the current directory.
     pub fn cache_dir(mut self, dir: Option<PathBuf>) -> Self {
         self.cache_dir = dir.map(|d| std::path::absolute(&d).unwrap_or(d));
         self
@@ -211,7 +211,11 @@ pub enum Allocator {
         reset: PoolReset,
     },
     /// The on-demand allocator.
-    OnDemand,
+    OnDemand {
+        /// How many instances this process can map at once (from
+        /// `vm.max_map_count` and the address space).
+        capacity: u32,
+    },
 }
 
 /// How the pooling allocator resets a slot's linear memory between two
@@ -250,14 +254,27 @@ pub const POOL_RESERVE: u32 = 8;
 
 impl Allocator {
     /// How many attempts may hold an instance at once without exhausting
-    /// the pool: its slots less [`POOL_RESERVE`] (at least 1). `None`: no
-    /// pool, no bound from the allocator.
+    /// the pool or what the process can map: the pool's slots, or the
+    /// instances the on-demand allocator can map, less [`POOL_RESERVE`]
+    /// (at least 1).
     pub fn attempt_capacity(&self) -> Option<usize> {
+        let (Self::Pooling { instances, .. }
+        | Self::OnDemand {
+            capacity: instances,
+        }) = self;
+        Some(instances.saturating_sub(POOL_RESERVE).max(1) as usize)
+    }
+
+    /// What bounds [`Allocator::attempt_capacity`], and how to raise it.
+    pub fn capacity_reason(&self) -> &'static str {
         match self {
-            Self::Pooling { instances, .. } => {
-                Some(instances.saturating_sub(POOL_RESERVE).max(1) as usize)
+            Self::Pooling { .. } => {
+                "the instance pool's slots (raise --pool-instances; the pool is cut to what \
+                 the address space, ulimit -v and vm.max_map_count allow)"
             }
-            Self::OnDemand => None,
+            Self::OnDemand { .. } => {
+                "the instances this process can map (raise vm.max_map_count or ulimit -v)"
+            }
         }
     }
 }
@@ -271,23 +288,11 @@ pub(crate) fn build_engine(config: &RuntimeConfig) -> Result<(Engine, Allocator)
     // little more room for host frames.
     base.max_wasm_stack(1 << 20);
     base.async_stack_size(2 << 20);
-    if let Some(dir) = &config.cache_dir {
-        // A cache that cannot be set up costs compile time, not correctness.
-        match make_cache(dir) {
-            Ok(cache) => {
-                base.cache(Some(cache));
-            }
-            Err(err) => tracing::warn!(dir = %dir.display(), "compilation cache disabled: {err}"),
-        }
-    }
 
+    let room = Room::of_this_process();
     let pool_instances = match config.allocator {
         AllocatorChoice::OnDemand => None,
-        AllocatorChoice::Pooling | AllocatorChoice::Auto => pool_size(
-            config.pool_instances,
-            address_space_limit(),
-            user_address_space(),
-        ),
+        AllocatorChoice::Pooling | AllocatorChoice::Auto => pool_size(config.pool_instances, room),
     };
     if pool_instances.is_none() && config.allocator == AllocatorChoice::Pooling {
         return Err(RuntimeError::Engine(
@@ -308,31 +313,51 @@ pub(crate) fn build_engine(config: &RuntimeConfig) -> Result<(Engine, Allocator)
         } else {
             PoolReset::PagemapScan
         };
-        let mut pooled = base.clone();
-        pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling_config(
-            instances, reset,
-        )));
-        match Engine::new(&pooled) {
-            Ok(engine) => return Ok((engine, Allocator::Pooling { instances, reset })),
-            Err(err) if config.allocator == AllocatorChoice::Auto => {
-                tracing::info!("pooling allocator unavailable, allocating on demand: {err}");
+        // The reservation can fail for want of one contiguous range of
+        // address space: try smaller pools before giving up on pooling.
+        let mut tried = instances;
+        let failure = loop {
+            let mut pooled = base.clone();
+            pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling_config(
+                tried, reset,
+            )));
+            match Engine::new(&pooled) {
+                Ok(engine) => {
+                    if tried < instances {
+                        tracing::info!(
+                            "the instance pool could not reserve {instances} slots; it has {tried}"
+                        );
+                    }
+                    let allocator = Allocator::Pooling {
+                        instances: tried,
+                        reset,
+                    };
+                    return Ok((engine, allocator));
+                }
+                Err(err) => {
+                    let smaller = tried / 16 * 15;
+                    if smaller < MIN_POOL_INSTANCES {
+                        break err;
+                    }
+                    tried = smaller;
+                }
             }
-            Err(err) => {
-                return Err(RuntimeError::Engine(format!(
-                    "the pooling allocator could not reserve {instances} instance slots: {err}; \
-                     lower the pool size or use the on-demand allocator"
-                )));
-            }
+        };
+        if config.allocator == AllocatorChoice::Pooling {
+            return Err(RuntimeError::Engine(format!(
+                "the pooling allocator could not reserve {instances} instance slots, nor \
+                 fewer: {failure}; lower the pool size or use the on-demand allocator"
+            )));
         }
+        tracing::info!("pooling allocator unavailable, allocating on demand: {failure}");
     }
     let engine = Engine::new(&base).map_err(|e| RuntimeError::Engine(e.to_string()))?;
-    Ok((engine, Allocator::OnDemand))
-}
-
-fn make_cache(dir: &Path) -> wasmtime::Result<Cache> {
-    let mut cache_config = CacheConfig::new();
-    cache_config.with_directory(dir);
-    Cache::new(cache_config)
+    Ok((
+        engine,
+        Allocator::OnDemand {
+            capacity: on_demand_capacity(room),
+        },
+    ))
 }
 
 /// The address space one pooled instance slot reserves (nothing of it is
@@ -342,18 +367,80 @@ const fn reservation_per_instance() -> u64 {
         + RESERVATION_PER_INSTANCE_BESIDES_MEMORIES
 }
 
-/// Sizes the pool: `wanted` slots, cut so that the reservation takes at
-/// most half of the process's address-space limit (`ulimit -v`, if any, as
-/// the process's own heap counts against it too) and at most three quarters
-/// of the user address space (128 TiB on x86-64: about 12,000 slots of
-/// 8 GiB); `None` when that leaves too few slots to be worth it (the caller
-/// then allocates on demand).
-fn pool_size(wanted: u32, limit: Option<u64>, user_space: u64) -> Option<u32> {
-    let budget = (user_space / 4 * 3).min(limit.map_or(u64::MAX, |l| l / 2));
-    let fit = (budget / reservation_per_instance()).min(u64::from(wanted)) as u32;
+/// What this process can map: its address-space limit (`ulimit -v`), the
+/// size of the user address space, and the kernel's cap on mappings per
+/// process (`vm.max_map_count`).
+#[derive(Debug, Clone, Copy)]
+struct Room {
+    limit: Option<u64>,
+    user_space: u64,
+    max_map_count: u64,
+}
+
+impl Room {
+    fn of_this_process() -> Self {
+        Self {
+            limit: address_space_limit(),
+            user_space: user_address_space(),
+            max_map_count: max_map_count(),
+        }
+    }
+
+    /// Address space instances may take: half of `ulimit -v`, if any (the
+    /// process's own heap counts against it too), and three quarters of the
+    /// user address space.
+    fn address_budget(&self) -> u64 {
+        (self.user_space / 4 * 3).min(self.limit.map_or(u64::MAX, |l| l / 2))
+    }
+
+    /// Instances whose mappings fit `vm.max_map_count`, past what the rest
+    /// of the process maps, at `per_instance` mappings each.
+    fn by_maps(&self, per_instance: u64) -> u64 {
+        self.max_map_count.saturating_sub(MAPS_RESERVED) / per_instance
+    }
+}
+
+/// Mappings the process keeps for everything but guest instances (its
+/// binary, libraries, threads' stacks, heap arenas, compiled plugins).
+const MAPS_RESERVED: u64 = 4096;
+/// Mappings one live pooled instance adds: its memory's accessible part
+/// split off the pool's reservation, and a copy-on-write image.
+const MAPS_PER_POOLED_INSTANCE: u64 = 5;
+/// Mappings one live instance allocated on demand adds: its memory's
+/// reservation and accessible part, its image, its fiber stack and guard
+/// page, and its tables (the 9,355th `sleeper` failed at the default cap).
+const MAPS_PER_ON_DEMAND_INSTANCE: u64 = 8;
+/// Linux's default `vm.max_map_count`, assumed when it cannot be read.
+const DEFAULT_MAX_MAP_COUNT: u64 = 65_530;
+
+/// The kernel's cap on mappings per process.
+fn max_map_count() -> u64 {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(DEFAULT_MAX_MAP_COUNT)
+}
+
+/// Sizes the pool: `wanted` slots, cut to what the address-space budget
+/// ([`Room::address_budget`]: about 12,000 slots of 8 GiB on x86-64) and
+/// `vm.max_map_count` allow; `None` when that leaves too few slots to be
+/// worth it (the caller then allocates on demand).
+fn pool_size(wanted: u32, room: Room) -> Option<u32> {
+    let fit = (room.address_budget() / reservation_per_instance())
+        .min(room.by_maps(MAPS_PER_POOLED_INSTANCE))
+        .min(u64::from(wanted)) as u32;
     // A pool too small to be worth its reservation (or none at all): the
     // on-demand allocator, as documented.
     (fit >= MIN_POOL_INSTANCES).then_some(fit)
+}
+
+/// How many instances the on-demand allocator can hold at once: each
+/// reserves its memories' address space as a pooled slot does, and maps
+/// as many regions.
+fn on_demand_capacity(room: Room) -> u32 {
+    (room.address_budget() / reservation_per_instance())
+        .min(room.by_maps(MAPS_PER_ON_DEMAND_INSTANCE))
+        .min(u64::from(u32::MAX)) as u32
 }
 
 fn pooling_config(instances: u32, reset: PoolReset) -> PoolingAllocationConfig {
@@ -599,23 +686,63 @@ impl Drop for EpochTicker {
 mod tests {
     use super::*;
 
+    fn room(limit: Option<u64>, user_space: u64, max_map_count: u64) -> Room {
+        Room {
+            limit,
+            user_space,
+            max_map_count,
+        }
+    }
+
     #[test]
     fn pool_is_sized_from_the_address_space_limit() {
         const VA: u64 = 1 << 47;
-        assert_eq!(pool_size(1000, None, VA), Some(1000));
-        assert_eq!(pool_size(8, None, VA), None, "below the minimum: on-demand");
-        assert_eq!(pool_size(0, None, VA), None);
+        let maps = 1 << 20;
+        assert_eq!(pool_size(1000, room(None, VA, maps)), Some(1000));
+        assert_eq!(
+            pool_size(8, room(None, VA, maps)),
+            None,
+            "below the minimum: on-demand"
+        );
+        assert_eq!(pool_size(0, room(None, VA, maps)), None);
         // 1 TiB limit: half of it fits 63 slots of two 4 GiB memories.
-        assert_eq!(pool_size(1000, Some(1 << 40), VA), Some(63));
+        assert_eq!(pool_size(1000, room(Some(1 << 40), VA, maps)), Some(63));
         // 8 GiB (a typical `ulimit -v`) is too small for a useful pool.
-        assert_eq!(pool_size(1000, Some(8 << 30), VA), None);
+        assert_eq!(pool_size(1000, room(Some(8 << 30), VA, maps)), None);
         // Without a limit, three quarters of 128 TiB: room for 10,000
         // parked tasks, not for 100,000.
-        assert_eq!(pool_size(10_016, None, VA), Some(10_016));
-        let most = pool_size(100_000, None, VA).unwrap();
+        assert_eq!(pool_size(10_016, room(None, VA, maps)), Some(10_016));
+        let most = pool_size(100_000, room(None, VA, maps)).unwrap();
         assert!((12_000..12_300).contains(&most), "{most}");
         // A 39-bit address space (some arm64 kernels): 47 slots.
-        assert_eq!(pool_size(1000, None, 1 << 39), Some(47));
+        assert_eq!(pool_size(1000, room(None, 1 << 39, maps)), Some(47));
+    }
+
+    #[test]
+    fn instances_are_capped_by_the_mappings_the_kernel_allows() {
+        const VA: u64 = 1 << 47;
+        // Linux's default: 65,530 mappings.
+        let default = room(None, VA, DEFAULT_MAX_MAP_COUNT);
+        let pooled = pool_size(20_000, default).unwrap();
+        assert!(pooled >= 10_016, "10,000 parked tasks still fit: {pooled}");
+        let lower = pool_size(20_000, room(None, VA, 40_000)).unwrap();
+        assert_eq!(
+            u64::from(lower),
+            (40_000 - MAPS_RESERVED) / MAPS_PER_POOLED_INSTANCE
+        );
+        let on_demand = on_demand_capacity(default);
+        assert_eq!(
+            u64::from(on_demand),
+            (DEFAULT_MAX_MAP_COUNT - MAPS_RESERVED) / MAPS_PER_ON_DEMAND_INSTANCE
+        );
+        assert!(
+            on_demand < 9_355,
+            "on demand, the 9,355th instance failed: {on_demand}"
+        );
+        // A tiny cap: no pool; on demand, at least what the budget allows.
+        assert_eq!(pool_size(1000, room(None, VA, 4096)), None);
+        assert_eq!(on_demand_capacity(room(None, VA, 4096)), 0);
+        assert_eq!(on_demand_capacity(room(Some(200 << 30), VA, 1 << 20)), 12);
     }
 
     #[test]

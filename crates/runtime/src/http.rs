@@ -16,6 +16,8 @@
 //! default. Redirects are not followed here: each hop is a new request,
 //! checked again.
 
+#![forbid(unsafe_code)]
+
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;

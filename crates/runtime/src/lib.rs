@@ -7,7 +7,9 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | `engine` | engine config, pooling vs on-demand, disk cache, epoch ticker |
+//! | `engine` | engine config, pooling vs on-demand, epoch ticker |
+//! | `artifacts` | compiled plugins on disk: written atomically, checked, mapped back (the one `unsafe`) |
+//! | `file_digests` | the memo of plugin files' digests by their status, so a warm run reads no plugin |
 //! | `cache` | the compiled plugins in memory, bounded by their image sizes |
 //! | `bindings` | the Rust side of `wit/` (generated) |
 //! | `contract` | what a plugin declares: [`PluginInfo`], [`Capability`], resource templates |
@@ -21,13 +23,16 @@
 //! | `reaper` | the thread that drops stopped attempts' stores on current-thread runtimes |
 //! | `plugin_task` | the bridge: [`PluginTask`](plugin_task::PluginTask), the supervisor's body of a plugin |
 
-#![forbid(unsafe_code)]
+// Every module but `artifacts` forbids `unsafe` itself (see there).
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod artifacts;
 mod attempt;
 mod bindings;
 pub mod contract;
 mod engine;
+mod file_digests;
 mod http;
 mod limits;
 mod outbound;
@@ -100,8 +105,8 @@ pub struct Runtime {
     allocator: Allocator,
     plugins: Mutex<cache::PluginCache>,
     ticker: engine::EpochTicker,
-    /// Whether compiled plugins go to an on-disk cache.
-    disk_cache: bool,
+    /// Compiled plugins on disk, when a cache directory is set and usable.
+    artifacts: Option<Arc<artifacts::Artifacts>>,
     on_slow_compile: Option<engine::SlowCompileHook>,
     /// See [`RuntimeConfig::compile_nice`].
     compile_nice: Option<i32>,
@@ -194,13 +199,18 @@ impl Runtime {
         attempt::add_to_linker(&mut linker)
             .map_err(|e| RuntimeError::Engine(attempt::error_chain(&e)))?;
         let ticker = engine::EpochTicker::start(&engine, config.epoch_tick)?;
+        let artifacts = config
+            .cache_dir
+            .as_deref()
+            .and_then(|dir| artifacts::Artifacts::open(dir, &engine))
+            .map(Arc::new);
         Ok(Self {
             engine,
             linker,
             allocator,
             plugins: Mutex::new(cache::PluginCache::new(config.plugin_cache_bytes)),
             ticker,
-            disk_cache: config.cache_dir.is_some(),
+            artifacts,
             on_slow_compile: config.on_slow_compile.clone(),
             compile_nice: config.compile_nice,
             stats: RuntimeStats::default(),
@@ -241,7 +251,9 @@ impl Runtime {
         self.allocator
     }
 
-    /// Reads, compiles and validates a plugin file.
+    /// Reads, compiles and validates a plugin file. A file this runtime
+    /// has read before, unchanged since (same inode, size and times), whose
+    /// compiled artifact is on disk, is neither read nor hashed again.
     pub async fn load_file(&self, path: &Path) -> Result<Arc<Plugin>, LoadError> {
         let origin = path.display().to_string();
         let unreadable = |why: String| LoadError::Unreadable {
@@ -257,10 +269,49 @@ impl Runtime {
         if meta.len() > MAX_PLUGIN_BYTES as u64 {
             return Err(plugin::too_big(&origin, meta.len()));
         }
+        let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+        let before = file_digests::FileStatus::new(&absolute, &meta);
+        let dir = self.artifacts.as_ref().map(|a| a.dir().to_owned());
+        if let Some(dir) = &dir
+            && let Some(digest) = file_digests::known(dir, &before)
+            && let Some(plugin) = self.load_known(digest, meta.len() as usize).await
+        {
+            return Ok(plugin);
+        }
         let bytes = tokio::fs::read(path)
             .await
             .map_err(|e| unreadable(e.to_string()))?;
-        self.load_bytes(bytes.into(), &origin).await
+        let bytes: Arc<[u8]> = bytes.into();
+        plugin::check_header(&origin, &bytes)?;
+        let digest = digest_of(&bytes).await;
+        let plugin = self.load_digested(bytes, digest, &origin).await?;
+        if let Some(dir) = &dir
+            && let Ok(after) = tokio::fs::metadata(path).await
+        {
+            let after = file_digests::FileStatus::new(&absolute, &after);
+            file_digests::remember(dir, &before, &after, digest);
+        }
+        Ok(plugin)
+    }
+
+    /// The plugin with this digest from memory or from its artifact, if
+    /// either has it; never compiles.
+    async fn load_known(&self, digest: Digest, size: usize) -> Option<Arc<Plugin>> {
+        let cell = self.cache().cell(digest);
+        let result = cell
+            .get_or_try_init(|| async {
+                self.load_artifact(digest, size)
+                    .await
+                    .map(Arc::new)
+                    .ok_or(())
+            })
+            .await
+            .cloned();
+        match &result {
+            Ok(plugin) => self.cache().loaded(digest, plugin),
+            Err(()) => self.cache().failed(&digest),
+        }
+        result.ok().filter(|plugin| plugin.size() == size)
     }
 
     /// Compiles and validates a plugin from its bytes, once per digest: a
@@ -294,6 +345,9 @@ impl Runtime {
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let result = cell
             .get_or_try_init(|| async {
+                if let Some(plugin) = self.load_artifact(digest, bytes.len()).await {
+                    return Ok(Arc::new(plugin));
+                }
                 let started = std::time::Instant::now();
                 let engine = self.engine.clone();
                 let linker = self.linker.clone();
@@ -357,6 +411,14 @@ impl Runtime {
                 })?
                 .map(Arc::new);
                 self.stats.compile_time.observe(started.elapsed());
+                if let (Ok(plugin), Some(artifacts)) = (&plugin, &self.artifacts) {
+                    let (artifacts, plugin) = (Arc::clone(artifacts), Arc::clone(plugin));
+                    let _ = tokio::task::spawn_blocking(move || {
+                        let component = plugin.pre().instance_pre().component();
+                        artifacts.store(&digest, plugin.size(), component, plugin.info());
+                    })
+                    .await;
+                }
                 plugin
             })
             .await
@@ -369,12 +431,30 @@ impl Runtime {
         result
     }
 
+    /// The plugin with this digest mapped from its artifact on disk, if
+    /// this host stored one that checks out (on a blocking thread).
+    async fn load_artifact(&self, digest: Digest, size: usize) -> Option<Plugin> {
+        let artifacts = Arc::clone(self.artifacts.as_ref()?);
+        let engine = self.engine.clone();
+        let linker = self.linker.clone();
+        tokio::task::spawn_blocking(move || {
+            let (component, info) = artifacts.load(&engine, &digest, size)?;
+            // The artifact passed these checks when it was compiled; a
+            // failure now is a bug, and the compile path reports it.
+            let pre = plugin::prepare(&engine, &linker, &digest.to_string(), &component).ok()?;
+            Some(Plugin::new(digest, size, info, pre))
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
     /// Says that a compile is taking a while (see [`SLOW_COMPILE`]).
     fn slow_compile(&self, origin: &str, size: usize) {
         let note = SlowCompile {
             origin: origin.to_owned(),
             bytes: size as u64,
-            cached: self.disk_cache,
+            cached: self.artifacts.is_some(),
         };
         let size = taskhost_core::units::format_size(note.bytes);
         if note.cached {

@@ -22,6 +22,8 @@
 //!   guest traps. One attempt's header fields therefore hold at most
 //!   `max_handles` × `max_header_bytes` of host memory.
 
+#![forbid(unsafe_code)]
+
 use wasmtime::StoreContextMut;
 use wasmtime::component::{Linker, Resource, ResourceTable, ResourceTableError};
 use wasmtime_wasi::filesystem::WasiFilesystemView;

@@ -10,6 +10,8 @@
 //! which resolves the name itself and so cannot sit behind the address
 //! check.
 
+#![forbid(unsafe_code)]
+
 use std::future::{Future, poll_fn};
 use std::net::{IpAddr, SocketAddr};
 use std::pin::{Pin, pin};

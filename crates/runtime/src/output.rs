@@ -5,6 +5,8 @@
 //! It also keeps the few recent lines that explain a trap (a panic message, the
 //! tail of stderr) for the failure reason.
 
+#![forbid(unsafe_code)]
+
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 

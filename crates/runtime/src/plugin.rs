@@ -4,6 +4,8 @@
 //! `describe` under a small time and memory limit, and validating what it
 //! says. Each failure is a [`LoadError`] that names the problem and the fix.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -146,6 +148,23 @@ impl std::fmt::Debug for Plugin {
 }
 
 impl Plugin {
+    /// A plugin of this linked component and what its `describe` said.
+    pub(crate) fn new(
+        digest: Digest,
+        size: usize,
+        info: PluginInfo,
+        pre: bindings::TaskPluginPre<AttemptState>,
+    ) -> Self {
+        let image = pre.instance_pre().component().image_range();
+        Self {
+            digest,
+            size,
+            compiled: image.end.addr().saturating_sub(image.start.addr()),
+            info,
+            pre,
+        }
+    }
+
     /// The content digest of the plugin's bytes.
     pub fn digest(&self) -> Digest {
         self.digest
@@ -399,8 +418,8 @@ pub(crate) fn check_world(origin: &str, bytes: &[u8]) -> Result<(), LoadError> {
     Err(wrong_world(why))
 }
 
-/// Compiles (or fetches from wasmtime's disk cache) and validates a
-/// component. Blocking: call it on the blocking pool.
+/// Compiles and validates a component. Blocking: call it on the blocking
+/// pool.
 pub(crate) fn compile(
     engine: &Engine,
     linker: &wasmtime::component::Linker<AttemptState>,
@@ -413,6 +432,18 @@ pub(crate) fn compile(
         origin: origin.to_owned(),
         why: error_chain(&e),
     })?;
+    prepare(engine, linker, origin, &component)
+}
+
+/// Checks a compiled component's exports and links it (the step from a
+/// component, compiled now or mapped from its artifact, to what attempts
+/// instantiate).
+pub(crate) fn prepare(
+    engine: &Engine,
+    linker: &wasmtime::component::Linker<AttemptState>,
+    origin: &str,
+    component: &Component,
+) -> Result<bindings::TaskPluginPre<AttemptState>, LoadError> {
     let wrong_world = |why: String| LoadError::WrongWorld {
         origin: origin.to_owned(),
         why,
@@ -431,7 +462,7 @@ pub(crate) fn compile(
             exports.join(", ")
         )));
     }
-    let instance_pre = linker.instantiate_pre(&component).map_err(|e| {
+    let instance_pre = linker.instantiate_pre(component).map_err(|e| {
         wrong_world(format!(
             "it needs an import this host does not provide: {}",
             error_chain(&e)
@@ -496,14 +527,7 @@ pub(crate) async fn describe(
     };
     drop(store);
     let info = validate_info(raw).map_err(bad)?;
-    let image = pre.instance_pre().component().image_range();
-    Ok(Plugin {
-        digest,
-        size,
-        compiled: image.end.addr().saturating_sub(image.start.addr()),
-        info,
-        pre,
-    })
+    Ok(Plugin::new(digest, size, info, pre))
 }
 
 fn validate_info(raw: types::PluginInfo) -> Result<PluginInfo, String> {

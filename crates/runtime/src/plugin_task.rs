@@ -19,6 +19,8 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 
 use futures::FutureExt;

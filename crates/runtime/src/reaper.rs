@@ -9,6 +9,8 @@
 //!
 //! Only stopped attempts on a current-thread runtime use it ([`wanted`]).
 
+#![forbid(unsafe_code)]
+
 use std::sync::OnceLock;
 use std::sync::mpsc;
 

@@ -6,6 +6,8 @@
 //! Nothing is granted by default: no files, no environment, no sockets, no
 //! HTTP.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};

@@ -49,7 +49,7 @@ pub struct ServeArgs {
     memory_ceiling: Option<u64>,
     #[command(flatten)]
     limits: super::args::GuestLimitArgs,
-    /// Instance slots of the pooling allocator; attempts running at once never exceed it (below 16: the on-demand allocator). Each slot reserves about 8 GiB of address space (not memory): the default fits up to about 12,000 within x86-64's 128 TiB [default: --max-concurrent plus 8, at least 1000].
+    /// Instance slots of the pooling allocator; attempts running at once never exceed it (below 16: the on-demand allocator). Each slot reserves about 8 GiB of address space (not memory): the default fits up to about 12,000 within x86-64's 128 TiB, fewer under ulimit -v or a low vm.max_map_count (5 mappings a slot). --max-concurrent is cut to the slots less 8, or, on demand, to the instances the process can map; the log says so at start [default: --max-concurrent plus 8, at least 1000].
     #[arg(long, value_name = "N")]
     pool_instances: Option<u32>,
     /// Epoch tick: the granularity of interruption [default: 10ms].

@@ -2,7 +2,9 @@
 //! measured and held to a documented bound), 10,000 in a pool sized from
 //! `--max-concurrent` alone, and a full instance pool (work
 //! waits for a permit and is admitted later; an attempt that still finds
-//! the pool full fails retryably; never a crash). Guests that exhaust
+//! the pool full fails retryably; never a crash), and a `--max-concurrent`
+//! far above what the process can map (capped at start, no attempt
+//! fails). Guests that exhaust
 //! memory, stack, tables or time one by one are in `bad_plugins.rs`.
 
 use crate::{common, daemon, wire};
@@ -270,6 +272,62 @@ async fn a_full_instance_pool_admits_work_later_and_never_crashes() {
         );
     }
     d.assert_served("after-a-full-pool");
+}
+
+/// Under an address-space limit that leaves room for a dozen instances,
+/// `--max-concurrent 20000` is capped at start, with the effective figure
+/// and its reason in the log, and 30 sleepers in distinct slots all
+/// complete: none fails for a limit the daemon could have known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_max_concurrent_beyond_what_fits_is_capped_and_nothing_fails() {
+    let tmp = tempfile::tempdir().unwrap();
+    let socket = tmp.path().join("h.sock");
+    let mut cmd = std::process::Command::new("prlimit");
+    // Half of 200 GiB for instances: 12 of 8 GiB, too few for a pool.
+    cmd.args(["--as=214748364800", common::host_bin()]);
+    common::host_env(&mut cmd).args([
+        "serve",
+        "--store",
+        "memory",
+        "--max-concurrent",
+        "20000",
+        "--max-total-pending",
+        "20000",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--state-dir",
+        tmp.path().join("state").to_str().unwrap(),
+    ]);
+    let mut daemon = common::Running::spawn_command(cmd);
+    daemon.wait_for_line("taskhost daemon listening on", LIMIT);
+    let log = daemon.stderr_seen.join("\n");
+    assert!(
+        log.contains("max_concurrent 20000 is more than this process can run at once; running at most 4 attempts at once, bounded by the instances this process can map"),
+        "the daemon says what it runs at once and why: {log}"
+    );
+    assert!(log.contains("OnDemand { capacity: 12 }"), "{log}");
+    let conn = wire::connect(&socket).await;
+    let digest = wire::upload_plugin(&conn, "sleeper").await;
+    let mut ids = Vec::new();
+    for i in 0..30 {
+        let mut s = SubmitRequest::new(digest);
+        s.slot = Some(format!("s{i}"));
+        s.params = params(&[("ms", "100")]);
+        ids.push(conn.submit(s).await.expect("admitted").id);
+    }
+    let waiter = wire::connect(&socket).await;
+    for id in ids {
+        let r = waiter.wait(id.into()).await.expect("a report");
+        assert!(
+            matches!(r.outcome, TaskOutcome::Completed { .. }) && r.attempts == 1,
+            "{id}: {:?} after {} attempts",
+            r.outcome,
+            r.attempts
+        );
+    }
+    daemon.signal("TERM");
+    let (status, _) = daemon.finish(LIMIT);
+    assert!(status.success(), "{status:?}");
 }
 
 fn pooled_runtime(instances: u32) -> Arc<Runtime> {

@@ -8,6 +8,7 @@
 //! | module | covers |
 //! |---|---|
 //! | `cli_run` | `host run` and `host inspect`: output and exit codes |
+//! | `artifacts` | compiled plugins on disk: reuse, and truncated, corrupt, foreign or unprotected ones compiled again |
 //! | `serve` | `host serve` and the client verbs over the socket |
 //! | `bad_plugins` | a corpus of bad plugins against one live daemon |
 //! | `exhaustion` | parked sleepers by the thousand, a full instance pool |
@@ -41,6 +42,7 @@ mod postgres;
 #[path = "common/wire.rs"]
 mod wire;
 
+mod artifacts;
 mod bad_plugins;
 mod cli_run;
 mod cluster;

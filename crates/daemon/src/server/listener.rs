@@ -100,8 +100,9 @@ pub async fn serve(
         && capacity < max_concurrent
     {
         tracing::warn!(
-            "max_concurrent {max_concurrent} is more than the instance pool holds; \
-             running at most {capacity} attempts at once (raise --pool-instances)"
+            "max_concurrent {max_concurrent} is more than this process can run at once; \
+             running at most {capacity} attempts at once, bounded by {}",
+            runtime.allocator().capacity_reason()
         );
         max_concurrent = capacity;
     }
