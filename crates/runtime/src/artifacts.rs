@@ -266,7 +266,9 @@ impl Artifacts {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return;
         };
-        let stale = std::time::SystemTime::now() - super::file_digests::STALE;
+        let now = std::time::SystemTime::now();
+        let stale = now - super::file_digests::STALE;
+        let abandoned = now - std::time::Duration::from_secs(3600);
         let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();
         for entry in entries.flatten() {
             let path = entry.path();
@@ -276,6 +278,10 @@ impl Artifacts {
             match path.extension().and_then(|x| x.to_str()) {
                 Some("cwasm") => files.push((modified.1, modified.0, path)),
                 Some(super::file_digests::EXTENSION) if modified.1 < stale => {
+                    let _ = std::fs::remove_file(&path);
+                }
+                // Left by a writer that died before its rename.
+                Some(x) if x.starts_with("tmp") && modified.1 < abandoned => {
                     let _ = std::fs::remove_file(&path);
                 }
                 _ => {}
@@ -352,10 +358,19 @@ fn check_file(path: &Path, bytes: u64, crc32: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// A name beside `path` that no other writer uses: this process's id and
+/// a count of its writes (several runtimes of one process may store the
+/// same plugin at once).
+pub(crate) fn temporary_name(path: &Path) -> PathBuf {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    path.with_extension(format!("tmp{}-{n}", std::process::id()))
+}
+
 /// Writes `bytes` to `path` through a synced temporary file in the same
 /// directory, readable and writable by this user only.
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let tmp = temporary_name(path);
     let result = (|| {
         let mut file = File::options()
             .write(true)

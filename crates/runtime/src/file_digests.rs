@@ -98,7 +98,7 @@ pub(crate) fn remember(dir: &Path, before: &FileStatus, after: &FileStatus, dige
         return;
     };
     let path = record_path(dir, &before.path);
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let tmp = super::artifacts::temporary_name(&path);
     let written = std::fs::File::options()
         .write(true)
         .create(true)
