@@ -69,8 +69,9 @@ pub(crate) struct Artifacts {
 struct Sha256Hasher(Sha256);
 
 impl Hasher for Sha256Hasher {
+    /// Not used: the identity is the SHA-256 digest of what was written.
     fn finish(&self) -> u64 {
-        unreachable!("only the SHA-256 digest of the input is used")
+        0
     }
 
     fn write(&mut self, bytes: &[u8]) {
@@ -272,16 +273,20 @@ impl Artifacts {
         let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();
         for entry in entries.flatten() {
             let path = entry.path();
-            let Some(modified) = entry.metadata().ok().and_then(|m| files_len_and_time(&m)) else {
+            let Some((len, modified)) = entry
+                .metadata()
+                .ok()
+                .and_then(|m| Some((m.len(), m.modified().ok()?)))
+            else {
                 continue;
             };
             match path.extension().and_then(|x| x.to_str()) {
-                Some("cwasm") => files.push((modified.1, modified.0, path)),
-                Some(super::file_digests::EXTENSION) if modified.1 < stale => {
+                Some("cwasm") => files.push((modified, len, path)),
+                Some(super::file_digests::EXTENSION) if modified < stale => {
                     let _ = std::fs::remove_file(&path);
                 }
                 // Left by a writer that died before its rename.
-                Some(x) if x.starts_with("tmp") && modified.1 < abandoned => {
+                Some(x) if x.starts_with("tmp") && modified < abandoned => {
                     let _ = std::fs::remove_file(&path);
                 }
                 _ => {}
@@ -298,11 +303,6 @@ impl Artifacts {
             total = total.saturating_sub(len);
         }
     }
-}
-
-/// The length and modification time of a file.
-fn files_len_and_time(meta: &std::fs::Metadata) -> Option<(u64, std::time::SystemTime)> {
-    Some((meta.len(), meta.modified().ok()?))
 }
 
 /// The record of `text` (its first line is the CRC-32 of the rest).
