@@ -25,6 +25,11 @@
 //!   the native bodies; for ours also the event sequence, in an extra
 //!   untimed round that yields after every submission, so that most
 //!   replacements are admitted and then retired by the next);
+//! - attempt against wasmtime's floor (ours only): the closed loop of
+//!   `hello` (b) beside instantiate + call + drop of an empty component
+//!   that imports nothing, on the runtime's own engine (f), rounds
+//!   interleaved; `--callgrind floor|attempt` runs either loop alone for
+//!   callgrind (see [`callgrind`]);
 //! - cancel → outcome of a parked cooperative task (ours only): 200 parked
 //!   tasks, then `cancel` of each in turn, timed until the outcome;
 //! - force-abort of a `spin` plugin (ours only) with 4 other spinners
@@ -53,7 +58,7 @@
 //! half on 2 cores after the build). Arguments select scenarios by
 //! substring: `cargo bench -p taskhost --bench suite -- force-abort rss`
 //! (keys: one-shot, queue-distinct, queue-one-slot, replace, closed-loop,
-//! cancel, force-abort, shutdown, rss, host-run).
+//! floor, cancel, force-abort, shutdown, rss, host-run).
 
 use std::future::Future;
 use std::num::NonZeroUsize;
@@ -137,6 +142,10 @@ fn main() {
         child_rss(side);
         return;
     }
+    if let Some(i) = args.iter().position(|a| a == "--callgrind") {
+        callgrind(&args[i + 1]);
+        return;
+    }
     // Other arguments (cargo passes `--bench`) that do not start with `--`
     // select scenarios by substring: `cargo bench --bench suite -- force`.
     let filters: Vec<String> = args[1..]
@@ -159,12 +168,13 @@ fn main() {
         let rt = flavour.runtime();
         println!("\n## {}", flavour.name());
         type Scenario = fn(&tokio::runtime::Runtime, Flavour, &Arc<Plugins>, &mut Table);
-        let scenarios: [(&str, Scenario); 8] = [
+        let scenarios: [(&str, Scenario); 9] = [
             ("one-shot", oneshot),
             ("queue-distinct", |rt, f, p, t| queue(rt, f, p, t, false)),
             ("queue-one-slot", |rt, f, p, t| queue(rt, f, p, t, true)),
             ("replace", replace),
             ("closed-loop", closed_loop),
+            ("floor", floor),
             ("cancel", cancel_latency),
             ("force-abort", force_abort),
             ("shutdown", shutdown),
@@ -1175,6 +1185,184 @@ async fn closed_loop_round(h: Harness, round: usize) -> Vec<f64> {
     }
     h.drain().await;
     samples
+}
+
+/// wasmtime's own floor for one attempt on our engine's configuration: an
+/// empty component that imports nothing and exports `run: func()`.
+const EMPTY_COMPONENT: &str = r#"
+(component
+  (core module $m (func (export "run")))
+  (core instance $i (instantiate $m))
+  (func (export "run") (canon lift (core func $i "run"))))
+"#;
+
+/// The empty component, pre-instantiated on the runtime's engine.
+fn empty_component(runtime: &Runtime) -> wasmtime::component::InstancePre<()> {
+    let engine = runtime.engine();
+    let bytes = wat::parse_str(EMPTY_COMPONENT).expect("the empty component parses");
+    let component =
+        wasmtime::component::Component::new(engine, bytes).expect("the empty component compiles");
+    wasmtime::component::Linker::<()>::new(engine)
+        .instantiate_pre(&component)
+        .expect("the empty component links")
+}
+
+/// One floor iteration: a store, the instance, `run`, and the drop.
+async fn floor_once(engine: &wasmtime::Engine, pre: &wasmtime::component::InstancePre<()>) {
+    let mut store = wasmtime::Store::new(engine, ());
+    // The engine interrupts by epoch, as for our attempts.
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_async_yield_and_update(1);
+    let instance = pre
+        .instantiate_async(&mut store)
+        .await
+        .expect("instantiate");
+    let run = instance
+        .get_typed_func::<(), ()>(&mut store, "run")
+        .expect("run");
+    run.call_async(&mut store, ()).await.expect("call");
+}
+
+/// Issue 32, target 3: a plugin attempt (`hello` through the supervisor,
+/// add → outcome) against wasmtime's own floor on the same engine
+/// (instantiate + call + drop of an empty component), rounds interleaved.
+fn floor(
+    rt: &tokio::runtime::Runtime,
+    flavour: Flavour,
+    plugins: &Arc<Plugins>,
+    table: &mut Table,
+) {
+    let flavour = flavour.name();
+    let sides = harnesses(rt, &[Side::Plugin], plugins);
+    let pre = Arc::new(empty_component(&plugins.runtime));
+    let engine = plugins.runtime.engine().clone();
+    let floor_round = |round: usize| {
+        let (pre, engine) = (Arc::clone(&pre), engine.clone());
+        async move {
+            let iterations = if round == 0 { 200 } else { LOOP_ITERATIONS };
+            let mut samples = Vec::with_capacity(iterations);
+            for _ in 0..iterations {
+                let started = Instant::now();
+                floor_once(&engine, &pre).await;
+                samples.push(started.elapsed().as_secs_f64() * 1e6);
+            }
+            samples
+        }
+    };
+    drive(rt, "floor", floor_round(0));
+    drive(rt, "floor", closed_loop_round(sides[0].1.clone(), 0));
+    let (mut base, mut ours) = (Vec::new(), Vec::new());
+    for round in 1..=ROUNDS {
+        if round % 2 == 0 {
+            base.extend(drive(rt, "floor", floor_round(round)));
+            ours.extend(drive(
+                rt,
+                "floor",
+                closed_loop_round(sides[0].1.clone(), round),
+            ));
+        } else {
+            ours.extend(drive(
+                rt,
+                "floor",
+                closed_loop_round(sides[0].1.clone(), round),
+            ));
+            base.extend(drive(rt, "floor", floor_round(round)));
+        }
+    }
+    let scenario = "attempt against wasmtime's floor";
+    let side = "(f) wasmtime: instantiate + call + drop, empty component";
+    table.latency(scenario, flavour, side, &base, "µs", None);
+    table.latency(
+        scenario,
+        flavour,
+        &Side::Plugin.label("hello"),
+        &ours,
+        "µs",
+        None,
+    );
+    let ratio = median(&ours) / median(&base);
+    table.row(Row {
+        scenario: scenario.into(),
+        flavour: flavour.into(),
+        side: "(b)/(f) median".into(),
+        median: format!("{ratio:.2}x"),
+        unit: "ratio".into(),
+        target: Some(Check {
+            target: "≤ 1.30x".into(),
+            pass: ratio <= 1.3,
+        }),
+        ..Row::default()
+    });
+    shutdown_all(rt, sides);
+}
+
+/// Iterations of each loop under callgrind.
+const CALLGRIND_ITERATIONS: usize = 2_000;
+
+/// `--callgrind floor|attempt`: runs one of the floor scenario's loops on a
+/// current-thread runtime, `CALLGRIND_ITERATIONS` times, inside a function
+/// of its own, so that callgrind counts only that function's instructions:
+/// `valgrind --tool=callgrind --collect-atstart=no
+/// --toggle-collect='*measured_floor*' <suite binary> --callgrind floor`
+/// (and `*measured_attempts*` with `attempt`). BENCHMARKS.md has the
+/// figures, per iteration.
+fn callgrind(which: &str) {
+    let rt = Flavour::Current.runtime();
+    let plugins = rt.block_on(load_plugins(&cache_dir()));
+    // Under valgrind the instance pool cannot be reserved: both loops then
+    // allocate on demand, which the line says.
+    println!("allocator: {:?}", plugins.runtime.allocator());
+    match which {
+        "floor" => {
+            let pre = empty_component(&plugins.runtime);
+            let engine = plugins.runtime.engine().clone();
+            rt.block_on(async {
+                for _ in 0..200 {
+                    floor_once(&engine, &pre).await;
+                }
+            });
+            measured_floor(&rt, &engine, &pre);
+        }
+        "attempt" => {
+            let harness = {
+                let _guard = rt.enter();
+                Side::Plugin.harness(&plugins, GRACE)
+            };
+            rt.block_on(closed_loop_round(harness.clone(), 0));
+            measured_attempts(&rt, &harness);
+            rt.block_on(harness.shutdown());
+        }
+        other => panic!("--callgrind takes floor or attempt, not {other:?}"),
+    }
+    println!("{CALLGRIND_ITERATIONS} iterations of {which}");
+}
+
+#[inline(never)]
+fn measured_floor(
+    rt: &tokio::runtime::Runtime,
+    engine: &wasmtime::Engine,
+    pre: &wasmtime::component::InstancePre<()>,
+) {
+    rt.block_on(async {
+        for _ in 0..CALLGRIND_ITERATIONS {
+            floor_once(engine, pre).await;
+        }
+    });
+}
+
+#[inline(never)]
+fn measured_attempts(rt: &tokio::runtime::Runtime, harness: &Harness) {
+    let Harness::Ours { ctl, bodies } = harness else {
+        unreachable!("the plugin side is ours")
+    };
+    rt.block_on(async {
+        let sup = ctl.supervisor();
+        let body = bodies.instant(None);
+        for i in 0..CALLGRIND_ITERATIONS {
+            let w = sup.add(once(format!("cg-{i}"), body.clone()));
+            expect_completed(w, bodies.instant_output()).await;
+        }
+    });
 }
 
 fn cancel_latency(

@@ -246,6 +246,15 @@ impl Runtime {
         self.ticker.hurry_at(at, abort)
     }
 
+    /// The engine every plugin of this runtime is compiled for and
+    /// instantiated in (epoch interruption, async support, the instance
+    /// pool). Embedders and benchmarks may compile their own components
+    /// with it, for instance to measure wasmtime's own cost of an instance
+    /// on the same configuration.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
     /// Which instance allocator the engine uses.
     pub fn allocator(&self) -> Allocator {
         self.allocator
