@@ -38,6 +38,8 @@
 //! `TASKHOST_BENCH_ONLY_RESTART=1` runs only the restart scenario;
 //! `TASKHOST_BENCH_ONLY_REMOTE=1` only the remote one;
 //! `TASKHOST_BENCH_ONLY_PARKED=1` only the parked one;
+//! `TASKHOST_BENCH_ONLY_GUESTS=1` only the guest attempts (the Python and
+//! JavaScript examples, one task after another, each attempt's own time);
 //! `TASKHOST_BENCH_ONLY_COMPILES=1` only the compile scenario
 //! (`TASKHOST_BENCH_LARGE=PATH` names another large component for it);
 //! `TASKHOST_BENCH_BASELINE_HOST=PATH` adds the memory and sqlite stores of
@@ -45,7 +47,7 @@
 //! baseline.
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -75,7 +77,7 @@ const RESTART_QUEUED: usize = 10_000;
 fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     // TASKHOST_BENCH_ONLY_…=1 runs one scenario alone.
-    let only = ["RESTART", "COMPILES", "PARKED", "REMOTE"]
+    let only = ["RESTART", "COMPILES", "PARKED", "REMOTE", "GUESTS"]
         .into_iter()
         .find(|s| std::env::var_os(format!("TASKHOST_BENCH_ONLY_{s}")).is_some());
     if let Some(scenario) = only {
@@ -87,6 +89,7 @@ fn main() {
             "RESTART" => rt.block_on(restart_with_queued(dir.path())),
             "COMPILES" => rt.block_on(compiles(dir.path())),
             "REMOTE" => rt.block_on(remote(dir.path())),
+            "GUESTS" => rt.block_on(guest_attempts(dir.path())),
             _ => rt.block_on(parked(dir.path())),
         }
         return;
@@ -262,7 +265,109 @@ fn main() {
     rt.block_on(restart_with_queued(dir.path()));
     rt.block_on(remote(dir.path()));
     rt.block_on(parked(dir.path()));
+    rt.block_on(guest_attempts(dir.path()));
     rt.block_on(compiles(dir.path()));
+}
+
+/// Tasks per guest in the guest-attempts scenario, and the first ones left
+/// out as warm-up.
+const GUEST_TASKS: usize = 60;
+const GUEST_WARMUP: usize = 10;
+
+/// Issue 32, target 4: attempts of the Python and JavaScript examples in a
+/// memory daemon, warm, one task after another (submit, then wait): each
+/// attempt's own time as the report's history gives it (the instance's
+/// creation, the guest's run and the instance's drop), the median over
+/// `GUEST_TASKS` after `GUEST_WARMUP`; the Rust `hello` as the control;
+/// on each store.
+async fn guest_attempts(dir: &Path) {
+    let Some(examples) = guest_examples() else {
+        return;
+    };
+    for store in STORES {
+        guest_attempts_on(dir, store, &examples).await;
+    }
+}
+
+async fn guest_attempts_on(dir: &Path, store: &str, examples: &[PathBuf; 2]) {
+    use taskhost::daemon::Client;
+    let host = Path::new(env!("CARGO_BIN_EXE_host"));
+    let socket = dir.join(format!("guests-{store}.sock"));
+    let state = dir.join(format!("guests-{store}-state"));
+    let mut child = start_daemon(host, &socket, &state, store, &[]);
+    let client = Client::connect(&socket).await.expect("connect");
+    let hello = PathBuf::from(plugin_artifacts::HELLO);
+    for (name, path) in [
+        ("hello", &hello),
+        ("py-hello", &examples[0]),
+        ("js-hello", &examples[1]),
+    ] {
+        let bytes = std::fs::read(path).expect("the example");
+        let digest = client.ensure_plugin(&bytes).await.expect("upload");
+        let mut took = Vec::with_capacity(GUEST_TASKS);
+        for _ in 0..GUEST_TASKS {
+            let mut submit = SubmitRequest::new(digest);
+            submit.input = b"hi".to_vec();
+            let mut replies = client
+                .request(Request::Submit(Box::new(submit)))
+                .await
+                .unwrap();
+            let id = match replies.next().await {
+                Some(Reply::Submitted(Submitted { id, .. })) => id,
+                other => panic!("{name} was not admitted: {other:?}"),
+            };
+            let mut wait = client
+                .request(Request::Wait(TaskRef::Id(id)))
+                .await
+                .unwrap();
+            match wait.next().await {
+                Some(Reply::Report(r)) => {
+                    assert!(
+                        matches!(r.outcome, TaskOutcome::Completed { .. }),
+                        "{name}: {:?}",
+                        r.outcome
+                    );
+                    took.push(r.history[0].duration.as_secs_f64() * 1e3);
+                }
+                other => panic!("{name}: waiting got {other:?}"),
+            }
+        }
+        let mut warm = took[GUEST_WARMUP..].to_vec();
+        warm.sort_by(f64::total_cmp);
+        println!(
+            "guest attempts: {store}: {name}: median {:.2} ms, p90 {:.2} ms, min {:.2} ms \
+             ({} attempts after {GUEST_WARMUP} warm-up)",
+            median(&warm),
+            quantile(&warm, 0.9),
+            warm[0],
+            warm.len()
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// The Python and JavaScript examples, built once by
+/// `plugins/guests/build.sh` into the target's temporary directory (the
+/// suite's `host-run` rows use the same files); `None` (said on stderr) when
+/// a toolchain is missing.
+fn guest_examples() -> Option<[PathBuf; 2]> {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("guests-bench");
+    let paths = [dir.join("py-hello.wasm"), dir.join("js-hello.wasm")];
+    if paths.iter().all(|p| p.exists()) {
+        return Some(paths);
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/guests/build.sh");
+    let built = Command::new("bash").arg(script).arg(&dir).status();
+    if built.is_ok_and(|s| s.success()) && paths.iter().all(|p| p.exists()) {
+        Some(paths)
+    } else {
+        eprintln!(
+            "guest attempts: cannot build the Python and JavaScript examples (see \
+             plugins/guests/build.sh); the scenario is left out"
+        );
+        None
+    }
 }
 
 /// Rounds of the remote scenario.
