@@ -46,6 +46,9 @@
 //! another `host` build (same protocol) to the same run, as a before/after
 //! baseline.
 
+#[path = "common/guests.rs"]
+mod guests;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -281,7 +284,7 @@ const GUEST_WARMUP: usize = 10;
 /// `GUEST_TASKS` after `GUEST_WARMUP`; the Rust `hello` as the control;
 /// on each store.
 async fn guest_attempts(dir: &Path) {
-    let Some(examples) = guest_examples() else {
+    let Some(examples) = guests::examples("guest attempts") else {
         return;
     };
     for store in STORES {
@@ -345,29 +348,6 @@ async fn guest_attempts_on(dir: &Path, store: &str, examples: &[PathBuf; 2]) {
     }
     let _ = child.kill();
     let _ = child.wait();
-}
-
-/// The Python and JavaScript examples, built once by
-/// `plugins/guests/build.sh` into the target's temporary directory (the
-/// suite's `host-run` rows use the same files); `None` (said on stderr) when
-/// a toolchain is missing.
-fn guest_examples() -> Option<[PathBuf; 2]> {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("guests-bench");
-    let paths = [dir.join("py-hello.wasm"), dir.join("js-hello.wasm")];
-    if paths.iter().all(|p| p.exists()) {
-        return Some(paths);
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/guests/build.sh");
-    let built = Command::new("bash").arg(script).arg(&dir).status();
-    if built.is_ok_and(|s| s.success()) && paths.iter().all(|p| p.exists()) {
-        Some(paths)
-    } else {
-        eprintln!(
-            "guest attempts: cannot build the Python and JavaScript examples (see \
-             plugins/guests/build.sh); the scenario is left out"
-        );
-        None
-    }
 }
 
 /// Rounds of the remote scenario.

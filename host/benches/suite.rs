@@ -60,6 +60,9 @@
 //! (keys: one-shot, queue-distinct, queue-one-slot, replace, closed-loop,
 //! floor, cancel, force-abort, shutdown, rss, host-run).
 
+#[path = "common/guests.rs"]
+mod guests;
+
 use std::future::Future;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
@@ -1739,28 +1742,6 @@ fn vm_rss_kib() -> i64 {
         .expect("VmRSS in /proc/self/status")
 }
 
-/// The Python and JavaScript examples (`py-hello`, `js-hello`), built once
-/// by `plugins/guests/build.sh` into the target's temporary directory and
-/// reused; `None` (said on stderr) when a toolchain is missing.
-fn guest_examples() -> Option<[PathBuf; 2]> {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("guests-bench");
-    let paths = [dir.join("py-hello.wasm"), dir.join("js-hello.wasm")];
-    if paths.iter().all(|p| p.exists()) {
-        return Some(paths);
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/guests/build.sh");
-    let built = Command::new("bash").arg(script).arg(&dir).status();
-    if built.is_ok_and(|s| s.success()) && paths.iter().all(|p| p.exists()) {
-        Some(paths)
-    } else {
-        eprintln!(
-            "host-run: cannot build the Python and JavaScript examples (see \
-             plugins/guests/build.sh); their rows are left out"
-        );
-        None
-    }
-}
-
 /// `host run` as a whole process with the warm cache: the Rust `hello`,
 /// and the Python and JavaScript examples, one run of each in turn; the
 /// bare process (`host --help`) as the baseline.
@@ -1784,7 +1765,7 @@ fn host_run(cache: &Path, table: &mut Table) {
         ms
     };
     let hello = plugin_artifacts::HELLO;
-    let guests = guest_examples();
+    let guests = guests::examples("host-run");
     let guests: Vec<String> = guests
         .iter()
         .flatten()
