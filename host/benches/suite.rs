@@ -2048,13 +2048,17 @@ impl Table {
             if misses.is_empty() { "none" } else { "" }
         );
         for r in &misses {
+            let target = r.target.as_ref().map_or("", |c| c.target.as_str());
+            // The figure the target is about: the p99 for a p99 target,
+            // else the median.
+            let figure = if target.contains("p99") && !r.p99.is_empty() {
+                format!("p99 {}", r.p99)
+            } else {
+                format!("median {}", r.median)
+            };
             println!(
-                "  - {} [{}] {}: {} (target {})",
-                r.scenario,
-                r.flavour,
-                r.side,
-                if r.p99.is_empty() { &r.median } else { &r.p99 },
-                r.target.as_ref().map_or("", |c| c.target.as_str())
+                "  - {} [{}] {}: {figure} (target {target})",
+                r.scenario, r.flavour, r.side,
             );
         }
     }
