@@ -147,6 +147,13 @@ pub struct DaemonConfig {
     /// binary installs the exporter before the daemon starts; the daemon
     /// itself only emits `tracing` spans).
     pub otlp: Option<String>,
+    /// A private directory (the daemon's user's, mode 0700) with one file
+    /// per secret, named by the secret; read when an attempt that names
+    /// the secret starts.
+    pub secrets_dir: Option<PathBuf>,
+    /// Variables of the daemon's own environment that are secrets of the
+    /// same name (each must be set when the daemon starts).
+    pub secret_env: Vec<String>,
 }
 
 /// The default number of the daemon's async worker threads: one per
@@ -198,6 +205,8 @@ impl DaemonConfig {
             http_max_streams: DEFAULT_HTTP_MAX_STREAMS,
             http_header_timeout: DEFAULT_HTTP_HEADER_TIMEOUT,
             otlp: None,
+            secrets_dir: None,
+            secret_env: Vec::new(),
         }
     }
 
@@ -390,6 +399,18 @@ impl DaemonConfig {
         if let Some(v) = file.http_header_timeout {
             self.http_header_timeout = dur(&v, "http_header_timeout")?;
         }
+        if let Some(v) = file.secrets {
+            if let Some(dir) = v.dir {
+                self.secrets_dir = Some(dir);
+            }
+            if let Some(env) = v.env {
+                for name in &env {
+                    taskhost_runtime::check_secret_name(name)
+                        .map_err(|e| format!("secrets.env: {e}"))?;
+                }
+                self.secret_env = env;
+            }
+        }
         if let Some(v) = file.otlp {
             self.otlp = Some(v);
         }
@@ -477,6 +498,15 @@ struct FileConfig {
     http_max_streams: Option<usize>,
     http_header_timeout: Option<String>,
     otlp: Option<String>,
+    secrets: Option<FileSecrets>,
+}
+
+/// The TOML file's `secrets` table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSecrets {
+    dir: Option<PathBuf>,
+    env: Option<Vec<String>>,
 }
 
 #[cfg(test)]

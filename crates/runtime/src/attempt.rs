@@ -21,6 +21,7 @@ use super::limits::{GuestLimits, LimitHits};
 use super::output::{Capture, CapturedStream, GuestSink};
 use super::reaper::Reaper;
 use super::sandbox::Sandbox;
+use super::secrets::Secrets;
 use taskhost_core::logline::{LogLevel, Stream};
 use taskhost_core::units::format_size;
 
@@ -271,6 +272,8 @@ pub(crate) fn add_to_linker(linker: &mut Linker<AttemptState>) -> wasmtime::Resu
 pub(crate) struct AttemptEnv {
     pub(crate) limits: GuestLimits,
     pub(crate) own: Arc<OwnAddresses>,
+    /// Where the values of the secrets a task names come from.
+    pub(crate) secrets: Arc<Secrets>,
 }
 
 /// Creates the store of one attempt with its limits, WASI context and epoch
@@ -289,6 +292,7 @@ pub(crate) fn new_store(
         .wasi_ctx(
             CapturedStream::new(&capture, Stream::Stdout),
             CapturedStream::new(&capture, Stream::Stderr),
+            &env.secrets,
         )
         .map_err(|e| AttemptError::Fatal {
             reason: e.to_string(),

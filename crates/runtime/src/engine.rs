@@ -71,6 +71,7 @@ pub struct RuntimeConfig {
     pub(crate) on_slow_compile: Option<SlowCompileHook>,
     pub(crate) compile_nice: Option<i32>,
     pub(crate) guest_limits: super::GuestLimits,
+    pub(crate) secrets: super::Secrets,
 }
 
 /// A compile that has taken longer than [`SLOW_COMPILE`] so far, as told to
@@ -167,6 +168,13 @@ impl RuntimeConfig {
         self
     }
 
+    /// Where the secrets tasks name (`Sandbox::secrets`) are looked up when
+    /// each attempt starts [default: none, so an attempt naming one fails].
+    pub fn secrets(mut self, secrets: super::Secrets) -> Self {
+        self.secrets = secrets;
+        self
+    }
+
     /// Instance slots of the pooling allocator, an upper bound on instances
     /// alive at once when pooling [default: 1000].
     pub fn pool_instances(mut self, n: u32) -> Self {
@@ -186,6 +194,9 @@ impl Default for RuntimeConfig {
             on_slow_compile: None,
             compile_nice: None,
             guest_limits: super::GuestLimits::default(),
+            secrets: super::Secrets::none(
+                "this runtime has no secrets; give it a source with RuntimeConfig::secrets",
+            ),
         }
     }
 }

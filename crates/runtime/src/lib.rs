@@ -17,6 +17,7 @@
 //! | `attempt` | one fresh instance: limits, epoch callback, host functions, error mapping |
 //! | `limits` | the per-attempt caps on handles, open files, HTTP requests, header bytes |
 //! | `sandbox` | grants: dirs, env, http, memory; capability checks; WASI context |
+//! | `secrets` | secrets by name: [`SecretRef`], the [`Secrets`] source, resolved at attempt start |
 //! | `http` | outbound HTTP: `--allow-http` grants, ceilings, the checks of every request and address |
 //! | `outbound` | outbound HTTP's send path: lookup, connect to the checked address, TLS, HTTP/1 |
 //! | `output` | guest stdout/stderr/log capture, bounded, line by line |
@@ -41,6 +42,7 @@ mod plugin;
 pub mod plugin_task;
 mod reaper;
 mod sandbox;
+mod secrets;
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -69,6 +71,10 @@ pub use plugin::{
     check_header,
 };
 pub use sandbox::{DirGrant, GrantError, Sandbox, parse_env};
+pub use secrets::{
+    MAX_SECRET_BYTES, MAX_SECRET_NAME, SecretError, SecretRef, Secrets,
+    check_name as check_secret_name,
+};
 
 use attempt::{AttemptEnv, AttemptState};
 
@@ -218,6 +224,7 @@ impl Runtime {
             env: AttemptEnv {
                 limits: config.guest_limits,
                 own: Arc::default(),
+                secrets: Arc::new(config.secrets.clone()),
             },
         })
     }

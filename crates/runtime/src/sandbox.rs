@@ -15,6 +15,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
 use super::contract::Capability;
 use super::engine::DEFAULT_MAX_MEMORY;
 use super::http::HttpAllow;
+use super::secrets::{SecretError, SecretRef, Secrets};
 
 /// One preopened directory.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -55,6 +56,15 @@ pub enum GrantError {
         /// What is wrong with it.
         why: String,
     },
+    /// A secret could not be resolved (never holds its value).
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+    /// One environment variable granted twice.
+    #[error(
+        "the environment variable `{0}` is granted twice (by --env, --secret or --env-secret); \
+         grant it once"
+    )]
+    Twice(String),
     /// A declared capability has no grant.
     #[error("the plugin needs {needed}, but this submission does not grant it: {fix}")]
     Missing {
@@ -101,6 +111,9 @@ pub struct Sandbox {
     pub dirs: Vec<DirGrant>,
     /// Environment variables, in order.
     pub env: Vec<(String, String)>,
+    /// Environment variables whose values are secrets, looked up by name
+    /// when each attempt starts (set after `env`).
+    pub secrets: Vec<SecretRef>,
     /// Where outbound HTTP requests may go (none: every request is denied).
     pub http: Vec<HttpAllow>,
     /// Largest size, in bytes, of all the guest's linear memories together
@@ -113,6 +126,7 @@ impl Default for Sandbox {
         Self {
             dirs: Vec::new(),
             env: Vec::new(),
+            secrets: Vec::new(),
             http: Vec::new(),
             max_memory: DEFAULT_MAX_MEMORY,
         }
@@ -146,7 +160,10 @@ impl Sandbox {
                 Capability::WriteDir(path) => {
                     self.dirs.iter().any(|d| &d.guest == path && !d.read_only)
                 }
-                Capability::Env(name) => self.env.iter().any(|(k, _)| k == name),
+                Capability::Env(name) => {
+                    self.env.iter().any(|(k, _)| k == name)
+                        || self.secrets.iter().any(|s| &s.var == name)
+                }
                 Capability::Network => !self.http.is_empty(),
             };
             if !covered {
@@ -161,7 +178,7 @@ impl Sandbox {
                     ),
                     Capability::Env(n) => (
                         format!("environment variable `{n}`"),
-                        format!("add --env {n}=VALUE"),
+                        format!("add --env {n}=VALUE, or --env-secret {n}=SECRET"),
                     ),
                     Capability::Network => (
                         "outbound HTTP".to_owned(),
@@ -176,12 +193,27 @@ impl Sandbox {
         Ok(())
     }
 
+    /// Refuses a variable granted twice (by `--env` and a secret, or by
+    /// two secrets): which value the guest saw would depend on the order.
+    pub fn check_secrets(&self) -> Result<(), GrantError> {
+        for (i, secret) in self.secrets.iter().enumerate() {
+            let twice = self.env.iter().any(|(k, _)| k == &secret.var)
+                || self.secrets[..i].iter().any(|s| s.var == secret.var);
+            if twice {
+                return Err(GrantError::Twice(secret.var.clone()));
+            }
+        }
+        Ok(())
+    }
+
     /// Builds the WASI context of one attempt: only the granted directories
-    /// and variables, sockets and name lookup denied, stdout/stderr captured.
+    /// and variables (secrets resolved now from `secrets`), sockets and
+    /// name lookup denied, stdout/stderr captured.
     pub(crate) fn wasi_ctx(
         &self,
         stdout: impl wasmtime_wasi::cli::StdoutStream + 'static,
         stderr: impl wasmtime_wasi::cli::StdoutStream + 'static,
+        secrets: &Secrets,
     ) -> Result<WasiCtx, GrantError> {
         let mut builder = WasiCtxBuilder::new();
         builder
@@ -192,6 +224,9 @@ impl Sandbox {
             .allow_ip_name_lookup(false);
         for (k, v) in &self.env {
             builder.env(k, v);
+        }
+        for secret in &self.secrets {
+            builder.env(&secret.var, secrets.resolve(&secret.name)?);
         }
         for dir in &self.dirs {
             let perms = if dir.read_only {

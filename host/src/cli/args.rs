@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use taskhost::runtime::{DirGrant, GuestLimits, HttpAllow, RuntimeConfig, Sandbox, parse_env};
+use taskhost::runtime::{
+    DirGrant, GuestLimits, HttpAllow, RuntimeConfig, Sandbox, SecretRef, parse_env,
+};
 use taskhost::supervisor::{BackoffPolicy, RestartPolicy, TaskSpec};
 use taskhost::units::{format_size, parse_duration, parse_size};
 
@@ -104,6 +106,14 @@ impl GuestLimitArgs {
     }
 }
 
+fn parse_secret(text: &str) -> Result<SecretRef, String> {
+    SecretRef::parse_named(text).map_err(|e| e.to_string())
+}
+
+fn parse_env_secret(text: &str) -> Result<SecretRef, String> {
+    SecretRef::parse_env(text).map_err(|e| e.to_string())
+}
+
 fn parse_count(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
         Ok(n) if n > 0 => Ok(n),
@@ -160,6 +170,12 @@ pub struct TaskArgs {
     /// Grant an environment variable to the guest (repeatable); nothing is inherited.
     #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
+    /// Give the guest a secret as the environment variable of its name (repeatable), such as --secret API_KEY. The value is looked up when each attempt starts and never stored or shown: for submit, among the daemon's secrets (host serve --secrets-dir, --secret-env); for run, in this process's environment.
+    #[arg(long = "secret", value_name = "NAME", value_parser = parse_secret)]
+    pub secrets: Vec<SecretRef>,
+    /// Give the guest secret NAME as the environment variable VAR (repeatable), such as --env-secret TOKEN=api-token; looked up like --secret.
+    #[arg(long = "env-secret", value_name = "VAR=NAME", value_parser = parse_env_secret)]
+    pub env_secrets: Vec<SecretRef>,
     /// Let the guest send HTTP requests to this host (repeatable): HOST or HOST:PORT for https, http://HOST[:PORT] for plain http, *.DOMAIN for every name under DOMAIN; without a port, the scheme's default (443, 80). Nothing else is reachable; each request (and each redirect hop) is checked. For submit, the daemon's own allow_http must include it.
     #[arg(long = "allow-http", value_name = "[http://]HOST[:PORT]", value_parser = parse_allow_http)]
     pub allow_http: Vec<HttpAllow>,
@@ -187,9 +203,16 @@ impl TaskArgs {
         let mut sandbox = Sandbox {
             dirs: self.dirs.clone(),
             env: self.env.clone(),
+            secrets: self
+                .secrets
+                .iter()
+                .chain(&self.env_secrets)
+                .cloned()
+                .collect(),
             http: self.allow_http.clone(),
             ..Sandbox::default()
         };
+        sandbox.check_secrets().map_err(usage)?;
         if let Some(max) = self.max_memory {
             if max < 64 << 10 {
                 return Err(usage(

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Args;
 use taskhost::outcome::TaskOutcome;
 use taskhost::plugin_task::{PluginTask, resolve_slot};
-use taskhost::runtime::{GuestLimits, Runtime};
+use taskhost::runtime::{GuestLimits, Runtime, Sandbox, Secrets};
 use taskhost::supervisor::{Event, EventKind, Received, Supervisor, TaskReport, TaskSpec};
 use taskhost::units::{format_duration, parse_duration};
 use tokio::signal::unix::{SignalKind, signal};
@@ -34,6 +34,18 @@ pub struct RunArgs {
     grace: Duration,
 }
 
+/// The secrets `sandbox` names, from this process's environment: `run`
+/// has no daemon to hold them, and a variable that is not set fails here,
+/// before anything runs.
+fn secrets_of(sandbox: &Sandbox) -> anyhow::Result<Secrets> {
+    let names = sandbox.secrets.iter().map(|s| s.name.as_str());
+    let secrets = Secrets::from_environment(names).map_err(usage)?;
+    for secret in &sandbox.secrets {
+        secrets.resolve(&secret.name).map_err(usage)?;
+    }
+    Ok(secrets)
+}
+
 pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let task = &args.task;
     let params = task.params()?;
@@ -42,7 +54,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let policies = args.policy.resolve(task.timeout)?;
 
     let config = args.cache.runtime_config()?;
-    let config = config.guest_limits(args.limits.apply(GuestLimits::default()));
+    let config = config
+        .guest_limits(args.limits.apply(GuestLimits::default()))
+        .secrets(secrets_of(&sandbox)?);
     let runtime = Arc::new(Runtime::new(&config)?);
     let plugin = runtime.load_file(&task.plugin).await.map_err(usage)?;
     sandbox

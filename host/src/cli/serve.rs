@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, tls_cert, tls_key, http_allow_plain, idempotency_retention, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_delayed, max_schedules, max_memory, memory_ceiling, max_handles, max_open_files, max_http_requests, max_header_bytes, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http, allow_dirs, allow_env); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, tls_cert, tls_key, http_allow_plain, idempotency_retention, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_delayed, max_schedules, max_memory, memory_ceiling, max_handles, max_open_files, max_http_requests, max_header_bytes, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http, allow_dirs, allow_env, and a table secrets with dir and env); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -88,6 +88,12 @@ pub struct ServeArgs {
     /// The environment variables a submission's --env may set (repeatable): a name, a prefix ending in `*` such as APP_*, or `*` for any. Replaces the config file's allow_env [default: any].
     #[arg(long = "allow-env", value_name = "NAME", value_parser = parse_allow_env)]
     allow_env: Vec<String>,
+    /// A private directory (yours, mode 0700) holding one file per secret, named by the secret, such as API_KEY; a submission's --secret API_KEY or --env-secret VAR=API_KEY gives its guest the file's text (one final newline removed) as an environment variable, read when each attempt starts, so a changed file counts from the next attempt. Values are never stored, logged or shown. Replaces the config file's secrets.dir [default: none].
+    #[arg(long = "secrets-dir", value_name = "DIR")]
+    secrets_dir: Option<PathBuf>,
+    /// A variable of this daemon's environment that is a secret of the same name (repeatable), such as --secret-env API_KEY; it must be set when the daemon starts. Replaces the config file's secrets.env [default: none].
+    #[arg(long = "secret-env", value_name = "NAME", value_parser = parse_secret_name)]
+    secret_env: Vec<String>,
     /// Cluster mode (with `--store postgres://…`): this node's name in `host ps` [default: <hostname>-<pid>].
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
@@ -242,6 +248,12 @@ impl ServeArgs {
         }
         if !self.allow_env.is_empty() {
             config.allow_env = Some(self.allow_env.clone());
+        }
+        if let Some(dir) = &self.secrets_dir {
+            config.secrets_dir = Some(dir.clone());
+        }
+        if !self.secret_env.is_empty() {
+            config.secret_env = self.secret_env.clone();
         }
         if let Some(v) = &self.node_name {
             config.cluster.node_name = Some(v.clone());
@@ -456,6 +468,12 @@ fn notify_systemd(state: &str) {
     if let Err(err) = sent {
         tracing::warn!("cannot notify systemd at {target}: {err}");
     }
+}
+
+fn parse_secret_name(text: &str) -> Result<String, String> {
+    taskhost::runtime::check_secret_name(text)
+        .map(|()| text.to_owned())
+        .map_err(|e| e.to_string())
 }
 
 fn parse_allow_env(text: &str) -> Result<String, String> {

@@ -58,6 +58,7 @@ mod outbound_http;
 mod regressions;
 mod remote;
 mod scaffold;
+mod secrets;
 mod serve;
 mod soak;
 mod time;

@@ -10,7 +10,10 @@
 //! Params: `read` (default `/data/probe.txt`): a file to read; `write`
 //! (default `/data/probe-write.txt`): a file to create; `var` (default
 //! `PROBE_VAR`): an environment variable to read; `port` (default 9): a TCP
-//! port on 127.0.0.1 to connect to.
+//! port on 127.0.0.1 to connect to; `show` (default `value`): `digest`
+//! reports the variable as `"digest:<FNV-1a 64 of its bytes, hex>:<length>"`
+//! instead of its value, so a test can check a secret without the output
+//! holding it.
 //!
 //! It declares no capabilities, so it can be submitted without any grant.
 
@@ -48,7 +51,12 @@ impl Task for SandboxProbe {
             Ok(()) => "ok".to_string(),
             Err(err) => format!("denied:{err}"),
         };
+        let digest = ctx.param_or("show", "value") == "digest";
         let env = match std::env::var_os(var) {
+            Some(value) if digest => {
+                let bytes = value.as_encoded_bytes();
+                format!("digest:{:016x}:{}", fnv1a(bytes), bytes.len())
+            }
             Some(value) => format!("ok:{}", value.to_string_lossy()),
             None => "missing".to_string(),
         };
@@ -71,6 +79,13 @@ impl Task for SandboxProbe {
         json.push('}');
         Ok(json.into_bytes())
     }
+}
+
+/// FNV-1a, 64 bits.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, b| {
+        (hash ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// `text` as a JSON string literal.

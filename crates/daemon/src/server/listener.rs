@@ -73,6 +73,9 @@ pub async fn serve(
             ))
         })?;
     raise_descriptor_limit();
+    let secrets =
+        taskhost_runtime::Secrets::for_daemon(config.secrets_dir.as_deref(), &config.secret_env)
+            .map_err(|e| fail(e.to_string()))?;
 
     /// How much lower than the daemon's the priority of its compiles is.
     const COMPILE_NICE: i32 = 10;
@@ -90,6 +93,7 @@ pub async fn serve(
             }))
             .plugin_cache_bytes(Some(config.plugin_cache))
             .guest_limits(config.guest_limits())
+            .secrets(secrets)
             // Running tasks first: a compile takes the cores they leave.
             .compile_nice(Some(COMPILE_NICE)),
     )

@@ -246,16 +246,19 @@ fn check_dir_ceiling(allowed: &[DirAllow], dirs: &[DirGrant]) -> Result<(), Stri
 }
 
 /// Refuses an environment variable the daemon's `allow_env` does not name.
-fn check_env_ceiling(allowed: &[String], env: &[(String, String)]) -> Result<(), String> {
+fn check_env_ceiling<'a>(
+    allowed: &[String],
+    mut names: impl Iterator<Item = &'a str>,
+) -> Result<(), String> {
     let covered = |name: &str| {
         allowed.iter().any(|a| match a.strip_suffix('*') {
             Some(prefix) => name.starts_with(prefix),
             None => a == name,
         })
     };
-    match env.iter().find(|(name, _)| !covered(name)) {
+    match names.find(|name| !covered(name)) {
         None => Ok(()),
-        Some((name, _)) => Err(format!(
+        Some(name) => Err(format!(
             "--env {name}: this daemon does not let submissions set `{name}` (its allow_env: \
              {}); its operator can add it with `host serve --allow-env {name}`",
             if allowed.is_empty() {
@@ -361,6 +364,7 @@ pub(crate) async fn check(
     let sandbox = Sandbox {
         dirs: request.dirs.clone(),
         env: request.env.clone(),
+        secrets: request.secrets.clone(),
         http: request.allow_http.clone(),
         max_memory: request.max_memory.unwrap_or(daemon.config.max_memory),
     };
@@ -382,6 +386,12 @@ pub(crate) async fn check(
         )));
     }
     sandbox.check_dirs().map_err(|e| invalid(e.to_string()))?;
+    for secret in &sandbox.secrets {
+        taskhost_runtime::check_secret_name(&secret.name).map_err(|e| invalid(e.to_string()))?;
+    }
+    sandbox
+        .check_secrets()
+        .map_err(|e| invalid(e.to_string()))?;
     let allow_dirs = match &daemon.config.allow_dirs {
         Some(allowed) => Some(allowed.as_slice()),
         None if daemon.cluster().is_some() => Some(&[][..]),
@@ -391,7 +401,9 @@ pub(crate) async fn check(
         check_dir_ceiling(allowed, &sandbox.dirs).map_err(invalid)?;
     }
     if let Some(allowed) = &daemon.config.allow_env {
-        check_env_ceiling(allowed, &sandbox.env).map_err(invalid)?;
+        let names = sandbox.env.iter().map(|(k, _)| k.as_str());
+        let secret_vars = sandbox.secrets.iter().map(|s| s.var.as_str());
+        check_env_ceiling(allowed, names.chain(secret_vars)).map_err(invalid)?;
     }
     check_http_ceiling(&daemon.config.allow_http, &sandbox.http).map_err(invalid)?;
     sandbox

@@ -20,10 +20,10 @@ use taskhost_core::outcome::{OutcomeKind, TaskOutcome};
 use taskhost_core::supervisor::{
     BackoffPolicy, Event, EventKind, RestartPolicy, ShutdownReport, TaskId, TaskRef, TaskReport,
 };
-use taskhost_runtime::{Digest, DirGrant, HttpAllow};
+use taskhost_runtime::{Digest, DirGrant, HttpAllow, SecretRef};
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).
@@ -117,6 +117,10 @@ pub struct SubmitRequest {
     /// requests stored before them still decode
     /// ([`SubmitRequest::decode_stored`]).
     pub schedule: Option<String>,
+    /// Environment variables whose values are the daemon's secrets, by
+    /// name (`--secret`, `--env-secret`): only the names are sent and
+    /// kept; each attempt looks the values up when it starts.
+    pub secrets: Vec<SecretRef>,
 }
 
 /// When a delayed submission may enter its slot.
@@ -140,8 +144,8 @@ impl NotBefore {
 }
 
 /// Fields added to [`SubmitRequest`] since protocol 4 (`allow_http`,
-/// `idempotency_key`, `not_before`, `priority`, `schedule`).
-const ADDED_FIELDS: usize = 5;
+/// `idempotency_key`, `not_before`, `priority`, `schedule`, `secrets`).
+const ADDED_FIELDS: usize = 6;
 
 /// The longest idempotency key taken, in bytes.
 pub const MAX_IDEMPOTENCY_KEY: usize = 256;
@@ -152,7 +156,8 @@ impl SubmitRequest {
     /// empty list, `None`, 0): a request stored before some of them decodes
     /// with those zero bytes added, which gives exactly the values an
     /// older daemon meant (no `allow_http` for protocols 4 and 5, no
-    /// idempotency key before 7, no delay, priority or schedule before 8).
+    /// idempotency key before 7, no delay, priority or schedule before 8, no
+    /// secrets before 9).
     pub fn decode_stored(bytes: &[u8]) -> Result<Self, postcard::Error> {
         decode_padded(bytes)
     }
@@ -178,6 +183,7 @@ impl SubmitRequest {
             not_before: None,
             priority: 0,
             schedule: None,
+            secrets: Vec::new(),
         }
     }
 

@@ -112,6 +112,7 @@ pub fn prepare(
     request.max_memory = task.max_memory;
     request.dirs = dirs;
     request.env = sandbox.env.clone();
+    request.secrets = sandbox.secrets.clone();
     request.allow_http = sandbox.http.clone();
     request.priority = priority.unwrap_or(0);
     Ok(Prepared {

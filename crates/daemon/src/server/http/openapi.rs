@@ -211,6 +211,11 @@ pub(super) const SUBMIT_PROPERTIES: &[(&str, &str, &str)] = &[
     ),
     ("env", "object", "environment variables for the guest"),
     (
+        "secrets",
+        "object",
+        "environment variable -> the daemon's secret it gets, by name",
+    ),
+    (
         "allow_http",
         "array",
         "[http://]HOST[:PORT] the guest may call",

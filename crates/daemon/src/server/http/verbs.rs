@@ -106,6 +106,9 @@ pub(super) struct SubmitBody {
     dirs: Vec<String>,
     #[serde(default)]
     env: std::collections::BTreeMap<String, String>,
+    /// Variable → the daemon's secret whose value it gets.
+    #[serde(default)]
+    secrets: std::collections::BTreeMap<String, String>,
     #[serde(default)]
     allow_http: Vec<String>,
     /// As the `Idempotency-Key` header.
@@ -190,6 +193,15 @@ impl SubmitBody {
             .map(|d| DirGrant::parse(d).map_err(|e| format!("dirs: {e}")))
             .collect::<Result<_, _>>()?;
         request.env = self.env.into_iter().collect();
+        request.secrets = self
+            .secrets
+            .into_iter()
+            .map(|(var, name)| {
+                taskhost_runtime::check_secret_name(&name)
+                    .map(|()| taskhost_runtime::SecretRef { var, name })
+                    .map_err(|e| format!("secrets: {e}"))
+            })
+            .collect::<Result<_, _>>()?;
         request.allow_http = self
             .allow_http
             .iter()
