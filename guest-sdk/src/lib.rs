@@ -73,6 +73,7 @@
 
 #![warn(missing_docs)]
 
+pub mod config;
 mod context;
 mod error;
 mod export;

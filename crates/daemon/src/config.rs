@@ -154,6 +154,9 @@ pub struct DaemonConfig {
     /// Variables of the daemon's own environment that are secrets of the
     /// same name (each must be set when the daemon starts).
     pub secret_env: Vec<String>,
+    /// What `wasi:config/store` answers every guest, unless its submission
+    /// sets the key (`--config-var`).
+    pub config_vars: Vec<(String, String)>,
 }
 
 /// The default number of the daemon's async worker threads: one per
@@ -207,6 +210,7 @@ impl DaemonConfig {
             otlp: None,
             secrets_dir: None,
             secret_env: Vec::new(),
+            config_vars: Vec::new(),
         }
     }
 
@@ -411,6 +415,9 @@ impl DaemonConfig {
                 self.secret_env = env;
             }
         }
+        if let Some(v) = file.config_vars {
+            self.config_vars = v.into_iter().collect();
+        }
         if let Some(v) = file.otlp {
             self.otlp = Some(v);
         }
@@ -499,6 +506,7 @@ struct FileConfig {
     http_header_timeout: Option<String>,
     otlp: Option<String>,
     secrets: Option<FileSecrets>,
+    config_vars: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// The TOML file's `secrets` table.

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, ResourceLimiter, Store, Trap, UpdateDeadline, WasmBacktrace};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_config::WasiConfigVariables;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::{self, taskhost::plugin::host, taskhost::plugin::types};
@@ -113,6 +114,8 @@ pub(crate) struct AttemptState {
     http_hooks: HttpHooks,
     /// The caps of `limits` this attempt has hit.
     limits: LimitHits,
+    /// What `wasi:config/store` answers.
+    config: Arc<WasiConfigVariables>,
 }
 
 impl AttemptState {
@@ -256,12 +259,16 @@ impl ResourceLimiter for MemoryLimiter {
 
 /// Adds the WASI p2 interfaces (`open-at` wrapped by the open-files cap),
 /// the outgoing half of `wasi:http` (`types` and `outgoing-handler`, checked
-/// by `http::HttpHooks`) and the `host` interface to a linker.
+/// by `http::HttpHooks`), `wasi:config/store` and the `host` interface to a
+/// linker.
 pub(crate) fn add_to_linker(linker: &mut Linker<AttemptState>) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)?;
     // After wasmtime-wasi's own `open-at`, which it wraps.
     super::limits::wrap_open_at(linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
+    wasmtime_wasi_config::add_to_linker(linker, |state| {
+        wasmtime_wasi_config::WasiConfig::from(&*state.config)
+    })?;
     host::add_to_linker::<AttemptState, HasSelf<HostCtx>>(linker, |state| &mut state.host)?;
     Ok(())
 }
@@ -274,7 +281,13 @@ pub(crate) struct AttemptEnv {
     pub(crate) own: Arc<OwnAddresses>,
     /// Where the values of the secrets a task names come from.
     pub(crate) secrets: Arc<Secrets>,
+    /// The operator's `wasi:config` values, which a task's own override.
+    pub(crate) config: Arc<Vec<(String, String)>>,
 }
+
+/// The `wasi:config` store of the attempts that have no values, shared.
+static NO_CONFIG: std::sync::LazyLock<Arc<WasiConfigVariables>> =
+    std::sync::LazyLock::new(Arc::default);
 
 /// Creates the store of one attempt with its limits, WASI context and epoch
 /// behaviour: every tick yields to Tokio (so a spinning guest never starves
@@ -327,6 +340,11 @@ pub(crate) fn new_store(
             Arc::clone(&env.own),
         ),
         limits: LimitHits::new(limits),
+        config: if env.config.is_empty() && sandbox.config.is_empty() {
+            Arc::clone(&NO_CONFIG)
+        } else {
+            Arc::new(env.config.iter().chain(&sandbox.config).cloned().collect())
+        },
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limiter);

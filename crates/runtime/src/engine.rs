@@ -72,6 +72,7 @@ pub struct RuntimeConfig {
     pub(crate) compile_nice: Option<i32>,
     pub(crate) guest_limits: super::GuestLimits,
     pub(crate) secrets: super::Secrets,
+    pub(crate) config: Vec<(String, String)>,
 }
 
 /// A compile that has taken longer than [`SLOW_COMPILE`] so far, as told to
@@ -175,6 +176,14 @@ impl RuntimeConfig {
         self
     }
 
+    /// The values `wasi:config/store` answers every guest, unless its task
+    /// sets the same key ([`Sandbox::config`](super::Sandbox::config))
+    /// [default: none].
+    pub fn config(mut self, values: Vec<(String, String)>) -> Self {
+        self.config = values;
+        self
+    }
+
     /// Instance slots of the pooling allocator, an upper bound on instances
     /// alive at once when pooling [default: 1000].
     pub fn pool_instances(mut self, n: u32) -> Self {
@@ -197,6 +206,7 @@ impl Default for RuntimeConfig {
             secrets: super::Secrets::none(
                 "this runtime has no secrets; give it a source with RuntimeConfig::secrets",
             ),
+            config: Vec::new(),
         }
     }
 }

@@ -225,6 +225,7 @@ impl Runtime {
                 limits: config.guest_limits,
                 own: Arc::default(),
                 secrets: Arc::new(config.secrets.clone()),
+                config: Arc::new(config.config.clone()),
             },
         })
     }

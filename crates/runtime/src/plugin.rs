@@ -273,6 +273,10 @@ const LINKED_WASI: &[&str] = &[
     "sockets/udp-create-socket",
 ];
 
+/// The one interface of a WASI proposal the linker adds, at the version
+/// wasmtime-wasi-config implements (`wasi:config` has no 0.2.x release).
+const WASI_CONFIG: &str = "wasi:config/store@0.2.0-rc.1";
+
 /// The interfaces of our own package a plugin may import.
 const OUR_INTERFACES: &[&str] = &["host", "types"];
 
@@ -379,6 +383,13 @@ pub(crate) fn check_world(origin: &str, bytes: &[u8]) -> Result<(), LoadError> {
             }
             if !OUR_INTERFACES.contains(&interface) {
                 unknown.push(import.as_str());
+            }
+        } else if path == "wasi:config/store" {
+            if import != WASI_CONFIG {
+                return Err(wrong_world(format!(
+                    "it imports `{import}` but this host provides {WASI_CONFIG}; build the \
+                     plugin against that version of wasi:config"
+                )));
             }
         } else if let Some(interface) = path.strip_prefix("wasi:") {
             if !version.is_empty() && !is_wasi_02(version) {

@@ -114,6 +114,9 @@ pub struct Sandbox {
     /// Environment variables whose values are secrets, looked up by name
     /// when each attempt starts (set after `env`).
     pub secrets: Vec<SecretRef>,
+    /// What `wasi:config/store` answers the guest, over the runtime's own
+    /// values ([`RuntimeConfig::config`](super::RuntimeConfig::config)).
+    pub config: Vec<(String, String)>,
     /// Where outbound HTTP requests may go (none: every request is denied).
     pub http: Vec<HttpAllow>,
     /// Largest size, in bytes, of all the guest's linear memories together
@@ -127,6 +130,7 @@ impl Default for Sandbox {
             dirs: Vec::new(),
             env: Vec::new(),
             secrets: Vec::new(),
+            config: Vec::new(),
             http: Vec::new(),
             max_memory: DEFAULT_MAX_MEMORY,
         }

@@ -106,6 +106,16 @@ impl GuestLimitArgs {
     }
 }
 
+/// Parses `--config-var KEY=VALUE` (a key is not empty).
+pub fn parse_config_var(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!(
+            "invalid --config-var `{text}`: use KEY=VALUE, such as --config-var region=eu"
+        )),
+    }
+}
+
 fn parse_secret(text: &str) -> Result<SecretRef, String> {
     SecretRef::parse_named(text).map_err(|e| e.to_string())
 }
@@ -176,6 +186,9 @@ pub struct TaskArgs {
     /// Give the guest secret NAME as the environment variable VAR (repeatable), such as --env-secret TOKEN=api-token; looked up like --secret.
     #[arg(long = "env-secret", value_name = "VAR=NAME", value_parser = parse_env_secret)]
     pub env_secrets: Vec<SecretRef>,
+    /// A configuration value the guest reads through wasi:config/store (repeatable), such as --config-var region=eu; for submit, over the daemon's own config_vars.
+    #[arg(long = "config-var", value_name = "K=V", value_parser = parse_config_var)]
+    pub config_vars: Vec<(String, String)>,
     /// Let the guest send HTTP requests to this host (repeatable): HOST or HOST:PORT for https, http://HOST[:PORT] for plain http, *.DOMAIN for every name under DOMAIN; without a port, the scheme's default (443, 80). Nothing else is reachable; each request (and each redirect hop) is checked. For submit, the daemon's own allow_http must include it.
     #[arg(long = "allow-http", value_name = "[http://]HOST[:PORT]", value_parser = parse_allow_http)]
     pub allow_http: Vec<HttpAllow>,
@@ -209,6 +222,7 @@ impl TaskArgs {
                 .chain(&self.env_secrets)
                 .cloned()
                 .collect(),
+            config: self.config_vars.clone(),
             http: self.allow_http.clone(),
             ..Sandbox::default()
         };

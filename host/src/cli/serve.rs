@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, tls_cert, tls_key, http_allow_plain, idempotency_retention, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_delayed, max_schedules, max_memory, memory_ceiling, max_handles, max_open_files, max_http_requests, max_header_bytes, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http, allow_dirs, allow_env, and a table secrets with dir and env); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, tls_cert, tls_key, http_allow_plain, idempotency_retention, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_delayed, max_schedules, max_memory, memory_ceiling, max_handles, max_open_files, max_http_requests, max_header_bytes, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http, allow_dirs, allow_env, and the tables secrets (dir, env) and config_vars); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -94,6 +94,9 @@ pub struct ServeArgs {
     /// A variable of this daemon's environment that is a secret of the same name (repeatable), such as --secret-env API_KEY; it must be set when the daemon starts. Replaces the config file's secrets.env [default: none].
     #[arg(long = "secret-env", value_name = "NAME", value_parser = parse_secret_name)]
     secret_env: Vec<String>,
+    /// A configuration value every guest reads through wasi:config/store unless its submission sets the key with --config-var (repeatable), such as --config-var region=eu. Replaces the config file's config_vars table [default: none].
+    #[arg(long = "config-var", value_name = "K=V", value_parser = super::args::parse_config_var)]
+    config_vars: Vec<(String, String)>,
     /// Cluster mode (with `--store postgres://…`): this node's name in `host ps` [default: <hostname>-<pid>].
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
@@ -251,6 +254,9 @@ impl ServeArgs {
         }
         if let Some(dir) = &self.secrets_dir {
             config.secrets_dir = Some(dir.clone());
+        }
+        if !self.config_vars.is_empty() {
+            config.config_vars = self.config_vars.clone();
         }
         if !self.secret_env.is_empty() {
             config.secret_env = self.secret_env.clone();

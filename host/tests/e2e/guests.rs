@@ -83,6 +83,7 @@ fn inputs(lang: Lang) -> Vec<PathBuf> {
         repo().join("wit/task-plugin.wit"),
     ];
     walk(&lang.sources(), &mut files);
+    walk(&repo().join("wit/deps"), &mut files);
     files.sort();
     files
 }

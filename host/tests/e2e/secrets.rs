@@ -5,6 +5,8 @@
 //! the logs, `ps --json`, or the HTTP API the dashboard reads. A missing
 //! secret fails the task naming it; a directory others may enter is
 //! refused at start. `host run` takes them from its own environment.
+//! Configuration values through `wasi:config/store`: the daemon's, with a
+//! submission's over them.
 
 use crate::common::{self, run_host};
 use crate::daemon::{Daemon, LIMIT, p};
@@ -251,4 +253,38 @@ fn host_run_takes_secrets_from_its_environment() {
             && stderr.contains("export NAME="),
         "{stderr}"
     );
+}
+
+#[test]
+fn config_values_reach_the_guest_over_the_daemons_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("host.toml");
+    std::fs::write(&file, "[config_vars]\nregion = \"eu\"\ntier = \"free\"\n").unwrap();
+    let daemon = Daemon::start(&["--config", file.to_str().unwrap()]);
+    let config = |extra: &[&str]| {
+        let path = p("sandbox-probe");
+        let mut args = vec!["submit", &path, "--wait", "--json"];
+        args.extend_from_slice(extra);
+        let out = daemon.run(&args);
+        assert_eq!(out.code, Some(0), "{out:?}");
+        let report = out.json();
+        let output: Value = serde_json::from_str(report["output"].as_str().unwrap()).unwrap();
+        output["config"].clone()
+    };
+    assert_eq!(
+        config(&[]),
+        serde_json::json!({"region": "eu", "tier": "free"})
+    );
+    assert_eq!(
+        config(&["--config-var", "tier=pro", "--config-var", "team=a=b"]),
+        serde_json::json!({"region": "eu", "team": "a=b", "tier": "pro"})
+    );
+    let out = daemon.run(&["submit", &p("sandbox-probe"), "--config-var", "=x"]);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(out.stderr.contains("use KEY=VALUE"), "{out:?}");
+
+    let out = run_host(&["run", &p("sandbox-probe"), "--config-var", "k=v"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["config"], serde_json::json!({"k": "v"}), "{v}");
 }

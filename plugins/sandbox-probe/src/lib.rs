@@ -4,7 +4,7 @@
 //! ```json
 //! {"read":"ok:<contents>"|"denied:<error>","write":"ok"|"denied:<error>",
 //!  "env":"ok:<value>"|"missing","env_count":N,"env_names":["A","B"],
-//!  "socket":"ok"|"denied:<error>"}
+//!  "socket":"ok"|"denied:<error>","config":{"KEY":"VALUE"}}
 //! ```
 //!
 //! Params: `read` (default `/data/probe.txt`): a file to read; `write`
@@ -68,6 +68,9 @@ impl Task for SandboxProbe {
             Err(err) => format!("denied:{err}"),
         };
 
+        let mut config = taskhost_guest::config::all()?;
+        config.sort();
+
         let mut json = String::from("{");
         let _ = write!(json, "\"read\":{}", quote(&read));
         let _ = write!(json, ",\"write\":{}", quote(&write));
@@ -76,6 +79,11 @@ impl Task for SandboxProbe {
         let names: Vec<String> = env_names.iter().map(|n| quote(n)).collect();
         let _ = write!(json, ",\"env_names\":[{}]", names.join(","));
         let _ = write!(json, ",\"socket\":{}", quote(&socket));
+        let pairs: Vec<String> = config
+            .iter()
+            .map(|(k, v)| format!("{}:{}", quote(k), quote(v)))
+            .collect();
+        let _ = write!(json, ",\"config\":{{{}}}", pairs.join(","));
         json.push('}');
         Ok(json.into_bytes())
     }

@@ -94,6 +94,7 @@ pub async fn serve(
             .plugin_cache_bytes(Some(config.plugin_cache))
             .guest_limits(config.guest_limits())
             .secrets(secrets)
+            .config(config.config_vars.clone())
             // Running tasks first: a compile takes the cores they leave.
             .compile_nice(Some(COMPILE_NICE)),
     )

@@ -365,6 +365,7 @@ pub(crate) async fn check(
         dirs: request.dirs.clone(),
         env: request.env.clone(),
         secrets: request.secrets.clone(),
+        config: request.config.clone(),
         http: request.allow_http.clone(),
         max_memory: request.max_memory.unwrap_or(daemon.config.max_memory),
     };

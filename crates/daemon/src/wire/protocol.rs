@@ -23,7 +23,7 @@ use taskhost_core::supervisor::{
 use taskhost_runtime::{Digest, DirGrant, HttpAllow, SecretRef};
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).
@@ -121,6 +121,9 @@ pub struct SubmitRequest {
     /// name (`--secret`, `--env-secret`): only the names are sent and
     /// kept; each attempt looks the values up when it starts.
     pub secrets: Vec<SecretRef>,
+    /// What `wasi:config/store` answers the guest (`--config-var`), over
+    /// the daemon's own `config_vars`.
+    pub config: Vec<(String, String)>,
 }
 
 /// When a delayed submission may enter its slot.
@@ -144,8 +147,9 @@ impl NotBefore {
 }
 
 /// Fields added to [`SubmitRequest`] since protocol 4 (`allow_http`,
-/// `idempotency_key`, `not_before`, `priority`, `schedule`, `secrets`).
-const ADDED_FIELDS: usize = 6;
+/// `idempotency_key`, `not_before`, `priority`, `schedule`, `secrets`,
+/// `config`).
+const ADDED_FIELDS: usize = 7;
 
 /// The longest idempotency key taken, in bytes.
 pub const MAX_IDEMPOTENCY_KEY: usize = 256;
@@ -157,7 +161,7 @@ impl SubmitRequest {
     /// with those zero bytes added, which gives exactly the values an
     /// older daemon meant (no `allow_http` for protocols 4 and 5, no
     /// idempotency key before 7, no delay, priority or schedule before 8, no
-    /// secrets before 9).
+    /// secrets before 9, no config values before 10).
     pub fn decode_stored(bytes: &[u8]) -> Result<Self, postcard::Error> {
         decode_padded(bytes)
     }
@@ -184,6 +188,7 @@ impl SubmitRequest {
             priority: 0,
             schedule: None,
             secrets: Vec::new(),
+            config: Vec::new(),
         }
     }
 

@@ -113,6 +113,7 @@ pub fn prepare(
     request.dirs = dirs;
     request.env = sandbox.env.clone();
     request.secrets = sandbox.secrets.clone();
+    request.config = sandbox.config.clone();
     request.allow_http = sandbox.http.clone();
     request.priority = priority.unwrap_or(0);
     Ok(Prepared {

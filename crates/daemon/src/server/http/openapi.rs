@@ -216,6 +216,11 @@ pub(super) const SUBMIT_PROPERTIES: &[(&str, &str, &str)] = &[
         "environment variable -> the daemon's secret it gets, by name",
     ),
     (
+        "config",
+        "object",
+        "what wasi:config/store answers the guest",
+    ),
+    (
         "allow_http",
         "array",
         "[http://]HOST[:PORT] the guest may call",

@@ -109,6 +109,9 @@ pub(super) struct SubmitBody {
     /// Variable → the daemon's secret whose value it gets.
     #[serde(default)]
     secrets: std::collections::BTreeMap<String, String>,
+    /// What `wasi:config/store` answers the guest.
+    #[serde(default)]
+    config: std::collections::BTreeMap<String, String>,
     #[serde(default)]
     allow_http: Vec<String>,
     /// As the `Idempotency-Key` header.
@@ -193,6 +196,7 @@ impl SubmitBody {
             .map(|d| DirGrant::parse(d).map_err(|e| format!("dirs: {e}")))
             .collect::<Result<_, _>>()?;
         request.env = self.env.into_iter().collect();
+        request.config = self.config.into_iter().collect();
         request.secrets = self
             .secrets
             .into_iter()
