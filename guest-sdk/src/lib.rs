@@ -80,6 +80,7 @@ mod export;
 #[cfg(feature = "http")]
 pub mod http;
 mod info;
+pub mod kv;
 mod macros;
 
 /// The glue [`export_task!`] expands to. Not part of the public API.

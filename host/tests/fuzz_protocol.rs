@@ -32,8 +32,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 use taskhost::controller::AdmissionPolicy;
 use taskhost::daemon::protocol::{
-    Envelope, EventFilter, FrameError, Hello, MAGIC, MAX_FRAME, NotBefore, PROTOCOL_VERSION, Reply,
-    Request, ScheduleSpec, ScheduleVerb, SubmitRequest, Welcome, decode, encode, read_frame,
+    Envelope, EventFilter, FrameError, Hello, KvTarget, KvVerb, MAGIC, MAX_FRAME, NotBefore,
+    PROTOCOL_VERSION, Reply, Request, ScheduleSpec, ScheduleVerb, SubmitRequest, Welcome, decode,
+    encode, read_frame,
 };
 use taskhost::daemon::schedule::Missed;
 use taskhost::runtime::{Digest, DirGrant};
@@ -495,6 +496,12 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
         read_only: true,
     }];
     submit.env = vec![("TOKEN".into(), "x".into())];
+    submit.secrets = vec![taskhost::runtime::SecretRef {
+        var: "API_KEY".into(),
+        name: "api-key".into(),
+    }];
+    submit.config = vec![("region".into(), "eu".into())];
+    submit.kv = vec!["counters".into()];
     let valid = vec![
         ("has-plugin", Request::HasPlugin(Digest([1; 32]))),
         (
@@ -547,6 +554,21 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
             },
         ),
         ("prune-plugins", Request::RemovePlugins { prefix: None }),
+        ("kv-list", Request::Kv(KvVerb::List(None))),
+        (
+            "kv-get",
+            Request::Kv(KvVerb::Get(
+                KvTarget::Slot("deploy/prod".into()),
+                "runs".into(),
+            )),
+        ),
+        (
+            "kv-rm",
+            Request::Kv(KvVerb::Remove(
+                KvTarget::Shared("counters".into()),
+                "hits".into(),
+            )),
+        ),
         (
             "submit-delayed",
             Request::Submit(Box::new({

@@ -157,6 +157,13 @@ pub struct DaemonConfig {
     /// What `wasi:config/store` answers every guest, unless its submission
     /// sets the key (`--config-var`).
     pub config_vars: Vec<(String, String)>,
+    /// Bytes (keys and values) one `wasi:keyvalue` bucket may hold.
+    pub kv_max_bucket: u64,
+    /// Bytes all buckets together may hold (and the daemon keeps in
+    /// memory).
+    pub kv_max_total: u64,
+    /// The shared buckets a submission's `--kv` may grant (none by default).
+    pub allow_kv: Vec<String>,
 }
 
 /// The default number of the daemon's async worker threads: one per
@@ -211,6 +218,9 @@ impl DaemonConfig {
             secrets_dir: None,
             secret_env: Vec::new(),
             config_vars: Vec::new(),
+            kv_max_bucket: taskhost_runtime::kv::DEFAULT_KV_MAX_BUCKET,
+            kv_max_total: taskhost_runtime::kv::DEFAULT_KV_MAX_TOTAL,
+            allow_kv: Vec::new(),
         }
     }
 
@@ -415,6 +425,19 @@ impl DaemonConfig {
                 self.secret_env = env;
             }
         }
+        if let Some(v) = file.kv_max_bucket {
+            self.kv_max_bucket = parse_size(&v).map_err(|e| format!("kv_max_bucket: {e}"))?;
+        }
+        if let Some(v) = file.kv_max_total {
+            self.kv_max_total = parse_size(&v).map_err(|e| format!("kv_max_total: {e}"))?;
+        }
+        if let Some(v) = file.allow_kv {
+            for name in &v {
+                taskhost_runtime::kv::check_bucket_name(name)
+                    .map_err(|e| format!("allow_kv: {e}"))?;
+            }
+            self.allow_kv = v;
+        }
         if let Some(v) = file.config_vars {
             self.config_vars = v.into_iter().collect();
         }
@@ -507,6 +530,9 @@ struct FileConfig {
     otlp: Option<String>,
     secrets: Option<FileSecrets>,
     config_vars: Option<std::collections::BTreeMap<String, String>>,
+    kv_max_bucket: Option<String>,
+    kv_max_total: Option<String>,
+    allow_kv: Option<Vec<String>>,
 }
 
 /// The TOML file's `secrets` table.

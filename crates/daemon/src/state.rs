@@ -41,6 +41,8 @@ pub(crate) struct Daemon {
     pub shutdown_requested: AtomicBool,
     /// Outcomes being recorded: the daemon exits only after they are.
     pub recording: Recording,
+    /// Guests' key-value state (one host's; a cluster node's stays empty).
+    pub kv: Arc<taskhost_runtime::MemoryKv>,
     /// Set by a `Shutdown` request: the grace the accept loop shuts down
     /// with.
     pub stop: watch::Sender<Option<Duration>>,

@@ -18,6 +18,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::{self, taskhost::plugin::host, taskhost::plugin::types};
 use super::http::{HttpHooks, OwnAddresses};
+use super::kv::{KvAccess, KvBackend};
 use super::limits::{GuestLimits, LimitHits};
 use super::output::{Capture, CapturedStream, GuestSink};
 use super::reaper::Reaper;
@@ -116,6 +117,8 @@ pub(crate) struct AttemptState {
     limits: LimitHits,
     /// What `wasi:config/store` answers.
     config: Arc<WasiConfigVariables>,
+    /// The buckets `wasi:keyvalue` may open.
+    kv: KvAccess,
 }
 
 impl AttemptState {
@@ -266,6 +269,19 @@ pub(crate) fn add_to_linker(linker: &mut Linker<AttemptState>) -> wasmtime::Resu
     // After wasmtime-wasi's own `open-at`, which it wraps.
     super::limits::wrap_open_at(linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
+    {
+        use super::bindings::keyvalue::wasi::keyvalue::{atomics, batch, store};
+        use super::kv::{HasKv, KvView};
+        fn view(state: &mut AttemptState) -> KvView<'_> {
+            KvView {
+                table: &mut state.table,
+                access: &state.kv,
+            }
+        }
+        store::add_to_linker::<AttemptState, HasKv>(linker, view)?;
+        atomics::add_to_linker::<AttemptState, HasKv>(linker, view)?;
+        batch::add_to_linker::<AttemptState, HasKv>(linker, view)?;
+    }
     wasmtime_wasi_config::add_to_linker(linker, |state| {
         wasmtime_wasi_config::WasiConfig::from(&*state.config)
     })?;
@@ -283,6 +299,18 @@ pub(crate) struct AttemptEnv {
     pub(crate) secrets: Arc<Secrets>,
     /// The operator's `wasi:config` values, which a task's own override.
     pub(crate) config: Arc<Vec<(String, String)>>,
+    /// Where `wasi:keyvalue` buckets live (none: `open` fails, saying so).
+    pub(crate) kv: Option<KvHandle>,
+}
+
+/// The backend of `wasi:keyvalue`, shown by name only.
+#[derive(Clone)]
+pub(crate) struct KvHandle(pub(crate) Arc<dyn KvBackend>);
+
+impl std::fmt::Debug for KvHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KvBackend")
+    }
 }
 
 /// The `wasi:config` store of the attempts that have no values, shared.
@@ -312,6 +340,13 @@ pub(crate) fn new_store(
             exit_code: None,
         })?;
     let limits = env.limits;
+    let kv = KvAccess {
+        backend: env.kv.as_ref().map(|h| Arc::clone(&h.0)),
+        task: facts.task_id,
+        slot: facts.slot.clone(),
+        shared: sandbox.kv.clone(),
+        capture: Arc::clone(&capture),
+    };
     let mut table = ResourceTable::new();
     table.set_max_capacity(limits.max_handles);
     let mut http = WasiHttpCtx::new();
@@ -340,6 +375,7 @@ pub(crate) fn new_store(
             Arc::clone(&env.own),
         ),
         limits: LimitHits::new(limits),
+        kv,
         config: if env.config.is_empty() && sandbox.config.is_empty() {
             Arc::clone(&NO_CONFIG)
         } else {

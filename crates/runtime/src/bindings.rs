@@ -13,6 +13,16 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
+/// `wasi:keyvalue` (0.2.0-draft), with buckets as [`KvBucket`](crate::kv::KvBucket).
+pub mod keyvalue {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "wasi:keyvalue/imports@0.2.0-draft",
+        imports: { default: async | trappable },
+        with: { "wasi:keyvalue/store.bucket": crate::kv::KvBucket },
+    });
+}
+
 /// The version of the WIT package this host implements.
 pub const WIT_VERSION: &str = "0.1.0";
 /// The WIT package (with version) that plugins must be built against.

@@ -73,6 +73,7 @@ pub struct RuntimeConfig {
     pub(crate) guest_limits: super::GuestLimits,
     pub(crate) secrets: super::Secrets,
     pub(crate) config: Vec<(String, String)>,
+    pub(crate) kv: Option<super::attempt::KvHandle>,
 }
 
 /// A compile that has taken longer than [`SLOW_COMPILE`] so far, as told to
@@ -184,6 +185,14 @@ impl RuntimeConfig {
         self
     }
 
+    /// Where the `wasi:keyvalue` buckets of guests live: `open("")` gives
+    /// a task's slot's, a granted name (`Sandbox::kv`) a shared one
+    /// [default: none, so `open` fails saying there is no state here].
+    pub fn key_value(mut self, backend: Arc<dyn super::KvBackend>) -> Self {
+        self.kv = Some(super::attempt::KvHandle(backend));
+        self
+    }
+
     /// Instance slots of the pooling allocator, an upper bound on instances
     /// alive at once when pooling [default: 1000].
     pub fn pool_instances(mut self, n: u32) -> Self {
@@ -207,6 +216,7 @@ impl Default for RuntimeConfig {
                 "this runtime has no secrets; give it a source with RuntimeConfig::secrets",
             ),
             config: Vec::new(),
+            kv: None,
         }
     }
 }

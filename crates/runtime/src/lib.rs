@@ -17,6 +17,7 @@
 //! | `attempt` | one fresh instance: limits, epoch callback, host functions, error mapping |
 //! | `limits` | the per-attempt caps on handles, open files, HTTP requests, header bytes |
 //! | `sandbox` | grants: dirs, env, http, memory; capability checks; WASI context |
+//! | `kv` | `wasi:keyvalue`: which bucket a guest may open, limits, [`MemoryKv`](kv::MemoryKv) with its journal |
 //! | `secrets` | secrets by name: [`SecretRef`], the [`Secrets`] source, resolved at attempt start |
 //! | `http` | outbound HTTP: `--allow-http` grants, ceilings, the checks of every request and address |
 //! | `outbound` | outbound HTTP's send path: lookup, connect to the checked address, TLS, HTTP/1 |
@@ -35,6 +36,7 @@ pub mod contract;
 mod engine;
 mod file_digests;
 mod http;
+pub mod kv;
 mod limits;
 mod outbound;
 mod output;
@@ -61,6 +63,7 @@ pub use engine::{
 pub use http::{
     DEFAULT_HTTP_CONNECT_TIMEOUT, DEFAULT_HTTP_FIRST_BYTE_TIMEOUT, HttpAllow, HttpScheme,
 };
+pub use kv::{Bucket, KvBackend, KvError, KvLimits, MemoryKv};
 pub use limits::{
     DEFAULT_MAX_HANDLES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_HTTP_REQUESTS,
     DEFAULT_MAX_OPEN_FILES, GuestLimits, LimitError,
@@ -226,6 +229,7 @@ impl Runtime {
                 own: Arc::default(),
                 secrets: Arc::new(config.secrets.clone()),
                 config: Arc::new(config.config.clone()),
+                kv: config.kv.clone(),
             },
         })
     }

@@ -277,6 +277,11 @@ const LINKED_WASI: &[&str] = &[
 /// wasmtime-wasi-config implements (`wasi:config` has no 0.2.x release).
 const WASI_CONFIG: &str = "wasi:config/store@0.2.0-rc.1";
 
+/// The `wasi:keyvalue` interfaces the linker adds (`kv`), at the draft
+/// version the wasmtime ecosystem uses.
+const WASI_KEYVALUE: &[&str] = &["store", "atomics", "batch"];
+const WASI_KEYVALUE_VERSION: &str = "0.2.0-draft";
+
 /// The interfaces of our own package a plugin may import.
 const OUR_INTERFACES: &[&str] = &["host", "types"];
 
@@ -390,6 +395,16 @@ pub(crate) fn check_world(origin: &str, bytes: &[u8]) -> Result<(), LoadError> {
                     "it imports `{import}` but this host provides {WASI_CONFIG}; build the \
                      plugin against that version of wasi:config"
                 )));
+            }
+        } else if let Some(interface) = path.strip_prefix("wasi:keyvalue/") {
+            if version != WASI_KEYVALUE_VERSION {
+                return Err(wrong_world(format!(
+                    "it imports `{import}` but this host provides wasi:keyvalue@\
+                     {WASI_KEYVALUE_VERSION}; build the plugin against that version"
+                )));
+            }
+            if !WASI_KEYVALUE.contains(&interface) {
+                unknown.push(import.as_str());
             }
         } else if let Some(interface) = path.strip_prefix("wasi:") {
             if !version.is_empty() && !is_wasi_02(version) {

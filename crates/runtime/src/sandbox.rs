@@ -117,6 +117,9 @@ pub struct Sandbox {
     /// What `wasi:config/store` answers the guest, over the runtime's own
     /// values ([`RuntimeConfig::config`](super::RuntimeConfig::config)).
     pub config: Vec<(String, String)>,
+    /// The shared `wasi:keyvalue` buckets the guest may open besides its
+    /// slot's (`--kv NAME`).
+    pub kv: Vec<String>,
     /// Where outbound HTTP requests may go (none: every request is denied).
     pub http: Vec<HttpAllow>,
     /// Largest size, in bytes, of all the guest's linear memories together
@@ -131,6 +134,7 @@ impl Default for Sandbox {
             env: Vec::new(),
             secrets: Vec::new(),
             config: Vec::new(),
+            kv: Vec::new(),
             http: Vec::new(),
             max_memory: DEFAULT_MAX_MEMORY,
         }

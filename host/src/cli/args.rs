@@ -116,6 +116,10 @@ pub fn parse_config_var(text: &str) -> Result<(String, String), String> {
     }
 }
 
+fn parse_bucket(text: &str) -> Result<String, String> {
+    taskhost::runtime::kv::check_bucket_name(text).map(|()| text.to_owned())
+}
+
 fn parse_secret(text: &str) -> Result<SecretRef, String> {
     SecretRef::parse_named(text).map_err(|e| e.to_string())
 }
@@ -189,6 +193,9 @@ pub struct TaskArgs {
     /// A configuration value the guest reads through wasi:config/store (repeatable), such as --config-var region=eu; for submit, over the daemon's own config_vars.
     #[arg(long = "config-var", value_name = "K=V", value_parser = parse_config_var)]
     pub config_vars: Vec<(String, String)>,
+    /// Let the guest open this shared key-value bucket through wasi:keyvalue besides its slot's own (repeatable); for submit, one of the daemon's allow_kv.
+    #[arg(long = "kv", value_name = "BUCKET", value_parser = parse_bucket)]
+    pub kv: Vec<String>,
     /// Let the guest send HTTP requests to this host (repeatable): HOST or HOST:PORT for https, http://HOST[:PORT] for plain http, *.DOMAIN for every name under DOMAIN; without a port, the scheme's default (443, 80). Nothing else is reachable; each request (and each redirect hop) is checked. For submit, the daemon's own allow_http must include it.
     #[arg(long = "allow-http", value_name = "[http://]HOST[:PORT]", value_parser = parse_allow_http)]
     pub allow_http: Vec<HttpAllow>,
@@ -223,6 +230,7 @@ impl TaskArgs {
                 .cloned()
                 .collect(),
             config: self.config_vars.clone(),
+            kv: self.kv.clone(),
             http: self.allow_http.clone(),
             ..Sandbox::default()
         };

@@ -143,6 +143,14 @@ enum Command {
         after_long_help = "EXAMPLES:\n  host plugins ls\n  host plugins rm 3f9a1c\n  host plugins prune"
     )]
     Plugins(client::plugins::PluginsArgs),
+    /// Show or remove the key-value state guests keep through wasi:keyvalue: each slot's own bucket, and shared ones.
+    ///
+    /// A guest opens its slot's bucket with open(""), and a shared bucket
+    /// by name when its submission has --kv NAME (within the daemon's
+    /// allow_kv). Each write is in the store before the guest's call
+    /// returns, so state survives a crash and a restart.
+    #[command(subcommand_required = true)]
+    Kv(client::kv::KvArgs),
     /// Print the daemon's recent events; --follow keeps streaming.
     #[command(
         after_long_help = "EXAMPLES:\n  host events\n  host events --follow --task nap\n  host events --kind task-finished --json"
@@ -243,6 +251,7 @@ pub fn main() -> ExitCode {
             Command::Slots(args) => client::tasks::slots(args, socket).await,
             Command::Schedule(args) => client::schedule::schedule(args, socket).await,
             Command::Plugins(args) => client::plugins::plugins(args, socket).await,
+            Command::Kv(args) => client::kv::kv(args, socket).await,
             Command::Events(args) => client::streams::events(args, socket).await,
             Command::Logs(args) => client::streams::logs(args, socket).await,
             Command::Shutdown(args) => client::admin::shutdown(args, socket).await,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Args;
 use taskhost::outcome::TaskOutcome;
 use taskhost::plugin_task::{PluginTask, resolve_slot};
-use taskhost::runtime::{GuestLimits, Runtime, Sandbox, Secrets};
+use taskhost::runtime::{GuestLimits, KvLimits, MemoryKv, Runtime, Sandbox, Secrets};
 use taskhost::supervisor::{Event, EventKind, Received, Supervisor, TaskReport, TaskSpec};
 use taskhost::units::{format_duration, parse_duration};
 use tokio::signal::unix::{SignalKind, signal};
@@ -56,7 +56,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let config = args.cache.runtime_config()?;
     let config = config
         .guest_limits(args.limits.apply(GuestLimits::default()))
-        .secrets(secrets_of(&sandbox)?);
+        .secrets(secrets_of(&sandbox)?)
+        // State lives as long as this process: enough to try a plugin's
+        // buckets across its attempts; a daemon keeps them.
+        .key_value(Arc::new(MemoryKv::new(
+            KvLimits::default(),
+            "host run keeps its buckets in memory, up to the daemon's defaults",
+        )));
     let runtime = Arc::new(Runtime::new(&config)?);
     let plugin = runtime.load_file(&task.plugin).await.map_err(usage)?;
     sandbox

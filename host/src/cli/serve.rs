@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, tls_cert, tls_key, http_allow_plain, idempotency_retention, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_delayed, max_schedules, max_memory, memory_ceiling, max_handles, max_open_files, max_http_requests, max_header_bytes, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http, allow_dirs, allow_env, and the tables secrets (dir, env) and config_vars); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, tls_cert, tls_key, http_allow_plain, idempotency_retention, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_delayed, max_schedules, max_memory, memory_ceiling, max_handles, max_open_files, max_http_requests, max_header_bytes, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http, allow_dirs, allow_env, kv_max_bucket, kv_max_total, allow_kv, and the tables secrets (dir, env) and config_vars); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -97,6 +97,15 @@ pub struct ServeArgs {
     /// A configuration value every guest reads through wasi:config/store unless its submission sets the key with --config-var (repeatable), such as --config-var region=eu. Replaces the config file's config_vars table [default: none].
     #[arg(long = "config-var", value_name = "K=V", value_parser = super::args::parse_config_var)]
     config_vars: Vec<(String, String)>,
+    /// Bytes of keys and values one key-value bucket (a slot's, or a shared one) may hold; a guest's write past it fails with an error naming it [default: 16MiB].
+    #[arg(long = "kv-max-bucket", value_name = "SIZE", value_parser = parse_size)]
+    kv_max_bucket: Option<u64>,
+    /// Bytes of keys and values all key-value buckets together may hold; the daemon keeps them in memory too [default: 256MiB].
+    #[arg(long = "kv-max-total", value_name = "SIZE", value_parser = parse_size)]
+    kv_max_total: Option<u64>,
+    /// A shared key-value bucket a submission's --kv may grant (repeatable). Replaces the config file's allow_kv [default: none].
+    #[arg(long = "allow-kv", value_name = "BUCKET", value_parser = parse_bucket)]
+    allow_kv: Vec<String>,
     /// Cluster mode (with `--store postgres://…`): this node's name in `host ps` [default: <hostname>-<pid>].
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
@@ -254,6 +263,15 @@ impl ServeArgs {
         }
         if let Some(dir) = &self.secrets_dir {
             config.secrets_dir = Some(dir.clone());
+        }
+        if let Some(v) = self.kv_max_bucket {
+            config.kv_max_bucket = v;
+        }
+        if let Some(v) = self.kv_max_total {
+            config.kv_max_total = v;
+        }
+        if !self.allow_kv.is_empty() {
+            config.allow_kv = self.allow_kv.clone();
         }
         if !self.config_vars.is_empty() {
             config.config_vars = self.config_vars.clone();
@@ -474,6 +492,10 @@ fn notify_systemd(state: &str) {
     if let Err(err) = sent {
         tracing::warn!("cannot notify systemd at {target}: {err}");
     }
+}
+
+fn parse_bucket(text: &str) -> Result<String, String> {
+    taskhost::runtime::kv::check_bucket_name(text).map(|()| text.to_owned())
 }
 
 fn parse_secret_name(text: &str) -> Result<String, String> {

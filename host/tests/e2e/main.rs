@@ -53,6 +53,7 @@ mod exhaustion;
 mod faults;
 mod guest_limits;
 mod guests;
+mod kv;
 mod observability;
 mod outbound_http;
 mod regressions;

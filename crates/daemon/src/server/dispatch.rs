@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 
 use crate::server::connection::Replier;
 use crate::service::backend::{Backend, Item, Items, Scheduled};
+use crate::service::kv::KvAnswer;
 use crate::service::plugins;
 use crate::service::submissions::Accepted;
 use crate::service::uploads::Uploads;
@@ -78,6 +79,13 @@ pub(crate) async fn handle(
                 reply.send(Reply::Schedule(row)).await;
             }
             Ok(Scheduled::Fired(accepted)) => answer(accepted, reply, session).await,
+            Err((kind, message)) => reply.error(kind, message).await,
+        },
+        Request::Kv(verb) => match backend.kv(verb).await {
+            Ok(KvAnswer::Rows(rows)) => send_pages(&reply, rows, Reply::KvRows).await,
+            Ok(KvAnswer::Value(value)) => {
+                reply.send(Reply::KvValue(value)).await;
+            }
             Err((kind, message)) => reply.error(kind, message).await,
         },
         Request::Rerun(target) => {

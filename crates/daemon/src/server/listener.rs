@@ -73,6 +73,15 @@ pub async fn serve(
             ))
         })?;
     raise_descriptor_limit();
+    let spec = StoreSpec::parse(&config.store, &config.state_dir).map_err(fail)?;
+    let kv = crate::service::kv::buckets(taskhost_runtime::KvLimits {
+        max_bucket_bytes: config.kv_max_bucket,
+        max_total_bytes: config.kv_max_total,
+    });
+    let kv_backend: Arc<dyn taskhost_runtime::KvBackend> = match spec {
+        StoreSpec::Postgres(_) => Arc::new(crate::service::kv::ClusterKv),
+        _ => Arc::clone(&kv) as _,
+    };
     let secrets =
         taskhost_runtime::Secrets::for_daemon(config.secrets_dir.as_deref(), &config.secret_env)
             .map_err(|e| fail(e.to_string()))?;
@@ -95,6 +104,7 @@ pub async fn serve(
             .guest_limits(config.guest_limits())
             .secrets(secrets)
             .config(config.config_vars.clone())
+            .key_value(kv_backend)
             // Running tasks first: a compile takes the cores they leave.
             .compile_nice(Some(COMPILE_NICE)),
     )
@@ -111,7 +121,6 @@ pub async fn serve(
         );
         max_concurrent = capacity;
     }
-    let spec = StoreSpec::parse(&config.store, &config.state_dir).map_err(fail)?;
     // A store file outside the state directory gets a lock of its own.
     let store_lock = match &spec {
         StoreSpec::Sqlite(path) if !path.starts_with(&config.state_dir) => {
@@ -161,6 +170,7 @@ pub async fn serve(
             if !store.is_durable() {
                 tracing::warn!("the store is memory: accepted work is lost when the daemon stops");
             }
+            crate::service::kv::attach(&kv, &store);
             (Storage::Local(store), unfinished)
         }
     };
@@ -216,6 +226,7 @@ pub async fn serve(
         keep_unfinished: AtomicBool::new(false),
         shutdown_requested: AtomicBool::new(false),
         recording: Default::default(),
+        kv,
         stop,
         closed: watch::channel(false).0,
     });

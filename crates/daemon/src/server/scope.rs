@@ -3,7 +3,7 @@
 //! owner-only Unix socket is `Admin`; a connection upgraded from HTTP has
 //! its token's scope, checked for every request it sends.
 
-use crate::wire::protocol::{Request, ScheduleVerb};
+use crate::wire::protocol::{KvVerb, Request, ScheduleVerb};
 
 /// What a token lets its bearer do; each scope includes the ones before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -49,6 +49,8 @@ impl Scope {
                 Scope::Submit
             }
             Request::Schedule(ScheduleVerb::List) => Scope::Read,
+            Request::Kv(KvVerb::List(_) | KvVerb::Get(..)) => Scope::Read,
+            Request::Kv(KvVerb::Remove(..)) => Scope::Admin,
             Request::Schedule(ScheduleVerb::Add(_) | ScheduleVerb::Run(_)) => Scope::Submit,
             Request::Cancel { .. }
             | Request::Shutdown { .. }

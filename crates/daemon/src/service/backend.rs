@@ -82,6 +82,24 @@ pub(crate) struct Detail {
     pub log: Vec<LogLine>,
 }
 
+impl Backend<'_> {
+    /// A `host kv` verb: one host's buckets; a cluster node has none.
+    pub(crate) async fn kv(
+        &self,
+        verb: crate::wire::protocol::KvVerb,
+    ) -> Result<crate::service::kv::KvAnswer, (ErrorKind, String)> {
+        match self {
+            Self::Local(daemon, _) => crate::service::kv::answer(&daemon.kv, verb).await,
+            Self::Shared(..) => Err((
+                ErrorKind::Invalid,
+                "key-value state is kept by a single daemon (a SQLite or memory store); a \
+                 cluster node has none in this release"
+                    .into(),
+            )),
+        }
+    }
+}
+
 /// What a schedule verb answers.
 pub(crate) enum Scheduled {
     /// `ls`.

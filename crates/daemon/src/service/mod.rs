@@ -12,6 +12,7 @@
 //! | `tasks` | what the daemon remembers of submissions (waiters, logs, names) |
 //! | `history` | recent events, bridged to the daemon's log |
 //! | `recovery` | rebuilding the controller from the store at start |
+//! | `kv` | one host's key-value state: buckets in memory, each write kept by the store first; `host kv` |
 //! | `schedules` | one host's schedules: their table, the firing loop, the verbs |
 //! | `json` | the JSON forms shared by the CLI's `--json` and the HTTP API |
 
@@ -19,6 +20,7 @@ pub(crate) mod backend;
 pub(crate) mod history;
 pub mod json;
 pub(crate) mod keys;
+pub(crate) mod kv;
 pub(crate) mod plugins;
 pub(crate) mod recovery;
 pub(crate) mod schedules;

@@ -366,6 +366,7 @@ pub(crate) async fn check(
         env: request.env.clone(),
         secrets: request.secrets.clone(),
         config: request.config.clone(),
+        kv: request.kv.clone(),
         http: request.allow_http.clone(),
         max_memory: request.max_memory.unwrap_or(daemon.config.max_memory),
     };
@@ -393,6 +394,20 @@ pub(crate) async fn check(
     sandbox
         .check_secrets()
         .map_err(|e| invalid(e.to_string()))?;
+    for bucket in &sandbox.kv {
+        taskhost_runtime::kv::check_bucket_name(bucket).map_err(invalid)?;
+        if !daemon.config.allow_kv.contains(bucket) {
+            return Err(invalid(format!(
+                "--kv {bucket}: this daemon does not share bucket `{bucket}` (its allow_kv: {}); \
+                 its operator can add it with `host serve --allow-kv {bucket}`",
+                if daemon.config.allow_kv.is_empty() {
+                    "none".to_owned()
+                } else {
+                    daemon.config.allow_kv.join(", ")
+                }
+            )));
+        }
+    }
     let allow_dirs = match &daemon.config.allow_dirs {
         Some(allowed) => Some(allowed.as_slice()),
         None if daemon.cluster().is_some() => Some(&[][..]),

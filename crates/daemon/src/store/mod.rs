@@ -319,6 +319,12 @@ enum Op {
     Schedule(Box<StoredSchedule>),
     /// A schedule deleted.
     ScheduleRemoved(String),
+    /// A key-value entry set (`value`) or removed (`None`).
+    Kv {
+        scope: String,
+        key: String,
+        value: Option<Vec<u8>>,
+    },
     /// Nothing: its ticket resolves once every earlier write is committed.
     Flush,
     /// As `Flush`, then the write-ahead log is folded into the database
@@ -347,6 +353,8 @@ struct Inner {
     describe: String,
     /// The schedules read at open, taken once by the daemon's start.
     schedules: Mutex<Vec<StoredSchedule>>,
+    /// The key-value entries read at open, taken once by the daemon's start.
+    kv: Mutex<Vec<(String, String, Vec<u8>)>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -377,6 +385,7 @@ impl Store {
                         first_id: 1,
                         describe: "memory (nothing survives a restart)".into(),
                         schedules: Mutex::default(),
+                        kv: Mutex::default(),
                     }),
                 },
                 Vec::new(),
@@ -388,6 +397,7 @@ impl Store {
                     next_id: first_id,
                     unfinished,
                     schedules,
+                    kv,
                 } = sqlite::open(path, retention)?;
                 let (tx, rx) = mpsc::channel();
                 let pending = Arc::new(AtomicUsize::new(0));
@@ -407,6 +417,7 @@ impl Store {
                             first_id,
                             describe: format!("sqlite {}", path.display()),
                             schedules: Mutex::new(schedules),
+                            kv: Mutex::new(kv),
                         }),
                     },
                     unfinished,
@@ -454,6 +465,18 @@ impl Store {
                 Ticket(Some(rx.shared()))
             }
         }
+    }
+
+    /// Records a key-value write (`None`: the key removed); the guest hears
+    /// of it once the ticket resolves.
+    pub fn kv(&self, scope: String, key: String, value: Option<Vec<u8>>) -> Ticket {
+        self.write(Op::Kv { scope, key, value }, true)
+    }
+
+    /// The key-value entries read at open, `(scope, key, value)`; taken
+    /// once, by the daemon's start.
+    pub fn take_kv(&self) -> Vec<(String, String, Vec<u8>)> {
+        std::mem::take(&mut *self.inner.kv.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Records an accepted submission; acknowledge it once the ticket

@@ -25,6 +25,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0002_pauses.sql"),
     include_str!("../../migrations/0003_idempotency.sql"),
     include_str!("../../migrations/0004_schedules.sql"),
+    include_str!("../../migrations/0005_kv.sql"),
 ];
 
 /// Most writes in one transaction.
@@ -117,6 +118,7 @@ pub(super) fn open(path: &Path, retention: Retention) -> Result<Opened, StoreErr
         .map_err(|e| err(path, "cannot read it", e))? as u64;
     let unfinished = read_unfinished(&conn).map_err(|e| err(path, "cannot read it", e))?;
     let schedules = read_schedules(&conn).map_err(|e| err(path, "cannot read it", e))?;
+    let kv = read_kv(&conn).map_err(|e| err(path, "cannot read it", e))?;
     let reader = Reader {
         conn: connect(
             path,
@@ -141,7 +143,15 @@ pub(super) fn open(path: &Path, retention: Retention) -> Result<Opened, StoreErr
         next_id,
         unfinished,
         schedules,
+        kv,
     })
+}
+
+/// Every key-value entry, as `(scope, key, value)`.
+fn read_kv(conn: &Connection) -> rusqlite::Result<Vec<(String, String, Vec<u8>)>> {
+    let mut stmt = conn.prepare("SELECT scope, key, value FROM kv")?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    rows.collect()
 }
 
 /// What opening the database gives: its writer and reader, the next task
@@ -152,6 +162,8 @@ pub(super) struct Opened {
     pub next_id: u64,
     pub unfinished: Vec<Unfinished>,
     pub schedules: Vec<StoredSchedule>,
+    /// Every key-value entry: `(scope, key, value)`.
+    pub kv: Vec<(String, String, Vec<u8>)>,
 }
 
 fn read_schedules(conn: &Connection) -> rusqlite::Result<Vec<StoredSchedule>> {
@@ -476,6 +488,18 @@ impl Writer {
                         schedule.plugin
                     ])?;
                 }
+                Op::Kv { scope, key, value } => match value {
+                    Some(value) => {
+                        tx.prepare_cached(
+                            "INSERT OR REPLACE INTO kv (scope, key, value) VALUES (?1, ?2, ?3)",
+                        )?
+                        .execute(params![scope, key, value])?;
+                    }
+                    None => {
+                        tx.prepare_cached("DELETE FROM kv WHERE scope = ?1 AND key = ?2")?
+                            .execute(params![scope, key])?;
+                    }
+                },
                 Op::ScheduleRemoved(name) => {
                     tx.prepare_cached("DELETE FROM schedules WHERE name = ?1")?
                         .execute(params![name])?;
@@ -613,7 +637,11 @@ fn fold_starts(batch: &[Write]) -> (Vec<u32>, Vec<bool>) {
             Op::Finished(finished) => {
                 open.remove(&finished.report.id);
             }
-            Op::Flush | Op::Checkpoint | Op::Schedule(_) | Op::ScheduleRemoved(_) => {}
+            Op::Flush
+            | Op::Checkpoint
+            | Op::Schedule(_)
+            | Op::ScheduleRemoved(_)
+            | Op::Kv { .. } => {}
         }
     }
     (started, folded)

@@ -35,9 +35,9 @@ use taskhost_core::supervisor::{TaskRef, TaskReport};
 use taskhost_runtime::Digest;
 
 use crate::wire::protocol::{
-    Envelope, ErrorKind, FrameError, Hello, MAGIC, PROTOCOL_VERSION, PluginRow, Reassembly, Reply,
-    Request, ScheduleRow, ScheduleVerb, SubmitRequest, Submitted, TaskRow, UPLOAD_CHUNK, Welcome,
-    encode, read_frame, write_frame,
+    Envelope, ErrorKind, FrameError, Hello, KvRow, KvTarget, KvVerb, MAGIC, PROTOCOL_VERSION,
+    PluginRow, Reassembly, Reply, Request, ScheduleRow, ScheduleVerb, SubmitRequest, Submitted,
+    TaskRow, UPLOAD_CHUNK, Welcome, encode, read_frame, write_frame,
 };
 
 /// Replies buffered per request before the connection's reader waits for
@@ -418,6 +418,24 @@ impl Client {
             other => Err(Box::new(other)),
         })
         .await
+    }
+
+    /// `host kv ls`: every bucket (`None`), or the keys of one.
+    pub async fn kv_list(&self, target: Option<KvTarget>) -> Result<Vec<KvRow>, ClientError> {
+        let list = Request::Kv(KvVerb::List(target));
+        self.pages(list, "kv ls", |reply| match reply {
+            Reply::KvRows(page) => Ok(page),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+
+    /// `host kv get` and `rm`: the key's value (before a removal).
+    pub async fn kv_value(&self, verb: KvVerb) -> Result<Option<Vec<u8>>, ClientError> {
+        match self.call(Request::Kv(verb)).await? {
+            Reply::KvValue(value) => Ok(value),
+            other => Err(self.unexpected("a kv verb", &other)),
+        }
     }
 
     /// A schedule verb answered with the schedule (`add`, `rm`, `pause`,

@@ -23,7 +23,7 @@ use taskhost_core::supervisor::{
 use taskhost_runtime::{Digest, DirGrant, HttpAllow, SecretRef};
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).
@@ -124,6 +124,9 @@ pub struct SubmitRequest {
     /// What `wasi:config/store` answers the guest (`--config-var`), over
     /// the daemon's own `config_vars`.
     pub config: Vec<(String, String)>,
+    /// Shared `wasi:keyvalue` buckets the guest may open besides its
+    /// slot's (`--kv`); each must be in the daemon's `allow_kv`.
+    pub kv: Vec<String>,
 }
 
 /// When a delayed submission may enter its slot.
@@ -148,8 +151,8 @@ impl NotBefore {
 
 /// Fields added to [`SubmitRequest`] since protocol 4 (`allow_http`,
 /// `idempotency_key`, `not_before`, `priority`, `schedule`, `secrets`,
-/// `config`).
-const ADDED_FIELDS: usize = 7;
+/// `config`, `kv`).
+const ADDED_FIELDS: usize = 8;
 
 /// The longest idempotency key taken, in bytes.
 pub const MAX_IDEMPOTENCY_KEY: usize = 256;
@@ -161,7 +164,8 @@ impl SubmitRequest {
     /// with those zero bytes added, which gives exactly the values an
     /// older daemon meant (no `allow_http` for protocols 4 and 5, no
     /// idempotency key before 7, no delay, priority or schedule before 8, no
-    /// secrets before 9, no config values before 10).
+    /// secrets before 9, no config values before 10, no shared buckets
+    /// before 11).
     pub fn decode_stored(bytes: &[u8]) -> Result<Self, postcard::Error> {
         decode_padded(bytes)
     }
@@ -189,6 +193,7 @@ impl SubmitRequest {
             schedule: None,
             secrets: Vec::new(),
             config: Vec::new(),
+            kv: Vec::new(),
         }
     }
 
@@ -300,6 +305,42 @@ pub enum Request {
     },
     /// A verb on schedules (`host schedule …`).
     Schedule(ScheduleVerb),
+    /// A verb on guests' key-value state (`host kv …`).
+    Kv(KvVerb),
+}
+
+/// Which bucket `host kv` means.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KvTarget {
+    /// A slot's own.
+    Slot(String),
+    /// A shared bucket (`--kv NAME`).
+    Shared(String),
+}
+
+/// What `host kv` asks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KvVerb {
+    /// With a bucket, its keys and their sizes; without, every bucket with
+    /// its count of keys and bytes: pages of [`Reply::KvRows`], then
+    /// [`Reply::End`].
+    List(Option<KvTarget>),
+    /// One value: [`Reply::KvValue`].
+    Get(KvTarget, String),
+    /// Removes one key: [`Reply::KvValue`] with what it held.
+    Remove(KvTarget, String),
+}
+
+/// A line of `host kv ls`: a bucket (its keys, bytes) or a key (1, the
+/// size of its value).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvRow {
+    /// `slot:NAME`, `shared:NAME`, or a key.
+    pub name: String,
+    /// Keys in the bucket (1 for a key).
+    pub keys: u64,
+    /// Bytes of keys and values (for a key, of its value).
+    pub bytes: u64,
 }
 
 /// What `host schedule` asks.
@@ -647,6 +688,10 @@ pub enum Reply {
     Schedules(Vec<ScheduleRow>),
     /// One schedule, as a verb left it.
     Schedule(ScheduleRow),
+    /// A page of `host kv ls`.
+    KvRows(Vec<KvRow>),
+    /// A value of `host kv get` or `rm` (`None`: no such key).
+    KvValue(#[serde(with = "serde_bytes")] Option<Vec<u8>>),
 }
 
 /// The kind of a failed request.

@@ -7,10 +7,12 @@
 //! | `tasks` | `wait`, `rerun`, `cancel`, `remove`, `ps`, `slots` |
 //! | `streams` | `events`, `logs` |
 //! | `schedule` | `schedule add`, `ls`, `rm`, `pause`, `resume`, `run` |
+//! | `kv` | `kv ls`, `kv get`, `kv rm` |
 //! | `admin` | `shutdown` |
 //! | `plugins` | `plugins ls`, `plugins rm`, `plugins prune` |
 
 pub mod admin;
+pub mod kv;
 pub mod plugins;
 pub mod schedule;
 pub mod streams;

@@ -114,6 +114,7 @@ pub fn prepare(
     request.env = sandbox.env.clone();
     request.secrets = sandbox.secrets.clone();
     request.config = sandbox.config.clone();
+    request.kv = sandbox.kv.clone();
     request.allow_http = sandbox.http.clone();
     request.priority = priority.unwrap_or(0);
     Ok(Prepared {

@@ -220,6 +220,7 @@ pub(super) const SUBMIT_PROPERTIES: &[(&str, &str, &str)] = &[
         "object",
         "what wasi:config/store answers the guest",
     ),
+    ("kv", "array", "shared key-value buckets the guest may open"),
     (
         "allow_http",
         "array",

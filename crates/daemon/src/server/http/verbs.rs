@@ -112,6 +112,9 @@ pub(super) struct SubmitBody {
     /// What `wasi:config/store` answers the guest.
     #[serde(default)]
     config: std::collections::BTreeMap<String, String>,
+    /// Shared key-value buckets the guest may open.
+    #[serde(default)]
+    kv: Vec<String>,
     #[serde(default)]
     allow_http: Vec<String>,
     /// As the `Idempotency-Key` header.
@@ -197,6 +200,7 @@ impl SubmitBody {
             .collect::<Result<_, _>>()?;
         request.env = self.env.into_iter().collect();
         request.config = self.config.into_iter().collect();
+        request.kv = self.kv;
         request.secrets = self
             .secrets
             .into_iter()
