@@ -5,7 +5,7 @@
 //! With this crate you write a type that implements [`Task`] and export it
 //! with [`export_task!`]; the crate hides the component-model bindings
 //! (wit-bindgen) and the plugin contract (`wit/task-plugin.wit`,
-//! `taskhost:plugin@0.1.0`).
+//! `taskhost:plugin@0.1.1`).
 //!
 //! # Example
 //!
@@ -73,6 +73,7 @@
 
 #![warn(missing_docs)]
 
+pub mod children;
 pub mod config;
 mod context;
 mod error;

@@ -16,11 +16,15 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_config::WasiConfigVariables;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use super::bindings::{self, taskhost::plugin::host, taskhost::plugin::types};
+use super::bindings::{
+    self, taskhost::plugin::children, taskhost::plugin::host, taskhost::plugin::types,
+};
+use super::children::{ChildAccess, ChildTasks, Parent};
 use super::http::{HttpHooks, OwnAddresses};
 use super::kv::{KvAccess, KvBackend};
 use super::limits::{GuestLimits, LimitHits};
 use super::output::{Capture, CapturedStream, GuestSink};
+use super::plugin::Digest;
 use super::reaper::Reaper;
 use super::sandbox::Sandbox;
 use super::secrets::Secrets;
@@ -164,6 +168,8 @@ pub(crate) struct HostCtx {
     /// scheduled again, so an epoch deadline that passed meanwhile needs no
     /// yield of its own.
     woke: bool,
+    /// What the guest may do with child tasks (none: spawns fail).
+    children: Option<ChildAccess>,
 }
 
 impl WasiView for AttemptState {
@@ -286,6 +292,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<AttemptState>) -> wasmtime::Resu
         wasmtime_wasi_config::WasiConfig::from(&*state.config)
     })?;
     host::add_to_linker::<AttemptState, HasSelf<HostCtx>>(linker, |state| &mut state.host)?;
+    children::add_to_linker::<AttemptState, HasSelf<HostCtx>>(linker, |state| &mut state.host)?;
     Ok(())
 }
 
@@ -301,6 +308,18 @@ pub(crate) struct AttemptEnv {
     pub(crate) config: Arc<Vec<(String, String)>>,
     /// Where `wasi:keyvalue` buckets live (none: `open` fails, saying so).
     pub(crate) kv: Option<KvHandle>,
+    /// Where child tasks go (none: a spawn fails, saying so).
+    pub(crate) children: Option<ChildHandle>,
+}
+
+/// Where child tasks go, shown by name only.
+#[derive(Clone)]
+pub(crate) struct ChildHandle(pub(crate) Arc<dyn ChildTasks>);
+
+impl std::fmt::Debug for ChildHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ChildTasks")
+    }
 }
 
 /// The backend of `wasi:keyvalue`, shown by name only.
@@ -323,11 +342,24 @@ static NO_CONFIG: std::sync::LazyLock<Arc<WasiConfigVariables>> =
 pub(crate) fn new_store(
     engine: &Engine,
     env: &AttemptEnv,
-    sandbox: &Sandbox,
+    sandbox: &Arc<Sandbox>,
+    plugin: Option<Digest>,
     facts: Arc<AttemptFacts>,
     signals: &StopSignals,
     sink: Arc<dyn GuestSink>,
 ) -> Result<(Store<AttemptState>, Arc<Capture>), AttemptError> {
+    let children = match (&env.children, plugin) {
+        (Some(handle), Some(plugin)) => Some(ChildAccess {
+            backend: Arc::clone(&handle.0),
+            parent: Parent {
+                task: facts.task_id,
+                name: facts.name.clone(),
+                plugin,
+                sandbox: Arc::clone(sandbox),
+            },
+        }),
+        _ => None,
+    };
     let capture = Capture::new(sink);
     let wasi = sandbox
         .wasi_ctx(
@@ -365,6 +397,7 @@ pub(crate) fn new_store(
             cancel: signals.cancel.clone(),
             capture: Arc::clone(&capture),
             woke: false,
+            children,
         },
         http,
         http_hooks: HttpHooks::new(
@@ -665,7 +698,68 @@ pub(crate) fn error_chain(err: &wasmtime::Error) -> String {
     parts.join(": ")
 }
 
+/// Runs `wait` and says whether it really waited (was pending once): only
+/// a host call that waited counts as a wake-up, while one that returns at
+/// once leaves the guest's next epoch check to yield as usual.
+async fn noting_wait<T>(wait: impl Future<Output = T>) -> (T, bool) {
+    let mut waited = false;
+    let mut wait = std::pin::pin!(wait);
+    let out = std::future::poll_fn(|cx| {
+        let poll = wait.as_mut().poll(cx);
+        waited |= poll.is_pending();
+        poll
+    })
+    .await;
+    (out, waited)
+}
+
 impl types::Host for HostCtx {}
+
+impl children::Host for HostCtx {
+    async fn spawn(&mut self, spec: children::ChildSpec) -> Result<u64, String> {
+        let Some(access) = &self.children else {
+            return Err(
+                "this runtime starts no child tasks (`host run` has no controller): \
+                        submit the parent to a daemon"
+                    .into(),
+            );
+        };
+        let spec = super::children::spec(spec)?;
+        let key = spec.key.clone();
+        let id = access.backend.spawn(&access.parent, spec).await?;
+        self.capture.log(
+            LogLevel::Info,
+            &format!(
+                "child task {id} (key `{key}`) of task {}",
+                access.parent.task
+            ),
+        );
+        Ok(id)
+    }
+
+    async fn wait(&mut self, id: u64) -> Result<children::ChildOutcome, children::WaitError> {
+        let Some(access) = &self.children else {
+            return Err(children::WaitError::UnknownChild);
+        };
+        let backend = Arc::clone(&access.backend);
+        let parent = access.parent.task;
+        let (result, waited) = noting_wait(async {
+            tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => Err(children::WaitError::Cancelled),
+                found = backend.wait(parent, id) => match found {
+                    Ok(outcome) => Ok(super::children::outcome(outcome)),
+                    Err(super::children::WaitError::UnknownChild) => {
+                        Err(children::WaitError::UnknownChild)
+                    }
+                },
+            }
+        })
+        .await;
+        self.woke = waited;
+        result
+    }
+}
 
 impl host::Host for HostCtx {
     fn is_cancelled(&mut self) -> wasmtime::Result<bool> {
@@ -674,25 +768,14 @@ impl host::Host for HostCtx {
 
     async fn sleep(&mut self, ms: u64) -> types::SleepStatus {
         let duration = std::time::Duration::from_millis(ms);
-        // Only a sleep that really waited counts as a wake-up: one that
-        // returns at once (zero, or already cancelled) leaves the guest's
-        // next epoch check to yield as usual.
-        let mut waited = false;
-        let status = {
-            let mut wait = std::pin::pin!(async {
-                tokio::select! {
-                    biased;
-                    () = self.cancel.cancelled() => types::SleepStatus::Cancelled,
-                    () = tokio::time::sleep(duration) => types::SleepStatus::Elapsed,
-                }
-            });
-            std::future::poll_fn(|cx| {
-                let poll = wait.as_mut().poll(cx);
-                waited |= poll.is_pending();
-                poll
-            })
-            .await
-        };
+        let (status, waited) = noting_wait(async {
+            tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => types::SleepStatus::Cancelled,
+                () = tokio::time::sleep(duration) => types::SleepStatus::Elapsed,
+            }
+        })
+        .await;
         self.woke = waited;
         status
     }

@@ -8,6 +8,8 @@ wasmtime::component::bindgen!({
     world: "task-plugin",
     imports: {
         "taskhost:plugin/host.sleep": async,
+        "taskhost:plugin/children.spawn": async,
+        "taskhost:plugin/children.wait": async,
         default: trappable,
     },
     exports: { default: async },
@@ -24,6 +26,7 @@ pub mod keyvalue {
 }
 
 /// The version of the WIT package this host implements.
-pub const WIT_VERSION: &str = "0.1.0";
-/// The WIT package (with version) that plugins must be built against.
-pub const WIT_PACKAGE: &str = "taskhost:plugin@0.1.0";
+pub const WIT_VERSION: &str = "0.1.1";
+/// The WIT package (with version) that plugins are built against (an
+/// earlier 0.1 is served too).
+pub const WIT_PACKAGE: &str = "taskhost:plugin@0.1.1";

@@ -74,6 +74,7 @@ pub struct RuntimeConfig {
     pub(crate) secrets: super::Secrets,
     pub(crate) config: Vec<(String, String)>,
     pub(crate) kv: Option<super::attempt::KvHandle>,
+    pub(crate) children: Option<super::attempt::ChildHandle>,
 }
 
 /// A compile that has taken longer than [`SLOW_COMPILE`] so far, as told to
@@ -193,6 +194,14 @@ impl RuntimeConfig {
         self
     }
 
+    /// Where guests' child tasks are submitted and waited for
+    /// (`taskhost:plugin/children`) [default: none, so a spawn fails saying
+    /// there is no controller here].
+    pub fn child_tasks(mut self, backend: Arc<dyn super::children::ChildTasks>) -> Self {
+        self.children = Some(super::attempt::ChildHandle(backend));
+        self
+    }
+
     /// Instance slots of the pooling allocator, an upper bound on instances
     /// alive at once when pooling [default: 1000].
     pub fn pool_instances(mut self, n: u32) -> Self {
@@ -217,6 +226,7 @@ impl Default for RuntimeConfig {
             ),
             config: Vec::new(),
             kv: None,
+            children: None,
         }
     }
 }

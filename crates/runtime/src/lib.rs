@@ -17,6 +17,7 @@
 //! | `attempt` | one fresh instance: limits, epoch callback, host functions, error mapping |
 //! | `limits` | the per-attempt caps on handles, open files, HTTP requests, header bytes |
 //! | `sandbox` | grants: dirs, env, http, memory; capability checks; WASI context |
+//! | `children` | child tasks: what a guest's spawn asks, its parent's grants as the ceiling, the cancellable wait |
 //! | `kv` | `wasi:keyvalue`: which bucket a guest may open, limits, [`MemoryKv`](kv::MemoryKv) with its journal |
 //! | `secrets` | secrets by name: [`SecretRef`], the [`Secrets`] source, resolved at attempt start |
 //! | `http` | outbound HTTP: `--allow-http` grants, ceilings, the checks of every request and address |
@@ -32,6 +33,7 @@
 mod artifacts;
 mod attempt;
 mod bindings;
+pub mod children;
 pub mod contract;
 mod engine;
 mod file_digests;
@@ -230,6 +232,7 @@ impl Runtime {
                 secrets: Arc::new(config.secrets.clone()),
                 config: Arc::new(config.config.clone()),
                 kv: config.kv.clone(),
+                children: config.children.clone(),
             },
         })
     }
@@ -536,6 +539,7 @@ impl Runtime {
             &self.engine,
             &self.env,
             &request.sandbox,
+            Some(plugin.digest()),
             Arc::clone(&request.facts),
             signals,
             Arc::clone(&request.sink),

@@ -283,7 +283,12 @@ const WASI_KEYVALUE: &[&str] = &["store", "atomics", "batch"];
 const WASI_KEYVALUE_VERSION: &str = "0.2.0-draft";
 
 /// The interfaces of our own package a plugin may import.
-const OUR_INTERFACES: &[&str] = &["host", "types"];
+const OUR_INTERFACES: &[&str] = &["host", "types", "children"];
+
+/// The versions of our package this host serves: its own and the earlier
+/// ones of 0.1 (0.1.1 only added `children`; the linker matches a 0.1.0
+/// import to the 0.1.1 definition).
+const SERVED_VERSIONS: &[&str] = &["0.1.0", WIT_VERSION];
 
 /// The names of a component's own imports (but not of imported types) and
 /// exports (not those of the modules and components nested in it), read
@@ -379,7 +384,7 @@ pub(crate) fn check_world(origin: &str, bytes: &[u8]) -> Result<(), LoadError> {
     for import in &imports {
         let (path, version) = import.split_once('@').unwrap_or((import, ""));
         if let Some(interface) = path.strip_prefix("taskhost:plugin/") {
-            if version != WIT_VERSION {
+            if !SERVED_VERSIONS.contains(&version) {
                 return Err(wrong_world(format!(
                     "it imports `{import}` but this host provides {WIT_PACKAGE}; rebuild the \
                      plugin against {WIT_PACKAGE}: the wit/ directory of this host's release \
@@ -524,7 +529,8 @@ pub(crate) async fn describe(
     let (mut store, capture) = attempt::new_store(
         engine,
         env,
-        &sandbox,
+        &Arc::new(sandbox),
+        None,
         Arc::new(AttemptFacts::default()),
         &signals,
         Arc::new(NullSink),

@@ -1743,3 +1743,45 @@ fn a_delayed_task_outlives_its_node_and_runs_once_after_its_time() {
     assert_eq!(code, Some(3), "{json}");
     assert_eq!(json["rejection"], "RemovedFromQueue", "{json}");
 }
+
+/// Child tasks go through the database like any submission: a parent on
+/// one node fans out to children that any node may run, and sums them.
+/// Key-value state is one host's in this release: a cluster node's guest
+/// is told so, and so is `host kv`.
+#[test]
+fn children_fan_out_across_nodes_and_buckets_say_they_are_one_hosts() {
+    let pg = Postgres::start();
+    let n1 = steady_node(&pg, "n1", &[]);
+    let _n2 = steady_node(&pg, "n2", &[]);
+    let out = n1.run(&[
+        "submit",
+        &p("fanout"),
+        "--param",
+        "n=10",
+        "--wait",
+        "--json",
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let output: serde_json::Value =
+        serde_json::from_str(report["output"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        (output["sum"].as_u64(), output["failed"].as_u64()),
+        (Some(285), Some(0)),
+        "{output}"
+    );
+
+    let out = n1.run(&["submit", &p("counter"), "--wait", "--json"]);
+    let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(report["outcome"], "failed", "{report}");
+    assert!(
+        report["reason"]
+            .as_str()
+            .unwrap()
+            .contains("a cluster node has none"),
+        "{report}"
+    );
+    let out = n1.run(&["kv", "ls"]);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(out.stderr.contains("a cluster node has none"), "{out:?}");
+}

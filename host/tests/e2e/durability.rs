@@ -243,6 +243,7 @@ fn a_store_from_an_older_version_is_migrated_and_its_work_resumed() {
     conn.execute_batch(
         "DROP TABLE idempotency; \
          DROP TABLE schedules; \
+         DROP TABLE kv; \
          ALTER TABLE tasks DROP COLUMN resume_at_ms; \
          ALTER TABLE tasks DROP COLUMN failures; \
          PRAGMA user_version = 1;",
@@ -262,7 +263,7 @@ fn a_store_from_an_older_version_is_migrated_and_its_work_resumed() {
         .unwrap()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 4, "every migration is applied");
+    assert_eq!(version, 5, "every migration is applied");
 }
 
 #[test]

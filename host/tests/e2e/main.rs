@@ -44,6 +44,7 @@ mod wire;
 
 mod artifacts;
 mod bad_plugins;
+mod children;
 mod cli_run;
 mod cluster;
 mod crashes;

@@ -108,10 +108,12 @@ mod tests {
     fn every_plugin_is_a_component() {
         let expected = [
             "chatty",
+            "counter",
             "deploy",
             "describe-huge",
             "describe-spin",
             "describe-trap",
+            "fanout",
             "flaky",
             "hello",
             "hog",
@@ -150,7 +152,7 @@ mod tests {
 
     #[test]
     #[should_panic(
-        expected = "no plugin called `nope`; the plugins are: chatty, deploy, describe-huge"
+        expected = "no plugin called `nope`; the plugins are: chatty, counter, deploy, describe-huge"
     )]
     fn path_panics_for_unknown_names() {
         path("nope");

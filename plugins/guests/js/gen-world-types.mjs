@@ -26,12 +26,13 @@ try {
   const parts = [
     'interfaces/taskhost-plugin-types.d.ts',
     'interfaces/taskhost-plugin-host.d.ts',
+    'interfaces/taskhost-plugin-children.d.ts',
     'task-plugin.d.ts',
   ];
   let text =
-    '// The taskhost:plugin@0.1.0 world (wit/task-plugin.wit) as seen from a componentize-js guest.\n' +
+    '// The taskhost:plugin@0.1.1 world (wit/task-plugin.wit) as seen from a componentize-js guest.\n' +
     `// Generated with: jco guest-types wit -n task-plugin (@bytecodealliance/jco ${jcoVersion}), files concatenated.\n` +
-    "// Regenerate when the WIT changes (npm run types). Imports: import { sleep } from 'taskhost:plugin/host@0.1.0';\n\n";
+    "// Regenerate when the WIT changes (npm run types). Imports: import { sleep } from 'taskhost:plugin/host@0.1.1';\n\n";
   for (const p of parts) {
     const body = await readFile(join(tmp, p), 'utf8');
     text += body

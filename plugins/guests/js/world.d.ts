@@ -1,8 +1,8 @@
-// The taskhost:plugin@0.1.0 world (wit/task-plugin.wit) as seen from a componentize-js guest.
+// The taskhost:plugin@0.1.1 world (wit/task-plugin.wit) as seen from a componentize-js guest.
 // Generated with: jco guest-types wit -n task-plugin (@bytecodealliance/jco 1.35.0), files concatenated.
-// Regenerate when the WIT changes (npm run types). Imports: import { sleep } from 'taskhost:plugin/host@0.1.0';
+// Regenerate when the WIT changes (npm run types). Imports: import { sleep } from 'taskhost:plugin/host@0.1.1';
 
-declare module 'taskhost:plugin/types@0.1.0' {
+declare module 'taskhost:plugin/types@0.1.1' {
   /**
    * Severity of a log line sent with `host.log`.
    * # Variants
@@ -64,8 +64,10 @@ declare module 'taskhost:plugin/types@0.1.0' {
     val: string,
   }
   /**
-   * Outbound network access. This version of the host never grants it,
-   * so a plugin that declares it cannot be submitted.
+   * Outbound HTTP through `wasi:http/outgoing-handler`, granted per host
+   * with `--allow-http HOST[:PORT]` (`http://HOST[:PORT]` for plain
+   * http); a submission without any `--allow-http` is refused. Every
+   * request is checked against the grant; nothing else is reachable.
    */
   export interface CapabilityNetwork {
     tag: 'network',
@@ -199,7 +201,7 @@ declare module 'taskhost:plugin/types@0.1.0' {
   export type SleepStatus = 'elapsed' | 'cancelled';
 }
 
-declare module 'taskhost:plugin/host@0.1.0' {
+declare module 'taskhost:plugin/host@0.1.1' {
   /**
    * True once the host has asked this attempt to stop (cancel, remove,
    * replace, shutdown). A plugin should then return `canceled` soon; if it
@@ -226,16 +228,109 @@ declare module 'taskhost:plugin/host@0.1.0' {
    * The facts of the current attempt, including its params.
    */
   export function attempt(): AttemptInfo;
-  export type Level = import('taskhost:plugin/types@0.1.0').Level;
-  export type AttemptInfo = import('taskhost:plugin/types@0.1.0').AttemptInfo;
-  export type SleepStatus = import('taskhost:plugin/types@0.1.0').SleepStatus;
+  export type Level = import('taskhost:plugin/types@0.1.1').Level;
+  export type AttemptInfo = import('taskhost:plugin/types@0.1.1').AttemptInfo;
+  export type SleepStatus = import('taskhost:plugin/types@0.1.1').SleepStatus;
 }
 
-declare module 'taskhost:plugin/task-plugin@0.1.0' {
-  export type PluginInfo = import('taskhost:plugin/types@0.1.0').PluginInfo;
-  export type TaskError = import('taskhost:plugin/types@0.1.0').TaskError;
-  export type * as TaskhostPluginHost010 from 'taskhost:plugin/host@0.1.0'; // import taskhost:plugin/host@0.1.0
-  export type * as TaskhostPluginTypes010 from 'taskhost:plugin/types@0.1.0'; // import taskhost:plugin/types@0.1.0
+declare module 'taskhost:plugin/children@0.1.1' {
+  /**
+   * Starts a child (or finds the one its key started); returns its task
+   * id, or why it cannot.
+   */
+  export function spawn(spec: ChildSpec): bigint;
+  /**
+   * Waits for a child's outcome; returns at once with `cancelled` when
+   * this task is asked to stop.
+   */
+  export function wait(id: bigint): ChildOutcome;
+  /**
+   * A child to start.
+   */
+  export interface ChildSpec {
+    /**
+     * The child's key among its parent's children (letters, digits,
+     * `-`, `_`, `.`; at most 128 bytes). A later attempt of the parent
+     * (a retry, or after the daemon crashed) that spawns the same key
+     * with the same spec gets the child the key first started, not a
+     * new one.
+     */
+    key: string,
+    /**
+     * The plugin, by the digest (sha256, hex) of one the daemon stores;
+     * none: the parent's own plugin.
+     */
+    plugin?: string,
+    /**
+     * The child's name [default: `<parent name>.<key>`].
+     */
+    name?: string,
+    /**
+     * The child's slot [default: its plugin's resource, else its name].
+     */
+    slot?: string,
+    /**
+     * Params, in order.
+     */
+    params: Array<[string, string]>,
+    /**
+     * Input bytes.
+     */
+    input: Uint8Array,
+  }
+  /**
+   * How a child ended.
+   * # Variants
+   * 
+   * ## `"completed"`
+   * 
+   * ## `"failed"`
+   * 
+   * ## `"fatal"`
+   * 
+   * ## `"canceled"`
+   * 
+   * ## `"force-aborted"`
+   * 
+   * ## `"rejected"`
+   * 
+   * ## `"panicked"`
+   */
+  export type ChildStatus = 'completed' | 'failed' | 'fatal' | 'canceled' | 'force-aborted' | 'rejected' | 'panicked';
+  /**
+   * A child's outcome.
+   */
+  export interface ChildOutcome {
+    status: ChildStatus,
+    /**
+     * Its output when it completed (else empty).
+     */
+    output: Uint8Array,
+    /**
+     * Why it did not complete (else empty).
+     */
+    reason: string,
+  }
+  /**
+   * Why a wait gave no outcome.
+   * # Variants
+   * 
+   * ## `"cancelled"`
+   * 
+   * This task was asked to stop while it waited.
+   * ## `"unknown-child"`
+   * 
+   * The id is not a child this task started.
+   */
+  export type WaitError = 'cancelled' | 'unknown-child';
+}
+
+declare module 'taskhost:plugin/task-plugin@0.1.1' {
+  export type PluginInfo = import('taskhost:plugin/types@0.1.1').PluginInfo;
+  export type TaskError = import('taskhost:plugin/types@0.1.1').TaskError;
+  export type * as TaskhostPluginChildren011 from 'taskhost:plugin/children@0.1.1'; // import taskhost:plugin/children@0.1.1
+  export type * as TaskhostPluginHost011 from 'taskhost:plugin/host@0.1.1'; // import taskhost:plugin/host@0.1.1
+  export type * as TaskhostPluginTypes011 from 'taskhost:plugin/types@0.1.1'; // import taskhost:plugin/types@0.1.1
   /**
   * Says what the plugin is, what it acts on and what it needs.
   */

@@ -94,7 +94,11 @@ pub(crate) async fn handle(
                 Err((kind, message)) => return reply.error(kind, message).await,
             };
             match backend.request_of(&found).await {
-                Ok(request) => submit(&backend, request, reply, session).await,
+                Ok(mut request) => {
+                    // A rerun is the user's task, not the parent's child.
+                    request.parent = None;
+                    submit(&backend, request, reply, session).await
+                }
                 Err((kind, message)) => reply.error(kind, message).await,
             }
         }

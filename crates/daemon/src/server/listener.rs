@@ -82,6 +82,7 @@ pub async fn serve(
         StoreSpec::Postgres(_) => Arc::new(crate::service::kv::ClusterKv),
         _ => Arc::clone(&kv) as _,
     };
+    let children = crate::service::children::Children::default();
     let secrets =
         taskhost_runtime::Secrets::for_daemon(config.secrets_dir.as_deref(), &config.secret_env)
             .map_err(|e| fail(e.to_string()))?;
@@ -105,6 +106,7 @@ pub async fn serve(
             .secrets(secrets)
             .config(config.config_vars.clone())
             .key_value(kv_backend)
+            .child_tasks(Arc::new(children.clone()))
             // Running tasks first: a compile takes the cores they leave.
             .compile_nice(Some(COMPILE_NICE)),
     )
@@ -230,6 +232,7 @@ pub async fn serve(
         stop,
         closed: watch::channel(false).0,
     });
+    children.attach(&daemon);
     // Before recovery, so the metrics count the recovered work too.
     let http_server = http_bound.map(|bound| http::start(bound, &daemon));
     if let Some(store) = daemon.local_store()

@@ -631,6 +631,11 @@ fn local_rows(daemon: &Daemon, store: &Store, all: bool) -> Vec<TaskRow> {
             .and_then(|r| r.request.as_ref())
             .and_then(|r| r.schedule.clone())
     };
+    let parent_of = |record: Option<&TaskRecord>| {
+        record
+            .and_then(|r| r.request.as_ref())
+            .and_then(|r| r.parent)
+    };
     let mut rows: Vec<TaskRow> = supervisor
         .list()
         .into_iter()
@@ -649,6 +654,7 @@ fn local_rows(daemon: &Daemon, store: &Store, all: bool) -> Vec<TaskRow> {
                 node: None,
                 due_ms: None,
                 schedule: schedule_of(record.as_ref()),
+                parent: parent_of(record.as_ref()),
             }
         })
         .collect();
@@ -679,6 +685,7 @@ fn local_rows(daemon: &Daemon, store: &Store, all: bool) -> Vec<TaskRow> {
                 }
             }),
             schedule: schedule_of(record.as_ref()),
+            parent: parent_of(record.as_ref()),
         }
     }));
     if all {
@@ -704,6 +711,7 @@ fn local_rows(daemon: &Daemon, store: &Store, all: bool) -> Vec<TaskRow> {
                         node: None,
                         due_ms: None,
                         schedule: r.request.as_ref().and_then(|q| q.schedule.clone()),
+                        parent: r.request.as_ref().and_then(|q| q.parent),
                     })
                 }),
         );
@@ -729,6 +737,7 @@ fn local_rows(daemon: &Daemon, store: &Store, all: bool) -> Vec<TaskRow> {
                     node: None,
                     due_ms: None,
                     schedule: None,
+                    parent: None,
                 }),
         );
     }

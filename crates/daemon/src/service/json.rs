@@ -96,6 +96,9 @@ pub fn task_row(t: &TaskRow) -> Value {
     if let Some(schedule) = &t.schedule {
         row["schedule"] = json!(schedule);
     }
+    if let Some(parent) = t.parent {
+        row["parent"] = json!(parent);
+    }
     row
 }
 

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | `backend` | the one seam to where work is kept: one host's store and controller, or a cluster's database |
 //! | `submissions` | a submit request into a controller submission |
+//! | `children` | child tasks: a guest's spawn as a submission with its parent's grants and key, the wait, the cascade of a cancel |
 //! | `keys` | idempotency keys: which task a key made, checked at intake |
 //! | `plugins` | plugins stored by digest under the state directory |
 //! | `uploads` | plugin uploads in chunks |
@@ -17,6 +18,7 @@
 //! | `json` | the JSON forms shared by the CLI's `--json` and the HTTP API |
 
 pub(crate) mod backend;
+pub(crate) mod children;
 pub(crate) mod history;
 pub mod json;
 pub(crate) mod keys;

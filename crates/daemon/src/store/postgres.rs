@@ -1442,6 +1442,7 @@ impl Pg {
                     .then(|| r.get::<_, Option<i64>>(9).map(|v| v.max(0) as u64))
                     .flatten(),
                 schedule: r.get(10),
+                parent: None,
             }
         })
         .collect();
@@ -1473,6 +1474,7 @@ impl Pg {
                     node: None,
                     due_ms: None,
                     schedule: r.get(7),
+                    parent: None,
                 }
             }));
             rows.sort_by_key(|r| r.id);

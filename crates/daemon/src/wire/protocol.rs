@@ -23,7 +23,7 @@ use taskhost_core::supervisor::{
 use taskhost_runtime::{Digest, DirGrant, HttpAllow, SecretRef};
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 11;
+pub const PROTOCOL_VERSION: u32 = 12;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).
@@ -127,6 +127,9 @@ pub struct SubmitRequest {
     /// Shared `wasi:keyvalue` buckets the guest may open besides its
     /// slot's (`--kv`); each must be in the daemon's `allow_kv`.
     pub kv: Vec<String>,
+    /// The task that spawned this one (`taskhost:plugin/children`): set
+    /// by the daemon, never by a client.
+    pub parent: Option<u64>,
 }
 
 /// When a delayed submission may enter its slot.
@@ -151,8 +154,8 @@ impl NotBefore {
 
 /// Fields added to [`SubmitRequest`] since protocol 4 (`allow_http`,
 /// `idempotency_key`, `not_before`, `priority`, `schedule`, `secrets`,
-/// `config`, `kv`).
-const ADDED_FIELDS: usize = 8;
+/// `config`, `kv`, `parent`).
+const ADDED_FIELDS: usize = 9;
 
 /// The longest idempotency key taken, in bytes.
 pub const MAX_IDEMPOTENCY_KEY: usize = 256;
@@ -165,7 +168,7 @@ impl SubmitRequest {
     /// older daemon meant (no `allow_http` for protocols 4 and 5, no
     /// idempotency key before 7, no delay, priority or schedule before 8, no
     /// secrets before 9, no config values before 10, no shared buckets
-    /// before 11).
+    /// before 11, no parent before 12).
     pub fn decode_stored(bytes: &[u8]) -> Result<Self, postcard::Error> {
         decode_padded(bytes)
     }
@@ -194,6 +197,7 @@ impl SubmitRequest {
             secrets: Vec::new(),
             config: Vec::new(),
             kv: Vec::new(),
+            parent: None,
         }
     }
 
@@ -459,9 +463,17 @@ impl Request {
                                 own (`host schedule add`)"
                         .into());
                 }
+                if submit.parent.is_some() {
+                    return Err("a submission cannot name a parent: a task's children are \
+                                spawned by its plugin (taskhost:plugin/children)"
+                        .into());
+                }
                 check_submit(submit)
             }
             Request::Schedule(ScheduleVerb::Add(spec)) => {
+                if spec.request.parent.is_some() {
+                    return Err("a schedule's firings have no parent".into());
+                }
                 if spec.request.schedule.is_some() || spec.request.name.is_some() {
                     return Err(
                         "a schedule's firings are named `<schedule>-<id>`: it takes \
@@ -599,6 +611,8 @@ pub struct TaskRow {
     pub due_ms: Option<u64>,
     /// The schedule that fired it.
     pub schedule: Option<String>,
+    /// The task that spawned it.
+    pub parent: Option<u64>,
 }
 
 /// Puts outputs sent in [`Reply::OutputPart`]s back into the report that

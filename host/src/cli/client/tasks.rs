@@ -119,6 +119,7 @@ pub async fn ps(args: PsArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8
     }
     let clustered = tasks.iter().any(|t| t.node.is_some());
     let due = tasks.iter().any(|t| t.due_ms.is_some());
+    let children = tasks.iter().any(|t| t.parent.is_some());
     let rows: Vec<Vec<String>> = tasks
         .iter()
         .map(|t| {
@@ -146,6 +147,9 @@ pub async fn ps(args: PsArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8
             if clustered {
                 row.push(t.node.clone().unwrap_or_else(|| "-".into()));
             }
+            if children {
+                row.push(t.parent.map_or_else(|| "-".into(), |p| p.to_string()));
+            }
             row
         })
         .collect();
@@ -157,6 +161,9 @@ pub async fn ps(args: PsArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8
     }
     if clustered {
         header.push("NODE");
+    }
+    if children {
+        header.push("PARENT");
     }
     print_table(&header, &rows);
     Ok(0)

@@ -1,0 +1,196 @@
+//! Owns child tasks as the daemon serves them (`taskhost:plugin/children`):
+//! a spawn is a submission through the backend like any other, with the
+//! parent's grants (never more), named after it, and an idempotency key
+//! made of the parent's id and the child's key, so that a parent retried
+//! after a crash finds the children it started instead of starting them
+//! again; a wait is the child's outcome, for its parent only; a parent that
+//! ends canceled or force-aborted has its unfinished children stopped.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+
+use taskhost_core::outcome::TaskOutcome;
+use taskhost_core::supervisor::{TaskId, TaskRef};
+use taskhost_runtime::children::{
+    ChildFuture, ChildOutcome, ChildSpec, ChildStatus, ChildTasks, Parent, WaitError,
+};
+
+use crate::service::backend::Backend;
+use crate::service::submissions::Accepted;
+use crate::state::Daemon;
+use crate::wire::protocol::SubmitRequest;
+
+/// The children of each parent this run of the daemon saw spawn; cheap to
+/// clone.
+#[derive(Default, Clone)]
+pub(crate) struct Children(Arc<Inner>);
+
+#[derive(Default)]
+pub(crate) struct Inner {
+    daemon: OnceLock<Weak<Daemon>>,
+    of: Mutex<HashMap<u64, HashSet<u64>>>,
+}
+
+impl std::ops::Deref for Children {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+impl Inner {
+    /// Lets spawns reach the daemon (set once it exists; a spawn before
+    /// that fails).
+    pub(crate) fn attach(&self, daemon: &Arc<Daemon>) {
+        let _ = self.daemon.set(Arc::downgrade(daemon));
+    }
+
+    fn links(&self) -> std::sync::MutexGuard<'_, HashMap<u64, HashSet<u64>>> {
+        self.of.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The request of a child of `parent`: its grants, its key.
+fn request(parent: &Parent, spec: ChildSpec) -> SubmitRequest {
+    let grants = &parent.sandbox;
+    let mut request = SubmitRequest::new(spec.plugin.unwrap_or(parent.plugin));
+    request.name = Some(
+        spec.name
+            .unwrap_or_else(|| format!("{}.{}", parent.name, spec.key)),
+    );
+    request.slot = spec.slot;
+    request.params = spec.params;
+    request.input = spec.input;
+    request.max_memory = Some(grants.max_memory);
+    request.dirs = grants.dirs.clone();
+    request.env = grants.env.clone();
+    request.secrets = grants.secrets.clone();
+    request.config = grants.config.clone();
+    request.kv = grants.kv.clone();
+    request.allow_http = grants.http.clone();
+    request.idempotency_key = Some(format!("child:{}:{}", parent.task, spec.key));
+    request.parent = Some(parent.task);
+    request
+}
+
+fn status(outcome: &TaskOutcome) -> ChildOutcome {
+    let (status, output, reason) = match outcome {
+        TaskOutcome::Completed { output } => {
+            (ChildStatus::Completed, output.clone(), String::new())
+        }
+        TaskOutcome::Failed { reason, .. } => (ChildStatus::Failed, Vec::new(), reason.clone()),
+        TaskOutcome::Fatal { reason, .. } => (ChildStatus::Fatal, Vec::new(), reason.clone()),
+        TaskOutcome::Canceled => (ChildStatus::Canceled, Vec::new(), "canceled".into()),
+        TaskOutcome::ForceAborted => (
+            ChildStatus::ForceAborted,
+            Vec::new(),
+            "force-aborted".into(),
+        ),
+        TaskOutcome::Rejected { reason, .. } => (ChildStatus::Rejected, Vec::new(), reason.clone()),
+        TaskOutcome::Panicked { reason } => (ChildStatus::Panicked, Vec::new(), reason.clone()),
+    };
+    ChildOutcome {
+        status,
+        output,
+        reason,
+    }
+}
+
+impl ChildTasks for Children {
+    fn spawn(&self, parent: &Parent, spec: ChildSpec) -> ChildFuture<Result<u64, String>> {
+        let this = self.clone();
+        let parent_id = parent.task;
+        let request = request(parent, spec);
+        Box::pin(async move {
+            let daemon = this
+                .daemon
+                .get()
+                .and_then(Weak::upgrade)
+                .ok_or("the daemon is not taking work")?;
+            let backend = Backend::of(&daemon);
+            let submitted = match backend.submit(request).await.map_err(|(_, m)| m)? {
+                Accepted::Now(s) => s,
+                Accepted::Later(durable) | Accepted::Deciding(durable) => {
+                    durable.await.map_err(|(_, m)| m)?
+                }
+            };
+            let child = submitted.id.get();
+            let first = {
+                let mut links = this.links();
+                let first = !links.contains_key(&parent_id);
+                links.entry(parent_id).or_default().insert(child);
+                first
+            };
+            if first {
+                tokio::spawn(cascade(Arc::downgrade(&daemon), this, parent_id));
+            }
+            Ok(child)
+        })
+    }
+
+    fn wait(&self, parent: u64, child: u64) -> ChildFuture<Result<ChildOutcome, WaitError>> {
+        let this = self.clone();
+        Box::pin(async move {
+            let known = this
+                .links()
+                .get(&parent)
+                .is_some_and(|c| c.contains(&child));
+            if !known {
+                return Err(WaitError::UnknownChild);
+            }
+            let daemon = this
+                .daemon
+                .get()
+                .and_then(Weak::upgrade)
+                .ok_or(WaitError::UnknownChild)?;
+            let backend = Backend::of(&daemon);
+            let found = backend
+                .find(&TaskRef::Id(TaskId::from_u64(child)))
+                .await
+                .map_err(|_| WaitError::UnknownChild)?;
+            let outcome = backend.outcome(&found);
+            drop(daemon);
+            match outcome.await {
+                Ok(report) => Ok(status(&report.outcome)),
+                Err((_, reason)) => Ok(ChildOutcome {
+                    status: ChildStatus::Panicked,
+                    output: Vec::new(),
+                    reason,
+                }),
+            }
+        })
+    }
+}
+
+/// Waits for `parent`'s outcome; if it was canceled or force-aborted,
+/// stops each of its children that has not ended. Then forgets them.
+async fn cascade(daemon: Weak<Daemon>, children: Children, parent: u64) {
+    let outcome = {
+        let Some(daemon) = daemon.upgrade() else {
+            return;
+        };
+        let backend = Backend::of(&daemon);
+        match backend.find(&TaskRef::Id(TaskId::from_u64(parent))).await {
+            Ok(found) => backend.outcome(&found),
+            Err(_) => return,
+        }
+    };
+    let ended = outcome.await;
+    let kids = children.links().remove(&parent).unwrap_or_default();
+    let canceled = matches!(
+        ended.as_deref().map(|r| &r.outcome),
+        Ok(TaskOutcome::Canceled | TaskOutcome::ForceAborted)
+    );
+    if !canceled {
+        return;
+    }
+    let Some(daemon) = daemon.upgrade() else {
+        return;
+    };
+    let backend = Backend::of(&daemon);
+    for child in kids {
+        if let Ok(found) = backend.find(&TaskRef::Id(TaskId::from_u64(child))).await {
+            let _ = backend.stop(&found).await;
+        }
+    }
+}

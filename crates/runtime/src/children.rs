@@ -1,0 +1,160 @@
+//! Owns child tasks as a guest reaches them through `taskhost:plugin/children`
+//! (since 0.1.1): what a spawn asks for ([`ChildSpec`]), what its parent
+//! brings ([`Parent`]: its id, name, plugin and grants, the ceiling of every
+//! child), how an outcome comes back ([`ChildOutcome`]), and the host
+//! functions, whose wait returns at once when the parent is asked to stop.
+//! Submitting and waiting is the embedder's ([`ChildTasks`]): this module
+//! knows no controller.
+
+#![forbid(unsafe_code)]
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::bindings::taskhost::plugin::children;
+use crate::plugin::Digest;
+use crate::sandbox::Sandbox;
+
+/// The longest child key taken.
+pub const MAX_CHILD_KEY: usize = 128;
+
+/// A child a guest asks to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildSpec {
+    /// Its key among its parent's children.
+    pub key: String,
+    /// Its plugin (`None`: the parent's).
+    pub plugin: Option<Digest>,
+    /// Its name (`None`: `<parent>.<key>`).
+    pub name: Option<String>,
+    /// Its slot (`None`: its plugin's resource, else its name).
+    pub slot: Option<String>,
+    /// Its params.
+    pub params: Vec<(String, String)>,
+    /// Its input.
+    pub input: Vec<u8>,
+}
+
+/// The task whose attempt spawns: a child's grants are exactly these.
+#[derive(Debug, Clone)]
+pub struct Parent {
+    /// Its id.
+    pub task: u64,
+    /// Its name.
+    pub name: String,
+    /// Its plugin.
+    pub plugin: Digest,
+    /// Its grants.
+    pub sandbox: Arc<Sandbox>,
+}
+
+/// How a child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildStatus {
+    /// It completed.
+    Completed,
+    /// It failed (after its retries).
+    Failed,
+    /// It failed in a way retrying cannot fix.
+    Fatal,
+    /// It was canceled.
+    Canceled,
+    /// It was stopped by force.
+    ForceAborted,
+    /// It was never run.
+    Rejected,
+    /// The host lost it.
+    Panicked,
+}
+
+/// A child's outcome, as its parent reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildOutcome {
+    /// How it ended.
+    pub status: ChildStatus,
+    /// Its output when it completed.
+    pub output: Vec<u8>,
+    /// Why it did not complete.
+    pub reason: String,
+}
+
+/// Why a wait has no outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitError {
+    /// The id is not a child of this parent.
+    UnknownChild,
+}
+
+/// A future of [`ChildTasks`].
+pub type ChildFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Where children are submitted and waited for.
+pub trait ChildTasks: Send + Sync + 'static {
+    /// Starts a child of `parent` (or finds the one its key started) and
+    /// gives its id, or why not (for the guest).
+    fn spawn(&self, parent: &Parent, spec: ChildSpec) -> ChildFuture<Result<u64, String>>;
+    /// Waits for `child`'s outcome, if it is a child of `parent`.
+    fn wait(&self, parent: u64, child: u64) -> ChildFuture<Result<ChildOutcome, WaitError>>;
+}
+
+/// What one attempt's guest may do with children.
+#[derive(Clone)]
+pub(crate) struct ChildAccess {
+    pub(crate) backend: Arc<dyn ChildTasks>,
+    pub(crate) parent: Parent,
+}
+
+/// Checks a key: letters, digits, `-`, `_`, `.`, at most [`MAX_CHILD_KEY`].
+pub fn check_key(key: &str) -> Result<(), String> {
+    let fine = !key.is_empty()
+        && key.len() <= MAX_CHILD_KEY
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if fine {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid child key `{key}`: use up to {MAX_CHILD_KEY} letters, digits, `-`, `_` or `.`"
+        ))
+    }
+}
+
+/// Turns the guest's spec into ours, or says what is wrong.
+pub(crate) fn spec(spec: children::ChildSpec) -> Result<ChildSpec, String> {
+    check_key(&spec.key)?;
+    let plugin = spec
+        .plugin
+        .map(|p| {
+            p.parse::<Digest>()
+                .map_err(|e| format!("plugin `{p}` is not a plugin digest: {e}"))
+        })
+        .transpose()?;
+    Ok(ChildSpec {
+        key: spec.key,
+        plugin,
+        name: spec.name,
+        slot: spec.slot,
+        params: spec.params,
+        input: spec.input,
+    })
+}
+
+/// Our outcome as the guest's.
+pub(crate) fn outcome(outcome: ChildOutcome) -> children::ChildOutcome {
+    use children::ChildStatus as S;
+    children::ChildOutcome {
+        status: match outcome.status {
+            ChildStatus::Completed => S::Completed,
+            ChildStatus::Failed => S::Failed,
+            ChildStatus::Fatal => S::Fatal,
+            ChildStatus::Canceled => S::Canceled,
+            ChildStatus::ForceAborted => S::ForceAborted,
+            ChildStatus::Rejected => S::Rejected,
+            ChildStatus::Panicked => S::Panicked,
+        },
+        output: outcome.output,
+        reason: outcome.reason,
+    }
+}
