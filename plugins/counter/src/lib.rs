@@ -7,9 +7,11 @@
 //! bucket (granted with `--kv NAME`); `pad` (default 0): also store a value
 //! of this many bytes under `pad`, to reach a limit; `fail` (default none):
 //! fail after the writes, with this reason, to show that a failed attempt's
-//! writes stay.
+//! writes stay; `ticks` (default 0): then add one to `attempt-N` (N: this
+//! attempt's number) this many times, `tick_ms` (default 50) apart
+//! (cancellably), so a test can see which attempt wrote when.
 
-use taskhost_guest::{Context, PluginInfo, Task, TaskError, kv};
+use taskhost_guest::{Context, PluginInfo, SleepStatus, Task, TaskError, kv};
 
 struct Counter;
 
@@ -32,6 +34,15 @@ impl Task for Counter {
             Some(name) => Some(kv::Bucket::shared(name)?.increment("hits", 1)?),
             None => None,
         };
+        let ticks: u64 = ctx.param_parse_or("ticks", 0)?;
+        let tick_ms: u64 = ctx.param_parse_or("tick_ms", 50)?;
+        let mine = format!("attempt-{}", ctx.attempt());
+        for _ in 0..ticks {
+            state.increment(&mine, 1)?;
+            if ctx.sleep(std::time::Duration::from_millis(tick_ms)) == SleepStatus::Cancelled {
+                return Err(TaskError::canceled());
+            }
+        }
         if let Some(reason) = ctx.param("fail") {
             return Err(taskhost_guest::fail(reason));
         }

@@ -78,8 +78,12 @@ pub async fn serve(
         max_bucket_bytes: config.kv_max_bucket,
         max_total_bytes: config.kv_max_total,
     });
+    let cluster_kv = crate::service::kv::ClusterKv::new(taskhost_runtime::KvLimits {
+        max_bucket_bytes: config.kv_max_bucket,
+        max_total_bytes: config.kv_max_total,
+    });
     let kv_backend: Arc<dyn taskhost_runtime::KvBackend> = match spec {
-        StoreSpec::Postgres(_) => Arc::new(crate::service::kv::ClusterKv),
+        StoreSpec::Postgres(_) => Arc::new(cluster_kv.clone()),
         _ => Arc::clone(&kv) as _,
     };
     let children = crate::service::children::Children::default();
@@ -164,6 +168,7 @@ pub async fn serve(
             )
             .await
             .map_err(|e| fail(e.to_string()))?;
+            cluster_kv.attach(&cluster);
             (Storage::Shared(cluster), Vec::new())
         }
         local => {

@@ -90,12 +90,13 @@ impl Backend<'_> {
     ) -> Result<crate::service::kv::KvAnswer, (ErrorKind, String)> {
         match self {
             Self::Local(daemon, _) => crate::service::kv::answer(&daemon.kv, verb).await,
-            Self::Shared(..) => Err((
-                ErrorKind::Invalid,
-                "key-value state is kept by a single daemon (a SQLite or memory store); a \
-                 cluster node has none in this release"
-                    .into(),
-            )),
+            Self::Shared(daemon, cluster) => {
+                let limits = taskhost_runtime::KvLimits {
+                    max_bucket_bytes: daemon.config.kv_max_bucket,
+                    max_total_bytes: daemon.config.kv_max_total,
+                };
+                crate::service::kv::answer_shared(cluster, limits, verb).await
+            }
         }
     }
 }

@@ -13,7 +13,7 @@
 //! | `tasks` | what the daemon remembers of submissions (waiters, logs, names) |
 //! | `history` | recent events, bridged to the daemon's log |
 //! | `recovery` | rebuilding the controller from the store at start |
-//! | `kv` | one host's key-value state: buckets in memory, each write kept by the store first; `host kv` |
+//! | `kv` | guests' key-value state: one host's buckets in memory, each write kept by the store first; a cluster node's in the database under its attempts' fencing tokens; `host kv` |
 //! | `schedules` | one host's schedules: their table, the firing loop, the verbs |
 //! | `json` | the JSON forms shared by the CLI's `--json` and the HTTP API |
 

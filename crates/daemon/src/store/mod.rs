@@ -26,6 +26,7 @@
 //! | `pg_time` | that database's time: delayed submissions admitted when due, schedules fired once |
 
 mod pg_batch;
+pub(crate) mod pg_kv;
 pub(crate) mod pg_link;
 pub(crate) mod pg_time;
 pub(crate) mod postgres;

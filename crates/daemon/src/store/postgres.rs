@@ -39,6 +39,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0004_fillfactor.sql"),
     include_str!("../../migrations/postgres/0005_idempotency.sql"),
     include_str!("../../migrations/postgres/0006_time.sql"),
+    include_str!("../../migrations/postgres/0007_kv.sql"),
 ];
 
 /// Events kept in the database (each node prunes beyond it).
