@@ -15,9 +15,13 @@
 //!   that does not run it: from the cancel's send to the outcome's arrival;
 //! - takeover: a restartable `sleeper` running on a node that is killed
 //!   (SIGKILL); the time until its next attempt starts on the other node,
-//!   against the configured lease.
+//!   against the configured lease;
+//! - state: on two nodes, `counter` setting and getting a 64-byte value
+//!   500 times from its guest (each write a fenced transaction), and
+//!   `fanout` spawning 100 children one after another; p50 and p99 timed
+//!   in the guest, as the daemon bench's state scenario does.
 //!
-//! Run with `cargo bench -p taskhost --bench cluster [-- throughput|latency|takeover]`
+//! Run with `cargo bench -p taskhost --bench cluster [-- throughput|latency|takeover|state]`
 //! (`TASKHOST_BENCH_HOST=PATH` runs another build's `host` as the nodes)
 //! (the scenarios whose names contain an argument; all without one). With
 //! `TASKHOST_BENCH_PG_PROFILE=1` the throughput runs also print the
@@ -184,6 +188,41 @@ fn main() {
     if run("takeover") {
         takeover(&rt);
     }
+    if run("state") {
+        state(&rt);
+    }
+}
+
+/// Guests' key-value calls and child spawns on a cluster, timed in the
+/// guest.
+fn state(rt: &tokio::runtime::Runtime) {
+    let pg = postgres::Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let n1 = start_node(dir.path(), &pg, "n1");
+    let _n2 = start_node(dir.path(), &pg, "n2");
+    rt.block_on(async {
+        let client = Client::connect(&n1.socket).await.expect("connect n1");
+        for (what, plugin, key, value) in [
+            ("key-value", plugin_artifacts::COUNTER, "bench", "500"),
+            ("children", plugin_artifacts::FANOUT, "bench", "100"),
+        ] {
+            let bytes = std::fs::read(plugin).expect("the plugin");
+            let digest = client.ensure_plugin(&bytes).await.expect("upload");
+            let mut request = SubmitRequest::new(digest);
+            request.params = vec![(key.into(), value.into())];
+            let submitted = client.submit(request).await.expect("submit");
+            let report = client.wait(TaskRef::Id(submitted.id)).await.expect("wait");
+            match report.outcome {
+                taskhost::outcome::TaskOutcome::Completed { output } => {
+                    println!(
+                        "state: postgres: {what}: {}",
+                        String::from_utf8_lossy(&output)
+                    );
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+    });
 }
 
 /// Whether to profile the database's statements.

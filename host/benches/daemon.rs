@@ -40,6 +40,11 @@
 //! `TASKHOST_BENCH_ONLY_PARKED=1` only the parked one;
 //! `TASKHOST_BENCH_ONLY_GUESTS=1` only the guest attempts (the Python and
 //! JavaScript examples, one task after another, each attempt's own time);
+//! `TASKHOST_BENCH_ONLY_STATE=1` only the state scenario (on each store,
+//! `counter` setting and getting a 64-byte value 2,000 times from its
+//! guest, each call timed there; `fanout` spawning 300 children one after
+//! another, each answering the wall-clock time it started: p50 and p99 of
+//! the spawn call and of spawn → start);
 //! `TASKHOST_BENCH_ONLY_COMPILES=1` only the compile scenario
 //! (`TASKHOST_BENCH_LARGE=PATH` names another large component for it);
 //! `TASKHOST_BENCH_BASELINE_HOST=PATH` adds the memory and sqlite stores of
@@ -80,7 +85,7 @@ const RESTART_QUEUED: usize = 10_000;
 fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     // TASKHOST_BENCH_ONLY_…=1 runs one scenario alone.
-    let only = ["RESTART", "COMPILES", "PARKED", "REMOTE", "GUESTS"]
+    let only = ["RESTART", "COMPILES", "PARKED", "REMOTE", "GUESTS", "STATE"]
         .into_iter()
         .find(|s| std::env::var_os(format!("TASKHOST_BENCH_ONLY_{s}")).is_some());
     if let Some(scenario) = only {
@@ -93,6 +98,7 @@ fn main() {
             "COMPILES" => rt.block_on(compiles(dir.path())),
             "REMOTE" => rt.block_on(remote(dir.path())),
             "GUESTS" => rt.block_on(guest_attempts(dir.path())),
+            "STATE" => rt.block_on(state(dir.path())),
             _ => rt.block_on(parked(dir.path())),
         }
         return;
@@ -269,6 +275,7 @@ fn main() {
     rt.block_on(remote(dir.path()));
     rt.block_on(parked(dir.path()));
     rt.block_on(guest_attempts(dir.path()));
+    rt.block_on(state(dir.path()));
     rt.block_on(compiles(dir.path()));
 }
 
@@ -348,6 +355,71 @@ async fn guest_attempts_on(dir: &Path, store: &str, examples: &[PathBuf; 2]) {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Key-value calls and child spawns of the state scenario.
+const STATE_KV_CALLS: &str = "2000";
+const STATE_CHILDREN: &str = "300";
+
+/// Guests' state and children, timed from inside the guest, on each store.
+async fn state(dir: &Path) {
+    use taskhost::daemon::Client;
+    for store in STORES {
+        let host = Path::new(env!("CARGO_BIN_EXE_host"));
+        let socket = dir.join(format!("state-{store}.sock"));
+        let mut child = start_daemon(
+            host,
+            &socket,
+            &dir.join(format!("state-{store}-state")),
+            store,
+            &[],
+        );
+        let client = Client::connect(&socket).await.expect("connect");
+        for (what, plugin, param) in [
+            (
+                "key-value",
+                plugin_artifacts::COUNTER,
+                format!("bench={STATE_KV_CALLS}"),
+            ),
+            (
+                "children",
+                plugin_artifacts::FANOUT,
+                format!("bench={STATE_CHILDREN}"),
+            ),
+        ] {
+            let bytes = std::fs::read(plugin).expect("the plugin");
+            let digest = client.ensure_plugin(&bytes).await.expect("upload");
+            let mut submit = SubmitRequest::new(digest);
+            let (k, v) = param.split_once('=').unwrap();
+            submit.params = vec![(k.into(), v.into())];
+            let mut replies = client
+                .request(Request::Submit(Box::new(submit)))
+                .await
+                .unwrap();
+            let id = match replies.next().await {
+                Some(Reply::Submitted(Submitted { id, .. })) => id,
+                other => panic!("{what} was not admitted: {other:?}"),
+            };
+            let mut wait = client
+                .request(Request::Wait(TaskRef::Id(id)))
+                .await
+                .unwrap();
+            match wait.next().await {
+                Some(Reply::Report(r)) => match r.outcome {
+                    TaskOutcome::Completed { output } => {
+                        println!(
+                            "state: {store}: {what}: {}",
+                            String::from_utf8_lossy(&output)
+                        );
+                    }
+                    other => panic!("{what}: {other:?}"),
+                },
+                other => panic!("{what}: waiting got {other:?}"),
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
 
 /// Rounds of the remote scenario.

@@ -9,7 +9,10 @@
 //! fail after the writes, with this reason, to show that a failed attempt's
 //! writes stay; `ticks` (default 0): then add one to `attempt-N` (N: this
 //! attempt's number) this many times, `tick_ms` (default 50) apart
-//! (cancellably), so a test can see which attempt wrote when.
+//! (cancellably), so a test can see which attempt wrote when; `bench` (default
+//! 0): instead of all that, set and get a 64-byte value this many times,
+//! timing each call, and answer `{"set_p50_us":…,"set_p99_us":…,
+//! "get_p50_us":…,"get_p99_us":…}`.
 
 use taskhost_guest::{Context, PluginInfo, SleepStatus, Task, TaskError, kv};
 
@@ -23,6 +26,10 @@ impl Task for Counter {
 
     fn run(ctx: &Context, input: Vec<u8>) -> Result<Vec<u8>, TaskError> {
         let state = kv::Bucket::slot()?;
+        let bench: usize = ctx.param_parse_or("bench", 0)?;
+        if bench > 0 {
+            return Ok(timed(&state, bench)?.into_bytes());
+        }
         let runs = state.increment("runs", 1)?;
         let previous = state.get_string("last")?.unwrap_or_default();
         state.set("last", &input)?;
@@ -53,6 +60,35 @@ impl Task for Counter {
         json.push('}');
         Ok(json.into_bytes())
     }
+}
+
+/// `n` sets and gets of a 64-byte value (16 keys in turn), each timed.
+fn timed(state: &kv::Bucket, n: usize) -> Result<String, TaskError> {
+    let value = [b'v'; 64];
+    let (mut sets, mut gets) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        let key = format!("bench-{}", i % 16);
+        let start = std::time::Instant::now();
+        state.set(&key, value)?;
+        let set = start.elapsed();
+        let got = state.get(&key)?;
+        sets.push(set.as_secs_f64() * 1e6);
+        gets.push((start.elapsed() - set).as_secs_f64() * 1e6);
+        if got.as_deref() != Some(&value[..]) {
+            return Err(taskhost_guest::fatal("read back another value"));
+        }
+    }
+    let q = |v: &mut Vec<f64>, p: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() - 1) as f64 * p).round() as usize]
+    };
+    Ok(format!(
+        "{{\"set_p50_us\":{:.1},\"set_p99_us\":{:.1},\"get_p50_us\":{:.1},\"get_p99_us\":{:.1}}}",
+        q(&mut sets, 0.5),
+        q(&mut sets, 0.99),
+        q(&mut gets, 0.5),
+        q(&mut gets, 0.99)
+    ))
 }
 
 taskhost_guest::export_task!(Counter);
