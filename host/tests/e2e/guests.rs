@@ -110,7 +110,7 @@ fn build(lang: Lang) -> Result<PathBuf, String> {
         .join(lang.arg());
     let stamp_file = out.join("stamp");
     let want = stamp(lang);
-    let built = ["hello", "long"]
+    let built = ["hello", "long", "fanout"]
         .iter()
         .all(|e| out.join(format!("{}-{e}.wasm", lang.prefix())).is_file());
     if built && std::fs::read_to_string(&stamp_file).is_ok_and(|s| s == want) {
@@ -292,6 +292,21 @@ fn python_spinning_guest_is_stopped_by_force() {
 #[test]
 fn js_spinning_guest_is_stopped_by_force() {
     spinning_guest_is_stopped_by_force(Lang::Js);
+}
+
+/// Python and JavaScript parents start children through
+/// `taskhost:plugin/children` and sum their outputs.
+#[test]
+fn guests_start_child_tasks_through_a_daemon() {
+    let d = Daemon::start_sharing_cache(&[]);
+    for lang in [Lang::Python, Lang::Js] {
+        let out = d.run(&["submit", &guest(lang, "fanout"), "--param", "n=5", "--wait"]);
+        assert_eq!(out.code, Some(0), "{lang:?}: {out:?}");
+        let v: serde_json::Value =
+            serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{lang:?}: {e}: {out:?}"));
+        assert_eq!(v["sum"], 30, "{lang:?}: {v}");
+        assert_eq!(v["children"].as_array().unwrap().len(), 5, "{lang:?}: {v}");
+    }
 }
 
 /// Through a daemon whose plugin cache holds only one of these components
