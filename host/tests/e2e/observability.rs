@@ -1987,3 +1987,36 @@ fn sha256(bytes: &[u8]) -> [u8; 32] {
     use sha2::Digest as _;
     sha2::Sha256::digest(bytes).into()
 }
+
+/// A child task shows its parent in the dashboard's live tasks.
+#[test]
+fn the_dashboard_links_a_child_task_to_its_parent_in_chromium() {
+    let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);
+    let url = dashboard_url(&daemon);
+    let parent = daemon.submit(&[
+        &p("fanout"),
+        "--name",
+        "fan",
+        "--param",
+        "n=2",
+        "--param",
+        "ms=600000",
+    ]);
+    daemon.wait_until_state("fan.child-1", "running");
+    let browser = Chromium::launch();
+    let mut page = browser.page();
+    page.call("Page.enable", json!({}));
+    page.call("Runtime.enable", json!({}));
+    page.call("Page.navigate", json!({ "url": url }));
+    page.wait_event("Page.loadEventFired");
+    page.wait_for(
+        "the children's parent link",
+        &format!(
+            "Array.from(document.querySelectorAll('#tasks tr[data-task-id]')).filter((r) => \
+             r.innerText.includes('fan.child-') && r.innerText.includes('child of {parent}')).length === 2"
+        ),
+    );
+    // The cancel cascades to both children.
+    let out = daemon.run(&["cancel", &parent]);
+    assert!(out.stderr.contains("canceled"), "{out:?}");
+}
