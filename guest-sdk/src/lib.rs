@@ -107,6 +107,19 @@ pub use context::{Context, Level, SleepStatus};
 pub use error::{TaskError, canceled, fail, fatal};
 pub use info::{Capability, PluginInfo, Policy};
 
+/// The secret the submission gave as variable `var` (`--secret VAR` or
+/// `--env-secret VAR=NAME`), which the host looks up as each attempt
+/// starts. Not granted: a fatal error naming the flag, as retrying will not
+/// grant it. Keep it out of the output and the log: those are stored.
+pub fn secret(var: &str) -> Result<String, TaskError> {
+    std::env::var(var).map_err(|_| {
+        fatal(format!(
+            "secret `{var}` is not granted to this task: submit it with --secret {var} \
+             (or --env-secret {var}=NAME)"
+        ))
+    })
+}
+
 /// A task plugin: what it is ([`describe`](Task::describe)) and what it does
 /// ([`run`](Task::run)).
 ///
