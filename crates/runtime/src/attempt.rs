@@ -19,7 +19,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use super::bindings::{
     self, taskhost::plugin::children, taskhost::plugin::host, taskhost::plugin::types,
 };
-use super::children::{ChildAccess, ChildTasks, Parent};
+use super::children::{ChildAccess, ChildTasks};
 use super::http::{HttpHooks, OwnAddresses};
 use super::kv::{KvAccess, KvBackend};
 use super::limits::{GuestLimits, LimitHits};
@@ -351,12 +351,9 @@ pub(crate) fn new_store(
     let children = match (&env.children, plugin) {
         (Some(handle), Some(plugin)) => Some(ChildAccess {
             backend: Arc::clone(&handle.0),
-            parent: Parent {
-                task: facts.task_id,
-                name: facts.name.clone(),
-                plugin,
-                sandbox: Arc::clone(sandbox),
-            },
+            facts: Arc::clone(&facts),
+            plugin,
+            sandbox: Arc::clone(sandbox),
         }),
         _ => None,
     };
@@ -375,8 +372,8 @@ pub(crate) fn new_store(
     let kv = KvAccess {
         backend: env.kv.as_ref().map(|h| Arc::clone(&h.0)),
         task: facts.task_id,
-        slot: facts.slot.clone(),
-        shared: sandbox.kv.clone(),
+        facts: Arc::clone(&facts),
+        sandbox: Arc::clone(sandbox),
         capture: Arc::clone(&capture),
     };
     let mut table = ResourceTable::new();
@@ -726,13 +723,11 @@ impl children::Host for HostCtx {
         };
         let spec = super::children::spec(spec)?;
         let key = spec.key.clone();
-        let id = access.backend.spawn(&access.parent, spec).await?;
+        let parent = access.parent();
+        let id = access.backend.spawn(&parent, spec).await?;
         self.capture.log(
             LogLevel::Info,
-            &format!(
-                "child task {id} (key `{key}`) of task {}",
-                access.parent.task
-            ),
+            &format!("child task {id} (key `{key}`) of task {}", parent.task),
         );
         Ok(id)
     }
@@ -742,7 +737,7 @@ impl children::Host for HostCtx {
             return Err(children::WaitError::UnknownChild);
         };
         let backend = Arc::clone(&access.backend);
-        let parent = access.parent.task;
+        let parent = access.facts.task_id;
         let (result, waited) = noting_wait(async {
             tokio::select! {
                 biased;

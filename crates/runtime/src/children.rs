@@ -98,11 +98,26 @@ pub trait ChildTasks: Send + Sync + 'static {
     fn wait(&self, parent: u64, child: u64) -> ChildFuture<Result<ChildOutcome, WaitError>>;
 }
 
-/// What one attempt's guest may do with children.
+/// What one attempt's guest may do with children: shares the attempt's
+/// facts and grants; the [`Parent`] is made at a spawn.
 #[derive(Clone)]
 pub(crate) struct ChildAccess {
     pub(crate) backend: Arc<dyn ChildTasks>,
-    pub(crate) parent: Parent,
+    pub(crate) facts: Arc<crate::AttemptFacts>,
+    pub(crate) plugin: Digest,
+    pub(crate) sandbox: Arc<Sandbox>,
+}
+
+impl ChildAccess {
+    /// The spawning task, as its children's ceiling.
+    pub(crate) fn parent(&self) -> Parent {
+        Parent {
+            task: self.facts.task_id,
+            name: self.facts.name.clone(),
+            plugin: self.plugin,
+            sandbox: Arc::clone(&self.sandbox),
+        }
+    }
 }
 
 /// Checks a key: letters, digits, `-`, `_`, `.`, at most [`MAX_CHILD_KEY`].

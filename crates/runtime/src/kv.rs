@@ -138,6 +138,31 @@ impl Default for KvLimits {
     }
 }
 
+/// What `increment` makes of `key`'s value `current` (decimal text; none
+/// is 0): the new value and its number, or why it cannot. Every store
+/// increments by this rule.
+pub fn incremented(
+    key: &str,
+    current: Option<&[u8]>,
+    delta: u64,
+) -> Result<(Vec<u8>, u64), KvError> {
+    let now = match current {
+        None => 0,
+        Some(bytes) => std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|t| t.parse::<u64>().ok())
+            .ok_or_else(|| {
+                KvError(format!(
+                    "cannot increment `{key}`: its value is not a number in decimal"
+                ))
+            })?,
+    };
+    let sum = now
+        .checked_add(delta)
+        .ok_or_else(|| KvError(format!("incrementing `{key}` overflows a u64")))?;
+    Ok((sum.to_string().into_bytes(), sum))
+}
+
 /// A write as a journal records it: the key's new value, or `None` for a
 /// removal.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -295,21 +320,8 @@ impl MemoryKv {
             KvWrite::Delete(_) => (None, None),
             KvWrite::Set(_, value) => (Some(value), None),
             KvWrite::Increment(_, delta) => {
-                let now = match &current {
-                    None => 0,
-                    Some(bytes) => std::str::from_utf8(bytes)
-                        .ok()
-                        .and_then(|t| t.parse::<u64>().ok())
-                        .ok_or_else(|| {
-                            KvError(format!(
-                                "cannot increment `{key}`: its value is not a number in decimal"
-                            ))
-                        })?,
-                };
-                let sum = now
-                    .checked_add(delta)
-                    .ok_or_else(|| KvError(format!("incrementing `{key}` overflows a u64")))?;
-                (Some(sum.to_string().into_bytes()), Some(sum))
+                let (value, sum) = incremented(key, current.as_deref(), delta)?;
+                (Some(value), Some(sum))
             }
         };
         if current.is_none() && value.is_none() {
@@ -416,8 +428,10 @@ impl KvBackend for MemoryKv {
 pub(crate) struct KvAccess {
     pub(crate) backend: Option<Arc<dyn KvBackend>>,
     pub(crate) task: u64,
-    pub(crate) slot: String,
-    pub(crate) shared: Vec<String>,
+    /// The attempt's facts (its slot) and its task's grants (the shared
+    /// buckets), shared with the attempt rather than copied for it.
+    pub(crate) facts: Arc<crate::AttemptFacts>,
+    pub(crate) sandbox: Arc<crate::Sandbox>,
     pub(crate) capture: Arc<Capture>,
 }
 
@@ -465,8 +479,8 @@ impl store::Host for KvView<'_> {
             )));
         }
         let bucket = if identifier.is_empty() {
-            Bucket::Slot(self.access.slot.clone())
-        } else if self.access.shared.contains(&identifier) {
+            Bucket::Slot(self.access.facts.slot.clone())
+        } else if self.access.sandbox.kv.contains(&identifier) {
             Bucket::Shared(identifier)
         } else {
             self.access.capture.log(

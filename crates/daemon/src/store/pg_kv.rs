@@ -6,7 +6,7 @@
 //! of `host kv`.
 
 use taskhost_core::supervisor::TaskId;
-use taskhost_runtime::kv::{Bucket, KvLimits, KvWrite, MAX_KV_KEY, MAX_KV_VALUE};
+use taskhost_runtime::kv::{Bucket, KvLimits, KvWrite, MAX_KV_KEY, MAX_KV_VALUE, incremented};
 
 use super::StoreError;
 use super::postgres::{Pg, all, db, opt, sql_id};
@@ -161,21 +161,9 @@ impl Pg {
             KvWrite::Delete(_) => (None, None),
             KvWrite::Set(_, value) => (Some(value), None),
             KvWrite::Increment(_, delta) => {
-                let now = match &current {
-                    None => 0,
-                    Some(bytes) => std::str::from_utf8(bytes)
-                        .ok()
-                        .and_then(|t| t.parse::<u64>().ok())
-                        .ok_or_else(|| {
-                            KvRefused::Guest(format!(
-                                "cannot increment `{key}`: its value is not a number in decimal"
-                            ))
-                        })?,
-                };
-                let sum = now.checked_add(delta).ok_or_else(|| {
-                    KvRefused::Guest(format!("incrementing `{key}` overflows a u64"))
-                })?;
-                (Some(sum.to_string().into_bytes()), Some(sum))
+                let (value, sum) = incremented(&key, current.as_deref(), delta)
+                    .map_err(|e| KvRefused::Guest(e.0))?;
+                (Some(value), Some(sum))
             }
         };
         if let Some(v) = &value
