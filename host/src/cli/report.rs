@@ -72,11 +72,40 @@ pub fn summary(report: &TaskReport) -> String {
 }
 
 /// Prints a task's guest lines to stderr as `[name stream] text`; on a
-/// terminal, progress is one line redrawn in place.
+/// terminal, progress is one line redrawn in place. Between [`StderrSink::hold`]
+/// and [`StderrSink::release`] lines are gathered and written together, so a
+/// burst of guest output costs a write per batch, not one per line.
 pub struct StderrSink {
     tag: String,
     tty: bool,
-    progress_shown: Mutex<bool>,
+    state: Mutex<SinkState>,
+}
+
+#[derive(Default)]
+struct SinkState {
+    progress_shown: bool,
+    /// Bytes gathered since `hold`, written at `release` (or when large).
+    held: Option<Vec<u8>>,
+}
+
+/// Held bytes past this are written out at once, keeping memory bounded.
+const HELD_LIMIT: usize = 64 * 1024;
+
+impl SinkState {
+    fn emit(&mut self, bytes: &[u8]) {
+        match &mut self.held {
+            Some(buf) => {
+                buf.extend_from_slice(bytes);
+                if buf.len() >= HELD_LIMIT {
+                    let _ = std::io::stderr().lock().write_all(buf);
+                    buf.clear();
+                }
+            }
+            None => {
+                let _ = std::io::stderr().lock().write_all(bytes);
+            }
+        }
+    }
 }
 
 impl StderrSink {
@@ -84,7 +113,23 @@ impl StderrSink {
         Self {
             tag,
             tty: std::io::stderr().is_terminal(),
-            progress_shown: Mutex::new(false),
+            state: Mutex::new(SinkState::default()),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, SinkState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Gathers what is printed from now on until [`StderrSink::release`].
+    pub fn hold(&self) {
+        self.state().held.get_or_insert_with(Vec::new);
+    }
+
+    /// Writes what was gathered since [`StderrSink::hold`].
+    pub fn release(&self) {
+        if let Some(buf) = self.state().held.take() {
+            let _ = std::io::stderr().lock().write_all(&buf);
         }
     }
 
@@ -94,32 +139,26 @@ impl StderrSink {
     }
 
     fn print(&self, line: &str) {
-        let mut shown = self
-            .progress_shown
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let mut stderr = std::io::stderr().lock();
-        if *shown {
-            let _ = write!(stderr, "\r\x1b[K");
-            *shown = false;
+        let mut state = self.state();
+        let mut bytes = Vec::with_capacity(line.len() + 8);
+        if state.progress_shown {
+            bytes.extend_from_slice(b"\r\x1b[K");
+            state.progress_shown = false;
         }
-        let _ = writeln!(stderr, "{}", visible(line));
+        bytes.extend_from_slice(visible(line).as_bytes());
+        bytes.push(b'\n');
+        state.emit(&bytes);
     }
 
     /// Clears a live progress line, if one is shown.
     pub fn clear_progress(&self) {
-        let mut shown = self
-            .progress_shown
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if *shown {
-            let _ = write!(std::io::stderr().lock(), "\r\x1b[K");
-            *shown = false;
+        let mut state = self.state();
+        if state.progress_shown {
+            state.emit(b"\r\x1b[K");
+            state.progress_shown = false;
         }
     }
-}
 
-impl StderrSink {
     /// Prints one guest line.
     pub fn line(&self, stream: Stream, text: &str) {
         self.print(&format!("[{} {stream}] {text}", self.tag));
@@ -130,12 +169,10 @@ impl StderrSink {
         if !self.tty {
             return;
         }
-        let mut shown = self
-            .progress_shown
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let _ = write!(std::io::stderr().lock(), "\r\x1b[K[{}] {text}", self.tag);
-        *shown = true;
+        let mut state = self.state();
+        let line = format!("\r\x1b[K[{}] {text}", self.tag);
+        state.emit(line.as_bytes());
+        state.progress_shown = true;
     }
 }
 

@@ -9,7 +9,7 @@ use clap::Args;
 use taskhost::outcome::TaskOutcome;
 use taskhost::plugin_task::{PluginTask, resolve_slot};
 use taskhost::runtime::{GuestLimits, KvLimits, MemoryKv, Runtime, Sandbox, Secrets};
-use taskhost::supervisor::{Event, EventKind, Received, Supervisor, TaskReport, TaskSpec};
+use taskhost::supervisor::{Event, EventKind, Received, Supervisor, TaskId, TaskReport, TaskSpec};
 use taskhost::units::{format_duration, parse_duration};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -72,8 +72,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let supervisor = Supervisor::builder()
         .max_concurrent(1)
         .grace(args.grace)
-        // One task and one fast reader: room for a burst of guest output.
-        .bus_capacity(1 << 16)
         .build();
     let reservation = supervisor.reserve();
     let id = reservation.id();
@@ -95,37 +93,21 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
 
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
-    let mut events = supervisor.subscribe();
+    // One task and one fast reader: room for a burst of guest output.
+    let mut events = supervisor.subscribe_deep(1 << 16);
     let waiter = supervisor.add_reserved(reservation, spec);
     let printer = {
         let sink = Arc::clone(&sink);
         tokio::spawn(async move {
+            // What is ready is printed in one write: a chatty guest is
+            // drained faster than it writes, and its lines are not dropped.
             while let Some(received) = events.recv().await {
-                let event = match received {
-                    Received::Event(event) => event,
-                    Received::Dropped(n) => {
-                        sink.note(&format!(
-                            "{n} events were dropped (the guest wrote faster than stderr took it)"
-                        ));
-                        continue;
-                    }
-                };
-                if event.task_id != Some(id) {
-                    continue;
+                sink.hold();
+                print_event(&sink, id, received);
+                while let Some(received) = events.try_recv() {
+                    print_event(&sink, id, received);
                 }
-                match (event.kind, event.stream, &event.reason) {
-                    (EventKind::GuestLog, Some(stream), Some(text)) => sink.line(stream, text),
-                    (EventKind::Progress, _, _) => sink.status(&format!(
-                        "attempt {}: {}",
-                        event.attempt.unwrap_or(0),
-                        progress_text(event.done.unwrap_or(0), event.total.unwrap_or(0))
-                    )),
-                    _ => {
-                        if let Some(note) = lifecycle_note(&event) {
-                            sink.note(&note);
-                        }
-                    }
-                }
+                sink.release();
             }
         })
     };
@@ -162,6 +144,35 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let json = task.json.then(|| JsonResult::new(&report));
     print_result(json.as_ref(), &report);
     Ok(outcome_code(&report.outcome))
+}
+
+/// Prints one event of the lane, if it is about task `id`.
+fn print_event(sink: &StderrSink, id: TaskId, received: Received) {
+    let event = match received {
+        Received::Event(event) => event,
+        Received::Dropped(n) => {
+            sink.note(&format!(
+                "{n} events were dropped (the guest wrote faster than stderr took it)"
+            ));
+            return;
+        }
+    };
+    if event.task_id != Some(id) {
+        return;
+    }
+    match (event.kind, event.stream, &event.reason) {
+        (EventKind::GuestLog, Some(stream), Some(text)) => sink.line(stream, text),
+        (EventKind::Progress, _, _) => sink.status(&format!(
+            "attempt {}: {}",
+            event.attempt.unwrap_or(0),
+            progress_text(event.done.unwrap_or(0), event.total.unwrap_or(0))
+        )),
+        _ => {
+            if let Some(note) = lifecycle_note(&event) {
+                sink.note(&note);
+            }
+        }
+    }
 }
 
 /// The host-side line for a lifecycle event of the task, if it gets one.

@@ -222,6 +222,31 @@ fn guest_stdio_goes_to_the_task_log_not_stdout() {
     }
 }
 
+#[test]
+fn a_burst_of_guest_lines_reaches_stderr_whole_and_in_order() {
+    // 60,000 lines in one attempt, more than the supervisor's event bus
+    // holds (4,096): host run reads them on a deep lane of its own, and
+    // prints what is ready in one write, so none is lost.
+    let out = run_host(&["run", &p("chatty"), "--param", "lines=30000"]);
+    assert_eq!(
+        out.code,
+        Some(0),
+        "{}",
+        &out.stderr[..out.stderr.len().min(2000)]
+    );
+    assert!(!out.stderr.contains("dropped"), "a drop was reported");
+    let mut next = [1u32, 1u32];
+    for line in out.stderr.lines() {
+        for (i, stream) in ["stdout", "stderr"].iter().enumerate() {
+            if let Some(rest) = line.strip_prefix(&format!("[chatty-1 {stream}] {stream} line ")) {
+                assert_eq!(rest, next[i].to_string(), "{stream} out of order");
+                next[i] += 1;
+            }
+        }
+    }
+    assert_eq!(next, [30_001, 30_001], "every line of both streams");
+}
+
 fn probe(args: &[&str]) -> serde_json::Value {
     let mut all = vec!["run", "sandbox-probe-path"];
     all.extend_from_slice(args);

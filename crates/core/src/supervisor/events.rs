@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 
 use crate::logline::Stream;
 use crate::outcome::{OutcomeKind, RejectionKind, TaskOutcome};
@@ -212,20 +212,61 @@ impl Event {
 
 /// The bounded event bus. Publishing never blocks: a receiver that falls
 /// more than `capacity` events behind loses the oldest ones and is told how
-/// many.
+/// many. A deep lane ([`Bus::subscribe_deep`]) has a capacity of its own,
+/// taken up only by what it holds, and loses the newest events instead.
 #[derive(Debug)]
 pub(crate) struct Bus {
-    sender: Mutex<Option<broadcast::Sender<Arc<Event>>>>,
+    senders: Mutex<Option<Senders>>,
     seq: AtomicU64,
     epoch: (Instant, SystemTime),
+}
+
+#[derive(Debug)]
+struct Senders {
+    broadcast: broadcast::Sender<Arc<Event>>,
+    deep: Vec<DeepSender>,
+}
+
+#[derive(Debug)]
+struct DeepSender {
+    sender: mpsc::Sender<Received>,
+    /// Events lost since the lane was last full, told before the next one.
+    dropped: u64,
+}
+
+impl DeepSender {
+    /// Sends `event`; `false` once the reader is gone.
+    fn send(&mut self, event: &Arc<Event>) -> bool {
+        if self.dropped > 0 {
+            match self.sender.try_send(Received::Dropped(self.dropped)) {
+                Ok(()) => self.dropped = 0,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    self.dropped += 1;
+                    return true;
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => return false,
+            }
+        }
+        match self.sender.try_send(Received::Event(Arc::clone(event))) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.dropped += 1;
+                true
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
 }
 
 impl Bus {
     /// A bus holding at most `capacity` undelivered events per lane.
     pub(crate) fn new(capacity: usize) -> Arc<Self> {
-        let (sender, _) = broadcast::channel(capacity.max(1));
+        let (broadcast, _) = broadcast::channel(capacity.max(1));
         Arc::new(Self {
-            sender: Mutex::new(Some(sender)),
+            senders: Mutex::new(Some(Senders {
+                broadcast,
+                deep: Vec::new(),
+            })),
             seq: AtomicU64::new(0),
             epoch: (Instant::now(), SystemTime::now()),
         })
@@ -234,9 +275,11 @@ impl Bus {
     /// Publishes an event, stamping its seq and time. Events published
     /// after [`Bus::close`] are discarded.
     pub fn publish(&self, mut event: Event) {
-        let guard = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(sender) = guard.as_ref() else { return };
-        if sender.receiver_count() == 0 {
+        let mut guard = self.senders.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(senders) = guard.as_mut() else {
+            return;
+        };
+        if senders.broadcast.receiver_count() == 0 && senders.deep.is_empty() {
             // Nobody listens: keep the seq increasing, skip the allocation.
             self.seq.fetch_add(1, Ordering::Relaxed);
             return;
@@ -247,7 +290,9 @@ impl Bus {
         event.at_ms = now
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let _ = sender.send(Arc::new(event));
+        let event = Arc::new(event);
+        senders.deep.retain_mut(|lane| lane.send(&event));
+        let _ = senders.broadcast.send(event);
     }
 
     /// A new lane that sees every event published from now on.
@@ -258,16 +303,32 @@ impl Bus {
     /// Like [`Bus::subscribe`], with the seq of the last event published
     /// before the lane existed: the lane gets exactly the events after it.
     pub fn subscribe_after(&self) -> (EventStream, u64) {
-        let guard = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
+        let guard = self.senders.lock().unwrap_or_else(PoisonError::into_inner);
         let stream = EventStream {
-            receiver: guard.as_ref().map(|s| s.subscribe()),
+            receiver: guard
+                .as_ref()
+                .map(|s| Receiver::Broadcast(s.broadcast.subscribe())),
         };
         (stream, self.seq.load(Ordering::Relaxed))
     }
 
+    /// A lane of its own holding up to `capacity` unread events, its memory
+    /// taken as they arrive: deep enough for a burst without paying for
+    /// the depth up front. When full it loses the newest events and says
+    /// how many before the next one it delivers.
+    pub fn subscribe_deep(&self, capacity: usize) -> EventStream {
+        let mut guard = self.senders.lock().unwrap_or_else(PoisonError::into_inner);
+        let receiver = guard.as_mut().map(|s| {
+            let (sender, receiver) = mpsc::channel(capacity.max(2));
+            s.deep.push(DeepSender { sender, dropped: 0 });
+            Receiver::Deep(receiver)
+        });
+        EventStream { receiver }
+    }
+
     /// Closes the bus: lanes drain what they hold, then end.
     pub(crate) fn close(&self) {
-        self.sender
+        self.senders
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
@@ -277,7 +338,13 @@ impl Bus {
 /// One subscriber lane: events in publish order, with gaps reported.
 #[derive(Debug)]
 pub struct EventStream {
-    receiver: Option<broadcast::Receiver<Arc<Event>>>,
+    receiver: Option<Receiver>,
+}
+
+#[derive(Debug)]
+enum Receiver {
+    Broadcast(broadcast::Receiver<Arc<Event>>),
+    Deep(mpsc::Receiver<Received>),
 }
 
 /// What a lane yields.
@@ -289,24 +356,43 @@ pub enum Received {
     Dropped(u64),
 }
 
+fn from_broadcast(result: Result<Arc<Event>, broadcast::error::RecvError>) -> Option<Received> {
+    match result {
+        Ok(event) => Some(Received::Event(event)),
+        Err(broadcast::error::RecvError::Lagged(n)) => Some(Received::Dropped(n)),
+        Err(broadcast::error::RecvError::Closed) => None,
+    }
+}
+
 impl EventStream {
     /// The next event, or `None` once the bus is closed and drained.
     pub async fn recv(&mut self) -> Option<Received> {
-        let receiver = self.receiver.as_mut()?;
-        match receiver.recv().await {
-            Ok(event) => Some(Received::Event(event)),
-            Err(broadcast::error::RecvError::Lagged(n)) => Some(Received::Dropped(n)),
-            Err(broadcast::error::RecvError::Closed) => None,
+        match self.receiver.as_mut()? {
+            Receiver::Broadcast(receiver) => from_broadcast(receiver.recv().await),
+            Receiver::Deep(receiver) => receiver.recv().await,
+        }
+    }
+
+    /// The next event if one is ready now, without waiting; `None` when the
+    /// lane is empty or closed (a later [`EventStream::recv`] tells which).
+    pub fn try_recv(&mut self) -> Option<Received> {
+        match self.receiver.as_mut()? {
+            Receiver::Broadcast(receiver) => match receiver.try_recv() {
+                Ok(event) => Some(Received::Event(event)),
+                Err(broadcast::error::TryRecvError::Lagged(n)) => Some(Received::Dropped(n)),
+                Err(
+                    broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed,
+                ) => None,
+            },
+            Receiver::Deep(receiver) => receiver.try_recv().ok(),
         }
     }
 
     /// Like [`EventStream::recv`], for threads outside the async runtime.
     pub fn blocking_recv(&mut self) -> Option<Received> {
-        let receiver = self.receiver.as_mut()?;
-        match receiver.blocking_recv() {
-            Ok(event) => Some(Received::Event(event)),
-            Err(broadcast::error::RecvError::Lagged(n)) => Some(Received::Dropped(n)),
-            Err(broadcast::error::RecvError::Closed) => None,
+        match self.receiver.as_mut()? {
+            Receiver::Broadcast(receiver) => from_broadcast(receiver.blocking_recv()),
+            Receiver::Deep(receiver) => receiver.blocking_recv(),
         }
     }
 

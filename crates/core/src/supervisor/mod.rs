@@ -321,6 +321,15 @@ impl Supervisor {
         self.shared.bus.subscribe()
     }
 
+    /// A reader of every event from now on with a lane of its own, holding
+    /// up to `capacity` unread events and taking memory only for those it
+    /// holds: for one reader that must see bursts whole (a terminal's
+    /// printer) without a bus that deep for every reader. When full, the
+    /// newest events are lost and the lane says how many.
+    pub fn subscribe_deep(&self, capacity: usize) -> EventStream {
+        self.shared.bus.subscribe_deep(capacity)
+    }
+
     /// Like [`Supervisor::subscribe`], with the seq of the last event
     /// published before the reader existed: it gets exactly the events after.
     pub fn subscribe_after(&self) -> (EventStream, u64) {

@@ -281,3 +281,54 @@ async fn a_panicking_subscriber_is_reported_and_stops_nobody() {
         "the writer is drained to the end"
     );
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_deep_lane_keeps_what_fits_and_tells_what_it_lost() {
+    let sup = Supervisor::builder().bus_capacity(2).build();
+    let mut shallow = sup.subscribe();
+    let mut deep = sup.subscribe_deep(100);
+    let note = |i: u64| Event::new(K::Progress).reason(format!("note {i}"));
+    // Five times the bus's capacity, unread: the deep lane holds them all.
+    for i in 0..10 {
+        sup.publish(note(i));
+    }
+    for i in 0..10 {
+        match deep.try_recv() {
+            Some(Received::Event(e)) => assert_eq!(e.reason, Some(format!("note {i}"))),
+            other => panic!("expected note {i}, got {other:?}"),
+        }
+    }
+    assert!(deep.try_recv().is_none(), "the lane is empty");
+    match shallow.recv().await {
+        Some(Received::Dropped(n)) => assert_eq!(n, 8),
+        other => panic!("the shallow lane should report a drop, got {other:?}"),
+    }
+    // Past its own capacity a deep lane keeps the oldest and says how many
+    // newer ones it lost, before the next event it has room for.
+    for i in 10..110 {
+        sup.publish(note(i));
+    }
+    for i in 110..115 {
+        sup.publish(note(i));
+    }
+    for i in 10..110 {
+        match deep.recv().await {
+            Some(Received::Event(e)) => assert_eq!(e.reason, Some(format!("note {i}"))),
+            other => panic!("expected note {i}, got {other:?}"),
+        }
+    }
+    sup.publish(note(115));
+    match deep.recv().await {
+        Some(Received::Dropped(n)) => assert_eq!(n, 5),
+        other => panic!("expected a drop report, got {other:?}"),
+    }
+    match deep.recv().await {
+        Some(Received::Event(e)) => assert_eq!(e.reason.as_deref(), Some("note 115")),
+        other => panic!("expected note 115, got {other:?}"),
+    }
+    // A shut-down supervisor closes the lane once it is drained.
+    sup.shutdown(std::time::Duration::ZERO).await;
+    while let Some(received) = deep.recv().await {
+        assert!(matches!(received, Received::Event(_)), "{received:?}");
+    }
+}
