@@ -221,11 +221,17 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => args.worker_threads(),
         _ => 2,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-    {
+    // A one-shot run has one task: its thread is enough, and starting
+    // workers would cost more than the task.
+    let mut builder = match &cli.command {
+        Command::Run(_) => tokio::runtime::Builder::new_current_thread(),
+        _ => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(workers);
+            builder
+        }
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
