@@ -112,7 +112,8 @@ pub struct AttemptRequest {
 /// The engine, linker, ticker and plugin cache of one process.
 pub struct Runtime {
     engine: Engine,
-    linker: Linker<AttemptState>,
+    /// Shared with the blocking threads that compile and load plugins.
+    linker: Arc<Linker<AttemptState>>,
     allocator: Allocator,
     plugins: Mutex<cache::PluginCache>,
     ticker: engine::EpochTicker,
@@ -217,7 +218,7 @@ impl Runtime {
             .map(Arc::new);
         Ok(Self {
             engine,
-            linker,
+            linker: Arc::new(linker),
             allocator,
             plugins: Mutex::new(cache::PluginCache::new(config.plugin_cache_bytes)),
             ticker,
@@ -374,7 +375,7 @@ impl Runtime {
                 }
                 let started = std::time::Instant::now();
                 let engine = self.engine.clone();
-                let linker = self.linker.clone();
+                let linker = Arc::clone(&self.linker);
                 let owned_origin = origin.to_owned();
                 let input = Arc::clone(&bytes);
                 // Compiling takes milliseconds to seconds: never on the async
@@ -460,7 +461,7 @@ impl Runtime {
     async fn load_artifact(&self, digest: Digest, size: usize) -> Option<Plugin> {
         let artifacts = Arc::clone(self.artifacts.as_ref()?);
         let engine = self.engine.clone();
-        let linker = self.linker.clone();
+        let linker = Arc::clone(&self.linker);
         tokio::task::spawn_blocking(move || {
             let (component, info) = artifacts.load(&engine, &digest, size)?;
             // The artifact passed these checks when it was compiled; a
