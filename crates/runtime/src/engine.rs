@@ -75,6 +75,7 @@ pub struct RuntimeConfig {
     pub(crate) config: Vec<(String, String)>,
     pub(crate) kv: Option<super::attempt::KvHandle>,
     pub(crate) children: Option<super::attempt::ChildHandle>,
+    pub(crate) inline_loads: bool,
 }
 
 /// A compile that has taken longer than [`SLOW_COMPILE`] so far, as told to
@@ -147,6 +148,17 @@ impl RuntimeConfig {
     /// Instance allocation strategy [default: pooling when possible].
     pub fn allocator(mut self, choice: AllocatorChoice) -> Self {
         self.allocator = choice;
+        self
+    }
+
+    /// Read plugin files and map their compiled artifacts on the calling
+    /// thread instead of the async runtime's blocking pool. For a process
+    /// that runs one task and has nothing else to do meanwhile (`host run`)
+    /// it saves starting a thread; elsewhere it stalls the other tasks of
+    /// that worker for the length of a load. Compiles still run off the
+    /// async runtime [default: `false`].
+    pub fn inline_loads(mut self, inline: bool) -> Self {
+        self.inline_loads = inline;
         self
     }
 
@@ -227,6 +239,7 @@ impl Default for RuntimeConfig {
             config: Vec::new(),
             kv: None,
             children: None,
+            inline_loads: false,
         }
     }
 }

@@ -122,6 +122,8 @@ pub struct Runtime {
     on_slow_compile: Option<engine::SlowCompileHook>,
     /// See [`RuntimeConfig::compile_nice`].
     compile_nice: Option<i32>,
+    /// See [`RuntimeConfig::inline_loads`].
+    inline_loads: bool,
     stats: RuntimeStats,
     /// Drops the stores of stopped attempts beside a current-thread runtime.
     reaper: Arc<reaper::Reaper>,
@@ -225,6 +227,7 @@ impl Runtime {
             artifacts,
             on_slow_compile: config.on_slow_compile.clone(),
             compile_nice: config.compile_nice,
+            inline_loads: config.inline_loads,
             stats: RuntimeStats::default(),
             reaper: Arc::default(),
             env: AttemptEnv {
@@ -285,8 +288,11 @@ impl Runtime {
             origin: origin.clone(),
             why,
         };
-        let meta = tokio::fs::metadata(path)
+        let owned = path.to_owned();
+        let meta = self
+            .blocking(move || std::fs::metadata(owned))
             .await
+            .unwrap_or_else(|| Err(std::io::Error::other("the read was cancelled")))
             .map_err(|e| unreadable(e.to_string()))?;
         if meta.is_dir() {
             return Err(unreadable("it is a directory".into()));
@@ -457,12 +463,12 @@ impl Runtime {
     }
 
     /// The plugin with this digest mapped from its artifact on disk, if
-    /// this host stored one that checks out (on a blocking thread).
+    /// this host stored one that checks out (see [`Self::blocking`]).
     async fn load_artifact(&self, digest: Digest, size: usize) -> Option<Plugin> {
         let artifacts = Arc::clone(self.artifacts.as_ref()?);
         let engine = self.engine.clone();
         let linker = Arc::clone(&self.linker);
-        tokio::task::spawn_blocking(move || {
+        self.blocking(move || {
             let (component, info) = artifacts.load(&engine, &digest, size)?;
             // The artifact passed these checks when it was compiled; a
             // failure now is a bug, and the compile path reports it.
@@ -470,8 +476,21 @@ impl Runtime {
             Some(Plugin::new(digest, size, info, pre))
         })
         .await
-        .ok()
         .flatten()
+    }
+
+    /// Runs `work` that blocks on the file system: on a blocking thread,
+    /// or here with [`RuntimeConfig::inline_loads`]. `None` when its thread
+    /// was cancelled (the async runtime is shutting down).
+    async fn blocking<R: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> R + Send + 'static,
+    ) -> Option<R> {
+        if self.inline_loads {
+            Some(work())
+        } else {
+            tokio::task::spawn_blocking(work).await.ok()
+        }
     }
 
     /// Says that a compile is taking a while (see [`SLOW_COMPILE`]).

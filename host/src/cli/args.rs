@@ -51,10 +51,12 @@ impl CacheArgs {
     /// The runtime settings of a verb that compiles: this cache, and a line
     /// on stderr when a compile takes long enough to be noticed. These
     /// verbs run one instance at a time: no instance pool (its slots, each
-    /// with guard pages, cost a thousand `mprotect`s at start).
+    /// with guard pages, cost a thousand `mprotect`s at start), and no
+    /// blocking thread just to map one plugin's artifact.
     pub fn runtime_config(&self) -> anyhow::Result<RuntimeConfig> {
         Ok(RuntimeConfig::default()
             .allocator(taskhost::runtime::AllocatorChoice::OnDemand)
+            .inline_loads(true)
             .cache_dir(self.dir()?)
             .on_slow_compile(|note| {
                 let size = format_size(note.bytes);
