@@ -344,7 +344,7 @@ fn check_file(path: &Path, bytes: u64, crc32: u32) -> Result<(), String> {
         ));
     }
     let mut hasher = crc32fast::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
+    let mut buf = [0u8; 64 << 10];
     loop {
         let n = file.read(&mut buf).map_err(|e| e.to_string())?;
         if n == 0 {
