@@ -48,7 +48,7 @@ mod reaper;
 mod sandbox;
 mod secrets;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -288,11 +288,9 @@ impl Runtime {
             origin: origin.clone(),
             why,
         };
-        let owned = path.to_owned();
         let meta = self
-            .blocking(move || std::fs::metadata(owned))
+            .file_op(path, std::fs::metadata)
             .await
-            .unwrap_or_else(|| Err(std::io::Error::other("the read was cancelled")))
             .map_err(|e| unreadable(e.to_string()))?;
         if meta.is_dir() {
             return Err(unreadable("it is a directory".into()));
@@ -309,7 +307,8 @@ impl Runtime {
         {
             return Ok(plugin);
         }
-        let bytes = tokio::fs::read(path)
+        let bytes = self
+            .file_op(path, std::fs::read)
             .await
             .map_err(|e| unreadable(e.to_string()))?;
         let bytes: Arc<[u8]> = bytes.into();
@@ -317,7 +316,7 @@ impl Runtime {
         let digest = digest_of(&bytes).await;
         let plugin = self.load_digested(bytes, digest, &origin).await?;
         if let Some(dir) = &dir
-            && let Ok(after) = tokio::fs::metadata(path).await
+            && let Ok(after) = self.file_op(path, std::fs::metadata).await
         {
             let after = file_digests::FileStatus::new(&absolute, &after);
             file_digests::remember(dir, &before, &after, digest);
@@ -477,6 +476,20 @@ impl Runtime {
         })
         .await
         .flatten()
+    }
+
+    /// `op` on the file at `path` (see [`Self::blocking`]).
+    async fn file_op<T: Send + 'static>(
+        &self,
+        path: &Path,
+        op: fn(PathBuf) -> std::io::Result<T>,
+    ) -> std::io::Result<T> {
+        let path = path.to_owned();
+        self.blocking(move || op(path)).await.unwrap_or_else(|| {
+            Err(std::io::Error::other(
+                "cancelled: the async runtime is shutting down",
+            ))
+        })
     }
 
     /// Runs `work` that blocks on the file system: on a blocking thread,
