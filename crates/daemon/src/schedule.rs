@@ -8,16 +8,17 @@
 //! Expressions are standard 5-field cron (`minute hour day-of-month month
 //! day-of-week`), 6-field with a leading seconds field, or one of
 //! `@yearly`, `@annually`, `@monthly`, `@weekly`, `@daily`, `@hourly`
-//! (croner's parser, Vixie-cron rules). Zones are IANA names (chrono-tz,
-//! compiled in); the default is UTC.
+//! (croner's parser, Vixie-cron rules). Zones are IANA names (jiff's
+//! bundled database, never the system's); the default is UTC.
 
 use std::fmt;
 use std::str::FromStr;
 
-use chrono::{DateTime, TimeZone, Utc};
-use chrono_tz::Tz;
+use chrono::{DateTime, FixedOffset, Utc};
 use croner::Cron;
 use croner::parser::{CronParser, Seconds};
+use jiff::Timestamp;
+use jiff::tz::TimeZone;
 use serde::{Deserialize, Serialize};
 
 /// The longest a schedule's name may be, in bytes.
@@ -92,7 +93,7 @@ impl FireKind {
 #[derive(Debug)]
 pub struct CronZone {
     cron: Cron,
-    tz: Tz,
+    tz: TimeZone,
     last: std::sync::Mutex<Option<(u64, Option<u64>)>>,
 }
 
@@ -100,7 +101,7 @@ impl Clone for CronZone {
     fn clone(&self) -> Self {
         Self {
             cron: self.cron.clone(),
-            tz: self.tz,
+            tz: self.tz.clone(),
             last: std::sync::Mutex::new(None),
         }
     }
@@ -133,8 +134,8 @@ impl CronZone {
     /// the field (or the zone) that is wrong and what it takes.
     pub fn parse(expr: &str, tz: Option<&str>) -> Result<Self, String> {
         let tz = match tz {
-            None => Tz::UTC,
-            Some(name) => name.parse::<Tz>().map_err(|_| {
+            None => TimeZone::UTC,
+            Some(name) => jiff::tz::db().get(name).map_err(|_| {
                 format!(
                     "unknown time zone `{name}`: use a name of the IANA time zone database, \
                      such as UTC, Europe/Berlin or America/New_York"
@@ -179,9 +180,9 @@ impl CronZone {
         Ok(zone)
     }
 
-    /// The zone.
-    pub fn tz(&self) -> Tz {
-        self.tz
+    /// The zone's IANA name, as the database spells it.
+    pub fn zone_name(&self) -> &str {
+        self.tz.iana_name().unwrap_or("UTC")
     }
 
     /// The first firing strictly after `after_ms` (ms since the Unix
@@ -200,27 +201,33 @@ impl CronZone {
     }
 
     fn search_after(&self, second: u64) -> Option<u64> {
-        let secs = i64::try_from(second).ok()?;
-        let at = self.tz.timestamp_opt(secs, 0).single()?;
+        let at = self.at_second(second)?;
         let next = self.cron.find_next_occurrence(&at, false).ok()?;
-        u64::try_from(next.timestamp_millis()).ok()
+        u64::try_from(next.timestamp().as_millisecond()).ok()
     }
 
     /// The last firing at or before `at_ms`, if any since `since_ms`.
     fn last_at_or_before(&self, at_ms: u64, since_ms: u64) -> Option<u64> {
-        let secs = i64::try_from(at_ms / 1000).ok()?;
-        let at = self.tz.timestamp_opt(secs, 0).single()?;
+        let at = self.at_second(at_ms / 1000)?;
         let last = self.cron.find_previous_occurrence(&at, true).ok()?;
-        let last = u64::try_from(last.timestamp_millis()).ok()?;
+        let last = u64::try_from(last.timestamp().as_millisecond()).ok()?;
         (last >= since_ms).then_some(last)
+    }
+
+    /// `second` (since the Unix epoch) in this zone.
+    fn at_second(&self, second: u64) -> Option<jiff::Zoned> {
+        let at = Timestamp::from_second(i64::try_from(second).ok()?).ok()?;
+        Some(at.to_zoned(self.tz.clone()))
     }
 
     /// A time as this zone shows it, RFC 3339 with the zone's offset.
     pub fn show(&self, ms: u64) -> String {
-        match i64::try_from(ms)
-            .ok()
-            .and_then(|ms| self.tz.timestamp_millis_opt(ms).single())
-        {
+        let shown = i64::try_from(ms).ok().and_then(|ms| {
+            let offset = self.tz.to_offset(Timestamp::from_millisecond(ms).ok()?);
+            let offset = FixedOffset::east_opt(offset.seconds())?;
+            Some(DateTime::<Utc>::from_timestamp_millis(ms)?.with_timezone(&offset))
+        });
+        match shown {
             Some(at) => at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             None => format_ms(ms),
         }
@@ -424,6 +431,24 @@ mod tests {
         assert!(err.contains("never fires"), "{err}");
         let err = CronZone::parse("* * * * *", Some("Mars/Olympus")).unwrap_err();
         assert!(err.contains("unknown time zone `Mars/Olympus`"), "{err}");
+    }
+
+    /// Zones are looked up without regard to case and shown as the
+    /// database spells them; the database's links (old names) resolve too.
+    #[test]
+    fn zone_names_are_the_databases() {
+        let zone = |name| CronZone::parse("* * * * *", name).unwrap();
+        assert_eq!(zone(None).zone_name(), "UTC");
+        assert_eq!(zone(Some("europe/BERLIN")).zone_name(), "Europe/Berlin");
+        let eastern = zone(Some("US/Eastern"));
+        assert_eq!(
+            eastern.show(ms("2026-07-01T12:00:00Z")),
+            "2026-07-01T08:00:00-04:00"
+        );
+        assert_eq!(
+            zone(Some("UTC")).show(ms("2026-07-01T12:00:00Z")),
+            "2026-07-01T12:00:00Z"
+        );
     }
 
     /// Spring forward in Berlin (29 March 2026, 02:00 → 03:00): a daily

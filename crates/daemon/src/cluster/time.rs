@@ -78,7 +78,7 @@ pub(crate) async fn verb(
                 .schedule_add(&stored, daemon.config.max_schedules)
                 .await
                 .map_err(|e| failure(&name, e))?;
-            Scheduled::Row(row_of(&stored, zone.tz().name(), None))
+            Scheduled::Row(row_of(&stored, zone.zone_name(), None))
         }
         ScheduleVerb::List => {
             let rows = cluster

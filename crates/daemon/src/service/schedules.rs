@@ -96,7 +96,7 @@ impl Entry {
     }
 
     fn row(&self, last_outcome: Option<OutcomeKind>) -> ScheduleRow {
-        row_of(&self.stored(), self.zone.tz().name(), last_outcome)
+        row_of(&self.stored(), self.zone.zone_name(), last_outcome)
     }
 }
 
