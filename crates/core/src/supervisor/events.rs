@@ -225,6 +225,19 @@ pub(crate) struct Bus {
 struct Senders {
     broadcast: broadcast::Sender<Arc<Event>>,
     deep: Vec<DeepSender>,
+    observers: Vec<Observer>,
+}
+
+/// What [`Bus::observe`] calls with each event.
+type ObserverFn = dyn Fn(&Arc<Event>) + Send + Sync;
+
+/// A function called with each event as it is published ([`Bus::observe`]).
+struct Observer(Box<ObserverFn>);
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observer")
+    }
 }
 
 #[derive(Debug)]
@@ -266,6 +279,7 @@ impl Bus {
             senders: Mutex::new(Some(Senders {
                 broadcast,
                 deep: Vec::new(),
+                observers: Vec::new(),
             })),
             seq: AtomicU64::new(0),
             epoch: (Instant::now(), SystemTime::now()),
@@ -279,7 +293,10 @@ impl Bus {
         let Some(senders) = guard.as_mut() else {
             return;
         };
-        if senders.broadcast.receiver_count() == 0 && senders.deep.is_empty() {
+        if senders.broadcast.receiver_count() == 0
+            && senders.deep.is_empty()
+            && senders.observers.is_empty()
+        {
             // Nobody listens: keep the seq increasing, skip the allocation.
             self.seq.fetch_add(1, Ordering::Relaxed);
             return;
@@ -291,6 +308,10 @@ impl Bus {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let event = Arc::new(event);
+        // An observer that panics is dropped, and the publisher goes on.
+        senders.observers.retain(|observer| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (observer.0)(&event))).is_ok()
+        });
         senders.deep.retain_mut(|lane| lane.send(&event));
         let _ = senders.broadcast.send(event);
     }
@@ -324,6 +345,15 @@ impl Bus {
             Receiver::Deep(receiver)
         });
         EventStream { receiver }
+    }
+
+    /// Calls `observer` with every event published from now on, on the
+    /// publishing thread, in seq order, under the bus's lock.
+    pub(crate) fn observe(&self, observer: impl Fn(&Arc<Event>) + Send + Sync + 'static) {
+        let mut guard = self.senders.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(senders) = guard.as_mut() {
+            senders.observers.push(Observer(Box::new(observer)));
+        }
     }
 
     /// Closes the bus: lanes drain what they hold, then end.

@@ -330,6 +330,17 @@ impl Supervisor {
         self.shared.bus.subscribe_deep(capacity)
     }
 
+    /// Calls `observer` with every event published from now on,
+    /// synchronously: on the thread that publishes it, in seq order, while
+    /// the bus is locked. For a quick record of events (an in-memory
+    /// history, a counter) that must not wake a reader task per event, as
+    /// [`Supervisor::subscribe`] does. It must be quick, and must not call
+    /// this supervisor (publishing from it would deadlock). One that panics
+    /// is removed; the supervisor goes on.
+    pub fn observe(&self, observer: impl Fn(&Arc<Event>) + Send + Sync + 'static) {
+        self.shared.bus.observe(observer);
+    }
+
     /// Like [`Supervisor::subscribe`], with the seq of the last event
     /// published before the reader existed: it gets exactly the events after.
     pub fn subscribe_after(&self) -> (EventStream, u64) {

@@ -332,3 +332,50 @@ async fn a_deep_lane_keeps_what_fits_and_tells_what_it_lost() {
         assert!(matches!(received, Received::Event(_)), "{received:?}");
     }
 }
+
+/// An observer sees every event as it is published, before `publish`
+/// returns, in seq order, whatever the bus's capacity; one that panics is
+/// removed and the others and the supervisor go on.
+#[tokio::test(flavor = "current_thread")]
+async fn an_observer_sees_each_event_as_it_is_published() {
+    let sup = Supervisor::builder().bus_capacity(2).build();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = Arc::clone(&seen);
+    sup.observe(move |e| record.lock().unwrap().push((e.seq, e.reason.clone())));
+    let calls = Arc::new(Mutex::new(0u32));
+    let counted = Arc::clone(&calls);
+    sup.observe(move |_| {
+        *counted.lock().unwrap() += 1;
+        panic!("an observer that panics");
+    });
+    for i in 0..10u64 {
+        sup.publish(Event::new(K::Progress).reason(format!("note {i}")));
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len() as u64, i + 1, "seen before publish returned");
+        assert_eq!(
+            seen.last().unwrap().1.as_deref(),
+            Some(format!("note {i}").as_str())
+        );
+    }
+    let seqs: Vec<u64> = seen.lock().unwrap().iter().map(|(seq, _)| *seq).collect();
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+    assert_eq!(
+        *calls.lock().unwrap(),
+        1,
+        "the panicking observer was removed"
+    );
+    // The supervisor still runs tasks and reports them.
+    let waiter = sup.add(TaskSpec::once("after", returns(b"done")));
+    let report = within(WASM_LIMIT, "the task after", waiter.report()).await;
+    assert_eq!(
+        report.outcome,
+        TaskOutcome::Completed {
+            output: b"done".to_vec()
+        }
+    );
+    let seen = seen.lock().unwrap();
+    assert!(
+        seen.iter().any(|(seq, _)| *seq > 10),
+        "the task's events were observed too"
+    );
+}

@@ -1,7 +1,8 @@
-//! Owns the daemon's recent events: one reader of the supervisor's bus keeps
-//! the last [`EVENT_HISTORY`] events for `host events` and bridges every event
-//! to the daemon's `tracing` log, and a follower can be handed the history
-//! and a live stream with nothing falling between the two.
+//! Owns the daemon's recent events: an observer of the supervisor's bus
+//! (called as each event is published, so no task wakes per event) keeps
+//! the last [`EVENT_HISTORY`] events for `host events` and bridges every
+//! event to the daemon's `tracing` log, and a follower can be handed the
+//! history and a live stream with nothing falling between the two.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -9,7 +10,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use taskhost_core::supervisor::{Event, EventStream, Received, Supervisor, TracingBridge};
+use taskhost_core::supervisor::{Event, Supervisor, TracingBridge};
 
 /// Recent events kept for `host events` without `--follow`.
 pub const EVENT_HISTORY: usize = 1_000;
@@ -23,31 +24,28 @@ pub(crate) struct History {
 }
 
 impl History {
-    /// Starts recording the supervisor's events.
+    /// Starts recording the supervisor's events: synchronously as each is
+    /// published, so no task is woken per event.
     pub(crate) fn start(supervisor: &Supervisor) -> Arc<Self> {
         let history = Arc::new(Self {
             events: Mutex::new(VecDeque::new()),
             recorded: watch::channel(0).0,
         });
-        let stream = supervisor.subscribe();
-        tokio::spawn(Arc::clone(&history).record(stream));
+        let recorder = Arc::clone(&history);
+        supervisor.observe(move |event| recorder.record(event));
         history
     }
 
-    async fn record(self: Arc<Self>, mut stream: EventStream) {
-        while let Some(received) = stream.recv().await {
-            if let Received::Event(event) = received {
-                TracingBridge::trace(&event);
-                let seq = event.seq;
-                let mut events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
-                if events.len() == EVENT_HISTORY {
-                    events.pop_front();
-                }
-                events.push_back(event);
-                drop(events);
-                self.recorded.send_replace(seq);
-            }
+    fn record(&self, event: &Arc<Event>) {
+        TracingBridge::trace(event);
+        let seq = event.seq;
+        let mut events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        if events.len() == EVENT_HISTORY {
+            events.pop_front();
         }
+        events.push_back(Arc::clone(event));
+        drop(events);
+        self.recorded.send_replace(seq);
     }
 
     /// The recorded events up to and including `seq`, oldest first, once the
