@@ -69,9 +69,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
         .check_capabilities(&plugin.info().capabilities)
         .map_err(usage)?;
 
+    // Its one reader has a deep lane of its own (below): the shared lanes
+    // need no depth.
     let supervisor = Supervisor::builder()
         .max_concurrent(1)
         .grace(args.grace)
+        .bus_capacity(1)
         .build();
     let reservation = supervisor.reserve();
     let id = reservation.id();
