@@ -14,7 +14,7 @@ use taskhost::units::{format_size, parse_duration, parse_size};
 
 use super::exit::usage;
 
-/// The trace export flag of the verbs that run tasks (`run`, `serve`).
+// The trace export flag of the verbs that run tasks (`run`, `serve`).
 #[derive(Debug, Args)]
 pub struct OtlpArg {
     /// Export a trace per task (a span per task and per attempt, with the task's id, name and slot, the plugin's digest, the attempt's number, result and outcome) over OTLP/HTTP with protobuf to this collector, such as http://127.0.0.1:4318 (spans go to its /v1/traces). The standard OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT do the same; without any of them nothing is exported [TOML: otlp].
@@ -22,8 +22,8 @@ pub struct OtlpArg {
     pub otlp: Option<String>,
 }
 
-/// The compiled-plugin cache flags of the verbs that compile (`run`,
-/// `inspect`).
+// The compiled-plugin cache flags of the verbs that compile (`run`,
+// `inspect`).
 #[derive(Debug, Args)]
 pub struct CacheArgs {
     /// Directory of the compiled-plugin cache [default: $XDG_CACHE_HOME/taskhost/wasmtime, else ~/.cache/taskhost/wasmtime].
@@ -72,7 +72,7 @@ impl CacheArgs {
     }
 }
 
-/// The caps on what each attempt's guest holds in the host (`run`, `serve`).
+// The caps on what each attempt's guest holds in the host (`run`, `serve`).
 #[derive(Debug, Args)]
 pub struct GuestLimitArgs {
     /// Most WASI handles each attempt's guest may hold at once: open files and directories, streams, pollables, HTTP requests, responses and header sets. Past it the guest traps and the attempt fails, naming this flag [default: 4096; daemon TOML: max_handles].
@@ -144,8 +144,8 @@ fn parse_header_bytes(text: &str) -> Result<usize, String> {
     }
 }
 
-/// `--socket` of the verbs that talk to the daemon (also accepted before
-/// the verb).
+// `--socket` of the verbs that talk to the daemon (also accepted before
+// the verb).
 #[derive(Debug, Args)]
 pub struct SocketArg {
     /// The daemon's socket [default: $TASKHOST_SOCKET, else $XDG_RUNTIME_DIR/taskhost/host.sock, else /tmp/taskhost-<uid>/host.sock].
@@ -153,7 +153,7 @@ pub struct SocketArg {
     pub socket: Option<PathBuf>,
 }
 
-/// The flags that describe one task, shared by `run` (and `submit`).
+// The flags that describe one task, shared by `run` (and `submit`).
 #[derive(Debug, Args)]
 pub struct TaskArgs {
     /// The plugin: a WebAssembly component file (.wasm).
@@ -273,7 +273,7 @@ impl TaskArgs {
     }
 }
 
-/// Restart, retry and backoff flags (`run`, `submit`).
+// Restart, retry and backoff flags (`run`, `submit`).
 #[derive(Debug, Args)]
 pub struct PolicyArgs {
     /// When to run the task again: never, on-failure (retry retryable failures) or always (rerun after success too).

@@ -54,6 +54,7 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 enum Command {
     /// Run one task in this process (no daemon), wait, print its outcome.
     ///

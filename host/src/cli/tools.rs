@@ -83,11 +83,27 @@ pub struct CompletionsArgs {
     shell: clap_complete::Shell,
 }
 
+/// The whole command tree for the generators. The verbs' arguments are
+/// built only when a verb is parsed (`defer`), so that a run does not build
+/// every verb's. A generator needs them all, and the root's `help` verb
+/// copies the verbs as they stand when the root is built: so the verbs are
+/// built first, in a tree of their own, and put in place of the unbuilt
+/// ones.
+fn whole_command() -> clap::Command {
+    let mut built = Cli::command();
+    built.build();
+    let mut cli = Cli::command();
+    for verb in built.get_subcommands().filter(|v| v.get_name() != "help") {
+        cli = cli.mut_subcommand(verb.get_name(), |_| verb.clone());
+    }
+    cli
+}
+
 /// `host completions SHELL`: the completion script on stdout.
 pub fn completions(args: CompletionsArgs) -> anyhow::Result<u8> {
     clap_complete::generate(
         args.shell,
-        &mut Cli::command(),
+        &mut whole_command(),
         "host",
         &mut std::io::stdout(),
     );
@@ -108,7 +124,7 @@ pub fn man(args: ManArgs) -> anyhow::Result<u8> {
         Some(dir) => {
             std::fs::create_dir_all(&dir)
                 .map_err(|e| usage(format!("cannot create `{}`: {e}", dir.display())))?;
-            clap_mangen::generate_to(Cli::command(), &dir).map_err(|e| {
+            clap_mangen::generate_to(whole_command(), &dir).map_err(|e| {
                 usage(format!(
                     "cannot write man pages to `{}`: {e}",
                     dir.display()
@@ -116,7 +132,7 @@ pub fn man(args: ManArgs) -> anyhow::Result<u8> {
             })?;
             eprintln!("man pages written to {}", dir.display());
         }
-        None => clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?,
+        None => clap_mangen::Man::new(whole_command()).render(&mut std::io::stdout())?,
     }
     Ok(0)
 }

@@ -547,3 +547,64 @@ fn a_relative_state_dir_still_caches() {
         "the daemon's compilation cache is under its relative state directory"
     );
 }
+
+/// The verbs' arguments are built only for the verb being parsed: every
+/// verb's help still says what it does, and the generators still see every
+/// verb, nested ones and their flags.
+#[test]
+fn help_completions_and_man_pages_cover_every_verb() {
+    let top = run_host(&["--help"]);
+    assert_eq!(top.code, Some(0), "{}", top.stderr);
+    for (verb, says) in [
+        ("wait", "Wait for a task's final outcome"),
+        ("submit", "Send one task to the daemon"),
+        ("run", "Run one task in this process"),
+        ("schedule", "Run tasks at times"),
+    ] {
+        assert!(
+            top.stdout.contains(says),
+            "`host --help` lists {verb}: {}",
+            top.stdout
+        );
+        let help = run_host(&[verb, "--help"]);
+        assert_eq!(help.code, Some(0), "{}", help.stderr);
+        assert!(
+            help.stdout.starts_with(says),
+            "`host {verb} --help` starts with what it does: {}",
+            help.stdout
+        );
+    }
+    let nested = run_host(&["help", "schedule", "add"]);
+    assert_eq!(nested.code, Some(0), "{}", nested.stderr);
+    assert!(nested.stdout.contains("--cron"), "{}", nested.stdout);
+
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let script = run_host(&["completions", shell]);
+        assert_eq!(script.code, Some(0), "{shell}: {}", script.stderr);
+        // Flags without their dashes: fish writes `-l cron`.
+        for word in [
+            "schedule",
+            "prune",
+            "max-concurrent",
+            "token-file",
+            "missed",
+        ] {
+            assert!(script.stdout.contains(word), "{shell} completes {word}");
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bash = dir.path().join("host.bash");
+    std::fs::write(&bash, run_host(&["completions", "bash"]).stdout).unwrap();
+    let checked = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(&bash)
+        .output()
+        .expect("bash runs");
+    assert!(checked.status.success(), "{checked:?}");
+
+    let pages = dir.path().join("man");
+    let man = run_host(&["man", "--out-dir", pages.to_str().unwrap()]);
+    assert_eq!(man.code, Some(0), "{}", man.stderr);
+    let page = std::fs::read_to_string(pages.join("host-schedule-add.1")).expect("a page per verb");
+    assert!(page.contains("cron"), "{page}");
+}

@@ -18,6 +18,7 @@ pub struct KvArgs {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 enum Verb {
     /// List the buckets with their keys and bytes; with a SLOT, its keys and the size of each value.
     #[command(

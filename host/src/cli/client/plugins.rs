@@ -28,6 +28,7 @@ pub struct PluginsArgs {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 enum PluginsCommand {
     /// List the stored plugins: digest, name, size, age, and the tasks that use them.
     ///

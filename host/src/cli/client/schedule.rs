@@ -21,6 +21,7 @@ pub struct ScheduleArgs {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 enum Verb {
     /// Add a schedule: PLUGIN is submitted with these task flags at every time the cron expression names.
     ///
