@@ -271,7 +271,7 @@ impl Controller {
         let id = reservation.id();
         let name: Arc<str> = Arc::from(spec.name());
         let slot: Arc<str> = Arc::from(spec.slot().unwrap_or(spec.name()));
-        let cell = Arc::new(OutcomeCell::new());
+        let cell = Arc::new(OutcomeCell::new(id));
         let waiter = cell.waiter(id);
         let mut event = Event::new(EventKind::ControllerSubmitted)
             .task(id, &name, &slot)

@@ -368,7 +368,7 @@ impl Supervisor {
 
     /// Like [`Supervisor::add`], with an id reserved before.
     pub fn add_reserved(&self, reservation: Reservation, spec: TaskSpec) -> TaskWaiter {
-        let cell = Arc::new(OutcomeCell::new());
+        let cell = Arc::new(OutcomeCell::new(reservation.id()));
         let waiter = cell.waiter(reservation.id());
         let _ = self.admit(reservation, spec, cell, None);
         waiter

@@ -2,7 +2,7 @@
 //! [`TaskWaiter`] reads, whether it started waiting before or after the end,
 //! independent of the (lossy) event bus.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -61,30 +61,71 @@ impl TaskReport {
     }
 }
 
+/// What [`TaskWaiter::on_report`] is given.
+type ReportHook = Box<dyn FnOnce(Arc<TaskReport>) + Send>;
+
+/// The hooks of one cell: waiting for the report, or already called.
+#[derive(Default)]
+struct Hooks(Mutex<Option<Vec<ReportHook>>>);
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hooks")
+    }
+}
+
+impl Hooks {
+    fn new() -> Arc<Self> {
+        Arc::new(Self(Mutex::new(Some(Vec::new()))))
+    }
+
+    /// Takes the waiting hooks; `None` once they were taken.
+    fn fire(&self) -> Option<Vec<ReportHook>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+/// Calls each hook with `report`; one that panics does not stop the others
+/// or the task's supervisor.
+fn call(hooks: Vec<ReportHook>, report: &Arc<TaskReport>) {
+    for hook in hooks {
+        let report = Arc::clone(report);
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(report)));
+    }
+}
+
 /// The writing side: set exactly once.
 #[derive(Debug)]
 pub(crate) struct OutcomeCell {
+    id: TaskId,
     tx: watch::Sender<Option<Arc<TaskReport>>>,
+    hooks: Arc<Hooks>,
 }
 
 impl OutcomeCell {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(id: TaskId) -> Self {
         Self {
+            id,
             tx: watch::channel(None).0,
+            hooks: Hooks::new(),
         }
     }
 
-    /// Delivers the report to every current and future waiter. A second
-    /// call is ignored: the first outcome is final.
+    /// Delivers the report to every current and future waiter, then calls
+    /// the hooks. A second call is ignored: the first outcome is final.
     pub(crate) fn set(&self, report: TaskReport) -> bool {
         let report = Arc::new(report);
-        self.tx.send_if_modified(|slot| {
+        let delivered = self.tx.send_if_modified(|slot| {
             if slot.is_some() {
                 return false;
             }
-            *slot = Some(report);
+            *slot = Some(Arc::clone(&report));
             true
-        })
+        });
+        if delivered && let Some(hooks) = self.hooks.fire() {
+            call(hooks, &report);
+        }
+        delivered
     }
 
     pub(crate) fn is_set(&self) -> bool {
@@ -95,6 +136,20 @@ impl OutcomeCell {
         TaskWaiter {
             id,
             rx: self.tx.subscribe(),
+            hooks: Arc::clone(&self.hooks),
+        }
+    }
+}
+
+impl Drop for OutcomeCell {
+    /// A cell dropped without an outcome (a host bug) still calls its hooks,
+    /// with the report [`TaskWaiter::report`] gives then.
+    fn drop(&mut self) {
+        if self.tx.borrow().is_none()
+            && let Some(hooks) = self.hooks.fire()
+            && !hooks.is_empty()
+        {
+            call(hooks, &lost(self.id));
         }
     }
 }
@@ -105,6 +160,7 @@ impl OutcomeCell {
 pub struct TaskWaiter {
     id: TaskId,
     rx: watch::Receiver<Option<Arc<TaskReport>>>,
+    hooks: Arc<Hooks>,
 }
 
 impl TaskWaiter {
@@ -123,6 +179,28 @@ impl TaskWaiter {
         found
             .or_else(|| self.rx.borrow().as_ref().map(Arc::clone))
             .unwrap_or_else(|| lost(id))
+    }
+
+    /// Calls `f` with the final report: right after it is delivered, on
+    /// the thread that delivers it (usually the task's own, as it ends), or
+    /// here and now if it already was. No task waits for it, so nothing is
+    /// woken to run it. `f` must be quick (start a task for anything slow)
+    /// and must not wait on this supervisor; one that panics is ignored.
+    pub fn on_report(&self, f: impl FnOnce(Arc<TaskReport>) + Send + 'static) {
+        let mut hooks = self.hooks.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(waiting) = hooks.as_mut() {
+            waiting.push(Box::new(f));
+            return;
+        }
+        drop(hooks);
+        // Already called: the report is in the cell (or the cell is gone).
+        let report = self
+            .rx
+            .borrow()
+            .as_ref()
+            .map(Arc::clone)
+            .unwrap_or_else(|| lost(self.id));
+        call(vec![Box::new(f)], &report);
     }
 
     /// The final outcome, once there is one.

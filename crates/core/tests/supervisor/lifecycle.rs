@@ -373,3 +373,61 @@ async fn from_defaults_inherits_the_supervisors_task_defaults() {
     );
     assert_eq!(report.attempts, 1);
 }
+
+/// `TaskWaiter::on_report` calls its function once with the final report:
+/// as the report is delivered when it is registered before the end (before
+/// any waiter wakes up to read it), at once when registered after, and
+/// for a task rejected at add, at once too. One that panics harms nobody.
+#[tokio::test(start_paused = true)]
+async fn on_report_is_called_once_with_the_final_report() {
+    let mut fx = Fixture::native();
+    let seen: Arc<Mutex<Vec<(TaskId, TaskOutcome)>>> = Arc::default();
+    let record = |seen: &Arc<Mutex<Vec<(TaskId, TaskOutcome)>>>| {
+        let seen = Arc::clone(seen);
+        move |report: Arc<TaskReport>| {
+            seen.lock()
+                .unwrap()
+                .push((report.id, report.outcome.clone()));
+        }
+    };
+
+    let before = fx.add(TaskSpec::once("hooked", until_canceled()));
+    before.on_report(|_| panic!("a hook that panics"));
+    before.on_report(record(&seen));
+    fx.events.until_kind(before.id(), K::AttemptStarting).await;
+    assert!(seen.lock().unwrap().is_empty(), "not called before the end");
+    assert!(fx.sup.cancel(before.id()).await);
+    // Delivered and hooked in one step: by the time cancel returns the
+    // report is out, and so is the hook's call.
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [(before.id(), TaskOutcome::Canceled)]
+    );
+
+    let after = fx.add(TaskSpec::once("late", returns(b"done")));
+    let report = within(NATIVE_LIMIT, "the late task", after.clone().report()).await;
+    after.on_report(record(&seen));
+    assert_eq!(
+        seen.lock().unwrap().last(),
+        Some(&(report.id, report.outcome.clone()))
+    );
+
+    let first = fx.add(TaskSpec::once("dup", until_canceled()));
+    let rejected = fx.add(TaskSpec::once("dup", returns(b"never")));
+    rejected.on_report(record(&seen));
+    match seen.lock().unwrap().last() {
+        Some((
+            id,
+            TaskOutcome::Rejected {
+                kind: RejectionKind::AlreadyExists,
+                ..
+            },
+        )) => {
+            assert_eq!(*id, rejected.id());
+        }
+        other => panic!("expected the rejection at once, got {other:?}"),
+    }
+    assert_eq!(seen.lock().unwrap().len(), 3, "each hook once");
+    assert!(fx.sup.cancel(first.id()).await);
+    assert_eq!(seen.lock().unwrap().len(), 3, "no hook was called twice");
+}

@@ -607,15 +607,13 @@ pub(crate) async fn place(
     // up, as it would after a crash): its task is withdrawn. (A client's
     // submission is withdrawn by `submit`, which answers it.)
     let firing = fired.is_some().then(|| ticket.clone());
-    tokio::spawn(async move {
+    // What the task's end does: record the outcome (on a durable store),
+    // then show it. It runs when the supervisor delivers the report, not in
+    // a task spawned now beside the attempt: a second task spawned here
+    // would push the attempt out of this worker's next slot and wake the
+    // other worker to take it.
+    let finish = move |report: Arc<taskhost_core::supervisor::TaskReport>| async move {
         let _recording = recording;
-        if let Some(firing) = firing
-            && let Err(err) = firing.committed().await
-        {
-            tracing::error!(task = %id, "a schedule's firing could not be stored: {err}");
-            watcher.controller.remove(id);
-        }
-        let report = waiter.report().await;
         log.close();
         if store.is_durable() {
             if watcher.keep_unfinished.load(Ordering::SeqCst)
@@ -643,7 +641,33 @@ pub(crate) async fn place(
         }
         outcome.set(report);
         watcher.tasks.finished(id);
-    });
+    };
+    match firing {
+        // A firing whose commit fails was not made (the next start catches
+        // it up, as it would after a crash): its task is withdrawn.
+        Some(firing) => {
+            let withdraw = Arc::clone(daemon);
+            tokio::spawn(async move {
+                if let Err(err) = firing.committed().await {
+                    tracing::error!(task = %id, "a schedule's firing could not be stored: {err}");
+                    withdraw.controller.remove(id);
+                }
+                finish(waiter.report().await).await;
+            });
+        }
+        None => {
+            let runtime = tokio::runtime::Handle::current();
+            waiter.on_report(move |report| {
+                let mut finishing = Box::pin(finish(report));
+                // Without a durable store it is done at once, here.
+                let waker = std::task::Waker::noop();
+                let mut cx = std::task::Context::from_waker(waker);
+                if finishing.as_mut().poll(&mut cx).is_pending() {
+                    runtime.spawn(finishing);
+                }
+            });
+        }
+    }
     Ok((
         Submitted {
             id,
