@@ -64,8 +64,8 @@ impl TaskReport {
 /// What [`TaskWaiter::on_report`] is given.
 type ReportHook = Box<dyn FnOnce(Arc<TaskReport>) + Send>;
 
-/// The hooks of one cell: waiting for the report, or already called.
-#[derive(Default)]
+/// The hooks of one cell: `Some` while they wait for the report, `None`
+/// once they were called.
 struct Hooks(Mutex<Option<Vec<ReportHook>>>);
 
 impl std::fmt::Debug for Hooks {

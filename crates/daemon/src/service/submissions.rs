@@ -643,8 +643,6 @@ pub(crate) async fn place(
         watcher.tasks.finished(id);
     };
     match firing {
-        // A firing whose commit fails was not made (the next start catches
-        // it up, as it would after a crash): its task is withdrawn.
         Some(firing) => {
             let withdraw = Arc::clone(daemon);
             tokio::spawn(async move {
