@@ -110,6 +110,72 @@ async fn a_client_that_stops_reading_its_event_stream_stalls_nobody() {
     drop(stuck_raw);
 }
 
+/// A client that pipelines its waits and reads nothing until all are sent
+/// gets every reply whole: replies queue behind a full socket (far more
+/// than the daemon queues per connection), and each request's parts arrive
+/// in order, frame by frame.
+#[test]
+fn a_client_that_reads_late_gets_every_reply_whole() {
+    use std::io::{Read, Write};
+    use taskhost::daemon::protocol::{
+        Envelope, Hello, MAGIC, PROTOCOL_VERSION, Reply, Welcome, decode, encode,
+    };
+    use taskhost::supervisor::TaskRef;
+
+    const WAITS: u32 = 12;
+    const MIB: usize = 3;
+    let d = Daemon::start(&[]);
+    let id = d.submit(&[&p("output-huge"), "--param", &format!("mib={MIB}")]);
+    let out = d.run(&["wait", &id, "--json"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+
+    fn read_frame(s: &mut std::os::unix::net::UnixStream) -> Vec<u8> {
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).expect("a frame's length");
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut body).expect("a frame's body");
+        body
+    }
+    let mut s = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
+    s.set_read_timeout(Some(LIMIT)).unwrap();
+    let hello = Hello {
+        magic: MAGIC,
+        version: PROTOCOL_VERSION,
+    };
+    s.write_all(&encode(&hello).unwrap()).unwrap();
+    let welcome: Welcome = decode(&read_frame(&mut s)).unwrap();
+    assert_eq!(welcome.version, PROTOCOL_VERSION);
+    for request in 1..=WAITS {
+        let wait = Envelope {
+            id: request,
+            body: Request::Wait(TaskRef::parse(&id)),
+        };
+        s.write_all(&encode(&wait).unwrap()).unwrap();
+    }
+
+    let mut received = vec![0usize; WAITS as usize + 1];
+    let mut reports = 0;
+    while reports < WAITS {
+        let reply: Envelope<Reply> = decode(&read_frame(&mut s)).expect("a whole frame");
+        let got = &mut received[reply.id as usize];
+        match reply.body {
+            Reply::OutputPart(part) => {
+                assert!(part.iter().all(|b| *b == b'x'), "request {}", reply.id);
+                *got += part.len();
+            }
+            Reply::Report(report) => {
+                let TaskOutcome::Completed { output } = report.outcome else {
+                    panic!("request {}: {:?}", reply.id, report.outcome);
+                };
+                *got += output.len();
+                assert_eq!(*got, MIB << 20, "request {}", reply.id);
+                reports += 1;
+            }
+            other => panic!("request {}: {other:?}", reply.id),
+        }
+    }
+}
+
 /// A subscriber whose handler never returns.
 struct Blocker(std::sync::mpsc::Receiver<()>);
 

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::server::connection::Replier;
+use crate::server::connection::{Later, Replier};
 use crate::service::backend::{Backend, Item, Items, Scheduled};
 use crate::service::kv::KvAnswer;
 use crate::service::plugins;
@@ -19,12 +19,23 @@ use crate::service::uploads::Uploads;
 use crate::state::Daemon;
 use crate::wire::protocol::{ErrorKind, LIST_PAGE, Reply, Request, SubmitRequest};
 
-/// What one connection's requests share: its uploads in progress, and its
-/// submissions the cluster is still deciding.
-#[derive(Default)]
+/// What one connection's requests share: its uploads in progress, its
+/// acknowledgements waiting for a commit, and its submissions the cluster
+/// is still deciding.
 pub(crate) struct Session {
     pub(crate) uploads: Uploads,
+    later: Later,
     deciding: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Session {
+    pub(crate) fn new(later: Later) -> Session {
+        Session {
+            uploads: Uploads::default(),
+            later,
+            deciding: Vec::new(),
+        }
+    }
 }
 
 /// Handles one request (see the module docs for what happens in order).
@@ -230,7 +241,7 @@ async fn answer(accepted: Accepted, reply: Replier, session: &mut Session) {
             reply.send(Reply::Submitted(submitted)).await;
         }
         Accepted::Later(durable) => {
-            tokio::spawn(async move {
+            session.later.push(async move {
                 match durable.await {
                     Ok(submitted) => {
                         reply.send(Reply::Submitted(submitted)).await;
