@@ -335,6 +335,26 @@ fn read_unfinished(conn: &Connection) -> rusqlite::Result<Vec<Unfinished>> {
     Ok(out)
 }
 
+/// How long the writer looks for the next write before it sleeps: a
+/// commit's waiters usually answer with a write of their own (an attempt's
+/// outcome after its submission) within this, and a thread woken from sleep
+/// starts tens of microseconds late.
+const LOOK_BEFORE_SLEEP: Duration = Duration::from_micros(200);
+
+/// The next write: looked for (giving the processor away between looks)
+/// for [`LOOK_BEFORE_SLEEP`], then waited for.
+fn next_write(rx: &mpsc::Receiver<Write>) -> Result<Write, mpsc::RecvError> {
+    let until = Instant::now() + LOOK_BEFORE_SLEEP;
+    loop {
+        match rx.try_recv() {
+            Ok(write) => return Ok(write),
+            Err(mpsc::TryRecvError::Disconnected) => return Err(mpsc::RecvError),
+            Err(mpsc::TryRecvError::Empty) if Instant::now() >= until => return rx.recv(),
+            Err(mpsc::TryRecvError::Empty) => std::thread::yield_now(),
+        }
+    }
+}
+
 /// The writer thread's side: one connection, one transaction per batch.
 pub(super) struct Writer {
     conn: Connection,
@@ -354,7 +374,7 @@ impl Writer {
     /// a transaction starts goes into it.
     pub(super) fn run(mut self, rx: mpsc::Receiver<Write>, pending: &AtomicUsize) {
         let mut checkpoint = false;
-        while let Ok(first) = rx.recv() {
+        while let Ok(first) = next_write(&rx) {
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
                 match rx.try_recv() {
