@@ -973,6 +973,12 @@ impl Cdp {
 
     /// A real mouse click (pressed and released) on the element's centre.
     fn click(&mut self, selector: &str) {
+        self.click_across(selector, None);
+    }
+
+    /// A real mouse click whose press and release have `between` evaluated
+    /// (and awaited) between them, as a page's own work may run there.
+    fn click_across(&mut self, selector: &str, between: Option<&str>) {
         let rect = self.wait_for(
             selector,
             &format!(
@@ -987,6 +993,9 @@ impl Cdp {
                 "Input.dispatchMouseEvent",
                 json!({ "type": kind, "x": x, "y": y, "button": "left", "clickCount": 1 }),
             );
+            if let (Some(between), "mousePressed") = (between, kind) {
+                self.eval(between);
+            }
         }
     }
 
@@ -1207,8 +1216,15 @@ fn the_dashboard_shows_a_running_task_and_cancels_it_in_chromium() {
     let shot = page.screenshot("dashboard.png");
     eprintln!("screenshot: {}", shot.display());
 
-    // Cancel, with the token the page holds.
-    page.click(&format!("{row} button[data-action=\"cancel\"]"));
+    // Cancel, with the token the page holds; the page refreshes its tables
+    // (as it does every two seconds) between the press and the release.
+    page.click_across(
+        &format!("{row} button[data-action=\"cancel\"]"),
+        Some("refreshOverview().then(() => true)"),
+    );
+    page.wait_for("the canceled outcome", &format!(
+        "[...document.querySelectorAll('#outcomes tbody tr')].some(r => r.dataset.taskId === '{id}' && r.innerText.includes('canceled'))"
+    ));
     let out = daemon.run(&["wait", &id, "--json"]);
     assert_eq!(out.code, Some(4), "{}", out.stderr);
     let result: Value = serde_json::from_str(&out.stdout).unwrap();
@@ -1217,9 +1233,6 @@ fn the_dashboard_shows_a_running_task_and_cancels_it_in_chromium() {
         api.get(&format!("/api/tasks/{id}")).json()["outcome"]["outcome"],
         "canceled"
     );
-    page.wait_for("the canceled outcome", &format!(
-        "[...document.querySelectorAll('#outcomes tbody tr')].some(r => r.dataset.taskId === '{id}' && r.innerText.includes('canceled'))"
-    ));
     page.wait_for("the queued one completed", "[...document.querySelectorAll('#outcomes tbody tr')].some(r => r.innerText.includes('after-nap') && r.innerText.includes('completed'))");
     assert_eq!(
         page.eval("document.querySelector('#notice').classList.contains('shown')"),
