@@ -45,7 +45,12 @@ impl History {
         }
         events.push_back(Arc::clone(event));
         drop(events);
-        self.recorded.send_replace(seq);
+        // Waking a receiver costs eight locks whether or not one waits; an
+        // `up_to` that subscribes after this reads the new seq anyway.
+        self.recorded.send_if_modified(|newest| {
+            *newest = seq;
+            self.recorded.receiver_count() > 0
+        });
     }
 
     /// The recorded events up to and including `seq`, oldest first, once the
