@@ -3,9 +3,9 @@
 //! chunks, and a Submit followed by a Wait, are handled in order; only the
 //! long waits and streams go on in the background), and its outbox, which
 //! puts the replies on the wire from the task that makes them, batching the
-//! ones that are ready together into one write. A reply that cannot be encoded reaches the client as an error
-//! naming why; nothing is dropped silently. Any framing error ends this
-//! connection only.
+//! ones that are ready together into one write. A reply that cannot be
+//! encoded reaches the client as an error naming why; nothing is dropped
+//! silently. Any framing error ends this connection only.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
