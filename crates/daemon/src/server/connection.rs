@@ -183,29 +183,27 @@ impl Out {
         if self.on_wire || !self.unflushed {
             return;
         }
-        match self.write_now() {
+        match self.write(&mut Context::from_waker(Waker::noop())) {
             Wrote::All => {}
             Wrote::Some => self.unpark(),
             Wrote::Broke => self.broke(),
         }
     }
 
-    fn write_now(&mut self) -> Wrote {
+    /// Writes and flushes what is queued as far as the wire takes it now;
+    /// `cx` is told when it takes more.
+    fn write(&mut self, cx: &mut Context<'_>) -> Wrote {
         let Some(writer) = self.writer.as_mut() else {
             return Wrote::Some;
         };
-        let mut cx = Context::from_waker(Waker::noop());
         while self.written < self.queued.len() {
-            match writer
-                .as_mut()
-                .poll_write(&mut cx, &self.queued[self.written..])
-            {
+            match writer.as_mut().poll_write(cx, &self.queued[self.written..]) {
                 Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Wrote::Broke,
                 Poll::Ready(Ok(n)) => self.written += n,
                 Poll::Pending => return Wrote::Some,
             }
         }
-        match writer.as_mut().poll_flush(&mut cx) {
+        match writer.as_mut().poll_flush(cx) {
             Poll::Ready(Ok(())) => {
                 self.unflushed = false;
                 self.forget_written();
@@ -327,43 +325,36 @@ impl Outbox {
             let mut out = outbox.lock();
             let out = &mut *out;
             out.on_wire = false;
-            loop {
-                if out.broken {
+            if out.writer.is_none() {
+                return Poll::Ready(());
+            }
+            let wrote = if out.broken {
+                Wrote::Broke
+            } else {
+                out.write(cx)
+            };
+            match wrote {
+                Wrote::Broke => {
+                    out.broken = true;
+                    out.writer = None;
                     outbox.room.notify_waiters();
-                    out.writer = None;
-                    return Poll::Ready(());
+                    Poll::Ready(())
                 }
-                let Some(writer) = out.writer.as_mut() else {
-                    return Poll::Ready(());
-                };
-                if out.written < out.queued.len() {
-                    match writer.as_mut().poll_write(cx, &out.queued[out.written..]) {
-                        Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => out.broken = true,
-                        Poll::Ready(Ok(n)) => {
-                            out.written += n;
-                            out.forget_written();
-                            outbox.room.notify_waiters();
-                        }
-                        Poll::Pending => {
-                            out.on_wire = true;
-                            return Poll::Pending;
-                        }
+                Wrote::Some => {
+                    out.on_wire = true;
+                    if out.waiting() < MAX_QUEUED {
+                        outbox.room.notify_waiters();
                     }
-                } else if out.unflushed {
-                    match writer.as_mut().poll_flush(cx) {
-                        Poll::Ready(Ok(())) => out.unflushed = false,
-                        Poll::Ready(Err(_)) => out.broken = true,
-                        Poll::Pending => {
-                            out.on_wire = true;
-                            return Poll::Pending;
-                        }
+                    Poll::Pending
+                }
+                Wrote::All => {
+                    outbox.room.notify_waiters();
+                    if out.senders == 0 {
+                        out.writer = None;
+                        return Poll::Ready(());
                     }
-                } else if out.senders == 0 {
-                    out.writer = None;
-                    return Poll::Ready(());
-                } else {
                     out.parked = Some(cx.waker().clone());
-                    return Poll::Pending;
+                    Poll::Pending
                 }
             }
         })
