@@ -515,21 +515,62 @@ pub(crate) async fn instantiate(
     }
 }
 
+/// The instance of an attempt that was asked to stop, still to be dropped
+/// ([`PreparedAttempt::run_stopping_later`]).
+pub struct StoppedInstance {
+    store: Store<AttemptState>,
+    reaper: Arc<Reaper>,
+}
+
+impl std::fmt::Debug for StoppedInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoppedInstance").finish_non_exhaustive()
+    }
+}
+
+impl StoppedInstance {
+    /// Drops the instance, returning its pool slot, on the reaper's thread;
+    /// returns once it is gone.
+    pub async fn release(self) {
+        self.reaper.reap(Box::new(self.store)).await;
+    }
+}
+
 impl PreparedAttempt {
     /// Calls `run(input)`; returns when the instance is gone.
-    pub async fn run(mut self, input: &[u8]) -> Result<Vec<u8>, AttemptError> {
+    pub async fn run(self, input: &[u8]) -> Result<Vec<u8>, AttemptError> {
+        let (result, stopped) = self.run_stopping_later(input).await;
+        // On a current-thread runtime, whose one thread would otherwise do
+        // every drop of a crowd of stops, the reaper's thread does it.
+        match stopped {
+            Some(stopped) if super::reaper::wanted() => stopped.release().await,
+            stopped => drop(stopped),
+        }
+        result
+    }
+
+    /// Calls `run(input)`. When the attempt was asked to stop, its instance
+    /// comes back with the result, to be released once the result is
+    /// delivered: stops come in crowds (a shutdown, Replace, a cancel of
+    /// everything), and dropping an instance (resetting its pool slot) is a
+    /// good part of each. Otherwise it is gone when this returns.
+    pub async fn run_stopping_later(
+        mut self,
+        input: &[u8],
+    ) -> (Result<Vec<u8>, AttemptError>, Option<StoppedInstance>) {
         let result = self.instance.call_run(&mut self.store, input).await;
         self.capture.finish();
         let memory_note = self.store.data_mut().limits_note(result.as_ref().err());
-        // Stops come in crowds (a shutdown, Replace, a cancel of
-        // everything): on a current-thread runtime their stores go to the
-        // reaper's thread.
-        if self.signals.cancel.is_cancelled() && super::reaper::wanted() {
-            self.reaper.reap(Box::new(self.store)).await;
+        let remains = if self.signals.cancel.is_cancelled() {
+            Some(StoppedInstance {
+                store: self.store,
+                reaper: self.reaper,
+            })
         } else {
             drop(self.store);
-        }
-        match result {
+            None
+        };
+        let result = match result {
             Ok(Ok(output)) if output.len() > MAX_OUTPUT_BYTES => Err(AttemptError::Fail {
                 reason: format!(
                     "the plugin returned {} of output; the limit is {}",
@@ -554,7 +595,8 @@ impl PreparedAttempt {
                 reason: describe_trap(&err, memory_note, self.capture.explanation()),
                 exit_code: None,
             }),
-        }
+        };
+        (result, remains)
     }
 }
 

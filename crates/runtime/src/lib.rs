@@ -23,7 +23,7 @@
 //! | `http` | outbound HTTP: `--allow-http` grants, ceilings, the checks of every request and address |
 //! | `outbound` | outbound HTTP's send path: lookup, connect to the checked address, TLS, HTTP/1 |
 //! | `output` | guest stdout/stderr/log capture, bounded, line by line |
-//! | `reaper` | the thread that drops stopped attempts' stores on current-thread runtimes |
+//! | `reaper` | the low-priority threads that drop stopped attempts' stores after their outcomes |
 //! | `plugin_task` | the bridge: [`PluginTask`](plugin_task::PluginTask), the supervisor's body of a plugin |
 
 // Every module but `artifacts` forbids `unsafe` itself (see there).
@@ -55,7 +55,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use wasmtime::Engine;
 use wasmtime::component::Linker;
 
-pub use attempt::{AttemptError, AttemptFacts, MAX_OUTPUT_BYTES, PreparedAttempt, StopSignals};
+pub use attempt::{
+    AttemptError, AttemptFacts, MAX_OUTPUT_BYTES, PreparedAttempt, StopSignals, StoppedInstance,
+};
 pub use contract::{Capability, DefaultPolicy, PluginInfo, ResourceTemplate, TemplateError};
 pub use engine::{
     Allocator, AllocatorChoice, DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES,
@@ -172,9 +174,9 @@ pub async fn digest_of(bytes: &Arc<[u8]>) -> Digest {
 /// Raises the calling thread's nice value by `nice` (on Linux the value is
 /// the thread's own). Best effort: a thread that stays at its priority only
 /// competes more with the tasks.
-fn lower_priority(nice: i32) {
+pub(crate) fn lower_priority(nice: i32) {
     if let Err(err) = rustix::process::nice(nice) {
-        tracing::debug!("cannot lower a compile thread's priority: {err}");
+        tracing::debug!("cannot lower a thread's priority: {err}");
     }
 }
 

@@ -23,7 +23,6 @@
 
 use std::sync::Arc;
 
-use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use crate::{
@@ -115,6 +114,7 @@ impl TaskBody for PluginTask {
             attempt: ctx.attempt(),
             params: task.params.to_vec(),
         });
+        let handover = ctx.clone();
         let request = AttemptRequest {
             facts,
             input: Arc::clone(&task.input),
@@ -131,8 +131,15 @@ impl TaskBody for PluginTask {
                 .await
                 .map_err(task_error)?;
             let input = request.input;
-            let run: RunFuture =
-                Box::pin(async move { prepared.run(&input).await }.map(|r| r.map_err(task_error)));
+            let run: RunFuture = Box::pin(async move {
+                let (result, stopped) = prepared.run_stopping_later(&input).await;
+                // A stopped attempt's instance is dropped after its outcome
+                // is out, before its permit and slot are freed.
+                if let Some(stopped) = stopped {
+                    handover.finish_after_outcome(Box::pin(stopped.release()));
+                }
+                result.map_err(task_error)
+            });
             Ok(run)
         })
     }

@@ -19,19 +19,24 @@ use crate::outcome::TaskOutcome;
 use crate::units::format_duration;
 
 use super::Shared;
-use super::body::{AttemptContext, TaskBody};
+use super::body::{AttemptContext, TaskBody, Teardown};
 use super::events::{BackoffSource, Event, EventKind};
+use super::permits::Permit;
 use super::registry::TaskEntry;
 use super::spec::{ResolvedPolicies, RestartPolicy, Resume, TaskError};
 use super::waiter::{AttemptRecord, MAX_HISTORY, TaskReport};
 use crate::lifecycle::TaskState;
 
+/// What an attempt's body handed over to finish it physically
+/// ([`AttemptContext::finish_after_outcome`]).
+type Leftovers = Vec<BoxFuture<'static, ()>>;
+
 /// How one attempt ended, from the actor's point of view.
 enum AttemptEnd {
     /// The body returned (or timed out) without a stop request.
-    Done(Result<Vec<u8>, TaskError>),
+    Done(Result<Vec<u8>, TaskError>, Leftovers),
     /// A stop was requested and the body ended within its grace.
-    Stopped,
+    Stopped(Leftovers),
     /// The grace expired: ForceAborted is already delivered and the attempt
     /// has been dropped.
     Forced,
@@ -79,6 +84,35 @@ impl Story {
     }
 }
 
+/// What the attempt that decided the outcome still holds: the teardown its
+/// body handed over and, until that has run, its permit.
+#[derive(Default)]
+struct Remains {
+    leftovers: Leftovers,
+    permit: Option<Permit>,
+}
+
+impl Remains {
+    /// Keeps `permit` with the leftovers, or releases it now if there are
+    /// none.
+    fn keep(&mut self, leftovers: Leftovers, permit: Option<Permit>) {
+        if !leftovers.is_empty() {
+            self.leftovers = leftovers;
+            self.permit = permit;
+        }
+    }
+}
+
+/// Runs what an attempt handed over, in order. A panic in one is a host bug
+/// that must not stop the task's physical completion: it is logged.
+async fn finish_physically(leftovers: Leftovers) {
+    for teardown in leftovers {
+        if let Err(panic) = AssertUnwindSafe(teardown).catch_unwind().await {
+            tracing::error!("an attempt's teardown panicked: {}", panic_message(&*panic));
+        }
+    }
+}
+
 pub(crate) struct Actor {
     pub shared: Arc<Shared>,
     pub entry: Arc<TaskEntry>,
@@ -96,13 +130,14 @@ impl Actor {
         let shared = Arc::clone(&self.shared);
         let entry = Arc::clone(&self.entry);
         let mut story = Story::default();
+        let mut remains = Remains::default();
         // The attempt loop lives in a box of its own, so the spawned
         // future stays small: Tokio aligns its task cells to 128 bytes, and
         // glibc serves a large aligned allocation from its large bins,
         // consolidating its fast bins first, which costs more per task
         // than a small cell plus a small box. Embedders on glibc feel it;
         // the `host` binary runs on jemalloc.
-        let result = AssertUnwindSafe(Box::pin(self.life(&mut story)))
+        let result = AssertUnwindSafe(Box::pin(self.life(&mut story, &mut remains)))
             .catch_unwind()
             .await;
         let outcome = match result {
@@ -125,7 +160,10 @@ impl Actor {
             }
         }
         finish_logically(&shared, &entry, outcome, &story);
-        // Physical completion: the attempt futures are dropped by now.
+        // Physical completion: the attempt futures are dropped by now; what
+        // the last one handed over goes after its outcome, then its permit.
+        finish_physically(std::mem::take(&mut remains.leftovers)).await;
+        drop(remains);
         entry.set_phase(TaskState::Finishing);
         shared.registry.unregister(&entry);
         entry.gone.cancel();
@@ -139,7 +177,7 @@ impl Actor {
         }
     }
 
-    async fn life(&self, story: &mut Story) -> TaskOutcome {
+    async fn life(&self, story: &mut Story, remains: &mut Remains) -> TaskOutcome {
         let entry = &self.entry;
         let mut stop = entry.stop_signal();
         let resume = self.policies.resume;
@@ -199,22 +237,24 @@ impl Actor {
             // `max_concurrent` attempts; it is released before any backoff.
             let took = started.elapsed();
 
-            let error = match end {
+            let (error, leftovers) = match end {
                 AttemptEnd::Forced => {
                     story.span.record("result", "force-aborted");
                     story.span.record("otel.status_code", "ERROR");
                     return TaskOutcome::ForceAborted;
                 }
-                AttemptEnd::Stopped => {
+                AttemptEnd::Stopped(leftovers) => {
                     story.record(attempt, "canceled".into(), took);
                     self.event(EventKind::AttemptCanceled, attempt);
+                    remains.keep(leftovers, permit);
                     return TaskOutcome::Canceled;
                 }
-                AttemptEnd::Done(Ok(output)) => {
+                AttemptEnd::Done(Ok(output), leftovers) => {
                     story.record(attempt, "succeeded".into(), took);
                     self.attempt_event(EventKind::AttemptSucceeded, attempt, took, None);
                     match self.policies.restart {
                         RestartPolicy::Always { interval } => {
+                            finish_physically(leftovers).await;
                             drop(permit);
                             streak = 0;
                             let delay = interval.max(Duration::from_millis(1));
@@ -227,22 +267,25 @@ impl Actor {
                             continue;
                         }
                         RestartPolicy::Never | RestartPolicy::OnFailure => {
+                            remains.keep(leftovers, permit);
                             return TaskOutcome::Completed { output };
                         }
                     }
                 }
-                AttemptEnd::Done(Err(error)) => error,
+                AttemptEnd::Done(Err(error), leftovers) => (error, leftovers),
             };
 
             let (reason, exit_code) = match &error {
                 TaskError::Canceled => {
                     story.record(attempt, "canceled by the body".into(), took);
                     self.event(EventKind::AttemptCanceled, attempt);
+                    remains.keep(leftovers, permit);
                     return TaskOutcome::Canceled;
                 }
                 TaskError::Fatal { reason, exit_code } => {
                     story.record(attempt, format!("fatal: {reason}"), took);
                     self.attempt_event(EventKind::AttemptFailed, attempt, took, Some(&error));
+                    remains.keep(leftovers, permit);
                     return TaskOutcome::Fatal {
                         reason: reason.clone(),
                         exit_code: *exit_code,
@@ -267,10 +310,12 @@ impl Actor {
                     (reason.clone(), *exit_code)
                 }
             };
-            drop(permit);
             if self.policies.restart == RestartPolicy::Never {
+                remains.keep(leftovers, permit);
                 return TaskOutcome::Failed { reason, exit_code };
             }
+            finish_physically(leftovers).await;
+            drop(permit);
             streak += 1;
             if let Some(max) = self.policies.max_retries
                 && streak > max
@@ -329,7 +374,8 @@ impl Actor {
         let started = Instant::now();
         let cancel = CancellationToken::new();
         let abort = Arc::new(AtomicBool::new(false));
-        let body = self.body_future(attempt, &cancel, &abort);
+        let teardown = Arc::new(Teardown::default());
+        let body = self.body_future(attempt, &cancel, &abort, &teardown);
         tokio::pin!(body);
         // A stop from now on reaches the body at once (see request_stop);
         // one that came before is handled below.
@@ -375,8 +421,8 @@ impl Actor {
                     let stop_deadline = *stop.borrow();
                     match stop_deadline {
                         Some(at) if Instant::now() >= at => true,
-                        Some(_) => return AttemptEnd::Stopped,
-                        None => return AttemptEnd::Done(result),
+                        Some(_) => return AttemptEnd::Stopped(teardown.take()),
+                        None => return AttemptEnd::Done(result, teardown.take()),
                     }
                 }
             };
@@ -400,6 +446,7 @@ impl Actor {
         attempt: u32,
         cancel: &CancellationToken,
         abort: &Arc<AtomicBool>,
+        teardown: &Arc<Teardown>,
     ) -> BoxFuture<'static, Result<Vec<u8>, TaskError>> {
         let ctx = AttemptContext {
             entry: Arc::clone(&self.entry),
@@ -407,6 +454,7 @@ impl Actor {
             cancel: cancel.clone(),
             abort: Arc::clone(abort),
             bus: Arc::clone(&self.shared.bus),
+            teardown: Arc::downgrade(teardown),
         };
         let setup = AssertUnwindSafe(self.body.attempt(ctx)).catch_unwind();
         let timeout = self.policies.timeout;

@@ -215,3 +215,74 @@ async fn cancel_with_a_timeout_returns_while_the_stop_goes_on() {
     );
     assert_eq!(quick.wait().await, TaskOutcome::Canceled);
 }
+
+/// What a stopped attempt hands over to finish it physically (a plugin's
+/// instance) runs after its outcome is delivered, and until it is done the
+/// task keeps its concurrency permit and its name.
+#[tokio::test(start_paused = true)]
+async fn a_stopped_attempts_teardown_runs_after_its_outcome_holding_the_permit() {
+    use std::sync::{Arc, Mutex};
+    let sup = Supervisor::builder().max_concurrent(1).build();
+    let order = Arc::new(Mutex::new(Vec::<&str>::new()));
+    let (open, gate) = tokio::sync::oneshot::channel::<()>();
+    let gate = Arc::new(Mutex::new(Some(gate)));
+    let (running, started) = tokio::sync::oneshot::channel::<()>();
+    let running = Arc::new(Mutex::new(Some(running)));
+    let teardown_order = Arc::clone(&order);
+    let first = sup.add(TaskSpec::once(
+        "first",
+        native(move |ctx| {
+            let gate = gate.lock().unwrap().take().expect("one attempt");
+            let running = running.lock().unwrap().take().expect("one attempt");
+            let order = Arc::clone(&teardown_order);
+            async move {
+                let _ = running.send(());
+                ctx.cancellation().cancelled().await;
+                ctx.finish_after_outcome(Box::pin(async move {
+                    let _ = gate.await;
+                    order.lock().unwrap().push("teardown done");
+                }));
+                Err(TaskError::Canceled)
+            }
+        }),
+    ));
+    let second_order = Arc::clone(&order);
+    let second = sup.add(TaskSpec::once(
+        "second",
+        native(move |_| {
+            second_order.lock().unwrap().push("second runs");
+            async { Ok(b"second".to_vec()) }
+        }),
+    ));
+    let id = first.id();
+    within(NATIVE_LIMIT, "the first attempt", started)
+        .await
+        .unwrap();
+    assert!(sup.remove(id));
+    let report = within(NATIVE_LIMIT, "the first outcome", first.report()).await;
+    assert_eq!(report.outcome, TaskOutcome::Canceled);
+    order.lock().unwrap().push("first outcome");
+    // Everything that can run does before virtual time moves on: the
+    // second task would have started here if the permit were free.
+    tokio::time::sleep(ms(1000)).await;
+    assert_eq!(*order.lock().unwrap(), ["first outcome"]);
+    let again = sup.add(TaskSpec::once("first", returns(b"again")));
+    assert!(
+        matches!(
+            within(NATIVE_LIMIT, "a second `first`", again.wait()).await,
+            TaskOutcome::Rejected { .. }
+        ),
+        "the name is held until the teardown is done"
+    );
+    open.send(()).unwrap();
+    assert_eq!(
+        within(NATIVE_LIMIT, "the second outcome", second.wait()).await,
+        TaskOutcome::Completed {
+            output: b"second".to_vec()
+        }
+    );
+    assert_eq!(
+        *order.lock().unwrap(),
+        ["first outcome", "teardown done", "second runs"]
+    );
+}
