@@ -114,15 +114,16 @@ impl TaskBody for PluginTask {
             attempt: ctx.attempt(),
             params: task.params.to_vec(),
         });
-        let handover = ctx.clone();
+        let sink = Arc::new(ContextSink {
+            ctx,
+            forward: task.sink.clone(),
+        });
+        let handover = Arc::clone(&sink);
         let request = AttemptRequest {
             facts,
             input: Arc::clone(&task.input),
             sandbox: Arc::clone(&task.sandbox),
-            sink: Arc::new(ContextSink {
-                ctx,
-                forward: task.sink.clone(),
-            }),
+            sink,
         };
         Box::pin(async move {
             let prepared = task
@@ -136,7 +137,9 @@ impl TaskBody for PluginTask {
                 // A stopped attempt's instance is dropped after its outcome
                 // is out, before its permit and slot are freed.
                 if let Some(stopped) = stopped {
-                    handover.finish_after_outcome(Box::pin(stopped.release()));
+                    handover
+                        .ctx
+                        .finish_after_outcome(Box::pin(stopped.release()));
                 }
                 result.map_err(task_error)
             });

@@ -19,7 +19,7 @@ use crate::outcome::TaskOutcome;
 use crate::units::format_duration;
 
 use super::Shared;
-use super::body::{AttemptContext, TaskBody, Teardown};
+use super::body::{AttemptContext, TaskBody};
 use super::events::{BackoffSource, Event, EventKind};
 use super::permits::Permit;
 use super::registry::TaskEntry;
@@ -29,7 +29,7 @@ use crate::lifecycle::TaskState;
 
 /// What an attempt's body handed over to finish it physically
 /// ([`AttemptContext::finish_after_outcome`]).
-type Leftovers = Vec<BoxFuture<'static, ()>>;
+type Leftovers = Option<BoxFuture<'static, ()>>;
 
 /// How one attempt ended, from the actor's point of view.
 enum AttemptEnd {
@@ -85,31 +85,30 @@ impl Story {
 }
 
 /// What the attempt that decided the outcome still holds: the teardown its
-/// body handed over and, until that has run, its permit.
-#[derive(Default)]
+/// body handed over and, until that has run, its permit. Boxed, and only
+/// when there is a teardown, so that a task's future stays small.
 struct Remains {
-    leftovers: Leftovers,
-    permit: Option<Permit>,
+    teardown: BoxFuture<'static, ()>,
+    _permit: Option<Permit>,
 }
 
-impl Remains {
-    /// Keeps `permit` with the leftovers, or releases it now if there are
-    /// none.
-    fn keep(&mut self, leftovers: Leftovers, permit: Option<Permit>) {
-        if !leftovers.is_empty() {
-            self.leftovers = leftovers;
-            self.permit = permit;
-        }
+/// Keeps `permit` with the leftovers in `remains`, or releases it now if
+/// there are none.
+fn keep(remains: &mut Option<Box<Remains>>, leftovers: Leftovers, permit: Option<Permit>) {
+    if let Some(teardown) = leftovers {
+        *remains = Some(Box::new(Remains {
+            teardown,
+            _permit: permit,
+        }));
     }
 }
 
-/// Runs what an attempt handed over, in order. A panic in one is a host bug
-/// that must not stop the task's physical completion: it is logged.
+/// Runs what an attempt handed over. A panic in it is a host bug that must
+/// not stop the task's physical completion: it is logged.
 async fn finish_physically(leftovers: Leftovers) {
-    for teardown in leftovers {
-        if let Err(panic) = AssertUnwindSafe(teardown).catch_unwind().await {
-            tracing::error!("an attempt's teardown panicked: {}", panic_message(&*panic));
-        }
+    let Some(teardown) = leftovers else { return };
+    if let Err(panic) = AssertUnwindSafe(teardown).catch_unwind().await {
+        tracing::error!("an attempt's teardown panicked: {}", panic_message(&*panic));
     }
 }
 
@@ -130,7 +129,7 @@ impl Actor {
         let shared = Arc::clone(&self.shared);
         let entry = Arc::clone(&self.entry);
         let mut story = Story::default();
-        let mut remains = Remains::default();
+        let mut remains = None;
         // The attempt loop lives in a box of its own, so the spawned
         // future stays small: Tokio aligns its task cells to 128 bytes, and
         // glibc serves a large aligned allocation from its large bins,
@@ -162,8 +161,10 @@ impl Actor {
         finish_logically(&shared, &entry, outcome, &story);
         // Physical completion: the attempt futures are dropped by now; what
         // the last one handed over goes after its outcome, then its permit.
-        finish_physically(std::mem::take(&mut remains.leftovers)).await;
-        drop(remains);
+        if let Some(remains) = remains {
+            let Remains { teardown, _permit } = *remains;
+            Box::pin(finish_physically(Some(teardown))).await;
+        }
         entry.set_phase(TaskState::Finishing);
         shared.registry.unregister(&entry);
         entry.gone.cancel();
@@ -177,7 +178,7 @@ impl Actor {
         }
     }
 
-    async fn life(&self, story: &mut Story, remains: &mut Remains) -> TaskOutcome {
+    async fn life(&self, story: &mut Story, remains: &mut Option<Box<Remains>>) -> TaskOutcome {
         let entry = &self.entry;
         let mut stop = entry.stop_signal();
         let resume = self.policies.resume;
@@ -246,7 +247,7 @@ impl Actor {
                 AttemptEnd::Stopped(leftovers) => {
                     story.record(attempt, "canceled".into(), took);
                     self.event(EventKind::AttemptCanceled, attempt);
-                    remains.keep(leftovers, permit);
+                    keep(remains, leftovers, permit);
                     return TaskOutcome::Canceled;
                 }
                 AttemptEnd::Done(Ok(output), leftovers) => {
@@ -267,7 +268,7 @@ impl Actor {
                             continue;
                         }
                         RestartPolicy::Never | RestartPolicy::OnFailure => {
-                            remains.keep(leftovers, permit);
+                            keep(remains, leftovers, permit);
                             return TaskOutcome::Completed { output };
                         }
                     }
@@ -279,13 +280,13 @@ impl Actor {
                 TaskError::Canceled => {
                     story.record(attempt, "canceled by the body".into(), took);
                     self.event(EventKind::AttemptCanceled, attempt);
-                    remains.keep(leftovers, permit);
+                    keep(remains, leftovers, permit);
                     return TaskOutcome::Canceled;
                 }
                 TaskError::Fatal { reason, exit_code } => {
                     story.record(attempt, format!("fatal: {reason}"), took);
                     self.attempt_event(EventKind::AttemptFailed, attempt, took, Some(&error));
-                    remains.keep(leftovers, permit);
+                    keep(remains, leftovers, permit);
                     return TaskOutcome::Fatal {
                         reason: reason.clone(),
                         exit_code: *exit_code,
@@ -311,7 +312,7 @@ impl Actor {
                 }
             };
             if self.policies.restart == RestartPolicy::Never {
-                remains.keep(leftovers, permit);
+                keep(remains, leftovers, permit);
                 return TaskOutcome::Failed { reason, exit_code };
             }
             finish_physically(leftovers).await;
@@ -374,8 +375,7 @@ impl Actor {
         let started = Instant::now();
         let cancel = CancellationToken::new();
         let abort = Arc::new(AtomicBool::new(false));
-        let teardown = Arc::new(Teardown::default());
-        let body = self.body_future(attempt, &cancel, &abort, &teardown);
+        let body = self.body_future(attempt, &cancel, &abort);
         tokio::pin!(body);
         // A stop from now on reaches the body at once (see request_stop);
         // one that came before is handled below.
@@ -421,8 +421,10 @@ impl Actor {
                     let stop_deadline = *stop.borrow();
                     match stop_deadline {
                         Some(at) if Instant::now() >= at => true,
-                        Some(_) => return AttemptEnd::Stopped(teardown.take()),
-                        None => return AttemptEnd::Done(result, teardown.take()),
+                        Some(_) => return AttemptEnd::Stopped(self.entry.take_teardown()),
+                        None => {
+                            return AttemptEnd::Done(result, self.entry.take_teardown());
+                        }
                     }
                 }
             };
@@ -446,7 +448,6 @@ impl Actor {
         attempt: u32,
         cancel: &CancellationToken,
         abort: &Arc<AtomicBool>,
-        teardown: &Arc<Teardown>,
     ) -> BoxFuture<'static, Result<Vec<u8>, TaskError>> {
         let ctx = AttemptContext {
             entry: Arc::clone(&self.entry),
@@ -454,7 +455,6 @@ impl Actor {
             cancel: cancel.clone(),
             abort: Arc::clone(abort),
             bus: Arc::clone(&self.shared.bus),
-            teardown: Arc::downgrade(teardown),
         };
         let setup = AssertUnwindSafe(self.body.attempt(ctx)).catch_unwind();
         let timeout = self.policies.timeout;

@@ -5,8 +5,8 @@
 //! implementation of the trait (`crate::plugin_task`); the supervisor never
 //! looks inside a body.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
 
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
@@ -81,7 +81,6 @@ pub struct AttemptContext {
     pub(crate) cancel: CancellationToken,
     pub(crate) abort: Arc<AtomicBool>,
     pub(crate) bus: Arc<Bus>,
-    pub(crate) teardown: Weak<Teardown>,
 }
 
 impl std::fmt::Debug for AttemptContext {
@@ -144,13 +143,10 @@ impl AttemptContext {
     /// this attempt decided it, and the attempt's concurrency permit, the
     /// task's name and its slot are held until it is done. Before a retry
     /// or the next periodic attempt it runs first. An attempt that is
-    /// dropped (force-abort, timeout) drops it unrun.
+    /// dropped (force-abort, timeout) drops it unrun; so does a call after
+    /// the attempt ended.
     pub fn finish_after_outcome(&self, teardown: BoxFuture<'static, ()>) {
-        match self.teardown.upgrade() {
-            Some(held) => held.push(teardown),
-            // The attempt is gone already: nobody waits for it.
-            None => drop(teardown),
-        }
+        self.entry.hand_over(teardown);
     }
 
     /// Reports one line the body wrote (a `GuestLog` event).
@@ -176,24 +172,6 @@ impl AttemptContext {
         event.done = Some(done);
         event.total = Some(total);
         self.bus.publish(event);
-    }
-}
-
-/// The teardowns an attempt handed over ([`AttemptContext::finish_after_outcome`]).
-#[derive(Default)]
-pub(crate) struct Teardown(Mutex<Vec<BoxFuture<'static, ()>>>);
-
-impl Teardown {
-    fn push(&self, teardown: BoxFuture<'static, ()>) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(teardown);
-    }
-
-    /// Takes what was handed over so far.
-    pub(crate) fn take(&self) -> Vec<BoxFuture<'static, ()>> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 

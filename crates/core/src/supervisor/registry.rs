@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -148,6 +149,8 @@ pub(crate) struct TaskEntry {
 struct RunningAttempt {
     abort: Arc<AtomicBool>,
     hurry: Option<Box<dyn Send>>,
+    /// What the attempt's body handed over to finish it physically.
+    teardown: Option<BoxFuture<'static, ()>>,
 }
 
 impl std::fmt::Debug for TaskEntry {
@@ -219,15 +222,46 @@ impl TaskEntry {
         *self.running.lock().unwrap_or_else(PoisonError::into_inner) = Some(RunningAttempt {
             abort: Arc::clone(abort),
             hurry: None,
+            teardown: None,
         });
     }
 
-    /// The running attempt is gone (its deadline guard with it).
+    /// The running attempt is gone (its deadline guard with it, and a
+    /// teardown nobody took, dropped unrun).
     pub(crate) fn attempt_ended(&self) {
-        self.running
+        let ended = self
+            .running
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
+        drop(ended);
+    }
+
+    /// Adds to what finishes the running attempt physically, after what was
+    /// handed over before. Without a running attempt, drops it.
+    pub(crate) fn hand_over(&self, teardown: BoxFuture<'static, ()>) {
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(attempt) = running.as_mut() else {
+            drop(running);
+            drop(teardown);
+            return;
+        };
+        attempt.teardown = Some(match attempt.teardown.take() {
+            None => teardown,
+            Some(before) => Box::pin(async move {
+                before.await;
+                teardown.await;
+            }),
+        });
+    }
+
+    /// Takes what the running attempt's body handed over.
+    pub(crate) fn take_teardown(&self) -> Option<BoxFuture<'static, ()>> {
+        self.running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+            .and_then(|attempt| attempt.teardown.take())
     }
 
     /// Makes the stop claim; true for exactly one caller.
