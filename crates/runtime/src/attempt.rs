@@ -529,10 +529,17 @@ impl std::fmt::Debug for StoppedInstance {
 }
 
 impl StoppedInstance {
-    /// Drops the instance, returning its pool slot, on the reaper's thread;
+    /// Drops the instance, returning its pool slot, on a reaper thread;
     /// returns once it is gone.
     pub async fn release(self) {
         self.reaper.reap(Box::new(self.store)).await;
+    }
+
+    /// Drops the instance on a reaper thread (at the lowest CPU priority,
+    /// so that a crowd of stops is answered first), then calls `then`
+    /// there.
+    pub fn release_then(self, then: impl FnOnce() + Send + 'static) {
+        self.reaper.reap_then(Box::new(self.store), Box::new(then));
     }
 }
 

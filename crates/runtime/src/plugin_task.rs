@@ -137,9 +137,9 @@ impl TaskBody for PluginTask {
                 // A stopped attempt's instance is dropped after its outcome
                 // is out, before its permit and slot are freed.
                 if let Some(stopped) = stopped {
-                    handover
-                        .ctx
-                        .finish_after_outcome(Box::pin(stopped.release()));
+                    handover.ctx.finish_after_outcome(Box::new(move |then| {
+                        stopped.release_then(move || then.done());
+                    }));
                 }
                 result.map_err(task_error)
             });

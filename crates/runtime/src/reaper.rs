@@ -4,12 +4,11 @@
 //! (a shutdown, a cancel of everything, Replace), and doing those drops on
 //! the async workers puts them in front of the outcomes the crowd waits
 //! for. A stopped plugin task hands its store to the supervisor, which
-//! delivers the outcome first and then waits for the reaper to drop it: the
-//! reaper's threads (one per core, up to four) run at the lowest CPU
-//! priority, so they use what the workers leave, and each takes a batch of
-//! stores at a time, so the attempts waiting for them wake together.
-//! Physical completion (the permit, the slot and the name) still comes
-//! only after the drop.
+//! delivers the outcome first and then gives the store to a reaper with
+//! the rest of the task's physical completion (the permit, the name, the
+//! slot), which the reaper runs right after the drop. The reaper's threads
+//! (one per core, up to four) run at the lowest CPU priority, so they use
+//! what the workers leave, and each takes a batch of stores at a time.
 //!
 //! Attempts that end on their own drop their store inline, since handing
 //! those over costs a round trip per task (BENCHMARKS.md). Outside a
@@ -30,10 +29,10 @@ pub(crate) fn wanted() -> bool {
         .is_ok_and(|rt| rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
 }
 
-/// One store to drop, and who waits for it.
+/// One store to drop, and what comes after.
 struct Job {
     remains: Box<dyn Send>,
-    done: tokio::sync::oneshot::Sender<()>,
+    then: Box<dyn FnOnce() + Send>,
 }
 
 /// Threads that drop what they are given, started at first use.
@@ -46,19 +45,31 @@ impl Reaper {
     /// Drops `remains` on a reaper thread and returns once it is gone. If
     /// no thread can be started (or they have died), drops it here.
     pub(crate) async fn reap(&self, remains: Box<dyn Send>) {
-        let Some(queue) = self.queue.get_or_init(start) else {
-            drop(remains);
-            return;
-        };
         let (done, gone) = tokio::sync::oneshot::channel();
-        match queue.send(Job { remains, done }) {
-            // An error means the job was dropped without its answer: the
-            // thread panicked while dropping it, so it is gone either way.
-            Ok(()) => {
-                let _ = gone.await;
-            }
-            Err(mpsc::SendError(job)) => drop(job),
-        }
+        self.reap_then(
+            remains,
+            Box::new(move || {
+                let _ = done.send(());
+            }),
+        );
+        // An error means the job was dropped without its answer: a reaper
+        // panicked while dropping it, so it is gone either way.
+        let _ = gone.await;
+    }
+
+    /// Drops `remains` on a reaper thread, then calls `then` there. If no
+    /// thread can be started (or they have died), does both here.
+    pub(crate) fn reap_then(&self, remains: Box<dyn Send>, then: Box<dyn FnOnce() + Send>) {
+        let job = Job { remains, then };
+        let job = match self.queue.get_or_init(start) {
+            Some(queue) => match queue.send(job) {
+                Ok(()) => return,
+                Err(mpsc::SendError(job)) => job,
+            },
+            None => job,
+        };
+        drop(job.remains);
+        (job.then)();
     }
 }
 
@@ -96,17 +107,19 @@ fn start() -> Option<mpsc::Sender<Job>> {
                         batch.push(job);
                         batch.extend(rx.try_iter().take(BATCH - 1));
                     }
-                    // Drop them all, then answer them all: the waiting
-                    // attempts wake together, not one executor wake-up each.
-                    let done: Vec<_> = batch
+                    // Drop them all, then go on with them all: what waits
+                    // for them wakes together, not one wake-up each.
+                    let thens: Vec<_> = batch
                         .drain(..)
                         .map(|job| {
                             drop(job.remains);
-                            job.done
+                            job.then
                         })
                         .collect();
-                    for done in done {
-                        let _ = done.send(());
+                    for then in thens {
+                        // A panic there is the caller's bug; the reaper
+                        // goes on with the others.
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(then));
                     }
                 }
             });

@@ -19,7 +19,7 @@ use crate::outcome::TaskOutcome;
 use crate::units::format_duration;
 
 use super::Shared;
-use super::body::{AttemptContext, TaskBody};
+use super::body::{AfterTeardown, AttemptContext, TaskBody, Teardown};
 use super::events::{BackoffSource, Event, EventKind};
 use super::permits::Permit;
 use super::registry::TaskEntry;
@@ -29,7 +29,7 @@ use crate::lifecycle::TaskState;
 
 /// What an attempt's body handed over to finish it physically
 /// ([`AttemptContext::finish_after_outcome`]).
-type Leftovers = Option<BoxFuture<'static, ()>>;
+type Leftovers = Option<Teardown>;
 
 /// How one attempt ended, from the actor's point of view.
 enum AttemptEnd {
@@ -88,28 +88,39 @@ impl Story {
 /// body handed over and, until that has run, its permit. Boxed, and only
 /// when there is a teardown, so that a task's future stays small.
 struct Remains {
-    teardown: BoxFuture<'static, ()>,
-    _permit: Option<Permit>,
+    teardown: Teardown,
+    permit: Option<Permit>,
 }
 
 /// Keeps `permit` with the leftovers in `remains`, or releases it now if
 /// there are none.
 fn keep(remains: &mut Option<Box<Remains>>, leftovers: Leftovers, permit: Option<Permit>) {
     if let Some(teardown) = leftovers {
-        *remains = Some(Box::new(Remains {
-            teardown,
-            _permit: permit,
-        }));
+        *remains = Some(Box::new(Remains { teardown, permit }));
     }
 }
 
-/// Runs what an attempt handed over. A panic in it is a host bug that must
-/// not stop the task's physical completion: it is logged.
-async fn finish_physically(leftovers: Leftovers) {
-    let Some(teardown) = leftovers else { return };
-    if let Err(panic) = AssertUnwindSafe(teardown).catch_unwind().await {
+/// Calls `teardown` with `then`. A panic in it is a host bug that must not
+/// stop the task's physical completion: `then` runs as it unwinds, and the
+/// panic is logged.
+fn tear_down(teardown: Teardown, then: AfterTeardown) {
+    if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| teardown(then))) {
         tracing::error!("an attempt's teardown panicked: {}", panic_message(&*panic));
     }
+}
+
+/// Runs what an attempt handed over and waits until it is done (before a
+/// retry or the next periodic attempt).
+async fn finish_physically(leftovers: Leftovers) {
+    let Some(teardown) = leftovers else { return };
+    let (done, finished) = tokio::sync::oneshot::channel();
+    tear_down(
+        teardown,
+        AfterTeardown::new(move || {
+            let _ = done.send(());
+        }),
+    );
+    let _ = finished.await;
 }
 
 pub(crate) struct Actor {
@@ -159,22 +170,24 @@ impl Actor {
             }
         }
         finish_logically(&shared, &entry, outcome, &story);
-        // Physical completion: the attempt futures are dropped by now; what
-        // the last one handed over goes after its outcome, then its permit.
-        if let Some(remains) = remains {
-            let Remains { teardown, _permit } = *remains;
-            Box::pin(finish_physically(Some(teardown))).await;
-        }
-        entry.set_phase(TaskState::Finishing);
-        shared.registry.unregister(&entry);
-        entry.gone.cancel();
-        shared.publish(
-            Event::new(EventKind::TaskRemoved)
-                .task(entry.id, &entry.name, &entry.slot)
-                .schedule(entry.schedule.as_ref()),
-        );
-        if let Some(on_gone) = on_gone {
-            on_gone();
+        // Physical completion: the attempt futures are dropped by now. What
+        // the last one handed over goes after its outcome, and the rest
+        // (its permit, the name, the slot) after that, wherever the
+        // teardown finishes: waking this task for it would cost a round
+        // trip per task when a crowd stops.
+        match remains {
+            None => complete_physically(shared, entry, on_gone),
+            Some(remains) => {
+                let Remains { teardown, permit } = *remains;
+                let runtime = tokio::runtime::Handle::try_current().ok();
+                let then = AfterTeardown::new(move || {
+                    // The controller may admit the slot's next task here.
+                    let _inside = runtime.as_ref().map(tokio::runtime::Handle::enter);
+                    drop(permit);
+                    complete_physically(shared, entry, on_gone);
+                });
+                tear_down(teardown, then);
+            }
         }
     }
 
@@ -565,6 +578,26 @@ fn deadline_passed(deadline: Option<Instant>) -> impl Future<Output = ()> {
         }
         _ => std::task::Poll::Pending,
     })
+}
+
+/// The end of a task once its last attempt is physically gone: the name
+/// released, `gone` fired, `TaskRemoved`, then the slot (`on_gone`).
+fn complete_physically(
+    shared: Arc<Shared>,
+    entry: Arc<TaskEntry>,
+    on_gone: Option<Box<dyn FnOnce() + Send + Sync>>,
+) {
+    entry.set_phase(TaskState::Finishing);
+    shared.registry.unregister(&entry);
+    entry.gone.cancel();
+    shared.publish(
+        Event::new(EventKind::TaskRemoved)
+            .task(entry.id, &entry.name, &entry.slot)
+            .schedule(entry.schedule.as_ref()),
+    );
+    if let Some(on_gone) = on_gone {
+        on_gone();
+    }
 }
 
 /// Decides the outcome: TaskFinished, then delivery to every waiter. Does

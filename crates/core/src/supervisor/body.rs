@@ -139,13 +139,14 @@ impl AttemptContext {
 
     /// Hands the supervisor what is left of this attempt once its running
     /// part has its result (a plugin's instance, whose drop resets a pool
-    /// slot): the future runs after the task's outcome is delivered, if
-    /// this attempt decided it, and the attempt's concurrency permit, the
-    /// task's name and its slot are held until it is done. Before a retry
-    /// or the next periodic attempt it runs first. An attempt that is
-    /// dropped (force-abort, timeout) drops it unrun; so does a call after
-    /// the attempt ended.
-    pub fn finish_after_outcome(&self, teardown: BoxFuture<'static, ()>) {
+    /// slot). The supervisor calls `teardown` after the task's outcome is
+    /// delivered, if this attempt decided it, and before a retry or the
+    /// next periodic attempt otherwise, with the rest of the attempt's
+    /// physical completion ([`AfterTeardown`]); the attempt's concurrency
+    /// permit, the task's name and its slot are held until that runs. An
+    /// attempt that is dropped (force-abort, timeout) drops it uncalled; so
+    /// does a call after the attempt ended.
+    pub fn finish_after_outcome(&self, teardown: Teardown) {
         self.entry.hand_over(teardown);
     }
 
@@ -172,6 +173,44 @@ impl AttemptContext {
         event.done = Some(done);
         event.total = Some(total);
         self.bus.publish(event);
+    }
+}
+
+/// What finishes an attempt physically, handed over with
+/// [`AttemptContext::finish_after_outcome`]: it does its part, on any
+/// thread, then calls [`AfterTeardown::done`].
+pub type Teardown = Box<dyn FnOnce(AfterTeardown) + Send>;
+
+/// The rest of an attempt's physical completion (its permit; for the
+/// task's last attempt its name, its slot and `TaskRemoved`), given to a
+/// [`Teardown`]. Dropped without [`AfterTeardown::done`] (a teardown that
+/// panicked, or was itself dropped), it runs then: nothing stays held.
+pub struct AfterTeardown(Option<Box<dyn FnOnce() + Send>>);
+
+impl std::fmt::Debug for AfterTeardown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AfterTeardown").finish_non_exhaustive()
+    }
+}
+
+impl AfterTeardown {
+    pub(crate) fn new(rest: impl FnOnce() + Send + 'static) -> Self {
+        Self(Some(Box::new(rest)))
+    }
+
+    /// The teardown's part is done: runs the rest, on this thread.
+    pub fn done(mut self) {
+        if let Some(rest) = self.0.take() {
+            rest();
+        }
+    }
+}
+
+impl Drop for AfterTeardown {
+    fn drop(&mut self) {
+        if let Some(rest) = self.0.take() {
+            rest();
+        }
     }
 }
 

@@ -54,7 +54,7 @@ use tokio::sync::OnceCell;
 use crate::outcome::{RejectionKind, TaskOutcome};
 
 pub use backoff::{BackoffError, BackoffPolicy, Jitter};
-pub use body::{AttemptContext, NativeBody, RunFuture, TaskBody, native};
+pub use body::{AfterTeardown, AttemptContext, NativeBody, RunFuture, TaskBody, Teardown, native};
 pub use events::{BackoffSource, Event, EventKind, EventStream, Received};
 pub use id::{Reservation, TaskId};
 pub use registry::{TaskInfo, TaskRef};

@@ -9,14 +9,13 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::TaskId;
-use super::body::TaskBody;
+use super::body::{AfterTeardown, TaskBody, Teardown};
 use super::waiter::OutcomeCell;
 use crate::lifecycle::TaskState;
 
@@ -150,7 +149,7 @@ struct RunningAttempt {
     abort: Arc<AtomicBool>,
     hurry: Option<Box<dyn Send>>,
     /// What the attempt's body handed over to finish it physically.
-    teardown: Option<BoxFuture<'static, ()>>,
+    teardown: Option<Teardown>,
 }
 
 impl std::fmt::Debug for TaskEntry {
@@ -239,7 +238,7 @@ impl TaskEntry {
 
     /// Adds to what finishes the running attempt physically, after what was
     /// handed over before. Without a running attempt, drops it.
-    pub(crate) fn hand_over(&self, teardown: BoxFuture<'static, ()>) {
+    pub(crate) fn hand_over(&self, teardown: Teardown) {
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(attempt) = running.as_mut() else {
             drop(running);
@@ -248,15 +247,14 @@ impl TaskEntry {
         };
         attempt.teardown = Some(match attempt.teardown.take() {
             None => teardown,
-            Some(before) => Box::pin(async move {
-                before.await;
-                teardown.await;
+            Some(before) => Box::new(move |then| {
+                before(AfterTeardown::new(move || teardown(then)));
             }),
         });
     }
 
     /// Takes what the running attempt's body handed over.
-    pub(crate) fn take_teardown(&self) -> Option<BoxFuture<'static, ()>> {
+    pub(crate) fn take_teardown(&self) -> Option<Teardown> {
         self.running
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

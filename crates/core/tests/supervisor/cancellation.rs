@@ -238,9 +238,12 @@ async fn a_stopped_attempts_teardown_runs_after_its_outcome_holding_the_permit()
             async move {
                 let _ = running.send(());
                 ctx.cancellation().cancelled().await;
-                ctx.finish_after_outcome(Box::pin(async move {
-                    let _ = gate.await;
-                    order.lock().unwrap().push("teardown done");
+                ctx.finish_after_outcome(Box::new(move |then| {
+                    tokio::spawn(async move {
+                        let _ = gate.await;
+                        order.lock().unwrap().push("teardown done");
+                        then.done();
+                    });
                 }));
                 Err(TaskError::Canceled)
             }
