@@ -1436,12 +1436,26 @@ fn force_abort(
             Err(_) => panic!("force-abort: not done within {ROUND_LIMIT:?}"),
         }
     });
-    let (outcome, gone): (Vec<f64>, Vec<f64>) = samples.into_iter().unzip();
     let scenario = format!(
         "force-abort, spin + {OTHER_SPINNERS} spinners, grace {} ms",
         FORCE_GRACE.as_millis()
     );
-    for (what, v) in [("deadline → outcome", outcome), ("deadline → gone", gone)] {
+    let column = |f: fn(&ForceSample) -> f64| samples.iter().map(f).collect::<Vec<f64>>();
+    let rows: [(&str, Vec<f64>, Option<f64>); 4] = [
+        ("deadline → outcome", column(|s| s.outcome), Some(2.0)),
+        ("deadline → gone", column(|s| s.gone), Some(2.0)),
+        (
+            "deadline → outcome, host's part",
+            column(|s| s.outcome - s.outcome_queued),
+            Some(FORCE_HOST_P99),
+        ),
+        (
+            "deadline → gone, host's part",
+            column(|s| s.gone - s.gone_queued),
+            Some(FORCE_HOST_P99),
+        ),
+    ];
+    for (what, v, bound) in rows {
         let p99 = quantile(&v, 0.99);
         table.latency(
             &scenario,
@@ -1449,17 +1463,42 @@ fn force_abort(
             &format!("(b) ours, spin: {what}"),
             &v,
             &format!("ticks ({} ms)", TICK.as_millis()),
-            Some(check_at_most(p99, 2.0, "ticks p99")),
+            bound.map(|max| check_at_most(p99, max, "ticks p99")),
         );
     }
+}
+
+/// The target of the host's part of a force-abort (issue 32: p99 ≤ 1 ms).
+const FORCE_HOST_P99: f64 = 0.1;
+
+/// One force-abort, in ticks after the grace deadline: when the watcher
+/// thread saw the outcome and the physical completion, and how long before
+/// each it had waited on the run queue, woken but not given a CPU (the
+/// observer's own scheduling, not the host's lateness: with both cores
+/// running spinners, a woken thread can wait for the next scheduler tick).
+#[derive(Debug, Clone, Copy)]
+struct ForceSample {
+    outcome: f64,
+    gone: f64,
+    outcome_queued: f64,
+    gone_queued: f64,
+}
+
+/// How long this thread has waited on a run queue, in all
+/// (`/proc/thread-self/schedstat`); zero where the kernel does not say.
+fn run_queue_wait() -> Duration {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
+        .map_or(Duration::ZERO, Duration::from_nanos)
 }
 
 /// Starts the other spinners, then force-aborts one spinner at a time:
 /// `remove` with the supervisor's grace of `FORCE_GRACE`; a separate OS
 /// thread (not a Tokio worker, so the spinners do not delay the reading)
-/// stamps the outcome and the physical completion. Returns (outcome, gone)
-/// after the grace deadline, in ticks.
-async fn force_abort_rounds(plugins: Arc<Plugins>) -> Vec<(f64, f64)> {
+/// stamps the outcome and the physical completion, and reads how long it
+/// waited on the run queue before each.
+async fn force_abort_rounds(plugins: Arc<Plugins>) -> Vec<ForceSample> {
     let Harness::Ours { ctl, .. } = Side::Plugin.harness(&plugins, FORCE_GRACE) else {
         unreachable!()
     };
@@ -1486,42 +1525,58 @@ async fn force_abort_rounds(plugins: Arc<Plugins>) -> Vec<(f64, f64)> {
                 futures::executor::block_on(async move {
                     let outcome = async {
                         let outcome = waiter.wait().await;
-                        (outcome, Instant::now())
+                        (outcome, Instant::now(), run_queue_wait())
                     };
                     let gone = async {
                         watcher.gone(id).await;
-                        Instant::now()
+                        (Instant::now(), run_queue_wait())
                     };
                     let mut outcome = std::pin::pin!(outcome);
                     let mut gone = std::pin::pin!(gone);
                     // Both are registered before the stop is requested.
                     assert!(futures::poll!(outcome.as_mut()).is_pending());
                     assert!(futures::poll!(gone.as_mut()).is_pending());
+                    let queued = run_queue_wait();
                     let _ = armed_tx.send(());
-                    let ((outcome, at_outcome), at_gone) = futures::join!(outcome, gone);
-                    let _ = done_tx.send((outcome, at_outcome, at_gone));
+                    let ((outcome, at_outcome, outcome_queued), (at_gone, gone_queued)) =
+                        futures::join!(outcome, gone);
+                    let _ = done_tx.send((
+                        outcome,
+                        (at_outcome, outcome_queued.saturating_sub(queued)),
+                        (at_gone, gone_queued.saturating_sub(queued)),
+                    ));
                 });
             });
             armed_rx.await.expect("the watcher thread is armed");
             let requested = Instant::now();
             assert!(sup.remove(id), "remove made the stop claim");
             let deadline = requested + FORCE_GRACE;
-            let (outcome, at_outcome, at_gone) = done_rx.await.expect("the watcher reports");
+            let (outcome, (at_outcome, outcome_queued), (at_gone, gone_queued)) =
+                done_rx.await.expect("the watcher reports");
             assert_eq!(outcome, TaskOutcome::ForceAborted);
             let ticks = |at: Instant| {
                 at.saturating_duration_since(deadline).as_secs_f64() / TICK.as_secs_f64()
             };
-            this_round.push((ticks(at_outcome), ticks(at_gone)));
+            let span = |d: Duration| d.as_secs_f64() / TICK.as_secs_f64();
+            this_round.push(ForceSample {
+                outcome: ticks(at_outcome),
+                gone: ticks(at_gone),
+                outcome_queued: span(outcome_queued),
+                gone_queued: span(gone_queued),
+            });
         }
         // Round 0 is the warm-up.
         if round > 0 {
-            let (o, g): (Vec<f64>, Vec<f64>) = this_round.iter().copied().unzip();
+            let o: Vec<f64> = this_round.iter().map(|s| s.outcome).collect();
+            let g: Vec<f64> = this_round.iter().map(|s| s.gone).collect();
+            let q: Vec<f64> = this_round.iter().map(|s| s.gone_queued).collect();
             println!(
-                "  force-abort round {round}: deadline → outcome median {:.2} ticks (max {:.2}); → gone median {:.2} (max {:.2})",
+                "  force-abort round {round}: deadline → outcome median {:.2} ticks (max {:.2}); → gone median {:.2} (max {:.2}); watcher queued max {:.2}",
                 quantile(&o, 0.5),
                 quantile(&o, 1.0),
                 quantile(&g, 0.5),
-                quantile(&g, 1.0)
+                quantile(&g, 1.0),
+                quantile(&q, 1.0)
             );
             samples.extend(this_round);
         }
