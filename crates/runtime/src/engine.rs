@@ -76,6 +76,7 @@ pub struct RuntimeConfig {
     pub(crate) kv: Option<super::attempt::KvHandle>,
     pub(crate) children: Option<super::attempt::ChildHandle>,
     pub(crate) inline_loads: bool,
+    pub(crate) realtime_ticker: bool,
 }
 
 /// A compile that has taken longer than [`SLOW_COMPILE`] so far, as told to
@@ -142,6 +143,20 @@ impl RuntimeConfig {
     /// [default: 10 ms].
     pub fn epoch_tick(mut self, tick: Duration) -> Self {
         self.epoch_tick = tick.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Ask for real-time priority (`SCHED_FIFO`, the lowest) for the epoch
+    /// ticker's thread, which sleeps but for microseconds per tick. At
+    /// normal priority, when spinning guests hold every core, the woken
+    /// ticker can wait for one until the kernel's next scheduler tick (4 ms
+    /// at 250 Hz), and a force-abort or the timeout of a spinning guest is
+    /// that late. It needs `CAP_SYS_NICE` or an `RLIMIT_RTPRIO` of at least
+    /// 1; without them the ticker runs at normal priority
+    /// ([`Runtime::realtime_ticker`](super::Runtime::realtime_ticker) says
+    /// which) [default: `true`].
+    pub fn realtime_ticker(mut self, ask: bool) -> Self {
+        self.realtime_ticker = ask;
         self
     }
 
@@ -240,6 +255,7 @@ impl Default for RuntimeConfig {
             kv: None,
             children: None,
             inline_loads: false,
+            realtime_ticker: true,
         }
     }
 }
@@ -565,6 +581,8 @@ fn address_space_limit() -> Option<u64> {
 pub(crate) struct EpochTicker {
     stop: Arc<AtomicBool>,
     hurry: Arc<Hurry>,
+    /// Whether its thread runs at real-time priority.
+    realtime: bool,
 }
 
 /// An attempt's force-abort deadline, its [`HurryGuard`]'s state (gone
@@ -705,13 +723,17 @@ impl EpochTicker {
         HurryGuard { state }
     }
 
-    pub(crate) fn start(engine: &Engine, tick: Duration) -> Result<Self, RuntimeError> {
+    pub(crate) fn start(
+        engine: &Engine,
+        tick: Duration,
+        ask_realtime: bool,
+    ) -> Result<Self, RuntimeError> {
         let weak = engine.weak();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let hurry = Arc::new(Hurry::default());
         let deadlines = Arc::clone(&hurry);
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("taskhost-epoch".into())
             .spawn(move || {
                 let mut next_tick = std::time::Instant::now() + tick;
@@ -726,7 +748,37 @@ impl EpochTicker {
             .map_err(|e| {
                 RuntimeError::Engine(format!("cannot start the epoch ticker thread: {e}"))
             })?;
-        Ok(Self { stop, hurry })
+        let realtime = ask_realtime && realtime_priority(&thread);
+        Ok(Self {
+            stop,
+            hurry,
+            realtime,
+        })
+    }
+
+    /// Whether its thread runs at real-time priority.
+    pub(crate) fn is_realtime(&self) -> bool {
+        self.realtime
+    }
+}
+
+/// Gives `thread` the lowest real-time priority, if this process may.
+fn realtime_priority(thread: &std::thread::JoinHandle<()>) -> bool {
+    use std::os::unix::thread::JoinHandleExt;
+    use thread_priority::{
+        RealtimeThreadSchedulePolicy, ThreadPriority, ThreadSchedulePolicy,
+        set_thread_priority_and_policy,
+    };
+    match set_thread_priority_and_policy(
+        thread.as_pthread_t(),
+        ThreadPriority::Min,
+        ThreadSchedulePolicy::Realtime(RealtimeThreadSchedulePolicy::Fifo),
+    ) {
+        Ok(()) => true,
+        Err(err) => {
+            tracing::debug!("the epoch ticker runs at normal priority: {err:?}");
+            false
+        }
     }
 }
 

@@ -214,7 +214,8 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         attempt::add_to_linker(&mut linker)
             .map_err(|e| RuntimeError::Engine(attempt::error_chain(&e)))?;
-        let ticker = engine::EpochTicker::start(&engine, config.epoch_tick)?;
+        let ticker =
+            engine::EpochTicker::start(&engine, config.epoch_tick, config.realtime_ticker)?;
         let artifacts = config
             .cache_dir
             .as_deref()
@@ -265,6 +266,14 @@ impl Runtime {
     /// ticks every millisecond.
     pub fn hurry_at(&self, at: std::time::Instant, abort: Arc<AtomicBool>) -> HurryGuard {
         self.ticker.hurry_at(at, abort)
+    }
+
+    /// Whether the epoch ticker's thread got the real-time priority
+    /// [`RuntimeConfig::realtime_ticker`] asks for: when it did not, a
+    /// force-abort or timeout of a spinning guest can be late by up to a
+    /// kernel scheduler tick while guests hold every core.
+    pub fn realtime_ticker(&self) -> bool {
+        self.ticker.is_realtime()
     }
 
     /// The engine every plugin of this runtime is compiled for and

@@ -782,3 +782,85 @@ fn the_plugin_cache_keeps_its_bound_and_reloads_what_it_dropped() {
     let hello = rows.iter().find(|r| r["name"] == "hello").unwrap();
     assert_eq!(hello["loaded"], true);
 }
+
+/// The scheduling policies (`/proc/PID/task/*/stat`, field 41) of a
+/// process's threads named `name`.
+fn thread_policies(pid: u32, name: &str) -> Vec<u32> {
+    let mut policies = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the daemon's threads") {
+        let task = task.expect("a thread").path();
+        let Ok(comm) = std::fs::read_to_string(task.join("comm")) else {
+            continue;
+        };
+        if comm.trim() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.join("stat")).expect("the thread's stat");
+        // The fields after the name, which is in parentheses: policy is
+        // the 41st field in all, the 39th after the name.
+        let after_name = &stat[stat.rfind(')').expect("a stat line") + 2..];
+        let policy = after_name
+            .split_whitespace()
+            .nth(38)
+            .expect("a policy field");
+        policies.push(policy.parse().expect("a number"));
+    }
+    policies
+}
+
+/// What the daemon's start-up line says of its epoch ticker's priority.
+fn says_realtime_ticker(daemon: &Daemon) -> bool {
+    let seen = &daemon.process.as_ref().expect("running").stderr_seen;
+    let line = seen
+        .iter()
+        .find(|l| l.contains("taskhost daemon listening") && l.contains("realtime_ticker="))
+        .unwrap_or_else(|| panic!("a start-up line naming realtime_ticker; saw {seen:?}"));
+    line.contains("realtime_ticker=true")
+}
+
+/// The daemon's epoch ticker asks for real-time priority, so that a woken
+/// ticker does not wait for a core that spinning guests hold: it says at
+/// start whether it got it, which is what its thread's policy shows, and
+/// where the process may not (no CAP_SYS_NICE, RLIMIT_RTPRIO 0) it runs at
+/// normal priority and says why.
+#[test]
+fn the_epoch_ticker_runs_at_realtime_priority_where_the_process_may() {
+    const SCHED_OTHER: u32 = 0;
+    const SCHED_FIFO: u32 = 1;
+    let daemon = Daemon::start(&[]);
+    let pid = daemon.process.as_ref().expect("running").child.id();
+    let policy = if says_realtime_ticker(&daemon) {
+        SCHED_FIFO
+    } else {
+        SCHED_OTHER
+    };
+    assert_eq!(thread_policies(pid, "taskhost-epoch"), [policy]);
+    assert_eq!(
+        thread_policies(pid, "tokio-rt-worker")
+            .into_iter()
+            .filter(|p| *p != SCHED_OTHER)
+            .count(),
+        0,
+        "only the ticker asks for another policy"
+    );
+    drop(daemon);
+
+    // Without the privilege: root drops CAP_SYS_NICE from what the daemon
+    // can have, everyone's RLIMIT_RTPRIO is 0.
+    let daemon = Daemon::start_in_shell(
+        "ulimit -r 0 || exit 1; \
+         if [ \"$(id -u)\" = 0 ]; then exec setpriv --bounding-set -sys_nice -- \"$0\" \"$@\"; fi; \
+         exec \"$0\" \"$@\"",
+        &[],
+    );
+    let pid = daemon.process.as_ref().expect("running").child.id();
+    assert!(!says_realtime_ticker(&daemon));
+    assert_eq!(thread_policies(pid, "taskhost-epoch"), [SCHED_OTHER]);
+    let seen = &daemon.process.as_ref().expect("running").stderr_seen;
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("the epoch ticker runs at normal priority")
+                && l.contains("RLIMIT_RTPRIO")),
+        "{seen:?}"
+    );
+}

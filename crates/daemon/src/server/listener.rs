@@ -127,6 +127,13 @@ pub async fn serve(
         );
         max_concurrent = capacity;
     }
+    if !runtime.realtime_ticker() {
+        tracing::info!(
+            "the epoch ticker runs at normal priority (real-time priority needs CAP_SYS_NICE \
+             or an RLIMIT_RTPRIO of at least 1, e.g. systemd's LimitRTPRIO=1): while guests \
+             hold every core, a force-abort or timeout can be late by a scheduler tick"
+        );
+    }
     // A store file outside the state directory gets a lock of its own.
     let store_lock = match &spec {
         StoreSpec::Sqlite(path) if !path.starts_with(&config.state_dir) => {
@@ -286,6 +293,7 @@ pub async fn serve(
             Storage::Shared(c) => format!("{:?} (node {})", c.pg, c.node()),
         },
         allocator = ?runtime.allocator(),
+        realtime_ticker = runtime.realtime_ticker(),
         max_concurrent,
         worker_threads = config.worker_threads,
         "taskhost daemon listening"

@@ -73,6 +73,19 @@ impl Daemon {
     /// already, it stays) and then runs the daemon, so a test can show that
     /// a guest cannot use up the daemon's descriptors.
     pub fn start_with_fd_limit(limit: u32, extra: &[&str]) -> Self {
+        Self::start_in_shell(
+            &format!(
+                "hard=$(ulimit -Hn); \
+                 if [ \"$hard\" = unlimited ] || [ \"$hard\" -gt {limit} ]; then \
+                 ulimit -n {limit} || exit 1; fi; exec \"$0\" \"$@\""
+            ),
+            extra,
+        )
+    }
+
+    /// Starts `host serve` from a bash `script` that ends by running the
+    /// daemon's command line, `"$0" "$@"` (after setting limits, say).
+    pub fn start_in_shell(script: &str, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("h.sock");
         let state = dir.path().join("state");
@@ -80,11 +93,7 @@ impl Daemon {
         common::host_env(&mut cmd);
         cmd.args([
             "-c",
-            &format!(
-                "hard=$(ulimit -Hn); \
-                 if [ \"$hard\" = unlimited ] || [ \"$hard\" -gt {limit} ]; then \
-                 ulimit -n {limit} || exit 1; fi; exec \"$0\" \"$@\""
-            ),
+            script,
             common::host_bin(),
             "serve",
             "--socket",
