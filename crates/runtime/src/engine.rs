@@ -622,13 +622,28 @@ struct Deadlines {
 }
 
 impl Deadlines {
-    /// Drops the deadlines whose attempts are gone and recomputes
-    /// `earliest` and `overdue` from the others.
-    fn scan(&mut self) {
+    /// Sets the abort flags of the deadlines that have come, drops those
+    /// whose attempts are gone, and recomputes `earliest` and `overdue`
+    /// from the others; says whether it set any flag.
+    fn scan(&mut self, now: std::time::Instant) -> bool {
         self.list.retain(|(_, state, _)| state.strong_count() > 0);
         self.earliest = None;
         self.overdue = false;
-        for (at, _, abort) in &self.list {
+        let mut fired = false;
+        for (at, state, abort) in &self.list {
+            if *at <= now && !abort.swap(true, Ordering::SeqCst) {
+                fired = true;
+                ABORTS_FIRED.fetch_add(1, Ordering::SeqCst);
+                // Pending until its attempt is gone (the guard's drop),
+                // unless that has already happened.
+                if let Some(state) = state.upgrade()
+                    && state
+                        .compare_exchange(ARMED, FIRED, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok()
+                {
+                    ABORTS_PENDING.fetch_add(1, Ordering::SeqCst);
+                }
+            }
             if abort.load(Ordering::Relaxed) {
                 self.overdue = true;
             } else {
@@ -636,6 +651,7 @@ impl Deadlines {
             }
         }
         self.scanned = self.list.len();
+        fired
     }
 }
 
@@ -672,12 +688,10 @@ impl Hurry {
         loop {
             let now = std::time::Instant::now();
             deadlines.sleeping_until = None;
-            if deadlines.overdue
+            let fired = (deadlines.overdue
                 || deadlines.earliest.is_some_and(|at| at <= now)
-                || deadlines.list.len() > 2 * deadlines.scanned.max(32)
-            {
-                deadlines.scan();
-            }
+                || deadlines.list.len() > 2 * deadlines.scanned.max(32))
+                && deadlines.scan(now);
             let mut due = *next_tick;
             // Once one is overdue, tick every HURRY_TICK after the last
             // tick (`next_tick - tick`).
@@ -687,29 +701,7 @@ impl Hurry {
             if let Some(at) = deadlines.earliest {
                 due = due.min(at);
             }
-            if due <= now {
-                if deadlines.earliest.is_some_and(|at| at <= now) {
-                    for (at, state, abort) in deadlines.list.iter() {
-                        if *at <= now && !abort.swap(true, Ordering::SeqCst) {
-                            ABORTS_FIRED.fetch_add(1, Ordering::SeqCst);
-                            // Pending until its attempt is gone (the guard's
-                            // drop), unless that has already happened.
-                            if let Some(state) = state.upgrade()
-                                && state
-                                    .compare_exchange(
-                                        ARMED,
-                                        FIRED,
-                                        Ordering::SeqCst,
-                                        Ordering::SeqCst,
-                                    )
-                                    .is_ok()
-                            {
-                                ABORTS_PENDING.fetch_add(1, Ordering::SeqCst);
-                            }
-                        }
-                    }
-                    deadlines.scan();
-                }
+            if fired || due <= now {
                 *next_tick = now + tick;
                 return;
             }
