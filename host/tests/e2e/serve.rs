@@ -864,3 +864,75 @@ fn the_epoch_ticker_runs_at_realtime_priority_where_the_process_may() {
         "{seen:?}"
     );
 }
+
+/// Every task's life ends in `TaskRemoved`, at shutdown too: a follower of
+/// the events sees the `TaskRemoved` of each running task before the
+/// shutdown's final event, in every run (a stopped guest's instance is
+/// dropped on a reaper thread, which once published `TaskRemoved` after
+/// the shutdown had already closed the stream).
+#[test]
+fn a_follower_sees_every_task_removed_at_shutdown() {
+    let runs: usize = std::env::var("TASKHOST_SHUTDOWN_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    for run in 0..runs {
+        let mut d = Daemon::start(&[]);
+        let names = ["nap-a", "nap-b", "nap-c"];
+        let ids: Vec<u64> = names
+            .iter()
+            .map(|name| {
+                d.submit(&[&p("sleeper"), "--name", name, "--param", "ms=60000"])
+                    .parse()
+                    .expect("an id")
+            })
+            .collect();
+        for name in names {
+            d.wait_until_state(name, "running");
+        }
+        let (mut follower, lines) = d.spawn_stdout_lines(&["events", "--follow", "--json"]);
+        // The follower is attached once it has replayed the history.
+        let mut seen: Vec<Value> = Vec::new();
+        let deadline = std::time::Instant::now() + LIMIT;
+        while !seen
+            .iter()
+            .any(|e| e["kind"] == "AttemptStarting" && e["task_id"] == ids[2])
+        {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = lines
+                .recv_timeout(left)
+                .expect("the follower replays history");
+            seen.push(serde_json::from_str(&line).expect("one JSON object per line"));
+        }
+        let out = d.run(&["shutdown", "--grace", "3s"]);
+        assert_eq!(out.code, Some(0), "run {run}: {}", out.stderr);
+        let (status, daemon_out) = d.finish(LIMIT);
+        assert_eq!(status.code(), Some(0), "run {run}: {}", daemon_out.stderr);
+        // The stream ends when the daemon is gone.
+        while let Ok(line) = lines.recv_timeout(LIMIT) {
+            seen.push(serde_json::from_str(&line).expect("one JSON object per line"));
+        }
+        let _ = follower.wait();
+        let position = |kind: &str, id: Option<u64>| {
+            seen.iter()
+                .position(|e| e["kind"] == kind && id.is_none_or(|id| e["task_id"] == id))
+        };
+        let last = seen
+            .iter()
+            .rposition(|e| {
+                matches!(
+                    e["kind"].as_str(),
+                    Some("AllStoppedWithinGrace" | "GraceExceeded")
+                )
+            })
+            .unwrap_or_else(|| panic!("run {run}: no final shutdown event in {seen:#?}"));
+        for id in &ids {
+            let removed = position("TaskRemoved", Some(*id))
+                .unwrap_or_else(|| panic!("run {run}: no TaskRemoved of task {id} in {seen:#?}"));
+            assert!(
+                removed < last,
+                "run {run}: task {id}'s TaskRemoved comes before the shutdown's end: {seen:#?}"
+            );
+        }
+    }
+}

@@ -581,7 +581,10 @@ fn deadline_passed(deadline: Option<Instant>) -> impl Future<Output = ()> {
 }
 
 /// The end of a task once its last attempt is physically gone: the name
-/// released, `gone` fired, `TaskRemoved`, then the slot (`on_gone`).
+/// released, `TaskRemoved`, `gone` fired, then the slot (`on_gone`).
+/// `TaskRemoved` goes out before `gone` fires: a shutdown waits for `gone`
+/// and then closes the bus, so an event published after it (on a reaper
+/// thread, while the shutdown runs on a worker) could be lost.
 fn complete_physically(
     shared: Arc<Shared>,
     entry: Arc<TaskEntry>,
@@ -589,12 +592,12 @@ fn complete_physically(
 ) {
     entry.set_phase(TaskState::Finishing);
     shared.registry.unregister(&entry);
-    entry.gone.cancel();
     shared.publish(
         Event::new(EventKind::TaskRemoved)
             .task(entry.id, &entry.name, &entry.slot)
             .schedule(entry.schedule.as_ref()),
     );
+    entry.gone.cancel();
     if let Some(on_gone) = on_gone {
         on_gone();
     }
