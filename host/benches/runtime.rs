@@ -83,6 +83,7 @@ async fn instantiate_and_run(plugin: &Path, allocator: AllocatorChoice) -> Vec<f
         input: Arc::from(&b"hi"[..]),
         sandbox: Arc::new(Sandbox::default()),
         sink: Arc::new(NullSink),
+        parking: None,
     };
     let signals = StopSignals::default();
     // Warm up the pool slots and caches.

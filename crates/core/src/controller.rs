@@ -40,6 +40,14 @@ use crate::supervisor::{
     TaskReport, TaskSpec, TaskWaiter,
 };
 
+/// Who a submission that never ran was: id, name, slot, schedule and parent.
+type Who<'a> = (
+    TaskId,
+    &'a Arc<str>,
+    &'a Arc<str>,
+    Option<&'a Arc<str>>,
+    Option<TaskId>,
+);
 /// Builds a [`Controller`]; every bound has a default.
 #[derive(Debug)]
 pub struct ControllerBuilder {
@@ -268,6 +276,7 @@ impl Controller {
             not_before,
         } = submission;
         let schedule = spec.schedule_name().cloned();
+        let parent = spec.parent_id();
         let id = reservation.id();
         let name: Arc<str> = Arc::from(spec.name());
         let slot: Arc<str> = Arc::from(spec.slot().unwrap_or(spec.name()));
@@ -275,7 +284,8 @@ impl Controller {
         let waiter = cell.waiter(id);
         let mut event = Event::new(EventKind::ControllerSubmitted)
             .task(id, &name, &slot)
-            .schedule(schedule.as_ref());
+            .schedule(schedule.as_ref())
+            .parent(parent);
         event.detail = Some(policy.to_string());
         self.inner.supervisor.bus().publish(event);
 
@@ -306,7 +316,7 @@ impl Controller {
             }
             Err((kind, reason)) => {
                 self.resolve_rejected(
-                    (id, &name, &slot, schedule.as_ref()),
+                    (id, &name, &slot, schedule.as_ref(), parent),
                     &cell,
                     kind,
                     reason.clone(),
@@ -437,16 +447,18 @@ impl Controller {
             state.delayed_at.remove(&id);
             let mut event = Event::new(EventKind::DelayDue)
                 .task(id, &delayed.name, &delayed.slot)
-                .schedule(delayed.pending.spec.schedule_name());
+                .schedule(delayed.pending.spec.schedule_name())
+                .parent(delayed.pending.spec.parent_id());
             event.delay_ms = Some(now.saturating_duration_since(due).as_millis() as u64);
             self.inner.supervisor.bus().publish(event);
             crate::stats::DELAYS_DUE.observe(now.saturating_duration_since(due));
             let cell = Arc::clone(&delayed.pending.cell);
             let schedule = delayed.pending.spec.schedule_name().cloned();
+            let parent = delayed.pending.spec.parent_id();
             if let Err((kind, reason)) =
                 self.place(&mut state, delayed.pending, delayed.policy, &delayed.slot)
             {
-                let who = (id, &delayed.name, &delayed.slot, schedule.as_ref());
+                let who = (id, &delayed.name, &delayed.slot, schedule.as_ref(), parent);
                 self.resolve_rejected(who, &cell, kind, reason);
             }
         }
@@ -496,7 +508,13 @@ impl Controller {
                         state.queued.remove(&old.id());
                         let name: Arc<str> = Arc::from(old.spec.name());
                         self.resolve_rejected(
-                            (old.id(), &name, slot_key, old.spec.schedule_name()),
+                            (
+                                old.id(),
+                                &name,
+                                slot_key,
+                                old.spec.schedule_name(),
+                                old.spec.parent_id(),
+                            ),
                             &old.cell,
                             RejectionKind::SupersededByReplace,
                             format!("a newer Replace submission ({id}) took its place"),
@@ -614,11 +632,11 @@ impl Controller {
         self.inner.supervisor.bus().publish(event);
     }
 
-    /// Ends a submission that never ran: `who` is its id, name, slot and
-    /// schedule.
+    /// Ends a submission that never ran: `who` is its id, name, slot,
+    /// schedule and parent.
     fn resolve_rejected(
         &self,
-        (id, name, slot, schedule): (TaskId, &Arc<str>, &Arc<str>, Option<&Arc<str>>),
+        (id, name, slot, schedule, parent): Who<'_>,
         cell: &OutcomeCell,
         kind: RejectionKind,
         reason: String,
@@ -628,6 +646,7 @@ impl Controller {
             Event::new(EventKind::ControllerRejected)
                 .task(id, name, slot)
                 .schedule(schedule)
+                .parent(parent)
                 .outcome(&outcome),
         );
         cell.set(TaskReport::never_ran(
@@ -695,7 +714,13 @@ impl Controller {
         drop(state);
         let name: Arc<str> = Arc::from(pending.spec.name());
         self.resolve_rejected(
-            (id, &name, &key, pending.spec.schedule_name()),
+            (
+                id,
+                &name,
+                &key,
+                pending.spec.schedule_name(),
+                pending.spec.parent_id(),
+            ),
             &pending.cell,
             RejectionKind::RemovedFromQueue,
             "removed from the queue before it ran".into(),
@@ -732,6 +757,7 @@ impl Controller {
                 &delayed.name,
                 &delayed.slot,
                 delayed.pending.spec.schedule_name(),
+                delayed.pending.spec.parent_id(),
             ),
             &delayed.pending.cell,
             RejectionKind::RemovedFromQueue,
@@ -890,7 +916,13 @@ impl Controller {
         for (slot, p) in rejected {
             let name: Arc<str> = Arc::from(p.spec.name());
             self.resolve_rejected(
-                (p.id(), &name, &slot, p.spec.schedule_name()),
+                (
+                    p.id(),
+                    &name,
+                    &slot,
+                    p.spec.schedule_name(),
+                    p.spec.parent_id(),
+                ),
                 &p.cell,
                 RejectionKind::ShuttingDown,
                 "the host shut down before it ran".into(),

@@ -30,6 +30,15 @@ pub const DEFAULT_HTTP_MAX_STREAMS: usize = 16;
 /// (`http_header_timeout`).
 pub const DEFAULT_HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The default of [`DaemonConfig::max_parked`].
+pub const DEFAULT_MAX_PARKED: usize = 256;
+
+/// The default of [`DaemonConfig::max_descendants`].
+pub const DEFAULT_MAX_DESCENDANTS: usize = 10_000;
+
+/// The default of [`DaemonConfig::max_depth`].
+pub const DEFAULT_MAX_DEPTH: u32 = 16;
+
 /// The default of [`DaemonConfig::memory_ceiling`].
 pub const DEFAULT_MEMORY_CEILING: u64 = 4 << 30;
 
@@ -51,6 +60,13 @@ pub struct DaemonConfig {
     pub max_delayed: usize,
     /// Schedules one daemon (or cluster) holds.
     pub max_schedules: usize,
+    /// Parent tasks with children at once (each may wait parked: its
+    /// instance alive, its permit given back).
+    pub max_parked: usize,
+    /// Unfinished descendants of one root task at once.
+    pub max_descendants: usize,
+    /// How deep a tree of child tasks may go (a root's children are at 1).
+    pub max_depth: u32,
     /// Default memory limit of a guest (all its linear memories together).
     pub max_memory: u64,
     /// The most memory a submission's `--max-memory` may ask for; one
@@ -183,6 +199,9 @@ impl DaemonConfig {
             max_total_pending: 10_000,
             max_delayed: taskhost_core::controller::DEFAULT_MAX_DELAYED,
             max_schedules: 100_000,
+            max_parked: DEFAULT_MAX_PARKED,
+            max_descendants: DEFAULT_MAX_DESCENDANTS,
+            max_depth: DEFAULT_MAX_DEPTH,
             max_memory: DEFAULT_MAX_MEMORY,
             memory_ceiling: DEFAULT_MEMORY_CEILING,
             max_handles: taskhost_runtime::DEFAULT_MAX_HANDLES,
@@ -276,6 +295,15 @@ impl DaemonConfig {
         }
         if let Some(v) = file.max_schedules {
             self.max_schedules = v;
+        }
+        if let Some(v) = file.max_parked {
+            self.max_parked = v;
+        }
+        if let Some(v) = file.max_descendants {
+            self.max_descendants = v;
+        }
+        if let Some(v) = file.max_depth {
+            self.max_depth = v;
         }
         if let Some(v) = file.max_memory {
             self.max_memory = parse_size(&v).map_err(|e| format!("max_memory: {e}"))?;
@@ -492,6 +520,9 @@ struct FileConfig {
     max_total_pending: Option<usize>,
     max_delayed: Option<usize>,
     max_schedules: Option<usize>,
+    max_parked: Option<usize>,
+    max_descendants: Option<usize>,
+    max_depth: Option<u32>,
     max_memory: Option<String>,
     memory_ceiling: Option<String>,
     max_handles: Option<usize>,

@@ -41,6 +41,8 @@ pub(crate) struct Daemon {
     pub shutdown_requested: AtomicBool,
     /// Outcomes being recorded: the daemon exits only after they are.
     pub recording: Recording,
+    /// Child tasks: who spawned whom in this run, and the bounds of trees.
+    pub children: crate::service::children::Children,
     /// Guests' key-value state (one host's; a cluster node's stays empty).
     pub kv: Arc<taskhost_runtime::MemoryKv>,
     /// Set by a `Shutdown` request: the grace the accept loop shuts down

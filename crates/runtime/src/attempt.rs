@@ -23,10 +23,9 @@ use super::children::{ChildAccess, ChildTasks};
 use super::http::{HttpHooks, OwnAddresses};
 use super::kv::{KvAccess, KvBackend};
 use super::limits::{GuestLimits, LimitHits};
-use super::output::{Capture, CapturedStream, GuestSink};
+use super::output::{Capture, CapturedStream};
 use super::plugin::Digest;
 use super::reaper::Reaper;
-use super::sandbox::Sandbox;
 use super::secrets::Secrets;
 use taskhost_core::logline::{LogLevel, Stream};
 use taskhost_core::units::format_size;
@@ -342,15 +341,18 @@ static NO_CONFIG: std::sync::LazyLock<Arc<WasiConfigVariables>> =
 pub(crate) fn new_store(
     engine: &Engine,
     env: &AttemptEnv,
-    sandbox: &Arc<Sandbox>,
+    request: &crate::AttemptRequest,
     plugin: Option<Digest>,
-    facts: Arc<AttemptFacts>,
     signals: &StopSignals,
-    sink: Arc<dyn GuestSink>,
 ) -> Result<(Store<AttemptState>, Arc<Capture>), AttemptError> {
+    let sandbox = &request.sandbox;
+    let facts = Arc::clone(&request.facts);
+    let sink = Arc::clone(&request.sink);
+    let parking = request.parking.clone();
     let children = match (&env.children, plugin) {
         (Some(handle), Some(plugin)) => Some(ChildAccess {
             backend: Arc::clone(&handle.0),
+            parking,
             facts: Arc::clone(&facts),
             plugin,
             sandbox: Arc::clone(sandbox),
@@ -787,7 +789,7 @@ impl children::Host for HostCtx {
         };
         let backend = Arc::clone(&access.backend);
         let parent = access.facts.task_id;
-        let (result, waited) = noting_wait(async {
+        let wait = async {
             tokio::select! {
                 biased;
                 () = self.cancel.cancelled() => Err(children::WaitError::Cancelled),
@@ -798,9 +800,20 @@ impl children::Host for HostCtx {
                     }
                 },
             }
-        })
-        .await;
-        self.woke = waited;
+        };
+        let mut wait = std::pin::pin!(wait);
+        // A child that has ended answers at once; one that has not may need
+        // this attempt's permit to run, so the attempt is parked meanwhile.
+        if let Some(result) = futures::FutureExt::now_or_never(wait.as_mut()) {
+            self.woke = false;
+            return result;
+        }
+        let parking = access.parking.clone().filter(|p| p.park());
+        let result = wait.await;
+        if let Some(parking) = parking {
+            parking.unpark().await;
+        }
+        self.woke = true;
         result
     }
 }

@@ -2,9 +2,11 @@
 //! (since 0.1.1): what a spawn asks for ([`ChildSpec`]), what its parent
 //! brings ([`Parent`]: its id, name, plugin and grants, the ceiling of every
 //! child), how an outcome comes back ([`ChildOutcome`]), and the host
-//! functions, whose wait returns at once when the parent is asked to stop.
-//! Submitting and waiting is the embedder's ([`ChildTasks`]): this module
-//! knows no controller.
+//! functions, whose wait returns at once when the parent is asked to stop
+//! and parks the parent meanwhile ([`Parking`]: its concurrency permit goes
+//! back, so that its children can run under any limit). Submitting and
+//! waiting is the embedder's ([`ChildTasks`]), and so is the permit: this
+//! module knows no controller and no supervisor.
 
 #![forbid(unsafe_code)]
 
@@ -98,11 +100,25 @@ pub trait ChildTasks: Send + Sync + 'static {
     fn wait(&self, parent: u64, child: u64) -> ChildFuture<Result<ChildOutcome, WaitError>>;
 }
 
+/// How an attempt gives its share of the host's concurrency back while its
+/// guest waits for a child, and takes it again: the embedder's supervisor
+/// holds it (`PluginTask` wires it to the supervisor's
+/// `AttemptContext::park`).
+pub trait Parking: Send + Sync {
+    /// Gives the attempt's permit back; true if it held one.
+    fn park(&self) -> bool;
+    /// Takes a permit again after [`Parking::park`]; returns early, without
+    /// one, once the attempt is asked to stop.
+    fn unpark(&self) -> ChildFuture<()>;
+}
+
 /// What one attempt's guest may do with children: shares the attempt's
 /// facts and grants; the [`Parent`] is made at a spawn.
 #[derive(Clone)]
 pub(crate) struct ChildAccess {
     pub(crate) backend: Arc<dyn ChildTasks>,
+    /// Parks the attempt while it waits (none: it keeps its permit).
+    pub(crate) parking: Option<Arc<dyn Parking>>,
     pub(crate) facts: Arc<crate::AttemptFacts>,
     pub(crate) plugin: Digest,
     pub(crate) sandbox: Arc<Sandbox>,

@@ -109,6 +109,9 @@ pub struct AttemptRequest {
     pub sandbox: Arc<Sandbox>,
     /// Where the guest's output goes.
     pub sink: Arc<dyn GuestSink>,
+    /// How the attempt gives its concurrency permit back while its guest
+    /// waits for a child (none: it keeps it; `PluginTask` sets it).
+    pub parking: Option<Arc<dyn children::Parking>>,
 }
 
 /// The engine, linker, ticker and plugin cache of one process.
@@ -582,11 +585,9 @@ impl Runtime {
         let (store, capture) = attempt::new_store(
             &self.engine,
             &self.env,
-            &request.sandbox,
+            request,
             Some(plugin.digest()),
-            Arc::clone(&request.facts),
             signals,
-            Arc::clone(&request.sink),
         )?;
         attempt::instantiate(plugin.pre(), store, capture, signals, &self.reaper).await
     }

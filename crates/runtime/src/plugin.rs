@@ -526,16 +526,15 @@ pub(crate) async fn describe(
         ..Sandbox::default()
     };
     let signals = StopSignals::default();
-    let (mut store, capture) = attempt::new_store(
-        engine,
-        env,
-        &Arc::new(sandbox),
-        None,
-        Arc::new(AttemptFacts::default()),
-        &signals,
-        Arc::new(NullSink),
-    )
-    .map_err(|e| bad(e.to_string()))?;
+    let request = crate::AttemptRequest {
+        facts: Arc::new(AttemptFacts::default()),
+        input: Arc::from(&[][..]),
+        sandbox: Arc::new(sandbox),
+        sink: Arc::new(NullSink),
+        parking: None,
+    };
+    let (mut store, capture) = attempt::new_store(engine, env, &request, None, &signals)
+        .map_err(|e| bad(e.to_string()))?;
     let call = async {
         let instance = pre.instantiate_async(&mut store).await?;
         instance.call_describe(&mut store).await

@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
+use crate::children::Parking;
 use crate::{
     AttemptError, AttemptFacts, AttemptRequest, DefaultPolicy, GuestSink, Plugin, ResourceTemplate,
     Runtime, Sandbox, StopSignals, TemplateError,
@@ -119,11 +120,13 @@ impl TaskBody for PluginTask {
             forward: task.sink.clone(),
         });
         let handover = Arc::clone(&sink);
+        let parking: Arc<dyn Parking> = Arc::new(Permit(sink.ctx.clone()));
         let request = AttemptRequest {
             facts,
             input: Arc::clone(&task.input),
             sandbox: Arc::clone(&task.sandbox),
             sink,
+            parking: Some(parking),
         };
         Box::pin(async move {
             let prepared = task
@@ -169,6 +172,21 @@ fn task_error(err: AttemptError) -> TaskError {
         AttemptError::Fail { reason, exit_code } => TaskError::Fail { reason, exit_code },
         AttemptError::Fatal { reason, exit_code } => TaskError::Fatal { reason, exit_code },
         AttemptError::Canceled | AttemptError::Aborted => TaskError::Canceled,
+    }
+}
+
+/// The attempt's concurrency permit, parked while its guest waits for a
+/// child.
+struct Permit(AttemptContext);
+
+impl Parking for Permit {
+    fn park(&self) -> bool {
+        self.0.park()
+    }
+
+    fn unpark(&self) -> crate::children::ChildFuture<()> {
+        let ctx = self.0.clone();
+        Box::pin(async move { ctx.unpark().await })
     }
 }
 

@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, tls_cert, tls_key, http_allow_plain, idempotency_retention, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_delayed, max_schedules, max_memory, memory_ceiling, max_handles, max_open_files, max_http_requests, max_header_bytes, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http, allow_dirs, allow_env, kv_max_bucket, kv_max_total, allow_kv, and the tables secrets (dir, env) and config_vars); flags win over it.
+    /// A TOML file with settings (keys: state_dir, store, node_name, lease, lease_renew, cluster_poll, cluster_notify, retain_finished, retain_for, retain_bytes, keep_unused_plugins, plugin_cache, worker_threads, http, http_token_file, tls_cert, tls_key, http_allow_plain, idempotency_retention, http_allow_hosts, http_max_connections, http_max_streams, http_header_timeout, otlp, grace, max_concurrent, max_slot_queue, max_total_pending, max_delayed, max_schedules, max_parked, max_descendants, max_depth, max_memory, memory_ceiling, max_handles, max_open_files, max_http_requests, max_header_bytes, epoch_tick, max_connections, pool_instances, event_lane_capacity, allow_http, allow_dirs, allow_env, kv_max_bucket, kv_max_total, allow_kv, and the tables secrets (dir, env) and config_vars); flags win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Grace for running tasks on shutdown and cancel [default: 10s].
@@ -41,6 +41,15 @@ pub struct ServeArgs {
     /// Schedules the daemon (in a cluster: the cluster) holds; past it `host schedule add` is refused [default: 100000].
     #[arg(long, value_name = "N")]
     max_schedules: Option<usize>,
+    /// Parent tasks (tasks that started children) at once. A parent waiting for a child gives its --max-concurrent permit back (parked), so that a tree makes progress under any --max-concurrent; its instance stays, and counts against the pool. Past it a spawn of a new parent is refused [default: 256].
+    #[arg(long, value_name = "N")]
+    max_parked: Option<usize>,
+    /// Unfinished descendants of one root task at once (children, their children, …); past it a spawn in that tree is refused [default: 10000].
+    #[arg(long, value_name = "N")]
+    max_descendants: Option<usize>,
+    /// How deep a tree of child tasks may go (a submitted task's children are at depth 1); a spawn deeper is refused [default: 16].
+    #[arg(long, value_name = "N")]
+    max_depth: Option<u32>,
     /// Default memory limit of a guest, all its linear memories together [default: 256MiB].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     max_memory: Option<u64>,
@@ -49,7 +58,7 @@ pub struct ServeArgs {
     memory_ceiling: Option<u64>,
     #[command(flatten)]
     limits: super::args::GuestLimitArgs,
-    /// Instance slots of the pooling allocator; attempts running at once never exceed it (below 16: the on-demand allocator). Each slot reserves about 8 GiB of address space (not memory): the default fits up to about 12,000 within x86-64's 128 TiB, fewer under ulimit -v or a low vm.max_map_count (5 mappings a slot). --max-concurrent is cut to the slots less 8, or, on demand, to the instances the process can map; the log says so at start [default: --max-concurrent plus 8, at least 1000].
+    /// Instance slots of the pooling allocator; attempts running at once never exceed it (below 16: the on-demand allocator). Each slot reserves about 8 GiB of address space (not memory): the default fits up to about 12,000 within x86-64's 128 TiB, fewer under ulimit -v or a low vm.max_map_count (5 mappings a slot). --max-concurrent is cut to the slots less 8, or, on demand, to the instances the process can map; the log says so at start [default: --max-concurrent plus --max-parked plus 8, at least 1000].
     #[arg(long, value_name = "N")]
     pool_instances: Option<u32>,
     /// Epoch tick: the granularity of interruption [default: 10ms].
@@ -211,6 +220,15 @@ impl ServeArgs {
         }
         if let Some(v) = self.max_delayed {
             config.max_delayed = v;
+        }
+        if let Some(v) = self.max_parked {
+            config.max_parked = v;
+        }
+        if let Some(v) = self.max_descendants {
+            config.max_descendants = v;
+        }
+        if let Some(v) = self.max_depth {
+            config.max_depth = v;
         }
         if let Some(v) = self.max_schedules {
             config.max_schedules = v;

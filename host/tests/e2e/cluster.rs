@@ -1784,6 +1784,17 @@ fn children_and_slot_state_span_the_nodes() {
         (Some(285), Some(0)),
         "{output}"
     );
+    // Every node shows each child's parent (the link is the database's).
+    let parent = report["id"].as_u64().unwrap();
+    for via in [&n1, &n2] {
+        let out = via.run(&["ps", "--all", "--json"]);
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&out.stdout).unwrap();
+        let linked = rows
+            .iter()
+            .filter(|r| r["parent"].as_u64() == Some(parent))
+            .count();
+        assert_eq!(linked, 10, "{rows:#?}");
+    }
 
     for (via, n) in [(&n1, 1), (&n2, 2), (&n1, 3)] {
         let out = via.run(&[
@@ -1808,6 +1819,48 @@ fn children_and_slot_state_span_the_nodes() {
     let rm = n1.run(&["kv", "rm", "s", "runs"]);
     assert_eq!(rm.code, Some(0), "{rm:?}");
     assert_eq!(n2.run(&["kv", "get", "s", "runs"]).code, Some(2));
+}
+
+/// A tree's bounds hold across nodes: its unfinished descendants are
+/// counted in the database's admission, its depth from the parent's row;
+/// each refusal reaches the guest naming the setting.
+#[test]
+fn a_trees_bounds_hold_across_the_nodes() {
+    let pg = Postgres::start();
+    let bounds = ["--max-descendants", "3", "--max-depth", "1"];
+    let n1 = steady_node(&pg, "n1", &bounds);
+    let _n2 = steady_node(&pg, "n2", &bounds);
+    // Five children, each sleeping a second: three are admitted, and
+    // each of those may not spawn its own (depth 2).
+    let out = n1.run(&[
+        "submit",
+        &p("fanout"),
+        "--param",
+        "depth=2",
+        "--param",
+        "n=5",
+        "--param",
+        "ms=1000",
+        "--wait",
+        "--json",
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let output: serde_json::Value =
+        serde_json::from_str(report["output"].as_str().unwrap()).unwrap();
+    assert_eq!(output["tasks"], 4, "{output}");
+    assert_eq!(output["refused"], 2 + 3 * 5, "{output}");
+    // The root's log and a child's (which may have run on either node).
+    let root = report["id"].as_u64().unwrap();
+    for (task, flag) in [(root, "--max-descendants"), (root + 1, "--max-depth 1")] {
+        let logs = n1.run(&["logs", &task.to_string()]);
+        assert!(
+            logs.stdout
+                .lines()
+                .any(|l| l.contains("spawn refused") && l.contains(flag)),
+            "{flag}: {logs:?}"
+        );
+    }
 }
 
 /// A node paused past its lease loses its claim; when it wakes, its

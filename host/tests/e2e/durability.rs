@@ -235,6 +235,10 @@ fn a_graceful_stop_keeps_queued_work_for_the_next_start() {
 #[test]
 fn a_store_from_an_older_version_is_migrated_and_its_work_resumed() {
     let mut d = Daemon::start(&[]);
+    // A parent and its two children, finished before the migration.
+    let fanned = d.run(&["submit", &p("fanout"), "--param", "n=2", "--wait", "--json"]);
+    assert_eq!(fanned.code, Some(0), "{fanned:?}");
+    let parent = fanned.json()["id"].as_u64().unwrap();
     let queued = owner_with_one_queued(&d, "m", "queued", "migrated");
     d.kill_9();
     // Back to schema 1, as the first durable release wrote it.
@@ -246,6 +250,8 @@ fn a_store_from_an_older_version_is_migrated_and_its_work_resumed() {
          DROP TABLE kv; \
          ALTER TABLE tasks DROP COLUMN resume_at_ms; \
          ALTER TABLE tasks DROP COLUMN failures; \
+         ALTER TABLE tasks DROP COLUMN parent; \
+         ALTER TABLE tasks DROP COLUMN root; \
          PRAGMA user_version = 1;",
     )
     .unwrap();
@@ -263,7 +269,17 @@ fn a_store_from_an_older_version_is_migrated_and_its_work_resumed() {
         .unwrap()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 5, "every migration is applied");
+    assert_eq!(version, 6, "every migration is applied");
+    // The children's links, filled from their requests by the migration.
+    let out = d.run(&["ps", "--all", "--json"]);
+    let linked = out
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["parent"].as_u64() == Some(parent))
+        .count();
+    assert_eq!(linked, 2, "{out:?}");
 }
 
 #[test]

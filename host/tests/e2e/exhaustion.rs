@@ -356,6 +356,7 @@ async fn an_attempt_that_finds_the_pool_full_fails_retryably_and_runs_later() {
         input: Arc::from(&b""[..]),
         sandbox: Arc::new(Sandbox::default()),
         sink: Arc::new(NullSink),
+        parking: None,
     };
     let signals = StopSignals::default();
     let mut held = Vec::new();

@@ -8,6 +8,11 @@
 //! wall-clock time it started, and answer the spawn call's and the
 //! spawn-to-start time's p50 and p99 in µs
 //! (`{"spawn_p50_us":…,"spawn_p99_us":…,"start_p50_us":…,"start_p99_us":…}`).
+//! `depth` (default 0): instead, a tree: this task spawns `n` children of
+//! depth `depth - 1` (each doing the same, sleeping `ms` first) and waits
+//! for them; a spawn the host refuses is logged and counted, not failed.
+//! It answers `{"tasks":T,"refused":R,"failed":F}` for its whole subtree
+//! (T counts the tasks that completed, itself included).
 
 use std::time::Duration;
 
@@ -29,6 +34,11 @@ impl Task for Fanout {
         let bench: usize = ctx.param_parse_or("bench", 0)?;
         if bench > 0 {
             return Ok(timed(bench)?.into_bytes());
+        }
+        let depth: u64 = ctx.param_parse_or("depth", 0)?;
+        if depth > 0 {
+            let n: u64 = ctx.param_parse_or("n", 2)?;
+            return tree(ctx, depth, n, ms).map(String::into_bytes);
         }
         if let Some(i) = ctx.param("i") {
             let i: u64 = i
@@ -67,6 +77,56 @@ impl Task for Fanout {
         )
         .into_bytes())
     }
+}
+
+/// One task of a tree (`depth` > 0): spawns `n` children one level less
+/// deep, waits for them, and sums their subtrees' counts.
+fn tree(ctx: &Context, depth: u64, n: u64, ms: u64) -> Result<String, TaskError> {
+    if ms > 0 && ctx.sleep(Duration::from_millis(ms)) == SleepStatus::Cancelled {
+        return Err(TaskError::canceled());
+    }
+    let (mut tasks, mut refused, mut failed) = (1u64, 0u64, 0u64);
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let mut spec = children::Spec::new().param("n", n.to_string());
+        if depth > 1 {
+            spec = spec.param("depth", (depth - 1).to_string());
+        } else {
+            spec = spec.param("i", "1");
+        }
+        match children::spawn(&spec.param("ms", ms.to_string())) {
+            Ok(id) => ids.push(id),
+            Err(e) => {
+                taskhost_guest::warn!(ctx, "spawn refused: {e}");
+                refused += 1;
+            }
+        }
+    }
+    for id in ids {
+        let outcome = children::wait(id)?;
+        match outcome.status {
+            children::Status::Completed => {
+                let text = String::from_utf8_lossy(&outcome.output);
+                tasks += field(&text, "tasks").unwrap_or(1);
+                refused += field(&text, "refused").unwrap_or(0);
+                failed += field(&text, "failed").unwrap_or(0);
+            }
+            children::Status::Canceled | children::Status::ForceAborted => {
+                return Err(TaskError::canceled());
+            }
+            _ => failed += 1,
+        }
+    }
+    Ok(format!(
+        "{{\"tasks\":{tasks},\"refused\":{refused},\"failed\":{failed}}}"
+    ))
+}
+
+/// The number after `"name":` in a child's answer.
+fn field(text: &str, name: &str) -> Option<u64> {
+    let at = text.find(&format!("\"{name}\":"))? + name.len() + 3;
+    let digits: String = text[at..].chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
 }
 
 /// Microseconds since the Unix epoch.

@@ -33,10 +33,11 @@ type Leftovers = Option<Teardown>;
 
 /// How one attempt ended, from the actor's point of view.
 enum AttemptEnd {
-    /// The body returned (or timed out) without a stop request.
-    Done(Result<Vec<u8>, TaskError>, Leftovers),
+    /// The body returned (or timed out) without a stop request; the permit
+    /// it holds (none if it ran without a limit, or ended parked).
+    Done(Result<Vec<u8>, TaskError>, Leftovers, Option<Permit>),
     /// A stop was requested and the body ended within its grace.
-    Stopped(Leftovers),
+    Stopped(Leftovers, Option<Permit>),
     /// The grace expired: ForceAborted is already delivered and the attempt
     /// has been dropped.
     Forced,
@@ -243,27 +244,29 @@ impl Actor {
                 otel.status_code = tracing::field::Empty,
             );
             story.span = span.clone();
-            let end =
-                tracing::Instrument::instrument(self.attempt(attempt, &mut stop, story), span)
-                    .await;
+            let end = tracing::Instrument::instrument(
+                self.attempt(attempt, permit, &mut stop, story),
+                span,
+            )
+            .await;
             // The permit is held until the attempt's end event is out, so
             // that no observer counting starts and ends ever sees more than
             // `max_concurrent` attempts; it is released before any backoff.
             let took = started.elapsed();
 
-            let (error, leftovers) = match end {
+            let (error, leftovers, permit) = match end {
                 AttemptEnd::Forced => {
                     story.span.record("result", "force-aborted");
                     story.span.record("otel.status_code", "ERROR");
                     return TaskOutcome::ForceAborted;
                 }
-                AttemptEnd::Stopped(leftovers) => {
+                AttemptEnd::Stopped(leftovers, permit) => {
                     story.record(attempt, "canceled".into(), took);
                     self.event(EventKind::AttemptCanceled, attempt);
                     keep(remains, leftovers, permit);
                     return TaskOutcome::Canceled;
                 }
-                AttemptEnd::Done(Ok(output), leftovers) => {
+                AttemptEnd::Done(Ok(output), leftovers, permit) => {
                     story.record(attempt, "succeeded".into(), took);
                     self.attempt_event(EventKind::AttemptSucceeded, attempt, took, None);
                     match self.policies.restart {
@@ -286,7 +289,7 @@ impl Actor {
                         }
                     }
                 }
-                AttemptEnd::Done(Err(error), leftovers) => (error, leftovers),
+                AttemptEnd::Done(Err(error), leftovers, permit) => (error, leftovers, permit),
             };
 
             let (reason, exit_code) = match &error {
@@ -382,6 +385,7 @@ impl Actor {
     async fn attempt(
         &self,
         attempt: u32,
+        permit: Option<Permit>,
         stop: &mut watch::Receiver<Option<Instant>>,
         story: &mut Story,
     ) -> AttemptEnd {
@@ -392,7 +396,7 @@ impl Actor {
         tokio::pin!(body);
         // A stop from now on reaches the body at once (see request_stop);
         // one that came before is handled below.
-        self.entry.attempt_began(&abort);
+        self.entry.attempt_began(&abort, permit);
         let _ended = AttemptEnded(&self.entry);
         // Held while a force-abort deadline is pending: a body that cannot
         // be preempted (a spinning guest) makes sure it yields by then.
@@ -434,9 +438,13 @@ impl Actor {
                     let stop_deadline = *stop.borrow();
                     match stop_deadline {
                         Some(at) if Instant::now() >= at => true,
-                        Some(_) => return AttemptEnd::Stopped(self.entry.take_teardown()),
+                        Some(_) => {
+                            let (teardown, permit) = self.entry.take_leftovers();
+                            return AttemptEnd::Stopped(teardown, permit);
+                        }
                         None => {
-                            return AttemptEnd::Done(result, self.entry.take_teardown());
+                            let (teardown, permit) = self.entry.take_leftovers();
+                            return AttemptEnd::Done(result, teardown, permit);
                         }
                     }
                 }
@@ -468,6 +476,8 @@ impl Actor {
             cancel: cancel.clone(),
             abort: Arc::clone(abort),
             bus: Arc::clone(&self.shared.bus),
+            permits: self.shared.permits.clone(),
+            priority: self.policies.priority,
         };
         let setup = AssertUnwindSafe(self.body.attempt(ctx)).catch_unwind();
         let timeout = self.policies.timeout;
@@ -485,7 +495,8 @@ impl Actor {
     fn base_event(&self, kind: EventKind, attempt: u32) -> Event {
         let mut event = Event::new(kind)
             .task(self.entry.id, &self.entry.name, &self.entry.slot)
-            .schedule(self.entry.schedule.as_ref());
+            .schedule(self.entry.schedule.as_ref())
+            .parent(self.entry.parent);
         event.attempt = Some(attempt);
         event
     }
@@ -595,7 +606,8 @@ fn complete_physically(
     shared.publish(
         Event::new(EventKind::TaskRemoved)
             .task(entry.id, &entry.name, &entry.slot)
-            .schedule(entry.schedule.as_ref()),
+            .schedule(entry.schedule.as_ref())
+            .parent(entry.parent),
     );
     entry.gone.cancel();
     if let Some(on_gone) = on_gone {
@@ -612,6 +624,7 @@ fn finish_logically(shared: &Shared, entry: &TaskEntry, outcome: TaskOutcome, st
     let mut event = Event::new(EventKind::TaskFinished)
         .task(entry.id, &entry.name, &entry.slot)
         .schedule(entry.schedule.as_ref())
+        .parent(entry.parent)
         .outcome(&outcome);
     event.attempt = (story.attempts > 0).then_some(story.attempts);
     shared.publish(event);

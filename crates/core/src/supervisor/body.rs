@@ -15,6 +15,7 @@ use crate::logline::Stream;
 
 use super::TaskId;
 use super::events::{Bus, Event, EventKind};
+use super::permits::Permits;
 use super::registry::TaskEntry;
 use super::spec::{Resume, TaskError};
 
@@ -81,6 +82,9 @@ pub struct AttemptContext {
     pub(crate) cancel: CancellationToken,
     pub(crate) abort: Arc<AtomicBool>,
     pub(crate) bus: Arc<Bus>,
+    /// The concurrency limit (none: no limit), and the task's place there.
+    pub(crate) permits: Option<Arc<Permits>>,
+    pub(crate) priority: i32,
 }
 
 impl std::fmt::Debug for AttemptContext {
@@ -150,12 +154,61 @@ impl AttemptContext {
         self.entry.hand_over(teardown);
     }
 
+    /// Parks the attempt while its body waits for work that needs a
+    /// permit of its own (a parent waiting for its children): its
+    /// concurrency permit goes back to the next waiting attempt, so that a
+    /// parent and its children make progress under any `max_concurrent`,
+    /// even 1. The attempt is shown `Waiting` meanwhile. True if a permit
+    /// was given back; then call [`AttemptContext::unpark`] before the body
+    /// runs on. A parked attempt still holds what its body holds (for a
+    /// plugin, its instance): whoever lets bodies park bounds how many may
+    /// (the daemon's `--max-parked`).
+    pub fn park(&self) -> bool {
+        let Some(permits) = &self.permits else {
+            return false;
+        };
+        if self.cancel.is_cancelled() {
+            return false;
+        }
+        let parked = self.entry.park(permits);
+        if parked {
+            self.entry.set_phase(crate::lifecycle::TaskState::Waiting);
+        }
+        parked
+    }
+
+    /// Ends [`AttemptContext::park`]: waits for a permit again, by the
+    /// task's priority like any attempt. Once a stop is requested it
+    /// returns at once without one, so that a stopping body ends within
+    /// its grace instead of spending it in line. Cancel-safe; does nothing
+    /// if the attempt is not parked.
+    pub async fn unpark(&self) {
+        let Some(permits) = &self.permits else {
+            return;
+        };
+        if !self.entry.is_parked() {
+            return;
+        }
+        let mut stop = self.entry.stop_signal();
+        let permit = tokio::select! {
+            biased;
+            _ = stop.wait_for(Option::is_some) => None,
+            permit = permits.acquire(self.priority) => Some(permit),
+        };
+        let back = permit.is_some();
+        self.entry.unparked(permit);
+        if back && !self.cancel.is_cancelled() {
+            self.entry.set_phase(crate::lifecycle::TaskState::Running);
+        }
+    }
+
     /// Reports one line the body wrote (a `GuestLog` event).
     pub fn line(&self, stream: Stream, text: &str) {
         let entry = &self.entry;
         let mut event = Event::new(EventKind::GuestLog)
             .task(entry.id, &entry.name, &entry.slot)
             .schedule(entry.schedule.as_ref())
+            .parent(entry.parent)
             .reason(text);
         event.attempt = Some(self.attempt);
         event.stream = Some(stream);
@@ -168,7 +221,8 @@ impl AttemptContext {
         entry.set_progress(done, total);
         let mut event = Event::new(EventKind::Progress)
             .task(entry.id, &entry.name, &entry.slot)
-            .schedule(entry.schedule.as_ref());
+            .schedule(entry.schedule.as_ref())
+            .parent(entry.parent);
         event.attempt = Some(self.attempt);
         event.done = Some(done);
         event.total = Some(total);

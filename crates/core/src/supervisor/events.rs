@@ -139,6 +139,8 @@ pub struct Event {
     pub total: Option<u64>,
     /// The schedule that fired the task.
     pub schedule: Option<Arc<str>>,
+    /// The task that spawned the task (a child task's parent).
+    pub parent: Option<TaskId>,
 }
 
 impl Event {
@@ -167,6 +169,7 @@ impl Event {
             done: None,
             total: None,
             schedule: None,
+            parent: None,
         }
     }
 
@@ -191,6 +194,12 @@ impl Event {
     /// Sets the schedule that fired the task, if any.
     pub fn schedule(mut self, schedule: Option<&Arc<str>>) -> Self {
         self.schedule = schedule.cloned();
+        self
+    }
+
+    /// Sets the task that spawned the task, if any.
+    pub fn parent(mut self, parent: Option<TaskId>) -> Self {
+        self.parent = parent;
         self
     }
 

@@ -393,10 +393,12 @@ impl Supervisor {
             .as_deref()
             .map_or_else(|| Arc::clone(&name), Arc::from);
         let schedule = spec.schedule.clone();
+        let parent = spec.parent;
         shared.publish(
             Event::new(EventKind::TaskAddRequested)
                 .task(id, &name, &slot)
-                .schedule(schedule.as_ref()),
+                .schedule(schedule.as_ref())
+                .parent(parent),
         );
         let mut entry = TaskEntry::new(
             id,
@@ -406,6 +408,7 @@ impl Supervisor {
             cell,
         );
         entry.schedule = schedule.clone();
+        entry.parent = parent;
         let entry = Arc::new(entry);
         entry.attempts_before(spec.resume.attempts);
         let registered = if reservation.issuer() == shared.ids.issuer() {
@@ -442,6 +445,7 @@ impl Supervisor {
                 Event::new(EventKind::TaskAddFailed)
                     .task(id, &name, &slot)
                     .schedule(schedule.as_ref())
+                    .parent(parent)
                     .outcome(&outcome),
             );
             entry
@@ -452,7 +456,8 @@ impl Supervisor {
         shared.publish(
             Event::new(EventKind::TaskAdded)
                 .task(id, &name, &slot)
-                .schedule(schedule.as_ref()),
+                .schedule(schedule.as_ref())
+                .parent(parent),
         );
         let policies = spec.resolve(&shared.defaults);
         let actor = actor::Actor {
@@ -581,6 +586,12 @@ impl Supervisor {
     /// next attempt to start may take the last one.
     pub fn free_permits(&self) -> Option<usize> {
         self.shared.permits.as_ref().map(|p| p.available())
+    }
+
+    /// Attempts parked right now: their permit given back while their body
+    /// waits ([`AttemptContext::park`]).
+    pub fn parked(&self) -> usize {
+        self.shared.permits.as_ref().map_or(0, |p| p.parked())
     }
 
     /// Attempts that may run at once (`None`: no limit).

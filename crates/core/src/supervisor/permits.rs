@@ -3,10 +3,13 @@
 //! priority. A released permit goes straight to the first waiter (nobody
 //! arriving later can take it first), so the order is exact. A waiter that
 //! gives up (its task was stopped) leaves no trace: a permit handed to it
-//! at that very moment goes on to the next.
+//! at that very moment goes on to the next. It also counts the attempts
+//! that gave their permit back while they wait (parked): they hold an
+//! instance but no permit.
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
@@ -18,6 +21,8 @@ type Place = (Reverse<i32>, u64);
 #[derive(Debug)]
 pub(crate) struct Permits {
     state: Mutex<State>,
+    /// Attempts parked: their permit given back while they wait.
+    parked: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -48,6 +53,21 @@ impl Permits {
                 arrivals: 0,
                 waiters: BTreeMap::new(),
             }),
+            parked: AtomicUsize::new(0),
+        }
+    }
+
+    /// Attempts parked right now.
+    pub(crate) fn parked(&self) -> usize {
+        self.parked.load(Ordering::Relaxed)
+    }
+
+    /// Counts one attempt parked (`true`) or back (`false`).
+    pub(crate) fn count_parked(&self, parked: bool) {
+        if parked {
+            self.parked.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.parked.fetch_sub(1, Ordering::Relaxed);
         }
     }
 

@@ -1,8 +1,8 @@
 //! Owns the registry of live tasks: the unique-name and id maps, stop claims,
 //! and the per-task handles (stop signal with its grace deadline, outcome
-//! cell, physical-completion signal, phase and progress) shared by callers
-//! and the task's actor. A name stays taken until its task is physically
-//! gone.
+//! cell, physical-completion signal, phase and progress, the running
+//! attempt's permit) shared by callers and the task's actor. A name stays
+//! taken until its task is physically gone.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::TaskId;
 use super::body::{AfterTeardown, TaskBody, Teardown};
+use super::permits::{Permit, Permits};
 use super::waiter::OutcomeCell;
 use crate::lifecycle::TaskState;
 
@@ -123,6 +124,8 @@ pub(crate) struct TaskEntry {
     pub slot: Arc<str>,
     /// The schedule that fired it, if any (its events carry it).
     pub schedule: Option<Arc<str>>,
+    /// The task that spawned it, if any (its events carry it).
+    pub parent: Option<TaskId>,
     body: Arc<dyn TaskBody>,
     since: Instant,
     /// `Some(deadline)` once a stop is requested: the body must end by then.
@@ -150,6 +153,18 @@ struct RunningAttempt {
     hurry: Option<Box<dyn Send>>,
     /// What the attempt's body handed over to finish it physically.
     teardown: Option<Teardown>,
+    /// Its concurrency permit, unless it runs without a limit or is parked.
+    permit: Option<Permit>,
+    /// Where its permit went back while it is parked (it counts there).
+    parked: Option<Arc<Permits>>,
+}
+
+impl Drop for RunningAttempt {
+    fn drop(&mut self) {
+        if let Some(permits) = self.parked.take() {
+            permits.count_parked(false);
+        }
+    }
 }
 
 impl std::fmt::Debug for TaskEntry {
@@ -174,6 +189,7 @@ impl TaskEntry {
             name,
             slot,
             schedule: None,
+            parent: None,
             body,
             since: Instant::now(),
             stop: watch::channel(None).0,
@@ -216,13 +232,59 @@ impl TaskEntry {
         }
     }
 
-    /// An attempt with this abort flag is running (until `attempt_ended`).
-    pub(crate) fn attempt_began(&self, abort: &Arc<AtomicBool>) {
+    /// An attempt with this abort flag is running (until `attempt_ended`),
+    /// holding `permit`.
+    pub(crate) fn attempt_began(&self, abort: &Arc<AtomicBool>, permit: Option<Permit>) {
         *self.running.lock().unwrap_or_else(PoisonError::into_inner) = Some(RunningAttempt {
             abort: Arc::clone(abort),
             hurry: None,
             teardown: None,
+            permit,
+            parked: None,
         });
+    }
+
+    /// Gives the running attempt's permit back to `permits` (it is parked
+    /// until [`TaskEntry::unparked`]); false if it holds none.
+    pub(crate) fn park(&self, permits: &Arc<Permits>) -> bool {
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(attempt) = running.as_mut() else {
+            return false;
+        };
+        let Some(permit) = attempt.permit.take() else {
+            return false;
+        };
+        permits.count_parked(true);
+        attempt.parked = Some(Arc::clone(permits));
+        drop(running);
+        // To the first waiter, outside the entry's lock.
+        drop(permit);
+        true
+    }
+
+    /// Whether the running attempt is parked.
+    pub(crate) fn is_parked(&self) -> bool {
+        self.running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|a| a.parked.is_some())
+    }
+
+    /// The parked attempt is back, with `permit` (none: it goes on without
+    /// one, as it is stopping). A permit that finds no parked attempt (it
+    /// ended meanwhile) is given back.
+    pub(crate) fn unparked(&self, permit: Option<Permit>) {
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(attempt) = running.as_mut().filter(|a| a.parked.is_some()) else {
+            drop(running);
+            drop(permit);
+            return;
+        };
+        if let Some(permits) = attempt.parked.take() {
+            permits.count_parked(false);
+        }
+        attempt.permit = permit;
     }
 
     /// The running attempt is gone (its deadline guard with it, and a
@@ -253,13 +315,13 @@ impl TaskEntry {
         });
     }
 
-    /// Takes what the running attempt's body handed over.
-    pub(crate) fn take_teardown(&self) -> Option<Teardown> {
-        self.running
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_mut()
-            .and_then(|attempt| attempt.teardown.take())
+    /// Takes what the running attempt's body handed over, and its permit.
+    pub(crate) fn take_leftovers(&self) -> (Option<Teardown>, Option<Permit>) {
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        match running.as_mut() {
+            Some(attempt) => (attempt.teardown.take(), attempt.permit.take()),
+            None => (None, None),
+        }
     }
 
     /// Makes the stop claim; true for exactly one caller.

@@ -98,6 +98,7 @@ pub struct TaskSpec {
     pub(crate) priority: i32,
     pub(crate) due: Option<tokio::time::Instant>,
     pub(crate) schedule: Option<Arc<str>>,
+    pub(crate) parent: Option<super::TaskId>,
 }
 
 /// Where a task picks up when a host that keeps tasks across restarts
@@ -134,6 +135,7 @@ impl TaskSpec {
             priority: 0,
             due: None,
             schedule: None,
+            parent: None,
         }
     }
 
@@ -221,6 +223,18 @@ impl TaskSpec {
     /// The schedule that fired the task, if any.
     pub fn schedule_name(&self) -> Option<&Arc<str>> {
         self.schedule.as_ref()
+    }
+
+    /// Names the task that spawned this one (a child task): its events
+    /// carry it.
+    pub fn with_parent(mut self, parent: super::TaskId) -> Self {
+        self.parent = Some(parent);
+        self
+    }
+
+    /// The task that spawned this one, if any.
+    pub fn parent_id(&self) -> Option<super::TaskId> {
+        self.parent
     }
 
     /// Sets the slot the task reports in its facts and events (the

@@ -156,3 +156,156 @@ async fn waiting_attempts_get_permits_by_priority_then_arrival() {
     );
     assert_eq!(sup.free_permits(), Some(1));
 }
+
+/// A tree of native tasks, each parent adding `fanout` children and
+/// waiting for all of them, down to `depth`: parked while it waits.
+fn tree(
+    sup: &Supervisor,
+    name: String,
+    depth: u32,
+    fanout: usize,
+    park: bool,
+    running: &Arc<AtomicUsize>,
+    most: &Arc<AtomicUsize>,
+) -> TaskWaiter {
+    let (sup2, running, most) = (sup.clone(), Arc::clone(running), Arc::clone(most));
+    sup.add(TaskSpec::once(
+        name.clone(),
+        native(move |ctx| {
+            let (sup, name, running, most) = (
+                sup2.clone(),
+                name.clone(),
+                Arc::clone(&running),
+                Arc::clone(&most),
+            );
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(ms(1)).await;
+                let mut sum = 1usize;
+                if depth > 0 {
+                    let children: Vec<TaskWaiter> = (0..fanout)
+                        .map(|i| {
+                            let child = format!("{name}.{i}");
+                            tree(&sup, child, depth - 1, fanout, park, &running, &most)
+                        })
+                        .collect();
+                    let parked = park && ctx.park();
+                    if parked {
+                        running.fetch_sub(1, Ordering::SeqCst);
+                    }
+                    for child in children {
+                        match child.wait().await {
+                            TaskOutcome::Completed { output } => {
+                                sum += String::from_utf8(output).unwrap().parse::<usize>().unwrap();
+                            }
+                            other => return Err(TaskError::fail(format!("child: {other:?}"))),
+                        }
+                    }
+                    if parked {
+                        ctx.unpark().await;
+                        let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                    }
+                }
+                running.fetch_sub(1, Ordering::SeqCst);
+                Ok(sum.to_string().into_bytes())
+            }
+        }),
+    ))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_parent_that_parks_lets_its_children_run_under_one_permit() {
+    let sup = Supervisor::builder().max_concurrent(1).build();
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    // 1 + 3 + 9 + 27 tasks, 13 of them parents waiting at once.
+    let root = tree(&sup, "root".into(), 3, 3, true, &running, &most);
+    assert_eq!(
+        within(NATIVE_LIMIT, "the tree", root.wait()).await,
+        TaskOutcome::Completed {
+            output: b"40".to_vec()
+        }
+    );
+    assert_eq!(most.load(Ordering::SeqCst), 1, "one body runs at a time");
+    assert_eq!(sup.parked(), 0);
+    assert_eq!(sup.free_permits(), Some(1), "every permit came back");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_parent_that_keeps_its_permit_starves_its_children() {
+    // The control: without parking, the parent holds the only permit and
+    // its children never start.
+    let sup = Supervisor::builder().max_concurrent(1).build();
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let root = tree(&sup, "root".into(), 1, 2, false, &running, &most);
+    let waited = tokio::time::timeout(ms(60_000), root.wait()).await;
+    assert!(
+        waited.is_err(),
+        "deadlocked, as the control must: {waited:?}"
+    );
+    assert_eq!(sup.free_permits(), Some(0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_parked_attempt_stopped_ends_without_waiting_for_a_permit() {
+    let sup = Supervisor::builder().max_concurrent(1).build();
+    let (parked_tx, parked) = tokio::sync::oneshot::channel::<()>();
+    let parked_tx = Arc::new(std::sync::Mutex::new(Some(parked_tx)));
+    let parent = sup.add(TaskSpec::once(
+        "parent",
+        native(move |ctx| {
+            let parked_tx = parked_tx.lock().unwrap().take();
+            async move {
+                assert!(ctx.park(), "it held the permit");
+                if let Some(tx) = parked_tx {
+                    let _ = tx.send(());
+                }
+                ctx.cancellation().cancelled().await;
+                ctx.unpark().await;
+                Err(TaskError::Canceled)
+            }
+        }),
+    ));
+    within(NATIVE_LIMIT, "parked", parked).await.unwrap();
+    assert_eq!(sup.parked(), 1);
+    // Another task takes the permit the parent gave back, and keeps it.
+    let (hold_tx, hold) = tokio::sync::oneshot::channel::<()>();
+    let hold = Arc::new(std::sync::Mutex::new(Some(hold)));
+    let holder = sup.add(TaskSpec::once(
+        "holder",
+        native(move |_| {
+            let hold = hold.lock().unwrap().take();
+            async move {
+                if let Some(hold) = hold {
+                    let _ = hold.await;
+                }
+                Ok(Vec::new())
+            }
+        }),
+    ));
+    tokio::time::sleep(ms(10)).await;
+    assert_eq!(sup.free_permits(), Some(0), "the holder runs");
+    let listed = sup.list();
+    let phase = |name: &str| listed.iter().find(|t| t.name == name).unwrap().phase;
+    assert_eq!(
+        phase("parent"),
+        taskhost_core::lifecycle::TaskState::Waiting
+    );
+    assert_eq!(
+        phase("holder"),
+        taskhost_core::lifecycle::TaskState::Running
+    );
+    // A stop reaches the parked parent, which ends at once.
+    assert!(sup.remove(parent.id()));
+    assert_eq!(
+        within(NATIVE_LIMIT, "the parent", parent.wait()).await,
+        TaskOutcome::Canceled
+    );
+    assert_eq!(sup.parked(), 0);
+    hold_tx.send(()).unwrap();
+    within(NATIVE_LIMIT, "the holder", holder.wait()).await;
+    assert_eq!(sup.free_permits(), Some(1), "nothing was lost or invented");
+}

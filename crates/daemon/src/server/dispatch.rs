@@ -108,6 +108,8 @@ pub(crate) async fn handle(
                 Ok(mut request) => {
                     // A rerun is the user's task, not the parent's child.
                     request.parent = None;
+                    request.root = None;
+                    request.depth = 0;
                     submit(&backend, request, reply, session).await
                 }
                 Err((kind, message)) => reply.error(kind, message).await,

@@ -98,9 +98,13 @@ pub async fn serve(
             .cache_dir(Some(config.state_dir.join("wasmtime-cache")))
             .epoch_tick(config.epoch_tick)
             .pool_instances(config.pool_instances.unwrap_or_else(|| {
-                // Room for every attempt the daemon may run at once, and
-                // for the `describe` calls of plugins loaded meanwhile.
-                let wanted = config.max_concurrent.saturating_add(POOL_RESERVE as usize);
+                // Room for every attempt the daemon may run at once, every
+                // parent parked while it waits for its children, and the
+                // `describe` calls of plugins loaded meanwhile.
+                let wanted = config
+                    .max_concurrent
+                    .saturating_add(config.max_parked)
+                    .saturating_add(POOL_RESERVE as usize);
                 u32::try_from(wanted)
                     .unwrap_or(u32::MAX)
                     .max(DEFAULT_POOL_INSTANCES)
@@ -126,6 +130,21 @@ pub async fn serve(
             runtime.allocator().capacity_reason()
         );
         max_concurrent = capacity;
+    }
+    // Parked parents hold instances too: they get what running attempts
+    // leave of the pool.
+    let mut settings = config.clone();
+    if let Some(capacity) = runtime.allocator().attempt_capacity() {
+        let room = capacity.saturating_sub(max_concurrent);
+        if room < settings.max_parked {
+            tracing::warn!(
+                "max_parked {} is more than the instance pool leaves beside {max_concurrent} \
+                 running attempts; at most {room} parents may wait parked at once (raise \
+                 --pool-instances, or lower --max-concurrent)",
+                settings.max_parked
+            );
+            settings.max_parked = room;
+        }
     }
     if !runtime.realtime_ticker() {
         tracing::info!(
@@ -228,7 +247,7 @@ pub async fn serve(
     let history = History::start(controller.supervisor());
     let (stop, mut stop_rx) = watch::channel(None);
     let daemon = Arc::new(Daemon {
-        config: config.clone(),
+        config: settings,
         plugins: Plugins::new(Arc::clone(&runtime), config.state_dir.clone()),
         controller,
         tasks: Tasks::new(config.retain_finished, config.retain_bytes),
@@ -240,6 +259,7 @@ pub async fn serve(
         keep_unfinished: AtomicBool::new(false),
         shutdown_requested: AtomicBool::new(false),
         recording: Default::default(),
+        children: children.clone(),
         kv,
         stop,
         closed: watch::channel(false).0,
@@ -295,6 +315,7 @@ pub async fn serve(
         allocator = ?runtime.allocator(),
         realtime_ticker = runtime.realtime_ticker(),
         max_concurrent,
+        max_parked = daemon.config.max_parked,
         worker_threads = config.worker_threads,
         "taskhost daemon listening"
     );

@@ -738,7 +738,7 @@ fn local_rows(daemon: &Daemon, store: &Store, all: bool) -> Vec<TaskRow> {
                     node: None,
                     due_ms: None,
                     schedule: None,
-                    parent: None,
+                    parent: f.parent,
                 }),
         );
     }
@@ -935,6 +935,7 @@ async fn shared_submit(
         plugin: info.name.clone(),
         max_slot_queue: daemon.config.max_slot_queue,
         max_total_pending: daemon.config.max_total_pending,
+        max_descendants: daemon.config.max_descendants,
         due,
     });
     let keyed = admission
@@ -1002,6 +1003,10 @@ async fn shared_submit(
             )),
             Err(AdmitError::Invalid(message)) => Err((ErrorKind::Invalid, message)),
             Err(AdmitError::Conflict(message)) => Err((ErrorKind::Conflict, message)),
+            Err(AdmitError::TreeFull { root, max }) => Err((
+                ErrorKind::Invalid,
+                crate::store::too_many_descendants(root, max),
+            )),
             Err(AdmitError::Store(err)) => Err((
                 ErrorKind::Internal,
                 format!("the submission could not be stored, so it was not accepted: {err}"),

@@ -5,6 +5,14 @@
 //! after a crash finds the children it started instead of starting them
 //! again; a wait is the child's outcome, for its parent only; a parent that
 //! ends canceled or force-aborted has its unfinished children stopped.
+//!
+//! It also bounds trees, so that no spawning plugin can wedge the daemon:
+//! a parent waits parked (its permit given back, its instance kept), and
+//! at most `max_parked` tasks of this run are parents at once; a child is
+//! at most `max_depth` deep; one root has at most `max_descendants`
+//! unfinished descendants (counted here for one host, checked in the
+//! admission's transaction in a cluster). Each refusal is the guest's
+//! error, naming the setting.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
@@ -28,7 +36,11 @@ pub(crate) struct Children(Arc<Inner>);
 #[derive(Default)]
 pub(crate) struct Inner {
     daemon: OnceLock<Weak<Daemon>>,
+    /// The children each parent of this run spawned: its keys are the
+    /// parents, each one parked while it waits.
     of: Mutex<HashMap<u64, HashSet<u64>>>,
+    /// The unfinished descendants of each root (one host's).
+    roots: Mutex<HashMap<u64, usize>>,
 }
 
 impl std::ops::Deref for Children {
@@ -47,6 +59,35 @@ impl Inner {
 
     fn links(&self) -> std::sync::MutexGuard<'_, HashMap<u64, HashSet<u64>>> {
         self.of.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn roots(&self) -> std::sync::MutexGuard<'_, HashMap<u64, usize>> {
+        self.roots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts one more unfinished descendant of `root`, if that stays
+    /// within `max` (`None`: counts it anyway, for recovered work).
+    pub(crate) fn descend(&self, root: u64, max: Option<usize>) -> Result<(), String> {
+        let mut roots = self.roots();
+        let count = roots.entry(root).or_default();
+        if let Some(max) = max
+            && *count >= max
+        {
+            return Err(crate::store::too_many_descendants(root, max));
+        }
+        *count += 1;
+        Ok(())
+    }
+
+    /// A descendant of `root` has finished.
+    pub(crate) fn ascend(&self, root: u64) {
+        let mut roots = self.roots();
+        if let Some(count) = roots.get_mut(&root) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                roots.remove(&root);
+            }
+        }
     }
 }
 
@@ -100,28 +141,70 @@ impl ChildTasks for Children {
     fn spawn(&self, parent: &Parent, spec: ChildSpec) -> ChildFuture<Result<u64, String>> {
         let this = self.clone();
         let parent_id = parent.task;
-        let request = request(parent, spec);
+        let key = spec.key.clone();
+        let mut request = request(parent, spec);
         Box::pin(async move {
             let daemon = this
                 .daemon
                 .get()
                 .and_then(Weak::upgrade)
                 .ok_or("the daemon is not taking work")?;
+            let settings = &daemon.config;
+            let (root, depth) = lineage(&daemon, parent_id).await?;
+            let depth = depth.saturating_add(1);
+            if depth > settings.max_depth {
+                return Err(format!(
+                    "child `{key}` would be at depth {depth} of the tree of task {root}, deeper \
+                     than this daemon allows (--max-depth {}, max_depth)",
+                    settings.max_depth
+                ));
+            }
+            request.root = Some(root);
+            request.depth = depth;
+            // A new parent takes a parking place first (it may wait parked
+            // for this child); one that already has children holds one.
+            let new_parent = {
+                let mut links = this.links();
+                if links.contains_key(&parent_id) {
+                    false
+                } else if links.len() >= settings.max_parked {
+                    return Err(format!(
+                        "{} tasks are already parents that may wait parked for their \
+                         children, the most this daemon allows (--max-parked {}, max_parked): \
+                         wait for some to finish, or raise it",
+                        links.len(),
+                        settings.max_parked
+                    ));
+                } else {
+                    links.insert(parent_id, HashSet::new());
+                    true
+                }
+            };
             let backend = Backend::of(&daemon);
-            let submitted = match backend.submit(request).await.map_err(|(_, m)| m)? {
-                Accepted::Now(s) => s,
-                Accepted::Later(durable) | Accepted::Deciding(durable) => {
-                    durable.await.map_err(|(_, m)| m)?
+            let submitted = async {
+                match backend.submit(request).await.map_err(|(_, m)| m)? {
+                    Accepted::Now(s) => Ok(s),
+                    Accepted::Later(durable) | Accepted::Deciding(durable) => {
+                        durable.await.map_err(|(_, m)| m)
+                    }
+                }
+            }
+            .await;
+            let submitted = match submitted {
+                Ok(submitted) => submitted,
+                Err(reason) => {
+                    if new_parent {
+                        let mut links = this.links();
+                        if links.get(&parent_id).is_some_and(HashSet::is_empty) {
+                            links.remove(&parent_id);
+                        }
+                    }
+                    return Err(reason);
                 }
             };
             let child = submitted.id.get();
-            let first = {
-                let mut links = this.links();
-                let first = !links.contains_key(&parent_id);
-                links.entry(parent_id).or_default().insert(child);
-                first
-            };
-            if first {
+            this.links().entry(parent_id).or_default().insert(child);
+            if new_parent {
                 tokio::spawn(cascade(Arc::downgrade(&daemon), this, parent_id));
             }
             Ok(child)
@@ -160,6 +243,23 @@ impl ChildTasks for Children {
             }
         })
     }
+}
+
+/// The root of `parent`'s tree and its depth there: its own request's
+/// (a task nobody spawned is its own root, at depth 0).
+async fn lineage(daemon: &Arc<Daemon>, parent: u64) -> Result<(u64, u32), String> {
+    let id = TaskId::from_u64(parent);
+    let of = |request: &SubmitRequest| (request.root.unwrap_or(parent), request.depth);
+    if let Some(request) = daemon.tasks.get(id).and_then(|r| r.request) {
+        return Ok(of(&request));
+    }
+    let backend = Backend::of(daemon);
+    let found = backend.find(&TaskRef::Id(id)).await.map_err(|(_, m)| m)?;
+    let request = backend
+        .request_of(&found)
+        .await
+        .map_err(|(_, m)| format!("cannot read the spawning task's place in its tree: {m}"))?;
+    Ok(of(&request))
 }
 
 /// Waits for `parent`'s outcome; if it was canceled or force-aborted,

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use taskhost_core::lifecycle::TaskState;
 use taskhost_core::outcome::TaskOutcome;
 use taskhost_core::recovery::{Fate, fate};
-use taskhost_core::supervisor::{Event, EventKind, TaskReport};
+use taskhost_core::supervisor::{Event, EventKind, TaskId, TaskReport};
 
 use crate::service::submissions::{Origin, place};
 use crate::state::Daemon;
@@ -52,6 +52,7 @@ pub(crate) async fn recover(
             supervisor.publish(
                 Event::new(EventKind::Recovered)
                     .task(id, &name, &slot)
+                    .parent(task.request.parent.map(TaskId::from_u64))
                     .reason(why),
             );
         };
@@ -70,6 +71,7 @@ pub(crate) async fn recover(
                 log: Vec::new(),
                 submitted_ms: task.submitted_ms,
                 finished_ms: now_ms(),
+                parent: task.request.parent,
             })
         };
         let Some(reservation) = supervisor.restore(id) else {

@@ -490,6 +490,13 @@ pub(crate) async fn place(
     };
     let id = reservation.id();
     let (name, slot, policy) = naming(&request, info, id).map_err(invalid)?;
+    // A spawned task counts in its tree until it finishes (recovered
+    // work counts whatever the bound: it was accepted before).
+    if let Some(root) = request.root {
+        let max = (!recovered).then_some(daemon.config.max_descendants);
+        daemon.children.descend(root, max).map_err(invalid)?;
+    }
+    let root = request.root;
     if let Some((k, fingerprint)) = &key {
         let entry = KeyEntry {
             id,
@@ -614,6 +621,9 @@ pub(crate) async fn place(
     // other worker to take it.
     let finish = move |report: Arc<taskhost_core::supervisor::TaskReport>| async move {
         let _recording = recording;
+        if let Some(root) = root {
+            watcher.children.ascend(root);
+        }
         log.close();
         if store.is_durable() {
             if watcher.keep_unfinished.load(Ordering::SeqCst)
@@ -696,6 +706,9 @@ pub(crate) fn spec_for(
         .resuming(resume);
     if let Some(schedule) = &request.schedule {
         spec = spec.with_schedule(schedule.as_str());
+    }
+    if let Some(parent) = request.parent {
+        spec = spec.with_parent(TaskId::from_u64(parent));
     }
     if let Some(backoff) = request.backoff.clone() {
         spec = spec.with_backoff(backoff);

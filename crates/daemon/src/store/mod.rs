@@ -284,6 +284,9 @@ pub struct Finished {
     pub submitted_ms: u64,
     /// When it finished, ms since the Unix epoch.
     pub finished_ms: u64,
+    /// The task that spawned it, if one did (read back from the store;
+    /// what is written comes from its request).
+    pub parent: Option<u64>,
 }
 
 impl Finished {
@@ -295,6 +298,7 @@ impl Finished {
             log,
             submitted_ms,
             finished_ms: now_ms(),
+            parent: None,
         }
     }
 }
@@ -644,6 +648,14 @@ pub fn now_ms() -> u64 {
 /// The digest of a request's plugin as stored.
 fn digest_bytes(digest: &Digest) -> &[u8] {
     &digest.0
+}
+
+/// The refusal of a spawn past `--max-descendants`.
+pub(crate) fn too_many_descendants(root: u64, max: usize) -> String {
+    format!(
+        "the tree of task {root} already has {max} unfinished descendants, the most this \
+         daemon allows (--max-descendants, max_descendants): wait for some to finish, or raise it"
+    )
 }
 
 #[cfg(test)]

@@ -94,6 +94,8 @@ fn resolved(request: SubmitRequest, plugin: String, bounds: Bounds) -> Admission
         plugin,
         max_slot_queue: bounds.max_slot_queue,
         max_total_pending: bounds.max_total_pending,
+        // Delayed work and firings are nobody's children.
+        max_descendants: usize::MAX,
         due: None,
     }
 }
@@ -311,6 +313,9 @@ impl Pg {
                             "its plugin is no longer in the cluster".to_owned()
                         }
                         AdmitError::Invalid(m) | AdmitError::Conflict(m) => m,
+                        AdmitError::TreeFull { root, max } => {
+                            super::too_many_descendants(root, max)
+                        }
                         AdmitError::Store(e) => e.to_string(),
                     };
                     self.fail_delayed(&tx, id_of(id), &reason).await?;
@@ -697,6 +702,9 @@ impl Pg {
             Err(AdmitError::Invalid(m) | AdmitError::Conflict(m)) => {
                 Err(ScheduleError::Store(StoreError(m)))
             }
+            Err(AdmitError::TreeFull { root, max }) => Err(ScheduleError::Store(StoreError(
+                super::too_many_descendants(root, max),
+            ))),
         }
     }
 }

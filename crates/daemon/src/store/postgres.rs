@@ -40,7 +40,12 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0005_idempotency.sql"),
     include_str!("../../migrations/postgres/0006_time.sql"),
     include_str!("../../migrations/postgres/0007_kv.sql"),
+    include_str!("../../migrations/postgres/0008_lineage.sql"),
 ];
+
+/// The migration that added `parent` and `root`, filled from each row's
+/// request when it runs.
+const LINEAGE_MIGRATION: usize = 8;
 
 /// Events kept in the database (each node prunes beyond it).
 pub(crate) const EVENTS_KEPT: i64 = 100_000;
@@ -241,6 +246,9 @@ pub(crate) struct Admission {
     pub names: Names,
     pub max_slot_queue: usize,
     pub max_total_pending: usize,
+    /// Unfinished descendants of the submission's root at most (a spawned
+    /// task's tree: `request.root`).
+    pub max_descendants: usize,
     /// Held until this time (ms since the Unix epoch), within this bound of
     /// delayed submissions: it is recorded as delayed, not admitted.
     pub due: Option<(u64, usize)>,
@@ -260,6 +268,8 @@ pub(crate) enum AdmitError {
     Store(StoreError),
     /// The idempotency key made another request's task (the refusal).
     Conflict(String),
+    /// The tree of task `root` has `max` unfinished descendants already.
+    TreeFull { root: u64, max: usize },
 }
 
 impl From<StoreError> for AdmitError {
@@ -443,10 +453,13 @@ impl Pg {
                  ({known}); upgrade this host to the version the other nodes run"
             )));
         }
-        for migration in &MIGRATIONS[version as usize..] {
+        for (i, migration) in MIGRATIONS.iter().enumerate().skip(version as usize) {
             tx.batch_execute(migration)
                 .await
                 .map_err(db("cannot apply a migration"))?;
+            if i + 1 == LINEAGE_MIGRATION && version > 0 {
+                fill_lineage(&tx).await?;
+            }
         }
         if version == 0 {
             exec(
@@ -804,6 +817,32 @@ impl Pg {
                 existing: true,
             });
         }
+        // A spawned task: its tree's unfinished descendants, counted under
+        // the root's row lock so that two spawns in one tree take turns.
+        if let Some(root) = admission.request.root {
+            let root = ms(root);
+            exec(
+                &tx,
+                "cannot lock the tree",
+                "SELECT 1 FROM taskhost_tasks WHERE id = $1 FOR NO KEY UPDATE",
+                &[&root],
+            )
+            .await?;
+            let count: i64 = one(
+                &tx,
+                "cannot count the tree",
+                "SELECT count(*) FROM taskhost_tasks WHERE root = $1 AND state <> 'finished'",
+                &[&root],
+            )
+            .await?
+            .get(0);
+            if count as usize >= admission.max_descendants {
+                return Err(AdmitError::TreeFull {
+                    root: root as u64,
+                    max: admission.max_descendants,
+                });
+            }
+        }
         let id: i64 = one(
             &tx,
             "cannot allocate an id",
@@ -1034,8 +1073,8 @@ impl Pg {
             let insert = tx
                 .prepare_cached(
                     "INSERT INTO taskhost_tasks (id, name, slot, plugin, digest, request, state, \
-                     pos, placed, submitted_ms, priority, schedule, due_ms) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                     pos, placed, submitted_ms, priority, schedule, due_ms, parent, root) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
                 )
                 .await
                 .map_err(db("cannot record the submission"))?;
@@ -1055,6 +1094,8 @@ impl Pg {
                     &a.request.priority,
                     &a.request.schedule,
                     &due_ms,
+                    &a.request.parent.map(ms),
+                    &a.request.root.map(ms),
                 ],
             )
             .await
@@ -1316,7 +1357,7 @@ impl Pg {
         let Some(row) = opt(
             &client,
             "cannot read a task",
-            "SELECT report, log, plugin, submitted_ms, finished_ms FROM taskhost_tasks \
+            "SELECT report, log, plugin, submitted_ms, finished_ms, parent FROM taskhost_tasks \
                  WHERE id = $1 AND state = 'finished'",
             &[&sql_id(id)],
         )
@@ -1336,6 +1377,7 @@ impl Pg {
             log,
             submitted_ms: row.get::<_, i64>(3).max(0) as u64,
             finished_ms: row.get::<_, Option<i64>>(4).unwrap_or(0).max(0) as u64,
+            parent: row.get::<_, Option<i64>>(5).map(|p| p.max(0) as u64),
         }))
     }
 
@@ -1412,7 +1454,7 @@ impl Pg {
             &client,
             "cannot list tasks",
             "SELECT t.id, t.name, t.slot, t.state, t.attempts, t.submitted_ms, t.plugin, n.name, \
-                 t.resume_at_ms, t.due_ms, t.schedule FROM taskhost_tasks t \
+                 t.resume_at_ms, t.due_ms, t.schedule, t.parent FROM taskhost_tasks t \
                  LEFT JOIN taskhost_nodes n ON n.id = t.node \
                  WHERE t.state <> 'finished' ORDER BY t.id",
             &[],
@@ -1443,7 +1485,7 @@ impl Pg {
                     .then(|| r.get::<_, Option<i64>>(9).map(|v| v.max(0) as u64))
                     .flatten(),
                 schedule: r.get(10),
-                parent: None,
+                parent: r.get::<_, Option<i64>>(11).map(|p| p.max(0) as u64),
             }
         })
         .collect();
@@ -1451,7 +1493,7 @@ impl Pg {
             let finished = all(
                 &client,
                 "cannot list finished tasks",
-                "SELECT id, name, slot, attempts, submitted_ms, plugin, outcome, schedule \
+                "SELECT id, name, slot, attempts, submitted_ms, plugin, outcome, schedule, parent \
                      FROM taskhost_tasks WHERE state = 'finished' ORDER BY finished_ms DESC LIMIT $1",
                 &[&recent],
             )
@@ -1475,7 +1517,7 @@ impl Pg {
                     node: None,
                     due_ms: None,
                     schedule: r.get(7),
-                    parent: None,
+                    parent: r.get::<_, Option<i64>>(8).map(|p| p.max(0) as u64),
                 }
             }));
             rows.sort_by_key(|r| r.id);
@@ -1655,7 +1697,7 @@ impl Pg {
         .map_err(db("cannot read events"))?;
         rows.iter()
             .map(|r| {
-                let mut event: Event = decode(r.get::<_, &[u8]>(1))?;
+                let mut event = decode_event(r.get::<_, &[u8]>(1))?;
                 event.seq = r.get::<_, i64>(0).max(0) as u64;
                 Ok(event)
             })
@@ -1786,6 +1828,45 @@ impl Pg {
 
 /// Locks the slot of task `id` (the row lock every decision in a slot
 /// takes first); returns the slot, None for an unknown task.
+/// An event as a node shipped it: one shipped before `Event::parent`
+/// existed lacks its last byte (`None`).
+fn decode_event(bytes: &[u8]) -> Result<Event, StoreError> {
+    decode(bytes).or_else(|e| {
+        let mut padded = bytes.to_vec();
+        padded.push(0);
+        postcard::from_bytes(&padded).map_err(|_| e)
+    })
+}
+
+/// Fills `parent` and `root` of the rows stored before the columns were
+/// (from their requests; rows nobody spawned keep NULL).
+async fn fill_lineage(tx: &deadpool_postgres::Transaction<'_>) -> Result<(), StoreError> {
+    let rows = all(
+        tx,
+        "cannot read the tasks to migrate",
+        "SELECT id, request FROM taskhost_tasks",
+        &[],
+    )
+    .await?;
+    for row in rows {
+        let Ok(request) = SubmitRequest::decode_stored(row.get::<_, &[u8]>(1)) else {
+            continue;
+        };
+        let Some(parent) = request.parent else {
+            continue;
+        };
+        let root = request.root.unwrap_or(parent);
+        exec(
+            tx,
+            "cannot migrate a task's parent",
+            "UPDATE taskhost_tasks SET parent = $2, root = $3 WHERE id = $1",
+            &[&row.get::<_, i64>(0), &ms(parent), &ms(root)],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 async fn lock_slot_of(
     tx: &deadpool_postgres::Transaction<'_>,
     id: TaskId,

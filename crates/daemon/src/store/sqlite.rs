@@ -26,7 +26,12 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0003_idempotency.sql"),
     include_str!("../../migrations/0004_schedules.sql"),
     include_str!("../../migrations/0005_kv.sql"),
+    include_str!("../../migrations/0006_lineage.sql"),
 ];
+
+/// The migration that added `parent` and `root`, filled from each row's
+/// request when it runs.
+const LINEAGE_MIGRATION: usize = 6;
 
 /// Most writes in one transaction.
 const MAX_BATCH: usize = 4096;
@@ -103,6 +108,9 @@ pub(super) fn open(path: &Path, retention: Retention) -> Result<Opened, StoreErr
             .map_err(|e| err(path, "cannot migrate it", e))?;
         tx.execute_batch(sql)
             .map_err(|e| err(path, &format!("migration {} failed", i + 1), e))?;
+        if i + 1 == LINEAGE_MIGRATION {
+            fill_lineage(&tx).map_err(|e| err(path, "migration 6 failed", e))?;
+        }
         tx.pragma_update(None, "user_version", i + 1)
             .map_err(|e| err(path, "cannot migrate it", e))?;
         tx.commit().map_err(|e| err(path, "cannot migrate it", e))?;
@@ -449,7 +457,8 @@ impl Writer {
                         .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
                     tx.prepare_cached(
                         "INSERT INTO tasks (id, name, slot, plugin, digest, request, state, attempts, \
-                         submitted_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                         submitted_ms, parent, root) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
                     )?
                     .execute(params![
                         task.id.get() as i64,
@@ -460,7 +469,9 @@ impl Writer {
                         request,
                         if attempts > 0 { "running" } else { "queued" },
                         attempts,
-                        task.submitted_ms as i64
+                        task.submitted_ms as i64,
+                        task.request.parent.map(|p| p as i64),
+                        task.request.root.map(|r| r as i64),
                     ])?;
                     if let Some((key, fingerprint)) = &task.key {
                         tx.prepare_cached(
@@ -673,10 +684,42 @@ pub(super) struct Reader {
 }
 
 /// The columns every read of finished tasks selects, in this order.
-type FinishedRow = (String, Vec<u8>, Option<Vec<u8>>, i64, i64);
+type FinishedRow = (String, Vec<u8>, Option<Vec<u8>>, i64, i64, Option<i64>);
 
 fn finished_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<FinishedRow> {
-    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+    ))
+}
+
+/// Fills `parent` and `root` of the rows stored before the columns were
+/// (from their requests; rows nobody spawned keep NULL).
+fn fill_lineage(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    let mut found = Vec::new();
+    {
+        let mut stmt = tx.prepare("SELECT id, request FROM tasks")?;
+        let mut rows = stmt.query([])?;
+        while let Some(row) = rows.next()? {
+            let id: i64 = row.get(0)?;
+            let request: Vec<u8> = row.get(1)?;
+            if let Ok(request) = SubmitRequest::decode_stored(&request)
+                && let Some(parent) = request.parent
+            {
+                let root = request.root.unwrap_or(parent);
+                found.push((id, parent as i64, root as i64));
+            }
+        }
+    }
+    let mut set = tx.prepare("UPDATE tasks SET parent = ?2, root = ?3 WHERE id = ?1")?;
+    for (id, parent, root) in found {
+        set.execute(params![id, parent, root])?;
+    }
+    Ok(())
 }
 
 impl Reader {
@@ -736,7 +779,7 @@ impl Reader {
 
     pub(super) fn finished_by_id(&self, id: TaskId) -> Option<Finished> {
         self.finished(
-            "SELECT plugin, report, log, submitted_ms, finished_ms FROM tasks \
+            "SELECT plugin, report, log, submitted_ms, finished_ms, parent FROM tasks \
              WHERE id = ?1 AND state = 'finished'",
             &(id.get() as i64),
         )
@@ -745,7 +788,7 @@ impl Reader {
 
     pub(super) fn finished_by_name(&self, name: &str) -> Option<Finished> {
         self.finished(
-            "SELECT plugin, report, log, submitted_ms, finished_ms FROM tasks \
+            "SELECT plugin, report, log, submitted_ms, finished_ms, parent FROM tasks \
              WHERE name = ?1 AND state = 'finished' ORDER BY id DESC LIMIT 1",
             &name,
         )
@@ -792,7 +835,7 @@ impl Reader {
 
     pub(super) fn finished_recent(&self, limit: usize) -> Vec<Finished> {
         let mut out = self.finished(
-            "SELECT plugin, report, NULL, submitted_ms, finished_ms FROM tasks \
+            "SELECT plugin, report, NULL, submitted_ms, finished_ms, parent FROM tasks \
              WHERE state = 'finished' ORDER BY finished_ms DESC, id DESC LIMIT ?1",
             &(limit as i64),
         );
@@ -802,7 +845,7 @@ impl Reader {
 }
 
 fn decode_finished(
-    (plugin, report, log, submitted_ms, finished_ms): FinishedRow,
+    (plugin, report, log, submitted_ms, finished_ms, parent): FinishedRow,
 ) -> Option<Finished> {
     let report = postcard::from_bytes(&report)
         .map_err(|e| tracing::warn!("a stored report cannot be read: {e}"))
@@ -816,5 +859,6 @@ fn decode_finished(
         log,
         submitted_ms: submitted_ms as u64,
         finished_ms: finished_ms as u64,
+        parent: parent.map(|p| p as u64),
     })
 }

@@ -23,7 +23,7 @@ use taskhost_core::supervisor::{
 use taskhost_runtime::{Digest, DirGrant, HttpAllow, SecretRef};
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 12;
+pub const PROTOCOL_VERSION: u32 = 13;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).
@@ -130,6 +130,12 @@ pub struct SubmitRequest {
     /// The task that spawned this one (`taskhost:plugin/children`): set
     /// by the daemon, never by a client.
     pub parent: Option<u64>,
+    /// The root of the tree of a spawned task (its parent's root, or its
+    /// parent if that one has none): set by the daemon, never by a client.
+    pub root: Option<u64>,
+    /// How deep a spawned task is in its tree (a submitted task's children
+    /// are at 1; 0 for a task nobody spawned): set by the daemon.
+    pub depth: u32,
 }
 
 /// When a delayed submission may enter its slot.
@@ -154,8 +160,8 @@ impl NotBefore {
 
 /// Fields added to [`SubmitRequest`] since protocol 4 (`allow_http`,
 /// `idempotency_key`, `not_before`, `priority`, `schedule`, `secrets`,
-/// `config`, `kv`, `parent`).
-const ADDED_FIELDS: usize = 9;
+/// `config`, `kv`, `parent`, `root`, `depth`).
+const ADDED_FIELDS: usize = 11;
 
 /// The longest idempotency key taken, in bytes.
 pub const MAX_IDEMPOTENCY_KEY: usize = 256;
@@ -168,7 +174,7 @@ impl SubmitRequest {
     /// older daemon meant (no `allow_http` for protocols 4 and 5, no
     /// idempotency key before 7, no delay, priority or schedule before 8, no
     /// secrets before 9, no config values before 10, no shared buckets
-    /// before 11, no parent before 12).
+    /// before 11, no parent before 12, no root or depth before 13).
     pub fn decode_stored(bytes: &[u8]) -> Result<Self, postcard::Error> {
         decode_padded(bytes)
     }
@@ -198,6 +204,8 @@ impl SubmitRequest {
             config: Vec::new(),
             kv: Vec::new(),
             parent: None,
+            root: None,
+            depth: 0,
         }
     }
 
@@ -463,7 +471,7 @@ impl Request {
                                 own (`host schedule add`)"
                         .into());
                 }
-                if submit.parent.is_some() {
+                if submit.parent.is_some() || submit.root.is_some() || submit.depth != 0 {
                     return Err("a submission cannot name a parent: a task's children are \
                                 spawned by its plugin (taskhost:plugin/children)"
                         .into());
@@ -471,7 +479,10 @@ impl Request {
                 check_submit(submit)
             }
             Request::Schedule(ScheduleVerb::Add(spec)) => {
-                if spec.request.parent.is_some() {
+                if spec.request.parent.is_some()
+                    || spec.request.root.is_some()
+                    || spec.request.depth != 0
+                {
                     return Err("a schedule's firings have no parent".into());
                 }
                 if spec.request.schedule.is_some() || spec.request.name.is_some() {
