@@ -351,6 +351,15 @@ impl PolicyArgs {
     }
 }
 
+// `--raw` of the verbs that print a task's output (`run`, `submit`,
+// `wait`, `rerun`, `schedule run`) or a stored value (`kv get`).
+#[derive(Debug, Args)]
+pub struct RawArg {
+    /// Write the output's bytes (for kv get, the value's) as they are on a terminal too. By default, when stdout is a terminal, the output is shown as text: newlines and tabs stay, every other control character (escape sequences, bells, carriage returns, bidirectional overrides) is written as an escape such as \x1b, so that a task cannot drive your terminal (set the clipboard, retitle the window, forge a line). Into a pipe or a file the bytes are always exact. Guest lines, reasons and names on stderr are shown as text either way.
+    #[arg(long)]
+    pub raw: bool,
+}
+
 fn parse_backoff(text: &str) -> Result<BackoffPolicy, String> {
     text.parse()
         .map_err(|e: taskhost::supervisor::BackoffError| e.to_string())
