@@ -472,6 +472,24 @@ fn policy_flags_are_checked() {
     );
 }
 
+#[test]
+fn on_a_terminal_an_output_without_a_final_newline_ends_its_line() {
+    let out = common::run_host_on_terminal(
+        &["run", &p("hello"), "--input", "hi"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(out.code, Some(0), "{:?}", out.text());
+    let screen = out.screen();
+    let at = screen.iter().position(|l| l == "hi");
+    assert!(
+        at.is_some_and(|at| screen
+            .get(at + 1)
+            .is_some_and(|l| l.starts_with("hello-1 completed in 1 attempt"))),
+        "the output is a line of its own, the summary the next: {screen:#?}"
+    );
+    // A pipe gets the bytes exactly (`hello_prints_exactly_its_input`).
+}
+
 /// The compiled artifacts in a cache directory.
 fn cache_entries(dir: &std::path::Path) -> usize {
     std::fs::read_dir(dir).map_or(0, |entries| {
