@@ -68,7 +68,7 @@ enum Command {
     /// Exit codes: 0 completed, 1 failed or fatal, 2 invalid input,
     /// 4 canceled or force-aborted.
     #[command(
-        after_long_help = "EXAMPLES:\n  host run target/plugins/hello.wasm --input hi\n  host run target/plugins/flaky.wasm --param fail_times=2 --restart on-failure --backoff 10ms,1s,2,full\n  host run target/plugins/sleeper.wasm --param ms=5000 --timeout 1s\n  host run my.wasm --dir ./data::/data:ro --env LANG=C --max-memory 64MiB --json\n  host run target/plugins/http-get.wasm --param url=https://api.example.com/status --allow-http api.example.com\n  host run target/plugins/deploy.wasm --param env=dev --param endpoint=http://127.0.0.1:8080/deploy --allow-http http://127.0.0.1:8080"
+        after_long_help = "EXAMPLES:\n  host run target/plugins/hello.wasm --input hi\n  host run target/plugins/flaky.wasm --param fail_times=2 --restart on-failure --backoff 10ms,1s,2,full\n  host run target/plugins/flaky.wasm --param fail_times=2 --max-retries 3   # implies --restart on-failure\n  host run target/plugins/sleeper.wasm --param ms=5000 --timeout 1s\n  host run my.wasm --dir ./data::/data:ro --env LANG=C --max-memory 64MiB --json\n  host run target/plugins/http-get.wasm --param url=https://api.example.com/status --allow-http api.example.com\n  host run target/plugins/deploy.wasm --param env=dev --param endpoint=http://127.0.0.1:8080/deploy --allow-http http://127.0.0.1:8080"
     )]
     Run(Box<run::RunArgs>),
     /// Validate a plugin and show what it declares.

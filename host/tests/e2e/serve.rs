@@ -88,6 +88,40 @@ fn submit_wait_on_a_terminal_puts_the_output_on_a_line_of_its_own() {
 }
 
 #[test]
+fn max_retries_implies_restart_on_failure_for_submit_and_schedules() {
+    let d = Daemon::start(&["--store", "memory"]);
+    let retried = [
+        "--param",
+        "fail_times=2",
+        "--max-retries",
+        "3",
+        "--backoff",
+        "1ms,2ms,2,none",
+    ];
+    let flaky = p("flaky");
+    let out = d.run(&[&["submit", &flaky][..], &retried, &["--wait"]].concat());
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "ok after 3 attempts");
+    assert!(
+        out.stderr.contains("completed in 3 attempts"),
+        "{}",
+        out.stderr
+    );
+
+    // A schedule's firings carry it too.
+    let add = ["schedule", "add", "retried", "--cron", "0 0 1 1 *", &flaky];
+    let out = d.run(&[&add[..], &retried].concat());
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let out = d.run(&["schedule", "run", "retried", "--wait"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("completed in 3 attempts"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
 fn drop_if_running_rejects_a_second_submission_with_slot_busy() {
     let d = Daemon::start(&[]);
     let sleeper = [
