@@ -282,7 +282,7 @@ pub struct PolicyArgs {
     /// Rerun every DUR after a success (implies --restart always).
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub every: Option<Duration>,
-    /// Give up after N+1 consecutive failed attempts [default: unlimited].
+    /// Give up after N+1 consecutive failed attempts. Without --restart it implies --restart on-failure (as --every implies always); with --restart never it is refused [default: unlimited].
     #[arg(long, value_name = "N")]
     pub max_retries: Option<u32>,
     /// Delay between failed attempts: FIRST,MAX,FACTOR,JITTER or key=value pairs (first=, max=, factor=, jitter=none|full|equal|decorrelated) [default: 200ms,30s,2,equal].
@@ -327,20 +327,29 @@ impl Policies {
 impl PolicyArgs {
     /// Checks the flags against each other and resolves them.
     pub fn resolve(&self, timeout: Option<Duration>) -> anyhow::Result<Policies> {
-        let restart = match (self.restart, self.every) {
-            (Some(Restart::Never | Restart::OnFailure), Some(_)) => {
+        let restart = match (self.restart, self.every, self.max_retries) {
+            (Some(Restart::Never | Restart::OnFailure), Some(_), _) => {
                 return Err(usage(
                     "--every reruns after success; it needs --restart always (or no --restart)",
                 ));
             }
-            (Some(Restart::Always) | None, Some(every)) => {
+            (Some(Restart::Never), None, Some(_)) => {
+                return Err(usage(
+                    "--max-retries N retries failed attempts, which --restart never forbids: \
+                     drop --restart never (--max-retries implies --restart on-failure) or give \
+                     --restart on-failure or always",
+                ));
+            }
+            (Some(Restart::Always) | None, Some(every), _) => {
                 RestartPolicy::Always { interval: every }
             }
-            (Some(Restart::Always), None) => RestartPolicy::Always {
+            (Some(Restart::Always), None, _) => RestartPolicy::Always {
                 interval: Duration::ZERO,
             },
-            (Some(Restart::OnFailure), None) => RestartPolicy::OnFailure,
-            (Some(Restart::Never) | None, None) => RestartPolicy::Never,
+            // --max-retries says failures are retried: on-failure, as
+            // --every says always.
+            (Some(Restart::OnFailure), None, _) | (None, None, Some(_)) => RestartPolicy::OnFailure,
+            (Some(Restart::Never), None, None) | (None, None, None) => RestartPolicy::Never,
         };
         Ok(Policies {
             restart,
@@ -349,6 +358,15 @@ impl PolicyArgs {
             timeout,
         })
     }
+}
+
+// `--raw` of the verbs that print a task's output (`run`, `submit`,
+// `wait`, `rerun`, `schedule run`) or a stored value (`kv get`).
+#[derive(Debug, Args)]
+pub struct RawArg {
+    /// Write the output's bytes (for kv get, the value's) as they are on a terminal too. By default, when stdout is a terminal, the output is shown as text: newlines and tabs stay, every other control character (escape sequences, bells, carriage returns, bidirectional overrides) is written as an escape such as \x1b, so that a task cannot drive your terminal (set the clipboard, retitle the window, forge a line). Into a pipe or a file the bytes are always exact. Guest lines, reasons and names on stderr are shown as text either way.
+    #[arg(long)]
+    pub raw: bool,
 }
 
 fn parse_backoff(text: &str) -> Result<BackoffPolicy, String> {

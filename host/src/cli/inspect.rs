@@ -9,6 +9,7 @@ use taskhost::units::format_size;
 
 use super::args::CacheArgs;
 use super::exit::usage;
+use super::report::{print_json, visible};
 
 #[derive(Debug, Args)]
 pub struct InspectArgs {
@@ -44,7 +45,7 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<u8> {
             "digest": plugin.digest().to_string(),
             "size": plugin.size(),
         });
-        println!("{value}");
+        print_json(&value);
         return Ok(0);
     }
     let resource = match &info.resource {
@@ -77,8 +78,9 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<u8> {
         ("digest", plugin.digest().to_string()),
         ("size", format_size(plugin.size() as u64)),
     ];
+    // The name and description are the plugin's own words.
     for (key, value) in rows {
-        println!("{key:<13}{value}");
+        println!("{key:<13}{}", visible(&value));
     }
     Ok(0)
 }

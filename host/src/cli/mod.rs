@@ -58,15 +58,17 @@ pub struct Cli {
 enum Command {
     /// Run one task in this process (no daemon), wait, print its outcome.
     ///
-    /// The plugin's output bytes go to stdout as they are; the guest's log,
-    /// stdout and stderr lines and the summary go to stderr, tagged with the
-    /// task name. Ctrl-C asks the task to stop; if it has not stopped after
-    /// --grace, or on a second Ctrl-C, it is stopped by force.
+    /// The plugin's output bytes go to stdout as they are (on a terminal
+    /// shown as text, its control characters as escapes, unless --raw); the
+    /// guest's log, stdout and stderr lines and the summary go to stderr,
+    /// tagged with the task name, always as text. Ctrl-C asks the task to
+    /// stop; if it has not stopped after --grace, or on a second Ctrl-C, it
+    /// is stopped by force.
     ///
     /// Exit codes: 0 completed, 1 failed or fatal, 2 invalid input,
     /// 4 canceled or force-aborted.
     #[command(
-        after_long_help = "EXAMPLES:\n  host run target/plugins/hello.wasm --input hi\n  host run target/plugins/flaky.wasm --param fail_times=2 --restart on-failure --backoff 10ms,1s,2,full\n  host run target/plugins/sleeper.wasm --param ms=5000 --timeout 1s\n  host run my.wasm --dir ./data::/data:ro --env LANG=C --max-memory 64MiB --json\n  host run target/plugins/http-get.wasm --param url=https://api.example.com/status --allow-http api.example.com\n  host run target/plugins/deploy.wasm --param env=dev --param endpoint=http://127.0.0.1:8080/deploy --allow-http http://127.0.0.1:8080"
+        after_long_help = "EXAMPLES:\n  host run target/plugins/hello.wasm --input hi\n  host run target/plugins/flaky.wasm --param fail_times=2 --restart on-failure --backoff 10ms,1s,2,full\n  host run target/plugins/flaky.wasm --param fail_times=2 --max-retries 3   # implies --restart on-failure\n  host run target/plugins/sleeper.wasm --param ms=5000 --timeout 1s\n  host run my.wasm --dir ./data::/data:ro --env LANG=C --max-memory 64MiB --json\n  host run target/plugins/http-get.wasm --param url=https://api.example.com/status --allow-http api.example.com\n  host run target/plugins/deploy.wasm --param env=dev --param endpoint=http://127.0.0.1:8080/deploy --allow-http http://127.0.0.1:8080"
     )]
     Run(Box<run::RunArgs>),
     /// Validate a plugin and show what it declares.
@@ -108,8 +110,10 @@ enum Command {
     )]
     Rerun(client::tasks::RerunArgs),
     /// Wait for a task's final outcome and print it (exit code by outcome).
-    #[command(after_long_help = "EXAMPLES:\n  host wait 42\n  host wait nap --json")]
-    Wait(client::tasks::TargetArgs),
+    #[command(
+        after_long_help = "EXAMPLES:\n  host wait 42\n  host wait nap --json\n  host wait nap --raw   # on a terminal too, the output's bytes as they are"
+    )]
+    Wait(client::tasks::WaitArgs),
     /// Stop a task (queued work is removed) and wait until it has ended.
     #[command(after_long_help = "EXAMPLES:\n  host cancel nap\n  host cancel 42 --json")]
     Cancel(client::tasks::TargetArgs),
@@ -281,7 +285,9 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
-            eprintln!("error: {err:#}");
+            // An error may quote a daemon's answer, or a name a guest chose.
+            let message = format!("error: {err:#}");
+            eprintln!("{}", report::visible_lines(&message));
             ExitCode::from(err.downcast_ref::<ExitError>().map_or(1, |e| e.code))
         }
     }

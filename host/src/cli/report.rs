@@ -1,7 +1,11 @@
 //! Owns how results and guest output look: the one-object JSON result, the
-//! human summary on stderr, and the tagged guest lines (with a live progress
-//! line when stderr is a terminal).
+//! human summary on stderr, the tagged guest lines (with a live progress
+//! line when stderr is a terminal), and the one way text that may come from
+//! a guest (outputs, reasons, lines, names) is made safe for a terminal:
+//! [`visible`] for a line, [`visible_output`] for an output, [`json_line`]
+//! for JSON. Every verb prints guest text through these.
 
+use std::borrow::Cow;
 use std::io::{IsTerminal, Write};
 use std::sync::Mutex;
 
@@ -12,32 +16,52 @@ use taskhost::units::format_duration;
 
 pub use taskhost::daemon::json::JsonResult;
 
-/// Writes the task's result: raw output or one JSON object on stdout, the
-/// human summary on stderr.
-pub fn print_result(json: Option<&JsonResult<'_>>, report: &TaskReport) {
-    let outcome = &report.outcome;
-    let mut stdout = std::io::stdout().lock();
+/// Writes the task's result: one JSON object on stdout, or its output
+/// ([`print_output`]) on stdout and the human summary on stderr.
+pub fn print_result(json: Option<&JsonResult<'_>>, report: &TaskReport, raw: bool) {
     match json {
-        Some(json) => {
-            // Serialising plain strings and numbers cannot fail.
-            let line = serde_json::to_string(json).unwrap_or_default();
-            let _ = writeln!(stdout, "{line}");
-        }
+        Some(json) => print_json(json),
         None => {
-            if let TaskOutcome::Completed { output } = outcome {
-                let _ = stdout.write_all(output);
-                // On a terminal, keep the summary off the output's last line.
-                if std::io::stdout().is_terminal() && !output.is_empty() && !output.ends_with(b"\n")
-                {
-                    let _ = stdout.write_all(b"\n");
-                }
+            if let TaskOutcome::Completed { output } = &report.outcome {
+                print_output(output, raw);
             }
+            say(&summary(report));
         }
+    }
+}
+
+/// Writes a task's output (or a stored value) on stdout: into a pipe or a
+/// file exactly as it is; on a terminal as text ([`visible_output`]) unless
+/// `raw`, and followed by a newline when it does not end with one, so what
+/// comes next starts a line of its own.
+pub fn print_output(bytes: &[u8], raw: bool) {
+    let terminal = std::io::stdout().is_terminal();
+    let shown = if terminal && !raw {
+        visible_output(bytes)
+    } else {
+        Cow::Borrowed(bytes)
+    };
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(&shown);
+    if terminal && !bytes.is_empty() && !bytes.ends_with(b"\n") {
+        let _ = stdout.write_all(b"\n");
     }
     let _ = stdout.flush();
-    if json.is_none() {
-        eprintln!("{}", visible(&summary(report)));
-    }
+}
+
+/// Writes one line for people on stderr, with any guest text in it shown
+/// as text ([`visible`]).
+pub fn say(line: &str) {
+    let mut bytes = visible(line).into_owned().into_bytes();
+    bytes.push(b'\n');
+    let _ = std::io::stderr().lock().write_all(&bytes);
+}
+
+/// Writes `value` as one line of JSON on stdout ([`json_line`]).
+pub fn print_json(value: &impl serde::Serialize) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{}", json_line(value));
+    let _ = stdout.flush();
 }
 
 /// `deploy-1 completed in 1 attempt (52.1ms)` and the like; the time is the
@@ -69,6 +93,27 @@ pub fn summary(report: &TaskReport) -> String {
         TaskOutcome::Panicked { reason } => format!("{name} ended by a host bug: {reason}"),
         TaskOutcome::Rejected { kind, reason } => format!("{name} rejected ({kind}): {reason}"),
     }
+}
+
+/// The attempt history of a task that did not complete after more than
+/// one attempt, one note per attempt (`  attempt 2: failed: … (1.2ms)`);
+/// nothing for any other report.
+pub fn history(report: &TaskReport) -> Vec<String> {
+    if matches!(report.outcome, TaskOutcome::Completed { .. }) || report.attempts <= 1 {
+        return Vec::new();
+    }
+    report
+        .history
+        .iter()
+        .map(|record| {
+            format!(
+                "  attempt {}: {} ({})",
+                record.attempt,
+                record.result,
+                format_duration(record.duration)
+            )
+        })
+        .collect()
 }
 
 /// Prints a task's guest lines to stderr as `[name stream] text`; on a
@@ -165,40 +210,121 @@ impl StderrSink {
     }
 
     /// Shows a live status line (on a terminal only), redrawn in place.
+    /// Its text may hold a guest's reason: shown as text, like every line.
     pub fn status(&self, text: &str) {
         if !self.tty {
             return;
         }
         let mut state = self.state();
-        let line = format!("\r\x1b[K[{}] {text}", self.tag);
-        state.emit(line.as_bytes());
+        let line = format!("[{}] {text}", self.tag);
+        let mut bytes = b"\r\x1b[K".to_vec();
+        bytes.extend_from_slice(visible(&line).as_bytes());
+        state.emit(&bytes);
         state.progress_shown = true;
     }
 }
 
-/// `text` with its control characters written out as escapes (`\x1b`,
-/// `\r`, `\u{9b}`), as journalctl shows them: a guest's lines and reasons
-/// reach the terminal as text, and cannot move the cursor, set the
-/// clipboard (OSC 52), retitle the window or overwrite a summary. Tabs
-/// stay.
-pub fn visible(text: &str) -> std::borrow::Cow<'_, str> {
-    let control = |c: char| c != '\t' && (c.is_control() || c == '\u{7f}');
-    if !text.chars().any(control) {
-        return std::borrow::Cow::Borrowed(text);
+/// Whether `c` acts on a terminal, or on how the text around it is shown,
+/// instead of showing itself: the C0 and C1 controls and DEL (an escape
+/// sequence starts with ESC or the C1 CSI; BEL ends one; CR moves back over
+/// the line), the bidirectional formatting characters, which reorder what
+/// is shown (the "Trojan Source" ones, U+202A to U+202E and U+2066 to
+/// U+2069, and the marks U+061C, U+200E and U+200F), and the line and
+/// paragraph separators U+2028 and U+2029.
+fn acts(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}'
+                | '\u{200e}'
+                | '\u{200f}'
+                | '\u{202a}'..='\u{202e}'
+                | '\u{2066}'..='\u{2069}'
+                | '\u{2028}'
+                | '\u{2029}'
+        )
+}
+
+/// `text` with every character that [`acts`] written out as an escape
+/// (`\x1b`, `\r`, `\u{9b}`, `\u{202e}`), but tabs, and newlines when
+/// `keep_newlines`.
+fn escaped(text: &str, keep_newlines: bool) -> Cow<'_, str> {
+    let escape = |c: char| acts(c) && c != '\t' && !(keep_newlines && c == '\n');
+    if !text.chars().any(escape) {
+        return Cow::Borrowed(text);
     }
-    let mut out = String::with_capacity(text.len() + 8);
+    let mut out = String::with_capacity(text.len() + 16);
     for c in text.chars() {
         match c {
+            c if !escape(c) => out.push(c),
             '\r' => out.push_str("\\r"),
             '\n' => out.push_str("\\n"),
-            c if control(c) && (c as u32) < 0x80 => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            c if control(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
+            c if (c as u32) < 0x80 => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
         }
     }
-    std::borrow::Cow::Owned(out)
+    Cow::Owned(out)
+}
+
+/// One line of text that may come from a guest (a log line, a reason, a
+/// name), as a terminal should get it: every control character, escape
+/// sequence and bidirectional override written out as an escape (`\x1b`,
+/// `\r`, `\n`, `\u{9b}`, `\u{202e}`), as journalctl shows them, so it
+/// cannot move the cursor, set the clipboard (OSC 52), retitle the window,
+/// overwrite a summary or reorder the line. Tabs stay.
+pub fn visible(text: &str) -> Cow<'_, str> {
+    escaped(text, false)
+}
+
+/// Text of several lines (an error message) as [`visible`] makes a line,
+/// its newlines kept.
+pub fn visible_lines(text: &str) -> Cow<'_, str> {
+    escaped(text, true)
+}
+
+/// A task's output as a terminal should get it: its text as
+/// [`visible_lines`] makes it (an output is text of many lines: newlines and
+/// tabs stay, every other control character is escaped), and each byte that
+/// is not UTF-8 as `\xNN`.
+pub fn visible_output(bytes: &[u8]) -> Cow<'_, [u8]> {
+    if let Ok(text) = std::str::from_utf8(bytes) {
+        return match visible_lines(text) {
+            Cow::Borrowed(_) => Cow::Borrowed(bytes),
+            Cow::Owned(text) => Cow::Owned(text.into_bytes()),
+        };
+    }
+    let mut out = Vec::with_capacity(bytes.len() + 16);
+    for chunk in bytes.utf8_chunks() {
+        out.extend_from_slice(visible_lines(chunk.valid()).as_bytes());
+        for byte in chunk.invalid() {
+            out.extend_from_slice(format!("\\x{byte:02x}").as_bytes());
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// `value` as one line of JSON whose strings carry no character that
+/// [`acts`] on a terminal: serde_json escapes the C0 controls, and the rest
+/// (DEL, C1, the bidirectional overrides) is written as `\uXXXX` here. The
+/// value read back is the same; only its spelling differs.
+pub fn json_line(value: &impl serde::Serialize) -> String {
+    // Serialising plain strings, numbers and maps cannot fail.
+    let line = serde_json::to_string(value).unwrap_or_default();
+    if !line.chars().any(acts) {
+        return line;
+    }
+    // Outside strings JSON is ASCII without controls, so each such
+    // character is inside a string, where `\uXXXX` means it (all of them
+    // are in the Basic Multilingual Plane).
+    let mut out = String::with_capacity(line.len() + 16);
+    for c in line.chars() {
+        if acts(c) {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// How progress reads, in `host run`, `submit --wait`, `wait` and `ps`:

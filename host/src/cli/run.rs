@@ -6,16 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use taskhost::outcome::TaskOutcome;
 use taskhost::plugin_task::{PluginTask, resolve_slot};
 use taskhost::runtime::{GuestLimits, KvLimits, MemoryKv, Runtime, Sandbox, Secrets};
-use taskhost::supervisor::{Event, EventKind, Received, Supervisor, TaskId, TaskReport, TaskSpec};
+use taskhost::supervisor::{Event, EventKind, Received, Supervisor, TaskId, TaskSpec};
 use taskhost::units::{format_duration, parse_duration};
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::args::{CacheArgs, GuestLimitArgs, OtlpArg, PolicyArgs, TaskArgs};
+use super::args::{CacheArgs, GuestLimitArgs, OtlpArg, PolicyArgs, RawArg, TaskArgs};
 use super::exit::{outcome_code, usage};
-use super::report::{JsonResult, StderrSink, print_result, progress_text};
+use super::report::{JsonResult, StderrSink, history, print_result, progress_text};
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -29,6 +28,8 @@ pub struct RunArgs {
     limits: GuestLimitArgs,
     #[command(flatten)]
     pub otlp: OtlpArg,
+    #[command(flatten)]
+    raw: RawArg,
     /// After Ctrl-C, how long the task may take to stop before it is stopped by force.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
     grace: Duration,
@@ -141,11 +142,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
     supervisor.shutdown(Duration::ZERO).await;
     let _ = printer.await;
     sink.clear_progress();
-    if !matches!(report.outcome, TaskOutcome::Completed { .. }) && report.attempts > 1 {
-        print_history(&sink, &report);
+    let history = history(&report);
+    if !history.is_empty() {
+        sink.note(&format!("{} attempts:", report.attempts));
+        for line in &history {
+            sink.note(line);
+        }
     }
     let json = task.json.then(|| JsonResult::new(&report));
-    print_result(json.as_ref(), &report);
+    print_result(json.as_ref(), &report, args.raw.raw);
     Ok(outcome_code(&report.outcome))
 }
 
@@ -199,16 +204,4 @@ fn lifecycle_note(event: &Event) -> Option<String> {
         },
         _ => return None,
     })
-}
-
-fn print_history(sink: &StderrSink, report: &TaskReport) {
-    sink.note(&format!("{} attempts:", report.attempts));
-    for record in &report.history {
-        sink.note(&format!(
-            "  attempt {}: {} ({})",
-            record.attempt,
-            record.result,
-            format_duration(record.duration)
-        ));
-    }
 }

@@ -472,6 +472,72 @@ fn policy_flags_are_checked() {
     );
 }
 
+#[test]
+fn max_retries_implies_restart_on_failure() {
+    let out = run_host(&[
+        "run",
+        &p("flaky"),
+        "--param",
+        "fail_times=2",
+        "--max-retries",
+        "3",
+        "--backoff",
+        "1ms,2ms,2,none",
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "ok after 3 attempts");
+    assert!(
+        out.stderr.contains("flaky-1 completed in 3 attempts"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn max_retries_with_restart_never_is_refused_naming_both() {
+    let never = ["--max-retries", "3", "--restart", "never"];
+    let flaky = p("flaky");
+    // `submit` and `schedule add` refuse before they look for a daemon.
+    let socket = ["--socket", "/nonexistent/taskhost/h.sock"];
+    let verbs: [Vec<&str>; 3] = [
+        vec!["run", &flaky],
+        [&["submit", &flaky][..], &socket].concat(),
+        [
+            &["schedule", "add", "s", "--cron", "@daily", &flaky][..],
+            &socket,
+        ]
+        .concat(),
+    ];
+    for verb in verbs {
+        let out = run_host(&[&verb[..], &never].concat());
+        assert_eq!(out.code, Some(2), "{verb:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("--max-retries") && out.stderr.contains("--restart never"),
+            "{verb:?} names both flags: {}",
+            out.stderr
+        );
+        assert!(out.stdout.is_empty(), "{verb:?}: {}", out.stdout);
+    }
+}
+
+#[test]
+fn on_a_terminal_an_output_without_a_final_newline_ends_its_line() {
+    let out = common::run_host_on_terminal(
+        &["run", &p("hello"), "--input", "hi"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(out.code, Some(0), "{:?}", out.text());
+    let screen = out.screen();
+    let at = screen.iter().position(|l| l == "hi");
+    assert!(
+        at.is_some_and(|at| screen
+            .get(at + 1)
+            .is_some_and(|l| l.starts_with("hello-1 completed in 1 attempt"))),
+        "the output is a line of its own, the summary the next: {screen:#?}"
+    );
+    // A pipe gets the bytes exactly (`hello_prints_exactly_its_input`).
+}
+
 /// The compiled artifacts in a cache directory.
 fn cache_entries(dir: &std::path::Path) -> usize {
     std::fs::read_dir(dir).map_or(0, |entries| {

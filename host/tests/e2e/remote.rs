@@ -508,6 +508,10 @@ fn a_plain_http_client_uploads_submits_and_long_polls_the_outcome() {
             "colour",
         ),
         (r#"{"plugin":"abc"}"#.to_owned(), "not a plugin digest"),
+        (
+            format!(r#"{{"plugin":"{digest}","max_retries":3,"restart":"never"}}"#),
+            "max_retries",
+        ),
     ] {
         let answer = api.request("POST", "/api/tasks", &json, &body);
         assert_eq!(answer.status, 400, "{body}: {}", answer.body);
@@ -518,6 +522,18 @@ fn a_plain_http_client_uploads_submits_and_long_polls_the_outcome() {
         );
     }
     assert_eq!(all_tasks(&daemon), before);
+
+    // max_retries implies restart on-failure, as --max-retries does.
+    let flaky = put_plugin(&api, "flaky");
+    let body = format!(
+        r#"{{"plugin":"{flaky}","params":{{"fail_times":"2"}},"max_retries":3,"backoff":"1ms,2ms,2,none"}}"#
+    );
+    let retried = api.request("POST", "/api/tasks", &json, &body);
+    assert_eq!(retried.status, 201, "{}", retried.body);
+    let id = retried.json()["id"].as_u64().unwrap();
+    let outcome = api.get(&format!("/api/tasks/{id}/outcome?wait=30s")).json();
+    assert_eq!(outcome["outcome"], "completed", "{outcome}");
+    assert_eq!(outcome["attempts"], 3, "{outcome}");
 
     // Logs, plugins and the version as JSON.
     let logs = api.get("/api/tasks/web/logs");

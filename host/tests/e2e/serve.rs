@@ -66,6 +66,62 @@ fn submit_wait_and_wait_by_id() {
 }
 
 #[test]
+fn submit_wait_on_a_terminal_puts_the_output_on_a_line_of_its_own() {
+    let d = Daemon::start(&["--store", "memory"]);
+    let out = common::run_host_on_terminal(
+        &d.args(&["submit", &p("hello"), "--input", "hi", "--wait"]),
+        LIMIT,
+    );
+    assert_eq!(out.code, Some(0), "{:?}", out.text());
+    let screen = out.screen();
+    let at = screen.iter().position(|l| l == "hi");
+    assert!(
+        at.is_some_and(|at| screen
+            .get(at + 1)
+            .is_some_and(|l| l.starts_with("hello-1 completed in 1 attempt"))),
+        "the output is a line of its own, the summary the next: {screen:#?}"
+    );
+    // Into a pipe the bytes stay exact.
+    let out = d.run(&["submit", &p("hello"), "--input", "hi", "--wait"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "hi");
+}
+
+#[test]
+fn max_retries_implies_restart_on_failure_for_submit_and_schedules() {
+    let d = Daemon::start(&["--store", "memory"]);
+    let retried = [
+        "--param",
+        "fail_times=2",
+        "--max-retries",
+        "3",
+        "--backoff",
+        "1ms,2ms,2,none",
+    ];
+    let flaky = p("flaky");
+    let out = d.run(&[&["submit", &flaky][..], &retried, &["--wait"]].concat());
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "ok after 3 attempts");
+    assert!(
+        out.stderr.contains("completed in 3 attempts"),
+        "{}",
+        out.stderr
+    );
+
+    // A schedule's firings carry it too.
+    let add = ["schedule", "add", "retried", "--cron", "0 0 1 1 *", &flaky];
+    let out = d.run(&[&add[..], &retried].concat());
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let out = d.run(&["schedule", "run", "retried", "--wait"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("completed in 3 attempts"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
 fn drop_if_running_rejects_a_second_submission_with_slot_busy() {
     let d = Daemon::start(&[]);
     let sleeper = [

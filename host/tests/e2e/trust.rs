@@ -457,6 +457,269 @@ fn guest_text_reaches_the_terminal_as_text() {
     assert_eq!(line["text"], HOSTILE);
 }
 
+/// `chatty`'s `escapes`: a clipboard write (OSC 52), a window title (OSC
+/// 0), a bell, a carriage return with a forged summary, a C1 control
+/// sequence introducer and a right-to-left override.
+const ESCAPES: &str =
+    "\x1b]52;c;aGk=\x07\x1b]0;pwned\x07\rhello-9 completed in 1 attempt \u{9b}31m\u{202e}drow";
+/// [`ESCAPES`] as `host` shows them.
+const ESCAPES_SHOWN: &str =
+    r"\x1b]52;c;aGk=\x07\x1b]0;pwned\x07\rhello-9 completed in 1 attempt \u{9b}31m\u{202e}drow";
+/// A task name that would retitle the window (a guest names its children).
+const NAME: &str = "\x1b]0;named\x07job";
+const NAME_SHOWN: &str = r"\x1b]0;named\x07job";
+
+/// Fails if the terminal received a byte of the guest's that acts on it:
+/// the guest's sequences are told by their payload, and the only escape
+/// `host` writes itself is `\r\x1b[K`, which clears its status line; a
+/// pseudo-terminal writes `\r\n` for each newline, so any other `\r` is the
+/// guest's.
+fn assert_inert(what: &str, text: &str) {
+    for raw in [
+        "\x1b]52;",
+        "\x1b]0;",
+        "\x07",
+        "\rhello-9",
+        "\u{9b}",
+        "\u{202e}",
+    ] {
+        assert!(
+            !text.contains(raw),
+            "{what}: the guest's {raw:?} reached the terminal: {text:?}"
+        );
+    }
+    let own = text.replace("\r\x1b[K", "").replace("\r\n", "\n");
+    let stray: Vec<char> = own
+        .chars()
+        .filter(|&c| c.is_control() && c != '\n' && c != '\t')
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "{what}: control characters {stray:?} reached the terminal: {text:?}"
+    );
+}
+
+/// Whether run `i` of [`escaping_task`] fails.
+fn fails(i: usize) -> bool {
+    i.is_multiple_of(2)
+}
+
+/// The task flags of run `i`: even runs fail with [`ESCAPES`] (twice, so
+/// the first failure is also a live status line and the attempts are
+/// listed), odd ones answer them in a three-line output.
+fn escaping_task(chatty: &str, i: usize, hold_ms: &'static str) -> Vec<String> {
+    let mode = if fails(i) {
+        "escapes=fail"
+    } else {
+        "escapes=output"
+    };
+    [
+        chatty,
+        "--param",
+        "lines=0",
+        "--param",
+        mode,
+        "--param",
+        hold_ms,
+        "--name",
+        NAME,
+        "--restart",
+        "on-failure",
+        "--max-retries",
+        "1",
+        "--backoff",
+        "20ms,20ms,1,none",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// What `verb` showed for run `i` of [`escaping_task`]: nothing of the
+/// guest's acts on the terminal, and all of it is shown as text (the
+/// output's newlines as newlines).
+fn assert_shown(verb: &str, i: usize, out: &common::OnTerminal) {
+    let text = out.text();
+    let what = format!("{verb} (run {i})");
+    assert_inert(&what, &text);
+    let screen = out.screen();
+    if fails(i) {
+        assert_eq!(out.code, Some(1), "{what}: {text:?}");
+        let summary = format!("{NAME_SHOWN} failed after 2 attempts");
+        assert!(
+            screen
+                .iter()
+                .any(|l| l.starts_with(&summary) && l.contains(ESCAPES_SHOWN)),
+            "{what}: no summary with the reason shown: {screen:#?}"
+        );
+    } else {
+        assert_eq!(out.code, Some(0), "{what}: {text:?}");
+        let output = ["first line", ESCAPES_SHOWN, "last line"];
+        let at = screen.iter().position(|l| l == output[0]);
+        assert!(
+            at.is_some_and(|at| screen[at..].starts_with(&output.map(String::from))),
+            "{what}: the output is not shown on its own three lines: {screen:#?}"
+        );
+        let summary = format!("{NAME_SHOWN} completed in 1 attempt");
+        assert!(
+            screen.iter().any(|l| l.starts_with(&summary)),
+            "{what}: no summary on a line of its own: {screen:#?}"
+        );
+    }
+}
+
+#[test]
+fn guest_escapes_reach_no_terminal_in_any_verb_at_any_timing() {
+    const RUNS: usize = 20;
+    let chatty = p("chatty");
+    let on_terminal = |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        common::run_host_on_terminal(&args, LIMIT)
+    };
+    for i in 0..RUNS {
+        let mut args = vec!["run".to_owned()];
+        args.extend(escaping_task(&chatty, i, "hold_ms=0"));
+        let out = on_terminal(args);
+        assert_shown("host run", i, &out);
+        // The guest's stdout, stderr and log lines, as text.
+        assert!(
+            out.text().matches(ESCAPES_SHOWN).count() >= 3,
+            "host run (run {i}) shows the guest's lines: {:?}",
+            out.text()
+        );
+    }
+
+    let d = Daemon::start(&["--store", "memory"]);
+    // The live status line shows a failed attempt's reason when its event
+    // comes before the outcome: the path that raced.
+    let status = format!("attempt 1 failed: {ESCAPES_SHOWN}");
+    let mut drawn = 0;
+    for i in 0..RUNS {
+        let mut args = vec!["submit".to_owned()];
+        args.extend(escaping_task(&chatty, i, "hold_ms=0"));
+        args.extend(["--wait", "--socket", d.socket()].map(str::to_owned));
+        let out = on_terminal(args);
+        assert_shown("host submit --wait", i, &out);
+        drawn += usize::from(out.text().contains(&status));
+    }
+    assert!(
+        drawn > 0,
+        "no `submit --wait` drew a failed attempt's status line: the test missed the path it guards"
+    );
+    let mut ids = Vec::new();
+    for i in 0..RUNS {
+        // Held a little, so `wait` often sees the task run and fail.
+        let task = escaping_task(&chatty, i, "hold_ms=30");
+        let task: Vec<&str> = task.iter().map(String::as_str).collect();
+        let id = d.submit(&task);
+        let args = ["wait", &id, "--socket", d.socket()].map(str::to_owned);
+        assert_shown("host wait", i, &on_terminal(args.to_vec()));
+        ids.push(id);
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let out = on_terminal(
+            ["logs", id, "--socket", d.socket()]
+                .map(str::to_owned)
+                .to_vec(),
+        );
+        assert_eq!(out.code, Some(0), "{:?}", out.text());
+        assert_inert(&format!("host logs (run {i})"), &out.text());
+        assert!(
+            out.text().contains(ESCAPES_SHOWN),
+            "host logs shows the lines: {:?}",
+            out.text()
+        );
+        let out = on_terminal(
+            ["events", "--socket", d.socket()]
+                .map(str::to_owned)
+                .to_vec(),
+        );
+        assert_eq!(out.code, Some(0), "{:?}", out.text());
+        assert_inert(&format!("host events (run {i})"), &out.text());
+        assert!(
+            out.text().contains(ESCAPES_SHOWN) && out.text().contains(NAME_SHOWN),
+            "host events shows the lines and names: {:?}",
+            out.text()
+        );
+    }
+}
+
+#[test]
+fn outputs_and_values_are_raw_in_a_pipe_or_with_raw_and_lossless_in_json() {
+    let chatty = p("chatty");
+    let task = [
+        chatty.as_str(),
+        "--param",
+        "lines=0",
+        "--param",
+        "escapes=output",
+    ];
+    let output = format!("first line\n{ESCAPES}\nlast line");
+
+    // A pipe gets the bytes exactly.
+    let out = common::run_host(&[&["run"][..], &task].concat());
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, output);
+    assert_inert("host run's stderr", &out.stderr);
+
+    // --raw writes the output as it is on a terminal too; the guest's lines
+    // on stderr stay text.
+    let out = common::run_host_on_terminal(&[&["run"][..], &task, &["--raw"]].concat(), LIMIT);
+    assert_eq!(out.code, Some(0), "{:?}", out.text());
+    let text = out.text();
+    assert_eq!(text.matches("\x1b]52;").count(), 1, "{text:?}");
+    assert!(text.contains(&output.replace('\n', "\r\n")), "{text:?}");
+    assert_eq!(text.matches(ESCAPES_SHOWN).count(), 3, "{text:?}");
+
+    // JSON on a terminal: the same text, every control character escaped.
+    let out = common::run_host_on_terminal(&[&["run"][..], &task, &["--json"]].concat(), LIMIT);
+    assert_eq!(out.code, Some(0), "{:?}", out.text());
+    let text = out.text();
+    assert_inert("host run --json", &text);
+    let line = out.screen().into_iter().find(|l| l.starts_with('{'));
+    let json: serde_json::Value = line
+        .and_then(|l| serde_json::from_str(&l).ok())
+        .unwrap_or_else(|| panic!("no JSON line: {text:?}"));
+    assert_eq!(json["output"], output);
+
+    let d = Daemon::start(&["--store", "memory"]);
+    let mut submit = vec!["submit"];
+    submit.extend(task);
+    submit.extend(["--wait", "--socket", d.socket()]);
+    let out = common::run_host(&submit);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, output);
+    submit.push("--raw");
+    let out = common::run_host_on_terminal(&submit, LIMIT);
+    assert_eq!(
+        out.text().matches("\x1b]52;").count(),
+        1,
+        "{:?}",
+        out.text()
+    );
+
+    // A value a guest stored is printed like an output.
+    let stored = [
+        "submit",
+        &p("counter"),
+        "--slot",
+        "kept",
+        "--input",
+        ESCAPES,
+        "--wait",
+    ];
+    let out = d.run(&stored);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let get = d.args(&["kv", "get", "kept", "last"]);
+    let out = common::run_host(&get);
+    assert_eq!(out.stdout, ESCAPES);
+    let out = common::run_host_on_terminal(&get, LIMIT);
+    assert_eq!(out.code, Some(0), "{:?}", out.text());
+    assert_inert("host kv get", &out.text());
+    assert_eq!(out.screen(), [ESCAPES_SHOWN]);
+    let out = common::run_host_on_terminal(&[&get[..], &["--raw"]].concat(), LIMIT);
+    assert!(out.text().starts_with(ESCAPES), "{:?}", out.text());
+}
+
 /// A swap file turned on for the life of the guard (root only).
 struct Swap(PathBuf);
 

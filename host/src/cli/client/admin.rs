@@ -10,6 +10,7 @@ use taskhost::units::parse_duration;
 
 use super::super::args::SocketArg;
 use super::super::exit::{self, EXIT_DAEMON, ExitError};
+use super::super::report::{print_json, say};
 
 #[derive(Debug, Args)]
 pub struct ShutdownArgs {
@@ -46,14 +47,14 @@ pub async fn shutdown(args: ShutdownArgs, before_verb: Option<PathBuf>) -> anyho
         ShutdownReport::GraceExceeded { stuck } => stuck.clone(),
     };
     if args.json {
-        println!("{}", taskhost::daemon::json::shutdown(&report));
+        print_json(&taskhost::daemon::json::shutdown(&report));
     } else if stuck.is_empty() {
         eprintln!("daemon shut down: every task stopped within the grace");
     } else {
-        eprintln!(
+        say(&format!(
             "daemon shut down: force-aborted after the grace: {}",
             stuck.join(", ")
-        );
+        ));
     }
     Ok(0)
 }

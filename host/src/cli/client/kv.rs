@@ -1,14 +1,14 @@
 //! `host kv ls|get|rm`: the key-value state guests keep through
 //! `wasi:keyvalue`, a slot's own bucket or a shared one.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 use taskhost::daemon::protocol::{KvTarget, KvVerb};
 
-use super::super::args::SocketArg;
+use super::super::args::{RawArg, SocketArg};
 use super::super::exit::{self, EXIT_USAGE, ExitError};
+use super::super::report::{print_json, print_output, say};
 use super::print_table;
 
 #[derive(Debug, Args)]
@@ -25,9 +25,9 @@ enum Verb {
         after_long_help = "EXAMPLES:\n  host kv ls\n  host kv ls deploy/prod\n  host kv ls --shared counters --json"
     )]
     Ls(LsArgs),
-    /// Print a key's value (its bytes, as stored) on stdout; exit 2 when there is none.
+    /// Print a key's value (its bytes, as stored; on a terminal shown as text unless --raw) on stdout; exit 2 when there is none.
     #[command(after_long_help = "EXAMPLES:\n  host kv get deploy/prod last-version")]
-    Get(KeyArgs),
+    Get(GetArgs),
     /// Remove a key (whoever owns the slot sees it gone at its next read).
     #[command(after_long_help = "EXAMPLES:\n  host kv rm deploy/prod last-version")]
     Rm(KeyArgs),
@@ -46,6 +46,14 @@ struct LsArgs {
     json: bool,
     #[command(flatten)]
     socket: SocketArg,
+}
+
+#[derive(Debug, Args)]
+struct GetArgs {
+    #[command(flatten)]
+    key: KeyArgs,
+    #[command(flatten)]
+    raw: RawArg,
 }
 
 #[derive(Debug, Args)]
@@ -90,7 +98,7 @@ pub async fn kv(args: KvArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8
                     .iter()
                     .map(|r| serde_json::json!({"name": r.name, "keys": r.keys, "bytes": r.bytes}))
                     .collect();
-                println!("{}", serde_json::Value::Array(rows));
+                print_json(&rows);
             } else if rows.is_empty() {
                 eprintln!("no key-value state");
             } else if keys {
@@ -108,7 +116,7 @@ pub async fn kv(args: KvArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8
             }
             Ok(0)
         }
-        Verb::Get(args) => {
+        Verb::Get(GetArgs { key: args, raw }) => {
             let client = super::connect(&args.socket, before_verb.as_deref()).await?;
             let target = target(args.slot, args.shared);
             let what = shown(&target);
@@ -122,9 +130,7 @@ pub async fn kv(args: KvArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8
                     format!("no key `{}` in {what} (list them: host kv ls)", args.key),
                 ));
             };
-            let mut out = std::io::stdout().lock();
-            out.write_all(&value)?;
-            out.flush()?;
+            print_output(&value, raw.raw);
             Ok(0)
         }
         Verb::Rm(args) => {
@@ -136,8 +142,8 @@ pub async fn kv(args: KvArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8
                 .await
                 .map_err(exit::client)?;
             match old {
-                Some(_) => eprintln!("removed `{}` from {what}", args.key),
-                None => eprintln!("no key `{}` in {what}: nothing removed", args.key),
+                Some(_) => say(&format!("removed `{}` from {what}", args.key)),
+                None => say(&format!("no key `{}` in {what}: nothing removed", args.key)),
             }
             Ok(0)
         }

@@ -19,6 +19,7 @@ fn age(ms: u64) -> String {
 
 use super::super::args::SocketArg;
 use super::super::exit;
+use super::super::report::{print_json, say};
 use super::print_table;
 
 #[derive(Debug, Args)]
@@ -105,12 +106,12 @@ fn report_removed(rows: &[PluginRow], as_json: bool) {
     }
     let bytes: u64 = rows.iter().map(|r| r.bytes).sum();
     for row in rows {
-        eprintln!(
+        say(&format!(
             "removed {} ({}, {})",
             row.digest,
             row.name.as_deref().unwrap_or("-"),
             format_size(row.bytes)
-        );
+        ));
     }
     eprintln!(
         "{} plugin(s) removed, {} freed",
@@ -125,7 +126,7 @@ fn print_rows(rows: &[PluginRow], as_json: bool) {
             .iter()
             .map(taskhost::daemon::json::plugin_row)
             .collect();
-        println!("{}", serde_json::Value::Array(rows));
+        print_json(&rows);
         return;
     }
     let now = std::time::SystemTime::now()

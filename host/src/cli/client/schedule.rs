@@ -9,10 +9,11 @@ use taskhost::daemon::json;
 use taskhost::daemon::protocol::{ScheduleRow, ScheduleSpec, ScheduleVerb};
 use taskhost::daemon::schedule::{CronZone, Missed, format_ms};
 
-use super::super::args::{PolicyArgs, SocketArg, TaskArgs};
+use super::super::args::{PolicyArgs, RawArg, SocketArg, TaskArgs};
 use super::super::exit::{self, usage};
+use super::super::report::print_json;
 use super::print_table;
-use super::submit::prepare;
+use super::submit::{Shown, prepare};
 
 #[derive(Debug, Args)]
 pub struct ScheduleArgs {
@@ -114,6 +115,8 @@ pub struct RunArgs {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
+    raw: RawArg,
+    #[command(flatten)]
     socket: SocketArg,
 }
 
@@ -125,7 +128,7 @@ pub async fn schedule(args: ScheduleArgs, before_verb: Option<PathBuf>) -> anyho
             let rows = client.schedules().await.map_err(exit::client)?;
             if args.json {
                 let rows: Vec<_> = rows.iter().map(json::schedule).collect();
-                println!("{}", serde_json::Value::Array(rows));
+                print_json(&rows);
             } else if rows.is_empty() {
                 eprintln!("no schedules (add one: host schedule add NAME --cron EXPR PLUGIN)");
             } else {
@@ -142,7 +145,11 @@ pub async fn schedule(args: ScheduleArgs, before_verb: Option<PathBuf>) -> anyho
                 .run_schedule(&args.name)
                 .await
                 .map_err(exit::client)?;
-            super::submit::answer(&client, submitted, args.wait, args.json).await
+            let shown = Shown {
+                json: args.json,
+                raw: args.raw.raw,
+            };
+            super::submit::answer(&client, submitted, args.wait, shown).await
         }
     }
 }
@@ -171,7 +178,7 @@ async fn add(args: AddArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> 
         .await
         .map_err(|e| prepared.name_the_file(e))?;
     if args.task.json {
-        println!("{}", json::schedule(&row));
+        print_json(&json::schedule(&row));
     } else {
         let next = row
             .next_ms
@@ -197,7 +204,7 @@ async fn one(
         .await
         .map_err(exit::client)?;
     if args.json {
-        println!("{}", json::schedule(&row));
+        print_json(&json::schedule(&row));
     } else {
         let next = match (row.paused, row.next_ms) {
             (true, _) => String::new(),

@@ -11,7 +11,7 @@ use taskhost::units::format_duration;
 
 use super::super::args::SocketArg;
 use super::super::exit;
-use super::super::report::progress_text;
+use super::super::report::{json_line, progress_text, say, visible};
 
 #[derive(Debug, Args)]
 pub struct EventsArgs {
@@ -69,9 +69,9 @@ pub async fn events(args: EventsArgs, before_verb: Option<PathBuf>) -> anyhow::R
         match replies.next_reply().await.map_err(exit::client)? {
             Reply::Event(e) => {
                 let line = if args.json {
-                    e.to_json().to_string()
+                    json_line(&e.to_json())
                 } else {
-                    crate::cli::report::visible(&event_line(&e)).into_owned()
+                    visible(&event_line(&e)).into_owned()
                 };
                 if writeln!(stdout, "{line}")
                     .and_then(|()| stdout.flush())
@@ -177,13 +177,9 @@ pub async fn logs(args: LogsArgs, before_verb: Option<PathBuf>) -> anyhow::Resul
             Reply::Log(line) => {
                 lines += 1;
                 let text = if args.json {
-                    serde_json::to_string(&line)?
+                    json_line(&line)
                 } else {
-                    format!(
-                        "[{}] {}",
-                        line.stream,
-                        crate::cli::report::visible(&line.text)
-                    )
+                    format!("[{}] {}", line.stream, visible(&line.text))
                 };
                 // A closed stdout (`| head`) ends the stream quietly.
                 if writeln!(stdout, "{text}")
@@ -196,7 +192,7 @@ pub async fn logs(args: LogsArgs, before_verb: Option<PathBuf>) -> anyhow::Resul
             Reply::Dropped(n) => eprintln!("({n} log lines were dropped: this reader fell behind)"),
             Reply::End => {
                 if lines == 0 && !args.json {
-                    eprintln!("{} has written no lines", args.target);
+                    say(&format!("{} has written no lines", args.target));
                 }
                 return Ok(0);
             }

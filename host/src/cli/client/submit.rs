@@ -15,9 +15,11 @@ use taskhost::daemon::protocol::{
 use taskhost::supervisor::{EventKind, TaskRef, TaskReport};
 use taskhost::units::{format_duration, format_size, parse_duration};
 
-use super::super::args::{PolicyArgs, SocketArg, TaskArgs};
+use super::super::args::{PolicyArgs, RawArg, SocketArg, TaskArgs};
 use super::super::exit::{self, outcome_code, usage};
-use super::super::report::{JsonResult, StderrSink, print_result, progress_text};
+use super::super::report::{
+    JsonResult, StderrSink, history, print_json, print_result, progress_text, say,
+};
 
 #[derive(Debug, Args)]
 pub struct SubmitArgs {
@@ -43,6 +45,8 @@ pub struct SubmitArgs {
     /// Make the submission idempotent: the same KEY with the same request gives the task it first made (and, with --wait, its outcome) for the daemon's --idempotency-retention (default 24h), across restarts and cluster nodes; the same KEY with another request is refused (exit 3) naming that task.
     #[arg(long, value_name = "KEY")]
     idempotency_key: Option<String>,
+    #[command(flatten)]
+    raw: RawArg,
     #[command(flatten)]
     pub socket: SocketArg,
 }
@@ -162,7 +166,18 @@ pub async fn submit(args: SubmitArgs, before_verb: Option<PathBuf>) -> anyhow::R
         .submit(prepared.request.clone())
         .await
         .map_err(|e| prepared.name_the_file(e))?;
-    answer(&client, submitted, args.wait, args.task.json).await
+    let shown = Shown {
+        json: args.task.json,
+        raw: args.raw.raw,
+    };
+    answer(&client, submitted, args.wait, shown).await
+}
+
+/// How a verb shows a result: `--json`, `--raw`.
+#[derive(Debug, Clone, Copy)]
+pub struct Shown {
+    pub json: bool,
+    pub raw: bool,
 }
 
 /// Prints where a submission (or a rerun) went: its id, or with `wait` its
@@ -171,7 +186,7 @@ pub async fn answer(
     client: &Client,
     submitted: Submitted,
     wait: bool,
-    json: bool,
+    shown: Shown,
 ) -> anyhow::Result<u8> {
     if let Placement::Rejected(outcome) = &submitted.placement {
         // Rejected at intake: this is the final outcome, with or without --wait.
@@ -184,18 +199,18 @@ pub async fn answer(
             history: Vec::new(),
             duration: std::time::Duration::ZERO,
         };
-        return finish(&report, json);
+        return finish(&report, shown);
     }
     if !wait {
-        if json {
-            println!("{}", taskhost::daemon::json::submitted(&submitted));
+        if shown.json {
+            print_json(&taskhost::daemon::json::submitted(&submitted));
         } else {
             println!("{}", submitted.id);
             let Submitted { id, name, slot, .. } = &submitted;
             if submitted.existing {
-                eprintln!(
+                say(&format!(
                     "already submitted with this idempotency key: {name} (id {id}) in slot {slot}"
-                );
+                ));
                 return Ok(0);
             }
             let place = match &submitted.placement {
@@ -213,13 +228,13 @@ pub async fn answer(
                     taskhost::daemon::schedule::format_ms(*due_ms)
                 ),
             };
-            eprintln!("submitted {name} (id {id}), {place}");
+            say(&format!("submitted {name} (id {id}), {place}"));
         }
         return Ok(0);
     }
-    let live = !json && std::io::stderr().is_terminal();
+    let live = !shown.json && std::io::stderr().is_terminal();
     let report = wait_for(client, TaskRef::Id(submitted.id), live).await?;
-    finish(&report, json)
+    finish(&report, shown)
 }
 
 use taskhost::daemon::protocol::Submitted;
@@ -305,25 +320,14 @@ pub async fn wait_for(client: &Client, target: TaskRef, live: bool) -> anyhow::R
 }
 
 /// Prints a final report like `host run` does and returns the exit code.
-pub fn finish(report: &TaskReport, json: bool) -> anyhow::Result<u8> {
-    if !json
-        && report.attempts > 1
-        && !matches!(
-            report.outcome,
-            taskhost::outcome::TaskOutcome::Completed { .. }
-        )
-    {
-        for record in &report.history {
-            eprintln!(
-                "[{}]   attempt {}: {} ({})",
-                report.name,
-                record.attempt,
-                record.result,
-                format_duration(record.duration)
-            );
+pub fn finish(report: &TaskReport, shown: Shown) -> anyhow::Result<u8> {
+    if !shown.json {
+        let notes = StderrSink::new(report.name.to_string());
+        for line in history(report) {
+            notes.note(&line);
         }
     }
-    let json_result = json.then(|| JsonResult::new(report));
-    print_result(json_result.as_ref(), report);
+    let json_result = shown.json.then(|| JsonResult::new(report));
+    print_result(json_result.as_ref(), report, shown.raw);
     Ok(outcome_code(&report.outcome))
 }

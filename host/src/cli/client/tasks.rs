@@ -9,11 +9,11 @@ use taskhost::daemon::protocol::{Reply, Request};
 use taskhost::supervisor::TaskRef;
 use taskhost::units::format_duration;
 
-use super::super::args::SocketArg;
+use super::super::args::{RawArg, SocketArg};
 use super::super::exit::{self, EXIT_DAEMON, ExitError};
-use super::super::report::{progress_text, summary};
+use super::super::report::{print_json, progress_text, say, summary};
 use super::print_table;
-use super::submit::{finish, wait_for};
+use super::submit::{Shown, finish, wait_for};
 
 #[derive(Debug, Args)]
 pub struct TargetArgs {
@@ -28,6 +28,14 @@ pub struct TargetArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct WaitArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    #[command(flatten)]
+    raw: RawArg,
+}
+
+#[derive(Debug, Args)]
 pub struct RerunArgs {
     /// The task whose request to submit again: its id, or its name.
     #[arg(value_name = "ID|NAME")]
@@ -39,6 +47,8 @@ pub struct RerunArgs {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
+    raw: RawArg,
+    #[command(flatten)]
     pub socket: SocketArg,
 }
 
@@ -49,14 +59,23 @@ pub async fn rerun(args: RerunArgs, before_verb: Option<PathBuf>) -> anyhow::Res
         .rerun(TaskRef::parse(&args.target))
         .await
         .map_err(exit::client)?;
-    super::submit::answer(&client, submitted, args.wait, args.json).await
+    let shown = Shown {
+        json: args.json,
+        raw: args.raw.raw,
+    };
+    super::submit::answer(&client, submitted, args.wait, shown).await
 }
 
-pub async fn wait(args: TargetArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
+pub async fn wait(args: WaitArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
+    let WaitArgs { target: args, raw } = args;
     let client = super::connect(&args.socket, before_verb.as_deref()).await?;
     let live = !args.json && std::io::stderr().is_terminal();
     let report = wait_for(&client, TaskRef::parse(&args.target), live).await?;
-    finish(&report, args.json)
+    let shown = Shown {
+        json: args.json,
+        raw: raw.raw,
+    };
+    finish(&report, shown)
 }
 
 /// `cancel` (waits for the end) and `remove` (does not).
@@ -78,18 +97,18 @@ pub async fn cancel(
         ));
     };
     if args.json {
-        println!("{}", json::canceled(claimed, report.as_ref()));
+        print_json(&json::canceled(claimed, report.as_ref()));
     } else {
-        match (&report, claimed) {
-            (Some(r), true) => eprintln!("{}", summary(r)),
-            (Some(r), false) => eprintln!(
+        say(&match (&report, claimed) {
+            (Some(r), true) => summary(r),
+            (Some(r), false) => format!(
                 "{} was already stopping or finished: {}",
                 args.target,
                 summary(r)
             ),
-            (None, true) => eprintln!("stop requested for {}", args.target),
-            (None, false) => eprintln!("{} is already stopping or finished", args.target),
-        }
+            (None, true) => format!("stop requested for {}", args.target),
+            (None, false) => format!("{} is already stopping or finished", args.target),
+        });
     }
     Ok(if claimed { 0 } else { 1 })
 }
@@ -111,7 +130,7 @@ pub async fn ps(args: PsArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8
     let tasks = client.list(args.all).await.map_err(exit::client)?;
     if args.json {
         let rows: Vec<_> = tasks.iter().map(json::task_row).collect();
-        println!("{}", serde_json::Value::Array(rows));
+        print_json(&rows);
         return Ok(0);
     }
     if tasks.is_empty() && !args.all {
@@ -183,7 +202,7 @@ pub async fn slots(args: SlotsArgs, before_verb: Option<PathBuf>) -> anyhow::Res
     let slots = client.slots().await.map_err(exit::client)?;
     if args.json {
         let rows: Vec<_> = slots.iter().map(json::slot).collect();
-        println!("{}", serde_json::Value::Array(rows));
+        print_json(&rows);
         return Ok(0);
     }
     let rows: Vec<Vec<String>> = slots

@@ -251,3 +251,111 @@ pub fn host_for_nobody() -> (PathBuf, Option<tempfile::TempDir>) {
     std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
     (copy, Some(dir))
 }
+
+/// What a `host` run under a pseudo-terminal wrote to it (stdout and
+/// stderr both), as the terminal received it, and its exit code.
+#[derive(Debug)]
+pub struct OnTerminal {
+    pub code: Option<i32>,
+    pub bytes: Vec<u8>,
+}
+
+impl OnTerminal {
+    /// The bytes as text (invalid UTF-8 replaced).
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes).into_owned()
+    }
+
+    /// The lines the terminal shows: see [`screen`].
+    pub fn screen(&self) -> Vec<String> {
+        screen(&self.bytes)
+    }
+}
+
+/// Runs `host` with these arguments under a pseudo-terminal, util-linux's
+/// `script -qec CMD /dev/null`, so that its stdout and stderr are both a
+/// terminal (`script` itself writes what the terminal received to a pipe).
+/// The arguments reach `host` through the environment, so any bytes
+/// (escape sequences too) pass the shell unchanged. Fails after `limit`.
+pub fn run_host_on_terminal(args: &[&str], limit: Duration) -> OnTerminal {
+    let mut cmd = Command::new("script");
+    host_env(&mut cmd);
+    let mut line = String::from("exec \"$TASKHOST_PTY_0\"");
+    cmd.env("SHELL", "/bin/sh")
+        .env("TASKHOST_PTY_0", host_bin());
+    for (i, arg) in args.iter().enumerate() {
+        let var = format!("TASKHOST_PTY_{}", i + 1);
+        line.push_str(&format!(" \"${var}\""));
+        cmd.env(var, arg);
+    }
+    cmd.args(["-qec", &line, "/dev/null"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .expect("run `script` (util-linux's bsdutils; apt-get install bsdutils)");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = stdout.read_to_end(&mut bytes);
+        bytes
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("host {args:?} on a terminal did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let mut stderr = String::new();
+    if let Some(mut err) = child.stderr.take() {
+        let _ = err.read_to_string(&mut stderr);
+    }
+    assert!(stderr.is_empty(), "script said {stderr:?}");
+    OnTerminal {
+        code: status.code(),
+        bytes: reader.join().unwrap_or_default(),
+    }
+}
+
+/// The lines a terminal shows for `bytes`, as far as `host` draws: `\r`
+/// moves to the start of the line, `\x1b[K` clears from there to its end,
+/// `\n` ends the line; every other character (an escape sequence's too) is
+/// text.
+pub fn screen(bytes: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(bytes);
+    let mut lines = Vec::new();
+    let (mut line, mut col): (Vec<char>, usize) = (Vec::new(), 0);
+    let mut rest = text.as_ref();
+    while let Some(c) = rest.chars().next() {
+        if let Some(after) = rest.strip_prefix("\x1b[K") {
+            line.truncate(col);
+            rest = after;
+            continue;
+        }
+        match c {
+            '\n' => {
+                lines.push(line.drain(..).collect());
+                col = 0;
+            }
+            '\r' => col = 0,
+            c if col < line.len() => {
+                line[col] = c;
+                col += 1;
+            }
+            c => {
+                line.push(c);
+                col += 1;
+            }
+        }
+        rest = &rest[c.len_utf8()..];
+    }
+    if !line.is_empty() {
+        lines.push(line.into_iter().collect());
+    }
+    lines
+}

@@ -200,7 +200,11 @@ pub(super) const SUBMIT_PROPERTIES: &[(&str, &str, &str)] = &[
         "string",
         "rerun this long after a success (a duration)",
     ),
-    ("max_retries", "integer", "give up after this many retries"),
+    (
+        "max_retries",
+        "integer",
+        "give up after this many retries (implies restart on-failure; not with never)",
+    ),
     ("backoff", "string", "FIRST,MAX,FACTOR,JITTER"),
     ("timeout", "string", "per attempt (a duration)"),
     ("max_memory", "string", "bytes, or a size like 64MiB"),

@@ -158,10 +158,21 @@ impl SubmitBody {
                 .transpose()
         };
         let every = duration("every", self.every)?;
+        // As `host submit`'s flags: `every` implies always, `max_retries`
+        // on-failure.
+        let retries = self.max_retries.is_some();
         request.restart = Some(match (self.restart.as_deref(), every) {
             (Some("never" | "on-failure"), Some(_)) => {
                 return Err(
                     "every reruns after success; it needs restart always (or no restart)".into(),
+                );
+            }
+            (Some("never"), None) if retries => {
+                return Err(
+                    "max_retries retries failed attempts, which restart never forbids: \
+                            drop restart (max_retries implies on-failure) or give on-failure or \
+                            always"
+                        .into(),
                 );
             }
             (Some("always") | None, Some(interval)) => RestartPolicy::Always { interval },
@@ -169,6 +180,7 @@ impl SubmitBody {
                 interval: Duration::ZERO,
             },
             (Some("on-failure"), None) => RestartPolicy::OnFailure,
+            (None, None) if retries => RestartPolicy::OnFailure,
             (Some("never") | None, None) => RestartPolicy::Never,
             (Some(other), _) => {
                 return Err(format!(
