@@ -452,6 +452,138 @@ fn a_full_disk_refuses_submissions_clearly_and_loses_nothing_acknowledged() {
     }
 }
 
+/// A tmpfs mounted for a test, unmounted when dropped.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Self {
+        assert!(
+            common::is_root(),
+            "this test mounts a small tmpfs to fill: run it as root (CI does)"
+        );
+        std::fs::create_dir_all(at).unwrap();
+        let status = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(at)
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "mount a tmpfs at {}", at.display());
+        Self(at.to_path_buf())
+    }
+
+    fn resize(&self, size: &str) {
+        let status = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0)
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "resize the tmpfs at {}", self.0.display());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// A full filesystem (ENOSPC, a small tmpfs under the state directory):
+/// submissions are refused with an error naming the store and the problem,
+/// the daemon keeps serving, nothing acknowledged is lost, and once there
+/// is space again it takes submissions again by itself, no restart needed.
+#[test]
+fn a_full_filesystem_is_survived_and_left_behind_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let tmpfs = Tmpfs::mount(&state, "6m");
+    let mut d = Daemon {
+        socket: dir.path().join("h.sock"),
+        process: None,
+        dir,
+    };
+    d.restart(&[]);
+    let input = d.dir.path().join("input");
+    std::fs::write(&input, vec![b'x'; 256 << 10]).unwrap();
+    let input = input.to_str().unwrap();
+    let submit = |d: &Daemon, i: usize| {
+        d.run(&[
+            "submit",
+            &p("sleeper"),
+            "--param",
+            "ms=1",
+            "--name",
+            &format!("t{i}"),
+            "--input-file",
+            input,
+        ])
+    };
+    let mut acknowledged = Vec::new();
+    let mut refused = None;
+    for i in 0..64 {
+        let out = submit(&d, i);
+        if out.code == Some(0) {
+            acknowledged.push(out.stdout.trim().to_owned());
+        } else {
+            refused = Some(out);
+            break;
+        }
+    }
+    let refused = refused.expect("the store filled the tmpfs");
+    assert!(!acknowledged.is_empty());
+    let store = state.join("taskhost.db");
+    assert!(
+        refused.stderr.contains(store.to_str().unwrap())
+            && refused.stderr.contains("disk is full")
+            && refused.stderr.contains("free space on the filesystem of"),
+        "one clear error naming the store, the problem and the fix: {}",
+        refused.stderr
+    );
+    let out = d.run(&["ps"]);
+    assert_eq!(out.code, Some(0), "still serving: {}", out.stderr);
+
+    // Space again: submissions are taken again, and every acknowledged
+    // task gets its outcome.
+    tmpfs.resize("64m");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let again = loop {
+        let out = submit(&d, 100);
+        if out.code == Some(0) {
+            break out.stdout.trim().to_owned();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no submission taken 10 s after space returned: {}",
+            out.stderr
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    acknowledged.push(again);
+    let mut before = Vec::new();
+    for id in &acknowledged {
+        let out = d.run(&["wait", id, "--json"]);
+        assert_eq!(out.code, Some(0), "task {id}: {}", out.stderr);
+        before.push(json(&out)["outcome"].clone());
+    }
+    let _ = d.run(&["shutdown"]);
+    let _ = d.finish(LIMIT);
+    d.restart(&[]);
+    for (id, before) in acknowledged.iter().zip(before) {
+        let out = d.run(&["wait", id, "--json"]);
+        assert_eq!(json(&out)["outcome"], before, "task {id}: {}", out.stderr);
+    }
+    let _ = d.run(&["shutdown"]);
+    let _ = d.finish(LIMIT);
+}
+
 /// `host plugins`: what is stored and who uses it; `rm` refuses a plugin an
 /// unfinished task needs; unused plugins are collected (at start here, with
 /// no grace) once retention has let go of the tasks that used them.

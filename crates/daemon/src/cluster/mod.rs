@@ -42,6 +42,7 @@ use crate::service::submissions;
 use crate::service::tasks::{MAX_LOG_LINES, Outcome, TaskLog, TaskRecord};
 use crate::state::{Daemon, RecordingGuard};
 use crate::store::pg_link::Timeouts;
+use crate::store::pg_outage::pause;
 use crate::store::postgres::{self, Claimed};
 use crate::store::{Finished, StoreError, now_ms};
 pub(crate) use node::{Cluster, SHIP_BATCH};
@@ -119,6 +120,10 @@ pub(crate) async fn leave(daemon: &Arc<Daemon>) {
 }
 
 async fn claim_loop(daemon: Weak<Daemon>) {
+    // Set when a claim could not reach the database: its commit may have
+    // landed with the answer lost, so the node's claims are read back
+    // before it claims again.
+    let mut unsure = false;
     loop {
         let Some(d) = daemon.upgrade() else { return };
         let Some(cluster) = d.cluster().cloned() else {
@@ -127,12 +132,33 @@ async fn claim_loop(daemon: Weak<Daemon>) {
         if cluster.closing.load(Ordering::SeqCst) {
             return;
         }
-        let room = cluster.capacity.saturating_sub(cluster.claims().len());
+        if unsure && !cluster.rejoining.load(Ordering::SeqCst) {
+            let held: Vec<TaskId> = cluster.claims().keys().copied().collect();
+            match cluster.pg.claimed_by(cluster.node(), &held).await {
+                Ok(lost) => {
+                    unsure = false;
+                    for task in lost {
+                        tracing::info!(
+                            task = %task.id,
+                            "running a task this node claimed as the database went away"
+                        );
+                        cluster.claims().insert(task.id, task.token);
+                        tokio::spawn(run_claimed(Arc::clone(&d), Arc::clone(&cluster), task));
+                    }
+                }
+                Err(err) => cluster
+                    .pg
+                    .outage()
+                    .failed("reading this node's claims", &err),
+            }
+        }
+        let room = if unsure { 0 } else { cluster.room() };
         let mut again = false;
         if room > 0 {
             let batch = room.min(CLAIM_BATCH);
             match cluster.pg.claim(cluster.node(), batch as i64).await {
                 Ok(claimed) => {
+                    cluster.pg.outage().reached();
                     again = claimed.len() == batch;
                     for task in claimed {
                         // Counted at once; a compile of its plugin does not
@@ -141,7 +167,10 @@ async fn claim_loop(daemon: Weak<Daemon>) {
                         tokio::spawn(run_claimed(Arc::clone(&d), Arc::clone(&cluster), task));
                     }
                 }
-                Err(err) => tracing::warn!("cannot claim work: {err}"),
+                Err(err) => {
+                    unsure |= crate::store::pg_outage::unreachable(&err);
+                    cluster.pg.outage().failed("claiming work", &err);
+                }
             }
         }
         drop(d);
@@ -180,7 +209,11 @@ async fn ship_loop(
             continue;
         }
         if let Err(err) = cluster.pg.ship_lines(&batch, MAX_LOG_LINES).await {
-            tracing::warn!("cannot ship {} log lines: {err}", batch.len());
+            let what = format!(
+                "shipping {} log lines (they stay in this node's log)",
+                batch.len()
+            );
+            cluster.pg.outage().failed(&what, &err);
         }
         batch.clear();
     }
@@ -220,7 +253,8 @@ async fn event_loop(cluster: Weak<Cluster>, mut lane: taskhost_core::supervisor:
             continue;
         }
         if let Err(err) = cluster.pg.ship_events(cluster.node(), &batch).await {
-            tracing::warn!("cannot ship {} events: {err}", batch.len());
+            let what = format!("shipping {} events (they are lost)", batch.len());
+            cluster.pg.outage().failed(&what, &err);
         }
         batch.clear();
     }
@@ -285,7 +319,10 @@ async fn poll_loop(daemon: Weak<Daemon>) {
                         let _ = cluster.finished.send(id);
                     }
                 }
-                Err(err) => tracing::warn!("cannot look up the tasks clients wait on: {err}"),
+                Err(err) => cluster
+                    .pg
+                    .outage()
+                    .failed("looking up the tasks clients wait on", &err),
             }
         }
         match cluster.pg.stopping_on(cluster.node()).await {
@@ -294,7 +331,7 @@ async fn poll_loop(daemon: Weak<Daemon>) {
                     cluster.stop_local(&d.controller, id);
                 }
             }
-            Err(err) => tracing::warn!("cannot read stop requests: {err}"),
+            Err(err) => cluster.pg.outage().failed("reading stop requests", &err),
         }
         if last_prune.elapsed() >= PRUNE_EVERY {
             last_prune = Instant::now();
@@ -305,7 +342,7 @@ async fn poll_loop(daemon: Weak<Daemon>) {
                 config.retain_bytes,
             );
             if let Err(err) = cluster.pg.prune(retention).await {
-                tracing::warn!("cannot apply retention: {err}");
+                cluster.pg.outage().failed("applying retention", &err);
             }
             match cluster
                 .pg
@@ -314,7 +351,7 @@ async fn poll_loop(daemon: Weak<Daemon>) {
             {
                 Ok(0) => {}
                 Ok(n) => tracing::info!("collected {n} plugins no task of the cluster uses"),
-                Err(err) => tracing::warn!("cannot collect plugins: {err}"),
+                Err(err) => cluster.pg.outage().failed("collecting plugins", &err),
             }
         }
     }
@@ -332,6 +369,11 @@ async fn lease_loop(daemon: Weak<Daemon>) {
         if cluster.left.load(Ordering::SeqCst) {
             return;
         }
+        // A node that gave up its lease renews nothing until it has joined
+        // again under a new id (`lost_lease`).
+        if cluster.rejoining.load(Ordering::SeqCst) {
+            continue;
+        }
         let node = cluster.node();
         let started = Instant::now();
         // A renewal that hangs (a cut-off database) is given up after
@@ -345,6 +387,7 @@ async fn lease_loop(daemon: Weak<Daemon>) {
             .await;
         match renewal {
             Ok(true) => {
+                cluster.pg.outage().reached();
                 let mut renewed = cluster
                     .renewed
                     .lock()
@@ -360,7 +403,7 @@ async fn lease_loop(daemon: Weak<Daemon>) {
                 )
                 .await;
             }
-            Err(err) => tracing::warn!("cannot renew the lease: {err}"),
+            Err(err) => cluster.pg.outage().failed("renewing the lease", &err),
         }
         // Off this loop: a takeover waiting on a slot's lock must not hold
         // up the next renewal.
@@ -404,6 +447,11 @@ async fn fence_loop(daemon: Weak<Daemon>) {
                 format_duration(cluster.settings.fence_after())
             );
             lost_lease(&d, &cluster, node, &why).await;
+            // Not joined again: the node stopped meanwhile, and has nothing
+            // left to fence.
+            if cluster.rejoining.load(Ordering::SeqCst) {
+                return;
+            }
         }
     }
 }
@@ -439,7 +487,7 @@ async fn feed_loop(cluster: Weak<Cluster>) {
                     after = Some(newest.last().map_or(0, |e| e.seq as i64));
                     c.feed_ready.send_replace(true);
                 }
-                Err(err) => tracing::warn!("cannot read the cluster's events: {err}"),
+                Err(err) => c.pg.outage().failed("reading the cluster's events", &err),
             },
             Some(_) => match c.pg.events(after, FEED_BATCH as i64).await {
                 Ok(events) => {
@@ -452,7 +500,7 @@ async fn feed_loop(cluster: Weak<Cluster>) {
                         continue;
                     }
                 }
-                Err(err) => tracing::warn!("cannot read the cluster's events: {err}"),
+                Err(err) => c.pg.outage().failed("reading the cluster's events", &err),
             },
         }
         let pause = c.settings.poll.min(Duration::from_millis(200));
@@ -470,14 +518,20 @@ async fn take_over(daemon: &Arc<Daemon>, cluster: &Cluster) {
             }
         }
         Err(err) => {
-            tracing::warn!("cannot look for expired leases: {err}");
+            cluster
+                .pg
+                .outage()
+                .failed("looking for expired leases", &err);
             return;
         }
     }
     let orphans = match cluster.pg.orphans(TAKEOVER_BATCH).await {
         Ok(orphans) => orphans,
         Err(err) => {
-            tracing::warn!("cannot look for orphaned tasks: {err}");
+            cluster
+                .pg
+                .outage()
+                .failed("looking for orphaned tasks", &err);
             return;
         }
     };
@@ -495,20 +549,27 @@ async fn take_over(daemon: &Arc<Daemon>, cluster: &Cluster) {
                 cluster.wake.notify_one();
             }
             Ok(None) => {}
-            Err(err) => tracing::warn!(task = %id, "cannot take a task over: {err}"),
+            Err(err) => cluster
+                .pg
+                .outage()
+                .failed(&format!("taking task {id} over"), &err),
         }
     }
 }
 
 /// This node's lease (as node id `lost`) is gone, or it fenced itself: its
 /// claims were (or may be) taken over. Its attempts stop at once and record
-/// nothing; it joins again as a new node. Nothing, if it has joined again
-/// under another id meanwhile.
+/// nothing; it joins again as a new node, trying until the database lets it
+/// (with a jittered pause of at most a second between tries, reported to
+/// the outage, which logs). Nothing, if it has joined again under another
+/// id meanwhile.
 async fn lost_lease(daemon: &Arc<Daemon>, cluster: &Cluster, lost: i64, why: &str) {
     let _rejoin = cluster.rejoin.lock().await;
     if cluster.node() != lost {
         return;
     }
+    // Nothing is renewed or claimed under the old id from now on.
+    cluster.rejoining.store(true, Ordering::SeqCst);
     let orphaned: Vec<TaskId> = cluster.claims().drain().map(|(id, _)| id).collect();
     // Before the aborts, so that none of their events is shipped.
     cluster
@@ -517,29 +578,45 @@ async fn lost_lease(daemon: &Arc<Daemon>, cluster: &Cluster, lost: i64, why: &st
         .unwrap_or_else(PoisonError::into_inner)
         .extend(orphaned.iter().copied());
     tracing::error!(
-        node = cluster.node(),
+        node = lost,
         orphaned = orphaned.len(),
         "this node lost its lease ({why}); stopping its attempts, which now belong to other nodes"
     );
     for id in &orphaned {
         daemon.controller.supervisor().abort_now(*id);
     }
-    let registering = Instant::now();
-    match cluster
-        .pg
-        .register_node(&cluster.name, cluster.capacity, cluster.settings.lease)
-        .await
-    {
-        Ok(node) => {
-            cluster.node.store(node, Ordering::SeqCst);
-            *cluster
-                .renewed
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = registering;
-            tracing::info!(node, "joined the cluster again");
-            cluster.wake.notify_one();
+    let mut tries = 0;
+    loop {
+        if cluster.left.load(Ordering::SeqCst) || cluster.closing.load(Ordering::SeqCst) {
+            return;
         }
-        Err(err) => tracing::error!("cannot join the cluster again: {err}"),
+        let registering = Instant::now();
+        match cluster
+            .pg
+            .register_node(&cluster.name, cluster.capacity, cluster.settings.lease)
+            .await
+        {
+            Ok(node) => {
+                cluster.pg.outage().reached();
+                cluster.node.store(node, Ordering::SeqCst);
+                *cluster
+                    .renewed
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = registering;
+                cluster.rejoining.store(false, Ordering::SeqCst);
+                tracing::info!(node, "joined the cluster again");
+                cluster.wake.notify_one();
+                return;
+            }
+            Err(err) => {
+                cluster
+                    .pg
+                    .outage()
+                    .failed("joining the cluster again", &err);
+                tokio::time::sleep(pause(tries)).await;
+                tries += 1;
+            }
+        }
     }
 }
 
@@ -559,7 +636,10 @@ async fn listen_loop(daemon: Weak<Daemon>) {
                     crate::store::pg_time::TIME
                 );
                 if let Err(err) = session.client.batch_execute(&listen).await {
-                    tracing::warn!("cannot listen for notifications: {err}");
+                    cluster
+                        .pg
+                        .outage()
+                        .failed("listening for notifications", &err);
                 } else {
                     // Whatever happened while not listening, the poll finds.
                     cluster.wake.notify_one();
@@ -591,7 +671,10 @@ async fn listen_loop(daemon: Weak<Daemon>) {
                     }
                 }
             }
-            Err(err) => tracing::warn!("cannot open the notification connection: {err}"),
+            Err(err) => cluster
+                .pg
+                .outage()
+                .failed("opening the notification connection", &err),
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -619,7 +702,7 @@ async fn run_claimed(daemon: Arc<Daemon>, cluster: Arc<Cluster>, task: Claimed) 
         .unwrap_or_else(|| format!("{plugin_name}-{id}"));
     let slot = request.slot.clone().unwrap_or_else(|| name.clone());
     let checked = match cluster
-        .ensure_plugin(&daemon.plugins, &request.plugin)
+        .ensure_plugin_for(&daemon.plugins, &request.plugin, Some((id, token)))
         .await
     {
         Ok(_) => submissions::check(daemon, &request).await,
@@ -627,6 +710,8 @@ async fn run_claimed(daemon: Arc<Daemon>, cluster: Arc<Cluster>, task: Claimed) 
     };
     let (plugin, sandbox) = match checked {
         Ok(found) => found,
+        // Taken over while its plugin was fetched: the new owner runs it.
+        Err(_) if !cluster.holds(id, token) => return,
         Err(_) if cluster.closing.load(Ordering::SeqCst) => {
             // Claimed as this node began to stop: no attempt started, so
             // leaving the cluster admits it again for the others.
@@ -740,10 +825,11 @@ async fn run_claimed(daemon: Arc<Daemon>, cluster: Arc<Cluster>, task: Claimed) 
 /// false if the claim had been taken away (nothing recorded).
 async fn record_end(cluster: &Cluster, token: i64, finished: &Finished) -> bool {
     let id = finished.report.id;
-    let mut delay = Duration::from_millis(50);
+    let mut tries = 0;
     loop {
         match cluster.pg.finish(token, finished).await {
             Ok(true) => {
+                cluster.pg.outage().reached();
                 let _ = cluster.finished.send(id);
                 return true;
             }
@@ -755,9 +841,10 @@ async fn record_end(cluster: &Cluster, token: i64, finished: &Finished) -> bool 
                 if !cluster.holds(id, token) {
                     return false;
                 }
-                tracing::error!(task = %id, "cannot record the outcome ({err}); retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
+                let what = format!("recording the outcome of task {id} (retried)");
+                cluster.pg.outage().failed(&what, &err);
+                tokio::time::sleep(pause(tries)).await;
+                tries += 1;
             }
         }
     }

@@ -72,6 +72,10 @@ pub(crate) struct Cluster {
     pub(crate) renewed: Mutex<Instant>,
     /// Held while the node gives up a lost lease and joins again.
     pub(crate) rejoin: tokio::sync::Mutex<()>,
+    /// Set from the moment the node gives up a lost lease until it has
+    /// joined again: it renews nothing and claims nothing meanwhile (its
+    /// old id's work is the cluster's to take over).
+    pub(crate) rejoining: AtomicBool,
     /// Set while a takeover of dead nodes' work runs (one at a time, off
     /// the lease loop).
     pub(crate) taking_over: AtomicBool,
@@ -135,6 +139,7 @@ impl Cluster {
                 left: AtomicBool::new(false),
                 renewed: Mutex::new(registering),
                 rejoin: tokio::sync::Mutex::new(()),
+                rejoining: AtomicBool::new(false),
                 taking_over: AtomicBool::new(false),
                 fetching: tokio::sync::Mutex::new(()),
             }
@@ -155,6 +160,45 @@ impl Cluster {
         self.claims().get(&id) == Some(&token)
     }
 
+    /// Runs a write of the attempt this node runs for `id` under `token`
+    /// until the database takes it: one that could not reach the database
+    /// is tried again after the outage's pause, for as long as this node
+    /// holds the claim (it gives it up when it fences itself, a quarter of
+    /// a lease before another node may take the task over). `None` once
+    /// the claim is gone; an error that is not the database being away is
+    /// the write's answer.
+    pub(crate) async fn while_held<T, F, Fut>(
+        &self,
+        id: TaskId,
+        token: i64,
+        what: &str,
+        mut write: F,
+    ) -> Option<Result<T, StoreError>>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        let mut tries = 0;
+        loop {
+            if !self.holds(id, token) {
+                return None;
+            }
+            match write().await {
+                Err(err) if crate::store::pg_outage::unreachable(&err) => {
+                    self.pg.outage().failed(what, &err);
+                    tokio::time::sleep(crate::store::pg_outage::pause(tries)).await;
+                    tries += 1;
+                }
+                answer => {
+                    if answer.is_ok() {
+                        self.pg.outage().reached();
+                    }
+                    return Some(answer);
+                }
+            }
+        }
+    }
+
     /// Forgets a claim that ended here (not a newer claim of the same task).
     pub(crate) fn release(&self, id: TaskId, token: i64) {
         let mut claims = self.claims();
@@ -169,7 +213,7 @@ impl Cluster {
 
     /// How many more tasks this node would claim now.
     pub(crate) fn room(&self) -> usize {
-        if self.closing.load(Ordering::SeqCst) {
+        if self.closing.load(Ordering::SeqCst) || self.rejoining.load(Ordering::SeqCst) {
             return 0;
         }
         self.capacity.saturating_sub(self.claims().len())
@@ -202,6 +246,18 @@ impl Cluster {
         plugins: &Plugins,
         digest: &Digest,
     ) -> Result<Arc<Plugin>, (ErrorKind, String)> {
+        self.ensure_plugin_for(plugins, digest, None).await
+    }
+
+    /// [`Cluster::ensure_plugin`] for the attempt this node runs under
+    /// `claim`: a fetch the database cannot answer is tried again while
+    /// the claim is held (`while_held`).
+    pub(crate) async fn ensure_plugin_for(
+        &self,
+        plugins: &Plugins,
+        digest: &Digest,
+        claim: Option<(TaskId, i64)>,
+    ) -> Result<Arc<Plugin>, (ErrorKind, String)> {
         if let Some(plugin) = plugins.get(digest).await {
             return Ok(plugin);
         }
@@ -211,10 +267,22 @@ impl Cluster {
         if let Some(plugin) = plugins.get(digest).await {
             return Ok(plugin);
         }
-        let bytes = self
-            .pg
-            .plugin_bytes(digest)
-            .await
+        let fetched = match claim {
+            None => self.pg.plugin_bytes(digest).await,
+            Some((id, token)) => self
+                .while_held(id, token, "fetching a plugin", || {
+                    self.pg.plugin_bytes(digest)
+                })
+                .await
+                .unwrap_or_else(|| {
+                    Err(StoreError(
+                        "this node's claim on the task was taken over while it fetched its \
+                         plugin"
+                            .into(),
+                    ))
+                }),
+        };
+        let bytes = fetched
             .map_err(|e| (ErrorKind::Internal, e.to_string()))?
             .ok_or_else(|| {
                 (

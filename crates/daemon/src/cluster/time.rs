@@ -187,7 +187,10 @@ pub(crate) async fn time_loop(daemon: Weak<Daemon>) {
         let next = match cluster.pg.next_due().await {
             Ok(next) => next,
             Err(err) => {
-                tracing::warn!("cannot read the next due time: {err}");
+                cluster
+                    .pg
+                    .outage()
+                    .failed("reading the next due time", &err);
                 None
             }
         };
@@ -221,7 +224,10 @@ pub(crate) async fn time_loop(daemon: Weak<Daemon>) {
                 did += placed.len();
                 told(&d, &cluster, &placed);
             }
-            Err(err) => tracing::warn!("cannot place the delayed submissions due: {err}"),
+            Err(err) => cluster
+                .pg
+                .outage()
+                .failed("placing the delayed submissions due", &err),
         }
         match cluster
             .pg
@@ -241,7 +247,7 @@ pub(crate) async fn time_loop(daemon: Weak<Daemon>) {
                     d.controller.supervisor().publish(event);
                 }
             }
-            Err(err) => tracing::warn!("cannot fire the schedules due: {err}"),
+            Err(err) => cluster.pg.outage().failed("firing the schedules due", &err),
         }
         if did == 0 {
             // What is due is another node's now (locked by its

@@ -108,15 +108,35 @@ impl KvBackend for ClusterKv {
             // The claim this attempt runs under; the database checks it
             // again in the write's transaction.
             let token = cluster.claims().get(&id).copied().ok_or_else(fenced)?;
-            cluster
-                .pg
-                .kv_write(Some((id, token)), &bucket, write, this.limits)
-                .await
-                .map_err(|e| match e {
-                    KvRefused::Fenced => fenced(),
-                    KvRefused::Guest(why) => KvError(why),
-                    KvRefused::Store(e) => store_error(e),
-                })
+            // A write the database could not take is tried again while
+            // this node holds the claim: a set or a delete always (doing
+            // it twice is doing it once), an increment only if it never
+            // reached the database (no connection).
+            let idempotent = !matches!(write, KvWrite::Increment(..));
+            let mut tries = 0;
+            let written = loop {
+                let written = cluster
+                    .pg
+                    .kv_write(Some((id, token)), &bucket, write.clone(), this.limits)
+                    .await;
+                match &written {
+                    Err(KvRefused::Store(e))
+                        if crate::store::pg_outage::unreachable(e)
+                            && (idempotent || e.0.contains("no connection"))
+                            && cluster.holds(id, token) =>
+                    {
+                        cluster.pg.outage().failed("writing a key-value entry", e);
+                        tokio::time::sleep(crate::store::pg_outage::pause(tries)).await;
+                        tries += 1;
+                    }
+                    _ => break written,
+                }
+            };
+            written.map_err(|e| match e {
+                KvRefused::Fenced => fenced(),
+                KvRefused::Guest(why) => KvError(why),
+                KvRefused::Store(e) => store_error(e),
+            })
         })
     }
 

@@ -815,13 +815,24 @@ impl TaskBody for Recorded {
                     if let Some(before) = before {
                         let _ = before.await;
                     }
-                    match cluster.pg.attempt_started(id, token, ctx.attempt()).await {
-                        Ok(true) => task.attempt(ctx).await,
-                        Ok(false) => Err(TaskError::fatal(
+                    // Tried again while the database is away and this node
+                    // holds the claim; a stop meanwhile ends the attempt
+                    // before it starts.
+                    let attempt = ctx.attempt();
+                    let started = tokio::select! {
+                        biased;
+                        () = ctx.cancellation().cancelled() => return Err(TaskError::Canceled),
+                        started = cluster.while_held(id, token, "recording an attempt's start", || {
+                            cluster.pg.attempt_started(id, token, attempt)
+                        }) => started,
+                    };
+                    match started {
+                        Some(Ok(true)) => task.attempt(ctx).await,
+                        Some(Ok(false)) | None => Err(TaskError::fatal(
                             "this node's claim on the task was taken over (its lease ran out); \
                              another node runs it",
                         )),
-                        Err(err) => Err(unrecorded(err)),
+                        Some(Err(err)) => Err(unrecorded(err)),
                     }
                 })
             }
@@ -850,7 +861,12 @@ impl TaskBody for Recorded {
             } => {
                 let (cluster, id, token) = (Arc::clone(cluster), self.id, *token);
                 let write = tokio::spawn(async move {
-                    if let Err(err) = cluster.pg.pausing(id, token, next.attempts, pause).await {
+                    let written = cluster
+                        .while_held(id, token, "recording a pause", || {
+                            cluster.pg.pausing(id, token, next.attempts, pause)
+                        })
+                        .await;
+                    if let Some(Err(err)) = written {
                         tracing::warn!(task = %id, "cannot record a pause: {err}");
                     }
                 });

@@ -210,12 +210,15 @@ async fn started(pg: &Pg, items: &[(TaskId, i64, u32)]) -> Result<HashSet<TaskId
     let rows = all(
         &client,
         "cannot record an attempt",
+        // Idempotent: a start tried again after a commit whose answer was
+        // lost (the database restarted) finds its attempt's row there.
         "WITH u AS (SELECT * FROM unnest($1::int8[], $2::int8[], $3::int4[]) AS u(id, token, attempt)), \
          t AS (UPDATE taskhost_tasks t SET attempts = u.attempt, resume_at_ms = NULL FROM u \
                WHERE t.id = u.id AND t.token = u.token AND t.state IN ('running', 'stopping') \
-               RETURNING t.id, t.token, u.attempt, t.slot, t.node) \
-         INSERT INTO taskhost_attempts (task_id, attempt, token, slot, node, started_ms) \
-         SELECT id, attempt, token, slot, node, $4 FROM t RETURNING task_id",
+               RETURNING t.id, t.token, u.attempt, t.slot, t.node), \
+         i AS (INSERT INTO taskhost_attempts (task_id, attempt, token, slot, node, started_ms) \
+               SELECT id, attempt, token, slot, node, $4 FROM t ON CONFLICT DO NOTHING) \
+         SELECT id FROM t",
         &[&ids, &tokens, &attempts, &ms(now_ms())],
     )
     .await?;

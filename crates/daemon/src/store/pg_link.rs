@@ -50,6 +50,8 @@ pub(crate) struct Link {
     tls: Tls,
     /// `host/db`, for messages.
     pub(crate) describe: Arc<str>,
+    /// Whether the database answers, as this node sees it.
+    pub(crate) outage: Arc<super::pg_outage::Outage>,
 }
 
 /// The libpq TLS settings the driver does not take.
@@ -132,6 +134,7 @@ impl Link {
             config,
             tls,
             describe,
+            outage: Arc::default(),
         })
     }
 
@@ -156,14 +159,18 @@ impl Link {
         &self,
         notices: Option<tokio::sync::mpsc::UnboundedSender<(String, String)>>,
     ) -> Result<Session, StoreError> {
-        let failed =
-            |e: tokio_postgres::Error| StoreError(format!("PostgreSQL: cannot connect: {e}"));
+        let failed = |e: tokio_postgres::Error| {
+            StoreError(format!(
+                "PostgreSQL: cannot connect: {e}{}",
+                super::pg_outage::UNREACHABLE_MARK
+            ))
+        };
         match &self.tls {
             Tls::Off => {
                 let (client, connection) = self.config.connect(NoTls).await.map_err(failed)?;
                 Ok(Session {
                     client,
-                    driver: tokio::spawn(drive(connection, notices)),
+                    driver: tokio::spawn(drive(connection, notices, Arc::clone(&self.outage))),
                 })
             }
             Tls::Rustls(tls) => {
@@ -171,7 +178,7 @@ impl Link {
                     self.config.connect(tls.clone()).await.map_err(failed)?;
                 Ok(Session {
                     client,
-                    driver: tokio::spawn(drive(connection, notices)),
+                    driver: tokio::spawn(drive(connection, notices, Arc::clone(&self.outage))),
                 })
             }
         }
@@ -195,6 +202,7 @@ impl Drop for Session {
 async fn drive<S, T>(
     mut connection: Connection<S, T>,
     notices: Option<tokio::sync::mpsc::UnboundedSender<(String, String)>>,
+    outage: Arc<super::pg_outage::Outage>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -213,7 +221,7 @@ async fn drive<S, T>(
             }
             Ok(_) => {}
             Err(err) => {
-                tracing::warn!("a database connection failed: {err}");
+                outage.failed("a database connection failed", &err);
                 return;
             }
         }

@@ -28,6 +28,7 @@ use taskhost_runtime::Digest;
 
 use super::pg_batch::Writer;
 use super::pg_link::{Link, Session, Timeouts};
+use super::pg_outage::UNREACHABLE_MARK;
 use super::{Finished, Pause, StoreError, Unfinished, now_ms};
 use crate::wire::protocol::{Placement, SubmitRequest, Submitted, TaskRow, TaskState};
 
@@ -98,9 +99,35 @@ impl std::fmt::Debug for Pg {
 pub(super) fn db(what: &str) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
     move |e| {
         // A lost deadlock or serialisation race is marked, so that
-        // `retry` runs the transaction again.
-        let marker = if is_retryable(&e) { RETRY_MARK } else { "" };
+        // `retry` runs the transaction again; so is a database that could
+        // not be reached, so that a claimed attempt's writes are tried
+        // again while the node holds its lease.
+        let marker = if is_retryable(&e) {
+            RETRY_MARK
+        } else if is_unreachable(&e) {
+            UNREACHABLE_MARK
+        } else {
+            ""
+        };
         StoreError(format!("PostgreSQL: {what}: {}{marker}", error_text(&e)))
+    }
+}
+
+/// Whether `e` is the database being away rather than the statement
+/// failing: no answer at all (a closed or refused connection, a timeout),
+/// or the server's own word that it is shutting down, starting up, or out
+/// of connections (SQLSTATE classes 08, 57 and 53).
+fn is_unreachable(e: &tokio_postgres::Error) -> bool {
+    match e.code() {
+        None => {
+            e.is_closed()
+                || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
+                || e.to_string().contains("timeout")
+        }
+        Some(code) => {
+            let class = &code.code()[..2];
+            matches!(class, "08" | "57" | "53")
+        }
     }
 }
 
@@ -178,7 +205,9 @@ fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
         deadpool_postgres::PoolError::Backend(e) => error_text(e),
         other => chain(other),
     };
-    StoreError(format!("PostgreSQL: no connection: {text}"))
+    StoreError(format!(
+        "PostgreSQL: no connection: {text}{UNREACHABLE_MARK}"
+    ))
 }
 
 pub(super) fn retryable(e: &StoreError) -> bool {
@@ -404,6 +433,12 @@ impl Pg {
 
     /// The database's address and settings (for the node's listening
     /// connection).
+    /// Whether the database answers, as this node sees it: every loop
+    /// and retried write reports its failures and successes here.
+    pub(crate) fn outage(&self) -> &super::pg_outage::Outage {
+        &self.link.outage
+    }
+
     pub(crate) fn link(&self) -> &Link {
         &self.link
     }
@@ -554,7 +589,7 @@ impl Pg {
         .await
         .unwrap_or_else(|_| {
             Err(StoreError(format!(
-                "PostgreSQL: the lease renewal got no answer within {}",
+                "PostgreSQL: the lease renewal got no answer within {}{UNREACHABLE_MARK}",
                 taskhost_core::units::format_duration(deadline)
             )))
         });
@@ -1200,6 +1235,41 @@ impl Pg {
             .collect::<Result<_, StoreError>>()?;
         claimed.sort_by_key(|c| (std::cmp::Reverse(c.request.priority), c.id));
         Ok(claimed)
+    }
+
+    /// The tasks claimed by `node` that it does not know it holds (not in
+    /// `held`): a claim whose commit landed but whose answer was lost when
+    /// the database went away.
+    pub(crate) async fn claimed_by(
+        &self,
+        node: i64,
+        held: &[TaskId],
+    ) -> Result<Vec<Claimed>, StoreError> {
+        let client = self.client().await?;
+        let held: Vec<i64> = held.iter().map(|id| sql_id(*id)).collect();
+        let rows = all(
+            &client,
+            "cannot read this node's claims",
+            "SELECT id, token, request, plugin, attempts, failures, resume_at_ms, submitted_ms \
+                 FROM taskhost_tasks WHERE node = $1 AND state IN ('running', 'stopping') \
+                 AND id <> ALL($2) ORDER BY priority DESC, id",
+            &[&node, &held],
+        )
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Claimed {
+                    id: id_of(r.get(0)),
+                    token: r.get(1),
+                    request: decode_request(r.get::<_, &[u8]>(2))?,
+                    plugin: r.get(3),
+                    attempts: r.get::<_, i32>(4).max(0) as u32,
+                    failures: r.get::<_, i32>(5).max(0) as u32,
+                    resume_at_ms: r.get::<_, Option<i64>>(6).map(|v| v.max(0) as u64),
+                    submitted_ms: r.get::<_, i64>(7).max(0) as u64,
+                })
+            })
+            .collect()
     }
 
     /// Records that attempt `attempt` starts under `token`; false if the

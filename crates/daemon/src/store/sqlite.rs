@@ -43,6 +43,21 @@ fn err(path: &Path, what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError(format!("the store `{}`: {what}: {e}", path.display()))
 }
 
+/// A write the database refused, with the fix when the disk is full.
+fn write_failed(path: &Path, e: rusqlite::Error) -> StoreError {
+    let full = e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull);
+    let mut failed = err(path, "cannot write to it", e);
+    if full {
+        let dir = path.parent().unwrap_or(path);
+        failed.0.push_str(&format!(
+            " (free space on the filesystem of `{}`: the daemon takes submissions again as \
+             soon as there is room, and keeps retrying the outcomes it could not record)",
+            dir.display()
+        ));
+    }
+    failed
+}
+
 fn connect(path: &Path, flags: OpenFlags) -> Result<Connection, StoreError> {
     let conn =
         Connection::open_with_flags(path, flags).map_err(|e| err(path, "cannot open it", e))?;
@@ -419,7 +434,7 @@ impl Writer {
                     for write in batch {
                         let result = self
                             .apply(std::slice::from_ref(&write))
-                            .map_err(|e| err(&self.path, "cannot write to it", e));
+                            .map_err(|e| write_failed(&self.path, e));
                         if let Err(e) = &result {
                             tracing::error!("{e}");
                         }

@@ -144,6 +144,17 @@ impl Running {
         }
     }
 
+    /// The stderr lines written since the last look (kept in
+    /// `stderr_seen` too), without waiting.
+    pub fn lines_so_far(&mut self) -> Vec<String> {
+        let mut new = Vec::new();
+        while let Ok(line) = self.lines.try_recv() {
+            self.stderr_seen.push(line.clone());
+            new.push(line);
+        }
+        new
+    }
+
     /// Sends a signal by name (`INT`, `TERM`) with the `kill` command.
     pub fn signal(&self, name: &str) {
         let status = Command::new("kill")

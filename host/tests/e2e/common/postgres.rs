@@ -20,6 +20,8 @@ pub struct Postgres {
     as_nobody: bool,
     /// The TCP port on 127.0.0.1 of a server started with TLS.
     tls_port: Option<u16>,
+    /// The server's settings (`pg_ctl -o`), for a start after a stop.
+    options: String,
 }
 
 /// The directory holding `initdb`, `pg_ctl` and `psql`: on the PATH, else
@@ -100,11 +102,12 @@ impl Postgres {
                 .expect("a free port for PostgreSQL")
                 .port()
         });
-        let pg = Self {
+        let mut pg = Self {
             dir,
             bin,
             as_nobody,
             tls_port,
+            options: String::new(),
         };
         let data = pg.data();
         pg.run(
@@ -140,8 +143,18 @@ impl Postgres {
                 ));
             }
         }
-        let log = pg.dir.path().join("server.log");
-        pg.run(
+        pg.options = options;
+        pg.start_again();
+        pg
+    }
+
+    /// Starts the server again after [`Postgres::stop_immediately`], with
+    /// the same settings; returns once it accepts connections.
+    pub fn start_again(&self) {
+        let data = self.data();
+        let log = self.dir.path().join("server.log");
+        let options = self.options.clone();
+        self.run(
             "pg_ctl",
             &[
                 "-D",
@@ -156,7 +169,23 @@ impl Postgres {
                 "start",
             ],
         );
-        pg
+    }
+
+    /// Stops the server as a crash would (`pg_ctl -m immediate`): every
+    /// connection is cut, nothing is shut down cleanly.
+    pub fn stop_immediately(&self) {
+        let data = self.data();
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
+        );
     }
 
     /// The throwaway CA and the server's certificate and key, in the
