@@ -7,11 +7,11 @@
 //!
 //! At the cap, a new connection takes the place of the one idle the
 //! longest (`registry.rs`: one that has not sent a request's whole head,
-//! or a keep-alive one between requests), which is closed at once; only
-//! when every open connection is serving a request is the new one closed
-//! instead. Either is logged at most once a second.
+//! a keep-alive one between requests, or one whose request carries no
+//! valid token), which is closed at once; only when every open connection
+//! is serving a request with a valid token is the new one closed instead.
+//! Either is logged at most once a second.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, Request, Response, StatusCode, header};
-use futures::future::BoxFuture;
+use axum::middleware::Next;
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -219,8 +219,8 @@ async fn serve<S>(
     }
 }
 
-/// The router, as one connection's service: a request marks the
-/// connection serving until its answer's body ends.
+/// The router, as one connection's service: each request carries the
+/// connection's place to [`serving`].
 #[derive(Clone)]
 struct Tracked {
     inner: TowerToHyperService<Router>,
@@ -228,31 +228,43 @@ struct Tracked {
 }
 
 impl Service<Request<Incoming>> for Tracked {
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Response<Body>, Infallible>>;
+    type Response = <TowerToHyperService<Router> as Service<Request<Incoming>>>::Response;
+    type Error = <TowerToHyperService<Router> as Service<Request<Incoming>>>::Error;
+    type Future = <TowerToHyperService<Router> as Service<Request<Incoming>>>::Future;
 
-    fn call(&self, request: Request<Incoming>) -> Self::Future {
-        let Some(serving) = self.place.serve() else {
-            // Closed to make room just as its head came in: not served
-            // (the connection ends without this answer, most likely).
-            return Box::pin(std::future::ready(Ok(closing())));
-        };
-        let answer = self.inner.call(request);
-        Box::pin(async move {
-            let response = answer.await?;
-            if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-                serving.upgraded();
-                return Ok(response);
-            }
-            Ok(response.map(|body| {
-                Body::new(Guarded {
-                    body,
-                    _serving: serving,
-                })
-            }))
-        })
+    fn call(&self, mut request: Request<Incoming>) -> Self::Future {
+        request.extensions_mut().insert(self.place.clone());
+        self.inner.call(request)
     }
+}
+
+/// Runs a request that carries a valid token with its connection serving
+/// (never closed to make room) until its answer's body has ended and been
+/// written out; an upgraded connection serves for good. A request without
+/// one (answered at once: 401, the dashboard page) leaves its connection
+/// idle, so that requests pipelined by a client that never reads its
+/// answers (hyper stops at a full buffer, the answer never ends) cannot
+/// hold a place either.
+pub(super) async fn serving(request: axum::extract::Request, next: Next) -> Response<Body> {
+    let Some(place) = request.extensions().get::<Place>().cloned() else {
+        return next.run(request).await;
+    };
+    let Some(serving) = place.serve() else {
+        // Closed to make room just as its head came in: not served (the
+        // connection ends without this answer, most likely).
+        return closing();
+    };
+    let response = next.run(request).await;
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        serving.upgraded();
+        return response;
+    }
+    response.map(|body| {
+        Body::new(Guarded {
+            body,
+            _serving: serving,
+        })
+    })
 }
 
 /// The answer to a request on a connection being closed to make room.

@@ -506,7 +506,7 @@ async fn authorize(
             "send `Content-Type: application/json` with a POST".into(),
         );
     }
-    next.run(request).await
+    conn::serving(request, next).await
 }
 
 fn is_json(headers: &HeaderMap) -> bool {

@@ -1,20 +1,24 @@
 //! Owns the registry of the listener's open connections and the choice of
 //! the one to close when a new connection finds every place taken.
 //!
-//! A connection is *idle* from its accept until a request's head reaches
-//! the router (so through its TLS handshake and a head sent slowly or not
-//! at all), and again once its answer has been written out (a keep-alive
-//! connection waiting for its next request). It is *serving* from its head
-//! until then: a long poll, an event stream or an upload is never closed
-//! to make room. An upgraded connection (`/api/wire`) serves for good. At
+//! A connection *serves* while a request with a valid token is under way:
+//! from the moment the request passed the token check (`conn::serving`)
+//! until its answer has been written out; an upgraded connection
+//! (`/api/wire`) serves for good. A long poll, an event stream or an
+//! upload is never closed to make room. Any other connection is *idle*:
+//! from its accept (through its TLS handshake and a head sent slowly or not
+//! at all), between requests (keep-alive), and while answering a request
+//! without a valid token (401, the dashboard page: answered at once, so
+//! only a client that does not read its answers keeps them under way). At
 //! the cap the accept loop closes the connection idle the longest
 //! ([`Registry::close_longest_idle`]): a flood of connections that send
-//! nothing costs each of them its place in turn, never a client's request.
+//! nothing, or that pipeline requests without a token and read nothing,
+//! costs each of them its place in turn, never a client's request.
 //!
 //! "Written out" is when the connection's writer reports a successful
 //! flush after the answer's body ended (hyper flushes its buffer through
 //! the stream, then flushes the stream), so closing an idle connection
-//! never cuts an answer short.
+//! never cuts an answer to a token's request short.
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
@@ -44,9 +48,10 @@ struct Inner {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    /// Waiting for a request's head since `turn`.
+    /// Serving no request with a valid token since `turn`.
     Idle { turn: u64 },
-    /// A request's head reached the router; its answer is not out yet.
+    /// A request with a valid token is under way; its answer is not out
+    /// yet.
     Serving,
     /// Upgraded to another protocol: never idle again.
     Upgraded,
@@ -170,9 +175,9 @@ impl Place {
         self.0.close.cancelled()
     }
 
-    /// A request's head reached the router: the connection serves until
-    /// the returned guard says its answer has ended. `None` when it is
-    /// being closed to make room (the request is not to be served).
+    /// A request with a valid token is to be served: the connection serves
+    /// until the returned guard says its answer has ended. `None` when it
+    /// is being closed to make room (the request is not to be served).
     pub(super) fn serve(&self) -> Option<Serving> {
         self.0.answered.store(false, Ordering::Release);
         let mut inner = self.0.registry.lock();
