@@ -46,7 +46,7 @@ pub struct Cli {
     /// With --remote: a file whose one line is the token to send (only its owner may read it); TASKHOST_TOKEN may give the token itself.
     #[arg(long, value_name = "FILE", global = true)]
     token_file: Option<PathBuf>,
-    /// With --remote: PEM certificates of the CA that signed the listener's certificate (a private CA) [default: the Mozilla roots].
+    /// With --remote: PEM certificates of the CA that signed the listener's certificate (a private CA), or the listener's own self-signed certificate (pinned: accepted exactly, while valid, for the names it holds) [default: the Mozilla roots].
     #[arg(long, value_name = "PEM", global = true)]
     ca_file: Option<PathBuf>,
     #[command(subcommand)]

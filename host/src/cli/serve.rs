@@ -151,7 +151,7 @@ pub struct ServeArgs {
     /// Also answer HTTP requests whose Host is NAME, with or without the port (NAME:PORT: that port only), e.g. the name a TLS proxy in front reaches the listener by (repeatable; replaces the config file's list). Answered always: on a loopback bind, localhost and loopback addresses with the port; on another, localhost and IP addresses with the port and this machine's hostname. Others get 421 [TOML: http_allow_hosts].
     #[arg(long = "http-allow-host", value_name = "NAME[:PORT]", value_parser = parse_allow_host)]
     http_allow_hosts: Vec<String>,
-    /// Most HTTP connections open at once; one more is closed as soon as it is accepted (logged at most once a second) [default: 64] [TOML: http_max_connections].
+    /// Most HTTP connections open at once; one more takes the place of the one idle the longest (no request with a valid token under way), which is closed, and is closed itself only when every one is serving such a request (each logged at most once a second) [default: 64] [TOML: http_max_connections].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     http_max_connections: Option<u32>,
     /// Most /api/events streams (dashboards, followers) open at once; one more is answered 503 [default: 16] [TOML: http_max_streams].

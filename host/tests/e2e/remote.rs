@@ -436,6 +436,137 @@ fn tls_with_a_private_ca_and_refusals_without_it() {
     }
 }
 
+/// A self-signed certificate and its key, made in `dir` by the command of
+/// docs/remote.md and issue 49 (which marks the certificate `CA:TRUE`):
+/// `NAME.pem`, `NAME.key` (owner-only).
+fn self_signed(dir: &std::path::Path, name: &str) -> (String, String) {
+    let (cert, key) = (format!("{name}.pem"), format!("{name}.key"));
+    let args = [
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        &key,
+        "-out",
+        &cert,
+        "-days",
+        "30",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-addext",
+        "subjectAltName=IP:127.0.0.1",
+    ];
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run openssl ({e}): the TLS tests need it (Debian: openssl)")
+        });
+    assert!(
+        out.status.success(),
+        "openssl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = dir.join(key);
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    (
+        dir.join(cert).display().to_string(),
+        key.display().to_string(),
+    )
+}
+
+/// Issue 49: the listener's own self-signed certificate as `--ca-file` is
+/// pinned (webpki alone refused it: `CaUsedAsEndEntity`); another
+/// self-signed certificate, or a host the certificate does not name, is
+/// refused naming the fix. Connections idle in no TLS handshake at the
+/// cap make room for the client.
+#[test]
+fn a_self_signed_certificate_is_its_own_ca_file() {
+    let certs = tempfile::tempdir().unwrap();
+    let (cert, key) = self_signed(certs.path(), "cert");
+    let (other, _) = self_signed(certs.path(), "other");
+    let tokens = Tokens::new();
+    let daemon = Daemon::start(&[
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        &tokens.file("tokens"),
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--http-max-connections",
+        "4",
+    ]);
+    let port = listening_port(&daemon);
+    let mut remote = Remote::new(
+        format!("https://127.0.0.1:{port}"),
+        Some(tokens.file("submit")),
+    );
+    remote.ca = Some(cert.clone());
+    let out = remote.run(&["submit", &p("hello"), "--input", "pinned", "--wait"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, "pinned");
+    let out = remote.run(&["ps", "--all"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.contains("hello-1") && out.stdout.contains("finished (completed)"),
+        "{}",
+        out.stdout
+    );
+
+    // Ten connections that never start their TLS handshake take every
+    // place; the client's takes the place of the one idle the longest.
+    let idle: Vec<std::net::TcpStream> = (0..10)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    let out = remote.run(&["ps", "--all"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("hello-1"), "{}", out.stdout);
+    drop(idle);
+
+    // Another self-signed certificate: refused, naming the fix.
+    remote.ca = Some(other.clone());
+    let out = remote.run(&["ps"]);
+    assert_eq!(out.code, Some(5), "{out:?}");
+    assert!(
+        out.stderr.contains(&format!(
+            "--ca-file {other} does not hold it: give that very certificate"
+        )) && out.stderr.contains("basicConstraints=CA:FALSE"),
+        "{}",
+        out.stderr
+    );
+    // The right one, but for a name it does not hold.
+    let mut by_name = Remote::new(
+        format!("https://localhost:{port}"),
+        Some(tokens.file("submit")),
+    );
+    by_name.ca = Some(cert);
+    let out = by_name.run(&["ps"]);
+    assert_eq!(out.code, Some(5), "{out:?}");
+    assert!(
+        out.stderr.contains("does not name localhost")
+            && out.stderr.contains("-addext subjectAltName=DNS:localhost"),
+        "{}",
+        out.stderr
+    );
+    // Without --ca-file: refused, naming it.
+    remote.ca = None;
+    let out = remote.run(&["ps"]);
+    assert_eq!(out.code, Some(5), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("give that very certificate (the listener's --tls-cert) with --ca-file"),
+        "{}",
+        out.stderr
+    );
+}
+
 #[test]
 fn a_plain_http_client_uploads_submits_and_long_polls_the_outcome() {
     let tokens = Tokens::new();

@@ -7,8 +7,10 @@
 //! | `client` | the client: pipelined requests, replies routed by id |
 //! | `remote` | the client's transport to a daemon's HTTP listener: TLS, token, upgrade |
 //! | `socket` | socket paths and owner-only permissions, the client's checks |
+//! | `tls` | the remote client's TLS: the CAs or pinned certificate of `--ca-file`, the fix a refusal names |
 
 pub(crate) mod client;
 pub mod protocol;
 pub mod remote;
 pub mod socket;
+mod tls;

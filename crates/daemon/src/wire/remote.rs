@@ -14,12 +14,12 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{HeaderValue, Request, StatusCode, Uri, header};
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::wire::client::{Client, ClientError};
+use crate::wire::tls::{client_config, fix};
 
 /// The `Upgrade` protocol asked for (the server's `wire::UPGRADE`).
 const UPGRADE: &str = "taskhost-wire";
@@ -35,8 +35,9 @@ pub struct Remote {
     pub url: String,
     /// The bearer token, if any.
     pub token: Option<String>,
-    /// PEM certificates of the CA that signed the listener's certificate;
-    /// `None`: the Mozilla roots.
+    /// PEM certificates of the CA that signed the listener's certificate,
+    /// or the listener's own (self-signed) certificate, pinned; `None`: the
+    /// Mozilla roots.
     pub ca_file: Option<PathBuf>,
 }
 
@@ -116,13 +117,7 @@ async fn connect(remote: &Remote) -> Result<Client, ClientError> {
             .map_err(|e| fail(format!("`{host}` is not a server name for TLS: {e}")))?;
         let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
         let stream = connector.connect(name, tcp).await.map_err(|e| {
-            let fix = if remote.ca_file.is_some() {
-                "check that --ca-file holds the CA that signed the listener's --tls-cert, and \
-                 that the certificate names this host"
-            } else {
-                "the listener's certificate is not signed by a public CA: give the CA's \
-                 certificate with --ca-file PEM"
-            };
+            let fix = fix(&e, remote.ca_file.as_deref(), &host);
             fail(format!("TLS failed ({e}): {fix}"))
         })?;
         Box::new(stream)
@@ -181,36 +176,4 @@ async fn connect(remote: &Remote) -> Result<Client, ClientError> {
         .map_err(|e| fail(format!("the upgrade failed: {e}")))?;
     let (reader, writer) = tokio::io::split(TokioIo::new(upgraded));
     Client::establish(Path::new(&remote.url), reader, writer, None).await
-}
-
-/// TLS settings: the server's chain checked against `ca_file`'s
-/// certificates, or the Mozilla roots without one; the name checked too.
-fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    match ca_file {
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-        Some(path) => {
-            let certs = CertificateDer::pem_file_iter(path)
-                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| {
-                    format!(
-                        "--ca-file {}: cannot read its PEM certificates ({e})",
-                        path.display()
-                    )
-                })?;
-            let (added, _) = roots.add_parsable_certificates(certs);
-            if added == 0 {
-                return Err(format!(
-                    "--ca-file {} holds no usable CA certificate",
-                    path.display()
-                ));
-            }
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS is unavailable: {e}"))?
-        .with_root_certificates(roots)
-        .with_no_client_auth())
 }

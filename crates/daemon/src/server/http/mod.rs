@@ -13,13 +13,15 @@
 //! loopback address without one, the daemon's own in `<state
 //! dir>/http-token` (`token.rs`), whose dashboard URL the log gives. A
 //! `POST` must say `Content-Type: application/json`. Connections and event
-//! streams are capped, and a client has `http_header_timeout` to send a
-//! request's header (`conn.rs`).
+//! streams are capped (at the connection cap, the connection idle the
+//! longest is closed for a new one), and a client has
+//! `http_header_timeout` to send a request's header (`conn.rs`).
 //!
 //! | file | owns |
 //! |---|---|
 //! | `mod.rs` | settings check, binding, routing, the guards |
 //! | `conn.rs` | the accept loop, the connection cap, hyper's timeouts, the graceful stop |
+//! | `registry.rs` | the open connections, idle or serving, and the one closed to make room at the cap |
 //! | `hosts.rs` | the `Host` and `Origin` rules |
 //! | `openapi.rs` | the table of routes and scopes, and the OpenAPI document built from it |
 //! | `tls.rs` | `--tls-cert`/`--tls-key`: the acceptor, reloads on SIGHUP or a changed file |
@@ -35,6 +37,7 @@ mod conn;
 mod hosts;
 mod metrics;
 mod openapi;
+mod registry;
 mod tls;
 pub(crate) mod token;
 mod verbs;
@@ -260,9 +263,7 @@ pub(crate) async fn bind(plan: Plan) -> Result<Bound, String> {
         Some(files) => Some(tls::Tls::new(files)?),
         None => None,
     };
-    let listener = tokio::net::TcpListener::bind(plan.addr)
-        .await
-        .map_err(cannot)?;
+    let listener = conn::listen(plan.addr).map_err(cannot)?;
     let local = listener.local_addr().map_err(cannot)?;
     Ok(Bound {
         listener,
@@ -505,7 +506,7 @@ async fn authorize(
             "send `Content-Type: application/json` with a POST".into(),
         );
     }
-    next.run(request).await
+    conn::serving(request, next).await
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
