@@ -405,6 +405,7 @@ fn metrics_parse_and_count_tasks_as_they_run() {
     assert_eq!(during.gauge("taskhost_queued_submissions", &[]), 1.0);
     assert_eq!(during.gauge("taskhost_slots", &[("state", "running")]), 1.0);
     assert_eq!(during.gauge("taskhost_attempt_permits_in_use", &[]), 1.0);
+    assert_eq!(during.gauge("taskhost_attempts_parked", &[]), 0.0);
     assert!(during.gauge("taskhost_attempt_permits", &[]) >= 1.0);
     // hello, flaky and sleeper were compiled once each; the later hello
     // submissions found it in the cache.

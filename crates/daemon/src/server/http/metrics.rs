@@ -462,6 +462,13 @@ impl Collector for Scrape {
                 "Permits held by running attempts (each holds an instance of the pool).",
                 max.saturating_sub(free) as i64,
             )?;
+            gauge(
+                &mut enc,
+                "taskhost_attempts_parked",
+                "Attempts parked while their guest waits for a child: each holds an instance \
+                 of the pool but no permit (at most --max-parked parents).",
+                supervisor.parked() as i64,
+            )?;
         }
         let runtime = d.plugins.runtime();
         if let Allocator::Pooling { instances, .. } = runtime.allocator() {
