@@ -120,7 +120,9 @@ impl TaskBody for PluginTask {
             forward: task.sink.clone(),
         });
         let handover = Arc::clone(&sink);
-        let parking: Arc<dyn Parking> = Arc::new(Permit(sink.ctx.clone()));
+        // The sink holds the attempt's context: it parks it too, with no
+        // allocation of its own per attempt.
+        let parking: Arc<dyn Parking> = Arc::clone(&sink) as _;
         let request = AttemptRequest {
             facts,
             input: Arc::clone(&task.input),
@@ -177,15 +179,13 @@ fn task_error(err: AttemptError) -> TaskError {
 
 /// The attempt's concurrency permit, parked while its guest waits for a
 /// child.
-struct Permit(AttemptContext);
-
-impl Parking for Permit {
+impl Parking for ContextSink {
     fn park(&self) -> bool {
-        self.0.park()
+        self.ctx.park()
     }
 
     fn unpark(&self) -> crate::children::ChildFuture<()> {
-        let ctx = self.0.clone();
+        let ctx = self.ctx.clone();
         Box::pin(async move { ctx.unpark().await })
     }
 }

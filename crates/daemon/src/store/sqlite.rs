@@ -472,8 +472,7 @@ impl Writer {
                         .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
                     tx.prepare_cached(
                         "INSERT INTO tasks (id, name, slot, plugin, digest, request, state, attempts, \
-                         submitted_ms, parent, root) \
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                         submitted_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                     )?
                     .execute(params![
                         task.id.get() as i64,
@@ -484,10 +483,18 @@ impl Writer {
                         request,
                         if attempts > 0 { "running" } else { "queued" },
                         attempts,
-                        task.submitted_ms as i64,
-                        task.request.parent.map(|p| p as i64),
-                        task.request.root.map(|r| r as i64),
+                        task.submitted_ms as i64
                     ])?;
+                    // A child's place in its tree: its own statement, so
+                    // that the rows nobody spawned cost what they did.
+                    if let Some(parent) = task.request.parent {
+                        tx.prepare_cached("UPDATE tasks SET parent = ?2, root = ?3 WHERE id = ?1")?
+                            .execute(params![
+                                task.id.get() as i64,
+                                parent as i64,
+                                task.request.root.map(|r| r as i64),
+                            ])?;
+                    }
                     if let Some((key, fingerprint)) = &task.key {
                         tx.prepare_cached(
                             "INSERT OR REPLACE INTO idempotency (key, task_id, fingerprint, \
