@@ -6,4 +6,7 @@
 -- that migrates fills them in the same transaction).
 ALTER TABLE taskhost_tasks ADD COLUMN parent BIGINT;
 ALTER TABLE taskhost_tasks ADD COLUMN root BIGINT;
-CREATE INDEX taskhost_tree ON taskhost_tasks (root) WHERE state <> 'finished';
+-- Only children's rows: the others cost no entry, and no upkeep as their
+-- state moves on.
+CREATE INDEX taskhost_tree ON taskhost_tasks (root)
+    WHERE root IS NOT NULL AND state <> 'finished';

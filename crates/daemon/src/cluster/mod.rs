@@ -795,7 +795,10 @@ async fn run_claimed(daemon: Arc<Daemon>, cluster: Arc<Cluster>, task: Claimed) 
             .checked_sub(Duration::from_millis(now_ms().saturating_sub(submitted_ms)))
             .unwrap_or_else(Instant::now),
         placed: true,
-        request: None,
+        // Without its input and params (the body holds those): what its
+        // children need of it (their tree) is read here, not from the
+        // database.
+        request: Some(Arc::new(request)),
     });
     let recording = RecordingGuard::new(daemon);
     let daemon = Arc::clone(daemon);

@@ -175,7 +175,9 @@ pub(crate) struct TaskRecord {
     /// rejected at intake never did.
     pub placed: bool,
     /// Its request, resolved (name, slot and policy filled in), for `host
-    /// rerun`; `None` on a cluster node (the database keeps it).
+    /// rerun`. On a cluster node, without its input and params (the
+    /// database keeps the whole request, which `rerun` reads there): only
+    /// what its children need of it.
     pub request: Option<Arc<crate::wire::protocol::SubmitRequest>>,
 }
 

@@ -54,6 +54,10 @@ pub(crate) const EVENTS_KEPT: i64 = 100_000;
 /// The advisory lock that serialises migrations of nodes starting together.
 const MIGRATION_LOCK: i64 = 0x7461_736b_686f_7374;
 
+/// The first key of a tree's advisory lock (the second is its root's id);
+/// two-key locks never meet the one-key `MIGRATION_LOCK`.
+const TREE_LOCK: i32 = 1;
+
 /// Attempts of a transaction that lost a deadlock or serialisation race.
 const RETRIES: usize = 8;
 
@@ -814,17 +818,26 @@ impl Pg {
             .await
             .map_err(db("cannot start a transaction"))?;
         let now = crate::store::now_ms() as i64;
+        // A spawned task's tree (`request.root`) is counted in the same
+        // round trip: its unfinished descendants, under a lock of the tree
+        // (an advisory one, in memory: two spawns in one tree take turns).
+        let root = admission.request.root.map(ms);
         let won = opt(
             &tx,
             "cannot record the idempotency key",
-            "INSERT INTO taskhost_idempotency (key, fingerprint, created_ms) VALUES ($1, $2, $3) \
+            "WITH held AS (SELECT pg_advisory_xact_lock($6, ($5::int8 % 2147483647)::int4) \
+                 WHERE $5::int8 IS NOT NULL), \
+             tree AS (SELECT count(*) AS n FROM taskhost_tasks \
+                 WHERE root = $5 AND root IS NOT NULL AND state <> 'finished') \
+             INSERT INTO taskhost_idempotency (key, fingerprint, created_ms) VALUES ($1, $2, $3) \
              ON CONFLICT (key) DO UPDATE SET task_id = NULL, fingerprint = excluded.fingerprint, \
              created_ms = excluded.created_ms WHERE taskhost_idempotency.created_ms < $4 \
-             RETURNING key",
-            &[&key, &&fingerprint[..], &now, &since_ms],
+             RETURNING key, (SELECT n FROM tree), (SELECT count(*) FROM held)",
+            &[&key, &&fingerprint[..], &now, &since_ms, &root, &TREE_LOCK],
         )
-        .await?
-        .is_some();
+        .await?;
+        let tree: i64 = won.as_ref().map_or(0, |row| row.get(1));
+        let won = won.is_some();
         if !won {
             let row = one(
                 &tx,
@@ -854,29 +867,13 @@ impl Pg {
         }
         // A spawned task: its tree's unfinished descendants, counted under
         // the root's row lock so that two spawns in one tree take turns.
-        if let Some(root) = admission.request.root {
-            let root = ms(root);
-            exec(
-                &tx,
-                "cannot lock the tree",
-                "SELECT 1 FROM taskhost_tasks WHERE id = $1 FOR NO KEY UPDATE",
-                &[&root],
-            )
-            .await?;
-            let count: i64 = one(
-                &tx,
-                "cannot count the tree",
-                "SELECT count(*) FROM taskhost_tasks WHERE root = $1 AND state <> 'finished'",
-                &[&root],
-            )
-            .await?
-            .get(0);
-            if count as usize >= admission.max_descendants {
-                return Err(AdmitError::TreeFull {
-                    root: root as u64,
-                    max: admission.max_descendants,
-                });
-            }
+        if let Some(root) = root
+            && tree as usize >= admission.max_descendants
+        {
+            return Err(AdmitError::TreeFull {
+                root: root as u64,
+                max: admission.max_descendants,
+            });
         }
         let id: i64 = one(
             &tx,
