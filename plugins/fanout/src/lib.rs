@@ -125,7 +125,10 @@ fn tree(ctx: &Context, depth: u64, n: u64, ms: u64) -> Result<String, TaskError>
 /// The number after `"name":` in a child's answer.
 fn field(text: &str, name: &str) -> Option<u64> {
     let at = text.find(&format!("\"{name}\":"))? + name.len() + 3;
-    let digits: String = text[at..].chars().take_while(char::is_ascii_digit).collect();
+    let digits: String = text[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
     digits.parse().ok()
 }
 
