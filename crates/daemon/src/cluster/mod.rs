@@ -41,8 +41,8 @@ use crate::config::ClusterSettings;
 use crate::service::submissions;
 use crate::service::tasks::{MAX_LOG_LINES, Outcome, TaskLog, TaskRecord};
 use crate::state::{Daemon, RecordingGuard};
-use crate::store::pg_link::Timeouts;
-use crate::store::pg_outage::pause;
+use crate::store::postgres::link::Timeouts;
+use crate::store::postgres::outage::pause;
 use crate::store::postgres::{self, Claimed};
 use crate::store::{Finished, StoreError, now_ms};
 pub(crate) use node::{Cluster, SHIP_BATCH};
@@ -168,7 +168,7 @@ async fn claim_loop(daemon: Weak<Daemon>) {
                     }
                 }
                 Err(err) => {
-                    unsure |= crate::store::pg_outage::unreachable(&err);
+                    unsure |= crate::store::postgres::outage::unreachable(&err);
                     cluster.pg.outage().failed("claiming work", &err);
                 }
             }
@@ -633,7 +633,7 @@ async fn listen_loop(daemon: Weak<Daemon>) {
                     postgres::READY,
                     postgres::STOP,
                     postgres::FINISHED,
-                    crate::store::pg_time::TIME
+                    crate::store::postgres::time::TIME
                 );
                 if let Err(err) = session.client.batch_execute(&listen).await {
                     cluster
@@ -655,7 +655,7 @@ async fn listen_loop(daemon: Weak<Daemon>) {
                             .filter_map(|id| id.parse::<u64>().ok().map(TaskId::from_u64));
                         match channel.as_str() {
                             postgres::READY => cluster.wake.notify_one(),
-                            crate::store::pg_time::TIME => cluster.time.notify_one(),
+                            crate::store::postgres::time::TIME => cluster.time.notify_one(),
                             postgres::STOP => {
                                 for id in ids {
                                     cluster.stop_local(&d.controller, id);

@@ -184,9 +184,9 @@ impl Cluster {
                 return None;
             }
             match write().await {
-                Err(err) if crate::store::pg_outage::unreachable(&err) => {
+                Err(err) if crate::store::postgres::outage::unreachable(&err) => {
                     self.pg.outage().failed(what, &err);
-                    tokio::time::sleep(crate::store::pg_outage::pause(tries)).await;
+                    tokio::time::sleep(crate::store::postgres::outage::pause(tries)).await;
                     tries += 1;
                 }
                 answer => {

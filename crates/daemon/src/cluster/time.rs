@@ -2,7 +2,7 @@
 //! database, and the loop that, at the soonest due time any node knows of
 //! (told by notifications, else polled), places the delayed submissions
 //! that came due and fires the schedules that are due. Every node runs the
-//! loop; the database's row locks (`store::pg_time`) make each due time
+//! loop; the database's row locks (`store::postgres::time`) make each due time
 //! place or fire once, also when a node dies in the middle.
 
 use std::sync::atomic::Ordering;
@@ -17,7 +17,7 @@ use crate::service::backend::Scheduled;
 use crate::service::schedules::{self as local, count_firing, row_of};
 use crate::service::submissions::Accepted;
 use crate::state::Daemon;
-use crate::store::pg_time::{Bounds, Placed, ScheduleError};
+use crate::store::postgres::time::{Bounds, Placed, ScheduleError};
 use crate::store::{StoredSchedule, now_ms};
 use crate::wire::protocol::{ErrorKind, ScheduleVerb};
 

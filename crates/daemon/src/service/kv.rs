@@ -1,7 +1,7 @@
 //! Owns guests' key-value state as the daemon serves it. One host keeps the
 //! buckets in memory (`MemoryKv`), each write kept by the store before a
 //! guest hears of it, loaded back at start. A cluster node keeps them in
-//! the database (`store/pg_kv.rs`): each write under the fencing token of
+//! the database (`store/postgres/kv.rs`): each write under the fencing token of
 //! the claim its attempt runs under, so a node that lost its lease writes
 //! nothing. And the verbs of `host kv`, on either.
 
@@ -14,7 +14,7 @@ use taskhost_runtime::{KvLimits, MemoryKv};
 
 use crate::cluster::Cluster;
 use crate::store::Store;
-use crate::store::pg_kv::KvRefused;
+use crate::store::postgres::kv::KvRefused;
 use crate::wire::protocol::{ErrorKind, KvRow, KvTarget, KvVerb};
 
 /// How to raise a limit, for the error that names it.
@@ -121,12 +121,12 @@ impl KvBackend for ClusterKv {
                     .await;
                 match &written {
                     Err(KvRefused::Store(e))
-                        if crate::store::pg_outage::unreachable(e)
+                        if crate::store::postgres::outage::unreachable(e)
                             && (idempotent || e.0.contains("no connection"))
                             && cluster.holds(id, token) =>
                     {
                         cluster.pg.outage().failed("writing a key-value entry", e);
-                        tokio::time::sleep(crate::store::pg_outage::pause(tries)).await;
+                        tokio::time::sleep(crate::store::postgres::outage::pause(tries)).await;
                         tries += 1;
                     }
                     _ => break written,

@@ -20,18 +20,8 @@
 //! | file | owns |
 //! |---|---|
 //! | `sqlite` | the SQLite backend: open, migrations, the writer thread, the reader |
-//! | `postgres` | cluster mode's database: admission, claims, fenced writes, leases, reads |
-//! | `pg_batch` | that database's batched writes: attempt starts, ends and admissions, one transaction per batch |
-//! | `pg_link` | how a node reaches that database: TLS, session timeouts, keepalives, connections of its own |
-//! | `pg_outage` | what a node says and how long it pauses while that database is away |
-//! | `pg_time` | that database's time: delayed submissions admitted when due, schedules fired once |
-//! | `pg_kv` | that database's key-value state: writes fenced by the attempt's token, limits, the `host kv` reads |
+//! | `postgres/` | cluster mode's database: admission, claims, fenced writes, leases, reads, batches, time, key-value state, the link and the outage |
 
-mod pg_batch;
-pub(crate) mod pg_kv;
-pub(crate) mod pg_link;
-pub(crate) mod pg_outage;
-pub(crate) mod pg_time;
 pub(crate) mod postgres;
 mod sqlite;
 

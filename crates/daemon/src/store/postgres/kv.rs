@@ -8,8 +8,8 @@
 use taskhost_core::supervisor::TaskId;
 use taskhost_runtime::kv::{Bucket, KvLimits, KvWrite, MAX_KV_KEY, MAX_KV_VALUE, incremented};
 
-use super::StoreError;
-use super::postgres::{Pg, all, db, opt, sql_id};
+use super::{Pg, all, db, opt, sql_id};
+use crate::store::StoreError;
 
 /// Why a write did not happen: a limit or a lost claim (for the guest), or
 /// the database.

@@ -17,7 +17,7 @@ pub(crate) const UNREACHABLE_MARK: &str = " (the database could not be reached)"
 
 /// Whether the store failed because the database could not be reached
 /// (the write may be tried again), not because of what was written.
-pub(crate) fn unreachable(e: &super::StoreError) -> bool {
+pub(crate) fn unreachable(e: &crate::store::StoreError) -> bool {
     e.0.ends_with(UNREACHABLE_MARK)
 }
 

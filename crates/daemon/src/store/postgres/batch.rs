@@ -18,11 +18,11 @@ use taskhost_core::logline::LogLine;
 use taskhost_core::outcome::{RejectionKind, TaskOutcome};
 use taskhost_core::supervisor::{TaskId, TaskReport};
 
-use super::postgres::{
+use super::{
     Admission, AdmitError, FINISHED, Pg, all, db, decode, encode, exec, id_of, ms, retry,
     retryable, sql_id,
 };
-use super::{Finished, StoreError, now_ms};
+use crate::store::{Finished, StoreError, now_ms};
 use crate::wire::protocol::{Placement, Submitted};
 
 /// Most requests of one kind recorded in one transaction.

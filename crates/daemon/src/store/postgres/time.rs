@@ -12,11 +12,9 @@ use taskhost_core::admission::AdmissionPolicy;
 use taskhost_core::outcome::OutcomeKind;
 use taskhost_core::supervisor::TaskId;
 
-use super::postgres::{
-    Admission, AdmitError, Pg, all, db, encode, exec, id_of, ms, one, opt, retryable,
-};
-use super::{StoreError, StoredSchedule};
+use super::{Admission, AdmitError, Pg, all, db, encode, exec, id_of, ms, one, opt, retryable};
 use crate::schedule::{self, CronZone, FireKind, Missed};
+use crate::store::{StoreError, StoredSchedule};
 use crate::wire::protocol::{NotBefore, Placement, ScheduleSpec, SubmitRequest, Submitted};
 
 /// The channel nodes are told on when the soonest time may have changed
@@ -230,7 +228,7 @@ impl Pg {
                 &a.plugin,
                 &&a.request.plugin.0[..],
                 &encode(&request)?,
-                &ms(super::now_ms()),
+                &ms(crate::store::now_ms()),
                 &ms(due_ms),
                 &request.priority,
                 &request.schedule,
@@ -269,7 +267,7 @@ impl Pg {
         now_ms: u64,
         bounds: Bounds,
     ) -> Result<Vec<Placed>, StoreError> {
-        super::postgres::retry(|| self.place_due_once(now_ms, bounds)).await
+        super::retry(|| self.place_due_once(now_ms, bounds)).await
     }
 
     async fn place_due_once(&self, now_ms: u64, bounds: Bounds) -> Result<Vec<Placed>, StoreError> {
@@ -290,7 +288,7 @@ impl Pg {
         let mut placed = Vec::with_capacity(rows.len());
         for row in rows {
             let id: i64 = row.get(0);
-            let request = super::postgres::decode_request(row.get::<_, &[u8]>(1))?;
+            let request = super::decode_request(row.get::<_, &[u8]>(1))?;
             let due_ms = row.get::<_, Option<i64>>(3).unwrap_or(0).max(0) as u64;
             let names = (
                 request.name.clone().unwrap_or_else(|| id.to_string()),
@@ -314,7 +312,7 @@ impl Pg {
                         }
                         AdmitError::Invalid(m) | AdmitError::Conflict(m) => m,
                         AdmitError::TreeFull { root, max } => {
-                            super::too_many_descendants(root, max)
+                            crate::store::too_many_descendants(root, max)
                         }
                         AdmitError::Store(e) => e.to_string(),
                     };
@@ -338,7 +336,7 @@ impl Pg {
             tx,
             "cannot read a task",
             "SELECT name, slot FROM taskhost_tasks WHERE id = $1",
-            &[&super::postgres::sql_id(id)],
+            &[&super::sql_id(id)],
         )
         .await?;
         let report = taskhost_core::supervisor::TaskReport::never_ran(
@@ -350,7 +348,7 @@ impl Pg {
                 exit_code: None,
             },
         );
-        super::postgres::end_task(self, tx, &report, &[]).await
+        super::end_task(self, tx, &report, &[]).await
     }
 
     /// Stores a new schedule.
@@ -568,7 +566,7 @@ impl Pg {
         missed_after: std::time::Duration,
         bounds: Bounds,
     ) -> Result<Fired, StoreError> {
-        super::postgres::retry(|| self.fire_due_once(now_ms, missed_after, bounds)).await
+        super::retry(|| self.fire_due_once(now_ms, missed_after, bounds)).await
     }
 
     async fn fire_due_once(
@@ -703,7 +701,7 @@ impl Pg {
                 Err(ScheduleError::Store(StoreError(m)))
             }
             Err(AdmitError::TreeFull { root, max }) => Err(ScheduleError::Store(StoreError(
-                super::too_many_descendants(root, max),
+                crate::store::too_many_descendants(root, max),
             ))),
         }
     }

@@ -16,7 +16,7 @@ use tokio_postgres::config::SslMode;
 use tokio_postgres::{AsyncMessage, Client, Connection, NoTls};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::StoreError;
+use crate::store::StoreError;
 
 /// How long a session's timeouts and keepalives let a statement, a lock
 /// wait or a dead peer hold a node up.
@@ -51,7 +51,7 @@ pub(crate) struct Link {
     /// `host/db`, for messages.
     pub(crate) describe: Arc<str>,
     /// Whether the database answers, as this node sees it.
-    pub(crate) outage: Arc<super::pg_outage::Outage>,
+    pub(crate) outage: Arc<super::outage::Outage>,
 }
 
 /// The libpq TLS settings the driver does not take.
@@ -162,7 +162,7 @@ impl Link {
         let failed = |e: tokio_postgres::Error| {
             StoreError(format!(
                 "PostgreSQL: cannot connect: {e}{}",
-                super::pg_outage::UNREACHABLE_MARK
+                super::outage::UNREACHABLE_MARK
             ))
         };
         match &self.tls {
@@ -202,7 +202,7 @@ impl Drop for Session {
 async fn drive<S, T>(
     mut connection: Connection<S, T>,
     notices: Option<tokio::sync::mpsc::UnboundedSender<(String, String)>>,
-    outage: Arc<super::pg_outage::Outage>,
+    outage: Arc<super::outage::Outage>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,

@@ -1,0 +1,463 @@
+//! Owns admission, one submission at a time in a transaction of its own
+//! (an idempotency key's, a Replace in a batch): the slot's row locked, the
+//! controller's rules (`admission::decide`) applied to its summary, the
+//! decision turned into rows.
+
+use std::sync::Arc;
+
+use deadpool_postgres::GenericClient;
+
+use taskhost_core::admission::{
+    self, AdmissionPolicy, Decision, Limits, OwnerState, SlotSummary, Totals,
+};
+use taskhost_core::outcome::{RejectionKind, TaskOutcome};
+use taskhost_core::supervisor::{TaskId, TaskReport};
+
+use crate::store::{StoreError, now_ms};
+use crate::wire::protocol::{Placement, Submitted};
+
+use super::*;
+
+/// The first key of a tree's advisory lock (the second is its root's id);
+/// two-key locks never meet the one-key `MIGRATION_LOCK`.
+const TREE_LOCK: i32 = 1;
+
+pub(super) async fn lock_slot_of(
+    tx: &deadpool_postgres::Transaction<'_>,
+    id: TaskId,
+) -> Result<Option<String>, StoreError> {
+    let stmt = tx
+        .prepare_cached(
+            "SELECT s.slot FROM taskhost_slots s \
+             WHERE s.slot = (SELECT slot FROM taskhost_tasks WHERE id = $1) FOR UPDATE",
+        )
+        .await
+        .map_err(db("cannot lock the slot"))?;
+    Ok(tx
+        .query_opt(&stmt, &[&sql_id(id)])
+        .await
+        .map_err(db("cannot lock the slot"))?
+        .map(|r| r.get(0)))
+}
+
+impl Pg {
+    /// Admits a submission that carries an idempotency key, in a
+    /// transaction of its own that inserts the key first: the node that
+    /// inserts it admits the task; one that finds it (having waited for the
+    /// transaction that inserted it) answers with that key's task, or
+    /// refuses another request. Keys older than `since_ms` are replaced.
+    pub(crate) async fn admit_keyed(
+        &self,
+        admission: &Admission,
+        key: &str,
+        fingerprint: [u8; 32],
+        since_ms: i64,
+    ) -> Result<Submitted, AdmitError> {
+        let mut last = None;
+        for _ in 0..8 {
+            match self
+                .admit_keyed_once(admission, key, fingerprint, since_ms)
+                .await
+            {
+                Err(AdmitError::Store(e)) if retryable(&e) => last = Some(e),
+                other => return other,
+            }
+        }
+        Err(AdmitError::Store(last.unwrap_or_else(|| {
+            StoreError("PostgreSQL: cannot admit: gave up".into())
+        })))
+    }
+
+    async fn admit_keyed_once(
+        &self,
+        admission: &Admission,
+        key: &str,
+        fingerprint: [u8; 32],
+        since_ms: i64,
+    ) -> Result<Submitted, AdmitError> {
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(db("cannot start a transaction"))?;
+        let now = crate::store::now_ms() as i64;
+        // A spawned task's tree (`request.root`) is counted in the same
+        // round trip: its unfinished descendants, under a lock of the tree
+        // (an advisory one, in memory: two spawns in one tree take turns).
+        let root = admission.request.root.map(ms);
+        let won = opt(
+            &tx,
+            "cannot record the idempotency key",
+            "WITH held AS (SELECT pg_advisory_xact_lock($6, ($5::int8 % 2147483647)::int4) \
+                 WHERE $5::int8 IS NOT NULL), \
+             tree AS (SELECT count(*) AS n FROM taskhost_tasks \
+                 WHERE root = $5 AND root IS NOT NULL AND state <> 'finished') \
+             INSERT INTO taskhost_idempotency (key, fingerprint, created_ms) VALUES ($1, $2, $3) \
+             ON CONFLICT (key) DO UPDATE SET task_id = NULL, fingerprint = excluded.fingerprint, \
+             created_ms = excluded.created_ms WHERE taskhost_idempotency.created_ms < $4 \
+             RETURNING key, (SELECT n FROM tree), (SELECT count(*) FROM held)",
+            &[&key, &&fingerprint[..], &now, &since_ms, &root, &TREE_LOCK],
+        )
+        .await?;
+        let tree: i64 = won.as_ref().map_or(0, |row| row.get(1));
+        let won = won.is_some();
+        if !won {
+            let row = one(
+                &tx,
+                "cannot read the idempotency key",
+                "SELECT k.task_id, k.fingerprint, t.name, t.slot FROM taskhost_idempotency k \
+                 LEFT JOIN taskhost_tasks t ON t.id = k.task_id WHERE k.key = $1",
+                &[&key],
+            )
+            .await?;
+            let id: Option<i64> = row.get(0);
+            let stored: Vec<u8> = row.get(1);
+            let id = id_of(id.unwrap_or(0));
+            if stored[..] != fingerprint[..] {
+                return Err(AdmitError::Conflict(crate::service::keys::conflict(
+                    key, id,
+                )));
+            }
+            let name: Option<String> = row.get(2);
+            let slot: Option<String> = row.get(3);
+            return Ok(Submitted {
+                id,
+                name: name.unwrap_or_else(|| id.to_string()),
+                slot: slot.unwrap_or_default(),
+                placement: Placement::Running,
+                existing: true,
+            });
+        }
+        // A spawned task: its tree's unfinished descendants, counted under
+        // the root's row lock so that two spawns in one tree take turns.
+        if let Some(root) = root
+            && tree as usize >= admission.max_descendants
+        {
+            return Err(AdmitError::TreeFull {
+                root: root as u64,
+                max: admission.max_descendants,
+            });
+        }
+        let id: i64 = one(
+            &tx,
+            "cannot allocate an id",
+            "SELECT nextval('taskhost_task_ids')",
+            &[],
+        )
+        .await?
+        .get(0);
+        let names = (admission.names)(id_of(id)).map_err(AdmitError::Invalid)?;
+        let submitted = match admission.due {
+            Some((due_ms, max_delayed)) => {
+                self.delay_in(&tx, admission, id, names, due_ms, max_delayed)
+                    .await?
+            }
+            None => self.admit_in(&tx, admission, id, names).await?,
+        };
+        exec(
+            &tx,
+            "cannot record the idempotency key",
+            "UPDATE taskhost_idempotency SET task_id = $2 WHERE key = $1",
+            &[&key, &id],
+        )
+        .await?;
+        tx.commit()
+            .await
+            .map_err(db("cannot commit the submission"))?;
+        // Now and then, the expired keys go (an expired one is also
+        // replaced when it is given again).
+        if fastrand::u32(..256) == 0 {
+            let _ = exec(
+                &client,
+                "cannot forget expired idempotency keys",
+                "DELETE FROM taskhost_idempotency WHERE created_ms < $1",
+                &[&since_ms],
+            )
+            .await;
+        }
+        Ok(submitted)
+    }
+
+    /// Queues a submission for the next batch of admissions now (its
+    /// place among this node's submissions); the future resolves with its
+    /// decision.
+    pub(crate) fn admit_queued(
+        &self,
+        admission: Arc<Admission>,
+    ) -> impl std::future::Future<Output = Result<Submitted, AdmitError>> + Send + 'static {
+        self.writer().admit(admission)
+    }
+
+    /// Admits one submission in `tx` under id `id_value`, reading its
+    /// slot afresh (a Replace in a batch of admissions; the caller holds
+    /// nothing of the slot it has not written).
+    pub(super) async fn admit_in(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        a: &Admission,
+        id_value: i64,
+        names: (String, String, AdmissionPolicy),
+    ) -> Result<Submitted, AdmitError> {
+        self.admit_row(tx, a, id_value, names, false).await
+    }
+
+    /// Like [`Pg::admit_in`]; with `existing`, the task's row is there
+    /// already (a delayed submission come due) and is changed, not added.
+    pub(super) async fn admit_row(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        a: &Admission,
+        id_value: i64,
+        (name, slot, policy): (String, String, AdmissionPolicy),
+        existing: bool,
+    ) -> Result<Submitted, AdmitError> {
+        let id = id_of(id_value);
+        let mut request = a.request.clone();
+        request.name = Some(name.clone());
+        request.slot = Some(slot.clone());
+        request.policy = Some(policy);
+        let encoded = encode(&request)?;
+
+        // The plugin stays while this transaction runs (collection locks
+        // it to delete it), and the task row then keeps it.
+        let plugin_row = tx
+            .prepare_cached("SELECT 1 FROM taskhost_plugins WHERE digest = $1 FOR KEY SHARE")
+            .await
+            .map_err(db("cannot check the plugin"))?;
+        if tx
+            .query_opt(&plugin_row, &[&&a.request.plugin.0[..]])
+            .await
+            .map_err(db("cannot check the plugin"))?
+            .is_none()
+        {
+            return Err(AdmitError::PluginGone);
+        }
+        // The slot's row, created if new, locked either way: admissions
+        // and releases in this slot wait for each other from here on.
+        exec(
+            tx,
+            "cannot lock the slot",
+            "INSERT INTO taskhost_slots (slot) VALUES ($1) \
+                 ON CONFLICT (slot) DO UPDATE SET slot = excluded.slot",
+            &[&slot],
+        )
+        .await?;
+        // Everything the rules read, in one round trip: a live holder of the
+        // name elsewhere, the owner and its state, the queue's length, head
+        // and tail, and the pending work of the whole cluster.
+        let row = one(
+            tx,
+            "cannot read the slot",
+            "SELECT \
+                 (SELECT id FROM taskhost_tasks WHERE name = $2 AND slot <> $1 \
+                  AND state IN ('ready', 'running', 'stopping') LIMIT 1), \
+                 o.id, o.state, \
+                 (SELECT count(*) FROM taskhost_tasks WHERE slot = $1 AND state = 'queued'), \
+                 (SELECT max(pos) FROM taskhost_tasks WHERE slot = $1 AND state = 'queued'), \
+                 (SELECT id FROM taskhost_tasks WHERE slot = $1 AND state = 'queued' \
+                  ORDER BY pos, id LIMIT 1), \
+                 (SELECT min(pos) FROM taskhost_tasks WHERE slot = $1 AND state = 'queued'), \
+                 (SELECT count(*) FROM taskhost_tasks WHERE state = 'queued') \
+                 FROM (SELECT 1) one LEFT JOIN taskhost_tasks o ON o.slot = $1 \
+                  AND o.state IN ('ready', 'running', 'stopping')",
+            &[&slot, &name],
+        )
+        .await?;
+        let holder: Option<i64> = row.get(0);
+        let owner: Option<(TaskId, OwnerState)> =
+            row.get::<_, Option<i64>>(1).map(id_of).map(|owner| {
+                let state = match row.get::<_, Option<String>>(2).as_deref() {
+                    Some("stopping") => OwnerState::Stopping,
+                    _ => OwnerState::Running,
+                };
+                (owner, state)
+            });
+        let queued = row.get::<_, i64>(3).max(0) as usize;
+        let last_pos: Option<i64> = row.get(4);
+        let head: Option<(TaskId, i64)> = row
+            .get::<_, Option<i64>>(5)
+            .map(id_of)
+            .zip(row.get::<_, Option<i64>>(6));
+        let pending = row.get::<_, i64>(7).max(0) as usize;
+
+        let limits = Limits {
+            max_slot_queue: a.max_slot_queue,
+            max_total_pending: a.max_total_pending,
+            // Slot rows stay in the database: it bounds no slot count.
+            max_slots: usize::MAX,
+            holder: "the cluster",
+        };
+        let summary = SlotSummary {
+            owner,
+            queued,
+            head: head.map(|h| h.0),
+            tracked: true,
+        };
+        let totals = Totals { pending, slots: 0 };
+        // The registry's rule first (a name is held by one live task), then
+        // the slot's.
+        let decision = match holder {
+            Some(holder) => Decision::Reject {
+                kind: RejectionKind::AlreadyExists,
+                reason: format!(
+                    "task name `{name}` is held by task {} in another slot",
+                    id_of(holder)
+                ),
+            },
+            None => admission::decide(&slot, &summary, policy, totals, &limits, false),
+        };
+        let queued_owner = owner.map(|o| o.0);
+        // (state, position, placement)
+        let (state, pos, placement) = match decision {
+            Decision::Reject { kind, reason } => (
+                "finished",
+                0,
+                Placement::Rejected(TaskOutcome::Rejected { kind, reason }),
+            ),
+            Decision::Admit => ("ready", 0, Placement::Running),
+            Decision::Enqueue => (
+                "queued",
+                last_pos.unwrap_or(0) + 1,
+                Placement::Queued {
+                    owner: queued_owner,
+                },
+            ),
+            Decision::Replace { displaced, stop } => {
+                let head = head.map_or(0, |h| h.1);
+                if let Some(old) = displaced {
+                    let report = never_ran_row(
+                        tx,
+                        old,
+                        RejectionKind::SupersededByReplace,
+                        format!("a newer Replace submission ({id}) took its place"),
+                    )
+                    .await?;
+                    end_task(self, tx, &report, &[]).await?;
+                }
+                match stop {
+                    None => (
+                        "queued",
+                        head - 1,
+                        Placement::Queued {
+                            owner: queued_owner,
+                        },
+                    ),
+                    Some(owner) => self.stop_for_replace(tx, owner, head).await?,
+                }
+            }
+        };
+        let now = ms(now_ms());
+        let placed = !matches!(placement, Placement::Rejected(_));
+        // A rejected one is inserted queued and ended at once (its report
+        // and the notification of its end).
+        let inserted = if state == "finished" { "queued" } else { state };
+        // The time it was due (a schedule's firing), kept for the record.
+        let due_ms = match a.request.not_before {
+            Some(crate::wire::protocol::NotBefore::At(at)) => Some(ms(at)),
+            _ => None,
+        };
+        if existing {
+            exec(
+                tx,
+                "cannot admit the delayed submission",
+                "UPDATE taskhost_tasks SET state = $2, pos = $3, placed = $4 WHERE id = $1",
+                &[&id_value, &inserted, &pos, &placed],
+            )
+            .await?;
+        } else {
+            let insert = tx
+                .prepare_cached(
+                    "INSERT INTO taskhost_tasks (id, name, slot, plugin, digest, request, state, \
+                     pos, placed, submitted_ms, priority, schedule, due_ms, parent, root) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+                )
+                .await
+                .map_err(db("cannot record the submission"))?;
+            tx.execute(
+                &insert,
+                &[
+                    &id_value,
+                    &name,
+                    &slot,
+                    &a.plugin,
+                    &&a.request.plugin.0[..],
+                    &encoded,
+                    &inserted,
+                    &pos,
+                    &placed,
+                    &now,
+                    &a.request.priority,
+                    &a.request.schedule,
+                    &due_ms,
+                    &a.request.parent.map(ms),
+                    &a.request.root.map(ms),
+                ],
+            )
+            .await
+            .map_err(db("cannot record the submission"))?;
+        }
+        match &placement {
+            Placement::Rejected(outcome) => {
+                let report = TaskReport::never_ran(
+                    id,
+                    Arc::from(name.as_str()),
+                    Arc::from(slot.as_str()),
+                    outcome.clone(),
+                );
+                end_task(self, tx, &report, &[]).await?;
+            }
+            _ if state == "ready" => self.notify(tx, READY, "").await?,
+            _ => {}
+        }
+        Ok(Submitted {
+            id,
+            name,
+            slot,
+            placement,
+            existing: false,
+        })
+    }
+
+    /// Stops the owner a Replace displaces, as its row says it can be:
+    /// a running one is asked to stop (the newcomer heads the queue), one
+    /// admitted but not claimed yet ends Canceled at once (the newcomer
+    /// owns the slot), one already stopping is left to end.
+    async fn stop_for_replace(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        owner: TaskId,
+        head: i64,
+    ) -> Result<(&'static str, i64, Placement), AdmitError> {
+        // Locked: a claim may be turning it from ready to running; this
+        // waits for that to commit.
+        let owner_row = one(
+            tx,
+            "cannot read the owner",
+            "SELECT name, state FROM taskhost_tasks WHERE id = $1 FOR UPDATE",
+            &[&sql_id(owner)],
+        )
+        .await?;
+        let name: String = owner_row.get(0);
+        let state: String = owner_row.get(1);
+        Ok(match state.as_str() {
+            "running" => {
+                exec(
+                    tx,
+                    "cannot stop the owner",
+                    "UPDATE taskhost_tasks SET state = 'stopping' WHERE id = $1",
+                    &[&sql_id(owner)],
+                )
+                .await?;
+                self.notify(tx, STOP, &owner.get().to_string()).await?;
+                ("queued", head - 1, Placement::Replacing { owner, name })
+            }
+            "ready" => {
+                let report = report_of(tx, owner, TaskOutcome::Canceled).await?;
+                end_task(self, tx, &report, &[]).await?;
+                ("ready", 0, Placement::Replacing { owner, name })
+            }
+            // Already being stopped: first in line.
+            _ => ("queued", head - 1, Placement::Queued { owner: Some(owner) }),
+        })
+    }
+}

@@ -1,0 +1,339 @@
+//! Owns claimed work: claims with fencing tokens, the writes of a claimed
+//! attempt (its start, pauses, end) conditional on its token, cancels, and
+//! a task's end with its slot handed to the next in line.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::GenericClient;
+
+use taskhost_core::logline::LogLine;
+use taskhost_core::outcome::{RejectionKind, TaskOutcome};
+use taskhost_core::supervisor::{TaskId, TaskReport};
+
+use crate::store::{Finished, Pause, StoreError, now_ms};
+
+use super::*;
+
+/// The report of a task that ends now with `outcome`, from its row.
+pub(super) async fn report_of(
+    tx: &deadpool_postgres::Transaction<'_>,
+    id: TaskId,
+    outcome: TaskOutcome,
+) -> Result<TaskReport, StoreError> {
+    let row = one(
+        tx,
+        "cannot read a task",
+        "SELECT name, slot, attempts FROM taskhost_tasks WHERE id = $1",
+        &[&sql_id(id)],
+    )
+    .await?;
+    Ok(TaskReport {
+        id,
+        name: Arc::from(row.get::<_, &str>(0)),
+        slot: Arc::from(row.get::<_, &str>(1)),
+        outcome,
+        attempts: row.get::<_, i32>(2).max(0) as u32,
+        history: Vec::new(),
+        duration: Duration::ZERO,
+    })
+}
+
+pub(super) async fn never_ran_row(
+    tx: &deadpool_postgres::Transaction<'_>,
+    id: TaskId,
+    kind: RejectionKind,
+    reason: String,
+) -> Result<TaskReport, StoreError> {
+    report_of(tx, id, TaskOutcome::Rejected { kind, reason }).await
+}
+
+/// Records a task's final report (the caller holds its slot's lock), with
+/// `log`, else the lines its node shipped (a task ended by a takeover);
+/// the shipped lines go.
+pub(super) async fn end_task(
+    pg: &Pg,
+    tx: &deadpool_postgres::Transaction<'_>,
+    report: &TaskReport,
+    log: &[LogLine],
+) -> Result<(), StoreError> {
+    let shipped = all(
+        tx,
+        "cannot take the shipped lines",
+        "DELETE FROM taskhost_logs WHERE task_id = $1 RETURNING seq, line",
+        &[&sql_id(report.id)],
+    )
+    .await?;
+    let encoded = encode(report)?;
+    let log = if log.is_empty() && !shipped.is_empty() {
+        let mut lines: Vec<(i64, LogLine)> = shipped
+            .iter()
+            .map(|r| Ok((r.get(0), decode(r.get::<_, &[u8]>(1))?)))
+            .collect::<Result<_, StoreError>>()?;
+        lines.sort_by_key(|(seq, _)| *seq);
+        let lines: Vec<LogLine> = lines.into_iter().map(|(_, l)| l).collect();
+        encode(&lines)?
+    } else {
+        encode(&log)?
+    };
+    exec(
+        tx,
+        "cannot record an outcome",
+        "UPDATE taskhost_tasks SET state = 'finished', finished_ms = $2, outcome = $3, \
+         report = $4, log = $5, attempts = $6, resume_at_ms = NULL WHERE id = $1",
+        &[
+            &sql_id(report.id),
+            &ms(now_ms()),
+            &report.outcome.kind().as_str(),
+            &encoded,
+            &log,
+            &(report.attempts as i32),
+        ],
+    )
+    .await?;
+    pg.notify(tx, FINISHED, &report.id.get().to_string()).await
+}
+
+/// Makes the head of a slot's queue its owner (the caller holds the slot's
+/// lock and the slot has just lost its owner).
+pub(super) async fn promote(
+    pg: &Pg,
+    tx: &deadpool_postgres::Transaction<'_>,
+    slot: &str,
+) -> Result<(), StoreError> {
+    let promoted = opt(
+        tx,
+        "cannot admit the next in the slot",
+        "UPDATE taskhost_tasks SET state = 'ready' WHERE id = \
+             (SELECT id FROM taskhost_tasks WHERE slot = $1 AND state = 'queued' \
+              ORDER BY pos, id LIMIT 1) RETURNING id",
+        &[&slot],
+    )
+    .await?;
+    if promoted.is_some() {
+        pg.notify(tx, READY, "").await?;
+    }
+    Ok(())
+}
+
+impl Pg {
+    /// Claims up to `n` ready tasks for `node` (a dead node claims nothing),
+    /// each under a new fencing token.
+    pub(crate) async fn claim(&self, node: i64, n: i64) -> Result<Vec<Claimed>, StoreError> {
+        let client = self.client().await?;
+        let rows = all(
+            &client,
+            "cannot claim work",
+            "WITH c AS (SELECT id FROM taskhost_tasks WHERE state = 'ready' \
+                 ORDER BY priority DESC, id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 UPDATE taskhost_tasks t SET state = 'running', node = $1, \
+                 token = nextval('taskhost_fence') FROM c WHERE t.id = c.id \
+                 AND EXISTS (SELECT 1 FROM taskhost_nodes WHERE id = $1 AND alive) \
+                 RETURNING t.id, t.token, t.request, t.plugin, t.attempts, t.failures, \
+                 t.resume_at_ms, t.submitted_ms",
+            &[&node, &n],
+        )
+        .await?;
+        let mut claimed: Vec<Claimed> = rows
+            .iter()
+            .map(|r| {
+                Ok(Claimed {
+                    id: id_of(r.get(0)),
+                    token: r.get(1),
+                    request: decode_request(r.get::<_, &[u8]>(2))?,
+                    plugin: r.get(3),
+                    attempts: r.get::<_, i32>(4).max(0) as u32,
+                    failures: r.get::<_, i32>(5).max(0) as u32,
+                    resume_at_ms: r.get::<_, Option<i64>>(6).map(|v| v.max(0) as u64),
+                    submitted_ms: r.get::<_, i64>(7).max(0) as u64,
+                })
+            })
+            .collect::<Result<_, StoreError>>()?;
+        claimed.sort_by_key(|c| (std::cmp::Reverse(c.request.priority), c.id));
+        Ok(claimed)
+    }
+
+    /// The tasks claimed by `node` that it does not know it holds (not in
+    /// `held`): a claim whose commit landed but whose answer was lost when
+    /// the database went away.
+    pub(crate) async fn claimed_by(
+        &self,
+        node: i64,
+        held: &[TaskId],
+    ) -> Result<Vec<Claimed>, StoreError> {
+        let client = self.client().await?;
+        let held: Vec<i64> = held.iter().map(|id| sql_id(*id)).collect();
+        let rows = all(
+            &client,
+            "cannot read this node's claims",
+            "SELECT id, token, request, plugin, attempts, failures, resume_at_ms, submitted_ms \
+                 FROM taskhost_tasks WHERE node = $1 AND state IN ('running', 'stopping') \
+                 AND id <> ALL($2) ORDER BY priority DESC, id",
+            &[&node, &held],
+        )
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Claimed {
+                    id: id_of(r.get(0)),
+                    token: r.get(1),
+                    request: decode_request(r.get::<_, &[u8]>(2))?,
+                    plugin: r.get(3),
+                    attempts: r.get::<_, i32>(4).max(0) as u32,
+                    failures: r.get::<_, i32>(5).max(0) as u32,
+                    resume_at_ms: r.get::<_, Option<i64>>(6).map(|v| v.max(0) as u64),
+                    submitted_ms: r.get::<_, i64>(7).max(0) as u64,
+                })
+            })
+            .collect()
+    }
+
+    /// Records that attempt `attempt` starts under `token`; false if the
+    /// claim was taken away (the attempt must not run).
+    pub(crate) async fn attempt_started(
+        &self,
+        id: TaskId,
+        token: i64,
+        attempt: u32,
+    ) -> Result<bool, StoreError> {
+        self.writer().started(id, token, attempt).await
+    }
+
+    /// Records that attempt `attempts` ended and the next is due after a
+    /// pause; false if the claim was taken away.
+    pub(crate) async fn pausing(
+        &self,
+        id: TaskId,
+        token: i64,
+        attempts: u32,
+        pause: Pause,
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "WITH t AS (UPDATE taskhost_tasks SET resume_at_ms = $4, failures = $5, attempts = $3 \
+                 WHERE id = $1 AND token = $2 AND state IN ('running', 'stopping') RETURNING id) \
+                 UPDATE taskhost_attempts SET ended_ms = $6, result = 'ended' \
+                 WHERE task_id = $1 AND token = $2 AND ended_ms IS NULL AND EXISTS (SELECT 1 FROM t)",
+            )
+            .await
+            .map_err(db("cannot record a pause"))?;
+        let n = client
+            .execute(
+                &stmt,
+                &[
+                    &sql_id(id),
+                    &token,
+                    &(attempts as i32),
+                    &ms(pause.until_ms),
+                    &(pause.failures as i32),
+                    &ms(now_ms()),
+                ],
+            )
+            .await
+            .map_err(db("cannot record a pause"))?;
+        Ok(n <= 1)
+    }
+
+    /// Records a claimed task's end and frees its slot for the next in
+    /// line; false if the claim was taken away (nothing is recorded).
+    pub(crate) async fn finish(&self, token: i64, finished: &Finished) -> Result<bool, StoreError> {
+        self.writer().finished(token, finished.clone()).await
+    }
+
+    /// Stops a task wherever it is: queued work is removed, a task not yet
+    /// claimed ends Canceled, a running one is marked stopping and its node
+    /// told.
+    pub(crate) async fn cancel(&self, id: TaskId) -> Result<Canceled, StoreError> {
+        retry(|| self.cancel_once(id)).await
+    }
+
+    async fn cancel_once(&self, id: TaskId) -> Result<Canceled, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(db("cannot start a transaction"))?;
+        // Waiting for its time: it holds no slot. (Locked: a node placing
+        // it as it comes due is waited for, and then it is no longer
+        // delayed.)
+        let delayed = opt(
+            &tx,
+            "cannot read the task",
+            "SELECT 1 FROM taskhost_tasks WHERE id = $1 AND state = 'delayed' FOR UPDATE",
+            &[&sql_id(id)],
+        )
+        .await?;
+        if delayed.is_some() {
+            let report = never_ran_row(
+                &tx,
+                id,
+                RejectionKind::RemovedFromQueue,
+                "removed before it was due".into(),
+            )
+            .await?;
+            end_task(self, &tx, &report, &[]).await?;
+            tx.commit().await.map_err(db("cannot commit"))?;
+            return Ok(Canceled::Claimed { node: None });
+        }
+        let Some(slot) = lock_slot_of(&tx, id).await? else {
+            return Ok(Canceled::Already);
+        };
+        let row = one(
+            &tx,
+            "cannot read the task",
+            "SELECT state, node FROM taskhost_tasks WHERE id = $1 FOR UPDATE",
+            &[&sql_id(id)],
+        )
+        .await?;
+        let state: String = row.get(0);
+        let node: Option<i64> = row.get(1);
+        let done = match state.as_str() {
+            "queued" => {
+                let report = never_ran_row(
+                    &tx,
+                    id,
+                    RejectionKind::RemovedFromQueue,
+                    "removed from the queue before it ran".into(),
+                )
+                .await?;
+                end_task(self, &tx, &report, &[]).await?;
+                Canceled::Claimed { node: None }
+            }
+            "ready" => {
+                let report = report_of(&tx, id, TaskOutcome::Canceled).await?;
+                end_task(self, &tx, &report, &[]).await?;
+                promote(self, &tx, &slot).await?;
+                Canceled::Claimed { node: None }
+            }
+            "running" => {
+                exec(
+                    &tx,
+                    "cannot mark the task stopping",
+                    "UPDATE taskhost_tasks SET state = 'stopping' WHERE id = $1",
+                    &[&sql_id(id)],
+                )
+                .await?;
+                self.notify(&tx, STOP, &id.get().to_string()).await?;
+                Canceled::Claimed { node }
+            }
+            _ => Canceled::Already,
+        };
+        tx.commit().await.map_err(db("cannot commit"))?;
+        Ok(done)
+    }
+
+    /// This node's tasks that were asked to stop (the polling fallback of
+    /// the stop notification).
+    pub(crate) async fn stopping_on(&self, node: i64) -> Result<Vec<TaskId>, StoreError> {
+        let client = self.client().await?;
+        let rows = all(
+            &client,
+            "cannot read stop requests",
+            "SELECT id FROM taskhost_tasks WHERE node = $1 AND state = 'stopping'",
+            &[&node],
+        )
+        .await?;
+        Ok(rows.iter().map(|r| id_of(r.get(0))).collect())
+    }
+}

@@ -1,0 +1,242 @@
+//! Owns the reads the verbs answer from the database: finished tasks and
+//! their requests, a reference resolved, `ps` rows and `slots`.
+
+use std::time::Duration;
+
+use taskhost_core::admission::{SlotState, SlotView};
+use taskhost_core::logline::LogLine;
+use taskhost_core::outcome::OutcomeKind;
+use taskhost_core::supervisor::{TaskId, TaskRef, TaskReport};
+
+use crate::store::{Finished, StoreError, now_ms};
+use crate::wire::protocol::{SubmitRequest, TaskRow, TaskState};
+
+use super::*;
+
+impl Pg {
+    /// A finished task, if it has finished.
+    pub(crate) async fn finished(&self, id: TaskId) -> Result<Option<Finished>, StoreError> {
+        let client = self.client().await?;
+        let Some(row) = opt(
+            &client,
+            "cannot read a task",
+            "SELECT report, log, plugin, submitted_ms, finished_ms, parent FROM taskhost_tasks \
+                 WHERE id = $1 AND state = 'finished'",
+            &[&sql_id(id)],
+        )
+        .await?
+        else {
+            return Ok(None);
+        };
+        let report: TaskReport = decode(row.get::<_, &[u8]>(0))?;
+        let log: Vec<LogLine> = row
+            .get::<_, Option<&[u8]>>(1)
+            .map(decode)
+            .transpose()?
+            .unwrap_or_default();
+        Ok(Some(Finished {
+            report,
+            plugin: row.get(2),
+            log,
+            submitted_ms: row.get::<_, i64>(3).max(0) as u64,
+            finished_ms: row.get::<_, Option<i64>>(4).unwrap_or(0).max(0) as u64,
+            parent: row.get::<_, Option<i64>>(5).map(|p| p.max(0) as u64),
+        }))
+    }
+
+    /// Which of these tasks have finished.
+    pub(crate) async fn finished_among(&self, ids: &[TaskId]) -> Result<Vec<TaskId>, StoreError> {
+        let client = self.client().await?;
+        let ids: Vec<i64> = ids.iter().map(|id| sql_id(*id)).collect();
+        let rows = all(
+            &client,
+            "cannot look up waited tasks",
+            "SELECT id FROM taskhost_tasks WHERE id = ANY($1) AND state = 'finished'",
+            &[&ids],
+        )
+        .await?;
+        Ok(rows.iter().map(|r| id_of(r.get(0))).collect())
+    }
+
+    /// The task a target refers to: an id is that task; a name is the live
+    /// task holding it (its slot's owner, else the oldest queued), else the
+    /// newest finished one that held it. A rejected submission never held
+    /// its name.
+    /// The request (resolved) a task was admitted with, while its row is
+    /// kept.
+    pub(crate) async fn request_of(&self, id: TaskId) -> Result<Option<SubmitRequest>, StoreError> {
+        let client = self.client().await?;
+        let row = opt(
+            &client,
+            "cannot read the task's request",
+            "SELECT request FROM taskhost_tasks WHERE id = $1",
+            &[&(id.get() as i64)],
+        )
+        .await?;
+        Ok(row.and_then(|r| SubmitRequest::decode_stored(r.get::<_, &[u8]>(0)).ok()))
+    }
+
+    pub(crate) async fn resolve(&self, target: &TaskRef) -> Result<Option<Found>, StoreError> {
+        let client = self.client().await?;
+        let row = match target {
+            TaskRef::Id(id) => opt(
+     &client,
+     "cannot find the task",
+     "SELECT t.id, t.state, t.node, n.name FROM taskhost_tasks t \
+                     LEFT JOIN taskhost_nodes n ON n.id = t.node WHERE t.id = $1",
+     &[&sql_id(*id)],
+ )
+ .await?,
+            TaskRef::Name(name) => opt(
+     &client,
+     "cannot find the task",
+     "SELECT t.id, t.state, t.node, n.name FROM taskhost_tasks t \
+                     LEFT JOIN taskhost_nodes n ON n.id = t.node WHERE t.name = $1 AND t.placed \
+                     ORDER BY CASE WHEN t.state = 'finished' THEN 2 WHEN t.state IN ('queued', 'delayed') THEN 1 ELSE 0 END, \
+                     CASE WHEN t.state = 'finished' THEN -t.id ELSE t.id END LIMIT 1",
+     &[name],
+ )
+ .await?,
+        };
+        Ok(row.map(|r| Found {
+            id: id_of(r.get(0)),
+            state: r.get(1),
+        }))
+    }
+
+    /// `host ps`: every unfinished task of the cluster, with its node; with
+    /// `all`, the newest `recent` finished ones too.
+    pub(crate) async fn list(
+        &self,
+        everything: bool,
+        recent: i64,
+    ) -> Result<Vec<TaskRow>, StoreError> {
+        let client = self.client().await?;
+        let now = now_ms();
+        let mut rows: Vec<TaskRow> = all(
+            &client,
+            "cannot list tasks",
+            "SELECT t.id, t.name, t.slot, t.state, t.attempts, t.submitted_ms, t.plugin, n.name, \
+                 t.resume_at_ms, t.due_ms, t.schedule, t.parent FROM taskhost_tasks t \
+                 LEFT JOIN taskhost_nodes n ON n.id = t.node \
+                 WHERE t.state <> 'finished' ORDER BY t.id",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            let state: String = r.get(3);
+            let pausing = r.get::<_, Option<i64>>(8).is_some();
+            TaskRow {
+                id: id_of(r.get(0)),
+                name: r.get(1),
+                slot: r.get(2),
+                state: match state.as_str() {
+                    "queued" => TaskState::Queued,
+                    "ready" | "delayed" => TaskState::Waiting,
+                    "stopping" => TaskState::Stopping,
+                    _ if pausing => TaskState::BackingOff,
+                    _ => TaskState::Running,
+                },
+                attempts: r.get::<_, i32>(4).max(0) as u32,
+                age: Duration::from_millis(now.saturating_sub(r.get::<_, i64>(5).max(0) as u64)),
+                progress: None,
+                plugin: r.get(6),
+                outcome: None,
+                node: r.get(7),
+                due_ms: (state == "delayed")
+                    .then(|| r.get::<_, Option<i64>>(9).map(|v| v.max(0) as u64))
+                    .flatten(),
+                schedule: r.get(10),
+                parent: r.get::<_, Option<i64>>(11).map(|p| p.max(0) as u64),
+            }
+        })
+        .collect();
+        if everything {
+            let finished = all(
+                &client,
+                "cannot list finished tasks",
+                "SELECT id, name, slot, attempts, submitted_ms, plugin, outcome, schedule, parent \
+                     FROM taskhost_tasks WHERE state = 'finished' ORDER BY finished_ms DESC LIMIT $1",
+                &[&recent],
+            )
+            .await?;
+            rows.extend(finished.iter().map(|r| {
+                TaskRow {
+                    id: id_of(r.get(0)),
+                    name: r.get(1),
+                    slot: r.get(2),
+                    state: TaskState::Finished,
+                    attempts: r.get::<_, i32>(3).max(0) as u32,
+                    age: Duration::from_millis(
+                        now.saturating_sub(r.get::<_, i64>(4).max(0) as u64),
+                    ),
+                    progress: None,
+                    plugin: r.get(5),
+                    outcome: r
+                        .get::<_, Option<String>>(6)
+                        .as_deref()
+                        .and_then(OutcomeKind::from_word),
+                    node: None,
+                    due_ms: None,
+                    schedule: r.get(7),
+                    parent: r.get::<_, Option<i64>>(8).map(|p| p.max(0) as u64),
+                }
+            }));
+            rows.sort_by_key(|r| r.id);
+        }
+        Ok(rows)
+    }
+
+    /// `host slots`: each slot with an owner or a queue.
+    pub(crate) async fn slots(&self) -> Result<Vec<SlotView>, StoreError> {
+        let client = self.client().await?;
+        let rows = all(
+            &client,
+            "cannot list slots",
+            "SELECT slot, id, state FROM taskhost_tasks \
+                 WHERE state IN ('queued', 'ready', 'running', 'stopping') \
+                 ORDER BY slot, state = 'queued', pos, id",
+            &[],
+        )
+        .await?;
+        let mut slots: Vec<SlotView> = Vec::new();
+        for r in &rows {
+            let key: String = r.get(0);
+            let id = id_of(r.get(1));
+            let state: String = r.get(2);
+            if slots.last().is_none_or(|s| s.key != key) {
+                slots.push(SlotView {
+                    key: key.clone(),
+                    state: SlotState::Idle,
+                    owner: None,
+                    queue_depth: 0,
+                    in_state_for: Duration::ZERO,
+                    queued: Vec::new(),
+                });
+            }
+            let Some(view) = slots.last_mut() else {
+                continue;
+            };
+            match state.as_str() {
+                "queued" => {
+                    view.queued.push(id);
+                    view.queue_depth += 1;
+                }
+                "ready" => {
+                    view.owner = Some(id);
+                    view.state = SlotState::Admitting;
+                }
+                "stopping" => {
+                    view.owner = Some(id);
+                    view.state = SlotState::Terminating;
+                }
+                _ => {
+                    view.owner = Some(id);
+                    view.state = SlotState::Running;
+                }
+            }
+        }
+        Ok(slots)
+    }
+}

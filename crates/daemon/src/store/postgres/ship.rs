@@ -1,0 +1,192 @@
+//! Owns what nodes ship to the database for every node to show: running
+//! tasks' lines and the cluster's events (read by a feed), and retention.
+
+use std::time::Duration;
+
+use deadpool_postgres::GenericClient;
+
+use taskhost_core::logline::LogLine;
+use taskhost_core::supervisor::{Event, TaskId};
+
+use crate::store::{StoreError, now_ms};
+
+use super::*;
+
+/// Events kept in the database (each node prunes beyond it).
+pub(crate) const EVENTS_KEPT: i64 = 100_000;
+
+/// Locks the slot of task `id` (the row lock every decision in a slot
+/// takes first); returns the slot, None for an unknown task.
+/// An event as a node shipped it: one shipped before `Event::parent`
+/// existed lacks its last byte (`None`).
+pub(super) fn decode_event(bytes: &[u8]) -> Result<Event, StoreError> {
+    decode(bytes).or_else(|e| {
+        let mut padded = bytes.to_vec();
+        padded.push(0);
+        postcard::from_bytes(&padded).map_err(|_| e)
+    })
+}
+
+impl Pg {
+    /// Ships lines of running tasks, each kept only while its claim (task,
+    /// token) holds.
+    pub(crate) async fn ship_lines(
+        &self,
+        lines: &[(TaskId, i64, LogLine)],
+        keep_lines: usize,
+    ) -> Result<(), StoreError> {
+        let mut ids = Vec::with_capacity(lines.len());
+        let mut tokens = Vec::with_capacity(lines.len());
+        let mut encoded = Vec::with_capacity(lines.len());
+        for (id, token, line) in lines {
+            ids.push(sql_id(*id));
+            tokens.push(*token);
+            encoded.push(encode(line)?);
+        }
+        // One transaction: readers never see more than `keep_lines` of a
+        // running task's lines (the newest are kept, as a node's memory
+        // keeps them), so the table is bounded while tasks run, not only
+        // after their end.
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(db("cannot ship log lines"))?;
+        exec(
+            &tx,
+            "cannot ship log lines",
+            "INSERT INTO taskhost_logs (task_id, line) \
+                 SELECT u.id, u.line FROM unnest($1::bigint[], $2::bigint[], $3::bytea[]) \
+                 WITH ORDINALITY AS u(id, token, line, n) \
+                 JOIN taskhost_tasks t ON t.id = u.id AND t.token = u.token \
+                 AND t.state IN ('running', 'stopping') ORDER BY u.n",
+            &[&ids, &tokens, &encoded],
+        )
+        .await?;
+        ids.sort_unstable();
+        ids.dedup();
+        let trim = tx
+            .prepare_cached(
+                "DELETE FROM taskhost_logs l USING unnest($1::bigint[]) AS t(id) \
+                 WHERE l.task_id = t.id AND l.seq <= (SELECT seq FROM taskhost_logs \
+                 WHERE task_id = t.id ORDER BY seq DESC OFFSET $2 LIMIT 1)",
+            )
+            .await
+            .map_err(db("cannot trim log lines"))?;
+        let keep = i64::try_from(keep_lines).unwrap_or(i64::MAX);
+        tx.execute(&trim, &[&ids, &keep])
+            .await
+            .map_err(db("cannot trim log lines"))?;
+        tx.commit().await.map_err(db("cannot ship log lines"))?;
+        Ok(())
+    }
+
+    /// A running task's shipped lines after `after` (a `seq`); returns them
+    /// with the last seq.
+    pub(crate) async fn shipped_lines(
+        &self,
+        id: TaskId,
+        after: i64,
+    ) -> Result<(Vec<LogLine>, i64), StoreError> {
+        let client = self.client().await?;
+        let rows = all(
+            &client,
+            "cannot read log lines",
+            "SELECT seq, line FROM taskhost_logs WHERE task_id = $1 AND seq > $2 \
+                 ORDER BY seq LIMIT 1000",
+            &[&sql_id(id), &after],
+        )
+        .await?;
+        let mut last = after;
+        let mut lines = Vec::with_capacity(rows.len());
+        for row in &rows {
+            last = row.get(0);
+            lines.push(decode(row.get::<_, &[u8]>(1))?);
+        }
+        Ok((lines, last))
+    }
+
+    /// Ships a node's events.
+    pub(crate) async fn ship_events(&self, node: i64, events: &[Event]) -> Result<(), StoreError> {
+        let encoded = events.iter().map(encode).collect::<Result<Vec<_>, _>>()?;
+        let client = self.client().await?;
+        exec(
+            &client,
+            "cannot ship events",
+            "INSERT INTO taskhost_events (node, event) \
+                 SELECT $1, e FROM unnest($2::bytea[]) WITH ORDINALITY AS u(e, n) ORDER BY n",
+            &[&node, &encoded],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The cluster's events after seq `after` (None: the newest `limit`),
+    /// oldest first, each with the database's seq.
+    pub(crate) async fn events(
+        &self,
+        after: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError> {
+        let client = self.client().await?;
+        let rows = if let Some(after) = after {
+            client
+                .query(
+                    "SELECT seq, event FROM taskhost_events WHERE seq > $1 ORDER BY seq LIMIT $2",
+                    &[&after, &limit],
+                )
+                .await
+        } else {
+            client
+                .query(
+                    "SELECT seq, event FROM (SELECT seq, event FROM taskhost_events \
+                     ORDER BY seq DESC LIMIT $1) e ORDER BY seq",
+                    &[&limit],
+                )
+                .await
+        }
+        .map_err(db("cannot read events"))?;
+        rows.iter()
+            .map(|r| {
+                let mut event = decode_event(r.get::<_, &[u8]>(1))?;
+                event.seq = r.get::<_, i64>(0).max(0) as u64;
+                Ok(event)
+            })
+            .collect()
+    }
+
+    /// Deletes finished tasks beyond the retention bounds (and their
+    /// attempts).
+    pub(crate) async fn prune(
+        &self,
+        (max_finished, max_age, max_bytes): (usize, Duration, u64),
+    ) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let cutoff = ms(now_ms().saturating_sub(max_age.as_millis() as u64));
+        let keep = i64::try_from(max_finished).unwrap_or(i64::MAX);
+        let bytes = i64::try_from(max_bytes).unwrap_or(i64::MAX);
+        let n = exec(
+            &client,
+            "cannot apply retention",
+            "WITH gone AS (DELETE FROM taskhost_tasks WHERE state = 'finished' AND \
+                 (finished_ms < $1 OR id IN (SELECT id FROM (SELECT id, \
+                 row_number() OVER newest AS n, \
+                 sum(length(request) + coalesce(length(report), 0) + coalesce(length(log), 0)) \
+                 OVER newest AS bytes FROM taskhost_tasks WHERE state = 'finished' \
+                 WINDOW newest AS (ORDER BY finished_ms DESC, id DESC)) kept \
+                 WHERE n > $2 OR bytes > $3)) RETURNING id), \
+                 lines AS (DELETE FROM taskhost_logs WHERE task_id IN (SELECT id FROM gone)) \
+                 DELETE FROM taskhost_attempts WHERE task_id IN (SELECT id FROM gone)",
+            &[&cutoff, &keep, &bytes],
+        )
+        .await?;
+        exec(
+            &client,
+            "cannot prune events",
+            "DELETE FROM taskhost_events WHERE seq <= (SELECT max(seq) FROM taskhost_events) - $1",
+            &[&EVENTS_KEPT],
+        )
+        .await?;
+        Ok(n)
+    }
+}
