@@ -168,7 +168,7 @@ async fn claim_loop(daemon: Weak<Daemon>) {
                     }
                 }
                 Err(err) => {
-                    unsure |= crate::store::postgres::outage::unreachable(&err);
+                    unsure |= err.is_unreachable();
                     cluster.pg.outage().failed("claiming work", &err);
                 }
             }
@@ -469,7 +469,7 @@ pub(crate) async fn follow_events(
     let mut ready = cluster.feed_ready.subscribe();
     match tokio::time::timeout(cluster.settings.lease, ready.wait_for(|r| *r)).await {
         Ok(Ok(_)) => Ok(feed),
-        _ => Err(StoreError(
+        _ => Err(StoreError::Failed(
             "PostgreSQL: the cluster's events cannot be read (the database does not answer)".into(),
         )),
     }

@@ -95,7 +95,7 @@ impl Cluster {
         lane: usize,
     ) -> Result<Arc<Self>, StoreError> {
         if settings.renew >= settings.fence_after() {
-            return Err(StoreError(format!(
+            return Err(StoreError::Failed(format!(
                 "the lease renewal ({}) must be shorter than three quarters of the lease ({}): \
                  a node that has not renewed its lease for {} fences itself",
                 taskhost_core::units::format_duration(settings.renew),
@@ -184,7 +184,7 @@ impl Cluster {
                 return None;
             }
             match write().await {
-                Err(err) if crate::store::postgres::outage::unreachable(&err) => {
+                Err(err) if err.is_unreachable() => {
                     self.pg.outage().failed(what, &err);
                     tokio::time::sleep(crate::store::postgres::outage::pause(tries)).await;
                     tries += 1;
@@ -275,7 +275,7 @@ impl Cluster {
                 })
                 .await
                 .unwrap_or_else(|| {
-                    Err(StoreError(
+                    Err(StoreError::Failed(
                         "this node's claim on the task was taken over while it fetched its \
                          plugin"
                             .into(),
@@ -308,7 +308,7 @@ impl Cluster {
                     Ok(_) => {}
                     Err(broadcast::error::RecvError::Lagged(_)) => break,
                     Err(broadcast::error::RecvError::Closed) => {
-                        return Err(StoreError("the node is stopping".into()));
+                        return Err(StoreError::Failed("the node is stopping".into()));
                     }
                 }
             }

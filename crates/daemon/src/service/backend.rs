@@ -986,7 +986,7 @@ async fn shared_submit(
             };
             admitted = match stored {
                 Ok(()) => decide().await,
-                Err(e) => Err(AdmitError::Store(StoreError(e))),
+                Err(e) => Err(AdmitError::Store(StoreError::Failed(e))),
             };
         }
         match admitted {

@@ -121,8 +121,8 @@ impl KvBackend for ClusterKv {
                     .await;
                 match &written {
                     Err(KvRefused::Store(e))
-                        if crate::store::postgres::outage::unreachable(e)
-                            && (idempotent || e.0.contains("no connection"))
+                        if e.is_unreachable()
+                            && (idempotent || e.sent_nothing())
                             && cluster.holds(id, token) =>
                     {
                         cluster.pg.outage().failed("writing a key-value entry", e);

@@ -104,10 +104,74 @@ impl Default for Retention {
     }
 }
 
-/// Why the store failed.
+/// Why the store failed. Each kind says what trying again may do, and
+/// says it in its message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct StoreError(pub String);
+pub enum StoreError {
+    /// No connection to the database could be had: nothing was sent, so
+    /// any work may be sent again.
+    #[error("{0} (the database could not be reached)")]
+    NoConnection(String),
+    /// The database could not be reached in the middle of the work (a
+    /// connection closed or timed out, a server shutting down or starting
+    /// up): it may succeed later, and may have been done already.
+    #[error("{0} (the database could not be reached)")]
+    Unreachable(String),
+    /// A concurrent transaction won (a deadlock or a serialisation
+    /// failure): the transaction may run again as it is.
+    #[error("{0} (a concurrent transaction won; retried)")]
+    Lost(String),
+    /// The store failed the work itself: a statement, a file, a row it
+    /// cannot read.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl StoreError {
+    /// Whether the database was away (the work may succeed later).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, Self::NoConnection(_) | Self::Unreachable(_))
+    }
+
+    /// Whether nothing of the work reached the database.
+    pub fn sent_nothing(&self) -> bool {
+        matches!(self, Self::NoConnection(_))
+    }
+}
+
+/// Work whose failure may be run again as it is (a transaction that lost a
+/// race): [`retry`] does.
+pub(crate) trait Retryable {
+    /// Whether running the same work again may succeed.
+    fn retryable(&self) -> bool;
+}
+
+impl Retryable for StoreError {
+    fn retryable(&self) -> bool {
+        matches!(self, Self::Lost(_))
+    }
+}
+
+/// How many times [`retry`] runs work whose failure is retryable.
+const RETRIES: usize = 8;
+
+/// Runs `work` again while it fails retryably (a transaction that lost a
+/// deadlock or serialisation race), at most [`RETRIES`] times in all; the
+/// last failure is the answer.
+pub(crate) async fn retry<T, E, F, Fut>(mut work: F) -> Result<T, E>
+where
+    E: Retryable,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut tries = 1;
+    loop {
+        match work().await {
+            Err(e) if e.retryable() && tries < RETRIES => tries += 1,
+            other => return other,
+        }
+    }
+}
 
 /// A write's commit: resolves once the transaction holding it is durable.
 /// Clones wait for the same commit.
@@ -132,7 +196,7 @@ impl Ticket {
             None => Ok(()),
             Some(rx) => rx
                 .await
-                .unwrap_or_else(|_| Err(StoreError("the store stopped".into()))),
+                .unwrap_or_else(|_| Err(StoreError::Failed("the store stopped".into()))),
         }
     }
 }
@@ -371,7 +435,7 @@ impl Store {
         match spec {
             // A cluster node keeps nothing of its own: it joins the shared
             // database instead (`cluster::Cluster::join`).
-            StoreSpec::Postgres(_) => Err(StoreError(
+            StoreSpec::Postgres(_) => Err(StoreError::Failed(
                 "a PostgreSQL store is a cluster's: the daemon joins it as a node".into(),
             )),
             StoreSpec::Memory => Ok((
@@ -404,7 +468,7 @@ impl Store {
                     .name("taskhost-store".into())
                     .spawn(move || writer.run(rx, &applied))
                     .map_err(|e| {
-                        StoreError(format!("cannot start the store's writer thread: {e}"))
+                        StoreError::Failed(format!("cannot start the store's writer thread: {e}"))
                     })?;
                 Ok((
                     Self {
@@ -459,7 +523,7 @@ impl Store {
             Ok(()) => Ticket(rx.map(FutureExt::shared)),
             Err(_) => {
                 let (tx, rx) = oneshot::channel();
-                let _ = tx.send(Err(StoreError("the store's writer stopped".into())));
+                let _ = tx.send(Err(StoreError::Failed("the store's writer stopped".into())));
                 Ticket(Some(rx.shared()))
             }
         }

@@ -40,22 +40,22 @@ const MAX_BATCH: usize = 4096;
 const PRUNE_EVERY: Duration = Duration::from_secs(5);
 
 fn err(path: &Path, what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError(format!("the store `{}`: {what}: {e}", path.display()))
+    StoreError::Failed(format!("the store `{}`: {what}: {e}", path.display()))
 }
 
 /// A write the database refused, with the fix when the disk is full.
 fn write_failed(path: &Path, e: rusqlite::Error) -> StoreError {
     let full = e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull);
-    let mut failed = err(path, "cannot write to it", e);
-    if full {
-        let dir = path.parent().unwrap_or(path);
-        failed.0.push_str(&format!(
-            " (free space on the filesystem of `{}`: the daemon takes submissions again as \
-             soon as there is room, and keeps retrying the outcomes it could not record)",
-            dir.display()
-        ));
+    let failed = err(path, "cannot write to it", e);
+    if !full {
+        return failed;
     }
-    failed
+    let dir = path.parent().unwrap_or(path);
+    StoreError::Failed(format!(
+        "{failed} (free space on the filesystem of `{}`: the daemon takes submissions again as \
+         soon as there is room, and keeps retrying the outcomes it could not record)",
+        dir.display()
+    ))
 }
 
 fn connect(path: &Path, flags: OpenFlags) -> Result<Connection, StoreError> {
@@ -77,7 +77,7 @@ pub(super) fn open(path: &Path, retention: Retention) -> Result<Opened, StoreErr
             | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     let damaged = |e: rusqlite::Error| {
-        StoreError(format!(
+        StoreError::Failed(format!(
             "the store `{}` is not a usable SQLite database ({e}). Move it away to start with \
              an empty store (its tasks are then lost), or restore it from a backup.",
             path.display()
@@ -94,7 +94,7 @@ pub(super) fn open(path: &Path, retention: Retention) -> Result<Opened, StoreErr
         .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
         .map_err(damaged)?;
     if check != "ok" {
-        return Err(StoreError(format!(
+        return Err(StoreError::Failed(format!(
             "the store `{}` is damaged ({check}). Move it away to start with an empty store (its \
              tasks are then lost), or restore it from a backup.",
             path.display()
@@ -104,7 +104,7 @@ pub(super) fn open(path: &Path, retention: Retention) -> Result<Opened, StoreErr
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .map_err(damaged)?;
     if version > MIGRATIONS.len() {
-        return Err(StoreError(format!(
+        return Err(StoreError::Failed(format!(
             "the store `{}` was written by a newer taskhost (schema {version}; this build knows \
              schema {}). Run the newer host, or point --state-dir elsewhere.",
             path.display(),
@@ -254,7 +254,7 @@ fn check_ours(conn: &Connection, path: &Path) -> rusqlite::Result<Result<bool, S
     if id == 0 && (objects == 0 || (version >= 1 && has("tasks")? && has("meta")?)) {
         return Ok(Ok(false));
     }
-    Ok(Err(StoreError(format!(
+    Ok(Err(StoreError::Failed(format!(
         "`{}` is not a taskhost store (SQLite application_id {id:#x}, user_version {version}, \
          {objects} schema objects), so it is left as it is. Give --state-dir (or --store \
          sqlite:PATH) a path of the daemon's own",
@@ -276,7 +276,7 @@ fn check_size(path: &Path) -> Result<(), StoreError> {
     let mut header = [0u8; 100];
     use std::io::Read;
     let damaged = |why: String| {
-        StoreError(format!(
+        StoreError::Failed(format!(
             "the store `{}` is damaged ({why}). Move it away to start with an empty store (its \
              tasks are then lost), or restore it from a backup.",
             path.display()

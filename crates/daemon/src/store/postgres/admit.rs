@@ -53,19 +53,7 @@ impl Pg {
         fingerprint: [u8; 32],
         since_ms: i64,
     ) -> Result<Submitted, AdmitError> {
-        let mut last = None;
-        for _ in 0..8 {
-            match self
-                .admit_keyed_once(admission, key, fingerprint, since_ms)
-                .await
-            {
-                Err(AdmitError::Store(e)) if retryable(&e) => last = Some(e),
-                other => return other,
-            }
-        }
-        Err(AdmitError::Store(last.unwrap_or_else(|| {
-            StoreError("PostgreSQL: cannot admit: gave up".into())
-        })))
+        retry(|| self.admit_keyed_once(admission, key, fingerprint, since_ms)).await
     }
 
     async fn admit_keyed_once(

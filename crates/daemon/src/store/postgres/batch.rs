@@ -19,8 +19,7 @@ use taskhost_core::outcome::{RejectionKind, TaskOutcome};
 use taskhost_core::supervisor::{TaskId, TaskReport};
 
 use super::{
-    Admission, AdmitError, FINISHED, Pg, all, db, decode, encode, exec, id_of, ms, retry,
-    retryable, sql_id,
+    Admission, AdmitError, FINISHED, Pg, all, db, decode, encode, exec, id_of, ms, retry, sql_id,
 };
 use crate::store::{Finished, StoreError, now_ms};
 use crate::wire::protocol::{Placement, Submitted};
@@ -70,7 +69,7 @@ where
 }
 
 fn gone() -> StoreError {
-    StoreError("PostgreSQL: the node's database writer has stopped".into())
+    StoreError::Failed("PostgreSQL: the node's database writer has stopped".into())
 }
 
 /// Answers each end of a batch: recorded or not, or the batch's error;
@@ -458,30 +457,21 @@ type Decided = (
 /// Admits one deferred submission in a transaction of its own, waiting
 /// (within `lock_timeout`) for its slot.
 async fn admit_alone(pg: &Pg, job: DeferredJob, held: &Deferred) {
-    let mut result = Err(AdmitError::Store(StoreError(
-        "PostgreSQL: cannot admit: gave up".into(),
-    )));
-    for _ in 0..8 {
-        result = async {
-            let mut client = pg.client().await?;
-            let tx = client
-                .transaction()
-                .await
-                .map_err(db("cannot start a transaction"))?;
-            let submitted = pg
-                .admit_in(&tx, &job.admission, job.id, job.names.clone())
-                .await?;
-            tx.commit()
-                .await
-                .map_err(db("cannot commit the submission"))?;
-            Ok(submitted)
-        }
-        .await;
-        match &result {
-            Err(AdmitError::Store(e)) if retryable(e) => continue,
-            _ => break,
-        }
-    }
+    let result = retry(|| async {
+        let mut client = pg.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(db("cannot start a transaction"))?;
+        let submitted = pg
+            .admit_in(&tx, &job.admission, job.id, job.names.clone())
+            .await?;
+        tx.commit()
+            .await
+            .map_err(db("cannot commit the submission"))?;
+        Ok(submitted)
+    })
+    .await;
     let _ = job.reply.send(result);
     let mut held = held
         .lock()
@@ -522,61 +512,58 @@ async fn admit_all(
     deferred: &Deferred,
 ) {
     let admissions: Vec<&Admission> = jobs.iter().map(|(a, _)| &**a).collect();
-    let mut last = None;
-    for _ in 0..8 {
+    let decided = retry(|| {
         let waiting: HashSet<String> = deferred
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .keys()
             .cloned()
             .collect();
-        match admit_batch(pg, &admissions, &waiting).await {
-            Err(e) if retryable(&e) => last = Some(e),
-            Ok((results, later)) => {
-                let mut later: HashMap<usize, (i64, (String, String, AdmissionPolicy))> =
-                    later.into_iter().map(|(i, id, n)| (i, (id, n))).collect();
-                {
-                    let mut held = deferred
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    for (_, names) in later.values() {
-                        *held.entry(names.1.clone()).or_default() += 1;
-                    }
+        let admissions = &admissions;
+        async move { admit_batch(pg, admissions, &waiting).await }
+    })
+    .await;
+    match decided {
+        Ok((results, later)) => {
+            let mut later: HashMap<usize, (i64, (String, String, AdmissionPolicy))> =
+                later.into_iter().map(|(i, id, n)| (i, (id, n))).collect();
+            {
+                let mut held = deferred
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                for (_, names) in later.values() {
+                    *held.entry(names.1.clone()).or_default() += 1;
                 }
-                for (i, ((admission, reply), result)) in jobs.into_iter().zip(results).enumerate() {
-                    match (later.remove(&i), result) {
-                        (Some((id, names)), _) => {
-                            let job = DeferredJob {
-                                admission,
-                                id,
-                                names,
-                                reply,
-                            };
-                            if let Err(mpsc::error::SendError(job)) = slow.send(job) {
-                                let _ = job.reply.send(Err(AdmitError::Store(gone())));
-                            }
-                        }
-                        (None, Some(result)) => {
-                            let _ = reply.send(result);
-                        }
-                        (None, None) => {
-                            let _ = reply.send(Err(AdmitError::Store(StoreError(
-                                "PostgreSQL: the submission was not decided".into(),
-                            ))));
-                        }
-                    }
-                }
-                return;
             }
-            Err(e) => {
-                last = Some(e);
-                break;
+            for (i, ((admission, reply), result)) in jobs.into_iter().zip(results).enumerate() {
+                match (later.remove(&i), result) {
+                    (Some((id, names)), _) => {
+                        let job = DeferredJob {
+                            admission,
+                            id,
+                            names,
+                            reply,
+                        };
+                        if let Err(mpsc::error::SendError(job)) = slow.send(job) {
+                            let _ = job.reply.send(Err(AdmitError::Store(gone())));
+                        }
+                    }
+                    (None, Some(result)) => {
+                        let _ = reply.send(result);
+                    }
+                    (None, None) => {
+                        let _ = reply.send(Err(AdmitError::Store(StoreError::Failed(
+                            "PostgreSQL: the submission was not decided".into(),
+                        ))));
+                    }
+                }
             }
         }
-    }
-    let err = last.unwrap_or_else(|| StoreError("PostgreSQL: cannot admit: gave up".into()));
-    for (_, reply) in jobs {
-        let _ = reply.send(Err(AdmitError::Store(err.clone())));
+        Err(err) => {
+            for (_, reply) in jobs {
+                let _ = reply.send(Err(AdmitError::Store(err.clone())));
+            }
+        }
     }
 }
 
@@ -754,7 +741,7 @@ async fn admit_batch(
         let id = id_of(ids[i]);
         let state = now
             .get_mut(&slot)
-            .ok_or_else(|| StoreError(format!("PostgreSQL: slot `{slot}` was not read")))?;
+            .ok_or_else(|| StoreError::Failed(format!("PostgreSQL: slot `{slot}` was not read")))?;
         let held_elsewhere = holders
             .get(&name)
             .filter(|(held_in, _)| *held_in != slot)

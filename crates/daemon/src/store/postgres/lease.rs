@@ -10,7 +10,6 @@ use deadpool_postgres::GenericClient;
 use taskhost_core::recovery::{Fate, fate};
 use taskhost_core::supervisor::{TaskId, TaskReport};
 
-use super::outage::UNREACHABLE_MARK;
 use crate::store::{Pause, StoreError, Unfinished, now_ms};
 use crate::wire::protocol::TaskState;
 
@@ -78,8 +77,8 @@ impl Pg {
         })
         .await
         .unwrap_or_else(|_| {
-            Err(StoreError(format!(
-                "PostgreSQL: the lease renewal got no answer within {}{UNREACHABLE_MARK}",
+            Err(StoreError::Unreachable(format!(
+                "PostgreSQL: the lease renewal got no answer within {}",
                 taskhost_core::units::format_duration(deadline)
             )))
         });

@@ -75,7 +75,7 @@ impl Link {
     pub(crate) fn parse(url: &str, timeouts: Timeouts) -> Result<Self, StoreError> {
         let (rest, wanted) = split_tls(url)?;
         let mut config: tokio_postgres::Config = rest.parse().map_err(|e| {
-            StoreError(format!(
+            StoreError::Failed(format!(
                 "`{url}` is not a PostgreSQL address ({e}); use postgres://USER@HOST:PORT/DB \
                  or postgres:///DB?host=/run/postgresql"
             ))
@@ -160,10 +160,7 @@ impl Link {
         notices: Option<tokio::sync::mpsc::UnboundedSender<(String, String)>>,
     ) -> Result<Session, StoreError> {
         let failed = |e: tokio_postgres::Error| {
-            StoreError(format!(
-                "PostgreSQL: cannot connect: {e}{}",
-                super::outage::UNREACHABLE_MARK
-            ))
+            StoreError::NoConnection(format!("PostgreSQL: cannot connect: {e}"))
         };
         match &self.tls {
             Tls::Off => {
@@ -279,14 +276,14 @@ fn split_tls(url: &str) -> Result<(String, TlsWanted), StoreError> {
         Some("verify-ca") => Mode::VerifyCa,
         Some("verify-full") => Mode::VerifyFull,
         Some(other) => {
-            return Err(StoreError(format!(
+            return Err(StoreError::Failed(format!(
                 "sslmode={other} is not a TLS mode; use disable, prefer, require, verify-ca \
                  or verify-full"
             )));
         }
     };
     if matches!(mode, Mode::VerifyCa | Mode::VerifyFull) && root.is_none() {
-        return Err(StoreError(
+        return Err(StoreError::Failed(
             "sslmode=verify-ca and verify-full need the authority to verify against: add \
              sslrootcert=/path/to/ca.pem (the CA that signed the server's certificate), or \
              sslrootcert=system for the Mozilla roots"
@@ -324,7 +321,7 @@ fn client_config(mode: Mode, root: Option<&str>) -> Result<rustls::ClientConfig,
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
-        .map_err(|e| StoreError(format!("TLS is unavailable: {e}")))?;
+        .map_err(|e| StoreError::Failed(format!("TLS is unavailable: {e}")))?;
     let Some(root) = root else {
         return Ok(builder
             .dangerous()
@@ -338,13 +335,13 @@ fn client_config(mode: Mode, root: Option<&str>) -> Result<rustls::ClientConfig,
         let certs = CertificateDer::pem_file_iter(root)
             .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
             .map_err(|e| {
-                StoreError(format!(
+                StoreError::Failed(format!(
                     "sslrootcert={root}: cannot read its PEM certificates ({e})"
                 ))
             })?;
         let (added, _) = roots.add_parsable_certificates(certs);
         if added == 0 {
-            return Err(StoreError(format!(
+            return Err(StoreError::Failed(format!(
                 "sslrootcert={root} holds no usable CA certificate"
             )));
         }
@@ -354,7 +351,7 @@ fn client_config(mode: Mode, root: Option<&str>) -> Result<rustls::ClientConfig,
         Arc::clone(&provider),
     )
     .build()
-    .map_err(|e| StoreError(format!("sslrootcert={root}: {e}")))?;
+    .map_err(|e| StoreError::Failed(format!("sslrootcert={root}: {e}")))?;
     let verifier: Arc<dyn ServerCertVerifier> = if mode == Mode::VerifyFull {
         chain
     } else {
@@ -497,18 +494,18 @@ mod tests {
         let err = Link::parse("postgres://u@h/db?sslmode=verify-full", timeouts())
             .err()
             .unwrap();
-        assert!(err.0.contains("sslrootcert="), "{}", err.0);
+        assert!(err.to_string().contains("sslrootcert="), "{err}");
         let err = Link::parse("postgres://u@h/db?sslmode=maybe", timeouts())
             .err()
             .unwrap();
-        assert!(err.0.contains("sslmode=maybe"), "{}", err.0);
+        assert!(err.to_string().contains("sslmode=maybe"), "{err}");
         let err = Link::parse(
             "postgres://u@h/db?sslmode=verify-ca&sslrootcert=/nonexistent/ca.pem",
             timeouts(),
         )
         .err()
         .unwrap();
-        assert!(err.0.contains("/nonexistent/ca.pem"), "{}", err.0);
+        assert!(err.to_string().contains("/nonexistent/ca.pem"), "{err}");
     }
 
     #[test]

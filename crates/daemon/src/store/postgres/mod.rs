@@ -54,12 +54,10 @@ use crate::wire::protocol::SubmitRequest;
 use batch::Writer;
 use link::{Link, Session, Timeouts};
 
+use crate::store::{Retryable, retry};
 use admit::lock_slot_of;
 use claim::{end_task, never_ran_row, promote, report_of};
-use sql::{
-    all, db, decode, decode_request, encode, exec, id_of, ms, one, opt, pool_err, retry, retryable,
-    sql_id,
-};
+use sql::{all, db, decode, decode_request, encode, exec, id_of, ms, one, opt, pool_err, sql_id};
 
 /// Notification channels.
 pub(crate) const READY: &str = "taskhost_ready";
@@ -138,6 +136,12 @@ pub(crate) enum AdmitError {
     TreeFull { root: u64, max: usize },
 }
 
+impl Retryable for AdmitError {
+    fn retryable(&self) -> bool {
+        matches!(self, Self::Store(e) if e.retryable())
+    }
+}
+
 impl From<StoreError> for AdmitError {
     fn from(e: StoreError) -> Self {
         Self::Store(e)
@@ -203,7 +207,7 @@ pub(crate) async fn open(
         .create_timeout(Some(connect))
         .recycle_timeout(Some(connect))
         .build()
-        .map_err(|e| StoreError(format!("PostgreSQL: cannot build the pool: {e}")))?;
+        .map_err(|e| StoreError::Failed(format!("PostgreSQL: cannot build the pool: {e}")))?;
     let pg = Pg {
         pool,
         link,
@@ -214,9 +218,8 @@ pub(crate) async fn open(
     };
     let _ = pg.writer.set(Writer::start(&pg));
     pg.migrate().await.map_err(|e| {
-        StoreError(format!(
-            "{} (is PostgreSQL running at `{url}`, and may this user create tables?)",
-            e.0
+        StoreError::Failed(format!(
+            "{e} (is PostgreSQL running at `{url}`, and may this user create tables?)"
         ))
     })?;
     Ok(pg)

@@ -11,16 +11,6 @@ use std::time::{Duration, Instant};
 
 use taskhost_core::units::format_duration;
 
-/// Ends the message of an error that says the database could not be
-/// reached (or is restarting): the same write may well succeed later.
-pub(crate) const UNREACHABLE_MARK: &str = " (the database could not be reached)";
-
-/// Whether the store failed because the database could not be reached
-/// (the write may be tried again), not because of what was written.
-pub(crate) fn unreachable(e: &crate::store::StoreError) -> bool {
-    e.0.ends_with(UNREACHABLE_MARK)
-}
-
 /// The most often a continuing outage is logged.
 pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
 

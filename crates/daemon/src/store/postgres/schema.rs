@@ -96,7 +96,7 @@ impl Pg {
         .map_or(0, |r| r.get(0));
         let known = MIGRATIONS.len() as i32;
         if version > known {
-            return Err(StoreError(format!(
+            return Err(StoreError::Failed(format!(
                 "the database's schema is version {version}, newer than this host knows \
                  ({known}); upgrade this host to the version the other nodes run"
             )));

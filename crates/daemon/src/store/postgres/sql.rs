@@ -8,24 +8,23 @@ use tokio_postgres::error::SqlState;
 
 use taskhost_core::supervisor::TaskId;
 
-use super::outage::UNREACHABLE_MARK;
 use crate::store::StoreError;
 use crate::wire::protocol::SubmitRequest;
 
 pub(super) fn db(what: &str) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
     move |e| {
-        // A lost deadlock or serialisation race is marked, so that
+        // A lost deadlock or serialisation race is told apart, so that
         // `retry` runs the transaction again; so is a database that could
         // not be reached, so that a claimed attempt's writes are tried
         // again while the node holds its lease.
-        let marker = if is_retryable(&e) {
-            RETRY_MARK
+        let message = format!("PostgreSQL: {what}: {}", error_text(&e));
+        if is_lost_race(&e) {
+            StoreError::Lost(message)
         } else if is_unreachable(&e) {
-            UNREACHABLE_MARK
+            StoreError::Unreachable(message)
         } else {
-            ""
-        };
-        StoreError(format!("PostgreSQL: {what}: {}{marker}", error_text(&e)))
+            StoreError::Failed(message)
+        }
     }
 }
 
@@ -94,9 +93,6 @@ pub(super) async fn all(
     c.query(&stmt, params).await.map_err(db(what))
 }
 
-/// Ends the message of an error whose transaction may simply run again.
-const RETRY_MARK: &str = " (a concurrent transaction won; retried)";
-
 fn error_text(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => db.message().to_owned(),
@@ -121,35 +117,11 @@ pub(super) fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
         deadpool_postgres::PoolError::Backend(e) => error_text(e),
         other => chain(other),
     };
-    StoreError(format!(
-        "PostgreSQL: no connection: {text}{UNREACHABLE_MARK}"
-    ))
+    StoreError::NoConnection(format!("PostgreSQL: no connection: {text}"))
 }
 
-pub(super) fn retryable(e: &StoreError) -> bool {
-    e.0.ends_with(RETRY_MARK)
-}
-
-/// Runs a transaction again while it loses deadlock or serialisation races.
-pub(super) async fn retry<T, F, Fut>(mut work: F) -> Result<T, StoreError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, StoreError>>,
-{
-    let mut last = None;
-    for _ in 0..RETRIES {
-        match work().await {
-            Err(e) if retryable(&e) => last = Some(e),
-            other => return other,
-        }
-    }
-    Err(last.unwrap_or_else(|| StoreError("PostgreSQL: gave up after repeated conflicts".into())))
-}
-
-/// Attempts of a transaction that lost a deadlock or serialisation race.
-const RETRIES: usize = 8;
-
-fn is_retryable(e: &tokio_postgres::Error) -> bool {
+/// Whether `e` is a lost deadlock or serialisation race.
+fn is_lost_race(e: &tokio_postgres::Error) -> bool {
     matches!(
         e.code(),
         Some(&SqlState::T_R_DEADLOCK_DETECTED) | Some(&SqlState::T_R_SERIALIZATION_FAILURE)
@@ -157,19 +129,20 @@ fn is_retryable(e: &tokio_postgres::Error) -> bool {
 }
 
 pub(super) fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
-    postcard::to_allocvec(value).map_err(|e| StoreError(format!("cannot encode a row: {e}")))
+    postcard::to_allocvec(value)
+        .map_err(|e| StoreError::Failed(format!("cannot encode a row: {e}")))
 }
 
 pub(super) fn decode<T: for<'de> serde::Deserialize<'de>>(bytes: &[u8]) -> Result<T, StoreError> {
     postcard::from_bytes(bytes)
-        .map_err(|e| StoreError(format!("a stored row does not decode: {e}")))
+        .map_err(|e| StoreError::Failed(format!("a stored row does not decode: {e}")))
 }
 
 /// A stored submission, also one a protocol-5 node wrote (before
 /// `allow_http`).
 pub(super) fn decode_request(bytes: &[u8]) -> Result<SubmitRequest, StoreError> {
     SubmitRequest::decode_stored(bytes)
-        .map_err(|e| StoreError(format!("a stored row does not decode: {e}")))
+        .map_err(|e| StoreError::Failed(format!("a stored row does not decode: {e}")))
 }
 
 pub(super) fn ms(v: u64) -> i64 {

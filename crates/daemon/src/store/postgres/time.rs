@@ -12,8 +12,9 @@ use taskhost_core::admission::AdmissionPolicy;
 use taskhost_core::outcome::OutcomeKind;
 use taskhost_core::supervisor::TaskId;
 
-use super::{Admission, AdmitError, Pg, all, db, encode, exec, id_of, ms, one, opt, retryable};
+use super::{Admission, AdmitError, Pg, all, db, encode, exec, id_of, ms, one, opt};
 use crate::schedule::{self, CronZone, FireKind, Missed};
+use crate::store::{Retryable, retry};
 use crate::store::{StoreError, StoredSchedule};
 use crate::wire::protocol::{NotBefore, Placement, ScheduleSpec, SubmitRequest, Submitted};
 
@@ -66,6 +67,12 @@ pub(crate) enum ScheduleError {
     Store(StoreError),
 }
 
+impl Retryable for ScheduleError {
+    fn retryable(&self) -> bool {
+        matches!(self, Self::Store(e) if e.retryable())
+    }
+}
+
 impl From<StoreError> for ScheduleError {
     fn from(e: StoreError) -> Self {
         Self::Store(e)
@@ -102,7 +109,7 @@ fn resolved(request: SubmitRequest, plugin: String, bounds: Bounds) -> Admission
 /// last_fire_ms, last_task, created_ms`).
 fn stored_of(row: &tokio_postgres::Row) -> Result<StoredSchedule, StoreError> {
     let spec = ScheduleSpec::decode_stored(row.get::<_, &[u8]>(0))
-        .map_err(|e| StoreError(format!("a stored schedule does not decode: {e}")))?;
+        .map_err(|e| StoreError::Failed(format!("a stored schedule does not decode: {e}")))?;
     let at = |i: usize| row.get::<_, Option<i64>>(i).map(|v| v.max(0) as u64);
     Ok(StoredSchedule {
         spec,
@@ -140,39 +147,30 @@ impl Pg {
         let Some((due_ms, max_delayed)) = a.due else {
             return Err(AdmitError::Invalid("not a delayed submission".into()));
         };
-        let mut last = None;
-        for _ in 0..8 {
-            let attempt = async {
-                let mut client = self.client().await?;
-                let tx = client
-                    .transaction()
-                    .await
-                    .map_err(db("cannot start a transaction"))?;
-                let id: i64 = one(
-                    &tx,
-                    "cannot allocate an id",
-                    "SELECT nextval('taskhost_task_ids')",
-                    &[],
-                )
-                .await?
-                .get(0);
-                let names = (a.names)(id_of(id)).map_err(AdmitError::Invalid)?;
-                let submitted = self
-                    .delay_in(&tx, a, id, names, due_ms, max_delayed)
-                    .await?;
-                tx.commit()
-                    .await
-                    .map_err(db("cannot commit the submission"))?;
-                Ok(submitted)
-            };
-            match attempt.await {
-                Err(AdmitError::Store(e)) if retryable(&e) => last = Some(e),
-                other => return other,
-            }
-        }
-        Err(AdmitError::Store(last.unwrap_or_else(|| {
-            StoreError("PostgreSQL: cannot delay: gave up".into())
-        })))
+        retry(|| async {
+            let mut client = self.client().await?;
+            let tx = client
+                .transaction()
+                .await
+                .map_err(db("cannot start a transaction"))?;
+            let id: i64 = one(
+                &tx,
+                "cannot allocate an id",
+                "SELECT nextval('taskhost_task_ids')",
+                &[],
+            )
+            .await?
+            .get(0);
+            let names = (a.names)(id_of(id)).map_err(AdmitError::Invalid)?;
+            let submitted = self
+                .delay_in(&tx, a, id, names, due_ms, max_delayed)
+                .await?;
+            tx.commit()
+                .await
+                .map_err(db("cannot commit the submission"))?;
+            Ok(submitted)
+        })
+        .await
     }
 
     /// Records a delayed submission in `tx` under id `id`.
@@ -465,16 +463,7 @@ impl Pg {
         now_ms: u64,
         bounds: Bounds,
     ) -> Result<(StoredSchedule, Option<Placed>), ScheduleError> {
-        let mut last = None;
-        for _ in 0..8 {
-            match self.schedule_pause_once(name, paused, now_ms, bounds).await {
-                Err(ScheduleError::Store(e)) if retryable(&e) => last = Some(e),
-                other => return other,
-            }
-        }
-        Err(ScheduleError::Store(last.unwrap_or_else(|| {
-            StoreError("PostgreSQL: cannot pause: gave up".into())
-        })))
+        retry(|| self.schedule_pause_once(name, paused, now_ms, bounds)).await
     }
 
     async fn schedule_pause_once(
@@ -654,7 +643,7 @@ impl Pg {
             return Ok((None, 0));
         };
         let zone = CronZone::parse(&stored.spec.cron, stored.spec.tz.as_deref())
-            .map_err(|e| ScheduleError::Store(StoreError(e)))?;
+            .map_err(|e| ScheduleError::Store(StoreError::Failed(e)))?;
         let decision = schedule::decide(&zone, next, now_ms, missed);
         stored.next_ms = decision.next_ms;
         let Some((due_ms, kind)) = decision.fire else {
@@ -691,18 +680,18 @@ impl Pg {
         )
         .await?
         .get(0);
-        let names =
-            (admission.names)(id_of(id)).map_err(|e| ScheduleError::Store(StoreError(e)))?;
+        let names = (admission.names)(id_of(id))
+            .map_err(|e| ScheduleError::Store(StoreError::Failed(e)))?;
         match self.admit_in(tx, &admission, id, names).await {
             Ok(submitted) => Ok(submitted),
             Err(AdmitError::PluginGone) => Err(ScheduleError::PluginGone),
             Err(AdmitError::Store(e)) => Err(ScheduleError::Store(e)),
             Err(AdmitError::Invalid(m) | AdmitError::Conflict(m)) => {
-                Err(ScheduleError::Store(StoreError(m)))
+                Err(ScheduleError::Store(StoreError::Failed(m)))
             }
-            Err(AdmitError::TreeFull { root, max }) => Err(ScheduleError::Store(StoreError(
-                crate::store::too_many_descendants(root, max),
-            ))),
+            Err(AdmitError::TreeFull { root, max }) => Err(ScheduleError::Store(
+                StoreError::Failed(crate::store::too_many_descendants(root, max)),
+            )),
         }
     }
 }
