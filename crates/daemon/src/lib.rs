@@ -12,6 +12,7 @@
 //! |---|---|
 //! | `wire` | the protocol's messages and framing, the client, socket paths |
 //! | `server` | start-up and shutdown, connections, what each request does, the HTTP listener |
+//! | `backend` | the one seam to where work is kept: one host's store and controller, or a cluster node's database |
 //! | `service` | submissions, plugins, uploads, the memory of tasks, history, recovery, JSON forms |
 //! | `cluster` | what a cluster node does that a single host does not: claims, leases, notifications, shipping |
 //! | `store` | what survives a restart: submissions, states, outcomes, logs |
@@ -23,6 +24,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod backend;
 mod cluster;
 pub mod config;
 pub mod schedule;

@@ -54,7 +54,7 @@ pub(crate) struct Daemon {
 }
 
 /// Where a daemon keeps its work: one of the two backends of
-/// [`Backend`](crate::service::backend::Backend).
+/// [`Backend`](crate::backend::Backend).
 pub(crate) enum Storage {
     /// Its own store (SQLite or memory): the controller decides.
     Local(Store),

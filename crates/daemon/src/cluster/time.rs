@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use taskhost_core::supervisor::{Event, EventKind};
 
+use crate::backend::Scheduled;
 use crate::cluster::node::Cluster;
 use crate::schedule::FireKind;
-use crate::service::backend::Scheduled;
 use crate::service::schedules::{self as local, count_firing, row_of};
 use crate::service::submissions::Accepted;
 use crate::state::Daemon;

@@ -10,8 +10,8 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use crate::backend::{Backend, Item, Items, Scheduled};
 use crate::server::connection::{Later, Replier};
-use crate::service::backend::{Backend, Item, Items, Scheduled};
 use crate::service::kv::KvAnswer;
 use crate::service::plugins;
 use crate::service::submissions::Accepted;

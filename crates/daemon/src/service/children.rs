@@ -23,7 +23,7 @@ use taskhost_runtime::children::{
     ChildFuture, ChildOutcome, ChildSpec, ChildStatus, ChildTasks, Parent, WaitError,
 };
 
-use crate::service::backend::Backend;
+use crate::backend::Backend;
 use crate::service::submissions::Accepted;
 use crate::state::Daemon;
 use crate::wire::protocol::SubmitRequest;

@@ -4,7 +4,6 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `backend` | the one seam to where work is kept: one host's store and controller, or a cluster's database |
 //! | `submissions` | a submit request into a controller submission |
 //! | `children` | child tasks: a guest's spawn as a submission with its parent's grants and key, the wait, the cascade of a cancel |
 //! | `keys` | idempotency keys: which task a key made, checked at intake |
@@ -17,7 +16,6 @@
 //! | `schedules` | one host's schedules: their table, the firing loop, the verbs |
 //! | `json` | the JSON forms shared by the CLI's `--json` and the HTTP API |
 
-pub(crate) mod backend;
 pub(crate) mod children;
 pub(crate) mod history;
 pub mod json;

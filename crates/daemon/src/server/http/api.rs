@@ -20,7 +20,7 @@ use taskhost_core::logline::LogLine;
 use taskhost_core::supervisor::{Event, TaskRef, TaskReport};
 
 use super::Http;
-use crate::service::backend::{Backend, Item, Items};
+use crate::backend::{Backend, Item, Items};
 use crate::service::json::{self, JsonResult};
 use crate::wire::protocol::{ErrorKind, EventFilter};
 

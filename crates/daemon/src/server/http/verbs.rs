@@ -26,8 +26,8 @@ use taskhost_runtime::{Digest, DirGrant, HttpAllow};
 
 use super::Http;
 use super::api::{error, failed};
+use crate::backend::{Backend, Item, Scheduled};
 use crate::server::dispatch;
-use crate::service::backend::{Backend, Item, Scheduled};
 use crate::service::json::{self, JsonResult};
 use crate::service::plugins;
 use crate::service::submissions::Accepted;

@@ -1,0 +1,318 @@
+//! Owns one host's bodies of the verbs: its store (SQLite or memory) and
+//! its controller decide, and its memory of submissions answers first.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use taskhost_core::supervisor::{Event, Received, TaskId, TaskRef};
+use taskhost_runtime::Digest;
+
+use super::{Found, Item, Scheduled, not_found, until_closed};
+use crate::service::history::History;
+use crate::service::submissions::{self, Accepted};
+use crate::service::tasks::{MAX_FINISHED, TaskRecord};
+use crate::state::Daemon;
+use crate::store::{self, Store};
+use crate::wire::protocol::{
+    ErrorKind, EventFilter, NotBefore, ScheduleVerb, SubmitRequest, TaskRow, TaskState,
+};
+
+/// One host: the daemon and its own store.
+pub(crate) struct Local<'a> {
+    pub(crate) daemon: &'a Arc<Daemon>,
+    pub(crate) store: &'a Store,
+}
+
+impl Local<'_> {
+    /// Stores an uploaded plugin (compiled here); returns its name.
+    pub(super) async fn upload(
+        &self,
+        digest: Digest,
+        bytes: Vec<u8>,
+    ) -> Result<String, (ErrorKind, String)> {
+        let plugin = self.daemon.plugins.store(bytes, Some(digest)).await?;
+        Ok(plugin.info().name.clone())
+    }
+
+    /// Places one submission, in the order it was sent.
+    pub(super) async fn submit(
+        &self,
+        request: SubmitRequest,
+    ) -> Result<Accepted, (ErrorKind, String)> {
+        submissions::submit(self.daemon, self.store, request).await
+    }
+
+    /// A schedule verb on this host's schedules.
+    pub(super) async fn schedule(
+        &self,
+        verb: ScheduleVerb,
+    ) -> Result<Scheduled, (ErrorKind, String)> {
+        use crate::service::schedules;
+        Ok(match verb {
+            ScheduleVerb::Add(spec) => {
+                Scheduled::Row(schedules::add(self.daemon, self.store, *spec).await?)
+            }
+            ScheduleVerb::List => Scheduled::Rows(schedules::list(self.daemon, self.store).await),
+            ScheduleVerb::Remove(name) => {
+                Scheduled::Row(schedules::remove(self.daemon, self.store, &name).await?)
+            }
+            ScheduleVerb::Pause(name) => {
+                Scheduled::Row(schedules::set_paused(self.daemon, self.store, &name, true).await?)
+            }
+            ScheduleVerb::Resume(name) => {
+                Scheduled::Row(schedules::set_paused(self.daemon, self.store, &name, false).await?)
+            }
+            ScheduleVerb::Run(name) => {
+                let (submitted, ticket) = schedules::run(self.daemon, self.store, &name).await?;
+                Scheduled::Fired(if ticket.is_immediate() {
+                    Accepted::Now(submitted)
+                } else {
+                    Accepted::Later(Box::pin(async move {
+                        ticket.committed().await.map_err(|e| {
+                            (
+                                ErrorKind::Internal,
+                                format!("the firing could not be stored: {e}"),
+                            )
+                        })?;
+                        Ok(submitted)
+                    }))
+                })
+            }
+        })
+    }
+
+    /// The task a reference names: in memory, else in the store.
+    pub(super) async fn find(&self, target: &TaskRef) -> Result<Found, (ErrorKind, String)> {
+        let daemon = self.daemon;
+        if let Some(record) = daemon.tasks.resolve(target, &daemon.controller) {
+            return Ok(Found::Live(record));
+        }
+        let store = Store::clone(self.store);
+        let wanted = target.clone();
+        // The store is read off the async workers.
+        tokio::task::spawn_blocking(move || stored(&store, &wanted))
+            .await
+            .ok()
+            .flatten()
+            .ok_or_else(|| not_found(target))
+    }
+
+    /// A request as the store keeps it.
+    pub(super) async fn stored_request(&self, id: TaskId) -> Option<SubmitRequest> {
+        let store = Store::clone(self.store);
+        tokio::task::spawn_blocking(move || store.request_of(id))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Makes the stop claim on a task this host placed (recorded as
+    /// stopping); false if someone else did.
+    pub(super) fn stop(&self, id: TaskId) -> bool {
+        let claimed = self.daemon.controller.remove(id);
+        if claimed {
+            self.store.stopping(id);
+        }
+        claimed
+    }
+
+    /// The rows of `host ps`: with `all`, read off the async workers (the
+    /// store is read too).
+    pub(super) async fn rows(&self, all: bool) -> Vec<TaskRow> {
+        if !all {
+            return local_rows(self.daemon, self.store, false);
+        }
+        let (daemon, store) = (Arc::clone(self.daemon), Store::clone(self.store));
+        tokio::task::spawn_blocking(move || local_rows(&daemon, &store, true))
+            .await
+            .unwrap_or_default()
+    }
+
+    /// Streams this host's events into `tx`.
+    pub(super) fn events(&self, tx: mpsc::Sender<Item>, follow: bool, filter: EventFilter) {
+        // Subscribe before copying the history (in order: events of
+        // requests sent after this one are seen), and let the history
+        // catch up with the events published before.
+        let (live, before) = self.daemon.controller.supervisor().subscribe_after();
+        let history = Arc::clone(&self.daemon.history);
+        tokio::spawn(async move {
+            let local = local_events(&tx, &history, live, before, follow, &filter);
+            until_closed(&tx, local).await;
+        });
+    }
+}
+
+/// A task finished before, as the store keeps it.
+fn stored(store: &Store, target: &TaskRef) -> Option<Found> {
+    let stored = match target {
+        TaskRef::Id(id) => store.finished_task(*id),
+        TaskRef::Name(name) => store.finished_named(name),
+    };
+    stored.map(|finished| Found::Stored(Box::new(finished)))
+}
+
+/// One host's `ps` rows: registered tasks, queued ones, and with `all` the
+/// finished ones the daemon still remembers or its store keeps.
+fn local_rows(daemon: &Daemon, store: &Store, all: bool) -> Vec<TaskRow> {
+    let supervisor = daemon.controller.supervisor();
+    let schedule_of = |record: Option<&TaskRecord>| {
+        record
+            .and_then(|r| r.request.as_ref())
+            .and_then(|r| r.schedule.clone())
+    };
+    let parent_of = |record: Option<&TaskRecord>| {
+        record
+            .and_then(|r| r.request.as_ref())
+            .and_then(|r| r.parent)
+    };
+    let mut rows: Vec<TaskRow> = supervisor
+        .list()
+        .into_iter()
+        .map(|t| {
+            let record = daemon.tasks.get(t.id);
+            TaskRow {
+                id: t.id,
+                state: t.phase,
+                name: t.name,
+                slot: t.slot,
+                attempts: t.attempts,
+                age: record.as_ref().map_or(t.age, |r| r.submitted.elapsed()),
+                progress: t.progress,
+                plugin: t.body,
+                outcome: None,
+                node: None,
+                due_ms: None,
+                schedule: schedule_of(record.as_ref()),
+                parent: parent_of(record.as_ref()),
+            }
+        })
+        .collect();
+    let now = store::now_ms();
+    rows.extend(daemon.controller.queued_all().into_iter().map(|q| {
+        let record = daemon.tasks.get(q.id);
+        TaskRow {
+            id: q.id,
+            name: q.name,
+            slot: q.slot,
+            // Waiting for its time, or for its turn in the slot.
+            state: if q.due_in.is_some() {
+                TaskState::Waiting
+            } else {
+                TaskState::Queued
+            },
+            attempts: 0,
+            age: q.age,
+            progress: None,
+            plugin: q.body,
+            outcome: None,
+            node: None,
+            // The time it was given (exact), else from the controller.
+            due_ms: q.due_in.map(|d| {
+                match record.as_ref().and_then(|r| r.request.as_ref()?.not_before) {
+                    Some(NotBefore::At(at)) => at,
+                    _ => now.saturating_add(d.as_millis() as u64),
+                }
+            }),
+            schedule: schedule_of(record.as_ref()),
+            parent: parent_of(record.as_ref()),
+        }
+    }));
+    if all {
+        let live: std::collections::HashSet<_> = rows.iter().map(|r| r.id).collect();
+        rows.extend(
+            daemon
+                .tasks
+                .finished_records()
+                .into_iter()
+                .filter(|r| !live.contains(&r.id))
+                .filter_map(|r| {
+                    let report = r.outcome.get()?;
+                    Some(TaskRow {
+                        id: r.id,
+                        name: r.name,
+                        slot: r.slot,
+                        state: TaskState::Finished,
+                        attempts: report.attempts,
+                        age: r.submitted.elapsed(),
+                        progress: None,
+                        plugin: r.plugin,
+                        outcome: Some(report.outcome.kind()),
+                        node: None,
+                        due_ms: None,
+                        schedule: r.request.as_ref().and_then(|q| q.schedule.clone()),
+                        parent: r.request.as_ref().and_then(|q| q.parent),
+                    })
+                }),
+        );
+        // Finished before this run of the daemon: from the store.
+        let known: std::collections::HashSet<_> = rows.iter().map(|r| r.id).collect();
+        rows.extend(
+            store
+                .finished_recent(MAX_FINISHED)
+                .into_iter()
+                .filter(|f| {
+                    !known.contains(&f.report.id) && daemon.tasks.get(f.report.id).is_none()
+                })
+                .map(|f| TaskRow {
+                    id: f.report.id,
+                    name: f.report.name.to_string(),
+                    slot: f.report.slot.to_string(),
+                    state: TaskState::Finished,
+                    attempts: f.report.attempts,
+                    age: Duration::from_millis(now.saturating_sub(f.submitted_ms)),
+                    progress: None,
+                    plugin: f.plugin,
+                    outcome: Some(f.report.outcome.kind()),
+                    node: None,
+                    due_ms: None,
+                    schedule: None,
+                    parent: f.parent,
+                }),
+        );
+    }
+    rows.sort_by_key(|r| r.id);
+    rows
+}
+
+/// One host's events: its history up to `before`, then the live lane.
+async fn local_events(
+    tx: &mpsc::Sender<Item>,
+    history: &History,
+    mut live: taskhost_core::supervisor::EventStream,
+    before: u64,
+    follow: bool,
+    filter: &EventFilter,
+) {
+    let recorded = history.up_to(before).await;
+    let last_seq = recorded.last().map_or(0, |e| e.seq);
+    for event in recorded.iter().filter(|e| filter.admits(e)) {
+        if tx
+            .send(Item::Event(Box::new(Event::clone(event))))
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+    if !follow {
+        return;
+    }
+    if last_seq < before && last_seq > 0 {
+        // The recorder lost these; say so rather than skip them.
+        if tx.send(Item::Dropped(before - last_seq)).await.is_err() {
+            return;
+        }
+    }
+    while let Some(received) = live.recv().await {
+        let item = match received {
+            Received::Event(e) if e.seq <= before || !filter.admits(&e) => continue,
+            Received::Event(e) => Item::Event(Box::new(Event::clone(&e))),
+            Received::Dropped(n) => Item::Dropped(n),
+        };
+        if tx.send(item).await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,427 @@
+//! Owns the one seam between the verbs and where the work is kept: a
+//! daemon's own store and controller (`Local`: SQLite or memory, the
+//! controller decides) or a cluster's shared database (`Shared`: PostgreSQL
+//! decides, this node runs what it claimed). Every verb the socket and the
+//! HTTP listener serve asks it, and gets the same answer in both modes:
+//! data for the answers that are one value, a bounded channel of [`Item`]s
+//! for the ones that stream (logs, events). A caller that goes away closes
+//! the channel, which ends its producer. Like tokio's scheduler handle, the
+//! enum only dispatches: each flavour's bodies are in its own file.
+//!
+//! | file | owns |
+//! |---|---|
+//! | `local` | one host's bodies of the verbs: its store, its controller |
+//! | `shared` | a cluster node's bodies of the verbs: the database, this node's part |
+
+mod local;
+mod shared;
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use tokio::sync::mpsc;
+
+use taskhost_core::controller::SlotView;
+use taskhost_core::logline::LogLine;
+use taskhost_core::supervisor::{Event, TaskId, TaskRef, TaskReport};
+use taskhost_runtime::Digest;
+
+use crate::service::submissions::Accepted;
+use crate::service::tasks::TaskRecord;
+use crate::state::{Daemon, Storage};
+use crate::store::{Finished, StoreError};
+use crate::wire::protocol::{
+    ErrorKind, EventFilter, ScheduleRow, ScheduleVerb, SubmitRequest, TaskRow,
+};
+pub(crate) use local::Local;
+pub(crate) use shared::Shared;
+
+/// Items in flight to one streaming reader.
+const STREAM_BUFFER: usize = 256;
+
+/// What a streaming verb yields, in order; the stream ends after the last.
+pub(crate) enum Item {
+    Log(LogLine),
+    Event(Box<Event>),
+    /// This many items were lost (a reader that fell behind, a lane that
+    /// overflowed): said, never skipped silently.
+    Dropped(u64),
+    /// The stream could not go on (the database is away).
+    Failed(String),
+}
+
+/// A streaming answer.
+pub(crate) type Items = mpsc::Receiver<Item>;
+
+/// What a task reference names.
+pub(crate) enum Found {
+    /// A task this daemon placed (one host).
+    Live(TaskRecord),
+    /// Finished before, as the daemon's store keeps it (one host).
+    Stored(Box<Finished>),
+    /// A task of the cluster's database.
+    Shared { id: TaskId, finished: bool },
+}
+
+impl Found {
+    /// The task's id.
+    pub(crate) fn id(&self) -> TaskId {
+        match self {
+            Found::Live(record) => record.id,
+            Found::Stored(finished) => finished.report.id,
+            Found::Shared { id, .. } => *id,
+        }
+    }
+}
+
+/// A task as `GET /api/tasks/{id}` shows it.
+pub(crate) struct Detail {
+    pub id: TaskId,
+    pub name: String,
+    pub slot: String,
+    pub plugin: String,
+    /// Its `ps` row while it is unfinished.
+    pub row: Option<TaskRow>,
+    pub report: Option<Arc<TaskReport>>,
+    pub log: Vec<LogLine>,
+}
+
+/// What a schedule verb answers.
+pub(crate) enum Scheduled {
+    /// `ls`.
+    Rows(Vec<ScheduleRow>),
+    /// `add`, `rm`, `pause`, `resume`: the schedule as it left it.
+    Row(ScheduleRow),
+    /// `run`: the firing, answered as a submission.
+    Fired(Accepted),
+}
+
+/// The seam: which backend this daemon's verbs go to.
+pub(crate) enum Backend<'a> {
+    Local(Local<'a>),
+    Shared(Shared<'a>),
+}
+
+/// A store failure as a verb's answer.
+fn internal(err: StoreError) -> (ErrorKind, String) {
+    (ErrorKind::Internal, err.to_string())
+}
+
+/// The answer to a reference that names no task.
+fn not_found(target: &TaskRef) -> (ErrorKind, String) {
+    (
+        ErrorKind::NotFound,
+        format!("no task with {target} (see `host ps --all`)"),
+    )
+}
+
+impl<'a> Backend<'a> {
+    pub(crate) fn of(daemon: &'a Arc<Daemon>) -> Self {
+        match &daemon.storage {
+            Storage::Local(store) => Self::Local(Local { daemon, store }),
+            Storage::Shared(cluster) => Self::Shared(Shared { daemon, cluster }),
+        }
+    }
+
+    /// Whether accepted work outlives this process (a graceful stop then
+    /// keeps unfinished work for the next start).
+    pub(crate) fn is_durable(&self) -> bool {
+        match self {
+            Self::Local(local) => local.store.is_durable(),
+            Self::Shared(..) => true,
+        }
+    }
+
+    /// Stops taking new work (a graceful stop has begun).
+    pub(crate) fn stop_taking(&self) {
+        if let Self::Shared(shared) = self {
+            shared.cluster.stop_claiming();
+        }
+    }
+
+    /// Whether a submission may name this plugin without uploading it.
+    pub(crate) async fn has_plugin(&self, digest: &Digest) -> bool {
+        match self {
+            Self::Local(local) => local.daemon.plugins.known(digest),
+            Self::Shared(shared) => shared.has_plugin(digest).await,
+        }
+    }
+
+    /// Stores an uploaded plugin (compiled here; in a cluster, kept in the
+    /// database for every node too); returns its name.
+    pub(crate) async fn upload(
+        &self,
+        digest: Digest,
+        bytes: Vec<u8>,
+    ) -> Result<String, (ErrorKind, String)> {
+        match self {
+            Self::Local(local) => local.upload(digest, bytes).await,
+            Self::Shared(shared) => shared.upload(digest, bytes).await,
+        }
+    }
+
+    /// Places one submission, in the order it was sent.
+    pub(crate) async fn submit(
+        &self,
+        request: SubmitRequest,
+    ) -> Result<Accepted, (ErrorKind, String)> {
+        match self {
+            Self::Local(local) => local.submit(request).await,
+            Self::Shared(shared) => shared.submit(request).await,
+        }
+    }
+
+    /// A schedule verb (`host schedule …`).
+    pub(crate) async fn schedule(
+        &self,
+        verb: ScheduleVerb,
+    ) -> Result<Scheduled, (ErrorKind, String)> {
+        match self {
+            Self::Local(local) => local.schedule(verb).await,
+            Self::Shared(shared) => shared.schedule(verb).await,
+        }
+    }
+
+    /// The task a reference names.
+    pub(crate) async fn find(&self, target: &TaskRef) -> Result<Found, (ErrorKind, String)> {
+        match self {
+            Self::Local(local) => local.find(target).await,
+            Self::Shared(shared) => shared.find(target).await,
+        }
+    }
+
+    /// The stored plugins, as `host plugins ls` shows them.
+    pub(crate) async fn plugin_rows(&self) -> Vec<crate::wire::protocol::PluginRow> {
+        let daemon = Arc::clone(self.daemon());
+        tokio::task::spawn_blocking(move || {
+            daemon.plugins.list(&crate::service::plugins::refs(
+                daemon.local_store(),
+                &daemon.tasks,
+                &daemon.schedules,
+            ))
+        })
+        .await
+        .unwrap_or_default()
+    }
+
+    /// The request a task was submitted with (resolved: its name, slot
+    /// and policy as placed), for `host rerun`; its idempotency key and
+    /// the schedule that fired it are left out.
+    pub(crate) async fn request_of(
+        &self,
+        found: &Found,
+    ) -> Result<SubmitRequest, (ErrorKind, String)> {
+        let id = found.id();
+        let request = match (self, found) {
+            (Self::Local(_), Found::Live(record)) if record.request.is_some() => {
+                record.request.as_deref().cloned()
+            }
+            (Self::Local(local), _) => local.stored_request(id).await,
+            (Self::Shared(shared), _) => shared.stored_request(id).await?,
+        };
+        let mut request = request.ok_or_else(|| {
+            (
+                ErrorKind::NotFound,
+                format!("task {id}'s request is no longer kept (retention), so it cannot be rerun"),
+            )
+        })?;
+        request.idempotency_key = None;
+        // A rerun is nobody's firing: a client submits it.
+        request.schedule = None;
+        Ok(request)
+    }
+
+    /// The task's report once it has one.
+    pub(crate) fn outcome(
+        &self,
+        found: &Found,
+    ) -> BoxFuture<'static, Result<Arc<TaskReport>, (ErrorKind, String)>> {
+        match (self, found) {
+            (_, Found::Live(record)) => {
+                let outcome = record.outcome.clone();
+                Box::pin(async move { Ok(outcome.report().await) })
+            }
+            (_, Found::Stored(finished)) => {
+                let report = Arc::new(finished.report.clone());
+                Box::pin(async move { Ok(report) })
+            }
+            (Self::Shared(shared), Found::Shared { id, .. }) => shared.outcome(*id),
+            (Self::Local(..), Found::Shared { .. }) => {
+                Box::pin(async { Err((ErrorKind::Internal, "not a cluster node".to_owned())) })
+            }
+        }
+    }
+
+    /// Makes the stop claim on a task (queued work is removed); false if
+    /// it was already stopping or had ended.
+    pub(crate) async fn stop(&self, found: &Found) -> Result<bool, (ErrorKind, String)> {
+        match (self, found) {
+            (Self::Local(local), Found::Live(record)) => Ok(local.stop(record.id)),
+            (Self::Shared(shared), Found::Live(record)) => {
+                Ok(shared.daemon.controller.remove(record.id))
+            }
+            (_, Found::Stored(_)) => Ok(false),
+            (Self::Shared(shared), Found::Shared { id, .. }) => shared.stop(*id).await,
+            (Self::Local(..), Found::Shared { .. }) => Ok(false),
+        }
+    }
+
+    /// The rows of `host ps` (with `all`, `host ps --all`), by id.
+    pub(crate) async fn rows(&self, all: bool) -> Result<Vec<TaskRow>, (ErrorKind, String)> {
+        match self {
+            Self::Local(local) => Ok(local.rows(all).await),
+            Self::Shared(shared) => shared.rows(all).await,
+        }
+    }
+
+    /// The slots of `host slots`.
+    pub(crate) async fn slots(&self) -> Result<Vec<SlotView>, (ErrorKind, String)> {
+        match self {
+            Self::Local(local) => Ok(local.daemon.controller.snapshot()),
+            Self::Shared(shared) => shared.cluster.pg.slots().await.map_err(internal),
+        }
+    }
+
+    /// A task's log lines; following, new ones until it ends. Subscribed
+    /// before it returns: lines written after the request are seen.
+    pub(crate) async fn log(&self, found: Found, follow: bool) -> Items {
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        match (self, found) {
+            (_, Found::Live(record)) => follow_local(&tx, &record, follow),
+            (_, Found::Stored(finished)) => {
+                tokio::spawn(send_all(tx, finished.log));
+            }
+            (Self::Shared(shared), Found::Shared { id, finished }) => {
+                shared.log(tx, id, finished, follow);
+            }
+            (Self::Local(..), Found::Shared { .. }) => {}
+        }
+        rx
+    }
+
+    /// `host events`: the recorded history, then (with `follow`) live
+    /// events, with nothing falling between the two.
+    pub(crate) fn events(&self, follow: bool, filter: EventFilter) -> Items {
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        match self {
+            Self::Local(local) => local.events(tx, follow, filter),
+            Self::Shared(shared) => shared.events(tx, follow, filter),
+        }
+        rx
+    }
+
+    /// A task as the HTTP API details it.
+    pub(crate) async fn detail(&self, found: Found) -> Result<Detail, (ErrorKind, String)> {
+        match found {
+            Found::Live(record) => {
+                let row = self
+                    .rows(false)
+                    .await?
+                    .into_iter()
+                    .find(|r| r.id == record.id);
+                Ok(Detail {
+                    row,
+                    report: record.outcome.get(),
+                    log: record.log.lines(),
+                    id: record.id,
+                    name: record.name,
+                    slot: record.slot,
+                    plugin: record.plugin,
+                })
+            }
+            Found::Stored(finished) => Ok(stored_detail(*finished)),
+            Found::Shared { id, finished } => match self {
+                Self::Shared(shared) => shared.detail(id, finished).await,
+                Self::Local(_) => Err(not_found(&TaskRef::Id(id))),
+            },
+        }
+    }
+
+    /// `host plugins prune`: in a cluster, the database's unused plugins
+    /// go first (the node's own copies are then collected as on one host).
+    pub(crate) async fn prune_shared_plugins(&self) -> Result<(), (ErrorKind, String)> {
+        match self {
+            Self::Local(..) => Ok(()),
+            Self::Shared(shared) => shared.prune_plugins().await,
+        }
+    }
+
+    /// A `host kv` verb: one host's buckets; a cluster node has none.
+    pub(crate) async fn kv(
+        &self,
+        verb: crate::wire::protocol::KvVerb,
+    ) -> Result<crate::service::kv::KvAnswer, (ErrorKind, String)> {
+        match self {
+            Self::Local(local) => crate::service::kv::answer(&local.daemon.kv, verb).await,
+            Self::Shared(shared) => shared.kv(verb).await,
+        }
+    }
+
+    fn daemon(&self) -> &'a Arc<Daemon> {
+        match self {
+            Self::Local(local) => local.daemon,
+            Self::Shared(shared) => shared.daemon,
+        }
+    }
+}
+
+/// A finished task as the HTTP API details it.
+fn stored_detail(finished: Finished) -> Detail {
+    Detail {
+        id: finished.report.id,
+        name: finished.report.name.to_string(),
+        slot: finished.report.slot.to_string(),
+        plugin: finished.plugin,
+        row: None,
+        log: finished.log,
+        report: Some(Arc::new(finished.report)),
+    }
+}
+
+/// Runs a producer until it ends or its reader goes away.
+async fn until_closed(tx: &mpsc::Sender<Item>, work: impl Future<Output = ()>) {
+    tokio::select! {
+        () = work => {}
+        () = tx.closed() => {}
+    }
+}
+
+async fn send_all(tx: mpsc::Sender<Item>, lines: Vec<LogLine>) {
+    for line in lines {
+        if tx.send(Item::Log(line)).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A task's lines in this daemon's memory; following, the live ones until
+/// it ends.
+fn follow_local(tx: &mpsc::Sender<Item>, record: &TaskRecord, follow: bool) {
+    let (lines, mut live) = record.log.follow();
+    let follow = follow && record.outcome.get().is_none();
+    let tx = tx.clone();
+    tokio::spawn(async move {
+        for line in lines {
+            if tx.send(Item::Log(line)).await.is_err() {
+                return;
+            }
+        }
+        if !follow {
+            return;
+        }
+        use tokio::sync::broadcast::error::RecvError;
+        until_closed(&tx, async {
+            loop {
+                let item = match live.recv().await {
+                    Ok(Some(line)) => Item::Log(line),
+                    Ok(None) | Err(RecvError::Closed) => return,
+                    Err(RecvError::Lagged(n)) => Item::Dropped(n),
+                };
+                if tx.send(item).await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+    });
+}
