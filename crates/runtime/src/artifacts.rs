@@ -34,7 +34,7 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use super::contract::PluginInfo;
-use super::plugin::Digest;
+use super::digest::Digest;
 
 /// The layout of the files; a change makes every older artifact foreign.
 const FORMAT: u32 = 1;

@@ -20,11 +20,11 @@ use super::bindings::{
     self, taskhost::plugin::children, taskhost::plugin::host, taskhost::plugin::types,
 };
 use super::children::{ChildAccess, ChildTasks};
+use super::digest::Digest;
 use super::http::{HttpHooks, OwnAddresses};
 use super::kv::{KvAccess, KvBackend};
 use super::limits::{GuestLimits, LimitHits};
 use super::output::{Capture, CapturedStream};
-use super::plugin::Digest;
 use super::reaper::Reaper;
 use super::secrets::Secrets;
 use taskhost_core::logline::{LogLevel, Stream};

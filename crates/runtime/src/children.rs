@@ -15,7 +15,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::bindings::taskhost::plugin::children;
-use crate::plugin::Digest;
+use crate::digest::Digest;
 use crate::sandbox::Sandbox;
 
 /// The longest child key taken.

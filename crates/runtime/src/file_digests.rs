@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime};
 
 use sha2::{Digest as _, Sha256};
 
-use super::plugin::Digest;
+use super::digest::Digest;
 
 /// How long a file must have been unchanged before its digest is recorded:
 /// far longer than any file system's timestamp granularity.

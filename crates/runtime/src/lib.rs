@@ -11,6 +11,7 @@
 //! | `artifacts` | compiled plugins on disk: written atomically, checked, mapped back (the one `unsafe`) |
 //! | `file_digests` | the memo of plugin files' digests by their status, so a warm run reads no plugin |
 //! | `cache` | the compiled plugins in memory, bounded by their image sizes |
+//! | `digest` | a plugin's content digest: [`Digest`], computed off the async workers for large inputs |
 //! | `bindings` | the Rust side of `wit/` (generated) |
 //! | `contract` | what a plugin declares: [`PluginInfo`], [`Capability`], resource templates |
 //! | `plugin` | bytes → validated [`Plugin`] (header sniffing, compile, world check, describe) |
@@ -35,6 +36,7 @@ mod attempt;
 mod bindings;
 pub mod children;
 pub mod contract;
+mod digest;
 mod engine;
 mod file_digests;
 mod http;
@@ -59,6 +61,7 @@ pub use attempt::{
     AttemptError, AttemptFacts, MAX_OUTPUT_BYTES, PreparedAttempt, StopSignals, StoppedInstance,
 };
 pub use contract::{Capability, DefaultPolicy, PluginInfo, ResourceTemplate, TemplateError};
+pub use digest::{Digest, digest_of};
 pub use engine::{
     Allocator, AllocatorChoice, DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES,
     HurryGuard, POOL_RESERVE, PoolReset, RuntimeConfig, SLOW_COMPILE, SlowCompile,
@@ -74,8 +77,7 @@ pub use limits::{
 };
 pub use output::{GuestSink, MAX_LINE_BYTES, MAX_OUTPUT_BYTES_PER_ATTEMPT, NullSink};
 pub use plugin::{
-    DESCRIBE_MAX_MEMORY, DESCRIBE_TIMEOUT, Digest, LoadError, MAX_PLUGIN_BYTES, Plugin,
-    check_header,
+    DESCRIBE_MAX_MEMORY, DESCRIBE_TIMEOUT, LoadError, MAX_PLUGIN_BYTES, Plugin, check_header,
 };
 pub use sandbox::{DirGrant, GrantError, Sandbox, parse_env};
 pub use secrets::{
@@ -153,25 +155,6 @@ impl std::fmt::Debug for Runtime {
             .field("allocator", &self.allocator)
             .finish_non_exhaustive()
     }
-}
-
-/// Inputs over this many bytes are hashed on a blocking thread.
-const LARGE: usize = 1 << 20;
-
-/// The digest of `bytes`; over [`LARGE`], computed on a blocking thread
-/// (15 ms for an 18 MiB component would hold up every task waiting on
-/// that async worker). The bytes stay allocated by the caller: a large
-/// buffer allocated on a short-lived blocking thread stays in that
-/// thread's malloc arena once freed (30 MiB more RSS over 20 Python
-/// plugins in the daemon).
-pub async fn digest_of(bytes: &Arc<[u8]>) -> Digest {
-    if bytes.len() <= LARGE {
-        return Digest::of(bytes);
-    }
-    let input = Arc::clone(bytes);
-    tokio::task::spawn_blocking(move || Digest::of(&input))
-        .await
-        .unwrap_or_else(|_| Digest::of(bytes))
 }
 
 /// Raises the calling thread's nice value by `nice` (on Linux the value is
