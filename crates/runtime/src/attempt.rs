@@ -19,10 +19,10 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use super::bindings::{
     self, taskhost::plugin::children, taskhost::plugin::host, taskhost::plugin::types,
 };
-use super::children::{ChildAccess, ChildTasks};
+use super::children::{ChildAccess, ChildHandle};
 use super::digest::Digest;
 use super::http::{HttpHooks, OwnAddresses};
-use super::kv::{KvAccess, KvBackend};
+use super::kv::{KvAccess, KvHandle};
 use super::limits::{GuestLimits, LimitHits};
 use super::output::{Capture, CapturedStream};
 use super::reaper::Reaper;
@@ -309,26 +309,6 @@ pub(crate) struct AttemptEnv {
     pub(crate) kv: Option<KvHandle>,
     /// Where child tasks go (none: a spawn fails, saying so).
     pub(crate) children: Option<ChildHandle>,
-}
-
-/// Where child tasks go, shown by name only.
-#[derive(Clone)]
-pub(crate) struct ChildHandle(pub(crate) Arc<dyn ChildTasks>);
-
-impl std::fmt::Debug for ChildHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ChildTasks")
-    }
-}
-
-/// The backend of `wasi:keyvalue`, shown by name only.
-#[derive(Clone)]
-pub(crate) struct KvHandle(pub(crate) Arc<dyn KvBackend>);
-
-impl std::fmt::Debug for KvHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("KvBackend")
-    }
 }
 
 /// The `wasi:config` store of the attempts that have no values, shared.

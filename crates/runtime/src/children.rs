@@ -112,6 +112,16 @@ pub trait Parking: Send + Sync {
     fn unpark(&self) -> ChildFuture<()>;
 }
 
+/// Where child tasks go, shown by name only.
+#[derive(Clone)]
+pub(crate) struct ChildHandle(pub(crate) Arc<dyn ChildTasks>);
+
+impl std::fmt::Debug for ChildHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ChildTasks")
+    }
+}
+
 /// What one attempt's guest may do with children: shares the attempt's
 /// facts and grants; the [`Parent`] is made at a spawn.
 #[derive(Clone)]

@@ -73,8 +73,8 @@ pub struct RuntimeConfig {
     pub(crate) guest_limits: super::GuestLimits,
     pub(crate) secrets: super::Secrets,
     pub(crate) config: Vec<(String, String)>,
-    pub(crate) kv: Option<super::attempt::KvHandle>,
-    pub(crate) children: Option<super::attempt::ChildHandle>,
+    pub(crate) kv: Option<super::kv::KvHandle>,
+    pub(crate) children: Option<super::children::ChildHandle>,
     pub(crate) inline_loads: bool,
     pub(crate) realtime_ticker: bool,
 }
@@ -217,7 +217,7 @@ impl RuntimeConfig {
     /// a task's slot's, a granted name (`Sandbox::kv`) a shared one
     /// [default: none, so `open` fails saying there is no state here].
     pub fn key_value(mut self, backend: Arc<dyn super::KvBackend>) -> Self {
-        self.kv = Some(super::attempt::KvHandle(backend));
+        self.kv = Some(super::kv::KvHandle(backend));
         self
     }
 
@@ -225,7 +225,7 @@ impl RuntimeConfig {
     /// (`taskhost:plugin/children`) [default: none, so a spawn fails saying
     /// there is no controller here].
     pub fn child_tasks(mut self, backend: Arc<dyn super::children::ChildTasks>) -> Self {
-        self.children = Some(super::attempt::ChildHandle(backend));
+        self.children = Some(super::children::ChildHandle(backend));
         self
     }
 

@@ -422,6 +422,16 @@ impl KvBackend for MemoryKv {
     }
 }
 
+/// The backend of `wasi:keyvalue`, shown by name only.
+#[derive(Clone)]
+pub(crate) struct KvHandle(pub(crate) Arc<dyn KvBackend>);
+
+impl std::fmt::Debug for KvHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KvBackend")
+    }
+}
+
 /// What one attempt may reach: the backend, its task and slot, and the
 /// shared buckets its task was granted.
 #[derive(Clone)]
