@@ -411,10 +411,10 @@ pub(crate) fn new_store(
         if abort.load(Ordering::Relaxed) {
             return Ok(UpdateDeadline::Interrupt);
         }
-        let fired = super::engine::ABORTS_FIRED.load(Ordering::Relaxed);
+        let fired = super::ticker::ABORTS_FIRED.load(Ordering::Relaxed);
         // An abort has fired and its attempt is not gone yet: yield at
         // every check until the executor has reached that guest.
-        let hurrying = super::engine::ABORTS_PENDING.load(Ordering::Relaxed) > 0;
+        let hurrying = super::ticker::ABORTS_PENDING.load(Ordering::Relaxed) > 0;
         // Back from a wait (a sleep, woken by its timer or a cancel): the
         // executor has just polled this guest, so it runs on to the next
         // tick instead of yielding at once (which, when thousands of

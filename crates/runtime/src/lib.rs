@@ -7,7 +7,8 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | `engine` | engine config, pooling vs on-demand, epoch ticker |
+//! | `engine` | engine config, pooling vs on-demand |
+//! | `ticker` | the epoch ticker: ticks, attempts' abort deadlines fired on time, the abort counters |
 //! | `artifacts` | compiled plugins on disk: written atomically, checked, mapped back (the one `unsafe`) |
 //! | `file_digests` | the memo of plugin files' digests by their status, so a warm run reads no plugin |
 //! | `cache` | the compiled plugins in memory, bounded by their image sizes |
@@ -49,6 +50,7 @@ pub mod plugin_task;
 mod reaper;
 mod sandbox;
 mod secrets;
+mod ticker;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -64,8 +66,7 @@ pub use contract::{Capability, DefaultPolicy, PluginInfo, ResourceTemplate, Temp
 pub use digest::{Digest, digest_of};
 pub use engine::{
     Allocator, AllocatorChoice, DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES,
-    HurryGuard, POOL_RESERVE, PoolReset, RuntimeConfig, SLOW_COMPILE, SlowCompile,
-    default_cache_dir,
+    POOL_RESERVE, PoolReset, RuntimeConfig, SLOW_COMPILE, SlowCompile, default_cache_dir,
 };
 pub use http::{
     DEFAULT_HTTP_CONNECT_TIMEOUT, DEFAULT_HTTP_FIRST_BYTE_TIMEOUT, HttpAllow, HttpScheme,
@@ -84,6 +85,7 @@ pub use secrets::{
     MAX_SECRET_BYTES, MAX_SECRET_NAME, SecretError, SecretRef, Secrets,
     check_name as check_secret_name,
 };
+pub use ticker::HurryGuard;
 
 use attempt::{AttemptEnv, AttemptState};
 
@@ -123,7 +125,7 @@ pub struct Runtime {
     linker: Arc<Linker<AttemptState>>,
     allocator: Allocator,
     plugins: Mutex<cache::PluginCache>,
-    ticker: engine::EpochTicker,
+    ticker: ticker::EpochTicker,
     /// Compiled plugins on disk, when a cache directory is set and usable.
     artifacts: Option<Arc<artifacts::Artifacts>>,
     on_slow_compile: Option<engine::SlowCompileHook>,
@@ -200,8 +202,8 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         attempt::add_to_linker(&mut linker)
             .map_err(|e| RuntimeError::Engine(attempt::error_chain(&e)))?;
-        let ticker =
-            engine::EpochTicker::start(&engine, config.epoch_tick, config.realtime_ticker)?;
+        let ticker = ticker::EpochTicker::start(&engine, config.epoch_tick, config.realtime_ticker)
+            .map_err(RuntimeError::Engine)?;
         let artifacts = config
             .cache_dir
             .as_deref()
