@@ -7,6 +7,7 @@
 //!
 //! | module | owns |
 //! |---|---|
+//! | `config` | the runtime's settings ([`RuntimeConfig`]) and their defaults |
 //! | `engine` | engine config, pooling vs on-demand |
 //! | `ticker` | the epoch ticker: ticks, attempts' abort deadlines fired on time, the abort counters |
 //! | `artifacts` | compiled plugins on disk: written atomically, checked, mapped back (the one `unsafe`) |
@@ -36,6 +37,7 @@ mod artifacts;
 mod attempt;
 mod bindings;
 pub mod children;
+mod config;
 pub mod contract;
 mod digest;
 mod engine;
@@ -62,12 +64,10 @@ use wasmtime::component::Linker;
 pub use attempt::{
     AttemptError, AttemptFacts, MAX_OUTPUT_BYTES, PreparedAttempt, StopSignals, StoppedInstance,
 };
+pub use config::{RuntimeConfig, SLOW_COMPILE, SlowCompile, default_cache_dir};
 pub use contract::{Capability, DefaultPolicy, PluginInfo, ResourceTemplate, TemplateError};
 pub use digest::{Digest, digest_of};
-pub use engine::{
-    Allocator, AllocatorChoice, DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES,
-    POOL_RESERVE, PoolReset, RuntimeConfig, SLOW_COMPILE, SlowCompile, default_cache_dir,
-};
+pub use engine::{Allocator, AllocatorChoice, DEFAULT_POOL_INSTANCES, POOL_RESERVE, PoolReset};
 pub use http::{
     DEFAULT_HTTP_CONNECT_TIMEOUT, DEFAULT_HTTP_FIRST_BYTE_TIMEOUT, HttpAllow, HttpScheme,
 };
@@ -80,12 +80,12 @@ pub use output::{GuestSink, MAX_LINE_BYTES, MAX_OUTPUT_BYTES_PER_ATTEMPT, NullSi
 pub use plugin::{
     DESCRIBE_MAX_MEMORY, DESCRIBE_TIMEOUT, LoadError, MAX_PLUGIN_BYTES, Plugin, check_header,
 };
-pub use sandbox::{DirGrant, GrantError, Sandbox, parse_env};
+pub use sandbox::{DEFAULT_MAX_MEMORY, DirGrant, GrantError, Sandbox, parse_env};
 pub use secrets::{
     MAX_SECRET_BYTES, MAX_SECRET_NAME, SecretError, SecretRef, Secrets,
     check_name as check_secret_name,
 };
-pub use ticker::HurryGuard;
+pub use ticker::{DEFAULT_EPOCH_TICK, HurryGuard};
 
 use attempt::{AttemptEnv, AttemptState};
 
@@ -128,7 +128,7 @@ pub struct Runtime {
     ticker: ticker::EpochTicker,
     /// Compiled plugins on disk, when a cache directory is set and usable.
     artifacts: Option<Arc<artifacts::Artifacts>>,
-    on_slow_compile: Option<engine::SlowCompileHook>,
+    on_slow_compile: Option<config::SlowCompileHook>,
     /// See [`RuntimeConfig::compile_nice`].
     compile_nice: Option<i32>,
     /// See [`RuntimeConfig::inline_loads`].
@@ -198,7 +198,8 @@ impl Runtime {
                 .start_handler(move |_| lower_priority(nice))
                 .build_global();
         }
-        let (engine, allocator) = engine::build_engine(config)?;
+        let (engine, allocator) = engine::build_engine(config.allocator, config.pool_instances)
+            .map_err(RuntimeError::Engine)?;
         let mut linker = Linker::new(&engine);
         attempt::add_to_linker(&mut linker)
             .map_err(|e| RuntimeError::Engine(attempt::error_chain(&e)))?;

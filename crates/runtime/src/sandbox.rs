@@ -13,9 +13,11 @@ use std::path::PathBuf;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
 
 use super::contract::Capability;
-use super::engine::DEFAULT_MAX_MEMORY;
 use super::http::HttpAllow;
 use super::secrets::{SecretError, SecretRef, Secrets};
+
+/// The default memory limit of a guest: all its linear memories together.
+pub const DEFAULT_MAX_MEMORY: u64 = 256 << 20;
 
 /// One preopened directory.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

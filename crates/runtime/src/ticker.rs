@@ -14,6 +14,9 @@ use std::time::Duration;
 
 use wasmtime::Engine;
 
+/// The default interval of the epoch ticker.
+pub const DEFAULT_EPOCH_TICK: Duration = Duration::from_millis(10);
+
 /// The thread that advances the engine's epoch every tick; stops when the
 /// engine or the ticker is dropped.
 pub(crate) struct EpochTicker {
