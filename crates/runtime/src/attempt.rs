@@ -19,13 +19,14 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use super::bindings::{
     self, taskhost::plugin::children, taskhost::plugin::host, taskhost::plugin::types,
 };
-use super::children::{ChildAccess, ChildHandle};
+use super::children::{ChildAccess, ChildHandle, Parking};
 use super::digest::Digest;
 use super::http::{HttpHooks, OwnAddresses};
 use super::kv::{KvAccess, KvHandle};
 use super::limits::{GuestLimits, LimitHits};
-use super::output::{Capture, CapturedStream};
+use super::output::{Capture, CapturedStream, GuestSink};
 use super::reaper::Reaper;
+use super::sandbox::Sandbox;
 use super::secrets::Secrets;
 use taskhost_core::logline::{LogLevel, Stream};
 use taskhost_core::units::format_size;
@@ -105,6 +106,22 @@ pub enum AttemptError {
     /// The attempt was force-aborted (its instance trapped on request).
     #[error("the attempt was force-aborted")]
     Aborted,
+}
+
+/// Everything needed to run one attempt of a plugin task.
+#[derive(Clone)]
+pub struct AttemptRequest {
+    /// The attempt's facts (task id, name, slot, attempt number, params).
+    pub facts: Arc<AttemptFacts>,
+    /// The input bytes given to `run`.
+    pub input: Arc<[u8]>,
+    /// What the guest may touch.
+    pub sandbox: Arc<Sandbox>,
+    /// Where the guest's output goes.
+    pub sink: Arc<dyn GuestSink>,
+    /// How the attempt gives its concurrency permit back while its guest
+    /// waits for a child (none: it keeps it; `PluginTask` sets it).
+    pub parking: Option<Arc<dyn Parking>>,
 }
 
 /// The data of one attempt's store.
@@ -321,7 +338,7 @@ static NO_CONFIG: std::sync::LazyLock<Arc<WasiConfigVariables>> =
 pub(crate) fn new_store(
     engine: &Engine,
     env: &AttemptEnv,
-    request: &crate::AttemptRequest,
+    request: &AttemptRequest,
     plugin: Option<Digest>,
     signals: &StopSignals,
 ) -> Result<(Store<AttemptState>, Arc<Capture>), AttemptError> {

@@ -483,7 +483,7 @@ pub(crate) async fn describe(
         ..Sandbox::default()
     };
     let signals = StopSignals::default();
-    let request = crate::AttemptRequest {
+    let request = attempt::AttemptRequest {
         facts: Arc::new(AttemptFacts::default()),
         input: Arc::from(&[][..]),
         sandbox: Arc::new(sandbox),
