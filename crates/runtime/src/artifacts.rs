@@ -205,7 +205,7 @@ impl Artifacts {
             Ok(component) => Some((component, record.info)),
             Err(err) => self.discard(
                 digest,
-                &format!("wasmtime refused it: {}", super::attempt::error_chain(&err)),
+                &format!("wasmtime refused it: {}", super::failure::error_chain(&err)),
             ),
         }
     }

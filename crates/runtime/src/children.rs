@@ -1,10 +1,11 @@
 //! Owns child tasks as a guest reaches them through `taskhost:plugin/children`
 //! (since 0.1.1): what a spawn asks for ([`ChildSpec`]), what its parent
 //! brings ([`Parent`]: its id, name, plugin and grants, the ceiling of every
-//! child), how an outcome comes back ([`ChildOutcome`]), and the host
-//! functions, whose wait returns at once when the parent is asked to stop
-//! and parks the parent meanwhile ([`Parking`]: its concurrency permit goes
-//! back, so that its children can run under any limit). Submitting and
+//! child), how an outcome comes back ([`ChildOutcome`]), and how a parent
+//! waits: the wait (a host function, in `host_calls`) returns at once when
+//! the parent is asked to stop, and parks the parent meanwhile
+//! ([`Parking`]: its concurrency permit goes back, so that its children can
+//! run under any limit). Submitting and
 //! waiting is the embedder's ([`ChildTasks`]), and so is the permit: this
 //! module knows no controller and no supervisor.
 
@@ -16,6 +17,7 @@ use std::sync::Arc;
 
 use crate::bindings::taskhost::plugin::children;
 use crate::digest::Digest;
+use crate::facts::AttemptFacts;
 use crate::sandbox::Sandbox;
 
 /// The longest child key taken.
@@ -129,7 +131,7 @@ pub(crate) struct ChildAccess {
     pub(crate) backend: Arc<dyn ChildTasks>,
     /// Parks the attempt while it waits (none: it keeps its permit).
     pub(crate) parking: Option<Arc<dyn Parking>>,
-    pub(crate) facts: Arc<crate::AttemptFacts>,
+    pub(crate) facts: Arc<AttemptFacts>,
     pub(crate) plugin: Digest,
     pub(crate) sandbox: Arc<Sandbox>,
 }

@@ -18,7 +18,10 @@
 //! | `bindings` | the Rust side of `wit/` (generated) |
 //! | `contract` | what a plugin declares: [`PluginInfo`], [`Capability`], resource templates |
 //! | `plugin` | bytes → validated [`Plugin`] (header sniffing, compile, world check, describe) |
-//! | `attempt` | one fresh instance: limits, epoch callback, host functions, error mapping |
+//! | `attempt` | one fresh instance: memory limits, epoch callback, linker, how it ended |
+//! | `facts` | what an attempt is told: [`AttemptFacts`], [`StopSignals`] |
+//! | `failure` | [`AttemptError`] and the translation of traps and wasmtime's errors into it |
+//! | `host_calls` | the host functions of `taskhost:plugin` (`host`, `children`) for one attempt |
 //! | `limits` | the per-attempt caps on handles, open files, HTTP requests, header bytes |
 //! | `sandbox` | grants: dirs, env, http, memory; capability checks; WASI context |
 //! | `children` | child tasks: what a guest's spawn asks, its parent's grants as the ceiling, the cancellable wait |
@@ -43,7 +46,10 @@ mod config;
 pub mod contract;
 mod digest;
 mod engine;
+mod facts;
+mod failure;
 mod file_digests;
+mod host_calls;
 mod http;
 pub mod kv;
 mod limits;
@@ -57,14 +63,13 @@ mod sandbox;
 mod secrets;
 mod ticker;
 
-pub use attempt::{
-    AttemptError, AttemptFacts, AttemptRequest, MAX_OUTPUT_BYTES, PreparedAttempt, StopSignals,
-    StoppedInstance,
-};
+pub use attempt::{AttemptRequest, MAX_OUTPUT_BYTES, PreparedAttempt, StoppedInstance};
 pub use config::{RuntimeConfig, SLOW_COMPILE, SlowCompile, default_cache_dir};
 pub use contract::{Capability, DefaultPolicy, PluginInfo, ResourceTemplate, TemplateError};
 pub use digest::{Digest, digest_of};
 pub use engine::{Allocator, AllocatorChoice, DEFAULT_POOL_INSTANCES, POOL_RESERVE, PoolReset};
+pub use facts::{AttemptFacts, StopSignals};
+pub use failure::AttemptError;
 pub use http::{
     DEFAULT_HTTP_CONNECT_TIMEOUT, DEFAULT_HTTP_FIRST_BYTE_TIMEOUT, HttpAllow, HttpScheme,
 };

@@ -12,10 +12,12 @@ use std::time::Duration;
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::attempt::{self, AttemptEnv, AttemptFacts, AttemptState, StopSignals, error_chain};
+use super::attempt::{self, AttemptEnv, AttemptState};
 use super::bindings::{self, WIT_PACKAGE, WIT_VERSION, taskhost::plugin::types};
 use super::contract::{Capability, PluginInfo, ResourceTemplate};
 use super::digest::Digest;
+use super::facts::{AttemptFacts, StopSignals};
+use super::failure::{describe_trap, error_chain};
 use super::output::NullSink;
 use super::sandbox::Sandbox;
 
@@ -508,7 +510,7 @@ pub(crate) async fn describe(
         Ok(Err(err)) => {
             // One line: the trap, what the guest said, the top of its
             // backtrace.
-            let why = attempt::describe_trap(&err, None, capture.explanation());
+            let why = describe_trap(&err, None, capture.explanation());
             return Err(bad(format!("failed: {why}")));
         }
         Ok(Ok(raw)) => raw,

@@ -25,9 +25,11 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use crate::attempt::{AttemptError, AttemptFacts, AttemptRequest, StopSignals};
+use crate::attempt::AttemptRequest;
 use crate::children::Parking;
 use crate::contract::{DefaultPolicy, ResourceTemplate, TemplateError};
+use crate::facts::{AttemptFacts, StopSignals};
+use crate::failure::AttemptError;
 use crate::output::GuestSink;
 use crate::plugin::Plugin;
 use crate::runtime::Runtime;

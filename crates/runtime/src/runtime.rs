@@ -16,12 +16,13 @@ use wasmtime::Engine;
 use wasmtime::component::Linker;
 
 use super::artifacts;
-use super::attempt::{self, AttemptEnv, AttemptError, AttemptRequest, AttemptState};
-use super::attempt::{PreparedAttempt, StopSignals};
+use super::attempt::{self, AttemptEnv, AttemptRequest, AttemptState, PreparedAttempt};
 use super::cache;
 use super::config::{self, RuntimeConfig, SLOW_COMPILE, SlowCompile};
 use super::digest::{Digest, digest_of};
 use super::engine::{self, Allocator};
+use super::facts::StopSignals;
+use super::failure::{AttemptError, error_chain};
 use super::file_digests;
 use super::limits::{GuestLimits, LimitError};
 use super::plugin::{self, LoadError, MAX_PLUGIN_BYTES, Plugin};
@@ -113,8 +114,7 @@ impl Runtime {
         let (engine, allocator) = engine::build_engine(config.allocator, config.pool_instances)
             .map_err(RuntimeError::Engine)?;
         let mut linker = Linker::new(&engine);
-        attempt::add_to_linker(&mut linker)
-            .map_err(|e| RuntimeError::Engine(attempt::error_chain(&e)))?;
+        attempt::add_to_linker(&mut linker).map_err(|e| RuntimeError::Engine(error_chain(&e)))?;
         let ticker = ticker::EpochTicker::start(&engine, config.epoch_tick, config.realtime_ticker)
             .map_err(RuntimeError::Engine)?;
         let artifacts = config
