@@ -28,7 +28,7 @@ use super::failure::{AttemptError, describe_trap, error_chain, is_pool_full, joi
 use super::host_calls::HostCtx;
 use super::http::{HttpHooks, OwnAddresses};
 use super::kv::{KvAccess, KvHandle};
-use super::limits::{GuestLimits, LimitHits};
+use super::limits::{GuestLimits, LimitHits, Limited};
 use super::output::{Capture, CapturedStream, GuestSink};
 use super::reaper::Reaper;
 use super::sandbox::Sandbox;
@@ -75,26 +75,6 @@ pub(crate) struct AttemptState {
 }
 
 impl AttemptState {
-    /// The attempt's WASI resource table.
-    pub(crate) fn table(&mut self) -> &mut ResourceTable {
-        &mut self.table
-    }
-
-    /// The caps this attempt runs under and which it has hit.
-    pub(crate) fn limits(&self) -> &LimitHits {
-        &self.limits
-    }
-
-    /// See [`AttemptState::limits`].
-    pub(crate) fn limits_mut(&mut self) -> &mut LimitHits {
-        &mut self.limits
-    }
-
-    /// A line in the task's log, as if the guest had logged it.
-    pub(crate) fn log(&self, level: LogLevel, message: &str) {
-        self.host.log(level, message);
-    }
-
     /// The note naming every limit this attempt hit (memory, tables, the
     /// caps of [`GuestLimits`]), given how it ended.
     fn limits_note(&mut self, err: Option<&wasmtime::Error>) -> Option<String> {
@@ -105,6 +85,16 @@ impl AttemptState {
             (Some(m), Some(c)) => Some(format!("{m}; {c}")),
             (m, c) => m.or(c),
         }
+    }
+}
+
+impl Limited for AttemptState {
+    fn limit_hits(&mut self) -> &mut LimitHits {
+        &mut self.limits
+    }
+
+    fn log(&self, level: LogLevel, message: &str) {
+        self.host.log(level, message);
     }
 }
 
