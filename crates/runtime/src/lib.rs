@@ -27,7 +27,9 @@
 //! | `children` | child tasks: what a guest's spawn asks, its parent's grants as the ceiling, the cancellable wait |
 //! | `kv` | `wasi:keyvalue`: which bucket a guest may open, limits, [`MemoryKv`](kv::MemoryKv) with its journal |
 //! | `secrets` | secrets by name: [`SecretRef`], the [`Secrets`] source, resolved at attempt start |
-//! | `http` | outbound HTTP: `--allow-http` grants, ceilings, the checks of every request and address |
+//! | `grant_error` | [`GrantError`], why a grant was refused |
+//! | `http_grant` | outbound HTTP's grant: `--allow-http` parsed into [`HttpAllow`], matching, ceilings |
+//! | `http` | outbound HTTP: the checks of every request and address against the grant, the cap in flight |
 //! | `outbound` | outbound HTTP's send path: lookup, connect to the checked address, TLS, HTTP/1 |
 //! | `output` | guest stdout/stderr/log capture, bounded, line by line |
 //! | `reaper` | the low-priority threads that drop stopped attempts' stores after their outcomes; lowering a thread's priority |
@@ -49,8 +51,10 @@ mod engine;
 mod facts;
 mod failure;
 mod file_digests;
+mod grant_error;
 mod host_calls;
 mod http;
+mod http_grant;
 pub mod kv;
 mod limits;
 mod outbound;
@@ -70,9 +74,9 @@ pub use digest::{Digest, digest_of};
 pub use engine::{Allocator, AllocatorChoice, DEFAULT_POOL_INSTANCES, POOL_RESERVE, PoolReset};
 pub use facts::{AttemptFacts, StopSignals};
 pub use failure::AttemptError;
-pub use http::{
-    DEFAULT_HTTP_CONNECT_TIMEOUT, DEFAULT_HTTP_FIRST_BYTE_TIMEOUT, HttpAllow, HttpScheme,
-};
+pub use grant_error::GrantError;
+pub use http::{DEFAULT_HTTP_CONNECT_TIMEOUT, DEFAULT_HTTP_FIRST_BYTE_TIMEOUT};
+pub use http_grant::{HttpAllow, HttpScheme};
 pub use kv::{Bucket, KvBackend, KvError, KvLimits, MemoryKv};
 pub use limits::{
     DEFAULT_MAX_HANDLES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_HTTP_REQUESTS,
@@ -83,7 +87,7 @@ pub use plugin::{
     DESCRIBE_MAX_MEMORY, DESCRIBE_TIMEOUT, LoadError, MAX_PLUGIN_BYTES, Plugin, check_header,
 };
 pub use runtime::{Runtime, RuntimeError, RuntimeStats};
-pub use sandbox::{DEFAULT_MAX_MEMORY, DirGrant, GrantError, Sandbox, parse_env};
+pub use sandbox::{DEFAULT_MAX_MEMORY, DirGrant, Sandbox, parse_env};
 pub use secrets::{
     MAX_SECRET_BYTES, MAX_SECRET_NAME, SecretError, SecretRef, Secrets,
     check_name as check_secret_name,
