@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::outcome::TaskOutcome;
-use crate::supervisor::TaskId;
+use crate::supervisor::id::TaskId;
 
 /// Where a task is in its life. The supervisor sees a registered task as
 /// `Waiting`, `Running`, `BackingOff`, `Stopping` or `Finishing`; the

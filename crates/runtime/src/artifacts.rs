@@ -34,7 +34,8 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use super::contract::PluginInfo;
-use super::plugin::Digest;
+use super::digest::Digest;
+use super::file_digests;
 
 /// The layout of the files; a change makes every older artifact foreign.
 const FORMAT: u32 = 1;
@@ -205,7 +206,7 @@ impl Artifacts {
             Ok(component) => Some((component, record.info)),
             Err(err) => self.discard(
                 digest,
-                &format!("wasmtime refused it: {}", super::attempt::error_chain(&err)),
+                &format!("wasmtime refused it: {}", super::failure::error_chain(&err)),
             ),
         }
     }
@@ -268,7 +269,7 @@ impl Artifacts {
             return;
         };
         let now = std::time::SystemTime::now();
-        let stale = now - super::file_digests::STALE;
+        let stale = now - file_digests::STALE;
         let abandoned = now - std::time::Duration::from_secs(3600);
         let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();
         for entry in entries.flatten() {
@@ -282,7 +283,7 @@ impl Artifacts {
             };
             match path.extension().and_then(|x| x.to_str()) {
                 Some("cwasm") => files.push((modified, len, path)),
-                Some(super::file_digests::EXTENSION) if modified < stale => {
+                Some(file_digests::EXTENSION) if modified < stale => {
                     let _ = std::fs::remove_file(&path);
                 }
                 // Left by a writer that died before its rename.
@@ -358,19 +359,10 @@ fn check_file(path: &Path, bytes: u64, crc32: u32) -> Result<(), String> {
     Ok(())
 }
 
-/// A name beside `path` that no other writer uses: this process's id and
-/// a count of its writes (several runtimes of one process may store the
-/// same plugin at once).
-pub(crate) fn temporary_name(path: &Path) -> PathBuf {
-    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    path.with_extension(format!("tmp{}-{n}", std::process::id()))
-}
-
 /// Writes `bytes` to `path` through a synced temporary file in the same
 /// directory, readable and writable by this user only.
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = temporary_name(path);
+    let tmp = file_digests::temporary_name(path);
     let result = (|| {
         let mut file = File::options()
             .write(true)

@@ -1,17 +1,19 @@
-//! Owns one attempt: a fresh store and instance, its limits, its epoch
-//! deadline callback (yield to Tokio at every tick, trap when aborted), the
-//! host functions the guest calls, and the translation of whatever the guest
-//! did (returned, failed, trapped, ran out of memory, was aborted) into an
-//! [`AttemptError`]. Retries, timeouts and outcomes belong to the supervisor.
+//! Owns one attempt: a fresh store and instance, its limits (memory and
+//! tables here, the other caps in `limits`), its epoch deadline callback
+//! (yield to Tokio at every tick, trap when aborted), the linker of every
+//! interface the guest may import, and which way the attempt ended
+//! (returned, failed, trapped, ran out of memory, was aborted, found the
+//! pool full), told in the words of `failure`. The host functions of our
+//! own package are `host_calls`'. Retries, timeouts and outcomes belong to
+//! the supervisor.
 
 #![forbid(unsafe_code)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
-use tokio_util::sync::CancellationToken;
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
-use wasmtime::{Engine, ResourceLimiter, Store, Trap, UpdateDeadline, WasmBacktrace};
+use wasmtime::{Engine, ResourceLimiter, Store, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_config::WasiConfigVariables;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
@@ -19,13 +21,17 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use super::bindings::{
     self, taskhost::plugin::children, taskhost::plugin::host, taskhost::plugin::types,
 };
-use super::children::{ChildAccess, ChildTasks};
+use super::children::{ChildAccess, ChildHandle, Parking};
+use super::digest::Digest;
+use super::facts::{AttemptFacts, StopSignals};
+use super::failure::{AttemptError, describe_trap, error_chain, is_pool_full, join, pool_full};
+use super::host_calls::HostCtx;
 use super::http::{HttpHooks, OwnAddresses};
-use super::kv::{KvAccess, KvBackend};
-use super::limits::{GuestLimits, LimitHits};
-use super::output::{Capture, CapturedStream};
-use super::plugin::Digest;
+use super::kv::{KvAccess, KvHandle};
+use super::limits::{GuestLimits, LimitHits, Limited};
+use super::output::{Capture, CapturedStream, GuestSink};
 use super::reaper::Reaper;
+use super::sandbox::Sandbox;
 use super::secrets::Secrets;
 use taskhost_core::logline::{LogLevel, Stream};
 use taskhost_core::units::format_size;
@@ -35,76 +41,20 @@ pub const MAX_OUTPUT_BYTES: usize = 16 << 20;
 /// Most table elements one guest table may grow to.
 const MAX_TABLE_ELEMENTS: usize = 1 << 20;
 
-/// The facts of one attempt that the guest can read through `host.attempt`.
-#[derive(Debug, Clone, Default)]
-pub struct AttemptFacts {
-    /// The task's id.
-    pub task_id: u64,
-    /// The task's name.
-    pub name: String,
-    /// The slot the task owns.
-    pub slot: String,
-    /// 1-based attempt number.
-    pub attempt: u32,
-    /// The submission's params, in order.
-    pub params: Vec<(String, String)>,
-}
-
-/// How the outside world stops an attempt.
-#[derive(Debug, Clone, Default)]
-pub struct StopSignals {
-    /// Cooperative stop: seen by `is-cancelled`, wakes the host sleep.
-    pub cancel: CancellationToken,
-    /// Force-abort: the guest traps at its next epoch tick.
-    pub abort: Arc<AtomicBool>,
-}
-
-impl StopSignals {
-    /// Asks the guest to stop cooperatively.
-    pub fn cancel(&self) {
-        self.cancel.cancel();
-    }
-
-    /// Stops the guest by force at its next epoch tick (and wakes it if it
-    /// waits in a host call).
-    pub fn abort(&self) {
-        self.abort.store(true, Ordering::SeqCst);
-        self.cancel.cancel();
-    }
-
-    /// Whether [`StopSignals::abort`] was called.
-    pub fn is_aborted(&self) -> bool {
-        self.abort.load(Ordering::SeqCst)
-    }
-}
-
-/// How an attempt ended when it did not succeed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AttemptError {
-    /// A retryable failure: the guest returned `fail`, trapped, or hit its
-    /// memory limit.
-    #[error("{reason}")]
-    Fail {
-        /// What happened, for people.
-        reason: String,
-        /// The guest's exit code, if it gave one.
-        exit_code: Option<i32>,
-    },
-    /// A failure retrying cannot fix: the guest returned `fatal`, or the
-    /// plugin could not be instantiated.
-    #[error("{reason}")]
-    Fatal {
-        /// What happened, for people.
-        reason: String,
-        /// The guest's exit code, if it gave one.
-        exit_code: Option<i32>,
-    },
-    /// The guest returned `canceled`.
-    #[error("the plugin stopped on request")]
-    Canceled,
-    /// The attempt was force-aborted (its instance trapped on request).
-    #[error("the attempt was force-aborted")]
-    Aborted,
+/// Everything needed to run one attempt of a plugin task.
+#[derive(Clone)]
+pub struct AttemptRequest {
+    /// The attempt's facts (task id, name, slot, attempt number, params).
+    pub facts: Arc<AttemptFacts>,
+    /// The input bytes given to `run`.
+    pub input: Arc<[u8]>,
+    /// What the guest may touch.
+    pub sandbox: Arc<Sandbox>,
+    /// Where the guest's output goes.
+    pub sink: Arc<dyn GuestSink>,
+    /// How the attempt gives its concurrency permit back while its guest
+    /// waits for a child (none: it keeps it; `PluginTask` sets it).
+    pub parking: Option<Arc<dyn Parking>>,
 }
 
 /// The data of one attempt's store.
@@ -125,26 +75,6 @@ pub(crate) struct AttemptState {
 }
 
 impl AttemptState {
-    /// The attempt's WASI resource table.
-    pub(crate) fn table(&mut self) -> &mut ResourceTable {
-        &mut self.table
-    }
-
-    /// The caps this attempt runs under and which it has hit.
-    pub(crate) fn limits(&self) -> &LimitHits {
-        &self.limits
-    }
-
-    /// See [`AttemptState::limits`].
-    pub(crate) fn limits_mut(&mut self) -> &mut LimitHits {
-        &mut self.limits
-    }
-
-    /// A line in the task's log, as if the guest had logged it.
-    pub(crate) fn log(&self, level: LogLevel, message: &str) {
-        self.host.capture.log(level, message);
-    }
-
     /// The note naming every limit this attempt hit (memory, tables, the
     /// caps of [`GuestLimits`]), given how it ended.
     fn limits_note(&mut self, err: Option<&wasmtime::Error>) -> Option<String> {
@@ -158,17 +88,14 @@ impl AttemptState {
     }
 }
 
-/// What the host functions of one attempt need.
-pub(crate) struct HostCtx {
-    facts: Arc<AttemptFacts>,
-    cancel: CancellationToken,
-    capture: Arc<Capture>,
-    /// Set when a host call that waited returns: the guest has just been
-    /// scheduled again, so an epoch deadline that passed meanwhile needs no
-    /// yield of its own.
-    woke: bool,
-    /// What the guest may do with child tasks (none: spawns fail).
-    children: Option<ChildAccess>,
+impl Limited for AttemptState {
+    fn limit_hits(&mut self) -> &mut LimitHits {
+        &mut self.limits
+    }
+
+    fn log(&self, level: LogLevel, message: &str) {
+        self.host.log(level, message);
+    }
 }
 
 impl WasiView for AttemptState {
@@ -311,26 +238,6 @@ pub(crate) struct AttemptEnv {
     pub(crate) children: Option<ChildHandle>,
 }
 
-/// Where child tasks go, shown by name only.
-#[derive(Clone)]
-pub(crate) struct ChildHandle(pub(crate) Arc<dyn ChildTasks>);
-
-impl std::fmt::Debug for ChildHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ChildTasks")
-    }
-}
-
-/// The backend of `wasi:keyvalue`, shown by name only.
-#[derive(Clone)]
-pub(crate) struct KvHandle(pub(crate) Arc<dyn KvBackend>);
-
-impl std::fmt::Debug for KvHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("KvBackend")
-    }
-}
-
 /// The `wasi:config` store of the attempts that have no values, shared.
 static NO_CONFIG: std::sync::LazyLock<Arc<WasiConfigVariables>> =
     std::sync::LazyLock::new(Arc::default);
@@ -341,7 +248,7 @@ static NO_CONFIG: std::sync::LazyLock<Arc<WasiConfigVariables>> =
 pub(crate) fn new_store(
     engine: &Engine,
     env: &AttemptEnv,
-    request: &crate::AttemptRequest,
+    request: &AttemptRequest,
     plugin: Option<Digest>,
     signals: &StopSignals,
 ) -> Result<(Store<AttemptState>, Arc<Capture>), AttemptError> {
@@ -391,13 +298,12 @@ pub(crate) fn new_store(
             denied: None,
             table_denied: None,
         },
-        host: HostCtx {
+        host: HostCtx::new(
             facts,
-            cancel: signals.cancel.clone(),
-            capture: Arc::clone(&capture),
-            woke: false,
+            signals.cancel.clone(),
+            Arc::clone(&capture),
             children,
-        },
+        ),
         http,
         http_hooks: HttpHooks::new(
             &sandbox.http,
@@ -431,16 +337,16 @@ pub(crate) fn new_store(
         if abort.load(Ordering::Relaxed) {
             return Ok(UpdateDeadline::Interrupt);
         }
-        let fired = super::engine::ABORTS_FIRED.load(Ordering::Relaxed);
+        let fired = super::ticker::ABORTS_FIRED.load(Ordering::Relaxed);
         // An abort has fired and its attempt is not gone yet: yield at
         // every check until the executor has reached that guest.
-        let hurrying = super::engine::ABORTS_PENDING.load(Ordering::Relaxed) > 0;
+        let hurrying = super::ticker::ABORTS_PENDING.load(Ordering::Relaxed) > 0;
         // Back from a wait (a sleep, woken by its timer or a cancel): the
         // executor has just polled this guest, so it runs on to the next
         // tick instead of yielding at once (which, when thousands of
         // parked guests are cancelled together, was one more poll and
         // fiber switch each).
-        if std::mem::take(&mut cx.data_mut().host.woke) && !hurrying {
+        if cx.data_mut().host.take_woke() && !hurrying {
             resuming = false;
             fired_at_yield = fired;
             return Ok(UpdateDeadline::Continue(1));
@@ -606,262 +512,5 @@ impl PreparedAttempt {
             }),
         };
         (result, remains)
-    }
-}
-
-/// Whether `err` says the pooling allocator has no free slot (instances,
-/// memories, tables or fiber stacks).
-pub(crate) fn is_pool_full(err: &wasmtime::Error) -> bool {
-    err.chain()
-        .any(|e| e.is::<wasmtime::PoolConcurrencyLimitError>())
-}
-
-/// The retryable failure of an attempt that found the instance pool full.
-fn pool_full(err: &wasmtime::Error) -> AttemptError {
-    AttemptError::Fail {
-        reason: format!(
-            "the instance pool is full ({}); the attempt did not run and can be retried \
-             (--restart on-failure), or give the daemon a larger --pool-instances",
-            error_chain(err)
-        ),
-        exit_code: None,
-    }
-}
-
-fn join(reason: &str, note: Option<String>) -> String {
-    match note {
-        Some(note) => format!("{reason} ({note})"),
-        None => reason.to_owned(),
-    }
-}
-
-/// One line naming the trap, what the guest said last (its panic message or
-/// stderr tail), and the top of the guest backtrace when there is one.
-pub(crate) fn describe_trap(
-    err: &wasmtime::Error,
-    memory: Option<String>,
-    said: Option<String>,
-) -> String {
-    let frames: Vec<String> = err
-        .downcast_ref::<WasmBacktrace>()
-        .map(|trace| {
-            trace
-                .frames()
-                .iter()
-                .map(|f| match f.func_name() {
-                    Some(name) => format!("{:#}", rustc_demangle::demangle(name)),
-                    None => format!("<wasm function {}>", f.func_index()),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let trap = err.downcast_ref::<Trap>();
-    let mut reason = match trap {
-        Some(Trap::StackOverflow) => {
-            "the guest trapped: call stack exhausted (stack overflow)".to_owned()
-        }
-        Some(trap) => {
-            let text = trap.to_string();
-            format!(
-                "the guest trapped: {}",
-                text.strip_prefix("wasm trap: ").unwrap_or(&text)
-            )
-        }
-        None => format!("the guest failed: {}", error_chain(err)),
-    };
-    // A Rust or C guest keeps its stack in linear memory: running past its
-    // bottom is an out-of-bounds access, deep inside one recursive function.
-    if trap == Some(&Trap::MemoryOutOfBounds)
-        && frames.len() >= 16
-        && frames.iter().all(|f| f == &frames[0])
-    {
-        reason.push_str(&format!(
-            " (most likely a stack overflow: `{}` calls itself at least {} frames deep)",
-            frames[0],
-            frames.len()
-        ));
-    }
-    if let Some(memory) = memory {
-        reason = format!("{memory}; {reason}");
-    }
-    if let Some(said) = said {
-        reason.push_str(&format!("; guest said: {said}"));
-    }
-    let shown = summarize_frames(&frames);
-    if !shown.is_empty() {
-        reason.push_str(&format!("; backtrace: {shown}"));
-    }
-    reason
-}
-
-/// The guest's own frames, innermost first, without the language runtime's
-/// panic and abort machinery, repeated frames collapsed (`f ×20`).
-fn summarize_frames(frames: &[String]) -> String {
-    const RUNTIME: [&str; 10] = [
-        "std::",
-        "core::",
-        "alloc::",
-        "__rustc",
-        "__rust_",
-        "rust_panic",
-        "abort",
-        "panic_abort::",
-        "wit_bindgen::",
-        "taskhost_guest::",
-    ];
-    let own = frames
-        .iter()
-        .filter(|f| !RUNTIME.iter().any(|r| f.starts_with(r)));
-    let mut runs: Vec<(&str, usize)> = Vec::new();
-    for frame in own {
-        match runs.last_mut() {
-            Some((last, n)) if *last == frame.as_str() => *n += 1,
-            _ => runs.push((frame, 1)),
-        }
-    }
-    runs.iter()
-        .take(6)
-        .map(|(f, n)| {
-            if *n > 1 {
-                format!("{f} ×{n}")
-            } else {
-                (*f).to_owned()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" <- ")
-}
-
-/// The error and its causes on one line (a wasm backtrace, which wasmtime
-/// attaches as a multi-line cause, is left out: `describe_trap` summarises
-/// it).
-pub(crate) fn error_chain(err: &wasmtime::Error) -> String {
-    let mut parts: Vec<String> = err
-        .chain()
-        .map(|c| c.to_string())
-        .filter(|c| !c.starts_with("error while executing at wasm backtrace"))
-        .map(|c| c.split_whitespace().collect::<Vec<_>>().join(" "))
-        .collect();
-    parts.dedup();
-    parts.join(": ")
-}
-
-/// Runs `wait` and says whether it really waited (was pending once): only
-/// a host call that waited counts as a wake-up, while one that returns at
-/// once leaves the guest's next epoch check to yield as usual.
-async fn noting_wait<T>(wait: impl Future<Output = T>) -> (T, bool) {
-    let mut waited = false;
-    let mut wait = std::pin::pin!(wait);
-    let out = std::future::poll_fn(|cx| {
-        let poll = wait.as_mut().poll(cx);
-        waited |= poll.is_pending();
-        poll
-    })
-    .await;
-    (out, waited)
-}
-
-impl types::Host for HostCtx {}
-
-impl children::Host for HostCtx {
-    async fn spawn(&mut self, spec: children::ChildSpec) -> Result<u64, String> {
-        let Some(access) = &self.children else {
-            return Err(
-                "this runtime starts no child tasks (`host run` has no controller): \
-                        submit the parent to a daemon"
-                    .into(),
-            );
-        };
-        let spec = super::children::spec(spec)?;
-        let key = spec.key.clone();
-        let parent = access.parent();
-        let id = access.backend.spawn(&parent, spec).await?;
-        self.capture.log(
-            LogLevel::Info,
-            &format!("child task {id} (key `{key}`) of task {}", parent.task),
-        );
-        Ok(id)
-    }
-
-    async fn wait(&mut self, id: u64) -> Result<children::ChildOutcome, children::WaitError> {
-        let Some(access) = &self.children else {
-            return Err(children::WaitError::UnknownChild);
-        };
-        let backend = Arc::clone(&access.backend);
-        let parent = access.facts.task_id;
-        let wait = async {
-            tokio::select! {
-                biased;
-                () = self.cancel.cancelled() => Err(children::WaitError::Cancelled),
-                found = backend.wait(parent, id) => match found {
-                    Ok(outcome) => Ok(super::children::outcome(outcome)),
-                    Err(super::children::WaitError::UnknownChild) => {
-                        Err(children::WaitError::UnknownChild)
-                    }
-                },
-            }
-        };
-        let mut wait = std::pin::pin!(wait);
-        // A child that has ended answers at once; one that has not may need
-        // this attempt's permit to run, so the attempt is parked meanwhile.
-        if let Some(result) = futures::FutureExt::now_or_never(wait.as_mut()) {
-            self.woke = false;
-            return result;
-        }
-        let parking = access.parking.clone().filter(|p| p.park());
-        let result = wait.await;
-        if let Some(parking) = parking {
-            parking.unpark().await;
-        }
-        self.woke = true;
-        result
-    }
-}
-
-impl host::Host for HostCtx {
-    fn is_cancelled(&mut self) -> wasmtime::Result<bool> {
-        Ok(self.cancel.is_cancelled())
-    }
-
-    async fn sleep(&mut self, ms: u64) -> types::SleepStatus {
-        let duration = std::time::Duration::from_millis(ms);
-        let (status, waited) = noting_wait(async {
-            tokio::select! {
-                biased;
-                () = self.cancel.cancelled() => types::SleepStatus::Cancelled,
-                () = tokio::time::sleep(duration) => types::SleepStatus::Elapsed,
-            }
-        })
-        .await;
-        self.woke = waited;
-        status
-    }
-
-    fn log(&mut self, level: types::Level, message: String) -> wasmtime::Result<()> {
-        let level = match level {
-            types::Level::Trace => LogLevel::Trace,
-            types::Level::Debug => LogLevel::Debug,
-            types::Level::Info => LogLevel::Info,
-            types::Level::Warn => LogLevel::Warn,
-            types::Level::Error => LogLevel::Error,
-        };
-        self.capture.log(level, &message);
-        Ok(())
-    }
-
-    fn progress(&mut self, done: u64, total: u64) -> wasmtime::Result<()> {
-        self.capture.progress(done, total);
-        Ok(())
-    }
-
-    fn attempt(&mut self) -> wasmtime::Result<types::AttemptInfo> {
-        let facts = &self.facts;
-        Ok(types::AttemptInfo {
-            task_id: facts.task_id,
-            name: facts.name.clone(),
-            slot: facts.slot.clone(),
-            attempt: facts.attempt,
-            params: facts.params.clone(),
-        })
     }
 }

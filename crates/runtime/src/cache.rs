@@ -12,7 +12,8 @@ use std::sync::Arc;
 
 use tokio::sync::OnceCell;
 
-use super::plugin::{Digest, Plugin};
+use super::digest::Digest;
+use super::plugin::Plugin;
 
 /// A cache entry: the plugin once loaded, and when it was last used.
 struct Entry {

@@ -1,10 +1,11 @@
 //! Owns child tasks as a guest reaches them through `taskhost:plugin/children`
 //! (since 0.1.1): what a spawn asks for ([`ChildSpec`]), what its parent
 //! brings ([`Parent`]: its id, name, plugin and grants, the ceiling of every
-//! child), how an outcome comes back ([`ChildOutcome`]), and the host
-//! functions, whose wait returns at once when the parent is asked to stop
-//! and parks the parent meanwhile ([`Parking`]: its concurrency permit goes
-//! back, so that its children can run under any limit). Submitting and
+//! child), how an outcome comes back ([`ChildOutcome`]), and how a parent
+//! waits: the wait (a host function, in `host_calls`) returns at once when
+//! the parent is asked to stop, and parks the parent meanwhile
+//! ([`Parking`]: its concurrency permit goes back, so that its children can
+//! run under any limit). Submitting and
 //! waiting is the embedder's ([`ChildTasks`]), and so is the permit: this
 //! module knows no controller and no supervisor.
 
@@ -15,7 +16,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::bindings::taskhost::plugin::children;
-use crate::plugin::Digest;
+use crate::digest::Digest;
+use crate::facts::AttemptFacts;
 use crate::sandbox::Sandbox;
 
 /// The longest child key taken.
@@ -112,6 +114,16 @@ pub trait Parking: Send + Sync {
     fn unpark(&self) -> ChildFuture<()>;
 }
 
+/// Where child tasks go, shown by name only.
+#[derive(Clone)]
+pub(crate) struct ChildHandle(pub(crate) Arc<dyn ChildTasks>);
+
+impl std::fmt::Debug for ChildHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ChildTasks")
+    }
+}
+
 /// What one attempt's guest may do with children: shares the attempt's
 /// facts and grants; the [`Parent`] is made at a spawn.
 #[derive(Clone)]
@@ -119,7 +131,7 @@ pub(crate) struct ChildAccess {
     pub(crate) backend: Arc<dyn ChildTasks>,
     /// Parks the attempt while it waits (none: it keeps its permit).
     pub(crate) parking: Option<Arc<dyn Parking>>,
-    pub(crate) facts: Arc<crate::AttemptFacts>,
+    pub(crate) facts: Arc<AttemptFacts>,
     pub(crate) plugin: Digest,
     pub(crate) sandbox: Arc<Sandbox>,
 }

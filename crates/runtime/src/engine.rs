@@ -1,24 +1,14 @@
 //! Owns the one wasmtime [`Engine`] of a host process: its configuration
-//! (trimmed features, epoch interruption), the
-//! choice between the pooling and the on-demand instance allocator, and the
-//! epoch ticker thread that drives interruption. It leaves what runs in a
-//! store to `attempt` and what gets compiled to `plugin`.
+//! (trimmed features, epoch interruption) and the choice between the
+//! pooling and the on-demand instance allocator, sized from what the
+//! process can map. It leaves the epoch ticker that drives interruption to
+//! `ticker`, the settings to `config`, what runs in a store to `attempt`
+//! and what gets compiled to `plugin`.
 
 #![forbid(unsafe_code)]
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
-use std::time::Duration;
-
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use super::RuntimeError;
-
-/// The default memory limit of a guest: all its linear memories together.
-pub const DEFAULT_MAX_MEMORY: u64 = 256 << 20;
-/// The default interval of the epoch ticker.
-pub const DEFAULT_EPOCH_TICK: Duration = Duration::from_millis(10);
 /// How many guest instances the pooling allocator holds slots for by default.
 pub const DEFAULT_POOL_INSTANCES: u32 = 1000;
 
@@ -47,227 +37,6 @@ pub enum AllocatorChoice {
     Pooling,
     /// Always allocate on demand (slower, no up-front reservation).
     OnDemand,
-}
-
-/// Settings of the wasm runtime: start from the default and change what you
-/// need.
-///
-/// ```
-/// use std::time::Duration;
-/// use taskhost_runtime::{AllocatorChoice, RuntimeConfig};
-///
-/// let config = RuntimeConfig::default()
-///     .cache_dir(None)
-///     .epoch_tick(Duration::from_millis(5))
-///     .allocator(AllocatorChoice::OnDemand);
-/// ```
-#[derive(Debug, Clone)]
-pub struct RuntimeConfig {
-    pub(crate) cache_dir: Option<PathBuf>,
-    pub(crate) epoch_tick: Duration,
-    pub(crate) allocator: AllocatorChoice,
-    pub(crate) pool_instances: u32,
-    pub(crate) plugin_cache_bytes: Option<u64>,
-    pub(crate) on_slow_compile: Option<SlowCompileHook>,
-    pub(crate) compile_nice: Option<i32>,
-    pub(crate) guest_limits: super::GuestLimits,
-    pub(crate) secrets: super::Secrets,
-    pub(crate) config: Vec<(String, String)>,
-    pub(crate) kv: Option<super::attempt::KvHandle>,
-    pub(crate) children: Option<super::attempt::ChildHandle>,
-    pub(crate) inline_loads: bool,
-    pub(crate) realtime_ticker: bool,
-}
-
-/// A compile that has taken longer than [`SLOW_COMPILE`] so far, as told to
-/// [`RuntimeConfig::on_slow_compile`].
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct SlowCompile {
-    /// Where the bytes came from (a path, or a digest in the daemon).
-    pub origin: String,
-    /// Size of the component in bytes.
-    pub bytes: u64,
-    /// Whether the result goes to the on-disk cache (so the next process
-    /// loads it in milliseconds).
-    pub cached: bool,
-}
-
-/// How long a compile runs before it is reported: a cache hit of even the
-/// largest plugins takes a fraction of this, a compile of a Python or
-/// JavaScript component several times it.
-pub const SLOW_COMPILE: Duration = Duration::from_secs(1);
-
-/// The callback of [`RuntimeConfig::on_slow_compile`].
-#[derive(Clone)]
-pub(crate) struct SlowCompileHook(pub(crate) Arc<dyn Fn(&SlowCompile) + Send + Sync>);
-
-impl std::fmt::Debug for SlowCompileHook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SlowCompileHook")
-    }
-}
-
-impl RuntimeConfig {
-    /// Directory of compiled plugins on disk, so the next process maps
-    /// them in instead of compiling; `None` disables it [default:
-    /// [`default_cache_dir`]]. It is created owner-only when missing, and
-    /// not used (with a warning) when another user owns it or may write to
-    /// it. A relative path is made absolute against the current directory.
-    pub fn cache_dir(mut self, dir: Option<PathBuf>) -> Self {
-        self.cache_dir = dir.map(|d| std::path::absolute(&d).unwrap_or(d));
-        self
-    }
-
-    /// Most bytes of compiled plugins kept in memory, counted by the size of
-    /// their compiled images ([`Plugin::compiled_size`](super::Plugin::compiled_size),
-    /// about twice the component for Python and JavaScript); the least
-    /// recently used go first, and a plugin bigger than the bound alone is
-    /// still kept. `None` keeps every plugin [default: `None`].
-    pub fn plugin_cache_bytes(mut self, bytes: Option<u64>) -> Self {
-        self.plugin_cache_bytes = bytes;
-        self
-    }
-
-    /// Called (once, from the async runtime) when compiling a plugin has
-    /// taken [`SLOW_COMPILE`] and is still going, so that a front end can
-    /// say why nothing happens; the runtime also logs it at `info`
-    /// [default: none].
-    pub fn on_slow_compile(mut self, hook: impl Fn(&SlowCompile) + Send + Sync + 'static) -> Self {
-        self.on_slow_compile = Some(SlowCompileHook(Arc::new(hook)));
-        self
-    }
-
-    /// Interval of the epoch ticker: the granularity of interruption,
-    /// timeouts of spinning guests and force-abort (at least 1 ms)
-    /// [default: 10 ms].
-    pub fn epoch_tick(mut self, tick: Duration) -> Self {
-        self.epoch_tick = tick.max(Duration::from_millis(1));
-        self
-    }
-
-    /// Ask for real-time priority (`SCHED_FIFO`, the lowest) for the epoch
-    /// ticker's thread, which sleeps but for microseconds per tick. At
-    /// normal priority, when spinning guests hold every core, the woken
-    /// ticker can wait for one until the kernel's next scheduler tick (4 ms
-    /// at 250 Hz), and a force-abort or the timeout of a spinning guest is
-    /// that late. It needs `CAP_SYS_NICE` or an `RLIMIT_RTPRIO` of at least
-    /// 1; without them the ticker runs at normal priority
-    /// ([`Runtime::realtime_ticker`](super::Runtime::realtime_ticker) says
-    /// which) [default: `true`].
-    pub fn realtime_ticker(mut self, ask: bool) -> Self {
-        self.realtime_ticker = ask;
-        self
-    }
-
-    /// Instance allocation strategy [default: pooling when possible].
-    pub fn allocator(mut self, choice: AllocatorChoice) -> Self {
-        self.allocator = choice;
-        self
-    }
-
-    /// Read plugin files and map their compiled artifacts on the calling
-    /// thread instead of the async runtime's blocking pool. For a process
-    /// that runs one task and has nothing else to do meanwhile (`host run`)
-    /// it saves starting a thread; elsewhere it stalls the other tasks of
-    /// that worker for the length of a load. Compiles still run off the
-    /// async runtime [default: `false`].
-    pub fn inline_loads(mut self, inline: bool) -> Self {
-        self.inline_loads = inline;
-        self
-    }
-
-    /// Compile plugins at a lower CPU priority: each compile runs on a thread
-    /// of its own whose nice value is raised by `nice` (Linux: nice values
-    /// are per thread), and so are the threads of rayon's global pool, on
-    /// which wasmtime compiles functions in parallel, if this runtime is the
-    /// first to start that pool. A compile then takes the cores only when
-    /// running tasks leave them idle [default: `None`, the caller's
-    /// priority, on a blocking thread of the async runtime].
-    pub fn compile_nice(mut self, nice: Option<i32>) -> Self {
-        self.compile_nice = nice;
-        self
-    }
-
-    /// What each attempt's guest may hold in the host at once: WASI
-    /// handles, open files, outbound HTTP requests in flight, header bytes
-    /// [default: [`GuestLimits::default`](super::GuestLimits)]. Each must be
-    /// at least 1 ([`Runtime::new`](super::Runtime::new) refuses a zero).
-    pub fn guest_limits(mut self, limits: super::GuestLimits) -> Self {
-        self.guest_limits = limits;
-        self
-    }
-
-    /// Where the secrets tasks name (`Sandbox::secrets`) are looked up when
-    /// each attempt starts [default: none, so an attempt naming one fails].
-    pub fn secrets(mut self, secrets: super::Secrets) -> Self {
-        self.secrets = secrets;
-        self
-    }
-
-    /// The values `wasi:config/store` answers every guest, unless its task
-    /// sets the same key ([`Sandbox::config`](super::Sandbox::config))
-    /// [default: none].
-    pub fn config(mut self, values: Vec<(String, String)>) -> Self {
-        self.config = values;
-        self
-    }
-
-    /// Where the `wasi:keyvalue` buckets of guests live: `open("")` gives
-    /// a task's slot's, a granted name (`Sandbox::kv`) a shared one
-    /// [default: none, so `open` fails saying there is no state here].
-    pub fn key_value(mut self, backend: Arc<dyn super::KvBackend>) -> Self {
-        self.kv = Some(super::attempt::KvHandle(backend));
-        self
-    }
-
-    /// Where guests' child tasks are submitted and waited for
-    /// (`taskhost:plugin/children`) [default: none, so a spawn fails saying
-    /// there is no controller here].
-    pub fn child_tasks(mut self, backend: Arc<dyn super::children::ChildTasks>) -> Self {
-        self.children = Some(super::attempt::ChildHandle(backend));
-        self
-    }
-
-    /// Instance slots of the pooling allocator, an upper bound on instances
-    /// alive at once when pooling [default: 1000].
-    pub fn pool_instances(mut self, n: u32) -> Self {
-        self.pool_instances = n;
-        self
-    }
-}
-
-impl Default for RuntimeConfig {
-    fn default() -> Self {
-        Self {
-            cache_dir: default_cache_dir(),
-            epoch_tick: DEFAULT_EPOCH_TICK,
-            allocator: AllocatorChoice::Auto,
-            pool_instances: DEFAULT_POOL_INSTANCES,
-            plugin_cache_bytes: None,
-            on_slow_compile: None,
-            compile_nice: None,
-            guest_limits: super::GuestLimits::default(),
-            secrets: super::Secrets::none(
-                "this runtime has no secrets; give it a source with RuntimeConfig::secrets",
-            ),
-            config: Vec::new(),
-            kv: None,
-            children: None,
-            inline_loads: false,
-            realtime_ticker: true,
-        }
-    }
-}
-
-/// The per-user default directory of the compilation cache:
-/// `$XDG_CACHE_HOME/taskhost/wasmtime`, else `~/.cache/taskhost/wasmtime`.
-pub fn default_cache_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("taskhost").join("wasmtime"))
 }
 
 /// Which allocator the engine ended up with, for `host inspect` and logs.
@@ -349,8 +118,16 @@ impl Allocator {
     }
 }
 
-/// Builds the engine, trying the pooling allocator first when asked to.
-pub(crate) fn build_engine(config: &RuntimeConfig) -> Result<(Engine, Allocator), RuntimeError> {
+/// Builds the engine with the allocator `choice` and a pool of at most
+/// `pool_instances` slots (the settings
+/// [`RuntimeConfig::allocator`](crate::RuntimeConfig::allocator) and
+/// [`RuntimeConfig::pool_instances`](crate::RuntimeConfig::pool_instances)),
+/// trying the pooling allocator first when asked to; the error says what
+/// went wrong and what to change.
+pub(crate) fn build_engine(
+    choice: AllocatorChoice,
+    pool_instances: u32,
+) -> Result<(Engine, Allocator), String> {
     let mut base = Config::new();
     base.epoch_interruption(true);
     base.wasm_component_model(true);
@@ -360,18 +137,18 @@ pub(crate) fn build_engine(config: &RuntimeConfig) -> Result<(Engine, Allocator)
     base.async_stack_size(2 << 20);
 
     let room = Room::of_this_process();
-    let pool_instances = match config.allocator {
+    let slots = match choice {
         AllocatorChoice::OnDemand => None,
-        AllocatorChoice::Pooling | AllocatorChoice::Auto => pool_size(config.pool_instances, room),
+        AllocatorChoice::Pooling | AllocatorChoice::Auto => pool_size(pool_instances, room),
     };
-    if pool_instances.is_none() && config.allocator == AllocatorChoice::Pooling {
-        return Err(RuntimeError::Engine(
+    if slots.is_none() && choice == AllocatorChoice::Pooling {
+        return Err(
             "the address-space limit (ulimit -v) is too small for the pooling allocator; \
              raise it or use the on-demand allocator"
                 .into(),
-        ));
+        );
     }
-    if let Some(instances) = pool_instances {
+    if let Some(instances) = slots {
         let reset = if !PoolingAllocationConfig::is_pagemap_scan_available() {
             PoolReset::Memset {
                 why: "this kernel has no PAGEMAP_SCAN",
@@ -413,15 +190,15 @@ pub(crate) fn build_engine(config: &RuntimeConfig) -> Result<(Engine, Allocator)
                 }
             }
         };
-        if config.allocator == AllocatorChoice::Pooling {
-            return Err(RuntimeError::Engine(format!(
+        if choice == AllocatorChoice::Pooling {
+            return Err(format!(
                 "the pooling allocator could not reserve {instances} instance slots, nor \
                  fewer: {failure}; lower the pool size or use the on-demand allocator"
-            )));
+            ));
         }
         tracing::info!("pooling allocator unavailable, allocating on demand: {failure}");
     }
-    let engine = Engine::new(&base).map_err(|e| RuntimeError::Engine(e.to_string()))?;
+    let engine = Engine::new(&base).map_err(|e| e.to_string())?;
     Ok((
         engine,
         Allocator::OnDemand {
@@ -574,248 +351,6 @@ fn address_space_limit() -> Option<u64> {
         .find(|l| l.starts_with("Max address space"))?;
     let soft = line.split_whitespace().nth(3)?;
     soft.parse().ok()
-}
-
-/// The thread that advances the engine's epoch every tick; stops when the
-/// engine or the ticker is dropped.
-pub(crate) struct EpochTicker {
-    stop: Arc<AtomicBool>,
-    hurry: Arc<Hurry>,
-    /// Whether its thread runs at real-time priority.
-    realtime: bool,
-}
-
-/// An attempt's force-abort deadline, its [`HurryGuard`]'s state (gone
-/// once the attempt is), and its abort flag.
-type Deadline = (std::time::Instant, Weak<AtomicU8>, Arc<AtomicBool>);
-
-/// Force-abort deadlines of attempts that are still alive. While one has
-/// passed, the ticker ticks every millisecond: every spinning guest then
-/// yields its worker thread within a millisecond, so the actor that must
-/// abort one of them gets to run (with 10 ms ticks, five spinners on one
-/// thread delayed it by several ticks).
-#[derive(Debug, Default)]
-pub(crate) struct Hurry {
-    deadlines: Mutex<Deadlines>,
-    /// Wakes the ticker when a deadline nearer than its wait is added.
-    wake: Condvar,
-}
-
-#[derive(Debug, Default)]
-struct Deadlines {
-    list: Vec<Deadline>,
-    /// Until when the ticker sleeps (while it does): a deadline added for
-    /// later does not wake it. Waking it for each of 10,000 stops at a
-    /// shutdown made it rescan the list each time (quadratic: 3.5 s for
-    /// 10,000 parked tasks against 55 ms for 1,000).
-    sleeping_until: Option<std::time::Instant>,
-    /// The earliest deadline not yet overdue, as of the last scan and the
-    /// additions since: a tick scans the list only when one may have come,
-    /// while one is overdue, or when the list has doubled (to drop those
-    /// whose attempts are gone), so a regular tick costs the same with
-    /// 10,000 deadlines as with none.
-    earliest: Option<std::time::Instant>,
-    /// Whether one was overdue (its abort flag set) at the last scan.
-    overdue: bool,
-    /// How many the list held after the last scan.
-    scanned: usize,
-}
-
-impl Deadlines {
-    /// Sets the abort flags of the deadlines that have come, drops those
-    /// whose attempts are gone, and recomputes `earliest` and `overdue`
-    /// from the others; says whether it set any flag.
-    fn scan(&mut self, now: std::time::Instant) -> bool {
-        self.list.retain(|(_, state, _)| state.strong_count() > 0);
-        self.earliest = None;
-        self.overdue = false;
-        let mut fired = false;
-        for (at, state, abort) in &self.list {
-            if *at <= now && !abort.swap(true, Ordering::SeqCst) {
-                fired = true;
-                ABORTS_FIRED.fetch_add(1, Ordering::SeqCst);
-                // Pending until its attempt is gone (the guard's drop),
-                // unless that has already happened.
-                if let Some(state) = state.upgrade()
-                    && state
-                        .compare_exchange(ARMED, FIRED, Ordering::SeqCst, Ordering::SeqCst)
-                        .is_ok()
-                {
-                    ABORTS_PENDING.fetch_add(1, Ordering::SeqCst);
-                }
-            }
-            if abort.load(Ordering::Relaxed) {
-                self.overdue = true;
-            } else {
-                self.earliest = Some(self.earliest.map_or(*at, |e| e.min(*at)));
-            }
-        }
-        self.scanned = self.list.len();
-        fired
-    }
-}
-
-/// Keeps a force-abort deadline registered with the ticker until dropped.
-#[derive(Debug)]
-pub struct HurryGuard {
-    /// [`ARMED`], [`FIRED`] by the ticker, or [`DROPPED`].
-    state: Arc<AtomicU8>,
-}
-
-const ARMED: u8 = 0;
-const FIRED: u8 = 1;
-const DROPPED: u8 = 2;
-
-impl Drop for HurryGuard {
-    fn drop(&mut self) {
-        if self.state.swap(DROPPED, Ordering::SeqCst) == FIRED {
-            ABORTS_PENDING.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-}
-
-impl Hurry {
-    /// Waits until the next tick is due: the regular tick (`next_tick`), a
-    /// deadline coming, or every [`HURRY_TICK`] while one is overdue. A new
-    /// deadline wakes it to recompute, so one nearer than the tick is kept
-    /// exactly. On return, the abort flags of the deadlines that have come
-    /// are set (before the tick, so the guest's next epoch check traps).
-    fn wait(&self, tick: Duration, next_tick: &mut std::time::Instant) {
-        let mut deadlines = self
-            .deadlines
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        loop {
-            let now = std::time::Instant::now();
-            deadlines.sleeping_until = None;
-            let fired = (deadlines.overdue
-                || deadlines.earliest.is_some_and(|at| at <= now)
-                || deadlines.list.len() > 2 * deadlines.scanned.max(32))
-                && deadlines.scan(now);
-            let mut due = *next_tick;
-            // Once one is overdue, tick every HURRY_TICK after the last
-            // tick (`next_tick - tick`).
-            if deadlines.overdue {
-                due = due.min((*next_tick - tick + HURRY_TICK).min(*next_tick));
-            }
-            if let Some(at) = deadlines.earliest {
-                due = due.min(at);
-            }
-            if fired || due <= now {
-                *next_tick = now + tick;
-                return;
-            }
-            deadlines.sleeping_until = Some(due);
-            deadlines = self
-                .wake
-                .wait_timeout(deadlines, due - now)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
-    }
-}
-
-/// How many deadlines the epoch tickers of this process have fired. A
-/// guest that resumes after a yield and sees this changed yields once more,
-/// so the executor reaches the aborted guest before the others run on (see
-/// `attempt::new_store`).
-pub(crate) static ABORTS_FIRED: AtomicU64 = AtomicU64::new(0);
-
-/// How many deadlines the tickers fired whose attempts are not gone yet.
-/// While there is one, every guest yields at each epoch check instead of
-/// running on for a tick: the aborted guest's task may wait anywhere in the
-/// executor's queue (Tokio wakes the tasks that yielded last first), so
-/// yielding once is not enough to let the executor reach it before the
-/// others run a whole tick each (with 4 spinners on a current-thread
-/// runtime, 4.4 ms from the deadline to the outcome).
-pub(crate) static ABORTS_PENDING: AtomicI64 = AtomicI64::new(0);
-
-/// The tick while a force-abort is overdue.
-const HURRY_TICK: Duration = Duration::from_millis(1);
-
-impl EpochTicker {
-    /// Registers an attempt's deadline: the ticker sets `abort` and ticks at
-    /// it, then every millisecond until the guard is dropped (when the
-    /// attempt is gone).
-    pub(crate) fn hurry_at(&self, at: std::time::Instant, abort: Arc<AtomicBool>) -> HurryGuard {
-        let state = Arc::new(AtomicU8::new(ARMED));
-        let mut deadlines = self
-            .hurry
-            .deadlines
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        deadlines.list.push((at, Arc::downgrade(&state), abort));
-        deadlines.earliest = Some(deadlines.earliest.map_or(at, |e| e.min(at)));
-        // Not sleeping: it scans the list before it sleeps again.
-        if deadlines.sleeping_until.is_some_and(|until| at < until) {
-            self.hurry.wake.notify_one();
-        }
-        HurryGuard { state }
-    }
-
-    pub(crate) fn start(
-        engine: &Engine,
-        tick: Duration,
-        ask_realtime: bool,
-    ) -> Result<Self, RuntimeError> {
-        let weak = engine.weak();
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let hurry = Arc::new(Hurry::default());
-        let deadlines = Arc::clone(&hurry);
-        let thread = std::thread::Builder::new()
-            .name("taskhost-epoch".into())
-            .spawn(move || {
-                let mut next_tick = std::time::Instant::now() + tick;
-                while !flag.load(Ordering::Relaxed) {
-                    deadlines.wait(tick, &mut next_tick);
-                    match weak.upgrade() {
-                        Some(engine) => engine.increment_epoch(),
-                        None => break,
-                    }
-                }
-            })
-            .map_err(|e| {
-                RuntimeError::Engine(format!("cannot start the epoch ticker thread: {e}"))
-            })?;
-        let realtime = ask_realtime && realtime_priority(&thread);
-        Ok(Self {
-            stop,
-            hurry,
-            realtime,
-        })
-    }
-
-    /// Whether its thread runs at real-time priority.
-    pub(crate) fn is_realtime(&self) -> bool {
-        self.realtime
-    }
-}
-
-/// Gives `thread` the lowest real-time priority, if this process may.
-fn realtime_priority(thread: &std::thread::JoinHandle<()>) -> bool {
-    use std::os::unix::thread::JoinHandleExt;
-    use thread_priority::{
-        RealtimeThreadSchedulePolicy, ThreadPriority, ThreadSchedulePolicy,
-        set_thread_priority_and_policy,
-    };
-    match set_thread_priority_and_policy(
-        thread.as_pthread_t(),
-        ThreadPriority::Min,
-        ThreadSchedulePolicy::Realtime(RealtimeThreadSchedulePolicy::Fifo),
-    ) {
-        Ok(()) => true,
-        Err(err) => {
-            tracing::debug!("the epoch ticker runs at normal priority: {err:?}");
-            false
-        }
-    }
-}
-
-impl Drop for EpochTicker {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,8 @@
 //! still change under the same times: only files whose status was the same
 //! before and after they were read, and whose last change is older than
 //! [`SETTLED`], are recorded (a write to a file sets its change time, which
-//! no user but root can set back).
+//! no user but root can set back). The temporary names that its records
+//! and `artifacts`' files are written through are here too.
 
 #![forbid(unsafe_code)]
 
@@ -16,7 +17,7 @@ use std::time::{Duration, SystemTime};
 
 use sha2::{Digest as _, Sha256};
 
-use super::plugin::Digest;
+use super::digest::Digest;
 
 /// How long a file must have been unchanged before its digest is recorded:
 /// far longer than any file system's timestamp granularity.
@@ -98,7 +99,7 @@ pub(crate) fn remember(dir: &Path, before: &FileStatus, after: &FileStatus, dige
         return;
     };
     let path = record_path(dir, &before.path);
-    let tmp = super::artifacts::temporary_name(&path);
+    let tmp = temporary_name(&path);
     let written = std::fs::File::options()
         .write(true)
         .create(true)
@@ -111,4 +112,14 @@ pub(crate) fn remember(dir: &Path, before: &FileStatus, after: &FileStatus, dige
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
+}
+
+/// A name beside `path` that no other writer uses: this process's id and
+/// a count of its writes (several runtimes of one process may store the
+/// same plugin at once). Records and artifacts (`artifacts`) are written
+/// through it, and their eviction deletes what a dead writer left.
+pub(crate) fn temporary_name(path: &Path) -> PathBuf {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    path.with_extension(format!("tmp{}-{n}", std::process::id()))
 }

@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use wasmtime::component::{HasData, Resource, ResourceTable};
 
 use crate::bindings::keyvalue::wasi::keyvalue::{atomics, batch, store};
+use crate::facts::AttemptFacts;
 use crate::output::Capture;
+use crate::sandbox::Sandbox;
 use taskhost_core::logline::LogLevel;
 
 /// The longest key taken, in bytes.
@@ -422,6 +424,16 @@ impl KvBackend for MemoryKv {
     }
 }
 
+/// The backend of `wasi:keyvalue`, shown by name only.
+#[derive(Clone)]
+pub(crate) struct KvHandle(pub(crate) Arc<dyn KvBackend>);
+
+impl std::fmt::Debug for KvHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KvBackend")
+    }
+}
+
 /// What one attempt may reach: the backend, its task and slot, and the
 /// shared buckets its task was granted.
 #[derive(Clone)]
@@ -430,8 +442,8 @@ pub(crate) struct KvAccess {
     pub(crate) task: u64,
     /// The attempt's facts (its slot) and its task's grants (the shared
     /// buckets), shared with the attempt rather than copied for it.
-    pub(crate) facts: Arc<crate::AttemptFacts>,
-    pub(crate) sandbox: Arc<crate::Sandbox>,
+    pub(crate) facts: Arc<AttemptFacts>,
+    pub(crate) sandbox: Arc<Sandbox>,
     pub(crate) capture: Arc<Capture>,
 }
 

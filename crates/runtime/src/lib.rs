@@ -7,23 +7,32 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | `engine` | engine config, pooling vs on-demand, epoch ticker |
+//! | `runtime` | [`Runtime`]: starts the engine, linker, ticker and reaper; loads plugins; makes attempts |
+//! | `config` | the runtime's settings ([`RuntimeConfig`]) and their defaults |
+//! | `engine` | engine config, pooling vs on-demand |
+//! | `ticker` | the epoch ticker: ticks, attempts' abort deadlines fired on time, the abort counters |
 //! | `artifacts` | compiled plugins on disk: written atomically, checked, mapped back (the one `unsafe`) |
 //! | `file_digests` | the memo of plugin files' digests by their status, so a warm run reads no plugin |
 //! | `cache` | the compiled plugins in memory, bounded by their image sizes |
+//! | `digest` | a plugin's content digest: [`Digest`], computed off the async workers for large inputs |
 //! | `bindings` | the Rust side of `wit/` (generated) |
 //! | `contract` | what a plugin declares: [`PluginInfo`], [`Capability`], resource templates |
 //! | `plugin` | bytes → validated [`Plugin`] (header sniffing, compile, world check, describe) |
-//! | `attempt` | one fresh instance: limits, epoch callback, host functions, error mapping |
+//! | `attempt` | one fresh instance: memory limits, epoch callback, linker, how it ended |
+//! | `facts` | what an attempt is told: [`AttemptFacts`], [`StopSignals`] |
+//! | `failure` | [`AttemptError`] and the translation of traps and wasmtime's errors into it |
+//! | `host_calls` | the host functions of `taskhost:plugin` (`host`, `children`) for one attempt |
 //! | `limits` | the per-attempt caps on handles, open files, HTTP requests, header bytes |
 //! | `sandbox` | grants: dirs, env, http, memory; capability checks; WASI context |
 //! | `children` | child tasks: what a guest's spawn asks, its parent's grants as the ceiling, the cancellable wait |
 //! | `kv` | `wasi:keyvalue`: which bucket a guest may open, limits, [`MemoryKv`](kv::MemoryKv) with its journal |
 //! | `secrets` | secrets by name: [`SecretRef`], the [`Secrets`] source, resolved at attempt start |
-//! | `http` | outbound HTTP: `--allow-http` grants, ceilings, the checks of every request and address |
+//! | `grant_error` | [`GrantError`], why a grant was refused |
+//! | `http_grant` | outbound HTTP's grant: `--allow-http` parsed into [`HttpAllow`], matching, ceilings |
+//! | `http` | outbound HTTP: the checks of every request and address against the grant, the cap in flight |
 //! | `outbound` | outbound HTTP's send path: lookup, connect to the checked address, TLS, HTTP/1 |
 //! | `output` | guest stdout/stderr/log capture, bounded, line by line |
-//! | `reaper` | the low-priority threads that drop stopped attempts' stores after their outcomes |
+//! | `reaper` | the low-priority threads that drop stopped attempts' stores after their outcomes; lowering a thread's priority |
 //! | `plugin_task` | the bridge: [`PluginTask`](plugin_task::PluginTask), the supervisor's body of a plugin |
 
 // Every module but `artifacts` forbids `unsafe` itself (see there).
@@ -33,11 +42,19 @@
 mod artifacts;
 mod attempt;
 mod bindings;
+mod cache;
 pub mod children;
+mod config;
 pub mod contract;
+mod digest;
 mod engine;
+mod facts;
+mod failure;
 mod file_digests;
+mod grant_error;
+mod host_calls;
 mod http;
+mod http_grant;
 pub mod kv;
 mod limits;
 mod outbound;
@@ -45,28 +62,21 @@ mod output;
 mod plugin;
 pub mod plugin_task;
 mod reaper;
+mod runtime;
 mod sandbox;
 mod secrets;
+mod ticker;
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, PoisonError};
-
-use wasmtime::Engine;
-use wasmtime::component::Linker;
-
-pub use attempt::{
-    AttemptError, AttemptFacts, MAX_OUTPUT_BYTES, PreparedAttempt, StopSignals, StoppedInstance,
-};
+pub use attempt::{AttemptRequest, MAX_OUTPUT_BYTES, PreparedAttempt, StoppedInstance};
+pub use config::{RuntimeConfig, SLOW_COMPILE, SlowCompile, default_cache_dir};
 pub use contract::{Capability, DefaultPolicy, PluginInfo, ResourceTemplate, TemplateError};
-pub use engine::{
-    Allocator, AllocatorChoice, DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, DEFAULT_POOL_INSTANCES,
-    HurryGuard, POOL_RESERVE, PoolReset, RuntimeConfig, SLOW_COMPILE, SlowCompile,
-    default_cache_dir,
-};
-pub use http::{
-    DEFAULT_HTTP_CONNECT_TIMEOUT, DEFAULT_HTTP_FIRST_BYTE_TIMEOUT, HttpAllow, HttpScheme,
-};
+pub use digest::{Digest, digest_of};
+pub use engine::{Allocator, AllocatorChoice, DEFAULT_POOL_INSTANCES, POOL_RESERVE, PoolReset};
+pub use facts::{AttemptFacts, StopSignals};
+pub use failure::AttemptError;
+pub use grant_error::GrantError;
+pub use http::{DEFAULT_HTTP_CONNECT_TIMEOUT, DEFAULT_HTTP_FIRST_BYTE_TIMEOUT};
+pub use http_grant::{HttpAllow, HttpScheme};
 pub use kv::{Bucket, KvBackend, KvError, KvLimits, MemoryKv};
 pub use limits::{
     DEFAULT_MAX_HANDLES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_HTTP_REQUESTS,
@@ -74,538 +84,15 @@ pub use limits::{
 };
 pub use output::{GuestSink, MAX_LINE_BYTES, MAX_OUTPUT_BYTES_PER_ATTEMPT, NullSink};
 pub use plugin::{
-    DESCRIBE_MAX_MEMORY, DESCRIBE_TIMEOUT, Digest, LoadError, MAX_PLUGIN_BYTES, Plugin,
-    check_header,
+    DESCRIBE_MAX_MEMORY, DESCRIBE_TIMEOUT, LoadError, MAX_PLUGIN_BYTES, Plugin, check_header,
 };
-pub use sandbox::{DirGrant, GrantError, Sandbox, parse_env};
+pub use runtime::{Runtime, RuntimeError, RuntimeStats};
+pub use sandbox::{DEFAULT_MAX_MEMORY, DirGrant, Sandbox, parse_env};
 pub use secrets::{
     MAX_SECRET_BYTES, MAX_SECRET_NAME, SecretError, SecretRef, Secrets,
     check_name as check_secret_name,
 };
-
-use attempt::{AttemptEnv, AttemptState};
-
-mod cache;
-
-/// The runtime could not start.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum RuntimeError {
-    /// The engine or its ticker could not be set up.
-    #[error("cannot start the WebAssembly runtime: {0}")]
-    Engine(String),
-    /// A cap of [`RuntimeConfig::guest_limits`] cannot work.
-    #[error(transparent)]
-    Limits(#[from] LimitError),
-}
-
-/// Everything needed to run one attempt of a plugin task.
-#[derive(Clone)]
-pub struct AttemptRequest {
-    /// The attempt's facts (task id, name, slot, attempt number, params).
-    pub facts: Arc<AttemptFacts>,
-    /// The input bytes given to `run`.
-    pub input: Arc<[u8]>,
-    /// What the guest may touch.
-    pub sandbox: Arc<Sandbox>,
-    /// Where the guest's output goes.
-    pub sink: Arc<dyn GuestSink>,
-    /// How the attempt gives its concurrency permit back while its guest
-    /// waits for a child (none: it keeps it; `PluginTask` sets it).
-    pub parking: Option<Arc<dyn children::Parking>>,
-}
-
-/// The engine, linker, ticker and plugin cache of one process.
-pub struct Runtime {
-    engine: Engine,
-    /// Shared with the blocking threads that compile and load plugins.
-    linker: Arc<Linker<AttemptState>>,
-    allocator: Allocator,
-    plugins: Mutex<cache::PluginCache>,
-    ticker: engine::EpochTicker,
-    /// Compiled plugins on disk, when a cache directory is set and usable.
-    artifacts: Option<Arc<artifacts::Artifacts>>,
-    on_slow_compile: Option<engine::SlowCompileHook>,
-    /// See [`RuntimeConfig::compile_nice`].
-    compile_nice: Option<i32>,
-    /// See [`RuntimeConfig::inline_loads`].
-    inline_loads: bool,
-    stats: RuntimeStats,
-    /// Drops the stores of stopped attempts beside a current-thread runtime.
-    reaper: Arc<reaper::Reaper>,
-    /// What every attempt shares: its caps, the host's own addresses.
-    env: AttemptEnv,
-}
-
-/// What a runtime counts about its plugin cache, for the daemon's metrics.
-#[derive(Debug, Default)]
-pub struct RuntimeStats {
-    /// Loads and lookups served by an already compiled plugin.
-    pub cache_hits: std::sync::atomic::AtomicU64,
-    /// Loads that had to compile (first use, or after an eviction).
-    pub cache_misses: std::sync::atomic::AtomicU64,
-    /// How long each compile (with its `describe`) took.
-    pub compile_time: taskhost_core::stats::DurationHistogram,
-}
-
-impl std::fmt::Debug for Runtime {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runtime")
-            .field("allocator", &self.allocator)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Inputs over this many bytes are hashed on a blocking thread.
-const LARGE: usize = 1 << 20;
-
-/// The digest of `bytes`; over [`LARGE`], computed on a blocking thread
-/// (15 ms for an 18 MiB component would hold up every task waiting on
-/// that async worker). The bytes stay allocated by the caller: a large
-/// buffer allocated on a short-lived blocking thread stays in that
-/// thread's malloc arena once freed (30 MiB more RSS over 20 Python
-/// plugins in the daemon).
-pub async fn digest_of(bytes: &Arc<[u8]>) -> Digest {
-    if bytes.len() <= LARGE {
-        return Digest::of(bytes);
-    }
-    let input = Arc::clone(bytes);
-    tokio::task::spawn_blocking(move || Digest::of(&input))
-        .await
-        .unwrap_or_else(|_| Digest::of(bytes))
-}
-
-/// Raises the calling thread's nice value by `nice` (on Linux the value is
-/// the thread's own). Best effort: a thread that stays at its priority only
-/// competes more with the tasks.
-pub(crate) fn lower_priority(nice: i32) {
-    if let Err(err) = rustix::process::nice(nice) {
-        tracing::debug!("cannot lower a thread's priority: {err}");
-    }
-}
-
-/// Runs `compile` on a new thread at `nice` (see
-/// [`RuntimeConfig::compile_nice`]); a thread of the async runtime's
-/// blocking pool would keep the lower priority for whatever it runs next.
-fn spawn_compile<T: Send + 'static>(
-    nice: i32,
-    compile: impl FnOnce() -> T + Send + 'static,
-) -> std::io::Result<tokio::sync::oneshot::Receiver<T>> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("taskhost-compile".into())
-        .spawn(move || {
-            lower_priority(nice);
-            let _ = tx.send(compile());
-        })?;
-    Ok(rx)
-}
-
-impl Runtime {
-    /// Builds the engine (pooling if possible), links WASI p2 and the host
-    /// interface, and starts the epoch ticker.
-    pub fn new(config: &RuntimeConfig) -> Result<Self, RuntimeError> {
-        config.guest_limits.check()?;
-        if let Some(nice) = config.compile_nice {
-            // Only the first configuration of the global pool counts (an
-            // error means it was already started, maybe by the embedder).
-            let _ = rayon::ThreadPoolBuilder::new()
-                .thread_name(|i| format!("taskhost-compile-{i}"))
-                .start_handler(move |_| lower_priority(nice))
-                .build_global();
-        }
-        let (engine, allocator) = engine::build_engine(config)?;
-        let mut linker = Linker::new(&engine);
-        attempt::add_to_linker(&mut linker)
-            .map_err(|e| RuntimeError::Engine(attempt::error_chain(&e)))?;
-        let ticker =
-            engine::EpochTicker::start(&engine, config.epoch_tick, config.realtime_ticker)?;
-        let artifacts = config
-            .cache_dir
-            .as_deref()
-            .and_then(|dir| artifacts::Artifacts::open(dir, &engine))
-            .map(Arc::new);
-        Ok(Self {
-            engine,
-            linker: Arc::new(linker),
-            allocator,
-            plugins: Mutex::new(cache::PluginCache::new(config.plugin_cache_bytes)),
-            ticker,
-            artifacts,
-            on_slow_compile: config.on_slow_compile.clone(),
-            compile_nice: config.compile_nice,
-            inline_loads: config.inline_loads,
-            stats: RuntimeStats::default(),
-            reaper: Arc::default(),
-            env: AttemptEnv {
-                limits: config.guest_limits,
-                own: Arc::default(),
-                secrets: Arc::new(config.secrets.clone()),
-                config: Arc::new(config.config.clone()),
-                kv: config.kv.clone(),
-                children: config.children.clone(),
-            },
-        })
-    }
-
-    /// Adds an address the host itself listens on (the daemon's `--http`
-    /// listener, once bound): from now on no guest's outbound HTTP reaches
-    /// it unless its grant names that IP address itself (one on an
-    /// unspecified address, such as `0.0.0.0:9100`, counts for every
-    /// address on its port).
-    pub fn add_own_address(&self, addr: std::net::SocketAddr) {
-        self.env.own.add(addr);
-    }
-
-    /// The caps every attempt of this runtime runs under.
-    pub fn guest_limits(&self) -> GuestLimits {
-        self.env.limits
-    }
-
-    /// Registers a deadline of an attempt of this runtime (a force-abort or
-    /// the end of its timeout): at the deadline the epoch ticker sets
-    /// `abort` and ticks at once, so the guest traps at its next epoch check
-    /// (within microseconds when it is running; other running guests pay one
-    /// extra yield), and from then on, until the guard is dropped, the epoch
-    /// ticks every millisecond.
-    pub fn hurry_at(&self, at: std::time::Instant, abort: Arc<AtomicBool>) -> HurryGuard {
-        self.ticker.hurry_at(at, abort)
-    }
-
-    /// Whether the epoch ticker's thread got the real-time priority
-    /// [`RuntimeConfig::realtime_ticker`] asks for: when it did not, a
-    /// force-abort or timeout of a spinning guest can be late by up to a
-    /// kernel scheduler tick while guests hold every core.
-    pub fn realtime_ticker(&self) -> bool {
-        self.ticker.is_realtime()
-    }
-
-    /// The engine every plugin of this runtime is compiled for and
-    /// instantiated in (epoch interruption, async support, the instance
-    /// pool). Embedders and benchmarks may compile their own components
-    /// with it, for instance to measure wasmtime's own cost of an instance
-    /// on the same configuration.
-    pub fn engine(&self) -> &Engine {
-        &self.engine
-    }
-
-    /// Which instance allocator the engine uses.
-    pub fn allocator(&self) -> Allocator {
-        self.allocator
-    }
-
-    /// Reads, compiles and validates a plugin file. A file this runtime
-    /// has read before, unchanged since (same inode, size and times), whose
-    /// compiled artifact is on disk, is neither read nor hashed again.
-    pub async fn load_file(&self, path: &Path) -> Result<Arc<Plugin>, LoadError> {
-        let origin = path.display().to_string();
-        let unreadable = |why: String| LoadError::Unreadable {
-            origin: origin.clone(),
-            why,
-        };
-        let meta = self
-            .file_op(path, std::fs::metadata)
-            .await
-            .map_err(|e| unreadable(e.to_string()))?;
-        if meta.is_dir() {
-            return Err(unreadable("it is a directory".into()));
-        }
-        if meta.len() > MAX_PLUGIN_BYTES as u64 {
-            return Err(plugin::too_big(&origin, meta.len()));
-        }
-        let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
-        let before = file_digests::FileStatus::new(&absolute, &meta);
-        let dir = self.artifacts.as_ref().map(|a| a.dir().to_owned());
-        if let Some(dir) = &dir
-            && let Some(digest) = file_digests::known(dir, &before)
-            && let Some(plugin) = self.load_known(digest, meta.len() as usize).await
-        {
-            return Ok(plugin);
-        }
-        let bytes = self
-            .file_op(path, std::fs::read)
-            .await
-            .map_err(|e| unreadable(e.to_string()))?;
-        let bytes: Arc<[u8]> = bytes.into();
-        plugin::check_header(&origin, &bytes)?;
-        let digest = digest_of(&bytes).await;
-        let plugin = self.load_digested(bytes, digest, &origin).await?;
-        if let Some(dir) = &dir
-            && let Ok(after) = self.file_op(path, std::fs::metadata).await
-        {
-            let after = file_digests::FileStatus::new(&absolute, &after);
-            file_digests::remember(dir, &before, &after, digest);
-        }
-        Ok(plugin)
-    }
-
-    /// The plugin with this digest from memory or from its artifact, if
-    /// either has it; never compiles.
-    async fn load_known(&self, digest: Digest, size: usize) -> Option<Arc<Plugin>> {
-        let cell = self.cache().cell(digest);
-        let result = cell
-            .get_or_try_init(|| async {
-                self.load_artifact(digest, size)
-                    .await
-                    .map(Arc::new)
-                    .ok_or(())
-            })
-            .await
-            .cloned();
-        match &result {
-            Ok(plugin) => self.cache().loaded(digest, plugin),
-            Err(()) => self.cache().failed(&digest),
-        }
-        result.ok().filter(|plugin| plugin.size() == size)
-    }
-
-    /// Compiles and validates a plugin from its bytes, once per digest: a
-    /// second load of the same bytes returns the cached plugin, and
-    /// concurrent loads of the same bytes compile once.
-    pub async fn load_bytes(
-        &self,
-        bytes: Arc<[u8]>,
-        origin: &str,
-    ) -> Result<Arc<Plugin>, LoadError> {
-        plugin::check_header(origin, &bytes)?;
-        let digest = digest_of(&bytes).await;
-        self.load_digested(bytes, digest, origin).await
-    }
-
-    /// [`Runtime::load_bytes`] with the digest of `bytes` already computed
-    /// (the caller vouches for it).
-    pub async fn load_digested(
-        &self,
-        bytes: Arc<[u8]>,
-        digest: Digest,
-        origin: &str,
-    ) -> Result<Arc<Plugin>, LoadError> {
-        plugin::check_header(origin, &bytes)?;
-        let cell = self.cache().cell(digest);
-        let counter = if cell.initialized() {
-            &self.stats.cache_hits
-        } else {
-            &self.stats.cache_misses
-        };
-        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let result = cell
-            .get_or_try_init(|| async {
-                if let Some(plugin) = self.load_artifact(digest, bytes.len()).await {
-                    return Ok(Arc::new(plugin));
-                }
-                let started = std::time::Instant::now();
-                let engine = self.engine.clone();
-                let linker = Arc::clone(&self.linker);
-                let owned_origin = origin.to_owned();
-                let input = Arc::clone(&bytes);
-                // Compiling takes milliseconds to seconds: never on the async
-                // runtime's worker threads.
-                let job = move || plugin::compile(&engine, &linker, &owned_origin, &input);
-                let mut compile: std::pin::Pin<Box<dyn Future<Output = Result<_, String>> + Send>> =
-                    match self.compile_nice {
-                        Some(nice) => {
-                            let done =
-                                spawn_compile(nice, job).map_err(|e| LoadError::Invalid {
-                                    origin: origin.to_owned(),
-                                    why: format!("cannot start a compile thread: {e}"),
-                                })?;
-                            Box::pin(async move {
-                                done.await
-                                    .map_err(|_| "its thread ended without a result".to_owned())
-                            })
-                        }
-                        None => Box::pin(async move {
-                            tokio::task::spawn_blocking(job)
-                                .await
-                                .map_err(|e| e.to_string())
-                        }),
-                    };
-                let compiled = tokio::select! {
-                    done = &mut compile => done,
-                    () = tokio::time::sleep(SLOW_COMPILE) => {
-                        self.slow_compile(origin, bytes.len());
-                        compile.await
-                    }
-                };
-                let pre = compiled.map_err(|e| LoadError::Invalid {
-                    origin: origin.to_owned(),
-                    why: format!("the compiler crashed: {e}"),
-                })??;
-                // Instantiating a large component and running its describe
-                // takes milliseconds too (10 to 25 ms for Python): on a
-                // blocking thread, driven by this runtime's timers.
-                let runtime = tokio::runtime::Handle::current();
-                let engine = self.engine.clone();
-                let env = self.env.clone();
-                let owned_origin = origin.to_owned();
-                let size = bytes.len();
-                let plugin = tokio::task::spawn_blocking(move || {
-                    runtime.block_on(plugin::describe(
-                        &engine,
-                        &env,
-                        &owned_origin,
-                        digest,
-                        size,
-                        pre,
-                    ))
-                })
-                .await
-                .map_err(|e| LoadError::Invalid {
-                    origin: origin.to_owned(),
-                    why: format!("describe crashed: {e}"),
-                })?
-                .map(Arc::new);
-                self.stats.compile_time.observe(started.elapsed());
-                if let (Ok(plugin), Some(artifacts)) = (&plugin, &self.artifacts) {
-                    let (artifacts, plugin) = (Arc::clone(artifacts), Arc::clone(plugin));
-                    let _ = tokio::task::spawn_blocking(move || {
-                        let component = plugin.pre().instance_pre().component();
-                        artifacts.store(&digest, plugin.size(), component, plugin.info());
-                    })
-                    .await;
-                }
-                plugin
-            })
-            .await
-            .cloned();
-        match &result {
-            Ok(plugin) => self.cache().loaded(digest, plugin),
-            // Failed loads are not cached; drop the empty cell.
-            Err(_) => self.cache().failed(&digest),
-        }
-        result
-    }
-
-    /// The plugin with this digest mapped from its artifact on disk, if
-    /// this host stored one that checks out (see [`Self::blocking`]).
-    async fn load_artifact(&self, digest: Digest, size: usize) -> Option<Plugin> {
-        let artifacts = Arc::clone(self.artifacts.as_ref()?);
-        let engine = self.engine.clone();
-        let linker = Arc::clone(&self.linker);
-        self.blocking(move || {
-            let (component, info) = artifacts.load(&engine, &digest, size)?;
-            // The artifact passed these checks when it was compiled; a
-            // failure now is a bug, and the compile path reports it.
-            let pre = plugin::prepare(&engine, &linker, &digest.to_string(), &component).ok()?;
-            Some(Plugin::new(digest, size, info, pre))
-        })
-        .await
-        .flatten()
-    }
-
-    /// `op` on the file at `path` (see [`Self::blocking`]).
-    async fn file_op<T: Send + 'static>(
-        &self,
-        path: &Path,
-        op: fn(PathBuf) -> std::io::Result<T>,
-    ) -> std::io::Result<T> {
-        let path = path.to_owned();
-        self.blocking(move || op(path)).await.unwrap_or_else(|| {
-            Err(std::io::Error::other(
-                "cancelled: the async runtime is shutting down",
-            ))
-        })
-    }
-
-    /// Runs `work` that blocks on the file system: on a blocking thread,
-    /// or here with [`RuntimeConfig::inline_loads`]. `None` when its thread
-    /// was cancelled (the async runtime is shutting down).
-    async fn blocking<R: Send + 'static>(
-        &self,
-        work: impl FnOnce() -> R + Send + 'static,
-    ) -> Option<R> {
-        if self.inline_loads {
-            Some(work())
-        } else {
-            tokio::task::spawn_blocking(work).await.ok()
-        }
-    }
-
-    /// Says that a compile is taking a while (see [`SLOW_COMPILE`]).
-    fn slow_compile(&self, origin: &str, size: usize) {
-        let note = SlowCompile {
-            origin: origin.to_owned(),
-            bytes: size as u64,
-            cached: self.artifacts.is_some(),
-        };
-        let size = taskhost_core::units::format_size(note.bytes);
-        if note.cached {
-            tracing::info!("compiling {origin} ({size}), cached afterwards");
-        } else {
-            tracing::info!("compiling {origin} ({size}), without a compilation cache");
-        }
-        if let Some(hook) = &self.on_slow_compile {
-            (hook.0)(&note);
-        }
-    }
-
-    fn cache(&self) -> std::sync::MutexGuard<'_, cache::PluginCache> {
-        self.plugins.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Drops the cached plugin with this digest (attempts holding it go on;
-    /// a later load compiles it again). True if it was cached.
-    pub fn forget(&self, digest: &Digest) -> bool {
-        self.cache().forget(digest)
-    }
-
-    /// The cached plugin with this digest, if loaded (marked as used).
-    pub fn plugin(&self, digest: &Digest) -> Option<Arc<Plugin>> {
-        let plugin = self.cache().get(digest);
-        if plugin.is_some() {
-            self.stats
-                .cache_hits
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        plugin
-    }
-
-    /// What this runtime has counted about its plugin cache.
-    pub fn stats(&self) -> &RuntimeStats {
-        &self.stats
-    }
-
-    /// Whether the plugin with this digest is in the cache.
-    pub fn is_cached(&self, digest: &Digest) -> bool {
-        self.cache().contains(digest)
-    }
-
-    /// Bytes of plugins in the cache, counted by compiled image size.
-    pub fn cached_bytes(&self) -> u64 {
-        self.cache().bytes()
-    }
-
-    /// Creates a fresh store and instance for one attempt (the step before
-    /// an attempt's timeout starts). Stop signals apply from here on.
-    pub async fn prepare_attempt(
-        &self,
-        plugin: &Plugin,
-        request: &AttemptRequest,
-        signals: &StopSignals,
-    ) -> Result<PreparedAttempt, AttemptError> {
-        let (store, capture) = attempt::new_store(
-            &self.engine,
-            &self.env,
-            request,
-            Some(plugin.digest()),
-            signals,
-        )?;
-        attempt::instantiate(plugin.pre(), store, capture, signals, &self.reaper).await
-    }
-
-    /// Runs one attempt in a fresh instance. Returns when the instance is
-    /// gone. Stop it cooperatively with `signals.cancel()`, by force with
-    /// `signals.abort()` (it traps at its next epoch tick), or by dropping
-    /// the future (the instance is dropped with it).
-    pub async fn run_attempt(
-        &self,
-        plugin: &Plugin,
-        request: &AttemptRequest,
-        signals: &StopSignals,
-    ) -> Result<Vec<u8>, AttemptError> {
-        let prepared = self.prepare_attempt(plugin, request, signals).await?;
-        prepared.run(&request.input).await
-    }
-}
+pub use ticker::{DEFAULT_EPOCH_TICK, HurryGuard};
 
 /// The types most embedders need, in one `use`: the supervisor's and the
 /// controller's ([`taskhost_core::prelude`]) and the runtime's.

@@ -26,12 +26,12 @@
 
 use wasmtime::StoreContextMut;
 use wasmtime::component::{Linker, Resource, ResourceTable, ResourceTableError};
+use wasmtime_wasi::WasiView;
 use wasmtime_wasi::filesystem::WasiFilesystemView;
 use wasmtime_wasi::p2::bindings::filesystem::types::{
     Descriptor, DescriptorFlags, ErrorCode, HostDescriptor, OpenFlags, PathFlags,
 };
 
-use super::attempt::AttemptState;
 use taskhost_core::logline::LogLevel;
 use taskhost_core::units::format_size;
 
@@ -204,16 +204,26 @@ fn open_descriptors(table: &mut ResourceTable) -> usize {
         .count()
 }
 
+/// The store data the open-files cap works on (an attempt's,
+/// `attempt::AttemptState`): its WASI context and resource table, the caps
+/// it has hit, and its task's log.
+pub(crate) trait Limited: WasiView + 'static {
+    /// The caps this attempt runs under and which it has hit.
+    fn limit_hits(&mut self) -> &mut LimitHits;
+    /// A line in the task's log, as if the guest had logged it.
+    fn log(&self, level: LogLevel, message: &str);
+}
+
 /// Replaces wasmtime-wasi's `open-at` (linked by `add_to_linker_async`
 /// before this) with one that first counts the attempt's open descriptors:
 /// at the cap it returns `quota` and says so in the task's log (once per
 /// attempt); below it, it calls wasmtime-wasi's own implementation.
-pub(crate) fn wrap_open_at(linker: &mut Linker<AttemptState>) -> wasmtime::Result<()> {
+pub(crate) fn wrap_open_at<T: Limited>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
     let mut types = linker.instance(FILESYSTEM_TYPES)?;
     types.func_wrap_async(
         "[method]descriptor.open-at",
-        |mut store: StoreContextMut<'_, AttemptState>,
+        |mut store: StoreContextMut<'_, T>,
          (dir, path_flags, path, open_flags, flags): (
             Resource<Descriptor>,
             PathFlags,
@@ -223,9 +233,9 @@ pub(crate) fn wrap_open_at(linker: &mut Linker<AttemptState>) -> wasmtime::Resul
         )| {
             Box::new(async move {
                 let state = store.data_mut();
-                let max = state.limits().limits.max_open_files;
-                if open_descriptors(state.table()) >= max {
-                    if !std::mem::replace(&mut state.limits_mut().open_files, true) {
+                let max = state.limit_hits().limits.max_open_files;
+                if open_descriptors(state.ctx().table) >= max {
+                    if !std::mem::replace(&mut state.limit_hits().open_files, true) {
                         state.log(
                             LogLevel::Warn,
                             &format!(

@@ -9,13 +9,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sha2::{Digest as _, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::attempt::{self, AttemptEnv, AttemptFacts, AttemptState, StopSignals, error_chain};
+use super::attempt::{self, AttemptEnv, AttemptState};
 use super::bindings::{self, WIT_PACKAGE, WIT_VERSION, taskhost::plugin::types};
 use super::contract::{Capability, PluginInfo, ResourceTemplate};
+use super::digest::Digest;
+use super::facts::{AttemptFacts, StopSignals};
+use super::failure::{describe_trap, error_chain};
 use super::output::NullSink;
 use super::sandbox::Sandbox;
 
@@ -29,49 +31,6 @@ pub const DESCRIBE_MAX_MEMORY: u64 = 128 << 20;
 const MAX_NAME_LEN: usize = 128;
 const MAX_TEXT_LEN: usize = 4096;
 const MAX_CAPABILITIES: usize = 64;
-
-/// A plugin's sha256 content digest.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-pub struct Digest(pub [u8; 32]);
-
-impl Digest {
-    /// The digest of these bytes.
-    pub fn of(bytes: &[u8]) -> Self {
-        Self(Sha256::digest(bytes).into())
-    }
-
-    /// The 64 lower-case hex digits.
-    pub fn hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
-    }
-}
-
-impl std::str::FromStr for Digest {
-    type Err = String;
-
-    /// 64 hex digits, with or without `sha256:` in front.
-    fn from_str(s: &str) -> Result<Self, String> {
-        let hex = s.strip_prefix("sha256:").unwrap_or(s);
-        let bad = || format!("`{s}` is not a sha256 digest (64 hex digits)");
-        if hex.len() != 64 || !hex.is_ascii() {
-            return Err(bad());
-        }
-        let mut out = [0u8; 32];
-        for (i, byte) in out.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-        }
-        Ok(Self(out))
-    }
-}
-
-impl std::fmt::Display for Digest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("sha256:")?;
-        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
-    }
-}
 
 /// Why bytes could not become a plugin.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -526,7 +485,7 @@ pub(crate) async fn describe(
         ..Sandbox::default()
     };
     let signals = StopSignals::default();
-    let request = crate::AttemptRequest {
+    let request = attempt::AttemptRequest {
         facts: Arc::new(AttemptFacts::default()),
         input: Arc::from(&[][..]),
         sandbox: Arc::new(sandbox),
@@ -551,7 +510,7 @@ pub(crate) async fn describe(
         Ok(Err(err)) => {
             // One line: the trap, what the guest said, the top of its
             // backtrace.
-            let why = attempt::describe_trap(&err, None, capture.explanation());
+            let why = describe_trap(&err, None, capture.explanation());
             return Err(bad(format!("failed: {why}")));
         }
         Ok(Ok(raw)) => raw,
@@ -644,14 +603,5 @@ mod tests {
             Err(LoadError::CoreModule { .. })
         ));
         assert!(check_header("x", b"\0asm\x0d\0\x01\0").is_ok());
-    }
-
-    #[test]
-    fn digests_print_as_sha256_hex() {
-        let d = Digest::of(b"");
-        assert_eq!(
-            d.to_string(),
-            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
     }
 }

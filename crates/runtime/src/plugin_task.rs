@@ -25,11 +25,15 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
+use crate::attempt::AttemptRequest;
 use crate::children::Parking;
-use crate::{
-    AttemptError, AttemptFacts, AttemptRequest, DefaultPolicy, GuestSink, Plugin, ResourceTemplate,
-    Runtime, Sandbox, StopSignals, TemplateError,
-};
+use crate::contract::{DefaultPolicy, ResourceTemplate, TemplateError};
+use crate::facts::{AttemptFacts, StopSignals};
+use crate::failure::AttemptError;
+use crate::output::GuestSink;
+use crate::plugin::Plugin;
+use crate::runtime::Runtime;
+use crate::sandbox::Sandbox;
 use taskhost_core::controller::AdmissionPolicy;
 use taskhost_core::logline::{LineSink, Stream};
 use taskhost_core::supervisor::{AttemptContext, RunFuture, TaskBody, TaskError};

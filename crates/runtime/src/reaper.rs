@@ -14,12 +14,24 @@
 //! those over costs a round trip per task (BENCHMARKS.md). Outside a
 //! supervisor ([`crate::PreparedAttempt::run`]) only a current-thread
 //! runtime uses the reaper ([`wanted`]).
+//!
+//! Lowering a thread's CPU priority ([`lower_priority`]) is here too: the
+//! reaper's threads and the compile threads of `runtime` share it.
 
 #![forbid(unsafe_code)]
 
 use std::num::NonZeroUsize;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+/// Raises the calling thread's nice value by `nice` (on Linux the value is
+/// the thread's own). Best effort: a thread that stays at its priority only
+/// competes more with the tasks.
+pub(crate) fn lower_priority(nice: i32) {
+    if let Err(err) = rustix::process::nice(nice) {
+        tracing::debug!("cannot lower a thread's priority: {err}");
+    }
+}
 
 /// Whether a stopped attempt that is not run by a supervisor should drop
 /// its store on the reaper: only from a current-thread runtime, whose one
@@ -96,7 +108,7 @@ fn start() -> Option<mpsc::Sender<Job>> {
         let spawned = std::thread::Builder::new()
             .name("taskhost-reaper".into())
             .spawn(move || {
-                crate::lower_priority(NICE);
+                lower_priority(NICE);
                 // Ends when the runtime (holding the sender) is dropped. The
                 // lock is never held across a drop, so it cannot be poisoned.
                 let mut batch = Vec::with_capacity(BATCH);

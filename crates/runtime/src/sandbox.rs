@@ -1,7 +1,7 @@
 //! Owns what a guest may touch: the grants of one task (preopened
 //! directories, environment variables, outbound HTTP hosts, its memory
 //! limit), parsing them from `--dir HOST::GUEST[:ro]` and `--env K=V`
-//! (`--allow-http` is parsed in `http`), checking them against the
+//! (`--allow-http` is parsed in `http_grant`), checking them against the
 //! capabilities a plugin declares, and turning them into a WASI context.
 //! Nothing is granted by default: no files, no environment, no sockets, no
 //! HTTP.
@@ -13,9 +13,12 @@ use std::path::PathBuf;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
 
 use super::contract::Capability;
-use super::engine::DEFAULT_MAX_MEMORY;
-use super::http::HttpAllow;
-use super::secrets::{SecretError, SecretRef, Secrets};
+use super::grant_error::GrantError;
+use super::http_grant::HttpAllow;
+use super::secrets::{SecretRef, Secrets};
+
+/// The default memory limit of a guest: all its linear memories together.
+pub const DEFAULT_MAX_MEMORY: u64 = 256 << 20;
 
 /// One preopened directory.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -26,53 +29,6 @@ pub struct DirGrant {
     pub guest: String,
     /// Whether the guest may only read.
     pub read_only: bool,
-}
-
-/// A grant that could not be parsed or used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum GrantError {
-    /// `--dir` is not `HOST::GUEST[:ro]`.
-    #[error("invalid --dir `{0}`: use HOST::GUEST or HOST::GUEST:ro, such as ./data::/data:ro")]
-    DirSyntax(String),
-    /// The host directory does not exist or is not a directory.
-    #[error("cannot grant directory `{path}`: {why}")]
-    DirMissing {
-        /// The host path.
-        path: String,
-        /// The OS error.
-        why: String,
-    },
-    /// `--env` is not `K=V`.
-    #[error("invalid --env `{0}`: use NAME=VALUE")]
-    EnvSyntax(String),
-    /// `--allow-http` is not `[http://]HOST[:PORT]`.
-    #[error(
-        "invalid --allow-http `{text}`: {why}; use HOST, HOST:PORT, *.DOMAIN or http://HOST:PORT, \
-         such as --allow-http api.example.com"
-    )]
-    HttpSyntax {
-        /// What was given.
-        text: String,
-        /// What is wrong with it.
-        why: String,
-    },
-    /// A secret could not be resolved (never holds its value).
-    #[error(transparent)]
-    Secret(#[from] SecretError),
-    /// One environment variable granted twice.
-    #[error(
-        "the environment variable `{0}` is granted twice (by --env, --secret or --env-secret); \
-         grant it once"
-    )]
-    Twice(String),
-    /// A declared capability has no grant.
-    #[error("the plugin needs {needed}, but this submission does not grant it: {fix}")]
-    Missing {
-        /// The capability, for people.
-        needed: String,
-        /// The flag that grants it.
-        fix: String,
-    },
 }
 
 impl DirGrant {

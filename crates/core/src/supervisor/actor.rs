@@ -292,39 +292,11 @@ impl Actor {
                 AttemptEnd::Done(Err(error), leftovers, permit) => (error, leftovers, permit),
             };
 
-            let (reason, exit_code) = match &error {
-                TaskError::Canceled => {
-                    story.record(attempt, "canceled by the body".into(), took);
-                    self.event(EventKind::AttemptCanceled, attempt);
+            let (reason, exit_code) = match self.failed(story, attempt, &error, took) {
+                Ok(failure) => failure,
+                Err(outcome) => {
                     keep(remains, leftovers, permit);
-                    return TaskOutcome::Canceled;
-                }
-                TaskError::Fatal { reason, exit_code } => {
-                    story.record(attempt, format!("fatal: {reason}"), took);
-                    self.attempt_event(EventKind::AttemptFailed, attempt, took, Some(&error));
-                    keep(remains, leftovers, permit);
-                    return TaskOutcome::Fatal {
-                        reason: reason.clone(),
-                        exit_code: *exit_code,
-                    };
-                }
-                TaskError::Timeout(limit) => {
-                    let reason = format!(
-                        "attempt {attempt} timed out after {}",
-                        format_duration(*limit)
-                    );
-                    story.record(
-                        attempt,
-                        format!("timed out after {}", format_duration(*limit)),
-                        took,
-                    );
-                    self.attempt_event(EventKind::AttemptTimedOut, attempt, took, Some(&error));
-                    (reason, None)
-                }
-                TaskError::Fail { reason, exit_code } => {
-                    story.record(attempt, format!("failed: {reason}"), took);
-                    self.attempt_event(EventKind::AttemptFailed, attempt, took, Some(&error));
-                    (reason.clone(), *exit_code)
+                    return outcome;
                 }
             };
             if self.policies.restart == RestartPolicy::Never {
@@ -348,6 +320,52 @@ impl Actor {
                 .await
             {
                 return TaskOutcome::Canceled;
+            }
+        }
+    }
+
+    /// Records how attempt `attempt` failed (its story line and its event)
+    /// and says what follows: the task's outcome now when retrying cannot
+    /// help (the body canceled itself, or failed fatally), else the reason
+    /// and exit code of a failure the restart policy decides about.
+    fn failed(
+        &self,
+        story: &mut Story,
+        attempt: u32,
+        error: &TaskError,
+        took: Duration,
+    ) -> Result<(String, Option<i32>), TaskOutcome> {
+        match error {
+            TaskError::Canceled => {
+                story.record(attempt, "canceled by the body".into(), took);
+                self.event(EventKind::AttemptCanceled, attempt);
+                Err(TaskOutcome::Canceled)
+            }
+            TaskError::Fatal { reason, exit_code } => {
+                story.record(attempt, format!("fatal: {reason}"), took);
+                self.attempt_event(EventKind::AttemptFailed, attempt, took, Some(error));
+                Err(TaskOutcome::Fatal {
+                    reason: reason.clone(),
+                    exit_code: *exit_code,
+                })
+            }
+            TaskError::Timeout(limit) => {
+                let reason = format!(
+                    "attempt {attempt} timed out after {}",
+                    format_duration(*limit)
+                );
+                story.record(
+                    attempt,
+                    format!("timed out after {}", format_duration(*limit)),
+                    took,
+                );
+                self.attempt_event(EventKind::AttemptTimedOut, attempt, took, Some(error));
+                Ok((reason, None))
+            }
+            TaskError::Fail { reason, exit_code } => {
+                story.record(attempt, format!("failed: {reason}"), took);
+                self.attempt_event(EventKind::AttemptFailed, attempt, took, Some(error));
+                Ok((reason.clone(), *exit_code))
             }
         }
     }

@@ -39,7 +39,7 @@ mod actor;
 pub mod backoff;
 mod body;
 mod events;
-mod id;
+pub(crate) mod id;
 mod permits;
 mod registry;
 mod spec;

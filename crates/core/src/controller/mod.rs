@@ -24,9 +24,17 @@
 //! controller.shutdown(Duration::from_secs(1)).await;
 //! # }
 //! ```
+//!
+//! | module | owns |
+//! |---|---|
+//! | `delayed` | submissions held until their due time: the bound, the one timer task, placing them when due |
+//! | `views` | what the controller shows: slot views, queued and delayed submissions |
+
+mod delayed;
+mod views;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -39,6 +47,8 @@ use crate::supervisor::{
     Event, EventKind, OutcomeCell, Reservation, ShutdownReport, Supervisor, TaskId, TaskRef,
     TaskReport, TaskSpec, TaskWaiter,
 };
+use delayed::Delayed;
+pub use views::QueuedView;
 
 /// Who a submission that never ran was: id, name, slot, schedule and parent.
 type Who<'a> = (
@@ -152,23 +162,6 @@ impl Submission {
     }
 }
 
-/// A queued submission as seen from outside.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueuedView {
-    /// Its id.
-    pub id: TaskId,
-    /// Its name.
-    pub name: String,
-    /// The slot it waits for.
-    pub slot: String,
-    /// What its body is.
-    pub body: String,
-    /// How long it has waited.
-    pub age: Duration,
-    /// For a delayed submission, how long until it is due (zero once due).
-    pub due_in: Option<Duration>,
-}
-
 struct Pending {
     reservation: Reservation,
     spec: TaskSpec,
@@ -204,14 +197,6 @@ struct State {
     delayed_at: HashMap<TaskId, tokio::time::Instant, foldhash::fast::RandomState>,
     /// Whether the task that places delayed submissions when due runs.
     timer: bool,
-}
-
-/// A submission held until its due time.
-struct Delayed {
-    pending: Pending,
-    policy: AdmissionPolicy,
-    name: Arc<str>,
-    slot: Arc<str>,
 }
 
 struct Inner {
@@ -364,104 +349,6 @@ impl Controller {
             state.closed,
         );
         self.apply(state, slot, summary.owner.map(|o| o.0), decision, pending)
-    }
-
-    /// Holds a submission until `due`, within the bound of delayed ones.
-    fn hold(
-        &self,
-        state: &mut State,
-        due: tokio::time::Instant,
-        pending: Pending,
-        policy: AdmissionPolicy,
-        name: &Arc<str>,
-        slot: &Arc<str>,
-    ) -> Result<Option<Placement>, (RejectionKind, String)> {
-        if state.closed {
-            return Err((
-                RejectionKind::ShuttingDown,
-                "the host is shutting down".into(),
-            ));
-        }
-        if state.delayed.len() >= self.inner.max_delayed {
-            return Err((
-                RejectionKind::ResourceLimit,
-                format!(
-                    "{} delayed submissions already wait for their time, the most this host \
-                     holds (max_delayed)",
-                    state.delayed.len()
-                ),
-            ));
-        }
-        let id = pending.id();
-        let wait = due.saturating_duration_since(tokio::time::Instant::now());
-        let due_ms = u64::try_from(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .saturating_add(wait)
-                .as_millis(),
-        )
-        .unwrap_or(u64::MAX);
-        let sooner = state
-            .delayed
-            .first_key_value()
-            .is_none_or(|(k, _)| due < k.0);
-        state.delayed.insert(
-            (due, id),
-            Delayed {
-                pending,
-                policy,
-                name: Arc::clone(name),
-                slot: Arc::clone(slot),
-            },
-        );
-        state.delayed_at.insert(id, due);
-        if !state.timer {
-            state.timer = true;
-            tokio::spawn(place_when_due(
-                Arc::downgrade(&self.inner),
-                Arc::clone(&self.inner.due),
-            ));
-        } else if sooner {
-            self.inner.due.notify_one();
-        }
-        Ok(Some(Placement::Delayed { due_ms }))
-    }
-
-    /// Places every delayed submission due by now, in due order; returns
-    /// when the next is due, or `None` (and marks the timer stopped) when
-    /// none is left.
-    fn place_due(&self) -> Option<tokio::time::Instant> {
-        let now = tokio::time::Instant::now();
-        let mut state = self.lock();
-        loop {
-            let Some(entry) = state.delayed.first_entry() else {
-                state.timer = false;
-                return None;
-            };
-            let (due, id) = *entry.key();
-            if due > now {
-                return Some(due);
-            }
-            let delayed = entry.remove();
-            state.delayed_at.remove(&id);
-            let mut event = Event::new(EventKind::DelayDue)
-                .task(id, &delayed.name, &delayed.slot)
-                .schedule(delayed.pending.spec.schedule_name())
-                .parent(delayed.pending.spec.parent_id());
-            event.delay_ms = Some(now.saturating_duration_since(due).as_millis() as u64);
-            self.inner.supervisor.bus().publish(event);
-            crate::stats::DELAYS_DUE.observe(now.saturating_duration_since(due));
-            let cell = Arc::clone(&delayed.pending.cell);
-            let schedule = delayed.pending.spec.schedule_name().cloned();
-            let parent = delayed.pending.spec.parent_id();
-            if let Err((kind, reason)) =
-                self.place(&mut state, delayed.pending, delayed.policy, &delayed.slot)
-            {
-                let who = (id, &delayed.name, &delayed.slot, schedule.as_ref(), parent);
-                self.resolve_rejected(who, &cell, kind, reason);
-            }
-        }
     }
 
     /// Carries out an admission decision on the slot table.
@@ -728,44 +615,6 @@ impl Controller {
         true
     }
 
-    /// Takes a delayed submission out (it ends Rejected RemovedFromQueue).
-    fn remove_delayed(&self, target: &TaskRef) -> bool {
-        let mut state = self.lock();
-        let found = match target {
-            TaskRef::Id(id) => state.delayed_at.get(id).map(|due| (*due, *id)),
-            TaskRef::Name(name) => {
-                if self.inner.supervisor.is_alive(name) {
-                    None
-                } else {
-                    state
-                        .delayed
-                        .iter()
-                        .find(|(_, d)| &*d.name == name.as_str())
-                        .map(|(key, _)| *key)
-                }
-            }
-        };
-        let Some(key) = found else { return false };
-        let Some(delayed) = state.delayed.remove(&key) else {
-            return false;
-        };
-        state.delayed_at.remove(&key.1);
-        drop(state);
-        self.resolve_rejected(
-            (
-                key.1,
-                &delayed.name,
-                &delayed.slot,
-                delayed.pending.spec.schedule_name(),
-                delayed.pending.spec.parent_id(),
-            ),
-            &delayed.pending.cell,
-            RejectionKind::RemovedFromQueue,
-            "removed before it was due".into(),
-        );
-        true
-    }
-
     fn mark_terminating(&self, target: &TaskRef) {
         let id = match target {
             TaskRef::Id(id) => Some(*id),
@@ -782,117 +631,6 @@ impl Controller {
         {
             self.transition(&key, slot, SlotState::Terminating, "owner asked to stop");
         }
-    }
-
-    /// A view of every tracked slot, sorted by key.
-    pub fn snapshot(&self) -> Vec<SlotView> {
-        let state = self.lock();
-        let now = Instant::now();
-        let mut views: Vec<SlotView> = state
-            .slots
-            .iter()
-            .map(|(key, slot)| SlotView {
-                key: key.to_string(),
-                state: slot.state,
-                owner: slot.owner,
-                queue_depth: slot.queue.len(),
-                in_state_for: now.saturating_duration_since(slot.since),
-                queued: slot.queue.iter().map(Pending::id).collect(),
-            })
-            .collect();
-        views.sort_by(|a, b| a.key.cmp(&b.key));
-        views
-    }
-
-    /// Whether a submission into `slot` would be admitted at once (no owner,
-    /// no queue, not closing). Exact while no other submission or removal
-    /// happens meanwhile.
-    pub fn is_slot_free(&self, slot: &str) -> bool {
-        let state = self.lock();
-        !state.closed
-            && state
-                .slots
-                .get(slot)
-                .is_none_or(|s| s.state == SlotState::Idle)
-    }
-
-    /// The slot a queued submission waits in, if it is queued.
-    pub fn queued_slot(&self, id: TaskId) -> Option<String> {
-        self.lock().queued.get(&id).map(|s| s.to_string())
-    }
-
-    /// The queued submission with this id or name, if any (a name finds the
-    /// oldest queued submission of that name).
-    pub fn queued(&self, target: &TaskRef) -> Option<QueuedView> {
-        let state = self.lock();
-        let now = Instant::now();
-        let view = |key: &Arc<str>, p: &Pending| QueuedView {
-            id: p.id(),
-            name: p.spec.name().to_owned(),
-            slot: key.to_string(),
-            body: p.spec.body().describe(),
-            age: now.saturating_duration_since(p.since),
-            due_in: None,
-        };
-        let delayed = state
-            .delayed
-            .values()
-            .map(|d| d.view(tokio::time::Instant::now()));
-        let delayed: Vec<QueuedView> = match target {
-            TaskRef::Id(id) => delayed.filter(|v| v.id == *id).collect(),
-            TaskRef::Name(name) => delayed.filter(|v| &v.name == name).collect(),
-        };
-        match target {
-            TaskRef::Id(id) => {
-                if let Some(view) = delayed.into_iter().next() {
-                    return Some(view);
-                }
-                let key = state.queued.get(id)?;
-                let slot = state.slots.get(key)?;
-                slot.queue
-                    .iter()
-                    .find(|p| p.id() == *id)
-                    .map(|p| view(key, p))
-            }
-            TaskRef::Name(name) => state
-                .slots
-                .iter()
-                .flat_map(|(key, slot)| slot.queue.iter().map(move |p| (key, p)))
-                .filter(|(_, p)| p.spec.name() == name)
-                .map(|(key, p)| view(key, p))
-                .chain(delayed)
-                .min_by_key(|v| v.id),
-        }
-    }
-
-    /// How many delayed submissions wait for their time.
-    pub fn delayed_count(&self) -> usize {
-        self.lock().delayed.len()
-    }
-
-    /// Every queued submission, by id (delayed ones included, with their
-    /// `due_in`).
-    pub fn queued_all(&self) -> Vec<QueuedView> {
-        let state = self.lock();
-        let now = Instant::now();
-        let mut all: Vec<QueuedView> = state
-            .slots
-            .iter()
-            .flat_map(|(key, slot)| {
-                slot.queue.iter().map(move |p| QueuedView {
-                    id: p.id(),
-                    name: p.spec.name().to_owned(),
-                    slot: key.to_string(),
-                    body: p.spec.body().describe(),
-                    age: now.saturating_duration_since(p.since),
-                    due_in: None,
-                })
-            })
-            .collect();
-        let later = tokio::time::Instant::now();
-        all.extend(state.delayed.values().map(|d| d.view(later)));
-        all.sort_by_key(|q| q.id);
-        all
     }
 
     /// Shuts down: no queued work starts (it ends Rejected ShuttingDown),
@@ -936,38 +674,6 @@ impl Controller {
             .state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-impl Delayed {
-    fn view(&self, now: tokio::time::Instant) -> QueuedView {
-        let due = self.pending.spec.due_at().unwrap_or(now);
-        QueuedView {
-            id: self.pending.id(),
-            name: self.name.to_string(),
-            slot: self.slot.to_string(),
-            body: self.pending.spec.body().describe(),
-            age: self.pending.since.elapsed(),
-            due_in: Some(due.saturating_duration_since(now)),
-        }
-    }
-}
-
-/// The task that places delayed submissions when they are due: it sleeps
-/// until the soonest, and is woken when a sooner one arrives. It holds the
-/// controller only while it places, and ends when none is left (the next
-/// delayed submission starts it again) or the controller is gone.
-async fn place_when_due(inner: Weak<Inner>, sooner: Arc<Notify>) {
-    loop {
-        let next = match inner.upgrade() {
-            Some(inner) => Controller { inner }.place_due(),
-            None => return,
-        };
-        let Some(next) = next else { return };
-        tokio::select! {
-            () = tokio::time::sleep_until(next) => {}
-            () = sooner.notified() => {}
-        }
     }
 }
 

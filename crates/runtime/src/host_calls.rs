@@ -1,0 +1,183 @@
+//! Owns the host functions of our own package as one attempt's guest calls
+//! them: `taskhost:plugin/host` (the attempt's facts, whether it is asked
+//! to stop, a sleep that a stop cuts short, log lines and progress) and
+//! `taskhost:plugin/children` (a spawn, and a wait that a stop cuts short
+//! and that parks the attempt while the child has not ended). A call that
+//! really waited says so, and the attempt's epoch callback then skips one
+//! yield (`attempt::new_store`). What a child is and who runs it is the
+//! business of `children`.
+
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use super::bindings::taskhost::plugin::{children, host, types};
+use super::children::ChildAccess;
+use super::facts::AttemptFacts;
+use super::output::Capture;
+use taskhost_core::logline::LogLevel;
+
+/// What the host functions of one attempt need.
+pub(crate) struct HostCtx {
+    facts: Arc<AttemptFacts>,
+    cancel: CancellationToken,
+    capture: Arc<Capture>,
+    /// Set when a host call that waited returns: the guest has just been
+    /// scheduled again, so an epoch deadline that passed meanwhile needs no
+    /// yield of its own.
+    woke: bool,
+    /// What the guest may do with child tasks (none: spawns fail).
+    children: Option<ChildAccess>,
+}
+
+impl HostCtx {
+    /// The host functions' side of an attempt with these facts, stop
+    /// token, capture and children (none: spawns fail).
+    pub(crate) fn new(
+        facts: Arc<AttemptFacts>,
+        cancel: CancellationToken,
+        capture: Arc<Capture>,
+        children: Option<ChildAccess>,
+    ) -> Self {
+        Self {
+            facts,
+            cancel,
+            capture,
+            woke: false,
+            children,
+        }
+    }
+
+    /// Whether a host call that waited has returned since the last time
+    /// this was asked (see `woke`).
+    pub(crate) fn take_woke(&mut self) -> bool {
+        std::mem::take(&mut self.woke)
+    }
+
+    /// A line in the task's log, as if the guest had logged it.
+    pub(crate) fn log(&self, level: LogLevel, message: &str) {
+        self.capture.log(level, message);
+    }
+}
+
+/// Runs `wait` and says whether it really waited (was pending once): only
+/// a host call that waited counts as a wake-up, while one that returns at
+/// once leaves the guest's next epoch check to yield as usual.
+async fn noting_wait<T>(wait: impl Future<Output = T>) -> (T, bool) {
+    let mut waited = false;
+    let mut wait = std::pin::pin!(wait);
+    let out = std::future::poll_fn(|cx| {
+        let poll = wait.as_mut().poll(cx);
+        waited |= poll.is_pending();
+        poll
+    })
+    .await;
+    (out, waited)
+}
+
+impl types::Host for HostCtx {}
+
+impl children::Host for HostCtx {
+    async fn spawn(&mut self, spec: children::ChildSpec) -> Result<u64, String> {
+        let Some(access) = &self.children else {
+            return Err(
+                "this runtime starts no child tasks (`host run` has no controller): \
+                        submit the parent to a daemon"
+                    .into(),
+            );
+        };
+        let spec = super::children::spec(spec)?;
+        let key = spec.key.clone();
+        let parent = access.parent();
+        let id = access.backend.spawn(&parent, spec).await?;
+        self.capture.log(
+            LogLevel::Info,
+            &format!("child task {id} (key `{key}`) of task {}", parent.task),
+        );
+        Ok(id)
+    }
+
+    async fn wait(&mut self, id: u64) -> Result<children::ChildOutcome, children::WaitError> {
+        let Some(access) = &self.children else {
+            return Err(children::WaitError::UnknownChild);
+        };
+        let backend = Arc::clone(&access.backend);
+        let parent = access.facts.task_id;
+        let wait = async {
+            tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => Err(children::WaitError::Cancelled),
+                found = backend.wait(parent, id) => match found {
+                    Ok(outcome) => Ok(super::children::outcome(outcome)),
+                    Err(super::children::WaitError::UnknownChild) => {
+                        Err(children::WaitError::UnknownChild)
+                    }
+                },
+            }
+        };
+        let mut wait = std::pin::pin!(wait);
+        // A child that has ended answers at once; one that has not may need
+        // this attempt's permit to run, so the attempt is parked meanwhile.
+        if let Some(result) = futures::FutureExt::now_or_never(wait.as_mut()) {
+            self.woke = false;
+            return result;
+        }
+        let parking = access.parking.clone().filter(|p| p.park());
+        let result = wait.await;
+        if let Some(parking) = parking {
+            parking.unpark().await;
+        }
+        self.woke = true;
+        result
+    }
+}
+
+impl host::Host for HostCtx {
+    fn is_cancelled(&mut self) -> wasmtime::Result<bool> {
+        Ok(self.cancel.is_cancelled())
+    }
+
+    async fn sleep(&mut self, ms: u64) -> types::SleepStatus {
+        let duration = std::time::Duration::from_millis(ms);
+        let (status, waited) = noting_wait(async {
+            tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => types::SleepStatus::Cancelled,
+                () = tokio::time::sleep(duration) => types::SleepStatus::Elapsed,
+            }
+        })
+        .await;
+        self.woke = waited;
+        status
+    }
+
+    fn log(&mut self, level: types::Level, message: String) -> wasmtime::Result<()> {
+        let level = match level {
+            types::Level::Trace => LogLevel::Trace,
+            types::Level::Debug => LogLevel::Debug,
+            types::Level::Info => LogLevel::Info,
+            types::Level::Warn => LogLevel::Warn,
+            types::Level::Error => LogLevel::Error,
+        };
+        self.capture.log(level, &message);
+        Ok(())
+    }
+
+    fn progress(&mut self, done: u64, total: u64) -> wasmtime::Result<()> {
+        self.capture.progress(done, total);
+        Ok(())
+    }
+
+    fn attempt(&mut self) -> wasmtime::Result<types::AttemptInfo> {
+        let facts = &self.facts;
+        Ok(types::AttemptInfo {
+            task_id: facts.task_id,
+            name: facts.name.clone(),
+            slot: facts.slot.clone(),
+            attempt: facts.attempt,
+            params: facts.params.clone(),
+        })
+    }
+}
