@@ -374,6 +374,13 @@ pub fn parse_rfc3339(text: &str) -> Result<u64, String> {
     u64::try_from(at.timestamp_millis()).map_err(|_| format!("`{text}` is before 1970"))
 }
 
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

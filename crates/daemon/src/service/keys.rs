@@ -91,14 +91,7 @@ impl Keys {
     }
 }
 
-/// The refusal of a key given with another request than its first.
-pub(crate) fn conflict(key: &str, id: TaskId) -> String {
-    format!(
-        "idempotency key `{}` was first given with another request, which made task id {id}: \
-         send that same request to get it, or use a new key for this one",
-        key.escape_debug()
-    )
-}
+pub(crate) use crate::store::key_conflict as conflict;
 
 #[cfg(test)]
 mod tests {

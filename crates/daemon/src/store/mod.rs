@@ -694,16 +694,20 @@ impl Store {
     }
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+pub use crate::schedule::now_ms;
 
 /// The digest of a request's plugin as stored.
 fn digest_bytes(digest: &Digest) -> &[u8] {
     &digest.0
+}
+
+/// The refusal of a key given with another request than its first.
+pub(crate) fn key_conflict(key: &str, id: TaskId) -> String {
+    format!(
+        "idempotency key `{}` was first given with another request, which made task id {id}: \
+         send that same request to get it, or use a new key for this one",
+        key.escape_debug()
+    )
 }
 
 /// The refusal of a spawn past `--max-descendants`.

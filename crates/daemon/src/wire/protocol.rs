@@ -524,7 +524,7 @@ fn check_submit(submit: &SubmitRequest) -> Result<(), String> {
         Some(NotBefore::After(d)) => duration("the delay (--delay)", Some(d))?,
         Some(NotBefore::At(at)) => {
             let latest =
-                crate::store::now_ms().saturating_add(MAX_WIRE_DURATION.as_millis() as u64);
+                crate::schedule::now_ms().saturating_add(MAX_WIRE_DURATION.as_millis() as u64);
             if at > latest {
                 return Err(format!(
                     "--at {} is out of range: at most {} days from now",

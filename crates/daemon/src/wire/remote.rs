@@ -45,8 +45,8 @@ impl Remote {
     /// Reads a token from a file: its one word, the file private to this
     /// user (as the daemon's own token files are).
     pub fn token_from_file(path: &Path) -> Result<String, String> {
-        crate::server::http::token::check_private(path)
-            .and_then(|()| crate::server::http::token::read_file(path))
+        super::token_file::check_private(path)
+            .and_then(|()| super::token_file::read_file(path))
             .map_err(|e| e.to_string())
     }
 }

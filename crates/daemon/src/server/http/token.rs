@@ -7,58 +7,19 @@
 //! and comparing in constant time.
 
 use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use axum::http::{HeaderMap, header};
 
 use crate::server::scope::Scope;
+pub use crate::wire::token_file::{TokenError, check_private, read_file};
 
 /// The name of the daemon's own token file in its state directory.
 pub(crate) const OWN_TOKEN_FILE: &str = "http-token";
 
 /// Random bytes in a token the daemon makes.
 const TOKEN_BYTES: usize = 32;
-
-/// Why there is no token.
-#[derive(Debug, thiserror::Error)]
-pub enum TokenError {
-    #[error("cannot read the token file `{}`: {source}", .path.display())]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(
-        "the token file `{0}` is empty: put a secret in it (e.g. `(umask 077; openssl rand -hex 32 > {0})`)",
-        .path.display()
-    )]
-    Empty { path: PathBuf },
-    #[error(
-        "the token file `{}` holds more than one word: the token is its one line",
-        .path.display()
-    )]
-    NotOneWord { path: PathBuf },
-    #[error(
-        "the token file `{0}` is open to other users (mode {mode:o}, owner uid {uid}): \
-         `chmod 600 {0}` if it is yours (the daemon makes its own http-token anew when \
-         it is deleted)",
-        .path.display()
-    )]
-    Exposed { path: PathBuf, mode: u32, uid: u32 },
-    #[error("the token file `{}`, line {line}: {why}", .path.display())]
-    Line {
-        path: PathBuf,
-        line: usize,
-        why: String,
-    },
-    #[error("cannot make the HTTP token: reading /dev/urandom failed: {0}")]
-    Random(std::io::Error),
-    #[error("cannot write the HTTP token file `{}`: {source}", .path.display())]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-}
 
 /// The tokens the listener accepts, kept as SHA-256 digests with their
 /// scopes.
@@ -152,26 +113,6 @@ pub(crate) fn read_tokens(path: &Path) -> Result<Tokens, TokenError> {
     Ok(Tokens { entries })
 }
 
-/// Reads a file's one token (the daemon's own, a client's `--token-file`).
-pub fn read_file(path: &Path) -> Result<String, TokenError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    let token = text.trim();
-    if token.is_empty() {
-        return Err(TokenError::Empty {
-            path: path.to_owned(),
-        });
-    }
-    if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(TokenError::NotOneWord {
-            path: path.to_owned(),
-        });
-    }
-    Ok(token.to_owned())
-}
-
 /// The daemon's own token in `state_dir`: the one there (if only its owner
 /// can read it), else a new one written there.
 pub(crate) fn own(state_dir: &Path) -> Result<(String, PathBuf), TokenError> {
@@ -219,25 +160,6 @@ pub(crate) fn own(state_dir: &Path) -> Result<(String, PathBuf), TokenError> {
 fn read_own(path: &Path) -> Result<String, TokenError> {
     check_private(path)?;
     read_file(path)
-}
-
-/// Refuses a token file that is not this user's, or that group or others
-/// may read or write.
-pub fn check_private(path: &Path) -> Result<(), TokenError> {
-    let meta = std::fs::metadata(path).map_err(|source| TokenError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    let mode = meta.permissions().mode() & 0o7777;
-    let me = rustix::process::getuid().as_raw();
-    if mode & 0o077 != 0 || meta.uid() != me {
-        return Err(TokenError::Exposed {
-            path: path.to_owned(),
-            mode,
-            uid: meta.uid(),
-        });
-    }
-    Ok(())
 }
 
 /// `TOKEN_BYTES` bytes from the OS's random source, in lowercase hex.

@@ -102,9 +102,7 @@ impl Pg {
             let stored: Vec<u8> = row.get(1);
             let id = id_of(id.unwrap_or(0));
             if stored[..] != fingerprint[..] {
-                return Err(AdmitError::Conflict(crate::service::keys::conflict(
-                    key, id,
-                )));
+                return Err(AdmitError::Conflict(crate::store::key_conflict(key, id)));
             }
             let name: Option<String> = row.get(2);
             let slot: Option<String> = row.get(3);
