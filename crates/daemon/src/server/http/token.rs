@@ -190,6 +190,7 @@ pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn the_own_token_is_made_once_owner_only_and_reused() {
