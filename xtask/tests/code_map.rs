@@ -157,3 +157,86 @@ fn architecture_md_names_every_crate_and_layer() {
         "ARCHITECTURE.md does not name {missing:?}"
     );
 }
+
+/// Every `.rs` file under `dir`.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level modules of the crate that `source` names as
+/// `crate::<module>` (in paths and in `use crate::{…}` groups), among
+/// `modules`.
+fn named_modules(source: &str, modules: &[String]) -> BTreeSet<String> {
+    let mut named = BTreeSet::new();
+    for (at, _) in source.match_indices("crate::") {
+        let rest = &source[at + "crate::".len()..];
+        let mut take = |path: &str| {
+            let head: String = path
+                .trim_start()
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if modules.contains(&head) {
+                named.insert(head);
+            }
+        };
+        match rest.strip_prefix('{') {
+            Some(group) => {
+                let group = &group[..group.find('}').unwrap_or(group.len())];
+                group.split(',').for_each(&mut take);
+            }
+            None => take(rest),
+        }
+    }
+    named
+}
+
+#[test]
+fn each_daemon_layer_uses_only_those_below_it() {
+    // The order is the table in the daemon's lib.rs, top to bottom.
+    let src = root().join("crates/daemon/src");
+    let lib = src.join("lib.rs");
+    let order: Vec<String> = read(&lib)
+        .lines()
+        .filter_map(|l| l.strip_prefix("//! | `"))
+        .filter_map(|l| l.split('`').next())
+        .map(str::to_owned)
+        .collect();
+    let on_disk: BTreeSet<String> = held(&src).into_iter().filter(|n| n != "lib").collect();
+    assert_eq!(
+        order.iter().cloned().collect::<BTreeSet<_>>(),
+        on_disk,
+        "the daemon's lib.rs table must list each of its modules once"
+    );
+    let mut climbs = Vec::new();
+    for (rank, module) in order.iter().enumerate() {
+        let mut files = Vec::new();
+        let dir = src.join(module);
+        if dir.is_dir() {
+            rust_files(&dir, &mut files);
+        } else {
+            files.push(src.join(format!("{module}.rs")));
+        }
+        for file in files {
+            for used in named_modules(&read(&file), &order) {
+                let above = order.iter().position(|m| *m == used).unwrap() < rank;
+                if above {
+                    let file = file.strip_prefix(&src).unwrap().display().to_string();
+                    climbs.push(format!("{file} uses `{used}`, a layer above `{module}`"));
+                }
+            }
+        }
+    }
+    assert!(
+        climbs.is_empty(),
+        "each layer of the daemon uses only those below it (lib.rs's table); these climb:\n{}",
+        climbs.join("\n")
+    );
+}

@@ -6,20 +6,20 @@
 //! the nodes of a cluster), and [`Client`], the other end of its protocol.
 //! A bad client costs its own connection only.
 //!
-//! The folders are its layers, each using only those below it:
+//! The modules are its layers, each using only those below it in this
+//! table (xtask/tests/code_map.rs holds the code to it):
 //!
 //! | module | owns |
 //! |---|---|
-//! | `wire` | the protocol's messages and framing, the client, socket paths |
 //! | `server` | start-up and shutdown, connections, what each request does, the HTTP listener |
-//! | `backend` | the one seam to where work is kept: one host's store and controller, or a cluster node's database |
-//! | `service` | submissions, plugins, uploads, the memory of tasks, history, recovery, JSON forms |
-//! | `cluster` | what a cluster node does that a single host does not: claims, leases, notifications, shipping |
+//! | `backend` | the one seam to where work is kept (one host's store and controller, or a cluster node's database), the daemon's assembly, and the work that needs all its parts |
+//! | `cluster` | a cluster node's handles on its database: its claims, the shipping of its lines and events, the feed, key-value |
+//! | `service` | the checks of a submission, plugins, uploads, the memory of tasks, history, idempotency keys, spawn trees, one host's key-value state, JSON forms |
 //! | `store` | what survives a restart: submissions, states, outcomes, logs |
+//! | `state_dir` | the state directory: its default, privacy and lock |
+//! | `wire` | the protocol's messages and framing, the client, socket paths |
 //! | `schedule` | the rules of time: cron in a zone, missed firings, RFC 3339 |
 //! | `config` | daemon settings from flags and the TOML file |
-//! | `state` | what the connections share |
-//! | `state_dir` | the state directory: its default, privacy and lock |
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -30,7 +30,6 @@ pub mod config;
 pub mod schedule;
 mod server;
 mod service;
-mod state;
 pub mod state_dir;
 pub mod store;
 mod wire;

@@ -10,10 +10,10 @@ use taskhost_core::supervisor::{Event, Received, TaskId, TaskRef};
 use taskhost_runtime::Digest;
 
 use super::{Found, Item, Scheduled, not_found, until_closed};
+use crate::backend::daemon::Daemon;
+use crate::backend::submit::{self, Accepted};
 use crate::service::history::History;
-use crate::service::submissions::{self, Accepted};
 use crate::service::tasks::{MAX_FINISHED, TaskRecord};
-use crate::state::Daemon;
 use crate::store::{self, Store};
 use crate::wire::protocol::{
     ErrorKind, EventFilter, NotBefore, ScheduleVerb, SubmitRequest, TaskRow, TaskState,
@@ -41,7 +41,7 @@ impl Local<'_> {
         &self,
         request: SubmitRequest,
     ) -> Result<Accepted, (ErrorKind, String)> {
-        submissions::submit(self.daemon, self.store, request).await
+        submit::submit(self.daemon, self.store, request).await
     }
 
     /// A schedule verb on this host's schedules.
@@ -49,7 +49,7 @@ impl Local<'_> {
         &self,
         verb: ScheduleVerb,
     ) -> Result<Scheduled, (ErrorKind, String)> {
-        use crate::service::schedules;
+        use crate::backend::schedules;
         Ok(match verb {
             ScheduleVerb::Add(spec) => {
                 Scheduled::Row(schedules::add(self.daemon, self.store, *spec).await?)

@@ -8,13 +8,35 @@
 //! the channel, which ends its producer. Like tokio's scheduler handle, the
 //! enum only dispatches: each flavour's bodies are in its own file.
 //!
+//! It also holds what the verbs' bodies share: [`Daemon`], which
+//! assembles the services, the store or the cluster node, the controller
+//! and the runtime, and the work that needs all of them (submissions,
+//! recovery, schedules, child tasks, a node's loops). The services below
+//! take only the handles they use; nothing below imports this folder.
+//!
 //! | file | owns |
 //! |---|---|
 //! | `local` | one host's bodies of the verbs: its store, its controller |
 //! | `shared` | a cluster node's bodies of the verbs: the database, this node's part |
+//! | `daemon` | what the connections share: the assembly of one daemon's parts, the outcomes still to record |
+//! | `submit` | a submit request checked, named and placed: into the controller (one host) or the database (a cluster) |
+//! | `record` | the body that keeps each attempt's state and outcome in the store, or under a claim's fencing token |
+//! | `children` | child tasks: a guest's spawn as a submission with its parent's grants and key, the wait, the cascade of a cancel |
+//! | `recovery` | rebuilding the controller from the store at start |
+//! | `schedules` | one host's schedules: their table, the firing loop, the verbs |
+//! | `node` | a cluster node's loops: claims, lease and takeover, fencing, notifications, polling |
+//! | `time` | a cluster's schedule verbs; the loop that places delayed submissions and fires schedules when due |
 
+pub(crate) mod children;
+pub(crate) mod daemon;
 mod local;
+pub(crate) mod node;
+pub(crate) mod record;
+pub(crate) mod recovery;
+pub(crate) mod schedules;
 mod shared;
+pub(crate) mod submit;
+pub(crate) mod time;
 
 use std::sync::Arc;
 
@@ -26,9 +48,9 @@ use taskhost_core::logline::LogLine;
 use taskhost_core::supervisor::{Event, TaskId, TaskRef, TaskReport};
 use taskhost_runtime::Digest;
 
-use crate::service::submissions::Accepted;
+use crate::backend::daemon::{Daemon, Storage};
+use crate::backend::submit::Accepted;
 use crate::service::tasks::TaskRecord;
-use crate::state::{Daemon, Storage};
 use crate::store::{Finished, StoreError};
 use crate::wire::protocol::{
     ErrorKind, EventFilter, ScheduleRow, ScheduleVerb, SubmitRequest, TaskRow,

@@ -15,12 +15,12 @@ use taskhost_runtime::Digest;
 use super::{
     Detail, Found, Item, Scheduled, follow_local, internal, not_found, stored_detail, until_closed,
 };
+use crate::backend::daemon::Daemon;
+use crate::backend::submit::{self, Accepted};
 use crate::cluster::node::{Cluster, SHIP_BATCH};
 use crate::service::history::EVENT_HISTORY;
 use crate::service::plugins::plugin_path;
-use crate::service::submissions::{self, Accepted};
 use crate::service::tasks::MAX_FINISHED;
-use crate::state::Daemon;
 use crate::store::postgres::{Admission, AdmitError, Canceled};
 use crate::store::{self, StoreError};
 use crate::wire::protocol::{
@@ -74,7 +74,7 @@ impl Shared<'_> {
         &self,
         verb: ScheduleVerb,
     ) -> Result<Scheduled, (ErrorKind, String)> {
-        crate::cluster::time::verb(self.daemon, self.cluster, verb).await
+        crate::backend::time::verb(self.daemon, self.cluster, verb).await
     }
 
     /// The task a reference names, in the database.
@@ -229,7 +229,7 @@ impl Shared<'_> {
             max_bucket_bytes: self.daemon.config.kv_max_bucket,
             max_total_bytes: self.daemon.config.kv_max_total,
         };
-        crate::service::kv::answer_shared(self.cluster, limits, verb).await
+        crate::cluster::kv::answer_shared(self.cluster, limits, verb).await
     }
 }
 
@@ -365,7 +365,7 @@ async fn shared_submit(
     let plugin = cluster
         .ensure_plugin(&daemon.plugins, &request.plugin)
         .await?;
-    submissions::check(daemon, &request).await?;
+    submit::check(daemon, &request).await?;
     let info = plugin.info();
     // A delayed one is recorded as such (its own transaction); its time
     // counts from now.
@@ -376,7 +376,7 @@ async fn shared_submit(
         .filter(|due| *due > now)
         .map(|due| (due, daemon.config.max_delayed));
     let admission = Arc::new(Admission {
-        names: submissions::names(&request, info),
+        names: crate::service::intake::names(&request, info),
         request,
         plugin: info.name.clone(),
         max_slot_queue: daemon.config.max_slot_queue,

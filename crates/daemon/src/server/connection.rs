@@ -23,9 +23,9 @@ use tokio_util::sync::CancellationToken;
 use taskhost_core::outcome::TaskOutcome;
 use taskhost_core::supervisor::TaskReport;
 
+use crate::backend::daemon::Daemon;
 use crate::server::dispatch;
 use crate::server::scope::Scope;
-use crate::state::Daemon;
 use crate::wire::protocol::{
     Envelope, ErrorKind, FrameError, Hello, MAGIC, OUTPUT_CHUNK, PROTOCOL_VERSION, Reply, Request,
     Welcome, encode, read_frame, write_frame,

@@ -10,13 +10,13 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use crate::backend::daemon::Daemon;
+use crate::backend::submit::Accepted;
 use crate::backend::{Backend, Item, Items, Scheduled};
 use crate::server::connection::{Later, Replier};
 use crate::service::kv::KvAnswer;
 use crate::service::plugins;
-use crate::service::submissions::Accepted;
 use crate::service::uploads::Uploads;
-use crate::state::Daemon;
 use crate::wire::protocol::{ErrorKind, LIST_PAGE, Reply, Request, SubmitRequest};
 
 /// What one connection's requests share: its uploads in progress, its

@@ -17,15 +17,15 @@ use taskhost_core::supervisor::{ShutdownReport, Supervisor};
 use taskhost_core::units::format_duration;
 use taskhost_runtime::{DEFAULT_POOL_INSTANCES, POOL_RESERVE, Runtime, RuntimeConfig};
 
-use crate::cluster::{self, Cluster};
+use crate::backend::daemon::{Daemon, Storage};
+use crate::backend::recovery;
+use crate::cluster::Cluster;
 use crate::config::DaemonConfig;
 use crate::server::connection;
 use crate::server::http;
 use crate::service::history::History;
 use crate::service::plugins::{self, Plugins};
-use crate::service::recovery;
 use crate::service::tasks::Tasks;
-use crate::state::{Daemon, Storage};
 use crate::state_dir::{self, StateLock};
 use crate::store::{Retention, Store, StoreSpec, postgres};
 use crate::wire::socket;
@@ -78,7 +78,7 @@ pub async fn serve(
         max_bucket_bytes: config.kv_max_bucket,
         max_total_bytes: config.kv_max_total,
     });
-    let cluster_kv = crate::service::kv::ClusterKv::new(taskhost_runtime::KvLimits {
+    let cluster_kv = crate::cluster::kv::ClusterKv::new(taskhost_runtime::KvLimits {
         max_bucket_bytes: config.kv_max_bucket,
         max_total_bytes: config.kv_max_total,
     });
@@ -86,7 +86,8 @@ pub async fn serve(
         StoreSpec::Postgres(_) => Arc::new(cluster_kv.clone()),
         _ => Arc::clone(&kv) as _,
     };
-    let children = crate::service::children::Children::default();
+    let trees = crate::service::trees::Trees::default();
+    let children = crate::backend::children::Children::new(trees.clone());
     let secrets =
         taskhost_runtime::Secrets::for_daemon(config.secrets_dir.as_deref(), &config.secret_env)
             .map_err(|e| fail(e.to_string()))?;
@@ -259,7 +260,7 @@ pub async fn serve(
         keep_unfinished: AtomicBool::new(false),
         shutdown_requested: AtomicBool::new(false),
         recording: Default::default(),
-        children: children.clone(),
+        trees,
         kv,
         stop,
         closed: watch::channel(false).0,
@@ -280,8 +281,8 @@ pub async fn serve(
             "recovered unfinished work from the store"
         );
     }
-    crate::service::schedules::start(&daemon).await;
-    cluster::start(&daemon);
+    crate::backend::schedules::start(&daemon).await;
+    crate::backend::node::start(&daemon);
     // Unused plugins: collected before the daemon listens, then every
     // minute (blocking file work under the admission lock, off the async
     // workers).
@@ -403,7 +404,7 @@ pub async fn serve(
         tracing::error!("the store's last writes failed: {err}");
     }
     // A cluster node's unfinished work goes to the other nodes now.
-    cluster::leave(&daemon).await;
+    crate::backend::node::leave(&daemon).await;
     // Everything is committed: another daemon may use the directory now.
     drop(store_lock);
     drop(state_lock);

@@ -4,26 +4,22 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `submissions` | a submit request into a controller submission |
-//! | `children` | child tasks: a guest's spawn as a submission with its parent's grants and key, the wait, the cascade of a cancel |
+//! | `intake` | the checks of a submit request against the daemon's ceilings, its names, its controller spec |
+//! | `trees` | spawn trees as one host counts them: each parent's children, each root's unfinished descendants |
 //! | `keys` | idempotency keys: which task a key made, checked at intake |
 //! | `plugins` | plugins stored by digest under the state directory |
 //! | `uploads` | plugin uploads in chunks |
 //! | `tasks` | what the daemon remembers of submissions (waiters, logs, names) |
 //! | `history` | recent events, bridged to the daemon's log |
-//! | `recovery` | rebuilding the controller from the store at start |
-//! | `kv` | guests' key-value state: one host's buckets in memory, each write kept by the store first; a cluster node's in the database under its attempts' fencing tokens; `host kv` |
-//! | `schedules` | one host's schedules: their table, the firing loop, the verbs |
+//! | `kv` | one host's key-value state: the buckets in memory, each write kept by the store first; `host kv` |
 //! | `json` | the JSON forms shared by the CLI's `--json` and the HTTP API |
 
-pub(crate) mod children;
 pub(crate) mod history;
+pub(crate) mod intake;
 pub mod json;
 pub(crate) mod keys;
 pub(crate) mod kv;
 pub(crate) mod plugins;
-pub(crate) mod recovery;
-pub(crate) mod schedules;
-pub(crate) mod submissions;
 pub(crate) mod tasks;
+pub(crate) mod trees;
 pub(crate) mod uploads;

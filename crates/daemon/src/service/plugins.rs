@@ -235,7 +235,7 @@ fn write_durably(tmp: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 pub(crate) fn refs(
     store: Option<&Store>,
     tasks: &Tasks,
-    schedules: &crate::service::schedules::Schedules,
+    schedules: &dyn Holders,
 ) -> HashMap<Digest, PluginRefs> {
     let mut refs = store.map(Store::plugin_refs).unwrap_or_default();
     // A schedule holds its plugin as an unfinished task does: its next
@@ -256,6 +256,12 @@ pub(crate) fn refs(
     refs
 }
 
+/// Who else holds plugins than tasks (one host's schedules): how many of
+/// them hold each.
+pub(crate) trait Holders {
+    fn plugins(&self) -> HashMap<Digest, u64>;
+}
+
 /// What removing plugins reads and holds: the plugins, who uses them, and
 /// the admission lock (no submission is placed meanwhile).
 #[derive(Clone, Copy)]
@@ -265,7 +271,7 @@ pub(crate) struct Users<'a> {
     pub store: Option<&'a Store>,
     pub tasks: &'a Tasks,
     /// One host's schedules (each holds its plugin).
-    pub schedules: &'a crate::service::schedules::Schedules,
+    pub schedules: &'a dyn Holders,
     pub admission: &'a std::sync::Mutex<()>,
 }
 

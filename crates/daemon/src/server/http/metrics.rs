@@ -30,7 +30,7 @@ use taskhost_core::supervisor::{EventKind, EventStream, Received};
 use taskhost_runtime::Allocator;
 
 use super::Http;
-use crate::state::Daemon;
+use crate::backend::daemon::Daemon;
 
 /// Slots whose queue depth is shown one by one (the deepest), so a host
 /// with many slots keeps a bounded number of series.
@@ -511,7 +511,7 @@ impl Collector for Scrape {
             &stats.compile_time.snapshot(),
         )?;
         // Time: schedules, delayed submissions, due -> start.
-        use crate::service::schedules::{FIRED, PASSED};
+        use crate::backend::schedules::{FIRED, PASSED};
         let kinds = ["on-time", "catch-up", "run"].map(str::to_owned);
         labeled(
             &mut enc,

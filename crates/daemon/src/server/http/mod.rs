@@ -58,9 +58,9 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::backend::daemon::Daemon;
 use crate::config::DaemonConfig;
 use crate::server::scope::Scope;
-use crate::state::Daemon;
 
 /// The HTTP listener's settings, checked before the daemon starts.
 #[derive(Debug)]

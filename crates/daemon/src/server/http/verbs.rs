@@ -26,11 +26,11 @@ use taskhost_runtime::{Digest, DirGrant, HttpAllow};
 
 use super::Http;
 use super::api::{error, failed};
+use crate::backend::submit::Accepted;
 use crate::backend::{Backend, Item, Scheduled};
 use crate::server::dispatch;
 use crate::service::json::{self, JsonResult};
 use crate::service::plugins;
-use crate::service::submissions::Accepted;
 use crate::wire::protocol::{
     ErrorKind, MAX_SUBMIT_INPUT, MAX_WIRE_DURATION, NotBefore, Placement, Request, ScheduleSpec,
     ScheduleVerb, SubmitRequest,

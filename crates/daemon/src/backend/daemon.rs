@@ -28,7 +28,7 @@ pub(crate) struct Daemon {
     /// Where accepted work, its state and its outcomes are kept.
     pub storage: Storage,
     /// One host's schedules (a cluster keeps its own in its database).
-    pub schedules: crate::service::schedules::Schedules,
+    pub schedules: crate::backend::schedules::Schedules,
     /// The idempotency keys this process placed (one host).
     pub keys: crate::service::keys::Keys,
     /// Held from a submission's id to its placement, so the store's order
@@ -41,8 +41,9 @@ pub(crate) struct Daemon {
     pub shutdown_requested: AtomicBool,
     /// Outcomes being recorded: the daemon exits only after they are.
     pub recording: Recording,
-    /// Child tasks: who spawned whom in this run, and the bounds of trees.
-    pub children: crate::service::children::Children,
+    /// Spawn trees: who spawned whom in this run, each root's unfinished
+    /// descendants.
+    pub trees: crate::service::trees::Trees,
     /// Guests' key-value state (one host's; a cluster node's stays empty).
     pub kv: Arc<taskhost_runtime::MemoryKv>,
     /// Set by a `Shutdown` request: the grace the accept loop shuts down

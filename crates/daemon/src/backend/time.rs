@@ -12,11 +12,11 @@ use std::time::Duration;
 use taskhost_core::supervisor::{Event, EventKind};
 
 use crate::backend::Scheduled;
+use crate::backend::daemon::Daemon;
+use crate::backend::schedules::{self as local, count_firing, row_of};
+use crate::backend::submit::Accepted;
 use crate::cluster::node::Cluster;
 use crate::schedule::FireKind;
-use crate::service::schedules::{self as local, count_firing, row_of};
-use crate::service::submissions::Accepted;
-use crate::state::Daemon;
 use crate::store::postgres::time::{Bounds, Placed, ScheduleError};
 use crate::store::{StoredSchedule, now_ms};
 use crate::wire::protocol::{ErrorKind, ScheduleVerb};

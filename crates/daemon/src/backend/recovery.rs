@@ -24,8 +24,8 @@ use taskhost_core::outcome::TaskOutcome;
 use taskhost_core::recovery::{Fate, fate};
 use taskhost_core::supervisor::{Event, EventKind, TaskId, TaskReport};
 
-use crate::service::submissions::{Origin, place};
-use crate::state::Daemon;
+use crate::backend::daemon::Daemon;
+use crate::backend::submit::{Origin, place};
 use crate::store::{Finished, Store, Ticket, Unfinished, now_ms};
 
 /// What recovery did, for the start-up log.

@@ -22,9 +22,9 @@ use tokio::sync::Notify;
 use taskhost_core::outcome::OutcomeKind;
 use taskhost_core::supervisor::{Event, EventKind, TaskId};
 
+use crate::backend::daemon::Daemon;
+use crate::backend::submit::{Origin, place};
 use crate::schedule::{self, CronZone, FireKind, Missed};
-use crate::service::submissions::{Origin, place};
-use crate::state::Daemon;
 use crate::store::{Firing, Store, StoredSchedule, Ticket, now_ms};
 use crate::wire::protocol::{ErrorKind, NotBefore, ScheduleRow, ScheduleSpec, Submitted};
 
@@ -198,6 +198,17 @@ struct Due {
     passed: u64,
 }
 
+impl crate::service::plugins::Holders for Schedules {
+    /// How many schedules use each plugin.
+    fn plugins(&self) -> HashMap<taskhost_runtime::Digest, u64> {
+        let mut used = HashMap::new();
+        for entry in self.lock().entries.values() {
+            *used.entry(entry.spec.request.plugin).or_default() += 1;
+        }
+        used
+    }
+}
+
 impl Schedules {
     fn lock(&self) -> MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
@@ -206,15 +217,6 @@ impl Schedules {
     /// How many schedules there are.
     pub(crate) fn len(&self) -> usize {
         self.lock().entries.len()
-    }
-
-    /// How many schedules use each plugin.
-    pub(crate) fn plugins(&self) -> HashMap<taskhost_runtime::Digest, u64> {
-        let mut used = HashMap::new();
-        for entry in self.lock().entries.values() {
-            *used.entry(entry.spec.request.plugin).or_default() += 1;
-        }
-        used
     }
 
     /// Takes every schedule due by `now` out of the due set, each with what
@@ -570,11 +572,10 @@ pub(crate) async fn prepare(
     let zone = CronZone::parse(&spec.cron, spec.tz.as_deref()).map_err(invalid)?;
     let mut request = spec.request.clone();
     request.schedule = Some(spec.name.clone());
-    let (plugin, _) = crate::service::submissions::check(daemon, &request).await?;
+    let (plugin, _) = crate::backend::submit::check(daemon, &request).await?;
     let info = plugin.info();
     let (_, slot, policy) =
-        crate::service::submissions::naming(&request, info, TaskId::from_u64(1))
-            .map_err(invalid)?;
+        crate::service::intake::naming(&request, info, TaskId::from_u64(1)).map_err(invalid)?;
     spec.request.slot = Some(slot);
     spec.request.policy = Some(policy);
     Ok((spec, info.name.clone(), zone))

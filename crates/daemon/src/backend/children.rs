@@ -14,8 +14,8 @@
 //! admission's transaction in a cluster). Each refusal is the guest's
 //! error, naming the setting.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::collections::HashSet;
+use std::sync::{Arc, OnceLock, Weak};
 
 use taskhost_core::outcome::TaskOutcome;
 use taskhost_core::supervisor::{TaskId, TaskRef};
@@ -24,70 +24,35 @@ use taskhost_runtime::children::{
 };
 
 use crate::backend::Backend;
-use crate::service::submissions::Accepted;
-use crate::state::Daemon;
+use crate::backend::daemon::Daemon;
+use crate::backend::submit::Accepted;
+use crate::service::trees::Trees;
 use crate::wire::protocol::SubmitRequest;
 
-/// The children of each parent this run of the daemon saw spawn; cheap to
-/// clone.
+/// The runtime's way to the daemon for spawns and waits; cheap to clone.
 #[derive(Default, Clone)]
-pub(crate) struct Children(Arc<Inner>);
-
-#[derive(Default)]
-pub(crate) struct Inner {
-    daemon: OnceLock<Weak<Daemon>>,
-    /// The children each parent of this run spawned: its keys are the
-    /// parents, each one parked while it waits.
-    of: Mutex<HashMap<u64, HashSet<u64>>>,
-    /// The unfinished descendants of each root (one host's).
-    roots: Mutex<HashMap<u64, usize>>,
+pub(crate) struct Children {
+    daemon: Arc<OnceLock<Weak<Daemon>>>,
+    trees: Trees,
 }
 
-impl std::ops::Deref for Children {
-    type Target = Inner;
-    fn deref(&self) -> &Inner {
-        &self.0
+impl Children {
+    /// Spawns and waits over these trees (the daemon's own).
+    pub(crate) fn new(trees: Trees) -> Self {
+        Self {
+            daemon: Arc::default(),
+            trees,
+        }
     }
-}
 
-impl Inner {
     /// Lets spawns reach the daemon (set once it exists; a spawn before
     /// that fails).
     pub(crate) fn attach(&self, daemon: &Arc<Daemon>) {
         let _ = self.daemon.set(Arc::downgrade(daemon));
     }
 
-    fn links(&self) -> std::sync::MutexGuard<'_, HashMap<u64, HashSet<u64>>> {
-        self.of.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn roots(&self) -> std::sync::MutexGuard<'_, HashMap<u64, usize>> {
-        self.roots.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Counts one more unfinished descendant of `root`, if that stays
-    /// within `max` (`None`: counts it anyway, for recovered work).
-    pub(crate) fn descend(&self, root: u64, max: Option<usize>) -> Result<(), String> {
-        let mut roots = self.roots();
-        let count = roots.entry(root).or_default();
-        if let Some(max) = max
-            && *count >= max
-        {
-            return Err(crate::store::too_many_descendants(root, max));
-        }
-        *count += 1;
-        Ok(())
-    }
-
-    /// A descendant of `root` has finished.
-    pub(crate) fn ascend(&self, root: u64) {
-        let mut roots = self.roots();
-        if let Some(count) = roots.get_mut(&root) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                roots.remove(&root);
-            }
-        }
+    fn links(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, HashSet<u64>>> {
+        self.trees.links()
     }
 }
 
@@ -205,7 +170,11 @@ impl ChildTasks for Children {
             let child = submitted.id.get();
             this.links().entry(parent_id).or_default().insert(child);
             if new_parent {
-                tokio::spawn(cascade(Arc::downgrade(&daemon), this, parent_id));
+                tokio::spawn(cascade(
+                    Arc::downgrade(&daemon),
+                    this.trees.clone(),
+                    parent_id,
+                ));
             }
             Ok(child)
         })
@@ -264,7 +233,7 @@ async fn lineage(daemon: &Arc<Daemon>, parent: u64) -> Result<(u64, u32), String
 
 /// Waits for `parent`'s outcome; if it was canceled or force-aborted,
 /// stops each of its children that has not ended. Then forgets them.
-async fn cascade(daemon: Weak<Daemon>, children: Children, parent: u64) {
+async fn cascade(daemon: Weak<Daemon>, trees: Trees, parent: u64) {
     let outcome = {
         let Some(daemon) = daemon.upgrade() else {
             return;
@@ -276,7 +245,7 @@ async fn cascade(daemon: Weak<Daemon>, children: Children, parent: u64) {
         }
     };
     let ended = outcome.await;
-    let kids = children.links().remove(&parent).unwrap_or_default();
+    let kids = trees.links().remove(&parent).unwrap_or_default();
     let canceled = matches!(
         ended.as_deref().map(|r| &r.outcome),
         Ok(TaskOutcome::Canceled | TaskOutcome::ForceAborted)
