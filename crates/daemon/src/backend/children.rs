@@ -147,10 +147,10 @@ impl ChildTasks for Children {
             };
             let backend = Backend::of(&daemon);
             let submitted = async {
-                match backend.submit(request).await.map_err(|(_, m)| m)? {
+                match backend.submit(request).await.map_err(|e| e.to_string())? {
                     Accepted::Now(s) => Ok(s),
                     Accepted::Later(durable) | Accepted::Deciding(durable) => {
-                        durable.await.map_err(|(_, m)| m)
+                        durable.await.map_err(|e| e.to_string())
                     }
                 }
             }
@@ -204,10 +204,10 @@ impl ChildTasks for Children {
             drop(daemon);
             match outcome.await {
                 Ok(report) => Ok(status(&report.outcome)),
-                Err((_, reason)) => Ok(ChildOutcome {
+                Err(e) => Ok(ChildOutcome {
                     status: ChildStatus::Panicked,
                     output: Vec::new(),
-                    reason,
+                    reason: e.to_string(),
                 }),
             }
         })
@@ -223,11 +223,14 @@ async fn lineage(daemon: &Arc<Daemon>, parent: u64) -> Result<(u64, u32), String
         return Ok(of(&request));
     }
     let backend = Backend::of(daemon);
-    let found = backend.find(&TaskRef::Id(id)).await.map_err(|(_, m)| m)?;
+    let found = backend
+        .find(&TaskRef::Id(id))
+        .await
+        .map_err(|e| e.to_string())?;
     let request = backend
         .request_of(&found)
         .await
-        .map_err(|(_, m)| format!("cannot read the spawning task's place in its tree: {m}"))?;
+        .map_err(|m| format!("cannot read the spawning task's place in its tree: {m}"))?;
     Ok(of(&request))
 }
 

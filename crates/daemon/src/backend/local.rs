@@ -12,11 +12,12 @@ use taskhost_runtime::Digest;
 use super::{Found, Item, Scheduled, not_found, until_closed};
 use crate::backend::daemon::Daemon;
 use crate::backend::submit::{self, Accepted};
+use crate::service::error::ServiceError;
 use crate::service::history::History;
 use crate::service::tasks::{MAX_FINISHED, TaskRecord};
 use crate::store::{self, Store};
 use crate::wire::protocol::{
-    ErrorKind, EventFilter, NotBefore, ScheduleVerb, SubmitRequest, TaskRow, TaskState,
+    EventFilter, NotBefore, ScheduleVerb, SubmitRequest, TaskRow, TaskState,
 };
 
 /// One host: the daemon and its own store.
@@ -31,24 +32,18 @@ impl Local<'_> {
         &self,
         digest: Digest,
         bytes: Vec<u8>,
-    ) -> Result<String, (ErrorKind, String)> {
+    ) -> Result<String, ServiceError> {
         let plugin = self.daemon.plugins.store(bytes, Some(digest)).await?;
         Ok(plugin.info().name.clone())
     }
 
     /// Places one submission, in the order it was sent.
-    pub(super) async fn submit(
-        &self,
-        request: SubmitRequest,
-    ) -> Result<Accepted, (ErrorKind, String)> {
+    pub(super) async fn submit(&self, request: SubmitRequest) -> Result<Accepted, ServiceError> {
         submit::submit(self.daemon, self.store, request).await
     }
 
     /// A schedule verb on this host's schedules.
-    pub(super) async fn schedule(
-        &self,
-        verb: ScheduleVerb,
-    ) -> Result<Scheduled, (ErrorKind, String)> {
+    pub(super) async fn schedule(&self, verb: ScheduleVerb) -> Result<Scheduled, ServiceError> {
         use crate::backend::schedules;
         Ok(match verb {
             ScheduleVerb::Add(spec) => {
@@ -71,10 +66,7 @@ impl Local<'_> {
                 } else {
                     Accepted::Later(Box::pin(async move {
                         ticket.committed().await.map_err(|e| {
-                            (
-                                ErrorKind::Internal,
-                                format!("the firing could not be stored: {e}"),
-                            )
+                            ServiceError::Internal(format!("the firing could not be stored: {e}"))
                         })?;
                         Ok(submitted)
                     }))
@@ -84,7 +76,7 @@ impl Local<'_> {
     }
 
     /// The task a reference names: in memory, else in the store.
-    pub(super) async fn find(&self, target: &TaskRef) -> Result<Found, (ErrorKind, String)> {
+    pub(super) async fn find(&self, target: &TaskRef) -> Result<Found, ServiceError> {
         let daemon = self.daemon;
         if let Some(record) = daemon.tasks.resolve(target, &daemon.controller) {
             return Ok(Found::Live(record));

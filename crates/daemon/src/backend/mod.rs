@@ -50,11 +50,10 @@ use taskhost_runtime::Digest;
 
 use crate::backend::daemon::{Daemon, Storage};
 use crate::backend::submit::Accepted;
+use crate::service::error::ServiceError;
 use crate::service::tasks::TaskRecord;
 use crate::store::{Finished, StoreError};
-use crate::wire::protocol::{
-    ErrorKind, EventFilter, ScheduleRow, ScheduleVerb, SubmitRequest, TaskRow,
-};
+use crate::wire::protocol::{EventFilter, ScheduleRow, ScheduleVerb, SubmitRequest, TaskRow};
 pub(crate) use local::Local;
 pub(crate) use shared::Shared;
 
@@ -125,16 +124,13 @@ pub(crate) enum Backend<'a> {
 }
 
 /// A store failure as a verb's answer.
-fn internal(err: StoreError) -> (ErrorKind, String) {
-    (ErrorKind::Internal, err.to_string())
+fn internal(err: StoreError) -> ServiceError {
+    ServiceError::Store(err)
 }
 
 /// The answer to a reference that names no task.
-fn not_found(target: &TaskRef) -> (ErrorKind, String) {
-    (
-        ErrorKind::NotFound,
-        format!("no task with {target} (see `host ps --all`)"),
-    )
+fn not_found(target: &TaskRef) -> ServiceError {
+    ServiceError::NotFound(format!("no task with {target} (see `host ps --all`)"))
 }
 
 impl<'a> Backend<'a> {
@@ -175,7 +171,7 @@ impl<'a> Backend<'a> {
         &self,
         digest: Digest,
         bytes: Vec<u8>,
-    ) -> Result<String, (ErrorKind, String)> {
+    ) -> Result<String, ServiceError> {
         match self {
             Self::Local(local) => local.upload(digest, bytes).await,
             Self::Shared(shared) => shared.upload(digest, bytes).await,
@@ -183,10 +179,7 @@ impl<'a> Backend<'a> {
     }
 
     /// Places one submission, in the order it was sent.
-    pub(crate) async fn submit(
-        &self,
-        request: SubmitRequest,
-    ) -> Result<Accepted, (ErrorKind, String)> {
+    pub(crate) async fn submit(&self, request: SubmitRequest) -> Result<Accepted, ServiceError> {
         match self {
             Self::Local(local) => local.submit(request).await,
             Self::Shared(shared) => shared.submit(request).await,
@@ -194,10 +187,7 @@ impl<'a> Backend<'a> {
     }
 
     /// A schedule verb (`host schedule …`).
-    pub(crate) async fn schedule(
-        &self,
-        verb: ScheduleVerb,
-    ) -> Result<Scheduled, (ErrorKind, String)> {
+    pub(crate) async fn schedule(&self, verb: ScheduleVerb) -> Result<Scheduled, ServiceError> {
         match self {
             Self::Local(local) => local.schedule(verb).await,
             Self::Shared(shared) => shared.schedule(verb).await,
@@ -205,7 +195,7 @@ impl<'a> Backend<'a> {
     }
 
     /// The task a reference names.
-    pub(crate) async fn find(&self, target: &TaskRef) -> Result<Found, (ErrorKind, String)> {
+    pub(crate) async fn find(&self, target: &TaskRef) -> Result<Found, ServiceError> {
         match self {
             Self::Local(local) => local.find(target).await,
             Self::Shared(shared) => shared.find(target).await,
@@ -229,10 +219,7 @@ impl<'a> Backend<'a> {
     /// The request a task was submitted with (resolved: its name, slot
     /// and policy as placed), for `host rerun`; its idempotency key and
     /// the schedule that fired it are left out.
-    pub(crate) async fn request_of(
-        &self,
-        found: &Found,
-    ) -> Result<SubmitRequest, (ErrorKind, String)> {
+    pub(crate) async fn request_of(&self, found: &Found) -> Result<SubmitRequest, ServiceError> {
         let id = found.id();
         let request = match (self, found) {
             (Self::Local(_), Found::Live(record)) if record.request.is_some() => {
@@ -242,10 +229,9 @@ impl<'a> Backend<'a> {
             (Self::Shared(shared), _) => shared.stored_request(id).await?,
         };
         let mut request = request.ok_or_else(|| {
-            (
-                ErrorKind::NotFound,
-                format!("task {id}'s request is no longer kept (retention), so it cannot be rerun"),
-            )
+            ServiceError::NotFound(format!(
+                "task {id}'s request is no longer kept (retention), so it cannot be rerun"
+            ))
         })?;
         request.idempotency_key = None;
         // A rerun is nobody's firing: a client submits it.
@@ -257,7 +243,7 @@ impl<'a> Backend<'a> {
     pub(crate) fn outcome(
         &self,
         found: &Found,
-    ) -> BoxFuture<'static, Result<Arc<TaskReport>, (ErrorKind, String)>> {
+    ) -> BoxFuture<'static, Result<Arc<TaskReport>, ServiceError>> {
         match (self, found) {
             (_, Found::Live(record)) => {
                 let outcome = record.outcome.clone();
@@ -269,14 +255,14 @@ impl<'a> Backend<'a> {
             }
             (Self::Shared(shared), Found::Shared { id, .. }) => shared.outcome(*id),
             (Self::Local(..), Found::Shared { .. }) => {
-                Box::pin(async { Err((ErrorKind::Internal, "not a cluster node".to_owned())) })
+                Box::pin(async { Err(ServiceError::Internal("not a cluster node".to_owned())) })
             }
         }
     }
 
     /// Makes the stop claim on a task (queued work is removed); false if
     /// it was already stopping or had ended.
-    pub(crate) async fn stop(&self, found: &Found) -> Result<bool, (ErrorKind, String)> {
+    pub(crate) async fn stop(&self, found: &Found) -> Result<bool, ServiceError> {
         match (self, found) {
             (Self::Local(local), Found::Live(record)) => Ok(local.stop(record.id)),
             (Self::Shared(shared), Found::Live(record)) => {
@@ -289,7 +275,7 @@ impl<'a> Backend<'a> {
     }
 
     /// The rows of `host ps` (with `all`, `host ps --all`), by id.
-    pub(crate) async fn rows(&self, all: bool) -> Result<Vec<TaskRow>, (ErrorKind, String)> {
+    pub(crate) async fn rows(&self, all: bool) -> Result<Vec<TaskRow>, ServiceError> {
         match self {
             Self::Local(local) => Ok(local.rows(all).await),
             Self::Shared(shared) => shared.rows(all).await,
@@ -297,7 +283,7 @@ impl<'a> Backend<'a> {
     }
 
     /// The slots of `host slots`.
-    pub(crate) async fn slots(&self) -> Result<Vec<SlotView>, (ErrorKind, String)> {
+    pub(crate) async fn slots(&self) -> Result<Vec<SlotView>, ServiceError> {
         match self {
             Self::Local(local) => Ok(local.daemon.controller.snapshot()),
             Self::Shared(shared) => shared.cluster.pg.slots().await.map_err(internal),
@@ -333,7 +319,7 @@ impl<'a> Backend<'a> {
     }
 
     /// A task as the HTTP API details it.
-    pub(crate) async fn detail(&self, found: Found) -> Result<Detail, (ErrorKind, String)> {
+    pub(crate) async fn detail(&self, found: Found) -> Result<Detail, ServiceError> {
         match found {
             Found::Live(record) => {
                 let row = self
@@ -361,7 +347,7 @@ impl<'a> Backend<'a> {
 
     /// `host plugins prune`: in a cluster, the database's unused plugins
     /// go first (the node's own copies are then collected as on one host).
-    pub(crate) async fn prune_shared_plugins(&self) -> Result<(), (ErrorKind, String)> {
+    pub(crate) async fn prune_shared_plugins(&self) -> Result<(), ServiceError> {
         match self {
             Self::Local(..) => Ok(()),
             Self::Shared(shared) => shared.prune_plugins().await,
@@ -372,7 +358,7 @@ impl<'a> Backend<'a> {
     pub(crate) async fn kv(
         &self,
         verb: crate::wire::protocol::KvVerb,
-    ) -> Result<crate::service::kv::KvAnswer, (ErrorKind, String)> {
+    ) -> Result<crate::service::kv::KvAnswer, ServiceError> {
         match self {
             Self::Local(local) => crate::service::kv::answer(&local.daemon.kv, verb).await,
             Self::Shared(shared) => shared.kv(verb).await,

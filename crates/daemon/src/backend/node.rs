@@ -518,7 +518,7 @@ async fn run_claimed(daemon: Arc<Daemon>, cluster: Arc<Cluster>, task: Claimed) 
             cluster.release(id, token);
             return;
         }
-        Err((_, message)) => {
+        Err(message) => {
             // It cannot run here (its plugin or a granted directory is
             // missing on this node): it ends, as it would at submission.
             let report = TaskReport::never_ran(

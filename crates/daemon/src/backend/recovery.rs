@@ -96,7 +96,7 @@ pub(crate) async fn recover(
                 match place(daemon, store, task.request.clone(), origin).await {
                     Ok(_) if queued => done.requeued += 1,
                     Ok(_) => done.retried += 1,
-                    Err((_, message)) => {
+                    Err(message) => {
                         tracing::error!(task = %id, "cannot recover task {id}: {message}");
                         publish(format!("failed: cannot place it again: {message}"));
                         tickets.push(end(TaskOutcome::Failed {

@@ -25,8 +25,9 @@ use taskhost_core::supervisor::{Event, EventKind, TaskId};
 use crate::backend::daemon::Daemon;
 use crate::backend::submit::{Origin, place};
 use crate::schedule::{self, CronZone, FireKind, Missed};
+use crate::service::error::ServiceError;
 use crate::store::{Firing, Store, StoredSchedule, Ticket, now_ms};
-use crate::wire::protocol::{ErrorKind, NotBefore, ScheduleRow, ScheduleSpec, Submitted};
+use crate::wire::protocol::{NotBefore, ScheduleRow, ScheduleSpec, Submitted};
 
 /// The longest the firing loop sleeps before it looks at the clock again
 /// (a wall clock set forward is noticed within it).
@@ -48,7 +49,7 @@ pub(crate) fn count_firing(kind: FireKind) {
     FIRED[i].fetch_add(1, Ordering::Relaxed);
 }
 
-type Failure = (ErrorKind, String);
+type Failure = ServiceError;
 
 /// One host's schedules.
 #[derive(Default)]
@@ -328,7 +329,7 @@ pub(crate) async fn start(daemon: &Arc<Daemon>) {
 async fn settle_missed(daemon: &Arc<Daemon>, store: &Store, due: Due) {
     match due.fire {
         Some((due_ms, kind)) => {
-            if let Err((_, message)) = fire(daemon, store, &due, due_ms, kind).await {
+            if let Err(message) = fire(daemon, store, &due, due_ms, kind).await {
                 tracing::warn!(schedule = %due.name, "the catch-up firing of `{}` failed: {message}", due.name);
             }
         }
@@ -423,7 +424,7 @@ async fn place_due(daemon: &Arc<Daemon>, store: &Store, now: u64) {
             .plugin(&due.spec.request.plugin)
             .is_some();
         if loaded {
-            if let Err((_, message)) = fire(daemon, store, &due, due_ms, kind).await {
+            if let Err(message) = fire(daemon, store, &due, due_ms, kind).await {
                 tracing::warn!(schedule = %due.name, "schedule `{}` could not fire: {message}", due.name);
             }
             continue;
@@ -432,7 +433,7 @@ async fn place_due(daemon: &Arc<Daemon>, store: &Store, now: u64) {
         // so it does not hold up the other schedules.
         let (daemon, store) = (Arc::clone(daemon), store.clone());
         tokio::spawn(async move {
-            if let Err((_, message)) = fire(&daemon, &store, &due, due_ms, kind).await {
+            if let Err(message) = fire(&daemon, &store, &due, due_ms, kind).await {
                 tracing::warn!(schedule = %due.name, "schedule `{}` could not fire: {message}", due.name);
             }
         });
@@ -485,19 +486,16 @@ async fn fire(
 }
 
 fn unknown(name: &str) -> Failure {
-    (
-        ErrorKind::NotFound,
-        format!("no schedule named `{name}` (see `host schedule ls`)"),
-    )
+    ServiceError::NotFound(format!(
+        "no schedule named `{name}` (see `host schedule ls`)"
+    ))
 }
 
 async fn stored(ticket: Ticket) -> Result<(), Failure> {
-    ticket.committed().await.map_err(|e| {
-        (
-            ErrorKind::Internal,
-            format!("the schedule could not be stored: {e}"),
-        )
-    })
+    ticket
+        .committed()
+        .await
+        .map_err(|e| ServiceError::Internal(format!("the schedule could not be stored: {e}")))
 }
 
 /// `host schedule add`: checks the schedule as a submission would be
@@ -539,23 +537,17 @@ pub(crate) async fn add(
 
 /// The refusal of a name that is taken.
 pub(crate) fn exists(name: &str) -> Failure {
-    (
-        ErrorKind::Conflict,
-        format!(
-            "a schedule named `{name}` exists; remove it first (`host schedule rm {name}`) or \
+    ServiceError::Conflict(format!(
+        "a schedule named `{name}` exists; remove it first (`host schedule rm {name}`) or \
              choose another name"
-        ),
-    )
+    ))
 }
 
 /// The refusal of a schedule past `--max-schedules`.
 pub(crate) fn full(most: usize) -> Failure {
-    (
-        ErrorKind::Invalid,
-        format!(
-            "this daemon holds its limit of {most} schedules (--max-schedules); remove some first"
-        ),
-    )
+    ServiceError::Invalid(format!(
+        "this daemon holds its limit of {most} schedules (--max-schedules); remove some first"
+    ))
 }
 
 /// Checks a new schedule: its name, its expression and zone, and what its
@@ -567,7 +559,7 @@ pub(crate) async fn prepare(
     daemon: &Daemon,
     mut spec: ScheduleSpec,
 ) -> Result<(ScheduleSpec, String, CronZone), Failure> {
-    let invalid = |m: String| (ErrorKind::Invalid, m);
+    let invalid = |m: String| ServiceError::Invalid(m);
     schedule::check_name(&spec.name).map_err(invalid)?;
     let zone = CronZone::parse(&spec.cron, spec.tz.as_deref()).map_err(invalid)?;
     let mut request = spec.request.clone();

@@ -18,13 +18,14 @@ use super::{
 use crate::backend::daemon::Daemon;
 use crate::backend::submit::{self, Accepted};
 use crate::cluster::node::{Cluster, SHIP_BATCH};
+use crate::service::error::ServiceError;
 use crate::service::history::EVENT_HISTORY;
 use crate::service::plugins::plugin_path;
 use crate::service::tasks::MAX_FINISHED;
 use crate::store::postgres::{Admission, AdmitError, Canceled};
 use crate::store::{self, StoreError};
 use crate::wire::protocol::{
-    ErrorKind, EventFilter, ScheduleVerb, SubmitRequest, Submitted, TaskRow, TaskState,
+    EventFilter, ScheduleVerb, SubmitRequest, Submitted, TaskRow, TaskState,
 };
 
 /// A cluster node: the daemon and its part of the cluster.
@@ -46,7 +47,7 @@ impl Shared<'_> {
         &self,
         digest: Digest,
         bytes: Vec<u8>,
-    ) -> Result<String, (ErrorKind, String)> {
+    ) -> Result<String, ServiceError> {
         let plugin = self
             .daemon
             .plugins
@@ -62,23 +63,17 @@ impl Shared<'_> {
     }
 
     /// Queues one submission for the database's decision.
-    pub(super) async fn submit(
-        &self,
-        request: SubmitRequest,
-    ) -> Result<Accepted, (ErrorKind, String)> {
+    pub(super) async fn submit(&self, request: SubmitRequest) -> Result<Accepted, ServiceError> {
         shared_submit(self.daemon, self.cluster, request).await
     }
 
     /// A schedule verb on the database's schedules.
-    pub(super) async fn schedule(
-        &self,
-        verb: ScheduleVerb,
-    ) -> Result<Scheduled, (ErrorKind, String)> {
+    pub(super) async fn schedule(&self, verb: ScheduleVerb) -> Result<Scheduled, ServiceError> {
         crate::backend::time::verb(self.daemon, self.cluster, verb).await
     }
 
     /// The task a reference names, in the database.
-    pub(super) async fn find(&self, target: &TaskRef) -> Result<Found, (ErrorKind, String)> {
+    pub(super) async fn find(&self, target: &TaskRef) -> Result<Found, ServiceError> {
         match self.cluster.pg.resolve(target).await {
             Ok(Some(found)) => Ok(Found::Shared {
                 id: found.id,
@@ -93,7 +88,7 @@ impl Shared<'_> {
     pub(super) async fn stored_request(
         &self,
         id: TaskId,
-    ) -> Result<Option<SubmitRequest>, (ErrorKind, String)> {
+    ) -> Result<Option<SubmitRequest>, ServiceError> {
         self.cluster.pg.request_of(id).await.map_err(internal)
     }
 
@@ -101,7 +96,7 @@ impl Shared<'_> {
     pub(super) fn outcome(
         &self,
         id: TaskId,
-    ) -> BoxFuture<'static, Result<Arc<TaskReport>, (ErrorKind, String)>> {
+    ) -> BoxFuture<'static, Result<Arc<TaskReport>, ServiceError>> {
         let cluster = Arc::clone(self.cluster);
         Box::pin(async move {
             let finished = cluster.wait_finished(id).await.map_err(internal)?;
@@ -111,7 +106,7 @@ impl Shared<'_> {
 
     /// Makes the stop claim in the database; tells this node's task at
     /// once if it runs here.
-    pub(super) async fn stop(&self, id: TaskId) -> Result<bool, (ErrorKind, String)> {
+    pub(super) async fn stop(&self, id: TaskId) -> Result<bool, ServiceError> {
         match self.cluster.pg.cancel(id).await.map_err(internal)? {
             Canceled::Claimed { node } => {
                 if node == Some(self.cluster.node()) {
@@ -125,7 +120,7 @@ impl Shared<'_> {
 
     /// The cluster's `ps` rows, with the exact phase and progress of the
     /// tasks running here.
-    pub(super) async fn rows(&self, all: bool) -> Result<Vec<TaskRow>, (ErrorKind, String)> {
+    pub(super) async fn rows(&self, all: bool) -> Result<Vec<TaskRow>, ServiceError> {
         let mut rows = self
             .cluster
             .pg
@@ -174,11 +169,7 @@ impl Shared<'_> {
     }
 
     /// A task of the database as the HTTP API details it.
-    pub(super) async fn detail(
-        &self,
-        id: TaskId,
-        finished: bool,
-    ) -> Result<Detail, (ErrorKind, String)> {
+    pub(super) async fn detail(&self, id: TaskId, finished: bool) -> Result<Detail, ServiceError> {
         let unfinished = if finished {
             None
         } else {
@@ -211,7 +202,7 @@ impl Shared<'_> {
     }
 
     /// Collects the database's unused plugins.
-    pub(super) async fn prune_plugins(&self) -> Result<(), (ErrorKind, String)> {
+    pub(super) async fn prune_plugins(&self) -> Result<(), ServiceError> {
         self.cluster
             .pg
             .collect_plugins(Duration::ZERO)
@@ -224,7 +215,7 @@ impl Shared<'_> {
     pub(super) async fn kv(
         &self,
         verb: crate::wire::protocol::KvVerb,
-    ) -> Result<crate::service::kv::KvAnswer, (ErrorKind, String)> {
+    ) -> Result<crate::service::kv::KvAnswer, ServiceError> {
         let limits = taskhost_runtime::KvLimits {
             max_bucket_bytes: self.daemon.config.kv_max_bucket,
             max_total_bytes: self.daemon.config.kv_max_total,
@@ -361,7 +352,7 @@ async fn shared_submit(
     daemon: &Arc<Daemon>,
     cluster: &Arc<Cluster>,
     request: SubmitRequest,
-) -> Result<Accepted, (ErrorKind, String)> {
+) -> Result<Accepted, ServiceError> {
     let plugin = cluster
         .ensure_plugin(&daemon.plugins, &request.plugin)
         .await?;
@@ -440,23 +431,18 @@ async fn shared_submit(
                 cluster.wake.notify_one();
                 Ok(submitted)
             }
-            Err(AdmitError::PluginGone) => Err((
-                ErrorKind::NotFound,
-                format!(
-                    "the cluster does not hold plugin {}; upload it again",
-                    admission.request.plugin
-                ),
-            )),
-            Err(AdmitError::Invalid(message)) => Err((ErrorKind::Invalid, message)),
-            Err(AdmitError::Conflict(message)) => Err((ErrorKind::Conflict, message)),
-            Err(AdmitError::TreeFull { root, max }) => Err((
-                ErrorKind::Invalid,
+            Err(AdmitError::PluginGone) => Err(ServiceError::NotFound(format!(
+                "the cluster does not hold plugin {}; upload it again",
+                admission.request.plugin
+            ))),
+            Err(AdmitError::Invalid(message)) => Err(ServiceError::Invalid(message)),
+            Err(AdmitError::Conflict(message)) => Err(ServiceError::Conflict(message)),
+            Err(AdmitError::TreeFull { root, max }) => Err(ServiceError::Invalid(
                 crate::store::too_many_descendants(root, max),
             )),
-            Err(AdmitError::Store(err)) => Err((
-                ErrorKind::Internal,
-                format!("the submission could not be stored, so it was not accepted: {err}"),
-            )),
+            Err(AdmitError::Store(err)) => Err(ServiceError::Internal(format!(
+                "the submission could not be stored, so it was not accepted: {err}"
+            ))),
         }
     })))
 }

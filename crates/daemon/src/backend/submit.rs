@@ -25,6 +25,7 @@ use taskhost_runtime::Sandbox;
 
 use crate::backend::daemon::{Daemon, RecordingGuard};
 use crate::backend::record::Recorded;
+use crate::service::error::ServiceError;
 use crate::service::intake::{
     check_dir_ceiling, check_env_ceiling, check_http_ceiling, check_memory_ceiling,
     left_for_next_start, naming, spec_for,
@@ -32,9 +33,7 @@ use crate::service::intake::{
 use crate::service::keys::{self, KeyEntry};
 use crate::service::tasks::{Outcome, TaskLog, TaskRecord};
 use crate::store::{Finished, Firing, NewTask, Store, Ticket, now_ms};
-use crate::wire::protocol::{
-    ErrorKind, MAX_SUBMIT_INPUT, NotBefore, Placement, SubmitRequest, Submitted,
-};
+use crate::wire::protocol::{MAX_SUBMIT_INPUT, NotBefore, Placement, SubmitRequest, Submitted};
 
 /// Where a submission comes from.
 pub(crate) enum Origin {
@@ -59,11 +58,11 @@ pub(crate) enum Accepted {
     Now(Submitted),
     /// Resolves when the store's commit holding it lands; a failed commit
     /// has withdrawn it (not durable, so not accepted).
-    Later(BoxFuture<'static, Result<Submitted, (ErrorKind, String)>>),
+    Later(BoxFuture<'static, Result<Submitted, ServiceError>>),
     /// Resolves when the cluster's database has decided it, in the order
     /// it was sent among the submissions before and after it; what the
     /// same client sends next (other than submissions) waits for it.
-    Deciding(BoxFuture<'static, Result<Submitted, (ErrorKind, String)>>),
+    Deciding(BoxFuture<'static, Result<Submitted, ServiceError>>),
 }
 
 /// Places one submission, in the order it was sent; the caller sends the
@@ -72,7 +71,7 @@ pub(crate) async fn submit(
     daemon: &Arc<Daemon>,
     store: &Store,
     request: SubmitRequest,
-) -> Result<Accepted, (ErrorKind, String)> {
+) -> Result<Accepted, ServiceError> {
     let key = match request.idempotency_key.clone() {
         None => None,
         Some(key) => {
@@ -105,10 +104,9 @@ pub(crate) async fn submit(
                     daemon.keys.release(key, submitted.id);
                 }
                 daemon.controller.remove(submitted.id);
-                Err((
-                    ErrorKind::Internal,
-                    format!("the submission could not be stored, so it was not accepted: {err}"),
-                ))
+                Err(ServiceError::Internal(format!(
+                    "the submission could not be stored, so it was not accepted: {err}"
+                )))
             }
         }
     })))
@@ -143,9 +141,9 @@ fn existing(
     key: &str,
     made: KeyEntry,
     fingerprint: [u8; 32],
-) -> Result<Submitted, (ErrorKind, String)> {
+) -> Result<Submitted, ServiceError> {
     if made.fingerprint != fingerprint {
-        return Err((ErrorKind::Conflict, keys::conflict(key, made.id)));
+        return Err(ServiceError::Conflict(keys::conflict(key, made.id)));
     }
     let id = made.id;
     let (name, slot, placement) = match daemon.tasks.resolve(&TaskRef::Id(id), &daemon.controller) {
@@ -175,12 +173,11 @@ fn existing(
 pub(crate) async fn check(
     daemon: &Daemon,
     request: &SubmitRequest,
-) -> Result<(Arc<taskhost_runtime::Plugin>, Sandbox), (ErrorKind, String)> {
-    let invalid = |m: String| (ErrorKind::Invalid, m);
+) -> Result<(Arc<taskhost_runtime::Plugin>, Sandbox), ServiceError> {
+    let invalid = |m: String| ServiceError::Invalid(m);
     let controller = &daemon.controller;
     if controller.supervisor().is_shutting_down() {
-        return Err((
-            ErrorKind::ShuttingDown,
+        return Err(ServiceError::Unavailable(
             "the daemon is shutting down".into(),
         ));
     }
@@ -191,13 +188,10 @@ pub(crate) async fn check(
         )));
     }
     let plugin = daemon.plugins.get(&request.plugin).await.ok_or_else(|| {
-        (
-            ErrorKind::NotFound,
-            format!(
-                "the daemon does not know plugin {}; upload it first",
-                request.plugin
-            ),
-        )
+        ServiceError::NotFound(format!(
+            "the daemon does not know plugin {}; upload it first",
+            request.plugin
+        ))
     })?;
     let info = plugin.info();
     let sandbox = Sandbox {
@@ -274,8 +268,8 @@ pub(crate) async fn place(
     store: &Store,
     mut request: SubmitRequest,
     origin: Origin,
-) -> Result<(Submitted, Ticket), (ErrorKind, String)> {
-    let invalid = |m: String| (ErrorKind::Invalid, m);
+) -> Result<(Submitted, Ticket), ServiceError> {
+    let invalid = |m: String| ServiceError::Invalid(m);
     let (plugin, sandbox) = check(daemon, &request).await?;
     let info = plugin.info();
 
@@ -287,13 +281,10 @@ pub(crate) async fn place(
     // A plugin removed (`host plugins rm|prune`) after it was looked up
     // above is gone now: nothing accepted may refer to it.
     if !daemon.plugins.is_stored(&request.plugin) {
-        return Err((
-            ErrorKind::NotFound,
-            format!(
-                "plugin {} was just removed from the daemon; upload it again",
-                request.plugin
-            ),
-        ));
+        return Err(ServiceError::NotFound(format!(
+            "plugin {} was just removed from the daemon; upload it again",
+            request.plugin
+        )));
     }
     let Start {
         reservation,

@@ -17,11 +17,12 @@ use crate::backend::schedules::{self as local, count_firing, row_of};
 use crate::backend::submit::Accepted;
 use crate::cluster::node::Cluster;
 use crate::schedule::FireKind;
+use crate::service::error::ServiceError;
 use crate::store::postgres::time::{Bounds, Placed, ScheduleError};
 use crate::store::{StoredSchedule, now_ms};
-use crate::wire::protocol::{ErrorKind, ScheduleVerb};
+use crate::wire::protocol::ScheduleVerb;
 
-type Failure = (ErrorKind, String);
+type Failure = ServiceError;
 
 fn bounds(daemon: &Daemon) -> Bounds {
     Bounds {
@@ -32,17 +33,15 @@ fn bounds(daemon: &Daemon) -> Bounds {
 
 fn failure(name: &str, err: ScheduleError) -> Failure {
     match err {
-        ScheduleError::Unknown => (
-            ErrorKind::NotFound,
-            format!("no schedule named `{name}` (see `host schedule ls`)"),
-        ),
+        ScheduleError::Unknown => ServiceError::NotFound(format!(
+            "no schedule named `{name}` (see `host schedule ls`)"
+        )),
         ScheduleError::Exists => local::exists(name),
         ScheduleError::Full(most) => local::full(most),
-        ScheduleError::PluginGone => (
-            ErrorKind::NotFound,
+        ScheduleError::PluginGone => ServiceError::NotFound(
             "the cluster no longer holds the schedule's plugin; upload it again".into(),
         ),
-        ScheduleError::Store(e) => (ErrorKind::Internal, e.to_string()),
+        ScheduleError::Store(e) => ServiceError::Store(e),
     }
 }
 
@@ -85,7 +84,7 @@ pub(crate) async fn verb(
                 .pg
                 .schedules()
                 .await
-                .map_err(|e| (ErrorKind::Internal, e.to_string()))?;
+                .map_err(ServiceError::Store)?;
             Scheduled::Rows(
                 rows.iter()
                     .map(|(s, outcome)| row_of(s, &tz_of(s), *outcome))

@@ -9,9 +9,10 @@ use taskhost_runtime::KvLimits;
 use taskhost_runtime::kv::{Bucket, KvBackend, KvError, KvFuture, KvWrite};
 
 use crate::cluster::Cluster;
+use crate::service::error::ServiceError;
 use crate::service::kv::{KvAnswer, bucket};
 use crate::store::postgres::kv::KvRefused;
-use crate::wire::protocol::{ErrorKind, KvRow, KvVerb};
+use crate::wire::protocol::{KvRow, KvVerb};
 
 /// The buckets of a cluster node's guests, in the database; usable once
 /// the node has joined ([`ClusterKv::attach`]).
@@ -125,8 +126,8 @@ pub(crate) async fn answer_shared(
     cluster: &Cluster,
     limits: KvLimits,
     verb: KvVerb,
-) -> Result<KvAnswer, (ErrorKind, String)> {
-    let internal = |e: crate::store::StoreError| (ErrorKind::Internal, e.to_string());
+) -> Result<KvAnswer, ServiceError> {
+    let internal = ServiceError::Store;
     Ok(match verb {
         KvVerb::List(target) => {
             let bucket = target.map(bucket);
@@ -156,8 +157,8 @@ pub(crate) async fn answer_shared(
                 .kv_write(None, &bucket, KvWrite::Delete(key), limits)
                 .await
                 .map_err(|e| match e {
-                    KvRefused::Fenced => (ErrorKind::Internal, "fenced".into()),
-                    KvRefused::Guest(why) => (ErrorKind::Invalid, why),
+                    KvRefused::Fenced => ServiceError::Internal("fenced".into()),
+                    KvRefused::Guest(why) => ServiceError::Invalid(why),
                     KvRefused::Store(e) => internal(e),
                 })?;
             KvAnswer::Value(old)

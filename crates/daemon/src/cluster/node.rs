@@ -16,10 +16,10 @@ use taskhost_core::supervisor::{Event, TaskId};
 use taskhost_runtime::{Digest, Plugin};
 
 use crate::config::ClusterSettings;
+use crate::service::error::ServiceError;
 use crate::service::plugins::Plugins;
 use crate::store::postgres::Pg;
 use crate::store::{Finished, StoreError};
-use crate::wire::protocol::ErrorKind;
 
 /// Lines waiting to be shipped to the database; beyond it, lines are not
 /// shipped (they stay in the node's log, and in the outcome's).
@@ -245,7 +245,7 @@ impl Cluster {
         &self,
         plugins: &Plugins,
         digest: &Digest,
-    ) -> Result<Arc<Plugin>, (ErrorKind, String)> {
+    ) -> Result<Arc<Plugin>, ServiceError> {
         self.ensure_plugin_for(plugins, digest, None).await
     }
 
@@ -257,7 +257,7 @@ impl Cluster {
         plugins: &Plugins,
         digest: &Digest,
         claim: Option<(TaskId, i64)>,
-    ) -> Result<Arc<Plugin>, (ErrorKind, String)> {
+    ) -> Result<Arc<Plugin>, ServiceError> {
         if let Some(plugin) = plugins.get(digest).await {
             return Ok(plugin);
         }
@@ -283,12 +283,11 @@ impl Cluster {
                 }),
         };
         let bytes = fetched
-            .map_err(|e| (ErrorKind::Internal, e.to_string()))?
+            .map_err(|e| ServiceError::Internal(e.to_string()))?
             .ok_or_else(|| {
-                (
-                    ErrorKind::NotFound,
-                    format!("the cluster does not know plugin {digest}; upload it first"),
-                )
+                ServiceError::NotFound(format!(
+                    "the cluster does not know plugin {digest}; upload it first"
+                ))
             })?;
         plugins.store(bytes, Some(*digest)).await
     }

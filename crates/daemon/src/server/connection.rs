@@ -447,6 +447,12 @@ impl Replier {
         self.outbox.send(&frame).await
     }
 
+    /// Sends a service's error (or the wire's kind and message).
+    pub(crate) async fn failed(&self, error: impl Into<(ErrorKind, String)>) {
+        let (kind, message) = error.into();
+        self.error(kind, message).await;
+    }
+
     pub(crate) async fn error(&self, kind: ErrorKind, message: impl Into<String>) {
         self.send(Reply::Error {
             kind,

@@ -14,6 +14,7 @@ use crate::backend::daemon::Daemon;
 use crate::backend::submit::Accepted;
 use crate::backend::{Backend, Item, Items, Scheduled};
 use crate::server::connection::{Later, Replier};
+use crate::service::error::ServiceError;
 use crate::service::kv::KvAnswer;
 use crate::service::plugins;
 use crate::service::uploads::Uploads;
@@ -80,7 +81,7 @@ pub(crate) async fn handle(
                 Ok(name) => {
                     reply.send(Reply::Uploaded { plugin: Some(name) }).await;
                 }
-                Err((kind, message)) => reply.error(kind, message).await,
+                Err(e) => reply.failed(e).await,
             },
         },
         Request::Submit(request) => submit(&backend, *request, reply, session).await,
@@ -90,19 +91,19 @@ pub(crate) async fn handle(
                 reply.send(Reply::Schedule(row)).await;
             }
             Ok(Scheduled::Fired(accepted)) => answer(accepted, reply, session).await,
-            Err((kind, message)) => reply.error(kind, message).await,
+            Err(e) => reply.failed(e).await,
         },
         Request::Kv(verb) => match backend.kv(verb).await {
             Ok(KvAnswer::Rows(rows)) => send_pages(&reply, rows, Reply::KvRows).await,
             Ok(KvAnswer::Value(value)) => {
                 reply.send(Reply::KvValue(value)).await;
             }
-            Err((kind, message)) => reply.error(kind, message).await,
+            Err(e) => reply.failed(e).await,
         },
         Request::Rerun(target) => {
             let found = match backend.find(&target).await {
                 Ok(found) => found,
-                Err((kind, message)) => return reply.error(kind, message).await,
+                Err(e) => return reply.failed(e).await,
             };
             match backend.request_of(&found).await {
                 Ok(mut request) => {
@@ -112,7 +113,7 @@ pub(crate) async fn handle(
                     request.depth = 0;
                     submit(&backend, request, reply, session).await
                 }
-                Err((kind, message)) => reply.error(kind, message).await,
+                Err(e) => reply.failed(e).await,
             }
         }
         Request::Wait(target) => match backend.find(&target).await {
@@ -123,23 +124,23 @@ pub(crate) async fn handle(
                         Some(Ok(report)) => {
                             reply.report(&report, Reply::Report).await;
                         }
-                        Some(Err((kind, message))) => reply.error(kind, message).await,
+                        Some(Err(e)) => reply.failed(e).await,
                         None => {}
                     }
                 });
             }
-            Err((kind, message)) => reply.error(kind, message).await,
+            Err(e) => reply.failed(e).await,
         },
         Request::Cancel { target, wait } => {
             // The claim is made in order; with `wait`, the wait for the
             // task's end goes on in the background.
             let found = match backend.find(&target).await {
                 Ok(found) => found,
-                Err((kind, message)) => return reply.error(kind, message).await,
+                Err(e) => return reply.failed(e).await,
             };
             let claimed = match backend.stop(&found).await {
                 Ok(claimed) => claimed,
-                Err((kind, message)) => return reply.error(kind, message).await,
+                Err(e) => return reply.failed(e).await,
             };
             if !wait {
                 reply
@@ -161,14 +162,14 @@ pub(crate) async fn handle(
                             })
                             .await;
                     }
-                    Some(Err((kind, message))) => reply.error(kind, message).await,
+                    Some(Err(e)) => reply.failed(e).await,
                     None => {}
                 }
             });
         }
         Request::List { all } => match backend.rows(all).await {
             Ok(rows) => send_pages(&reply, rows, Reply::Tasks).await,
-            Err((kind, message)) => reply.error(kind, message).await,
+            Err(e) => reply.failed(e).await,
         },
         Request::Plugins => {
             let rows = backend.plugin_rows().await;
@@ -176,9 +177,9 @@ pub(crate) async fn handle(
         }
         Request::RemovePlugins { prefix } => {
             if prefix.is_none()
-                && let Err((kind, message)) = backend.prune_shared_plugins().await
+                && let Err(e) = backend.prune_shared_plugins().await
             {
-                return reply.error(kind, message).await;
+                return reply.failed(e).await;
             }
             let daemon = Arc::clone(daemon);
             let removed = tokio::task::spawn_blocking(move || {
@@ -189,17 +190,17 @@ pub(crate) async fn handle(
                 )
             })
             .await
-            .unwrap_or_else(|e| Err((ErrorKind::Internal, e.to_string())));
+            .unwrap_or_else(|e| Err(ServiceError::Internal(e.to_string())));
             match removed {
                 Ok(rows) => {
                     reply.send(Reply::PluginsRemoved(rows)).await;
                 }
-                Err((kind, message)) => reply.error(kind, message).await,
+                Err(e) => reply.failed(e).await,
             }
         }
         Request::Slots => match backend.slots().await {
             Ok(slots) => send_pages(&reply, slots, Reply::Slots).await,
-            Err((kind, message)) => reply.error(kind, message).await,
+            Err(e) => reply.failed(e).await,
         },
         Request::Events { follow, filter } => {
             let items = backend.events(follow, filter);
@@ -210,7 +211,7 @@ pub(crate) async fn handle(
                 let items = backend.log(found, follow).await;
                 tokio::spawn(stream_out(reply, items));
             }
-            Err((kind, message)) => reply.error(kind, message).await,
+            Err(e) => reply.failed(e).await,
         },
         Request::Shutdown { grace, cancel_all } => {
             let daemon = Arc::clone(daemon);
@@ -232,7 +233,7 @@ async fn submit(
 ) {
     match backend.submit(request).await {
         Ok(accepted) => answer(accepted, reply, session).await,
-        Err((kind, message)) => reply.error(kind, message).await,
+        Err(e) => reply.failed(e).await,
     }
 }
 
@@ -248,7 +249,7 @@ async fn answer(accepted: Accepted, reply: Replier, session: &mut Session) {
                     Ok(submitted) => {
                         reply.send(Reply::Submitted(submitted)).await;
                     }
-                    Err((kind, message)) => reply.error(kind, message).await,
+                    Err(e) => reply.failed(e).await,
                 }
             });
         }
@@ -258,7 +259,7 @@ async fn answer(accepted: Accepted, reply: Replier, session: &mut Session) {
                     Ok(submitted) => {
                         reply.send(Reply::Submitted(submitted)).await;
                     }
-                    Err((kind, message)) => reply.error(kind, message).await,
+                    Err(e) => reply.failed(e).await,
                 }
             }));
         }

@@ -7,11 +7,13 @@
 //! | `listener` | start-up, the accept loop, shutdown |
 //! | `connection` | one connection: handshake, requests in order, batched replies |
 //! | `dispatch` | what each request does |
+//! | `errors` | a service's error as the wire's kind and message, in one place |
 //! | `scope` | what a credential allows, and what each request needs |
 //! | `http/` | the optional HTTP listener: metrics, JSON API, dashboard |
 
 pub(crate) mod connection;
 pub(crate) mod dispatch;
+pub(crate) mod errors;
 pub(crate) mod http;
 pub(crate) mod listener;
 pub(crate) mod scope;

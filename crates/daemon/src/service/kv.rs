@@ -8,8 +8,9 @@ use std::sync::Arc;
 use taskhost_runtime::kv::{Bucket, KvError, KvFuture, KvRecord, KvWrite};
 use taskhost_runtime::{KvLimits, MemoryKv};
 
+use crate::service::error::ServiceError;
 use crate::store::Store;
-use crate::wire::protocol::{ErrorKind, KvRow, KvTarget, KvVerb};
+use crate::wire::protocol::{KvRow, KvTarget, KvVerb};
 
 /// How to raise a limit, for the error that names it.
 const RAISE: &str = "its operator can raise it with host serve --kv-max-bucket or --kv-max-total";
@@ -56,7 +57,7 @@ pub(crate) fn bucket(target: KvTarget) -> Bucket {
 }
 
 /// Answers one verb on `kv`.
-pub(crate) async fn answer(kv: &MemoryKv, verb: KvVerb) -> Result<KvAnswer, (ErrorKind, String)> {
+pub(crate) async fn answer(kv: &MemoryKv, verb: KvVerb) -> Result<KvAnswer, ServiceError> {
     Ok(match verb {
         KvVerb::List(None) => KvAnswer::Rows(
             kv.buckets()
@@ -84,7 +85,7 @@ pub(crate) async fn answer(kv: &MemoryKv, verb: KvVerb) -> Result<KvAnswer, (Err
             let old = kv.value(&bucket, &key);
             kv.apply(&bucket, KvWrite::Delete(key))
                 .await
-                .map_err(|e| (ErrorKind::Internal, e.0))?;
+                .map_err(|e| ServiceError::Internal(e.0))?;
             KvAnswer::Value(old)
         }
     })

@@ -4,6 +4,7 @@
 //!
 //! | file | owns |
 //! |---|---|
+//! | `error` | why a verb failed, as the services and the backend say it |
 //! | `intake` | the checks of a submit request against the daemon's ceilings, its names, its controller spec |
 //! | `trees` | spawn trees as one host counts them: each parent's children, each root's unfinished descendants |
 //! | `keys` | idempotency keys: which task a key made, checked at intake |
@@ -14,6 +15,7 @@
 //! | `kv` | one host's key-value state: the buckets in memory, each write kept by the store first; `host kv` |
 //! | `json` | the JSON forms shared by the CLI's `--json` and the HTTP API |
 
+pub(crate) mod error;
 pub(crate) mod history;
 pub(crate) mod intake;
 pub mod json;

@@ -20,9 +20,10 @@ use std::time::{Duration, SystemTime};
 
 use taskhost_runtime::{Digest, Plugin, Runtime};
 
+use crate::service::error::ServiceError;
 use crate::service::tasks::Tasks;
 use crate::store::{PluginRefs, Store, now_ms};
-use crate::wire::protocol::{ErrorKind, PluginRow};
+use crate::wire::protocol::PluginRow;
 
 /// How often the daemon collects unused plugins.
 pub const COLLECT_EVERY: Duration = Duration::from_secs(60);
@@ -170,12 +171,11 @@ impl Plugins {
         &self,
         bytes: Vec<u8>,
         expected: Option<Digest>,
-    ) -> Result<Arc<Plugin>, (ErrorKind, String)> {
+    ) -> Result<Arc<Plugin>, ServiceError> {
         let bytes: Arc<[u8]> = bytes.into();
         let digest = taskhost_runtime::digest_of(&bytes).await;
         if expected.is_some_and(|e| e != digest) {
-            return Err((
-                ErrorKind::Invalid,
+            return Err(ServiceError::Invalid(
                 "the uploaded bytes do not match their digest".into(),
             ));
         }
@@ -183,7 +183,7 @@ impl Plugins {
             .runtime
             .load_digested(Arc::clone(&bytes), digest, &digest.to_string())
             .await
-            .map_err(|e| (ErrorKind::Invalid, e.to_string()))?;
+            .map_err(|e| ServiceError::Invalid(e.to_string()))?;
         let path = plugin_path(&self.state_dir, &digest);
         if !path.exists() {
             // Two uploads of the same digest at once each write a file of
@@ -201,13 +201,10 @@ impl Plugins {
             if let Err(err) = written {
                 let _ = std::fs::remove_file(&tmp);
                 tracing::warn!(path = %path.display(), "cannot store the plugin on disk: {err}");
-                return Err((
-                    ErrorKind::Internal,
-                    format!(
-                        "the daemon cannot store the plugin in `{}`: {err}",
-                        path.parent().unwrap_or(&path).display()
-                    ),
-                ));
+                return Err(ServiceError::Internal(format!(
+                    "the daemon cannot store the plugin in `{}`: {err}",
+                    path.parent().unwrap_or(&path).display()
+                )));
             }
         }
         Ok(plugin)
@@ -283,7 +280,7 @@ pub(crate) fn remove(
     users: Users<'_>,
     prefix: Option<&str>,
     min_age: Duration,
-) -> Result<Vec<PluginRow>, (ErrorKind, String)> {
+) -> Result<Vec<PluginRow>, ServiceError> {
     // No submission is placed meanwhile (see the module docs).
     let _admission = users
         .admission
@@ -298,12 +295,9 @@ pub(crate) fn remove(
                 .unwrap_or(prefix)
                 .to_ascii_lowercase();
             if hex.is_empty() || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
-                return Err((
-                    ErrorKind::Invalid,
-                    format!(
-                        "`{prefix}` is not a digest or the start of one (hex digits, as `host plugins ls` shows)"
-                    ),
-                ));
+                return Err(ServiceError::Invalid(format!(
+                    "`{prefix}` is not a digest or the start of one (hex digits, as `host plugins ls` shows)"
+                )));
             }
             let mut matching: Vec<PluginRow> = rows
                 .into_iter()
@@ -311,33 +305,26 @@ pub(crate) fn remove(
                 .collect();
             match matching.len() {
                 0 => {
-                    return Err((
-                        ErrorKind::NotFound,
-                        format!(
-                            "no stored plugin's digest starts with `{hex}`; `host plugins ls` lists them"
-                        ),
-                    ));
+                    return Err(ServiceError::NotFound(format!(
+                        "no stored plugin's digest starts with `{hex}`; `host plugins ls` lists them"
+                    )));
                 }
                 1 => {}
                 n => {
-                    return Err((
-                        ErrorKind::Invalid,
-                        format!("`{hex}` starts {n} plugins' digests; give more digits"),
-                    ));
+                    return Err(ServiceError::Invalid(format!(
+                        "`{hex}` starts {n} plugins' digests; give more digits"
+                    )));
                 }
             }
             let row = matching.remove(0);
             if row.unfinished > 0 {
-                return Err((
-                    ErrorKind::Invalid,
-                    format!(
-                        "plugin {} ({}) is used by {} unfinished task(s) or schedule(s); cancel \
+                return Err(ServiceError::Invalid(format!(
+                    "plugin {} ({}) is used by {} unfinished task(s) or schedule(s); cancel \
                          them or let them finish, and remove the schedules, first",
-                        row.digest,
-                        row.name.as_deref().unwrap_or("unnamed"),
-                        row.unfinished
-                    ),
-                ));
+                    row.digest,
+                    row.name.as_deref().unwrap_or("unnamed"),
+                    row.unfinished
+                )));
             }
             vec![row]
         }
@@ -376,6 +363,6 @@ pub(crate) fn collect(users: Users<'_>, keep_unused: Duration) {
             );
         }
         Ok(_) => {}
-        Err((_, message)) => tracing::warn!("plugin collection failed: {message}"),
+        Err(message) => tracing::warn!("plugin collection failed: {message}"),
     }
 }

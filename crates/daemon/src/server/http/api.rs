@@ -225,7 +225,8 @@ pub(super) fn too_many_streams(http: &Http) -> Response {
 }
 
 /// An error of the seam as an HTTP answer.
-pub(super) fn failed((kind, message): (ErrorKind, String)) -> Response {
+pub(super) fn failed(failure: impl Into<(ErrorKind, String)>) -> Response {
+    let (kind, message) = failure.into();
     let status = match kind {
         ErrorKind::Invalid => StatusCode::BAD_REQUEST,
         ErrorKind::NotFound => StatusCode::NOT_FOUND,

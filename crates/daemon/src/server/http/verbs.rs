@@ -29,11 +29,12 @@ use super::api::{error, failed};
 use crate::backend::submit::Accepted;
 use crate::backend::{Backend, Item, Scheduled};
 use crate::server::dispatch;
+use crate::service::error::ServiceError;
 use crate::service::json::{self, JsonResult};
 use crate::service::plugins;
 use crate::wire::protocol::{
-    ErrorKind, MAX_SUBMIT_INPUT, MAX_WIRE_DURATION, NotBefore, Placement, Request, ScheduleSpec,
-    ScheduleVerb, SubmitRequest,
+    MAX_SUBMIT_INPUT, MAX_WIRE_DURATION, NotBefore, Placement, Request, ScheduleSpec, ScheduleVerb,
+    SubmitRequest,
 };
 
 /// The largest plugin a `PUT /api/plugins/{sha256}` takes.
@@ -568,7 +569,7 @@ pub(super) async fn remove_plugin(
         plugins::remove(daemon.plugin_users(), Some(&prefix), Duration::ZERO)
     })
     .await
-    .unwrap_or_else(|e| Err((ErrorKind::Internal, e.to_string())));
+    .unwrap_or_else(|e| Err(ServiceError::Internal(e.to_string())));
     match removed {
         Ok(rows) => Json(Value::Array(rows.iter().map(json::plugin_row).collect())).into_response(),
         Err(answer) => failed(answer),
