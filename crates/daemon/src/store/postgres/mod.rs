@@ -47,6 +47,7 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 
 use taskhost_core::admission::AdmissionPolicy;
+use taskhost_core::lifecycle::TaskState;
 use taskhost_core::supervisor::TaskId;
 
 use crate::store::StoreError;
@@ -173,7 +174,8 @@ pub(crate) enum Canceled {
 /// A task's place, as a target resolves.
 pub(crate) struct Found {
     pub id: TaskId,
-    pub state: String,
+    /// Its state (None: a word this build does not know).
+    pub state: Option<TaskState>,
 }
 
 /// What became of a task taken over from a dead node.
