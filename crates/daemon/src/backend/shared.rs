@@ -77,7 +77,7 @@ impl Shared<'_> {
         match self.cluster.pg.resolve(target).await {
             Ok(Some(found)) => Ok(Found::Shared {
                 id: found.id,
-                finished: found.state == "finished",
+                finished: found.state.is_some_and(TaskState::is_finished),
             }),
             Ok(None) => Err(not_found(target)),
             Err(err) => Err(internal(err)),

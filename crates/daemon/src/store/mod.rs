@@ -19,7 +19,7 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `sqlite` | the SQLite backend: open, migrations, the writer thread, the reader |
+//! | `sqlite/` | the SQLite backend: open, migrations, the writer thread, the reader |
 //! | `postgres/` | cluster mode's database: admission, claims, fenced writes, leases, reads, batches, time, key-value state, the link and the outage |
 
 pub(crate) mod postgres;

@@ -1,21 +1,20 @@
 //! Owns admission, one submission at a time in a transaction of its own
-//! (an idempotency key's, a Replace in a batch): the slot's row locked, the
-//! controller's rules (`admission::decide`) applied to its summary, the
-//! decision turned into rows.
+//! (an idempotency key's, a Replace in a batch, a delayed one come due):
+//! the plugin kept, the slot's row locked and read in one round trip, then
+//! decided and written as a batch of one (`place`).
 
 use std::sync::Arc;
 
 use deadpool_postgres::GenericClient;
 
-use taskhost_core::admission::{
-    self, AdmissionPolicy, Decision, Limits, OwnerState, SlotSummary, Totals,
-};
-use taskhost_core::outcome::{RejectionKind, TaskOutcome};
-use taskhost_core::supervisor::{TaskId, TaskReport};
+use taskhost_core::admission::AdmissionPolicy;
+use taskhost_core::lifecycle::TaskState;
+use taskhost_core::supervisor::TaskId;
 
-use crate::store::{StoreError, now_ms};
+use crate::store::StoreError;
 use crate::wire::protocol::{Placement, Submitted};
 
+use super::place::{self, NewRow, SlotNow, decide};
 use super::*;
 
 /// The first key of a tree's advisory lock (the second is its root's id);
@@ -198,12 +197,6 @@ impl Pg {
         existing: bool,
     ) -> Result<Submitted, AdmitError> {
         let id = id_of(id_value);
-        let mut request = a.request.clone();
-        request.name = Some(name.clone());
-        request.slot = Some(slot.clone());
-        request.policy = Some(policy);
-        let encoded = encode(&request)?;
-
         // The plugin stays while this transaction runs (collection locks
         // it to delete it), and the task row then keeps it.
         let plugin_row = tx
@@ -229,8 +222,9 @@ impl Pg {
         )
         .await?;
         // Everything the rules read, in one round trip: a live holder of the
-        // name elsewhere, the owner and its state, the queue's length, head
-        // and tail, and the pending work of the whole cluster.
+        // name elsewhere, the owner and its state, the queue's length, last
+        // position, head and its position, and the pending work of the
+        // whole cluster (`SlotNow::from_row`'s columns).
         let row = one(
             tx,
             "cannot read the slot",
@@ -250,200 +244,28 @@ impl Pg {
         )
         .await?;
         let holder: Option<i64> = row.get(0);
-        let owner: Option<(TaskId, OwnerState)> =
-            row.get::<_, Option<i64>>(1).map(id_of).map(|owner| {
-                let state = match row.get::<_, Option<String>>(2).as_deref() {
-                    Some("stopping") => OwnerState::Stopping,
-                    _ => OwnerState::Running,
-                };
-                (owner, state)
-            });
-        let queued = row.get::<_, i64>(3).max(0) as usize;
-        let last_pos: Option<i64> = row.get(4);
-        let head: Option<(TaskId, i64)> = row
-            .get::<_, Option<i64>>(5)
-            .map(id_of)
-            .zip(row.get::<_, Option<i64>>(6));
+        let mut now = SlotNow::from_row(&row);
         let pending = row.get::<_, i64>(7).max(0) as usize;
-
-        let limits = Limits {
-            max_slot_queue: a.max_slot_queue,
-            max_total_pending: a.max_total_pending,
-            // Slot rows stay in the database: it bounds no slot count.
-            max_slots: usize::MAX,
-            holder: "the cluster",
-        };
-        let summary = SlotSummary {
-            owner,
-            queued,
-            head: head.map(|h| h.0),
-            tracked: true,
-        };
-        let totals = Totals { pending, slots: 0 };
-        // The registry's rule first (a name is held by one live task), then
-        // the slot's.
-        let decision = match holder {
-            Some(holder) => Decision::Reject {
-                kind: RejectionKind::AlreadyExists,
-                reason: format!(
-                    "task name `{name}` is held by task {} in another slot",
-                    id_of(holder)
-                ),
-            },
-            None => admission::decide(&slot, &summary, policy, totals, &limits, false),
-        };
-        let queued_owner = owner.map(|o| o.0);
-        // (state, position, placement)
-        let (state, pos, placement) = match decision {
-            Decision::Reject { kind, reason } => (
-                "finished",
-                0,
-                Placement::Rejected(TaskOutcome::Rejected { kind, reason }),
-            ),
-            Decision::Admit => ("ready", 0, Placement::Running),
-            Decision::Enqueue => (
-                "queued",
-                last_pos.unwrap_or(0) + 1,
-                Placement::Queued {
-                    owner: queued_owner,
-                },
-            ),
-            Decision::Replace { displaced, stop } => {
-                let head = head.map_or(0, |h| h.1);
-                if let Some(old) = displaced {
-                    let report = never_ran_row(
-                        tx,
-                        old,
-                        RejectionKind::SupersededByReplace,
-                        format!("a newer Replace submission ({id}) took its place"),
-                    )
-                    .await?;
-                    end_task(self, tx, &report, &[]).await?;
-                }
-                match stop {
-                    None => (
-                        "queued",
-                        head - 1,
-                        Placement::Queued {
-                            owner: queued_owner,
-                        },
-                    ),
-                    Some(owner) => self.stop_for_replace(tx, owner, head).await?,
-                }
-            }
-        };
-        let now = ms(now_ms());
-        let placed = !matches!(placement, Placement::Rejected(_));
-        // A rejected one is inserted queued and ended at once (its report
-        // and the notification of its end).
-        let inserted = if state == "finished" { "queued" } else { state };
-        // The time it was due (a schedule's firing), kept for the record.
-        let due_ms = match a.request.not_before {
-            Some(crate::wire::protocol::NotBefore::At(at)) => Some(ms(at)),
-            _ => None,
-        };
+        let names = (name.as_str(), slot.as_str(), policy);
+        let decision = decide(a, names, &now, holder, pending);
+        let placed = self.apply(tx, id, decision, &mut now).await?;
+        let new = NewRow::new(a, id_value, names, &placed)?;
         if existing {
-            exec(
-                tx,
-                "cannot admit the delayed submission",
-                "UPDATE taskhost_tasks SET state = $2, pos = $3, placed = $4 WHERE id = $1",
-                &[&id_value, &inserted, &pos, &placed],
-            )
-            .await?;
+            place::update(tx, &new).await?;
         } else {
-            let insert = tx
-                .prepare_cached(
-                    "INSERT INTO taskhost_tasks (id, name, slot, plugin, digest, request, state, \
-                     pos, placed, submitted_ms, priority, schedule, due_ms, parent, root) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
-                )
-                .await
-                .map_err(db("cannot record the submission"))?;
-            tx.execute(
-                &insert,
-                &[
-                    &id_value,
-                    &name,
-                    &slot,
-                    &a.plugin,
-                    &&a.request.plugin.0[..],
-                    &encoded,
-                    &inserted,
-                    &pos,
-                    &placed,
-                    &now,
-                    &a.request.priority,
-                    &a.request.schedule,
-                    &due_ms,
-                    &a.request.parent.map(ms),
-                    &a.request.root.map(ms),
-                ],
-            )
-            .await
-            .map_err(db("cannot record the submission"))?;
+            place::insert(tx, vec![new]).await?;
         }
-        match &placement {
-            Placement::Rejected(outcome) => {
-                let report = TaskReport::never_ran(
-                    id,
-                    Arc::from(name.as_str()),
-                    Arc::from(slot.as_str()),
-                    outcome.clone(),
-                );
-                end_task(self, tx, &report, &[]).await?;
-            }
-            _ if state == "ready" => self.notify(tx, READY, "").await?,
+        match placed.state {
+            TaskState::Finished => self.notify(tx, FINISHED, &id.get().to_string()).await?,
+            TaskState::Ready => self.notify(tx, READY, "").await?,
             _ => {}
         }
         Ok(Submitted {
             id,
             name,
             slot,
-            placement,
+            placement: placed.placement,
             existing: false,
-        })
-    }
-
-    /// Stops the owner a Replace displaces, as its row says it can be:
-    /// a running one is asked to stop (the newcomer heads the queue), one
-    /// admitted but not claimed yet ends Canceled at once (the newcomer
-    /// owns the slot), one already stopping is left to end.
-    async fn stop_for_replace(
-        &self,
-        tx: &deadpool_postgres::Transaction<'_>,
-        owner: TaskId,
-        head: i64,
-    ) -> Result<(&'static str, i64, Placement), AdmitError> {
-        // Locked: a claim may be turning it from ready to running; this
-        // waits for that to commit.
-        let owner_row = one(
-            tx,
-            "cannot read the owner",
-            "SELECT name, state FROM taskhost_tasks WHERE id = $1 FOR UPDATE",
-            &[&sql_id(owner)],
-        )
-        .await?;
-        let name: String = owner_row.get(0);
-        let state: String = owner_row.get(1);
-        Ok(match state.as_str() {
-            "running" => {
-                exec(
-                    tx,
-                    "cannot stop the owner",
-                    "UPDATE taskhost_tasks SET state = 'stopping' WHERE id = $1",
-                    &[&sql_id(owner)],
-                )
-                .await?;
-                self.notify(tx, STOP, &owner.get().to_string()).await?;
-                ("queued", head - 1, Placement::Replacing { owner, name })
-            }
-            "ready" => {
-                let report = report_of(tx, owner, TaskOutcome::Canceled).await?;
-                end_task(self, tx, &report, &[]).await?;
-                ("ready", 0, Placement::Replacing { owner, name })
-            }
-            // Already being stopped: first in line.
-            _ => ("queued", head - 1, Placement::Queued { owner: Some(owner) }),
         })
     }
 }

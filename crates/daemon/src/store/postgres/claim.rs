@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use deadpool_postgres::GenericClient;
 
+use taskhost_core::lifecycle::TaskState;
 use taskhost_core::logline::LogLine;
 use taskhost_core::outcome::{RejectionKind, TaskOutcome};
 use taskhost_core::supervisor::{TaskId, TaskReport};
@@ -286,10 +287,10 @@ impl Pg {
             &[&sql_id(id)],
         )
         .await?;
-        let state: String = row.get(0);
+        let state = TaskState::parse(row.get(0));
         let node: Option<i64> = row.get(1);
-        let done = match state.as_str() {
-            "queued" => {
+        let done = match state {
+            Some(TaskState::Queued) => {
                 let report = never_ran_row(
                     &tx,
                     id,
@@ -300,13 +301,13 @@ impl Pg {
                 end_task(self, &tx, &report, &[]).await?;
                 Canceled::Claimed { node: None }
             }
-            "ready" => {
+            Some(TaskState::Ready) => {
                 let report = report_of(&tx, id, TaskOutcome::Canceled).await?;
                 end_task(self, &tx, &report, &[]).await?;
                 promote(self, &tx, &slot).await?;
                 Canceled::Claimed { node: None }
             }
-            "running" => {
+            Some(TaskState::Running) => {
                 exec(
                     &tx,
                     "cannot mark the task stopping",

@@ -16,12 +16,13 @@
 //! | `sql` | statements, errors told apart (a lost race, an unreachable database), retries, encodings |
 //! | `schema` | the migrations, under an advisory lock |
 //! | `lease` | nodes' leases, renewals, retirement, takeover |
-//! | `admit` | admission in a transaction: the rules applied, the rows written |
+//! | `admit` | admission in a transaction: the plugin kept, the slot locked and read, a batch of one |
+//! | `place` | a decision applied to rows, for single and batched admission alike |
 //! | `claim` | claims with fencing tokens, a claimed attempt's writes, cancels, a task's end |
 //! | `reads` | the verbs' reads: finished tasks, references, `ps`, `slots` |
 //! | `ship` | lines and events shipped for every node, retention |
 //! | `blobs` | plugins by digest |
-//! | `batch` | batched writes: attempt starts, ends and admissions, one transaction per batch |
+//! | `batch/` | batched writes: attempt starts, ends and admissions, one transaction per batch |
 //! | `link` | how a node reaches the database: TLS, session timeouts, keepalives, connections of its own |
 //! | `outage` | what a node says and how long it pauses while the database is away |
 //! | `time` | delayed submissions admitted when due, schedules fired once |
@@ -35,6 +36,7 @@ pub(crate) mod kv;
 mod lease;
 pub(crate) mod link;
 pub(crate) mod outage;
+mod place;
 mod reads;
 mod schema;
 mod ship;
@@ -47,6 +49,7 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 
 use taskhost_core::admission::AdmissionPolicy;
+use taskhost_core::lifecycle::TaskState;
 use taskhost_core::supervisor::TaskId;
 
 use crate::store::StoreError;
@@ -56,7 +59,7 @@ use link::{Link, Session, Timeouts};
 
 use crate::store::{Retryable, retry};
 use admit::lock_slot_of;
-use claim::{end_task, never_ran_row, promote, report_of};
+use claim::{end_task, promote};
 use sql::{all, db, decode, decode_request, encode, exec, id_of, ms, one, opt, pool_err, sql_id};
 
 /// Notification channels.
@@ -173,7 +176,8 @@ pub(crate) enum Canceled {
 /// A task's place, as a target resolves.
 pub(crate) struct Found {
     pub id: TaskId,
-    pub state: String,
+    /// Its state (None: a word this build does not know).
+    pub state: Option<TaskState>,
 }
 
 /// What became of a task taken over from a dead node.

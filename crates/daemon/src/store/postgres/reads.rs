@@ -58,10 +58,6 @@ impl Pg {
         Ok(rows.iter().map(|r| id_of(r.get(0))).collect())
     }
 
-    /// The task a target refers to: an id is that task; a name is the live
-    /// task holding it (its slot's owner, else the oldest queued), else the
-    /// newest finished one that held it. A rejected submission never held
-    /// its name.
     /// The request (resolved) a task was admitted with, while its row is
     /// kept.
     pub(crate) async fn request_of(&self, id: TaskId) -> Result<Option<SubmitRequest>, StoreError> {
@@ -76,6 +72,10 @@ impl Pg {
         Ok(row.and_then(|r| SubmitRequest::decode_stored(r.get::<_, &[u8]>(0)).ok()))
     }
 
+    /// The task a target refers to: an id is that task; a name is the live
+    /// task holding it (its slot's owner, else the oldest queued), else the
+    /// newest finished one that held it. A rejected submission never held
+    /// its name.
     pub(crate) async fn resolve(&self, target: &TaskRef) -> Result<Option<Found>, StoreError> {
         let client = self.client().await?;
         let row = match target {
@@ -100,7 +100,7 @@ impl Pg {
         };
         Ok(row.map(|r| Found {
             id: id_of(r.get(0)),
-            state: r.get(1),
+            state: TaskState::parse(r.get(1)),
         }))
     }
 
@@ -125,16 +125,16 @@ impl Pg {
         .await?
         .iter()
         .map(|r| {
-            let state: String = r.get(3);
+            let state = TaskState::parse(r.get(3));
             let pausing = r.get::<_, Option<i64>>(8).is_some();
             TaskRow {
                 id: id_of(r.get(0)),
                 name: r.get(1),
                 slot: r.get(2),
-                state: match state.as_str() {
-                    "queued" => TaskState::Queued,
-                    "ready" | "delayed" => TaskState::Waiting,
-                    "stopping" => TaskState::Stopping,
+                state: match state {
+                    Some(TaskState::Queued) => TaskState::Queued,
+                    Some(TaskState::Ready | TaskState::Delayed) => TaskState::Waiting,
+                    Some(TaskState::Stopping) => TaskState::Stopping,
                     _ if pausing => TaskState::BackingOff,
                     _ => TaskState::Running,
                 },
@@ -144,7 +144,7 @@ impl Pg {
                 plugin: r.get(6),
                 outcome: None,
                 node: r.get(7),
-                due_ms: (state == "delayed")
+                due_ms: (state == Some(TaskState::Delayed))
                     .then(|| r.get::<_, Option<i64>>(9).map(|v| v.max(0) as u64))
                     .flatten(),
                 schedule: r.get(10),
@@ -204,7 +204,7 @@ impl Pg {
         for r in &rows {
             let key: String = r.get(0);
             let id = id_of(r.get(1));
-            let state: String = r.get(2);
+            let state = TaskState::parse(r.get(2));
             if slots.last().is_none_or(|s| s.key != key) {
                 slots.push(SlotView {
                     key: key.clone(),
@@ -218,16 +218,16 @@ impl Pg {
             let Some(view) = slots.last_mut() else {
                 continue;
             };
-            match state.as_str() {
-                "queued" => {
+            match state {
+                Some(TaskState::Queued) => {
                     view.queued.push(id);
                     view.queue_depth += 1;
                 }
-                "ready" => {
+                Some(TaskState::Ready) => {
                     view.owner = Some(id);
                     view.state = SlotState::Admitting;
                 }
-                "stopping" => {
+                Some(TaskState::Stopping) => {
                     view.owner = Some(id);
                     view.state = SlotState::Terminating;
                 }

@@ -1,0 +1,422 @@
+//! Owns a batch of admissions: one transaction that decides every waiting
+//! submission in arrival order as if one at a time (`place` applies each
+//! decision, as it does for a single admission), and the admissions whose
+//! slot another transaction holds, each then in a transaction of its own
+//! that waits for the slot.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use taskhost_core::admission::{AdmissionPolicy, Decision};
+use taskhost_core::lifecycle::TaskState;
+
+use super::{AdmitJob, Reply, gone, notify_ids};
+use crate::store::StoreError;
+use crate::store::postgres::place::{NewRow, SlotNow, decide, insert};
+use crate::store::postgres::{Admission, AdmitError, FINISHED, Pg, all, db, exec, id_of, retry};
+use crate::wire::protocol::{Placement, Submitted};
+
+/// Slots with admissions waiting in the writer that waits for locks, with
+/// how many each: later admissions to them wait there too, in order.
+pub(super) type Deferred = Arc<std::sync::Mutex<HashMap<String, usize>>>;
+
+/// A submission's name, slot and policy.
+type Names = (String, String, AdmissionPolicy);
+
+/// An admission whose slot another transaction held, with the id and
+/// names the batch gave it.
+pub(super) struct DeferredJob {
+    admission: Arc<Admission>,
+    id: i64,
+    names: Names,
+    reply: Reply<Result<Submitted, AdmitError>>,
+}
+
+/// What a batch of admissions decided: an answer for each, except those
+/// whose slot was held (index, id, names), left for `admit_alone`.
+type Decided = (
+    Vec<Option<Result<Submitted, AdmitError>>>,
+    Vec<(usize, i64, Names)>,
+);
+
+/// Admits one deferred submission in a transaction of its own, waiting
+/// (within `lock_timeout`) for its slot.
+pub(super) async fn admit_alone(pg: &Pg, job: DeferredJob, held: &Deferred) {
+    let result = retry(|| async {
+        let mut client = pg.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(db("cannot start a transaction"))?;
+        let submitted = pg
+            .admit_in(&tx, &job.admission, job.id, job.names.clone())
+            .await?;
+        tx.commit()
+            .await
+            .map_err(db("cannot commit the submission"))?;
+        Ok(submitted)
+    })
+    .await;
+    let _ = job.reply.send(result);
+    let mut held = held
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(n) = held.get_mut(&job.names.1) {
+        *n -= 1;
+        if *n == 0 {
+            held.remove(&job.names.1);
+        }
+    }
+}
+
+/// Admits a batch of submissions and answers each (those whose slot was
+/// held, once `admit_alone` has).
+pub(super) async fn admit_all(
+    pg: &Pg,
+    jobs: Vec<AdmitJob>,
+    slow: &mpsc::UnboundedSender<DeferredJob>,
+    deferred: &Deferred,
+) {
+    let admissions: Vec<&Admission> = jobs.iter().map(|(a, _)| &**a).collect();
+    let decided = retry(|| {
+        let waiting: HashSet<String> = deferred
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect();
+        let admissions = &admissions;
+        async move { admit_batch(pg, admissions, &waiting).await }
+    })
+    .await;
+    let (results, later) = match decided {
+        Ok(decided) => decided,
+        Err(err) => {
+            for (_, reply) in jobs {
+                let _ = reply.send(Err(AdmitError::Store(err.clone())));
+            }
+            return;
+        }
+    };
+    let mut later: HashMap<usize, (i64, Names)> =
+        later.into_iter().map(|(i, id, n)| (i, (id, n))).collect();
+    {
+        let mut held = deferred
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (_, names) in later.values() {
+            *held.entry(names.1.clone()).or_default() += 1;
+        }
+    }
+    for (i, ((admission, reply), result)) in jobs.into_iter().zip(results).enumerate() {
+        match (later.remove(&i), result) {
+            (Some((id, names)), _) => {
+                let job = DeferredJob {
+                    admission,
+                    id,
+                    names,
+                    reply,
+                };
+                if let Err(mpsc::error::SendError(job)) = slow.send(job) {
+                    let _ = job.reply.send(Err(AdmitError::Store(gone())));
+                }
+            }
+            (None, Some(result)) => {
+                let _ = reply.send(result);
+            }
+            (None, None) => {
+                let _ = reply.send(Err(AdmitError::Store(StoreError::Failed(
+                    "PostgreSQL: the submission was not decided".into(),
+                ))));
+            }
+        }
+    }
+}
+
+/// One transaction for a batch of admissions, decided in arrival order as
+/// if one at a time: ids, the plugins' presence, every slot's row locked
+/// (in order) and read, each decision made on the slots as the earlier ones
+/// left them, then every new row in one statement and one notification.
+async fn admit_batch(
+    pg: &Pg,
+    admissions: &[&Admission],
+    waiting: &HashSet<String>,
+) -> Result<Decided, StoreError> {
+    let mut client = pg.client().await?;
+    let tx = client
+        .transaction()
+        .await
+        .map_err(db("cannot start a transaction"))?;
+    let ids: Vec<i64> = all(
+        &tx,
+        "cannot allocate ids",
+        "SELECT nextval('taskhost_task_ids') FROM generate_series(1, $1)",
+        &[&(admissions.len() as i32)],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    let mut results: Vec<Option<Result<Submitted, AdmitError>>> =
+        admissions.iter().map(|_| None).collect();
+    let mut named: Vec<Option<Names>> = Vec::with_capacity(admissions.len());
+    for (i, a) in admissions.iter().enumerate() {
+        match (a.names)(id_of(ids[i])) {
+            Ok(names) => named.push(Some(names)),
+            Err(e) => {
+                results[i] = Some(Err(AdmitError::Invalid(e)));
+                named.push(None);
+            }
+        }
+    }
+    keep_plugins(&tx, admissions, &mut results, &mut named).await?;
+    let (slots, later) = lock_slots(&tx, &ids, &mut named, waiting).await?;
+    let mut batch = read_slots(&tx, &slots, &named).await?;
+    for (i, a) in admissions.iter().enumerate() {
+        let Some(names) = named[i].take() else {
+            continue;
+        };
+        results[i] = Some(batch.admit(pg, &tx, a, ids[i], names).await?);
+    }
+    insert(&tx, batch.rows).await?;
+    let claim_here = pg.announce_ready(&tx, batch.ready).await?;
+    notify_ids(pg, &tx, FINISHED, &batch.rejected).await?;
+    tx.commit()
+        .await
+        .map_err(db("cannot commit the submissions"))?;
+    if claim_here {
+        pg.claim_here();
+    }
+    Ok((results, later))
+}
+
+/// Keeps the batch's plugins while its transaction runs (collection locks
+/// one to delete it; the task rows then keep them); an admission whose
+/// plugin is gone is answered so, and decided no further.
+async fn keep_plugins(
+    tx: &deadpool_postgres::Transaction<'_>,
+    admissions: &[&Admission],
+    results: &mut [Option<Result<Submitted, AdmitError>>],
+    named: &mut [Option<Names>],
+) -> Result<(), StoreError> {
+    let digests: Vec<&[u8]> = admissions.iter().map(|a| &a.request.plugin.0[..]).collect();
+    let present: HashSet<Vec<u8>> = all(
+        tx,
+        "cannot check the plugins",
+        "SELECT digest FROM taskhost_plugins WHERE digest = ANY($1) FOR KEY SHARE",
+        &[&digests],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    for (i, a) in admissions.iter().enumerate() {
+        if results[i].is_none() && !present.contains(&a.request.plugin.0[..]) {
+            results[i] = Some(Err(AdmitError::PluginGone));
+            named[i] = None;
+        }
+    }
+    Ok(())
+}
+
+/// Creates every slot's row if new, then locks them in order: admissions
+/// and releases in these slots wait for this transaction from here on. A
+/// slot another transaction holds (or one with admissions `waiting` in
+/// `admit_alone`) is not waited for: its admissions (and every later one
+/// to it) are taken out of `named` and left for `admit_alone`. Returns the
+/// slots locked and those left.
+async fn lock_slots(
+    tx: &deadpool_postgres::Transaction<'_>,
+    ids: &[i64],
+    named: &mut [Option<Names>],
+    waiting: &HashSet<String>,
+) -> Result<(Vec<String>, Vec<(usize, i64, Names)>), StoreError> {
+    let mut slots: Vec<String> = named
+        .iter()
+        .flatten()
+        .map(|(_, slot, _)| slot.clone())
+        .collect();
+    slots.sort_unstable();
+    slots.dedup();
+    slots.retain(|slot| !waiting.contains(slot));
+    exec(
+        tx,
+        "cannot create the slots",
+        "INSERT INTO taskhost_slots (slot) SELECT s FROM unnest($1::text[]) AS s ORDER BY s \
+             ON CONFLICT (slot) DO NOTHING",
+        &[&slots],
+    )
+    .await?;
+    let locked: HashSet<String> = all(
+        tx,
+        "cannot lock the slots",
+        "SELECT slot FROM taskhost_slots WHERE slot = ANY($1) ORDER BY slot \
+             FOR UPDATE SKIP LOCKED",
+        &[&slots],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    slots.retain(|slot| locked.contains(slot));
+    let mut later = Vec::new();
+    for (i, names) in named.iter_mut().enumerate() {
+        if names
+            .as_ref()
+            .is_some_and(|(_, slot, _)| !locked.contains(slot))
+            && let Some(names) = names.take()
+        {
+            later.push((i, ids[i], names));
+        }
+    }
+    Ok((slots, later))
+}
+
+/// Reads the locked `slots` (with the pending work of the whole cluster)
+/// and the live holders of the batch's names, for its decisions.
+async fn read_slots(
+    tx: &deadpool_postgres::Transaction<'_>,
+    slots: &[String],
+    named: &[Option<Names>],
+) -> Result<Batch, StoreError> {
+    let mut batch = Batch::default();
+    // `SlotNow::from_row`'s columns, then the pending work.
+    for row in all(
+        tx,
+        "cannot read the slots",
+        "SELECT s.slot, o.id, o.state, q.n, q.last, h.id, h.pos, \
+             (SELECT count(*) FROM taskhost_tasks WHERE state = 'queued') FROM unnest($1::text[]) AS s(slot) \
+             LEFT JOIN taskhost_tasks o ON o.slot = s.slot AND o.state IN ('ready', 'running', 'stopping') \
+             LEFT JOIN LATERAL (SELECT count(*) AS n, max(pos) AS last FROM taskhost_tasks \
+                 WHERE slot = s.slot AND state = 'queued') q ON TRUE \
+             LEFT JOIN LATERAL (SELECT id, pos FROM taskhost_tasks WHERE slot = s.slot AND state = 'queued' \
+                 ORDER BY pos, id LIMIT 1) h ON TRUE",
+        &[&slots],
+    )
+    .await?
+    {
+        batch.pending = row.get::<_, i64>(7).max(0) as usize;
+        batch.now.insert(row.get(0), SlotNow::from_row(&row));
+    }
+    let names: Vec<&str> = named
+        .iter()
+        .flatten()
+        .map(|(name, _, _)| name.as_str())
+        .collect();
+    // Live holders of the names (a name is held by one live task).
+    for row in all(
+        tx,
+        "cannot read the names",
+        "SELECT name, slot, id FROM taskhost_tasks WHERE name = ANY($1) \
+             AND state IN ('ready', 'running', 'stopping')",
+        &[&names],
+    )
+    .await?
+    {
+        batch.holders.insert(row.get(0), (row.get(1), row.get(2)));
+    }
+    Ok(batch)
+}
+
+/// A batch of admissions as its decisions go: the slots and names as the
+/// earlier ones left them, and what they made.
+#[derive(Default)]
+struct Batch {
+    now: HashMap<String, SlotNow>,
+    /// The live holder of each name: its slot and id.
+    holders: HashMap<String, (String, i64)>,
+    /// Queued tasks in the whole cluster.
+    pending: usize,
+    /// The rows to insert.
+    rows: Vec<NewRow>,
+    /// How many rows are ready (admitted to their slot).
+    ready: usize,
+    /// The ids of the rows rejected (recorded finished).
+    rejected: Vec<i64>,
+}
+
+impl Batch {
+    /// Decides the next admission, `a` as task `id_value` named `names`,
+    /// on the slots as the batch has left them. A Replace, and every later
+    /// admission to its slot, is the single admission's (`Pg::admit_in`):
+    /// what it displaces and stops changes the slot in ways only the
+    /// database follows, so it is read again.
+    async fn admit(
+        &mut self,
+        pg: &Pg,
+        tx: &deadpool_postgres::Transaction<'_>,
+        a: &Admission,
+        id_value: i64,
+        (name, slot, policy): Names,
+    ) -> Result<Result<Submitted, AdmitError>, StoreError> {
+        let id = id_of(id_value);
+        let now = self
+            .now
+            .get_mut(&slot)
+            .ok_or_else(|| StoreError::Failed(format!("PostgreSQL: slot `{slot}` was not read")))?;
+        let holder = self
+            .holders
+            .get(&name)
+            .filter(|(held_in, _)| *held_in != slot)
+            .map(|(_, holder)| *holder);
+        let names = (name.as_str(), slot.as_str(), policy);
+        // The registry's rule first (a name is held by one live task),
+        // then the slot's; None: the single admission's to decide.
+        let decision =
+            (holder.is_some() || !now.stale).then(|| decide(a, names, now, holder, self.pending));
+        let decision = match decision {
+            Some(Decision::Replace { .. }) | None => {
+                insert(tx, std::mem::take(&mut self.rows)).await?;
+                now.stale = true;
+                let result = pg
+                    .admit_in(tx, a, id_value, (name.clone(), slot, policy))
+                    .await;
+                match &result {
+                    Ok(s) if !matches!(s.placement, Placement::Rejected(_)) => {
+                        self.holders.insert(name, (s.slot.clone(), id_value));
+                    }
+                    Err(AdmitError::Store(e)) => return Err(e.clone()),
+                    _ => {}
+                }
+                self.pending = count_pending(tx).await?;
+                return Ok(result);
+            }
+            Some(decision) => decision,
+        };
+        let placed = pg.apply(tx, id, decision, now).await?;
+        self.rows.push(NewRow::new(a, id_value, names, &placed)?);
+        match placed.state {
+            TaskState::Finished => self.rejected.push(id_value),
+            TaskState::Ready => {
+                self.ready += 1;
+                self.holders.insert(name.clone(), (slot.clone(), id_value));
+            }
+            TaskState::Queued => self.pending += 1,
+            _ => {}
+        }
+        Ok(Ok(Submitted {
+            id,
+            name,
+            slot,
+            placement: placed.placement,
+            existing: false,
+        }))
+    }
+}
+
+/// Queued tasks in the whole cluster, counted afresh.
+async fn count_pending(tx: &deadpool_postgres::Transaction<'_>) -> Result<usize, StoreError> {
+    all(
+        tx,
+        "cannot count the pending work",
+        "SELECT count(*) FROM taskhost_tasks WHERE state = 'queued'",
+        &[],
+    )
+    .await
+    .map(|rows| {
+        rows.first()
+            .map_or(0, |r| r.get::<_, i64>(0).max(0) as usize)
+    })
+}

@@ -1,0 +1,408 @@
+//! Owns where a decided submission goes, for single and batched admission
+//! alike (a single admission is a batch of one): the slot as the decision
+//! sees it ([`SlotNow`]), the registry's rule then `admission::decide`
+//! ([`decide`]), the decision applied to the slot ([`Pg::apply`]: the
+//! newcomer's state, position and placement; what a Replace displaces and
+//! stops), and the newcomer's row ([`NewRow`]), written in one statement
+//! however many there are ([`insert`]). State words go through
+//! [`TaskState`]. It decides nothing of its own.
+
+use std::sync::Arc;
+
+use taskhost_core::admission::{
+    self, AdmissionPolicy, Decision, Limits, OwnerState, SlotSummary, Totals,
+};
+use taskhost_core::lifecycle::TaskState;
+use taskhost_core::logline::LogLine;
+use taskhost_core::outcome::{RejectionKind, TaskOutcome};
+use taskhost_core::supervisor::{TaskId, TaskReport};
+
+use super::claim::{end_task, never_ran_row, report_of};
+use super::{Admission, Pg, STOP, encode, exec, id_of, ms, one, sql_id};
+use crate::store::{StoreError, now_ms};
+use crate::wire::protocol::{NotBefore, Placement};
+
+/// A slot as admissions see it: read in the transaction that holds its
+/// lock, then kept up to date with each decision made in it.
+pub(super) struct SlotNow {
+    pub owner: Option<(TaskId, OwnerState)>,
+    pub queued: usize,
+    pub last_pos: Option<i64>,
+    /// The head of its queue, with its position.
+    pub head: Option<(TaskId, i64)>,
+    /// A Replace changed it in ways only the database follows: later
+    /// admissions to it read it again.
+    pub stale: bool,
+}
+
+impl SlotNow {
+    /// The slot from a row whose columns 1 to 6 are its owner's id and
+    /// state, the queue's length and last position, its head's id and
+    /// position (both slot reads select them so).
+    pub(super) fn from_row(row: &tokio_postgres::Row) -> Self {
+        let owner = row.get::<_, Option<i64>>(1).map(|id| {
+            let state = match row.get::<_, Option<&str>>(2).and_then(TaskState::parse) {
+                Some(TaskState::Stopping) => OwnerState::Stopping,
+                _ => OwnerState::Running,
+            };
+            (id_of(id), state)
+        });
+        Self {
+            owner,
+            queued: row.get::<_, i64>(3).max(0) as usize,
+            last_pos: row.get(4),
+            head: row
+                .get::<_, Option<i64>>(5)
+                .map(id_of)
+                .zip(row.get::<_, Option<i64>>(6)),
+            stale: false,
+        }
+    }
+}
+
+/// Decides a submission named `name` to `slot` under `policy`: the
+/// registry's rule first (a name is held by one live task; `holder` holds
+/// it in another slot), then the slot's, against `pending` queued tasks in
+/// the whole cluster.
+pub(super) fn decide(
+    a: &Admission,
+    (name, slot, policy): (&str, &str, AdmissionPolicy),
+    now: &SlotNow,
+    holder: Option<i64>,
+    pending: usize,
+) -> Decision {
+    if let Some(holder) = holder {
+        return Decision::Reject {
+            kind: RejectionKind::AlreadyExists,
+            reason: format!(
+                "task name `{name}` is held by task {} in another slot",
+                id_of(holder)
+            ),
+        };
+    }
+    let limits = Limits {
+        max_slot_queue: a.max_slot_queue,
+        max_total_pending: a.max_total_pending,
+        // Slot rows stay in the database: it bounds no slot count.
+        max_slots: usize::MAX,
+        holder: "the cluster",
+    };
+    let summary = SlotSummary {
+        owner: now.owner,
+        queued: now.queued,
+        head: now.head.map(|h| h.0),
+        tracked: true,
+    };
+    let totals = Totals { pending, slots: 0 };
+    admission::decide(slot, &summary, policy, totals, &limits, false)
+}
+
+/// What a decision made of a submission: the state and queue position
+/// its row records, and where it went.
+pub(super) struct Placed {
+    pub state: TaskState,
+    pub pos: i64,
+    pub placement: Placement,
+}
+
+impl Placed {
+    fn new(state: TaskState, pos: i64, placement: Placement) -> Self {
+        Self {
+            state,
+            pos,
+            placement,
+        }
+    }
+}
+
+impl Pg {
+    /// Applies `decision` about task `id` to its slot as `now` holds it
+    /// (the caller holds the slot's lock): the newcomer's state, position
+    /// and placement, with `now` moved on. A Replace ends the head it
+    /// displaces and stops the owner in `tx`, and leaves `now` stale.
+    pub(super) async fn apply(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        id: TaskId,
+        decision: Decision,
+        now: &mut SlotNow,
+    ) -> Result<Placed, StoreError> {
+        let owner = now.owner.map(|o| o.0);
+        Ok(match decision {
+            Decision::Reject { kind, reason } => Placed::new(
+                TaskState::Finished,
+                0,
+                Placement::Rejected(TaskOutcome::Rejected { kind, reason }),
+            ),
+            Decision::Admit => {
+                now.owner = Some((id, OwnerState::Running));
+                Placed::new(TaskState::Ready, 0, Placement::Running)
+            }
+            Decision::Enqueue => {
+                let pos = now.last_pos.unwrap_or(0) + 1;
+                now.queued += 1;
+                now.last_pos = Some(pos);
+                now.head = now.head.or(Some((id, pos)));
+                Placed::new(TaskState::Queued, pos, Placement::Queued { owner })
+            }
+            Decision::Replace { displaced, stop } => {
+                let head = now.head.map_or(0, |h| h.1);
+                now.stale = true;
+                if let Some(old) = displaced {
+                    let report = never_ran_row(
+                        tx,
+                        old,
+                        RejectionKind::SupersededByReplace,
+                        format!("a newer Replace submission ({id}) took its place"),
+                    )
+                    .await?;
+                    end_task(self, tx, &report, &[]).await?;
+                }
+                match stop {
+                    None => Placed::new(TaskState::Queued, head - 1, Placement::Queued { owner }),
+                    Some(owner) => self.stop_for_replace(tx, owner, head).await?,
+                }
+            }
+        })
+    }
+
+    /// Stops the owner a Replace displaces, as its row says it can be:
+    /// a running one is asked to stop (the newcomer heads the queue, ahead
+    /// of `head`), one admitted but not claimed yet ends Canceled at once
+    /// (the newcomer owns the slot), one already stopping is left to end.
+    async fn stop_for_replace(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        owner: TaskId,
+        head: i64,
+    ) -> Result<Placed, StoreError> {
+        // Locked: a claim may be turning it from ready to running; this
+        // waits for that to commit.
+        let owner_row = one(
+            tx,
+            "cannot read the owner",
+            "SELECT name, state FROM taskhost_tasks WHERE id = $1 FOR UPDATE",
+            &[&sql_id(owner)],
+        )
+        .await?;
+        let name: String = owner_row.get(0);
+        let state = owner_row.get::<_, &str>(1);
+        Ok(match TaskState::parse(state) {
+            Some(TaskState::Running) => {
+                exec(
+                    tx,
+                    "cannot stop the owner",
+                    "UPDATE taskhost_tasks SET state = $2 WHERE id = $1",
+                    &[&sql_id(owner), &TaskState::Stopping.as_str()],
+                )
+                .await?;
+                self.notify(tx, STOP, &owner.get().to_string()).await?;
+                let placement = Placement::Replacing { owner, name };
+                Placed::new(TaskState::Queued, head - 1, placement)
+            }
+            Some(TaskState::Ready) => {
+                let report = report_of(tx, owner, TaskOutcome::Canceled).await?;
+                end_task(self, tx, &report, &[]).await?;
+                Placed::new(TaskState::Ready, 0, Placement::Replacing { owner, name })
+            }
+            // Already being stopped: first in line.
+            _ => {
+                let placement = Placement::Queued { owner: Some(owner) };
+                Placed::new(TaskState::Queued, head - 1, placement)
+            }
+        })
+    }
+}
+
+/// A decided row on its way into `taskhost_tasks`.
+pub(super) struct NewRow {
+    pub id: i64,
+    name: String,
+    slot: String,
+    plugin: String,
+    digest: Vec<u8>,
+    request: Vec<u8>,
+    pub state: TaskState,
+    pos: i64,
+    placed: bool,
+    priority: i32,
+    schedule: Option<String>,
+    /// The time it was due (a schedule's firing), kept for the record.
+    due_ms: Option<i64>,
+    parent: Option<i64>,
+    root: Option<i64>,
+    /// A rejected one is recorded finished at once: its outcome's word,
+    /// report and (empty) log.
+    outcome: Option<&'static str>,
+    report: Option<Vec<u8>>,
+    log: Option<Vec<u8>>,
+}
+
+impl NewRow {
+    /// The row of task `id`, admission `a` named `names`, as `placed`
+    /// says.
+    pub(super) fn new(
+        a: &Admission,
+        id: i64,
+        (name, slot, policy): (&str, &str, AdmissionPolicy),
+        placed: &Placed,
+    ) -> Result<Self, StoreError> {
+        let mut request = a.request.clone();
+        request.name = Some(name.to_owned());
+        request.slot = Some(slot.to_owned());
+        request.policy = Some(policy);
+        let (outcome, report, log) = match &placed.placement {
+            Placement::Rejected(outcome) => {
+                let report = TaskReport::never_ran(
+                    id_of(id),
+                    Arc::from(name),
+                    Arc::from(slot),
+                    outcome.clone(),
+                );
+                let log = encode(&Vec::<LogLine>::new())?;
+                (
+                    Some(outcome.kind().as_str()),
+                    Some(encode(&report)?),
+                    Some(log),
+                )
+            }
+            _ => (None, None, None),
+        };
+        Ok(Self {
+            id,
+            name: name.to_owned(),
+            slot: slot.to_owned(),
+            plugin: a.plugin.clone(),
+            digest: a.request.plugin.0.to_vec(),
+            request: encode(&request)?,
+            state: placed.state,
+            pos: placed.pos,
+            placed: !matches!(placed.placement, Placement::Rejected(_)),
+            priority: request.priority,
+            schedule: request.schedule.clone(),
+            due_ms: match request.not_before {
+                Some(NotBefore::At(at)) => Some(ms(at)),
+                _ => None,
+            },
+            parent: request.parent.map(ms),
+            root: request.root.map(ms),
+            outcome,
+            report,
+            log,
+        })
+    }
+}
+
+/// Inserts decided rows in one statement.
+pub(super) async fn insert(
+    tx: &deadpool_postgres::Transaction<'_>,
+    rows: Vec<NewRow>,
+) -> Result<(), StoreError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let now = ms(now_ms());
+    let n = rows.len();
+    let (mut ids, mut names, mut slots, mut plugins) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let (mut digests, mut requests, mut states, mut positions, mut placed) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let (mut outcomes, mut reports, mut logs, mut finished) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut priorities, mut schedules) = (Vec::new(), Vec::new());
+    let (mut dues, mut parents, mut roots) = (Vec::new(), Vec::new(), Vec::new());
+    for r in rows {
+        ids.push(r.id);
+        names.push(r.name);
+        slots.push(r.slot);
+        plugins.push(r.plugin);
+        digests.push(r.digest);
+        requests.push(r.request);
+        states.push(r.state.as_str());
+        positions.push(r.pos);
+        placed.push(r.placed);
+        priorities.push(r.priority);
+        schedules.push(r.schedule);
+        dues.push(r.due_ms);
+        parents.push(r.parent);
+        roots.push(r.root);
+        finished.push(r.outcome.map(|_| now));
+        outcomes.push(r.outcome);
+        reports.push(r.report);
+        logs.push(r.log);
+    }
+    exec(
+        tx,
+        "cannot record the submissions",
+        "INSERT INTO taskhost_tasks (id, name, slot, plugin, digest, request, state, pos, placed, \
+             submitted_ms, outcome, report, log, finished_ms, priority, schedule, due_ms, parent, \
+             root) \
+         SELECT id, name, slot, plugin, digest, request, state, pos, placed, $10, outcome, report, \
+             log, finished_ms, priority, schedule, due_ms, parent, root \
+             FROM unnest($1::int8[], $2::text[], $3::text[], \
+             $4::text[], $5::bytea[], $6::bytea[], $7::text[], $8::int8[], $9::bool[], $11::text[], \
+             $12::bytea[], $13::bytea[], $14::int8[], $15::int4[], $16::text[], $17::int8[], \
+             $18::int8[], $19::int8[]) \
+             AS u(id, name, slot, plugin, digest, request, state, pos, placed, outcome, report, \
+             log, finished_ms, priority, schedule, due_ms, parent, root) ORDER BY id",
+        &[
+            &ids,
+            &names,
+            &slots,
+            &plugins,
+            &digests,
+            &requests,
+            &states,
+            &positions,
+            &placed,
+            &now,
+            &outcomes,
+            &reports,
+            &logs,
+            &finished,
+            &priorities,
+            &schedules,
+            &dues,
+            &parents,
+            &roots,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Records the decision about a row that is there already (a delayed
+/// submission come due): its state, position and, if rejected, its end.
+pub(super) async fn update(
+    tx: &deadpool_postgres::Transaction<'_>,
+    row: &NewRow,
+) -> Result<(), StoreError> {
+    let finished = row.outcome.map(|_| ms(now_ms()));
+    exec(
+        tx,
+        "cannot admit the delayed submission",
+        "UPDATE taskhost_tasks SET state = $2, pos = $3, placed = $4, outcome = $5, report = $6, \
+         log = $7, finished_ms = $8 WHERE id = $1",
+        &[
+            &row.id,
+            &row.state.as_str(),
+            &row.pos,
+            &row.placed,
+            &row.outcome,
+            &row.report,
+            &row.log,
+            &finished,
+        ],
+    )
+    .await?;
+    Ok(())
+}

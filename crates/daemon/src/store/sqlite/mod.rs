@@ -1,0 +1,358 @@
+//! The SQLite backend: opening (with migrations and checks) and what
+//! recovery reads at start; the writer thread's group commit and the reads
+//! are its files.
+//!
+//! | file | owns |
+//! |---|---|
+//! | `writer` | the writer thread: one transaction per batch of writes, retention |
+//! | `reader` | the reads of finished tasks, idempotency keys and plugins' users |
+
+mod reader;
+mod writer;
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, params};
+
+use crate::protocol::{ScheduleSpec, SubmitRequest};
+use taskhost_core::lifecycle::TaskState;
+use taskhost_core::supervisor::TaskId;
+
+use super::{Pause, Retention, StoreError, StoredSchedule, Unfinished};
+pub(super) use reader::Reader;
+pub(super) use writer::Writer;
+
+/// The migrations, in order; `PRAGMA user_version` counts those applied.
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../../migrations/0001_tasks.sql"),
+    include_str!("../../../migrations/0002_pauses.sql"),
+    include_str!("../../../migrations/0003_idempotency.sql"),
+    include_str!("../../../migrations/0004_schedules.sql"),
+    include_str!("../../../migrations/0005_kv.sql"),
+    include_str!("../../../migrations/0006_lineage.sql"),
+];
+
+/// The migration that added `parent` and `root`, filled from each row's
+/// request when it runs.
+const LINEAGE_MIGRATION: usize = 6;
+
+fn err(path: &Path, what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Failed(format!("the store `{}`: {what}: {e}", path.display()))
+}
+
+fn connect(path: &Path, flags: OpenFlags) -> Result<Connection, StoreError> {
+    let conn =
+        Connection::open_with_flags(path, flags).map_err(|e| err(path, "cannot open it", e))?;
+    conn.busy_timeout(Duration::from_secs(5))
+        .map_err(|e| err(path, "cannot configure it", e))?;
+    Ok(conn)
+}
+
+/// Opens the database: creates or migrates it, refuses one written by a
+/// newer version or one that is damaged, and reads what recovery needs.
+pub(super) fn open(path: &Path, retention: Retention) -> Result<Opened, StoreError> {
+    check_size(path)?;
+    let mut conn = connect(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    let damaged = |e: rusqlite::Error| {
+        StoreError::Failed(format!(
+            "the store `{}` is not a usable SQLite database ({e}). Move it away to start with \
+             an empty store (its tasks are then lost), or restore it from a backup.",
+            path.display()
+        ))
+    };
+    // Before anything is written: a file that is not a taskhost store is
+    // refused as it is.
+    let ours = check_ours(&conn, path).map_err(damaged)??;
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(damaged)?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(damaged)?;
+    let check: String = conn
+        .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
+        .map_err(damaged)?;
+    if check != "ok" {
+        return Err(StoreError::Failed(format!(
+            "the store `{}` is damaged ({check}). Move it away to start with an empty store (its \
+             tasks are then lost), or restore it from a backup.",
+            path.display()
+        )));
+    }
+    let version: usize = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(damaged)?;
+    if version > MIGRATIONS.len() {
+        return Err(StoreError::Failed(format!(
+            "the store `{}` was written by a newer taskhost (schema {version}; this build knows \
+             schema {}). Run the newer host, or point --state-dir elsewhere.",
+            path.display(),
+            MIGRATIONS.len()
+        )));
+    }
+    if !ours {
+        // A new store, or one an earlier taskhost made before it set an
+        // application id.
+        conn.pragma_update(None, "application_id", APPLICATION_ID)
+            .map_err(|e| err(path, "cannot mark it as a taskhost store", e))?;
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
+        let tx = conn
+            .transaction()
+            .map_err(|e| err(path, "cannot migrate it", e))?;
+        tx.execute_batch(sql)
+            .map_err(|e| err(path, &format!("migration {} failed", i + 1), e))?;
+        if i + 1 == LINEAGE_MIGRATION {
+            fill_lineage(&tx).map_err(|e| err(path, "migration 6 failed", e))?;
+        }
+        tx.pragma_update(None, "user_version", i + 1)
+            .map_err(|e| err(path, "cannot migrate it", e))?;
+        tx.commit().map_err(|e| err(path, "cannot migrate it", e))?;
+    }
+
+    let next_id: u64 = conn
+        .query_row(
+            "SELECT max((SELECT value FROM meta WHERE key = 'next_id'), \
+                        coalesce((SELECT max(id) + 1 FROM tasks), 1))",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map_err(|e| err(path, "cannot read it", e))? as u64;
+    let unfinished = read_unfinished(&conn).map_err(|e| err(path, "cannot read it", e))?;
+    let schedules = read_schedules(&conn).map_err(|e| err(path, "cannot read it", e))?;
+    let kv = read_kv(&conn).map_err(|e| err(path, "cannot read it", e))?;
+    let reader = Reader::new(connect(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?);
+    let mut writer = Writer::new(conn, path.to_path_buf(), retention, next_id);
+    // Retention applies from the start (a lowered bound takes effect now).
+    if let Err(e) = writer.prune() {
+        tracing::warn!("store retention failed: {e}");
+    }
+    Ok(Opened {
+        writer,
+        reader,
+        next_id,
+        unfinished,
+        schedules,
+        kv,
+    })
+}
+
+/// Every key-value entry, as `(scope, key, value)`.
+fn read_kv(conn: &Connection) -> rusqlite::Result<Vec<(String, String, Vec<u8>)>> {
+    let mut stmt = conn.prepare("SELECT scope, key, value FROM kv")?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    rows.collect()
+}
+
+/// What opening the database gives: its writer and reader, the next task
+/// id, and what recovery and the schedules need.
+pub(super) struct Opened {
+    pub writer: Writer,
+    pub reader: Reader,
+    pub next_id: u64,
+    pub unfinished: Vec<Unfinished>,
+    pub schedules: Vec<StoredSchedule>,
+    /// Every key-value entry: `(scope, key, value)`.
+    pub kv: Vec<(String, String, Vec<u8>)>,
+}
+
+fn read_schedules(conn: &Connection) -> rusqlite::Result<Vec<StoredSchedule>> {
+    let mut stmt = conn.prepare(
+        "SELECT name, spec, paused, next_ms, last_fire_ms, last_task, created_ms, plugin \
+         FROM schedules ORDER BY name",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, Vec<u8>>(1)?,
+            r.get::<_, bool>(2)?,
+            r.get::<_, Option<i64>>(3)?,
+            r.get::<_, Option<i64>>(4)?,
+            r.get::<_, Option<i64>>(5)?,
+            r.get::<_, i64>(6)?,
+            r.get::<_, String>(7)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (name, spec, paused, next_ms, last_fire_ms, last_task, created_ms, plugin) = row?;
+        let spec = match ScheduleSpec::decode_stored(&spec) {
+            Ok(spec) => spec,
+            Err(e) => {
+                tracing::error!("schedule `{name}` in the store cannot be read ({e}); skipping it");
+                continue;
+            }
+        };
+        out.push(StoredSchedule {
+            spec,
+            plugin,
+            paused,
+            next_ms: next_ms.map(|v| v.max(0) as u64),
+            last_fire_ms: last_fire_ms.map(|v| v.max(0) as u64),
+            last_task: last_task.map(|v| TaskId::from_u64(v.max(0) as u64)),
+            created_ms: created_ms.max(0) as u64,
+        });
+    }
+    Ok(out)
+}
+
+/// `PRAGMA application_id` of a taskhost store ("TSKH").
+const APPLICATION_ID: i32 = 0x5453_4B48;
+
+/// Whether the database is a taskhost store already marked as one (`true`),
+/// or one to mark: empty, or made by an earlier taskhost (its tables and
+/// schema version, no id yet). Anything else is another program's file:
+/// an error that leaves it untouched.
+fn check_ours(conn: &Connection, path: &Path) -> rusqlite::Result<Result<bool, StoreError>> {
+    let id: i32 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
+    if id == APPLICATION_ID {
+        return Ok(Ok(true));
+    }
+    let version: usize = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let objects: i64 = conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
+    let has = |table: &str| -> rusqlite::Result<bool> {
+        conn.query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+            [table],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|n| n > 0)
+    };
+    if id == 0 && (objects == 0 || (version >= 1 && has("tasks")? && has("meta")?)) {
+        return Ok(Ok(false));
+    }
+    Ok(Err(StoreError::Failed(format!(
+        "`{}` is not a taskhost store (SQLite application_id {id:#x}, user_version {version}, \
+         {objects} schema objects), so it is left as it is. Give --state-dir (or --store \
+         sqlite:PATH) a path of the daemon's own",
+        path.display()
+    ))))
+}
+
+/// Refuses a database file shorter than its header says it is (cut short by
+/// a copy or a disk problem): SQLite would read the missing pages as an
+/// empty database and the store's tasks would be lost without a word.
+fn check_size(path: &Path) -> Result<(), StoreError> {
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return Ok(()); // a new store, or one SQLite reports on
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if len == 0 {
+        return Ok(());
+    }
+    let mut header = [0u8; 100];
+    use std::io::Read;
+    let damaged = |why: String| {
+        StoreError::Failed(format!(
+            "the store `{}` is damaged ({why}). Move it away to start with an empty store (its \
+             tasks are then lost), or restore it from a backup.",
+            path.display()
+        ))
+    };
+    if file.read_exact(&mut header).is_err() {
+        return Err(damaged(format!(
+            "{len} bytes, shorter than a database header"
+        )));
+    }
+    if &header[..16] != b"SQLite format 3\0" {
+        return Ok(()); // not SQLite at all: opening it says so
+    }
+    let page_size = match u16::from_be_bytes([header[16], header[17]]) {
+        1 => 65_536,
+        n => u64::from(n),
+    };
+    let pages = u64::from(u32::from_be_bytes([
+        header[28], header[29], header[30], header[31],
+    ]));
+    // The page count is valid when the change counter matches the
+    // "version valid for" number (every SQLite since 3.7.0 writes both).
+    let valid = header[24..28] == header[92..96];
+    if page_size >= 512 && (len % page_size != 0 || (valid && len < pages * page_size)) {
+        return Err(damaged(format!(
+            "the file has {len} bytes but its header counts {pages} pages of {page_size}"
+        )));
+    }
+    Ok(())
+}
+
+fn read_unfinished(conn: &Connection) -> rusqlite::Result<Vec<Unfinished>> {
+    let mut stmt = conn.prepare(
+        "SELECT id, plugin, request, state, attempts, submitted_ms, resume_at_ms, failures \
+         FROM tasks WHERE state <> 'finished' ORDER BY id",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        let request: Vec<u8> = r.get(2)?;
+        let state: String = r.get(3)?;
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, String>(1)?,
+            request,
+            state,
+            r.get::<_, u32>(4)?,
+            r.get::<_, i64>(5)?,
+            r.get::<_, Option<i64>>(6)?,
+            r.get::<_, u32>(7)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (id, plugin, request, state, attempts, submitted_ms, resume_at_ms, failures) = row?;
+        let id = TaskId::from_u64(id as u64);
+        let request = match SubmitRequest::decode_stored(&request) {
+            Ok(request) => request,
+            Err(e) => {
+                tracing::error!("task {id} in the store cannot be read ({e}); skipping it");
+                continue;
+            }
+        };
+        let state = match TaskState::parse(&state) {
+            Some(state @ (TaskState::Running | TaskState::Stopping)) => state,
+            _ => TaskState::Queued,
+        };
+        out.push(Unfinished {
+            id,
+            plugin,
+            request,
+            state,
+            attempts,
+            submitted_ms: submitted_ms as u64,
+            pause: resume_at_ms.map(|at| Pause {
+                until_ms: at as u64,
+                failures,
+            }),
+        });
+    }
+    Ok(out)
+}
+
+/// Fills `parent` and `root` of the rows stored before the columns were
+/// (from their requests; rows nobody spawned keep NULL).
+fn fill_lineage(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    let mut found = Vec::new();
+    {
+        let mut stmt = tx.prepare("SELECT id, request FROM tasks")?;
+        let mut rows = stmt.query([])?;
+        while let Some(row) = rows.next()? {
+            let id: i64 = row.get(0)?;
+            let request: Vec<u8> = row.get(1)?;
+            if let Ok(request) = SubmitRequest::decode_stored(&request)
+                && let Some(parent) = request.parent
+            {
+                let root = request.root.unwrap_or(parent);
+                found.push((id, parent as i64, root as i64));
+            }
+        }
+    }
+    let mut set = tx.prepare("UPDATE tasks SET parent = ?2, root = ?3 WHERE id = ?1")?;
+    for (id, parent, root) in found {
+        set.execute(params![id, parent, root])?;
+    }
+    Ok(())
+}
