@@ -19,7 +19,7 @@
 //! | `state_dir` | the state directory: its default, privacy and lock |
 //! | `wire` | the protocol's messages and framing, the client, socket paths |
 //! | `schedule` | the rules of time: cron in a zone, missed firings, RFC 3339 |
-//! | `config` | daemon settings from flags and the TOML file |
+//! | `config` | the settings: one type the flags and the TOML file fill, flags over file over defaults, checked |
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
