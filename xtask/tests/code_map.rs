@@ -110,6 +110,7 @@ fn testing_md_names_every_test_file() {
     let mut files = vec![
         "crates/core/tests/supervisor/".to_owned(),
         "crates/core/tests/controller/".to_owned(),
+        "crates/daemon/tests/cluster/".to_owned(),
         "host/tests/fuzz_protocol.rs".to_owned(),
         "host/tests/demo.rs".to_owned(),
     ];
