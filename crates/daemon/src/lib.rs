@@ -17,7 +17,7 @@
 //! | `cluster` | what a cluster node does that a single host does not: claims, leases, notifications, shipping |
 //! | `store` | what survives a restart: submissions, states, outcomes, logs |
 //! | `schedule` | the rules of time: cron in a zone, missed firings, RFC 3339 |
-//! | `config` | daemon settings from flags and the TOML file |
+//! | `config` | the settings: one type the flags and the TOML file fill, flags over file over defaults, checked |
 //! | `state` | what the connections share |
 //! | `state_dir` | the state directory: its default, privacy and lock |
 

@@ -12,6 +12,10 @@ use taskhost::runtime::{
 use taskhost::supervisor::{BackoffPolicy, RestartPolicy, TaskSpec};
 use taskhost::units::{format_size, parse_duration, parse_size};
 
+use taskhost::daemon::config::{
+    parse_allow_http, parse_config_var, parse_count, parse_header_bytes,
+};
+
 use super::exit::usage;
 
 // The trace export flag of the verbs that run tasks (`run`, `serve`).
@@ -108,16 +112,6 @@ impl GuestLimitArgs {
     }
 }
 
-/// Parses `--config-var KEY=VALUE` (a key is not empty).
-pub fn parse_config_var(text: &str) -> Result<(String, String), String> {
-    match text.split_once('=') {
-        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
-        _ => Err(format!(
-            "invalid --config-var `{text}`: use KEY=VALUE, such as --config-var region=eu"
-        )),
-    }
-}
-
 fn parse_bucket(text: &str) -> Result<String, String> {
     taskhost::runtime::kv::check_bucket_name(text).map(|()| text.to_owned())
 }
@@ -128,20 +122,6 @@ fn parse_secret(text: &str) -> Result<SecretRef, String> {
 
 fn parse_env_secret(text: &str) -> Result<SecretRef, String> {
     SecretRef::parse_env(text).map_err(|e| e.to_string())
-}
-
-fn parse_count(text: &str) -> Result<usize, String> {
-    match text.parse::<usize>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(format!("`{text}` is not a whole number of at least 1")),
-    }
-}
-
-fn parse_header_bytes(text: &str) -> Result<usize, String> {
-    match parse_size(text).map_err(|e| e.to_string())? {
-        0 => Err("must be more than zero".to_owned()),
-        n => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
-    }
 }
 
 // `--socket` of the verbs that talk to the daemon (also accepted before
@@ -372,11 +352,6 @@ pub struct RawArg {
 fn parse_backoff(text: &str) -> Result<BackoffPolicy, String> {
     text.parse()
         .map_err(|e: taskhost::supervisor::BackoffError| e.to_string())
-}
-
-/// `--allow-http HOST[:PORT]` (also `host serve --allow-http`).
-pub fn parse_allow_http(text: &str) -> Result<HttpAllow, String> {
-    HttpAllow::parse(text).map_err(|e| e.to_string())
 }
 
 /// `--dir`, with a hint for the Docker-style `HOST:GUEST` form.

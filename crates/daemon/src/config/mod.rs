@@ -1,14 +1,40 @@
-//! Owns the daemon's settings: their defaults, the optional TOML file, and
-//! which wins (a flag over the file over the default).
+//! Owns the daemon's settings: their defaults, the one [`Settings`] type
+//! that both `host serve`'s flags and the optional TOML file fill, which
+//! wins (a flag over the file over the default), and the checks of the
+//! result ([`DaemonConfig`]).
+//!
+//! A new setting is a field of [`Settings`] (its flag, its key, its help),
+//! a field of [`DaemonConfig`] with its default, and the line of
+//! [`Settings::apply`] that carries it over.
+//!
+//! | file | owns |
+//! |---|---|
+//! | `mod.rs` | `DaemonConfig`: the settings in effect, their defaults and the checks between them |
+//! | `settings` | `Settings`: each setting's flag, key and help; flags over the file; each value's own bounds |
+//! | `file` | reading the TOML file: its strings into durations, sizes and grants, its errors |
+//! | `grants` | the ceilings on a submission's directories and environment |
+//! | `cluster` | a cluster node's settings: name, lease, polling |
+//! | `authority` | a host name with an optional port: the `Host` header and `http_allow_hosts` |
 
-use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
-
-use taskhost_core::units::{format_size, parse_duration, parse_size};
+use taskhost_core::units::format_size;
 use taskhost_runtime::{DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, GuestLimits, HttpAllow};
+
+mod authority;
+mod cluster;
+mod file;
+mod grants;
+mod settings;
+
+pub(crate) use authority::Authority;
+pub use authority::check_allow_host;
+pub use cluster::ClusterSettings;
+pub use grants::{DirAllow, check_env_pattern};
+pub use settings::{
+    Secrets, Settings, Source, parse_allow_http, parse_config_var, parse_count, parse_header_bytes,
+};
 
 /// The daemon's default grace for running tasks at shutdown (shorter than
 /// the supervisor's 60 s default: an interactive daemon should stop fast).
@@ -268,210 +294,12 @@ impl DaemonConfig {
         Ok(())
     }
 
-    /// Applies a TOML file's settings over these.
+    /// Applies a TOML file's settings over these, then checks the whole
+    /// (as [`Settings::over`] and [`check`](Self::check) do for `host
+    /// serve`, with no flags).
     pub fn apply_file(&mut self, path: &Path) -> Result<(), String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read config `{}`: {e}", path.display()))?;
-        let file: FileConfig = toml::from_str(&text)
-            .map_err(|e| format!("invalid config `{}`: {e}", path.display()))?;
-        let dur = |v: &str, key: &str| parse_duration(v).map_err(|e| format!("{key}: {e}"));
-        if let Some(v) = file.state_dir {
-            self.state_dir = v;
-        }
-        if let Some(v) = file.grace {
-            self.grace = dur(&v, "grace")?;
-        }
-        if let Some(v) = file.max_concurrent {
-            self.max_concurrent = v;
-        }
-        if let Some(v) = file.max_slot_queue {
-            self.max_slot_queue = v;
-        }
-        if let Some(v) = file.max_total_pending {
-            self.max_total_pending = v;
-        }
-        if let Some(v) = file.max_delayed {
-            self.max_delayed = v;
-        }
-        if let Some(v) = file.max_schedules {
-            self.max_schedules = v;
-        }
-        if let Some(v) = file.max_parked {
-            self.max_parked = v;
-        }
-        if let Some(v) = file.max_descendants {
-            self.max_descendants = v;
-        }
-        if let Some(v) = file.max_depth {
-            self.max_depth = v;
-        }
-        if let Some(v) = file.max_memory {
-            self.max_memory = parse_size(&v).map_err(|e| format!("max_memory: {e}"))?;
-            if self.max_memory < 64 << 10 {
-                return Err("max_memory: must be at least 64KiB (one WebAssembly page)".into());
-            }
-        }
-        if let Some(v) = file.memory_ceiling {
-            self.memory_ceiling = parse_size(&v).map_err(|e| format!("memory_ceiling: {e}"))?;
-        }
-        if let Some(v) = file.max_handles {
-            self.max_handles = v;
-        }
-        if let Some(v) = file.max_open_files {
-            self.max_open_files = v;
-        }
-        if let Some(v) = file.max_http_requests {
-            self.max_http_requests = v;
-        }
-        if let Some(v) = file.max_header_bytes {
-            let bytes = parse_size(&v).map_err(|e| format!("max_header_bytes: {e}"))?;
-            self.max_header_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
-        }
-        if let Some(v) = file.epoch_tick {
-            self.epoch_tick = dur(&v, "epoch_tick")?;
-            if self.epoch_tick < Duration::from_millis(1) {
-                return Err("epoch_tick: must be at least 1ms".into());
-            }
-        }
-        if let Some(v) = file.max_connections {
-            self.max_connections = v;
-        }
-        if let Some(v) = file.pool_instances {
-            self.pool_instances = Some(v);
-        }
-        if let Some(v) = file.event_lane_capacity {
-            if v == 0 || v > 1 << 22 {
-                return Err("event_lane_capacity: must be between 1 and 4194304".into());
-            }
-            self.event_lane_capacity = v;
-        }
-        if let Some(v) = file.store {
-            self.store = v;
-        }
-        if let Some(v) = file.retain_finished {
-            self.retain_finished = v;
-        }
-        if let Some(v) = file.retain_bytes {
-            self.retain_bytes = parse_size(&v).map_err(|e| format!("retain_bytes: {e}"))?;
-        }
-        if let Some(v) = file.retain_for {
-            self.retain_for = dur(&v, "retain_for")?;
-        }
-        if let Some(v) = file.plugin_cache {
-            self.plugin_cache = parse_size(&v).map_err(|e| format!("plugin_cache: {e}"))?;
-        }
-        if let Some(v) = file.worker_threads {
-            if v == 0 {
-                return Err("worker_threads: must be at least 1".into());
-            }
-            self.worker_threads = v;
-        }
-        if let Some(v) = file.allow_http {
-            self.allow_http = v
-                .iter()
-                .map(|text| HttpAllow::parse(text).map_err(|e| format!("allow_http: {e}")))
-                .collect::<Result<_, _>>()?;
-        }
-        if let Some(v) = file.allow_dirs {
-            self.allow_dirs = Some(
-                v.iter()
-                    .map(|text| DirAllow::parse(text).map_err(|e| format!("allow_dirs: {e}")))
-                    .collect::<Result<_, _>>()?,
-            );
-        }
-        if let Some(v) = file.allow_env {
-            for name in &v {
-                check_env_pattern(name).map_err(|e| format!("allow_env: {e}"))?;
-            }
-            self.allow_env = Some(v);
-        }
-        if let Some(v) = file.keep_unused_plugins {
-            self.keep_unused_plugins = dur(&v, "keep_unused_plugins")?;
-        }
-        if let Some(v) = file.node_name {
-            self.cluster.node_name = Some(v);
-        }
-        if let Some(v) = file.lease {
-            self.cluster.lease = dur(&v, "lease")?;
-        }
-        if let Some(v) = file.lease_renew {
-            self.cluster.renew = dur(&v, "lease_renew")?;
-        }
-        if let Some(v) = file.cluster_poll {
-            self.cluster.poll = dur(&v, "cluster_poll")?;
-        }
-        if let Some(v) = file.cluster_notify {
-            self.cluster.notify = v;
-        }
-        if let Some(v) = file.http {
-            self.http =
-                Some(v.parse().map_err(|e| {
-                    format!("http: `{v}` is not an address like 127.0.0.1:9100: {e}")
-                })?);
-        }
-        if let Some(v) = file.http_token_file {
-            self.http_token_file = Some(v);
-        }
-        if let Some(v) = file.tls_cert {
-            self.tls_cert = Some(v);
-        }
-        if let Some(v) = file.tls_key {
-            self.tls_key = Some(v);
-        }
-        if let Some(v) = file.http_allow_plain {
-            self.http_allow_plain = v;
-        }
-        if let Some(v) = file.idempotency_retention {
-            self.idempotency_retention =
-                parse_duration(&v).map_err(|e| format!("idempotency_retention: {e}"))?;
-        }
-        if let Some(v) = file.http_allow_hosts {
-            self.http_allow_hosts = v
-                .into_iter()
-                .map(|name| check_allow_host(&name).map(|()| name))
-                .collect::<Result<_, _>>()
-                .map_err(|e| format!("http_allow_hosts: {e}"))?;
-        }
-        if let Some(v) = file.http_max_connections {
-            self.http_max_connections = v;
-        }
-        if let Some(v) = file.http_max_streams {
-            self.http_max_streams = v;
-        }
-        if let Some(v) = file.http_header_timeout {
-            self.http_header_timeout = dur(&v, "http_header_timeout")?;
-        }
-        if let Some(v) = file.secrets {
-            if let Some(dir) = v.dir {
-                self.secrets_dir = Some(dir);
-            }
-            if let Some(env) = v.env {
-                for name in &env {
-                    taskhost_runtime::check_secret_name(name)
-                        .map_err(|e| format!("secrets.env: {e}"))?;
-                }
-                self.secret_env = env;
-            }
-        }
-        if let Some(v) = file.kv_max_bucket {
-            self.kv_max_bucket = parse_size(&v).map_err(|e| format!("kv_max_bucket: {e}"))?;
-        }
-        if let Some(v) = file.kv_max_total {
-            self.kv_max_total = parse_size(&v).map_err(|e| format!("kv_max_total: {e}"))?;
-        }
-        if let Some(v) = file.allow_kv {
-            for name in &v {
-                taskhost_runtime::kv::check_bucket_name(name)
-                    .map_err(|e| format!("allow_kv: {e}"))?;
-            }
-            self.allow_kv = v;
-        }
-        if let Some(v) = file.config_vars {
-            self.config_vars = v.into_iter().collect();
-        }
-        if let Some(v) = file.otlp {
-            self.otlp = Some(v);
-        }
+        let file = Settings::from_file(path)?;
+        *self = Settings::default().over(file, self.clone())?;
         self.check()
     }
 
@@ -495,83 +323,6 @@ impl DaemonConfig {
         }
         Ok(())
     }
-}
-
-/// Checks one `http_allow_hosts` entry (`--http-allow-host`): a host name
-/// or IP literal (IPv6 in brackets), optionally with `:PORT`.
-pub fn check_allow_host(entry: &str) -> Result<(), String> {
-    match Authority::parse(entry) {
-        Some(_) => Ok(()),
-        None => Err(format!(
-            "`{entry}` is not a host name like taskhost.example.com or taskhost.example.com:9100 \
-             (letters, digits, `-`, `.` and `_`; an IPv6 address in brackets)"
-        )),
-    }
-}
-
-/// The TOML file: every key optional; durations and sizes as strings.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    state_dir: Option<PathBuf>,
-    grace: Option<String>,
-    max_concurrent: Option<usize>,
-    max_slot_queue: Option<usize>,
-    max_total_pending: Option<usize>,
-    max_delayed: Option<usize>,
-    max_schedules: Option<usize>,
-    max_parked: Option<usize>,
-    max_descendants: Option<usize>,
-    max_depth: Option<u32>,
-    max_memory: Option<String>,
-    memory_ceiling: Option<String>,
-    max_handles: Option<usize>,
-    max_open_files: Option<usize>,
-    max_http_requests: Option<usize>,
-    max_header_bytes: Option<String>,
-    epoch_tick: Option<String>,
-    max_connections: Option<usize>,
-    pool_instances: Option<u32>,
-    event_lane_capacity: Option<usize>,
-    store: Option<String>,
-    retain_finished: Option<usize>,
-    retain_for: Option<String>,
-    retain_bytes: Option<String>,
-    keep_unused_plugins: Option<String>,
-    worker_threads: Option<usize>,
-    plugin_cache: Option<String>,
-    allow_http: Option<Vec<String>>,
-    allow_dirs: Option<Vec<String>>,
-    allow_env: Option<Vec<String>>,
-    node_name: Option<String>,
-    lease: Option<String>,
-    lease_renew: Option<String>,
-    cluster_poll: Option<String>,
-    cluster_notify: Option<bool>,
-    http: Option<String>,
-    http_token_file: Option<PathBuf>,
-    tls_cert: Option<PathBuf>,
-    tls_key: Option<PathBuf>,
-    http_allow_plain: Option<bool>,
-    idempotency_retention: Option<String>,
-    http_allow_hosts: Option<Vec<String>>,
-    http_max_connections: Option<usize>,
-    http_max_streams: Option<usize>,
-    http_header_timeout: Option<String>,
-    otlp: Option<String>,
-    secrets: Option<FileSecrets>,
-    config_vars: Option<std::collections::BTreeMap<String, String>>,
-    kv_max_bucket: Option<String>,
-    kv_max_total: Option<String>,
-    allow_kv: Option<Vec<String>>,
-}
-
-/// The TOML file's `secrets` table.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileSecrets {
-    dir: Option<PathBuf>,
-    env: Option<Vec<String>>,
 }
 
 #[cfg(test)]
@@ -700,157 +451,5 @@ mod tests {
             std::env::temp_dir().join(format!("taskhost-config-{what}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
-    }
-}
-
-/// A directory under which submissions may be granted directories
-/// (`host serve --allow-dir PATH[:ro]`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DirAllow {
-    /// An absolute path on this host.
-    pub path: std::path::PathBuf,
-    /// Only read-only grants under it.
-    pub read_only: bool,
-}
-
-impl DirAllow {
-    /// Parses `PATH` or `PATH:ro`.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let (path, read_only) = match text.strip_suffix(":ro") {
-            Some(path) => (path, true),
-            None => (text, false),
-        };
-        let path = std::path::PathBuf::from(path);
-        if !path.is_absolute() {
-            return Err(format!(
-                "invalid --allow-dir `{text}`: the directory must be an absolute path \
-                 (PATH or PATH:ro)"
-            ));
-        }
-        Ok(Self { path, read_only })
-    }
-}
-
-impl std::fmt::Display for DirAllow {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.path.display())?;
-        if self.read_only {
-            f.write_str(":ro")?;
-        }
-        Ok(())
-    }
-}
-
-/// Refuses an `--allow-env` entry that is not a name or a prefix with `*`.
-pub fn check_env_pattern(text: &str) -> Result<(), String> {
-    let name = text.strip_suffix('*').unwrap_or(text);
-    if name.contains(['=', '*', '\0']) || (name.is_empty() && text != "*") {
-        return Err(format!(
-            "invalid --allow-env `{text}`: use a variable's name, a prefix ending in `*` \
-             (APP_*), or `*` for any"
-        ));
-    }
-    Ok(())
-}
-
-/// A node's cluster settings.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ClusterSettings {
-    /// This node's name in `host ps` [default: `<hostname>-<pid>`].
-    pub node_name: Option<String>,
-    /// How long a node's lease lasts without renewal.
-    pub lease: Duration,
-    /// How often a node renews it (and looks for expired ones).
-    pub renew: Duration,
-    /// How often a node polls for work, stops and outcomes, in case a
-    /// notification was missed.
-    pub poll: Duration,
-    /// Whether nodes notify each other (LISTEN/NOTIFY); off only to test
-    /// the polling fallback.
-    pub notify: bool,
-}
-
-impl ClusterSettings {
-    /// How long a node goes on without a successful renewal before it
-    /// fences itself (stops its attempts, as if it had lost its lease): the
-    /// lease less a quarter of it, counted by the node's own clock from the
-    /// start of its last successful renewal. The quarter is the margin for
-    /// the attempts to stop, and for the database's clock, before any other
-    /// node may take the work over.
-    pub fn fence_after(&self) -> Duration {
-        self.lease - self.lease / 4
-    }
-}
-
-impl Default for ClusterSettings {
-    fn default() -> Self {
-        Self {
-            node_name: None,
-            lease: Duration::from_secs(10),
-            renew: Duration::from_secs(1),
-            poll: Duration::from_secs(1),
-            notify: true,
-        }
-    }
-}
-
-/// A `Host` value (or an allow-list entry) split into its name and port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Authority<'a> {
-    /// The name or IP literal (an IPv6 one with its brackets).
-    pub(crate) name: &'a str,
-    /// The port, when one is written.
-    pub(crate) port: Option<u16>,
-}
-
-impl<'a> Authority<'a> {
-    /// Splits `NAME`, `NAME:PORT`, `[IPv6]` or `[IPv6]:PORT`; `None` when
-    /// it is none of those (an empty name, characters no host name has, a
-    /// port that is not a number).
-    pub(crate) fn parse(text: &'a str) -> Option<Self> {
-        let (name, port) = if text.starts_with('[') {
-            let end = text.find(']')?;
-            let (name, after) = text.split_at(end + 1);
-            name[1..name.len() - 1].parse::<Ipv6Addr>().ok()?;
-            let port = match after {
-                "" => None,
-                rest => Some(rest.strip_prefix(':')?),
-            };
-            (name, port)
-        } else {
-            let (name, port) = match text.rsplit_once(':') {
-                Some((name, port)) => (name, Some(port)),
-                None => (text, None),
-            };
-            let fits = !name.is_empty()
-                && name.len() <= 253
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
-            if !fits {
-                return None;
-            }
-            (name, port)
-        };
-        let port = match port {
-            None => None,
-            Some(digits) if !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()) => {
-                Some(digits.parse().ok()?)
-            }
-            Some(_) => return None,
-        };
-        Some(Self { name, port })
-    }
-
-    /// The IP address this name writes, if it is an IP literal.
-    pub(crate) fn ip(&self) -> Option<IpAddr> {
-        match self.name.strip_prefix('[') {
-            Some(v6) => v6
-                .strip_suffix(']')?
-                .parse::<Ipv6Addr>()
-                .ok()
-                .map(IpAddr::V6),
-            None => self.name.parse().ok(),
-        }
     }
 }
