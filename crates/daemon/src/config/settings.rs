@@ -9,6 +9,9 @@
 //! The fields are in the order of `host serve --help`; the file's keys are
 //! the fields' names (`secrets` is a table).
 
+// The fields' docs are `host serve --help`, written for a terminal.
+#![allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
+
 use std::path::PathBuf;
 use std::time::Duration;
 

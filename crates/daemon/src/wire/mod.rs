@@ -3,7 +3,7 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `protocol` | message types, version handshake, framing limits |
+//! | `protocol/` | message types grouped by verb, version handshake, framing and its limits |
 //! | `client` | the client: pipelined requests, replies routed by id |
 //! | `remote` | the client's transport to a daemon's HTTP listener: TLS, token, upgrade |
 //! | `socket` | socket paths and owner-only permissions, the client's checks |

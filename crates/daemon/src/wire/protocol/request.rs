@@ -1,0 +1,161 @@
+//! What a client asks ([`Request`]), which events it follows, and the
+//! checks of what serde cannot check.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use taskhost_core::supervisor::{Event, EventKind, TaskRef};
+use taskhost_runtime::Digest;
+
+use super::submit::{check_submit, duration};
+use super::{KvVerb, ScheduleVerb, SubmitRequest};
+
+/// Which events `host events` wants.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventFilter {
+    /// Only events of this task (by id, or by name).
+    pub task: Option<TaskRef>,
+    /// Only these kinds (empty: every kind).
+    pub kinds: Vec<EventKind>,
+}
+
+impl EventFilter {
+    /// Whether `event` passes the filter.
+    pub fn admits(&self, event: &Event) -> bool {
+        let task = match &self.task {
+            None => true,
+            Some(TaskRef::Id(id)) => event.task_id == Some(*id),
+            Some(TaskRef::Name(name)) => event.name.as_deref() == Some(name.as_str()),
+        };
+        task && (self.kinds.is_empty() || self.kinds.contains(&event.kind))
+    }
+}
+
+/// What a client asks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Request {
+    /// Is this plugin already known to the daemon?
+    HasPlugin(Digest),
+    /// One chunk of a plugin upload; `offset` continues this connection's
+    /// upload of `digest`; `last` completes it.
+    Upload {
+        /// The digest of the whole plugin.
+        digest: Digest,
+        /// Where this chunk starts.
+        offset: u64,
+        /// The bytes.
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        /// Whether this is the final chunk.
+        last: bool,
+    },
+    /// Submit a task.
+    Submit(Box<SubmitRequest>),
+    /// Wait for a task's final report.
+    Wait(TaskRef),
+    /// Submit a new task with the request of this one (as it was placed:
+    /// its name, slot and policy); answered as a [`Request::Submit`].
+    Rerun(TaskRef),
+    /// Stop a task (or remove queued work); with `wait`, wait for its end.
+    Cancel {
+        /// Which task.
+        target: TaskRef,
+        /// Wait for the logical end.
+        wait: bool,
+    },
+    /// Live tasks (queued ones included); with `all`, recently finished ones
+    /// too. Answered with pages of [`Reply::Tasks`](super::Reply::Tasks), then [`Reply::End`](super::Reply::End).
+    List {
+        /// Include recently finished tasks.
+        all: bool,
+    },
+    /// The controller's slots: pages of [`Reply::Slots`](super::Reply::Slots), then
+    /// [`Reply::End`](super::Reply::End).
+    Slots,
+    /// Recent events that pass the filter; with `follow`, then live ones
+    /// until the client leaves.
+    Events {
+        /// Keep streaming.
+        follow: bool,
+        /// Which events.
+        filter: EventFilter,
+    },
+    /// A task's log lines; with `follow`, then live ones until it ends.
+    Logs {
+        /// Which task.
+        target: TaskRef,
+        /// Keep streaming.
+        follow: bool,
+    },
+    /// Shut the daemon down.
+    Shutdown {
+        /// Grace for running tasks; `None`: the daemon's own.
+        grace: Option<Duration>,
+        /// End every task and queued submission now (Canceled,
+        /// ForceAborted, Rejected ShuttingDown) instead of keeping
+        /// unfinished work in a durable store for the next start.
+        cancel_all: bool,
+    },
+    /// The stored plugins: pages of [`Reply::Plugins`](super::Reply::Plugins), then [`Reply::End`](super::Reply::End).
+    Plugins,
+    /// Remove stored plugins: the one whose digest starts with `prefix`
+    /// (refused while an unfinished task uses it), or with `prefix` `None`
+    /// every plugin no task uses. Answered with [`Reply::PluginsRemoved`](super::Reply::PluginsRemoved).
+    RemovePlugins {
+        /// A digest or its unique prefix (hex); `None`: every unused one.
+        prefix: Option<String>,
+    },
+    /// A verb on schedules (`host schedule …`).
+    Schedule(ScheduleVerb),
+    /// A verb on guests' key-value state (`host kv …`).
+    Kv(KvVerb),
+}
+
+impl Request {
+    /// Checks the durations and sizes a request carries, which serde only
+    /// checked for their type: every one within [`MAX_WIRE_DURATION`](super::MAX_WIRE_DURATION), a
+    /// memory limit of at least one WebAssembly page; and that a client
+    /// sets nothing only the daemon sets.
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            Request::Submit(submit) => {
+                if submit.schedule.is_some() {
+                    return Err("a submission cannot name a schedule: schedules fire their \
+                                own (`host schedule add`)"
+                        .into());
+                }
+                if submit.parent.is_some() || submit.root.is_some() || submit.depth != 0 {
+                    return Err("a submission cannot name a parent: a task's children are \
+                                spawned by its plugin (taskhost:plugin/children)"
+                        .into());
+                }
+                check_submit(submit)
+            }
+            Request::Schedule(ScheduleVerb::Add(spec)) => {
+                if spec.request.parent.is_some()
+                    || spec.request.root.is_some()
+                    || spec.request.depth != 0
+                {
+                    return Err("a schedule's firings have no parent".into());
+                }
+                if spec.request.schedule.is_some() || spec.request.name.is_some() {
+                    return Err(
+                        "a schedule's firings are named `<schedule>-<id>`: it takes \
+                                no task name"
+                            .into(),
+                    );
+                }
+                if spec.request.not_before.is_some() {
+                    return Err("a schedule's firings take no --delay or --at".into());
+                }
+                if spec.request.idempotency_key.is_some() {
+                    return Err("a schedule's firings take no idempotency key".into());
+                }
+                check_submit(&spec.request)
+            }
+            Request::Shutdown { grace, .. } => duration("the grace", *grace),
+            _ => Ok(()),
+        }
+    }
+}
