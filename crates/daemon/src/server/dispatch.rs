@@ -10,6 +10,9 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use taskhost_core::supervisor::TaskRef;
+use taskhost_runtime::Digest;
+
 use crate::backend::{Backend, Item, Items, Scheduled};
 use crate::server::connection::{Later, Replier};
 use crate::service::kv::KvAnswer;
@@ -56,7 +59,6 @@ pub(crate) async fn handle(
             let _ = decided.await;
         }
     }
-    let uploads = &mut session.uploads;
     let backend = Backend::of(daemon);
     match request {
         Request::HasPlugin(digest) => {
@@ -69,21 +71,20 @@ pub(crate) async fn handle(
             offset,
             data,
             last,
-        } => match uploads.take(digest, offset, data, last) {
-            Err(message) => reply.error(ErrorKind::Invalid, message).await,
-            Ok(None) => {
-                reply.send(Reply::Uploaded { plugin: None }).await;
-            }
-            // The compile happens in order: a Submit of this plugin sent
-            // right after the last chunk finds it.
-            Ok(Some(bytes)) => match backend.upload(digest, bytes).await {
-                Ok(name) => {
-                    reply.send(Reply::Uploaded { plugin: Some(name) }).await;
-                }
-                Err((kind, message)) => reply.error(kind, message).await,
-            },
-        },
+        } => {
+            upload(
+                &backend,
+                &mut session.uploads,
+                digest,
+                offset,
+                data,
+                last,
+                reply,
+            )
+            .await
+        }
         Request::Submit(request) => submit(&backend, *request, reply, session).await,
+        Request::Rerun(target) => rerun(&backend, target, reply, session).await,
         Request::Schedule(verb) => match backend.schedule(verb).await {
             Ok(Scheduled::Rows(rows)) => send_pages(&reply, rows, Reply::Schedules).await,
             Ok(Scheduled::Row(row)) => {
@@ -99,22 +100,6 @@ pub(crate) async fn handle(
             }
             Err((kind, message)) => reply.error(kind, message).await,
         },
-        Request::Rerun(target) => {
-            let found = match backend.find(&target).await {
-                Ok(found) => found,
-                Err((kind, message)) => return reply.error(kind, message).await,
-            };
-            match backend.request_of(&found).await {
-                Ok(mut request) => {
-                    // A rerun is the user's task, not the parent's child.
-                    request.parent = None;
-                    request.root = None;
-                    request.depth = 0;
-                    submit(&backend, request, reply, session).await
-                }
-                Err((kind, message)) => reply.error(kind, message).await,
-            }
-        }
         Request::Wait(target) => match backend.find(&target).await {
             Ok(found) => {
                 let outcome = backend.outcome(&found);
@@ -130,42 +115,7 @@ pub(crate) async fn handle(
             }
             Err((kind, message)) => reply.error(kind, message).await,
         },
-        Request::Cancel { target, wait } => {
-            // The claim is made in order; with `wait`, the wait for the
-            // task's end goes on in the background.
-            let found = match backend.find(&target).await {
-                Ok(found) => found,
-                Err((kind, message)) => return reply.error(kind, message).await,
-            };
-            let claimed = match backend.stop(&found).await {
-                Ok(claimed) => claimed,
-                Err((kind, message)) => return reply.error(kind, message).await,
-            };
-            if !wait {
-                reply
-                    .send(Reply::Canceled {
-                        claimed,
-                        report: None,
-                    })
-                    .await;
-                return;
-            }
-            let outcome = backend.outcome(&found);
-            tokio::spawn(async move {
-                match reply.until_gone(outcome).await {
-                    Some(Ok(report)) => {
-                        reply
-                            .report(&report, |report| Reply::Canceled {
-                                claimed,
-                                report: Some(report),
-                            })
-                            .await;
-                    }
-                    Some(Err((kind, message))) => reply.error(kind, message).await,
-                    None => {}
-                }
-            });
-        }
+        Request::Cancel { target, wait } => cancel(&backend, target, wait, reply).await,
         Request::List { all } => match backend.rows(all).await {
             Ok(rows) => send_pages(&reply, rows, Reply::Tasks).await,
             Err((kind, message)) => reply.error(kind, message).await,
@@ -174,29 +124,7 @@ pub(crate) async fn handle(
             let rows = backend.plugin_rows().await;
             send_pages(&reply, rows, Reply::Plugins).await;
         }
-        Request::RemovePlugins { prefix } => {
-            if prefix.is_none()
-                && let Err((kind, message)) = backend.prune_shared_plugins().await
-            {
-                return reply.error(kind, message).await;
-            }
-            let daemon = Arc::clone(daemon);
-            let removed = tokio::task::spawn_blocking(move || {
-                plugins::remove(
-                    daemon.plugin_users(),
-                    prefix.as_deref(),
-                    std::time::Duration::ZERO,
-                )
-            })
-            .await
-            .unwrap_or_else(|e| Err((ErrorKind::Internal, e.to_string())));
-            match removed {
-                Ok(rows) => {
-                    reply.send(Reply::PluginsRemoved(rows)).await;
-                }
-                Err((kind, message)) => reply.error(kind, message).await,
-            }
-        }
+        Request::RemovePlugins { prefix } => remove_plugins(daemon, &backend, prefix, reply).await,
         Request::Slots => match backend.slots().await {
             Ok(slots) => send_pages(&reply, slots, Reply::Slots).await,
             Err((kind, message)) => reply.error(kind, message).await,
@@ -219,6 +147,118 @@ pub(crate) async fn handle(
                 reply.send(Reply::ShutdownDone(report)).await;
             });
         }
+    }
+}
+
+/// Takes one chunk of an upload; the last one stores the plugin, in order:
+/// a Submit of this plugin sent right after the last chunk finds it.
+async fn upload(
+    backend: &Backend<'_>,
+    uploads: &mut Uploads,
+    digest: Digest,
+    offset: u64,
+    data: Vec<u8>,
+    last: bool,
+    reply: Replier,
+) {
+    match uploads.take(digest, offset, data, last) {
+        Err(message) => reply.error(ErrorKind::Invalid, message).await,
+        Ok(None) => {
+            reply.send(Reply::Uploaded { plugin: None }).await;
+        }
+        Ok(Some(bytes)) => match backend.upload(digest, bytes).await {
+            Ok(name) => {
+                reply.send(Reply::Uploaded { plugin: Some(name) }).await;
+            }
+            Err((kind, message)) => reply.error(kind, message).await,
+        },
+    }
+}
+
+/// Submits a task's request again, as the user's task (not a parent's
+/// child); answered as a submission.
+async fn rerun(backend: &Backend<'_>, target: TaskRef, reply: Replier, session: &mut Session) {
+    let found = match backend.find(&target).await {
+        Ok(found) => found,
+        Err((kind, message)) => return reply.error(kind, message).await,
+    };
+    match backend.request_of(&found).await {
+        Ok(mut request) => {
+            request.parent = None;
+            request.root = None;
+            request.depth = 0;
+            submit(backend, request, reply, session).await
+        }
+        Err((kind, message)) => reply.error(kind, message).await,
+    }
+}
+
+/// Claims a task's stop in order; with `wait`, the wait for its end goes
+/// on in the background.
+async fn cancel(backend: &Backend<'_>, target: TaskRef, wait: bool, reply: Replier) {
+    let found = match backend.find(&target).await {
+        Ok(found) => found,
+        Err((kind, message)) => return reply.error(kind, message).await,
+    };
+    let claimed = match backend.stop(&found).await {
+        Ok(claimed) => claimed,
+        Err((kind, message)) => return reply.error(kind, message).await,
+    };
+    if !wait {
+        reply
+            .send(Reply::Canceled {
+                claimed,
+                report: None,
+            })
+            .await;
+        return;
+    }
+    let outcome = backend.outcome(&found);
+    tokio::spawn(async move {
+        match reply.until_gone(outcome).await {
+            Some(Ok(report)) => {
+                reply
+                    .report(&report, |report| Reply::Canceled {
+                        claimed,
+                        report: Some(report),
+                    })
+                    .await;
+            }
+            Some(Err((kind, message))) => reply.error(kind, message).await,
+            None => {}
+        }
+    });
+}
+
+/// Removes stored plugins: one by its digest's prefix, or (no prefix)
+/// every unused one, a cluster's shared ones too (blocking file work, off
+/// the async workers).
+async fn remove_plugins(
+    daemon: &Arc<Daemon>,
+    backend: &Backend<'_>,
+    prefix: Option<String>,
+    reply: Replier,
+) {
+    if prefix.is_none()
+        && let Err((kind, message)) = backend.prune_shared_plugins().await
+    {
+        return reply.error(kind, message).await;
+    }
+    let daemon = Arc::clone(daemon);
+    let removed = tokio::task::spawn_blocking(move || {
+        plugins::remove(
+            daemon.plugin_users(),
+            prefix.as_deref(),
+            std::time::Duration::ZERO,
+        )
+    })
+    .await
+    .unwrap_or_else(|e| Err((ErrorKind::Internal, e.to_string())));
+    match removed {
+        Ok(rows) => {
+            reply.send(Reply::PluginsRemoved(rows)).await;
+        }
+        Err((kind, message)) => reply.error(kind, message).await,
     }
 }
 
