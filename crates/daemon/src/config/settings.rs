@@ -33,6 +33,7 @@ use super::{DaemonConfig, DirAllow};
 #[allow(missing_docs)]
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Settings {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
@@ -223,6 +224,7 @@ pub struct Settings {
 #[allow(missing_docs)]
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Secrets {
     /// A private directory (yours, mode 0700) holding one file per secret, named by the secret, such as API_KEY; a submission's --secret API_KEY or --env-secret VAR=API_KEY gives its guest the file's text (one final newline removed) as an environment variable, read when each attempt starts, so a changed file counts from the next attempt. Values are never stored, logged or shown. Replaces the config file's secrets.dir [default: none].
     #[arg(long = "secrets-dir", value_name = "DIR")]
