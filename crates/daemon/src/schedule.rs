@@ -3,7 +3,7 @@
 //! schedule does with firings it missed, and how times are read and
 //! written (RFC 3339). Pure: no clock of its own (every function takes
 //! the time it decides at), no I/O; the firing loops (one host's in
-//! `service::schedules`, a cluster's in `cluster::fire`) apply it.
+//! `backend::schedules`, a cluster's in `backend::time`) apply it.
 //!
 //! Expressions are standard 5-field cron (`minute hour day-of-month month
 //! day-of-week`), 6-field with a leading seconds field, or one of

@@ -250,3 +250,55 @@ fn notify_systemd(state: &str) {
         tracing::warn!("cannot notify systemd at {target}: {err}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    fn verb(name: &str) -> clap::Command {
+        let mut cli = crate::cli::Cli::command();
+        cli.build();
+        cli.find_subcommand(name).expect("the verb").clone()
+    }
+
+    /// `run` declares these flags in `cli/args.rs`, `serve` in the daemon's
+    /// `Settings`: they must read the same.
+    #[test]
+    fn serve_and_run_say_the_same_of_the_flags_they_share() {
+        let (serve, run) = (verb("serve"), verb("run"));
+        for long in [
+            "max-handles",
+            "max-open-files",
+            "max-http-requests",
+            "max-header-bytes",
+            "otlp",
+        ] {
+            let help = |verb: &clap::Command| {
+                let arg = verb
+                    .get_arguments()
+                    .find(|a| a.get_long() == Some(long))
+                    .unwrap_or_else(|| panic!("--{long}"));
+                (
+                    arg.get_help().map(|h| h.to_string()),
+                    arg.get_value_names().map(|v| v.to_vec()),
+                )
+            };
+            assert_eq!(help(&serve), help(&run), "--{long}");
+        }
+    }
+
+    #[test]
+    fn serve_help_puts_its_own_flags_among_the_settings() {
+        let help = verb("serve").render_long_help().to_string();
+        // Each flag where its entry starts (the text above names some).
+        let at = |flag: &str| {
+            help.find(&format!("\n      {flag}"))
+                .unwrap_or_else(|| panic!("{flag}"))
+        };
+        assert!(at("--state-dir <DIR>") < at("--config <FILE>"));
+        assert!(at("--config <FILE>") < at("--grace <DUR>"));
+        assert!(at("--epoch-tick <DUR>") < at("--log-format <LOG_FORMAT>"));
+        assert!(at("--log-format <LOG_FORMAT>") < at("--store <STORE>"));
+        assert!(at("--otlp <URL>") < at("--detach"));
+    }
+}

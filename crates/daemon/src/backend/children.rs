@@ -45,6 +45,11 @@ impl Children {
         }
     }
 
+    /// The trees it counts in (the daemon's own).
+    pub(crate) fn trees(&self) -> Trees {
+        self.trees.clone()
+    }
+
     /// Lets spawns reach the daemon (set once it exists; a spawn before
     /// that fails).
     pub(crate) fn attach(&self, daemon: &Arc<Daemon>) {

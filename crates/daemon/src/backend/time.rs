@@ -80,11 +80,7 @@ pub(crate) async fn verb(
             Scheduled::Row(row_of(&stored, zone.zone_name(), None))
         }
         ScheduleVerb::List => {
-            let rows = cluster
-                .pg
-                .schedules()
-                .await
-                .map_err(ServiceError::Store)?;
+            let rows = cluster.pg.schedules().await.map_err(ServiceError::Store)?;
             Scheduled::Rows(
                 rows.iter()
                     .map(|(s, outcome)| row_of(s, &tz_of(s), *outcome))

@@ -24,10 +24,16 @@ use taskhost_runtime::HttpAllow;
 use super::file;
 use super::{DaemonConfig, DirAllow};
 
-/// The settings a `host serve` command line or its TOML file gives; unset
-/// ones are `None`.
+// Its rustdoc only under `cfg(doc)`: clap would take a doc comment for the
+// about of the verb that flattens it (`host serve`).
+#[cfg_attr(
+    doc,
+    doc = "The settings a `host serve` command line or its TOML file gives; unset ones are `None`."
+)]
+#[allow(missing_docs)]
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Settings {
     /// Where the store (taskhost.db), uploaded plugins, the compilation cache and daemon.log live [default: $XDG_STATE_HOME/taskhost, else ~/.local/state/taskhost].
     #[arg(long, value_name = "DIR")]
@@ -210,10 +216,15 @@ pub struct Settings {
     pub otlp: Option<String>,
 }
 
-/// The secrets (the file's `secrets` table; `--secrets-dir`,
-/// `--secret-env`).
+// Its rustdoc only under `cfg(doc)`, as for `Settings`.
+#[cfg_attr(
+    doc,
+    doc = "The secrets (the file's `secrets` table; `--secrets-dir`, `--secret-env`)."
+)]
+#[allow(missing_docs)]
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Secrets {
     /// A private directory (yours, mode 0700) holding one file per secret, named by the secret, such as API_KEY; a submission's --secret API_KEY or --env-secret VAR=API_KEY gives its guest the file's text (one final newline removed) as an environment variable, read when each attempt starts, so a changed file counts from the next attempt. Values are never stored, logged or shown. Replaces the config file's secrets.dir [default: none].
     #[arg(long = "secrets-dir", value_name = "DIR")]

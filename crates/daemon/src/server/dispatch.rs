@@ -10,6 +10,9 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use taskhost_core::supervisor::TaskRef;
+use taskhost_runtime::Digest;
+
 use crate::backend::daemon::Daemon;
 use crate::backend::submit::Accepted;
 use crate::backend::{Backend, Item, Items, Scheduled};
@@ -57,7 +60,6 @@ pub(crate) async fn handle(
             let _ = decided.await;
         }
     }
-    let uploads = &mut session.uploads;
     let backend = Backend::of(daemon);
     match request {
         Request::HasPlugin(digest) => {
@@ -70,21 +72,20 @@ pub(crate) async fn handle(
             offset,
             data,
             last,
-        } => match uploads.take(digest, offset, data, last) {
-            Err(message) => reply.error(ErrorKind::Invalid, message).await,
-            Ok(None) => {
-                reply.send(Reply::Uploaded { plugin: None }).await;
-            }
-            // The compile happens in order: a Submit of this plugin sent
-            // right after the last chunk finds it.
-            Ok(Some(bytes)) => match backend.upload(digest, bytes).await {
-                Ok(name) => {
-                    reply.send(Reply::Uploaded { plugin: Some(name) }).await;
-                }
-                Err(e) => reply.failed(e).await,
-            },
-        },
+        } => {
+            upload(
+                &backend,
+                &mut session.uploads,
+                digest,
+                offset,
+                data,
+                last,
+                reply,
+            )
+            .await
+        }
         Request::Submit(request) => submit(&backend, *request, reply, session).await,
+        Request::Rerun(target) => rerun(&backend, target, reply, session).await,
         Request::Schedule(verb) => match backend.schedule(verb).await {
             Ok(Scheduled::Rows(rows)) => send_pages(&reply, rows, Reply::Schedules).await,
             Ok(Scheduled::Row(row)) => {
@@ -100,22 +101,6 @@ pub(crate) async fn handle(
             }
             Err(e) => reply.failed(e).await,
         },
-        Request::Rerun(target) => {
-            let found = match backend.find(&target).await {
-                Ok(found) => found,
-                Err(e) => return reply.failed(e).await,
-            };
-            match backend.request_of(&found).await {
-                Ok(mut request) => {
-                    // A rerun is the user's task, not the parent's child.
-                    request.parent = None;
-                    request.root = None;
-                    request.depth = 0;
-                    submit(&backend, request, reply, session).await
-                }
-                Err(e) => reply.failed(e).await,
-            }
-        }
         Request::Wait(target) => match backend.find(&target).await {
             Ok(found) => {
                 let outcome = backend.outcome(&found);
@@ -131,42 +116,7 @@ pub(crate) async fn handle(
             }
             Err(e) => reply.failed(e).await,
         },
-        Request::Cancel { target, wait } => {
-            // The claim is made in order; with `wait`, the wait for the
-            // task's end goes on in the background.
-            let found = match backend.find(&target).await {
-                Ok(found) => found,
-                Err(e) => return reply.failed(e).await,
-            };
-            let claimed = match backend.stop(&found).await {
-                Ok(claimed) => claimed,
-                Err(e) => return reply.failed(e).await,
-            };
-            if !wait {
-                reply
-                    .send(Reply::Canceled {
-                        claimed,
-                        report: None,
-                    })
-                    .await;
-                return;
-            }
-            let outcome = backend.outcome(&found);
-            tokio::spawn(async move {
-                match reply.until_gone(outcome).await {
-                    Some(Ok(report)) => {
-                        reply
-                            .report(&report, |report| Reply::Canceled {
-                                claimed,
-                                report: Some(report),
-                            })
-                            .await;
-                    }
-                    Some(Err(e)) => reply.failed(e).await,
-                    None => {}
-                }
-            });
-        }
+        Request::Cancel { target, wait } => cancel(&backend, target, wait, reply).await,
         Request::List { all } => match backend.rows(all).await {
             Ok(rows) => send_pages(&reply, rows, Reply::Tasks).await,
             Err(e) => reply.failed(e).await,
@@ -175,29 +125,7 @@ pub(crate) async fn handle(
             let rows = backend.plugin_rows().await;
             send_pages(&reply, rows, Reply::Plugins).await;
         }
-        Request::RemovePlugins { prefix } => {
-            if prefix.is_none()
-                && let Err(e) = backend.prune_shared_plugins().await
-            {
-                return reply.failed(e).await;
-            }
-            let daemon = Arc::clone(daemon);
-            let removed = tokio::task::spawn_blocking(move || {
-                plugins::remove(
-                    daemon.plugin_users(),
-                    prefix.as_deref(),
-                    std::time::Duration::ZERO,
-                )
-            })
-            .await
-            .unwrap_or_else(|e| Err(ServiceError::Internal(e.to_string())));
-            match removed {
-                Ok(rows) => {
-                    reply.send(Reply::PluginsRemoved(rows)).await;
-                }
-                Err(e) => reply.failed(e).await,
-            }
-        }
+        Request::RemovePlugins { prefix } => remove_plugins(daemon, &backend, prefix, reply).await,
         Request::Slots => match backend.slots().await {
             Ok(slots) => send_pages(&reply, slots, Reply::Slots).await,
             Err(e) => reply.failed(e).await,
@@ -220,6 +148,118 @@ pub(crate) async fn handle(
                 reply.send(Reply::ShutdownDone(report)).await;
             });
         }
+    }
+}
+
+/// Takes one chunk of an upload; the last one stores the plugin, in order:
+/// a Submit of this plugin sent right after the last chunk finds it.
+async fn upload(
+    backend: &Backend<'_>,
+    uploads: &mut Uploads,
+    digest: Digest,
+    offset: u64,
+    data: Vec<u8>,
+    last: bool,
+    reply: Replier,
+) {
+    match uploads.take(digest, offset, data, last) {
+        Err(message) => reply.error(ErrorKind::Invalid, message).await,
+        Ok(None) => {
+            reply.send(Reply::Uploaded { plugin: None }).await;
+        }
+        Ok(Some(bytes)) => match backend.upload(digest, bytes).await {
+            Ok(name) => {
+                reply.send(Reply::Uploaded { plugin: Some(name) }).await;
+            }
+            Err(e) => reply.failed(e).await,
+        },
+    }
+}
+
+/// Submits a task's request again, as the user's task (not a parent's
+/// child); answered as a submission.
+async fn rerun(backend: &Backend<'_>, target: TaskRef, reply: Replier, session: &mut Session) {
+    let found = match backend.find(&target).await {
+        Ok(found) => found,
+        Err(e) => return reply.failed(e).await,
+    };
+    match backend.request_of(&found).await {
+        Ok(mut request) => {
+            request.parent = None;
+            request.root = None;
+            request.depth = 0;
+            submit(backend, request, reply, session).await
+        }
+        Err(e) => reply.failed(e).await,
+    }
+}
+
+/// Claims a task's stop in order; with `wait`, the wait for its end goes
+/// on in the background.
+async fn cancel(backend: &Backend<'_>, target: TaskRef, wait: bool, reply: Replier) {
+    let found = match backend.find(&target).await {
+        Ok(found) => found,
+        Err(e) => return reply.failed(e).await,
+    };
+    let claimed = match backend.stop(&found).await {
+        Ok(claimed) => claimed,
+        Err(e) => return reply.failed(e).await,
+    };
+    if !wait {
+        reply
+            .send(Reply::Canceled {
+                claimed,
+                report: None,
+            })
+            .await;
+        return;
+    }
+    let outcome = backend.outcome(&found);
+    tokio::spawn(async move {
+        match reply.until_gone(outcome).await {
+            Some(Ok(report)) => {
+                reply
+                    .report(&report, |report| Reply::Canceled {
+                        claimed,
+                        report: Some(report),
+                    })
+                    .await;
+            }
+            Some(Err(e)) => reply.failed(e).await,
+            None => {}
+        }
+    });
+}
+
+/// Removes stored plugins: one by its digest's prefix, or (no prefix)
+/// every unused one, a cluster's shared ones too (blocking file work, off
+/// the async workers).
+async fn remove_plugins(
+    daemon: &Arc<Daemon>,
+    backend: &Backend<'_>,
+    prefix: Option<String>,
+    reply: Replier,
+) {
+    if prefix.is_none()
+        && let Err(e) = backend.prune_shared_plugins().await
+    {
+        return reply.failed(e).await;
+    }
+    let daemon = Arc::clone(daemon);
+    let removed = tokio::task::spawn_blocking(move || {
+        plugins::remove(
+            daemon.plugin_users(),
+            prefix.as_deref(),
+            std::time::Duration::ZERO,
+        )
+    })
+    .await
+    .unwrap_or_else(|e| Err(ServiceError::Internal(e.to_string())));
+    match removed {
+        Ok(rows) => {
+            reply.send(Reply::PluginsRemoved(rows)).await;
+        }
+        Err(e) => reply.failed(e).await,
     }
 }
 

@@ -5,29 +5,36 @@
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{UnixListener, UnixStream};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::{Semaphore, watch};
 
 use taskhost_core::controller::Controller;
 use taskhost_core::supervisor::{ShutdownReport, Supervisor};
 use taskhost_core::units::format_duration;
-use taskhost_runtime::{DEFAULT_POOL_INSTANCES, POOL_RESERVE, Runtime, RuntimeConfig};
+use taskhost_runtime::kv::KvBackend;
+use taskhost_runtime::{
+    DEFAULT_POOL_INSTANCES, KvLimits, MemoryKv, POOL_RESERVE, Runtime, RuntimeConfig,
+};
 
+use crate::backend::children::Children;
 use crate::backend::daemon::{Daemon, Storage};
 use crate::backend::recovery;
 use crate::cluster::Cluster;
+use crate::cluster::kv::ClusterKv;
 use crate::config::DaemonConfig;
 use crate::server::connection;
 use crate::server::http;
 use crate::service::history::History;
 use crate::service::plugins::{self, Plugins};
 use crate::service::tasks::Tasks;
+use crate::service::trees::Trees;
 use crate::state_dir::{self, StateLock};
-use crate::store::{Retention, Store, StoreSpec, postgres};
+use crate::store::{Retention, Store, StoreSpec, Unfinished, postgres};
 use crate::wire::socket;
 
 /// How long, after the shutdown, open connections get to deliver their last
@@ -43,58 +50,175 @@ pub struct ServeError(String);
 /// Runs the daemon until SIGINT, SIGTERM or a shutdown request; removes the
 /// socket on the way out. `ready` is called once the socket accepts
 /// connections (for `--detach` and systemd's readiness notification).
+///
+/// Start-up goes in this order, each phase a function below: the places
+/// (socket path, private state directory, its lock), the runtime and the
+/// services guests reach through it, what the runtime's pool leaves room
+/// for, the store (or the cluster's database), the supervisor and the
+/// controller, the listeners, recovery and the background work; then the
+/// accept loop, and the shutdown.
 pub async fn serve(
     socket_path: PathBuf,
     config: DaemonConfig,
     ready: impl FnOnce(),
 ) -> Result<ShutdownReport, ServeError> {
-    let fail = |m: String| ServeError(m);
-    let http_plan = http::plan(&config).map_err(fail)?;
-    socket::prepare_dir(&socket_path).map_err(fail)?;
-    claim_socket_path(&socket_path).await.map_err(fail)?;
-    state_dir::prepare(&config.state_dir).map_err(fail)?;
-    // One daemon per state directory (and per store file): taken before the
-    // store is opened, so a second daemon never recovers the first one's
-    // live work.
+    let http_plan = http::plan(&config).map_err(ServeError)?;
+    let state_lock = claim_places(&socket_path, &config).await?;
+    let spec = StoreSpec::parse(&config.store, &config.state_dir).map_err(ServeError)?;
+    let guests = GuestServices::new(&config);
+    let runtime = start_runtime(&config, &guests, &spec)?;
+    let (max_concurrent, settings) = fit_to_pool(&runtime, &config);
+    let store_lock = lock_store_file(&spec, &config, &socket_path)?;
+    let (storage, unfinished) = open_storage(&spec, &config, max_concurrent, &guests).await?;
+    let controller = controller(&config, &storage, max_concurrent);
+    let http_bound = match http_plan {
+        Some(plan) => Some(http::bind(plan).await.map_err(ServeError)?),
+        None => None,
+    };
+    if let Some(bound) = &http_bound {
+        // Guests' outbound HTTP reaches this listener only by its address.
+        runtime.add_own_address(bound.local_addr());
+    }
+    let listener = UnixListener::bind(&socket_path)
+        .map_err(|e| ServeError(format!("cannot listen on `{}`: {e}", socket_path.display())))?;
+    socket::restrict(&socket_path).map_err(ServeError)?;
+
+    let runtime = Arc::new(runtime);
+    let history = History::start(controller.supervisor());
+    let (stop, stop_rx) = watch::channel(None);
+    let daemon = Arc::new(Daemon {
+        config: settings,
+        plugins: Plugins::new(Arc::clone(&runtime), config.state_dir.clone()),
+        controller,
+        tasks: Tasks::new(config.retain_finished, config.retain_bytes),
+        history,
+        storage,
+        schedules: Default::default(),
+        keys: crate::service::keys::Keys::new(config.idempotency_retention),
+        admission: Mutex::new(()),
+        keep_unfinished: AtomicBool::new(false),
+        shutdown_requested: AtomicBool::new(false),
+        recording: Default::default(),
+        trees: guests.children.trees(),
+        kv: guests.kv,
+        stop,
+        closed: watch::channel(false).0,
+    });
+    guests.children.attach(&daemon);
+    let http_server = start_work(&daemon, http_bound, unfinished).await;
+    tracing::info!(
+        socket = %socket_path.display(),
+        state_dir = %config.state_dir.display(),
+        store = %match &daemon.storage {
+            Storage::Local(store) => format!("{store:?}"),
+            Storage::Shared(c) => format!("{:?} (node {})", c.pg, c.node()),
+        },
+        allocator = ?runtime.allocator(),
+        realtime_ticker = runtime.realtime_ticker(),
+        max_concurrent,
+        max_parked = daemon.config.max_parked,
+        worker_threads = config.worker_threads,
+        "taskhost daemon listening"
+    );
+    // The handlers first: a SIGTERM right after readiness (systemd, a
+    // script) is a graceful stop, not the default action's kill.
+    let signals = Signals::install().map_err(|e| ServeError(e.to_string()))?;
+    ready();
+
+    let connections = Arc::new(Semaphore::new(config.max_connections));
+    let grace = accept(&listener, &daemon, &connections, signals, stop_rx).await;
+    // Stop taking connections first, so nobody submits into a closing host.
+    drop(listener);
+    let (report, http_draining) = shut_down(&daemon, grace, &socket_path, http_server).await;
+    // Everything is committed: another daemon may use the directory now.
+    drop(store_lock);
+    drop(state_lock);
+    daemon.closed.send_replace(true);
+    // Every waiter's report is on its way: let the connections put them on
+    // the wire before the process exits (a client gets its report and
+    // leaves; one that lingers is not waited for long).
+    let all = u32::try_from(config.max_connections).unwrap_or(u32::MAX);
+    let _ = tokio::time::timeout(FLUSH_GRACE, connections.acquire_many(all)).await;
+    if let Some(draining) = http_draining {
+        draining.drained(FLUSH_GRACE).await;
+    }
+    Ok(report)
+}
+
+/// Makes the daemon's places its own: the socket's directory and path, the
+/// private state directory, its lock (one daemon per state directory, and
+/// so per store file: taken before the store is opened, so a second daemon
+/// never recovers the first one's live work) and its plugins directory;
+/// and raises the limit on open files.
+async fn claim_places(socket_path: &Path, config: &DaemonConfig) -> Result<StateLock, ServeError> {
+    socket::prepare_dir(socket_path).map_err(ServeError)?;
+    claim_socket_path(socket_path).await.map_err(ServeError)?;
+    state_dir::prepare(&config.state_dir).map_err(ServeError)?;
     let state_lock = StateLock::acquire(
         &config.state_dir.join(state_dir::LOCK_FILE),
-        &socket_path,
+        socket_path,
         &format!("the state directory {}", config.state_dir.display()),
     )
-    .map_err(fail)?;
+    .map_err(ServeError)?;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(config.state_dir.join("plugins"))
         .map_err(|e| {
-            fail(format!(
+            ServeError(format!(
                 "cannot create the state directory `{}`: {e}",
                 config.state_dir.display()
             ))
         })?;
     raise_descriptor_limit();
-    let spec = StoreSpec::parse(&config.store, &config.state_dir).map_err(fail)?;
-    let kv = crate::service::kv::buckets(taskhost_runtime::KvLimits {
-        max_bucket_bytes: config.kv_max_bucket,
-        max_total_bytes: config.kv_max_total,
-    });
-    let cluster_kv = crate::cluster::kv::ClusterKv::new(taskhost_runtime::KvLimits {
-        max_bucket_bytes: config.kv_max_bucket,
-        max_total_bytes: config.kv_max_total,
-    });
-    let kv_backend: Arc<dyn taskhost_runtime::KvBackend> = match spec {
-        StoreSpec::Postgres(_) => Arc::new(cluster_kv.clone()),
-        _ => Arc::clone(&kv) as _,
-    };
-    let trees = crate::service::trees::Trees::default();
-    let children = crate::backend::children::Children::new(trees.clone());
-    let secrets =
-        taskhost_runtime::Secrets::for_daemon(config.secrets_dir.as_deref(), &config.secret_env)
-            .map_err(|e| fail(e.to_string()))?;
+    Ok(state_lock)
+}
 
+/// What guests reach through the runtime besides the sandbox: key-value
+/// buckets (one host's in memory, journaled to its store; a cluster's in
+/// its database) and child tasks.
+struct GuestServices {
+    kv: Arc<MemoryKv>,
+    cluster_kv: ClusterKv,
+    children: Children,
+}
+
+impl GuestServices {
+    fn new(config: &DaemonConfig) -> Self {
+        let limits = KvLimits {
+            max_bucket_bytes: config.kv_max_bucket,
+            max_total_bytes: config.kv_max_total,
+        };
+        Self {
+            kv: crate::service::kv::buckets(limits),
+            cluster_kv: ClusterKv::new(limits),
+            children: Children::new(Trees::default()),
+        }
+    }
+
+    /// The buckets guests of this store use.
+    fn kv_backend(&self, spec: &StoreSpec) -> Arc<dyn KvBackend> {
+        match spec {
+            StoreSpec::Postgres(_) => Arc::new(self.cluster_kv.clone()),
+            _ => Arc::clone(&self.kv) as _,
+        }
+    }
+}
+
+/// The runtime: its cache under the state directory, its instance pool,
+/// the guests' limits, secrets, configuration values, buckets and
+/// children.
+fn start_runtime(
+    config: &DaemonConfig,
+    guests: &GuestServices,
+    spec: &StoreSpec,
+) -> Result<Runtime, ServeError> {
     /// How much lower than the daemon's the priority of its compiles is.
     const COMPILE_NICE: i32 = 10;
-    let runtime = Runtime::new(
+    let secrets =
+        taskhost_runtime::Secrets::for_daemon(config.secrets_dir.as_deref(), &config.secret_env)
+            .map_err(|e| ServeError(e.to_string()))?;
+    Runtime::new(
         &RuntimeConfig::default()
             .cache_dir(Some(config.state_dir.join("wasmtime-cache")))
             .epoch_tick(config.epoch_tick)
@@ -114,13 +238,18 @@ pub async fn serve(
             .guest_limits(config.guest_limits())
             .secrets(secrets)
             .config(config.config_vars.clone())
-            .key_value(kv_backend)
-            .child_tasks(Arc::new(children.clone()))
+            .key_value(guests.kv_backend(spec))
+            .child_tasks(Arc::new(guests.children.clone()))
             // Running tasks first: a compile takes the cores they leave.
             .compile_nice(Some(COMPILE_NICE)),
     )
-    .map_err(|e| fail(e.to_string()))?;
-    // Attempts wait for a permit rather than find the instance pool full.
+    .map_err(|e| ServeError(e.to_string()))
+}
+/// What the runtime's instance pool leaves room for: the attempts that may
+/// run at once (they wait for a permit rather than find the pool full),
+/// and the settings the daemon runs with, its parked parents cut to what
+/// running attempts leave of the pool (they hold instances too).
+fn fit_to_pool(runtime: &Runtime, config: &DaemonConfig) -> (usize, DaemonConfig) {
     let mut max_concurrent = config.max_concurrent;
     if let Some(capacity) = runtime.allocator().attempt_capacity()
         && capacity < max_concurrent
@@ -132,8 +261,6 @@ pub async fn serve(
         );
         max_concurrent = capacity;
     }
-    // Parked parents hold instances too: they get what running attempts
-    // leave of the pool.
     let mut settings = config.clone();
     if let Some(capacity) = runtime.allocator().attempt_capacity() {
         let room = capacity.saturating_sub(max_concurrent);
@@ -154,29 +281,42 @@ pub async fn serve(
              hold every core, a force-abort or timeout can be late by a scheduler tick"
         );
     }
-    // A store file outside the state directory gets a lock of its own.
-    let store_lock = match &spec {
+    (max_concurrent, settings)
+}
+
+/// A store file outside the state directory gets a lock of its own.
+fn lock_store_file(
+    spec: &StoreSpec,
+    config: &DaemonConfig,
+    socket_path: &Path,
+) -> Result<Option<StateLock>, ServeError> {
+    match spec {
         StoreSpec::Sqlite(path) if !path.starts_with(&config.state_dir) => {
             let mut lock = path.as_os_str().to_owned();
             lock.push(".lock");
-            Some(
-                StateLock::acquire(
-                    Path::new(&lock),
-                    &socket_path,
-                    &format!("the store {}", path.display()),
-                )
-                .map_err(fail)?,
+            StateLock::acquire(
+                Path::new(&lock),
+                socket_path,
+                &format!("the store {}", path.display()),
             )
+            .map(Some)
+            .map_err(ServeError)
         }
-        _ => None,
-    };
-    let retention = Retention {
-        max_finished: config.retain_finished,
-        max_age: config.retain_for,
-        max_bytes: config.retain_bytes,
-        key_age: config.idempotency_retention,
-    };
-    let (storage, unfinished) = match &spec {
+        _ => Ok(None),
+    }
+}
+
+/// Opens where accepted work is kept: this host's store (with the
+/// unfinished work it holds, and the guests' buckets loaded from it), or a
+/// cluster's database, which this node joins.
+async fn open_storage(
+    spec: &StoreSpec,
+    config: &DaemonConfig,
+    max_concurrent: usize,
+    guests: &GuestServices,
+) -> Result<(Storage, Vec<Unfinished>), ServeError> {
+    let fail = |e: &dyn std::fmt::Display| ServeError(e.to_string());
+    match spec {
         StoreSpec::Postgres(url) => {
             let pool = config.max_connections.clamp(4, 16);
             let pg = postgres::open(
@@ -186,7 +326,7 @@ pub async fn serve(
                 pool,
             )
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| fail(&e))?;
             let cluster = Cluster::join(
                 pg,
                 config.cluster.clone(),
@@ -194,22 +334,31 @@ pub async fn serve(
                 config.event_lane_capacity,
             )
             .await
-            .map_err(|e| fail(e.to_string()))?;
-            cluster_kv.attach(&cluster);
-            (Storage::Shared(cluster), Vec::new())
+            .map_err(|e| fail(&e))?;
+            guests.cluster_kv.attach(&cluster);
+            Ok((Storage::Shared(cluster), Vec::new()))
         }
         local => {
-            let (store, unfinished) =
-                Store::open(local, retention).map_err(|e| fail(e.to_string()))?;
+            let retention = Retention {
+                max_finished: config.retain_finished,
+                max_age: config.retain_for,
+                max_bytes: config.retain_bytes,
+                key_age: config.idempotency_retention,
+            };
+            let (store, unfinished) = Store::open(local, retention).map_err(|e| fail(&e))?;
             if !store.is_durable() {
                 tracing::warn!("the store is memory: accepted work is lost when the daemon stops");
             }
-            crate::service::kv::attach(&kv, &store);
-            (Storage::Local(store), unfinished)
+            crate::service::kv::attach(&guests.kv, &store);
+            Ok((Storage::Local(store), unfinished))
         }
-    };
-    // A cluster's ids come from its database.
-    let first_id = match &storage {
+    }
+}
+
+/// The supervisor (its ids continuing the store's; a cluster's come from
+/// its database) under the controller.
+fn controller(config: &DaemonConfig, storage: &Storage, max_concurrent: usize) -> Controller {
+    let first_id = match storage {
         Storage::Local(store) => store.first_id(),
         Storage::Shared(_) => 1,
     };
@@ -226,53 +375,29 @@ pub async fn serve(
         .max_concurrent
         .saturating_add(config.max_total_pending)
         .max(10_000);
-    let controller = Controller::builder(supervisor)
+    Controller::builder(supervisor)
         .max_slot_queue(config.max_slot_queue)
         .max_total_pending(config.max_total_pending)
         .max_delayed(config.max_delayed)
         .max_slots(max_slots)
-        .build();
-    let http_bound = match http_plan {
-        Some(plan) => Some(http::bind(plan).await.map_err(fail)?),
-        None => None,
-    };
-    if let Some(bound) = &http_bound {
-        // Guests' outbound HTTP reaches this listener only by its address.
-        runtime.add_own_address(bound.local_addr());
-    }
-    let listener = UnixListener::bind(&socket_path)
-        .map_err(|e| fail(format!("cannot listen on `{}`: {e}", socket_path.display())))?;
-    socket::restrict(&socket_path).map_err(fail)?;
+        .build()
+}
 
-    let runtime = Arc::new(runtime);
-    let history = History::start(controller.supervisor());
-    let (stop, mut stop_rx) = watch::channel(None);
-    let daemon = Arc::new(Daemon {
-        config: settings,
-        plugins: Plugins::new(Arc::clone(&runtime), config.state_dir.clone()),
-        controller,
-        tasks: Tasks::new(config.retain_finished, config.retain_bytes),
-        history,
-        storage,
-        schedules: Default::default(),
-        keys: crate::service::keys::Keys::new(config.idempotency_retention),
-        admission: Mutex::new(()),
-        keep_unfinished: AtomicBool::new(false),
-        shutdown_requested: AtomicBool::new(false),
-        recording: Default::default(),
-        trees,
-        kv,
-        stop,
-        closed: watch::channel(false).0,
-    });
-    children.attach(&daemon);
-    // Before recovery, so the metrics count the recovered work too.
-    let http_server = http_bound.map(|bound| http::start(bound, &daemon));
+/// Starts what runs beside the connections: the HTTP listener (before
+/// recovery, so the metrics count the recovered work too), the recovery of
+/// the store's unfinished work, the schedules, a cluster node's loops, and
+/// the collection of unused plugins.
+async fn start_work(
+    daemon: &Arc<Daemon>,
+    http_bound: Option<http::Bound>,
+    unfinished: Vec<Unfinished>,
+) -> Option<http::Server> {
+    let http_server = http_bound.map(|bound| http::start(bound, daemon));
     if let Some(store) = daemon.local_store()
         && !unfinished.is_empty()
     {
         let started = std::time::Instant::now();
-        let done = recovery::recover(&daemon, store, unfinished).await;
+        let done = recovery::recover(daemon, store, unfinished).await;
         tracing::info!(
             requeued = done.requeued,
             retried = done.retried,
@@ -281,55 +406,62 @@ pub async fn serve(
             "recovered unfinished work from the store"
         );
     }
-    crate::backend::schedules::start(&daemon).await;
-    crate::backend::node::start(&daemon);
-    // Unused plugins: collected before the daemon listens, then every
-    // minute (blocking file work under the admission lock, off the async
-    // workers).
-    plugins::collect(daemon.plugin_users(), daemon.config.keep_unused_plugins);
-    {
-        // Weak: the collector must not keep the daemon (and its store's
-        // writer, which folds the WAL in when it ends) alive past the stop.
-        let daemon = Arc::downgrade(&daemon);
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(plugins::COLLECT_EVERY);
-            every.tick().await;
-            loop {
-                every.tick().await;
-                let Some(daemon) = daemon.upgrade() else {
-                    return;
-                };
-                let _ = tokio::task::spawn_blocking(move || {
-                    plugins::collect(daemon.plugin_users(), daemon.config.keep_unused_plugins)
-                })
-                .await;
-            }
-        });
-    }
-    tracing::info!(
-        socket = %socket_path.display(),
-        state_dir = %config.state_dir.display(),
-        store = %match &daemon.storage {
-            Storage::Local(store) => format!("{store:?}"),
-            Storage::Shared(c) => format!("{:?} (node {})", c.pg, c.node()),
-        },
-        allocator = ?runtime.allocator(),
-        realtime_ticker = runtime.realtime_ticker(),
-        max_concurrent,
-        max_parked = daemon.config.max_parked,
-        worker_threads = config.worker_threads,
-        "taskhost daemon listening"
-    );
-    // The handlers first: a SIGTERM right after readiness (systemd, a
-    // script) is a graceful stop, not the default action's kill.
-    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-        .map_err(|e| fail(e.to_string()))?;
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| fail(e.to_string()))?;
-    ready();
+    crate::backend::schedules::start(daemon).await;
+    crate::backend::node::start(daemon);
+    collect_unused_plugins(daemon);
+    http_server
+}
 
-    let connections = Arc::new(Semaphore::new(config.max_connections));
-    let grace = loop {
+/// Collects unused plugins before the daemon listens, then every minute
+/// (blocking file work under the admission lock, off the async workers).
+fn collect_unused_plugins(daemon: &Arc<Daemon>) {
+    plugins::collect(daemon.plugin_users(), daemon.config.keep_unused_plugins);
+    // Weak: the collector must not keep the daemon (and its store's
+    // writer, which folds the WAL in when it ends) alive past the stop.
+    let daemon = Arc::downgrade(daemon);
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(plugins::COLLECT_EVERY);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            let Some(daemon) = daemon.upgrade() else {
+                return;
+            };
+            let _ = tokio::task::spawn_blocking(move || {
+                plugins::collect(daemon.plugin_users(), daemon.config.keep_unused_plugins)
+            })
+            .await;
+        }
+    });
+}
+
+/// The signals that stop the daemon gracefully.
+struct Signals {
+    interrupt: Signal,
+    terminate: Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Self> {
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+}
+
+/// Accepts connections (at most `max_connections` at once; one more is
+/// closed at once) until a signal or a shutdown request; returns the grace
+/// the running tasks get.
+async fn accept(
+    listener: &UnixListener,
+    daemon: &Arc<Daemon>,
+    connections: &Arc<Semaphore>,
+    mut signals: Signals,
+    mut stop_rx: watch::Receiver<Option<Duration>>,
+) -> Duration {
+    let config = &daemon.config;
+    loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let stream = match accepted {
@@ -341,11 +473,11 @@ pub async fn serve(
                         continue;
                     }
                 };
-                let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+                let Ok(permit) = Arc::clone(connections).try_acquire_owned() else {
                     tracing::warn!("connection refused: {} connections are open", config.max_connections);
                     continue;
                 };
-                let daemon = Arc::clone(&daemon);
+                let daemon = Arc::clone(daemon);
                 tokio::spawn(async move {
                     if let Err(err) = connection::serve(daemon, stream).await {
                         tracing::debug!("connection ended: {err}");
@@ -353,34 +485,42 @@ pub async fn serve(
                     drop(permit);
                 });
             }
-            _ = interrupt.recv() => break config.grace,
-            _ = terminate.recv() => break config.grace,
+            _ = signals.interrupt.recv() => return config.grace,
+            _ = signals.terminate.recv() => return config.grace,
             changed = stop_rx.changed() => {
                 if changed.is_ok() && let Some(grace) = *stop_rx.borrow() {
-                    break grace;
+                    return grace;
                 }
             }
         }
-    };
-    // Stop taking connections first, so nobody submits into a closing host.
-    drop(listener);
+    }
+}
+
+/// The graceful stop once no connection is taken: the HTTP listener
+/// closed (returned draining), unfinished work kept for the next start
+/// when the store is durable (unless a request said otherwise), a cluster
+/// node's claiming stopped, the socket removed, the tasks given `grace`,
+/// every outcome recorded and the store closed, and a cluster node's
+/// unfinished work left to the others.
+async fn shut_down(
+    daemon: &Arc<Daemon>,
+    grace: Duration,
+    socket_path: &Path,
+    http_server: Option<http::Server>,
+) -> (ShutdownReport, Option<http::Draining>) {
     let http_draining = http_server.map(http::Server::stop);
     // A signal is a graceful stop: with a durable store, unfinished work
     // waits for the next start (a shutdown request has set this already,
     // unless it asked to cancel everything).
-    if !daemon
-        .shutdown_requested
-        .load(std::sync::atomic::Ordering::SeqCst)
-    {
-        daemon.keep_unfinished.store(
-            daemon.storage.is_durable(),
-            std::sync::atomic::Ordering::SeqCst,
-        );
+    if !daemon.shutdown_requested.load(Ordering::SeqCst) {
+        daemon
+            .keep_unfinished
+            .store(daemon.storage.is_durable(), Ordering::SeqCst);
     }
     if let Some(cluster) = daemon.cluster() {
         cluster.stop_claiming();
     }
-    let _ = std::fs::remove_file(&socket_path);
+    let _ = std::fs::remove_file(socket_path);
     tracing::info!(grace = %format_duration(grace), "taskhost daemon shutting down");
     // Single-flight: if a client asked for the shutdown, this is its report.
     let report = daemon.controller.shutdown(grace).await;
@@ -404,20 +544,8 @@ pub async fn serve(
         tracing::error!("the store's last writes failed: {err}");
     }
     // A cluster node's unfinished work goes to the other nodes now.
-    crate::backend::node::leave(&daemon).await;
-    // Everything is committed: another daemon may use the directory now.
-    drop(store_lock);
-    drop(state_lock);
-    daemon.closed.send_replace(true);
-    // Every waiter's report is on its way: let the connections put them on
-    // the wire before the process exits (a client gets its report and
-    // leaves; one that lingers is not waited for long).
-    let all = u32::try_from(config.max_connections).unwrap_or(u32::MAX);
-    let _ = tokio::time::timeout(FLUSH_GRACE, connections.acquire_many(all)).await;
-    if let Some(draining) = http_draining {
-        draining.drained(FLUSH_GRACE).await;
-    }
-    Ok(report)
+    crate::backend::node::leave(daemon).await;
+    (report, http_draining)
 }
 
 /// Makes the socket path free: a live daemon there is an error, a stale

@@ -279,280 +279,17 @@ fn loaded(counters: &[AtomicU64], names: impl Iterator<Item = String>) -> Vec<(S
 }
 
 impl Collector for Scrape {
+    /// The families in the order of the exposition: the process's, the
+    /// event bus's counters, tasks and slots now, permits, plugins, time,
+    /// the store.
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Out {
-        let m = &self.metrics;
         let d = &self.daemon;
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         process(&mut enc)?;
-
-        // From the event bus.
-        counter(
-            &mut enc,
-            "taskhost_events",
-            "Events the supervisor published (seen by the metrics lane).",
-            get(&m.events),
-        )?;
-        counter(
-            &mut enc,
-            "taskhost_submissions",
-            "Submissions the controller took in (before any rejection).",
-            get(&m.submissions),
-        )?;
-        labeled(
-            &mut enc,
-            MetricType::Counter,
-            "taskhost_rejections",
-            "Submissions rejected, by rejection kind.",
-            "kind",
-            &loaded(&m.rejections, REJECTIONS.iter().map(|k| k.to_string())),
-        )?;
-        labeled(
-            &mut enc,
-            MetricType::Counter,
-            "taskhost_outcomes",
-            "Final outcomes, one per submission, by kind.",
-            "outcome",
-            &loaded(&m.outcomes, OUTCOMES.iter().map(|k| k.as_str().to_owned())),
-        )?;
-        labeled(
-            &mut enc,
-            MetricType::Counter,
-            "taskhost_attempts",
-            "Attempts ended, by result.",
-            "result",
-            &loaded(&m.attempts, ATTEMPT_RESULTS.iter().map(|r| (*r).to_owned())),
-        )?;
-        histogram(
-            &mut enc,
-            "taskhost_attempt_duration",
-            "How long attempts ran (succeeded, failed, timed out).",
-            &m.attempt_duration.snapshot(),
-        )?;
-        counter(
-            &mut enc,
-            "taskhost_force_aborts",
-            "Tasks stopped by force after their grace.",
-            get(&m.force_aborts),
-        )?;
-        counter(
-            &mut enc,
-            "taskhost_recovered",
-            "Unfinished tasks found in the store at start.",
-            get(&m.recovered),
-        )?;
-        labeled(
-            &mut enc,
-            MetricType::Counter,
-            "taskhost_event_drops",
-            "Events a reader lost because it fell behind the bus, by reader.",
-            "reader",
-            &[
-                ("metrics".to_owned(), get(&m.dropped_metrics)),
-                ("subscribers".to_owned(), get(&m.dropped_subscribers)),
-                ("http".to_owned(), get(&m.dropped_http)),
-            ],
-        )?;
-
-        // The daemon's state now.
-        let supervisor = d.controller.supervisor();
-        let mut phases = [0u64; 5];
-        for task in supervisor.list() {
-            phases[match task.phase {
-                TaskState::Waiting => 0,
-                TaskState::Running => 1,
-                TaskState::BackingOff => 2,
-                TaskState::Stopping => 3,
-                _ => 4,
-            }] += 1;
-        }
-        let slots = d.controller.snapshot();
-        let queued: usize = slots.iter().map(|s| s.queue_depth).sum();
-        let mut by_state: Vec<(String, u64)> = [
-            "queued",
-            "waiting",
-            "running",
-            "backing-off",
-            "stopping",
-            "finishing",
-        ]
-        .iter()
-        .map(|s| ((*s).to_owned(), 0))
-        .collect();
-        by_state[0].1 = queued as u64;
-        for (i, n) in phases.iter().enumerate() {
-            by_state[i + 1].1 = *n;
-        }
-        labeled(
-            &mut enc,
-            MetricType::Gauge,
-            "taskhost_tasks",
-            "Live tasks by state (as `host ps` shows them).",
-            "state",
-            &by_state,
-        )?;
-        let mut slot_states = [0u64; 4];
-        for s in &slots {
-            slot_states[match s.state {
-                SlotState::Idle => 0,
-                SlotState::Admitting => 1,
-                SlotState::Running => 2,
-                SlotState::Terminating => 3,
-            }] += 1;
-        }
-        labeled(
-            &mut enc,
-            MetricType::Gauge,
-            "taskhost_slots",
-            "Slots the controller holds, by state.",
-            "state",
-            &[
-                SlotState::Idle,
-                SlotState::Admitting,
-                SlotState::Running,
-                SlotState::Terminating,
-            ]
-            .iter()
-            .zip(slot_states)
-            .map(|(s, n)| (s.as_str().to_owned(), n))
-            .collect::<Vec<_>>(),
-        )?;
-        let mut deepest: Vec<_> = slots.iter().filter(|s| s.queue_depth > 0).collect();
-        deepest.sort_by(|a, b| {
-            b.queue_depth
-                .cmp(&a.queue_depth)
-                .then_with(|| a.key.cmp(&b.key))
-        });
-        deepest.truncate(TOP_SLOTS);
-        labeled(
-            &mut enc,
-            MetricType::Gauge,
-            "taskhost_slot_queue_depth",
-            "Submissions queued behind a slot's owner, for the deepest queues only (see taskhost_queued_submissions for all).",
-            "slot",
-            &deepest
-                .iter()
-                .map(|s| (s.key.clone(), s.queue_depth as u64))
-                .collect::<Vec<_>>(),
-        )?;
-        gauge(
-            &mut enc,
-            "taskhost_queued_submissions",
-            "Submissions queued over all slots.",
-            queued as i64,
-        )?;
-        if d.cluster().is_none() {
-            gauge(
-                &mut enc,
-                "taskhost_delayed_submissions",
-                "Delayed submissions waiting for their time (--delay, --at).",
-                d.controller.delayed_count() as i64,
-            )?;
-        }
-        if let Some(max) = supervisor.max_concurrent() {
-            let free = supervisor.free_permits().unwrap_or(max);
-            gauge(
-                &mut enc,
-                "taskhost_attempt_permits",
-                "Attempts that may run at once (--max-concurrent, capped by the instance pool).",
-                max as i64,
-            )?;
-            gauge(
-                &mut enc,
-                "taskhost_attempt_permits_in_use",
-                "Permits held by running attempts (each holds an instance of the pool).",
-                max.saturating_sub(free) as i64,
-            )?;
-            gauge(
-                &mut enc,
-                "taskhost_attempts_parked",
-                "Attempts parked while their guest waits for a child: each holds an instance \
-                 of the pool but no permit (at most --max-parked parents).",
-                supervisor.parked() as i64,
-            )?;
-        }
-        let runtime = d.plugins.runtime();
-        if let Allocator::Pooling { instances, .. } = runtime.allocator() {
-            gauge(
-                &mut enc,
-                "taskhost_pool_instances",
-                "Instance slots of the pooling allocator.",
-                i64::from(instances),
-            )?;
-        }
-        gauge(
-            &mut enc,
-            "taskhost_plugin_cache_bytes",
-            "Compiled plugins kept in memory, by component size.",
-            runtime.cached_bytes() as i64,
-        )?;
-        gauge(
-            &mut enc,
-            "taskhost_plugin_cache_limit_bytes",
-            "The plugin cache's bound (--plugin-cache).",
-            d.config.plugin_cache as i64,
-        )?;
-        let stats = runtime.stats();
-        counter(
-            &mut enc,
-            "taskhost_plugin_cache_hits",
-            "Plugin loads and lookups served from the cache.",
-            get(&stats.cache_hits),
-        )?;
-        counter(
-            &mut enc,
-            "taskhost_plugin_cache_misses",
-            "Plugin loads that compiled (first use, or after an eviction).",
-            get(&stats.cache_misses),
-        )?;
-        histogram(
-            &mut enc,
-            "taskhost_plugin_compile",
-            "How long a plugin's compile (with describe) took.",
-            &stats.compile_time.snapshot(),
-        )?;
-        // Time: schedules, delayed submissions, due -> start.
-        use crate::backend::schedules::{FIRED, PASSED};
-        let kinds = ["on-time", "catch-up", "run"].map(str::to_owned);
-        labeled(
-            &mut enc,
-            MetricType::Counter,
-            "taskhost_schedule_firings",
-            "Schedule firings by kind: on time, catch-up (for firings missed while down or paused), run (by request).",
-            "kind",
-            &loaded(&FIRED, kinds.into_iter()),
-        )?;
-        counter(
-            &mut enc,
-            "taskhost_schedule_passed",
-            "Due times of schedules that got no firing of their own: skipped (--missed skip), or folded into one firing.",
-            get(&PASSED),
-        )?;
-        if d.cluster().is_none() {
-            gauge(
-                &mut enc,
-                "taskhost_schedules",
-                "Schedules this daemon holds.",
-                d.schedules.len() as i64,
-            )?;
-        }
-        histogram(
-            &mut enc,
-            "taskhost_schedule_lateness",
-            "How late schedules fired after their due times.",
-            &SCHEDULE_LATENESS.snapshot(),
-        )?;
-        histogram(
-            &mut enc,
-            "taskhost_delay_lateness",
-            "How late delayed submissions entered their slots after their due times (its count: delays that came due).",
-            &DELAYS_DUE.snapshot(),
-        )?;
-        histogram(
-            &mut enc,
-            "taskhost_due_to_start",
-            "From a task's due time (a delayed submission's, a schedule firing's) to its first attempt's start.",
-            &DUE_TO_START.snapshot(),
-        )?;
+        events(&mut enc, &self.metrics)?;
+        tasks_and_slots(&mut enc, d)?;
+        permits(&mut enc, d)?;
+        plugins(&mut enc, d)?;
+        time(&mut enc, d)?;
         if d.local_store().is_some_and(|s| s.is_durable()) {
             histogram(
                 &mut enc,
@@ -563,6 +300,301 @@ impl Collector for Scrape {
         }
         Ok(())
     }
+}
+
+fn get(c: &AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}
+
+/// The counters of the event bus (see [`Metrics`]).
+fn events(enc: &mut DescriptorEncoder<'_>, m: &Metrics) -> Out {
+    counter(
+        enc,
+        "taskhost_events",
+        "Events the supervisor published (seen by the metrics lane).",
+        get(&m.events),
+    )?;
+    counter(
+        enc,
+        "taskhost_submissions",
+        "Submissions the controller took in (before any rejection).",
+        get(&m.submissions),
+    )?;
+    labeled(
+        enc,
+        MetricType::Counter,
+        "taskhost_rejections",
+        "Submissions rejected, by rejection kind.",
+        "kind",
+        &loaded(&m.rejections, REJECTIONS.iter().map(|k| k.to_string())),
+    )?;
+    labeled(
+        enc,
+        MetricType::Counter,
+        "taskhost_outcomes",
+        "Final outcomes, one per submission, by kind.",
+        "outcome",
+        &loaded(&m.outcomes, OUTCOMES.iter().map(|k| k.as_str().to_owned())),
+    )?;
+    labeled(
+        enc,
+        MetricType::Counter,
+        "taskhost_attempts",
+        "Attempts ended, by result.",
+        "result",
+        &loaded(&m.attempts, ATTEMPT_RESULTS.iter().map(|r| (*r).to_owned())),
+    )?;
+    histogram(
+        enc,
+        "taskhost_attempt_duration",
+        "How long attempts ran (succeeded, failed, timed out).",
+        &m.attempt_duration.snapshot(),
+    )?;
+    counter(
+        enc,
+        "taskhost_force_aborts",
+        "Tasks stopped by force after their grace.",
+        get(&m.force_aborts),
+    )?;
+    counter(
+        enc,
+        "taskhost_recovered",
+        "Unfinished tasks found in the store at start.",
+        get(&m.recovered),
+    )?;
+    labeled(
+        enc,
+        MetricType::Counter,
+        "taskhost_event_drops",
+        "Events a reader lost because it fell behind the bus, by reader.",
+        "reader",
+        &[
+            ("metrics".to_owned(), get(&m.dropped_metrics)),
+            ("subscribers".to_owned(), get(&m.dropped_subscribers)),
+            ("http".to_owned(), get(&m.dropped_http)),
+        ],
+    )?;
+    Ok(())
+}
+
+/// Live tasks by state and the controller's slots and queues, read now.
+fn tasks_and_slots(enc: &mut DescriptorEncoder<'_>, d: &Daemon) -> Out {
+    let supervisor = d.controller.supervisor();
+    let mut phases = [0u64; 5];
+    for task in supervisor.list() {
+        phases[match task.phase {
+            TaskState::Waiting => 0,
+            TaskState::Running => 1,
+            TaskState::BackingOff => 2,
+            TaskState::Stopping => 3,
+            _ => 4,
+        }] += 1;
+    }
+    let slots = d.controller.snapshot();
+    let queued: usize = slots.iter().map(|s| s.queue_depth).sum();
+    let mut by_state: Vec<(String, u64)> = [
+        "queued",
+        "waiting",
+        "running",
+        "backing-off",
+        "stopping",
+        "finishing",
+    ]
+    .iter()
+    .map(|s| ((*s).to_owned(), 0))
+    .collect();
+    by_state[0].1 = queued as u64;
+    for (i, n) in phases.iter().enumerate() {
+        by_state[i + 1].1 = *n;
+    }
+    labeled(
+        enc,
+        MetricType::Gauge,
+        "taskhost_tasks",
+        "Live tasks by state (as `host ps` shows them).",
+        "state",
+        &by_state,
+    )?;
+    let mut slot_states = [0u64; 4];
+    for s in &slots {
+        slot_states[match s.state {
+            SlotState::Idle => 0,
+            SlotState::Admitting => 1,
+            SlotState::Running => 2,
+            SlotState::Terminating => 3,
+        }] += 1;
+    }
+    labeled(
+        enc,
+        MetricType::Gauge,
+        "taskhost_slots",
+        "Slots the controller holds, by state.",
+        "state",
+        &[
+            SlotState::Idle,
+            SlotState::Admitting,
+            SlotState::Running,
+            SlotState::Terminating,
+        ]
+        .iter()
+        .zip(slot_states)
+        .map(|(s, n)| (s.as_str().to_owned(), n))
+        .collect::<Vec<_>>(),
+    )?;
+    let mut deepest: Vec<_> = slots.iter().filter(|s| s.queue_depth > 0).collect();
+    deepest.sort_by(|a, b| {
+        b.queue_depth
+            .cmp(&a.queue_depth)
+            .then_with(|| a.key.cmp(&b.key))
+    });
+    deepest.truncate(TOP_SLOTS);
+    labeled(
+        enc,
+        MetricType::Gauge,
+        "taskhost_slot_queue_depth",
+        "Submissions queued behind a slot's owner, for the deepest queues only (see taskhost_queued_submissions for all).",
+        "slot",
+        &deepest
+            .iter()
+            .map(|s| (s.key.clone(), s.queue_depth as u64))
+            .collect::<Vec<_>>(),
+    )?;
+    gauge(
+        enc,
+        "taskhost_queued_submissions",
+        "Submissions queued over all slots.",
+        queued as i64,
+    )?;
+    if d.cluster().is_none() {
+        gauge(
+            enc,
+            "taskhost_delayed_submissions",
+            "Delayed submissions waiting for their time (--delay, --at).",
+            d.controller.delayed_count() as i64,
+        )?;
+    }
+    Ok(())
+}
+
+/// The attempt permits: how many, how many held, and the parked attempts
+/// that hold an instance but no permit.
+fn permits(enc: &mut DescriptorEncoder<'_>, d: &Daemon) -> Out {
+    let supervisor = d.controller.supervisor();
+    if let Some(max) = supervisor.max_concurrent() {
+        let free = supervisor.free_permits().unwrap_or(max);
+        gauge(
+            enc,
+            "taskhost_attempt_permits",
+            "Attempts that may run at once (--max-concurrent, capped by the instance pool).",
+            max as i64,
+        )?;
+        gauge(
+            enc,
+            "taskhost_attempt_permits_in_use",
+            "Permits held by running attempts (each holds an instance of the pool).",
+            max.saturating_sub(free) as i64,
+        )?;
+        gauge(
+            enc,
+            "taskhost_attempts_parked",
+            "Attempts parked while their guest waits for a child: each holds an instance \
+             of the pool but no permit (at most --max-parked parents).",
+            supervisor.parked() as i64,
+        )?;
+    }
+    Ok(())
+}
+
+/// The instance pool and the compiled plugins' cache.
+fn plugins(enc: &mut DescriptorEncoder<'_>, d: &Daemon) -> Out {
+    let runtime = d.plugins.runtime();
+    if let Allocator::Pooling { instances, .. } = runtime.allocator() {
+        gauge(
+            enc,
+            "taskhost_pool_instances",
+            "Instance slots of the pooling allocator.",
+            i64::from(instances),
+        )?;
+    }
+    gauge(
+        enc,
+        "taskhost_plugin_cache_bytes",
+        "Compiled plugins kept in memory, by component size.",
+        runtime.cached_bytes() as i64,
+    )?;
+    gauge(
+        enc,
+        "taskhost_plugin_cache_limit_bytes",
+        "The plugin cache's bound (--plugin-cache).",
+        d.config.plugin_cache as i64,
+    )?;
+    let stats = runtime.stats();
+    counter(
+        enc,
+        "taskhost_plugin_cache_hits",
+        "Plugin loads and lookups served from the cache.",
+        get(&stats.cache_hits),
+    )?;
+    counter(
+        enc,
+        "taskhost_plugin_cache_misses",
+        "Plugin loads that compiled (first use, or after an eviction).",
+        get(&stats.cache_misses),
+    )?;
+    histogram(
+        enc,
+        "taskhost_plugin_compile",
+        "How long a plugin's compile (with describe) took.",
+        &stats.compile_time.snapshot(),
+    )?;
+    Ok(())
+}
+
+/// Time: schedules, delayed submissions, due -> start.
+fn time(enc: &mut DescriptorEncoder<'_>, d: &Daemon) -> Out {
+    use crate::backend::schedules::{FIRED, PASSED};
+    let kinds = ["on-time", "catch-up", "run"].map(str::to_owned);
+    labeled(
+        enc,
+        MetricType::Counter,
+        "taskhost_schedule_firings",
+        "Schedule firings by kind: on time, catch-up (for firings missed while down or paused), run (by request).",
+        "kind",
+        &loaded(&FIRED, kinds.into_iter()),
+    )?;
+    counter(
+        enc,
+        "taskhost_schedule_passed",
+        "Due times of schedules that got no firing of their own: skipped (--missed skip), or folded into one firing.",
+        get(&PASSED),
+    )?;
+    if d.cluster().is_none() {
+        gauge(
+            enc,
+            "taskhost_schedules",
+            "Schedules this daemon holds.",
+            d.schedules.len() as i64,
+        )?;
+    }
+    histogram(
+        enc,
+        "taskhost_schedule_lateness",
+        "How late schedules fired after their due times.",
+        &SCHEDULE_LATENESS.snapshot(),
+    )?;
+    histogram(
+        enc,
+        "taskhost_delay_lateness",
+        "How late delayed submissions entered their slots after their due times (its count: delays that came due).",
+        &DELAYS_DUE.snapshot(),
+    )?;
+    histogram(
+        enc,
+        "taskhost_due_to_start",
+        "From a task's due time (a delayed submission's, a schedule firing's) to its first attempt's start.",
+        &DUE_TO_START.snapshot(),
+    )?;
+    Ok(())
 }
 
 /// The standard process metrics, from `/proc/self`.
