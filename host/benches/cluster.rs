@@ -27,7 +27,7 @@
 //! `TASKHOST_BENCH_PG_PROFILE=1` the throughput runs also print the
 //! database's statements (pg_stat_statements): calls and time per task.
 
-#[path = "../tests/e2e/common/postgres.rs"]
+#[path = "../../tests/e2e/common/postgres.rs"]
 mod postgres;
 
 use std::path::{Path, PathBuf};

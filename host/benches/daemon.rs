@@ -819,7 +819,7 @@ async fn beside_compiles(dir: &Path, host: &Path, build: &str, large: &[u8]) {
 }
 
 /// A large component: `TASKHOST_BENCH_LARGE`, else the Python example
-/// `py-hello.wasm` that host/tests/e2e/guests.rs builds (built here with
+/// `py-hello.wasm` that tests/e2e/guests.rs builds (built here with
 /// plugins/guests/build.sh when missing).
 fn large_component() -> Vec<u8> {
     if let Some(path) = std::env::var_os("TASKHOST_BENCH_LARGE") {

@@ -5,6 +5,11 @@
 //! again. Then it runs `host run target/plugins/hello.wasm --input hi` with
 //! the terminal as its stdout and stderr, and exits with its exit code.
 //! It also runs as part of `cargo test`, where it must succeed.
+//!
+//! Being a test of the `taskhost` package is what makes `cargo test
+//! --workspace` build `target/debug/host` for the end-to-end tests in
+//! `tests/` too: cargo builds a package's binaries only for that package's
+//! own tests (see `host_bin` in tests/e2e/common/mod.rs).
 
 use std::process::{Command, ExitCode};
 

@@ -134,9 +134,8 @@ fn check_with_path(js: &Path, path: Option<&std::ffi::OsStr>) -> Vec<Missing> {
 
     if !Path::new("/usr/bin/time").is_file() {
         missing.push(Missing {
-            what:
-                "/usr/bin/time (host/tests/e2e/cli_run.rs measures the host's peak memory with it)"
-                    .into(),
+            what: "/usr/bin/time (tests/e2e/cli_run.rs measures the host's peak memory with it)"
+                .into(),
             install: Install::Apt(&["time"]),
         });
     }

@@ -111,13 +111,13 @@ fn testing_md_names_every_test_file() {
         "crates/core/tests/supervisor/".to_owned(),
         "crates/core/tests/controller/".to_owned(),
         "crates/daemon/tests/cluster/".to_owned(),
-        "host/tests/fuzz_protocol.rs".to_owned(),
+        "tests/fuzz_protocol.rs".to_owned(),
         "host/tests/demo.rs".to_owned(),
     ];
-    for entry in std::fs::read_dir(root.join("host/tests/e2e")).unwrap() {
+    for entry in std::fs::read_dir(root.join("tests/e2e")).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().into_owned();
         if name.ends_with(".rs") && name != "main.rs" {
-            files.push(format!("host/tests/e2e/{name}"));
+            files.push(format!("tests/e2e/{name}"));
         }
     }
     for entry in std::fs::read_dir(root.join("xtask/tests")).unwrap() {

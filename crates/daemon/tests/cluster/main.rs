@@ -2,7 +2,7 @@
 //! binary: each node is [`taskhost_daemon::serve`] in this process, on a
 //! Tokio runtime of its own (so that a node can die as a killed process
 //! does: its runtime dropped, nothing left or retired), on a throwaway
-//! PostgreSQL that the test starts (`host/tests/e2e/common/postgres.rs`,
+//! PostgreSQL that the test starts (`tests/e2e/common/postgres.rs`,
 //! shared with the end-to-end suite; the tests fail, never skip, when it
 //! cannot start), driven through [`taskhost_daemon::Client`] with the real
 //! plugins from `plugins/`. Each node's `tracing` output is its own
@@ -17,7 +17,7 @@
 //! | `common` | the helpers: a node in this process, its logs, a partition between a node and the database |
 
 mod common;
-#[path = "../../../../host/tests/e2e/common/postgres.rs"]
+#[path = "../../../../tests/e2e/common/postgres.rs"]
 mod postgres;
 
 mod admission;

@@ -33,10 +33,7 @@ fn write(dir: &std::path::Path, name: &str, bytes: &[u8]) -> String {
 
 /// The hand-written `table-grow` component, assembled from its text.
 fn table_grow(dir: &std::path::Path) -> String {
-    let wat = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/corpus/plugins/table-grow.wat"
-    );
+    let wat = concat!(env!("CARGO_MANIFEST_DIR"), "/corpus/plugins/table-grow.wat");
     let bytes = wat::parse_file(wat).expect("table-grow.wat assembles");
     write(dir, "table-grow.wasm", &bytes)
 }

@@ -30,7 +30,7 @@ fn json(stdout: &str) -> Value {
 fn two_memories(dir: &std::path::Path) -> String {
     let wat = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/corpus/plugins/two-memories.wat"
+        "/corpus/plugins/two-memories.wat"
     );
     let bytes = wat::parse_file(wat).expect("two-memories.wat assembles");
     let path = dir.join("two-memories.wasm");

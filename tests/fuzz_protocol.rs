@@ -108,7 +108,7 @@ fn decode_budget(n: usize) -> usize {
 
 const REGRESSIONS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/tests/corpus/fuzz_protocol.proptest-regressions"
+    "/corpus/fuzz_protocol.proptest-regressions"
 );
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -469,7 +469,7 @@ fn valid_requests_round_trip() {
 // The seed corpus.
 
 fn corpus_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/frames")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/frames")
 }
 
 fn frame(body: Request) -> Vec<u8> {

@@ -7,12 +7,155 @@
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-/// The `host` binary under test.
+/// The `host` binary under test: the one the workspace built,
+/// `<target>/<profile>/host`, beside the `deps/` folder that holds this
+/// test executable.
+///
+/// These tests are a package of their own (`taskhost-tests`), so cargo
+/// gives them no `CARGO_BIN_EXE_host`, and builds `host` only when a test
+/// of its own package, `taskhost`, is selected: `cargo test --workspace`
+/// and `cargo demo` build it (the `demo` test is `taskhost`'s), `cargo test
+/// -p taskhost-tests` and `cargo test --workspace --test e2e` do not. So
+/// that no test runs a binary older than the code, a missing `host`, or one
+/// older than a file it is built from ([`newer_input`]), panics saying to
+/// build it first, with the command.
 pub fn host_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_host")
+    static HOST: OnceLock<String> = OnceLock::new();
+    // A panic leaves it unset: every test that needs it fails the same way.
+    HOST.get_or_init(|| match built_host() {
+        Ok(host) => host.display().to_string(),
+        Err(why) => panic!("{why}"),
+    })
+}
+
+/// [`host_bin`]'s look-up, or why the binary cannot be used.
+fn built_host() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find this test's own executable: {e}"))?;
+    // <target>/[<triple>/]<profile>/deps/<test>-<hash>
+    let profile_dir = exe
+        .parent()
+        .filter(|deps| deps.file_name().is_some_and(|n| n == "deps"))
+        .and_then(Path::parent)
+        .ok_or_else(|| {
+            format!(
+                "this test's executable, {}, is not in the <profile>/deps/ folder of a \
+                 cargo target directory, beside which the `host` binary would be: run the \
+                 tests with cargo (`cargo xtask test`)",
+                exe.display()
+            )
+        })?;
+    let host = profile_dir.join(format!("host{}", std::env::consts::EXE_SUFFIX));
+    let why = match std::fs::metadata(&host).and_then(|m| m.modified()) {
+        Err(_) => "is missing".to_owned(),
+        Ok(built) => match newer_input(&host, built) {
+            Ok(None) => return Ok(host),
+            Ok(Some(input)) => format!(
+                "is older than {}, one of the files it is built from",
+                input.display()
+            ),
+            Err(why) => why,
+        },
+    };
+    Err(format!(
+        "the `host` binary these tests run, {}, {why}.\n\
+         Build it first, then run the tests again:\n\n    {}\n\n\
+         (`cargo xtask test`, `cargo test --workspace` and `cargo demo` build it; \
+         `cargo test -p taskhost-tests` and `--test e2e` alone do not: cargo builds a \
+         binary only for the tests of its own package, `taskhost`.)",
+        host.display(),
+        build_command(profile_dir)
+    ))
+}
+
+/// The command that builds `host` into `profile_dir`
+/// (`<target>/[<triple>/]<profile>`).
+fn build_command(profile_dir: &Path) -> String {
+    let mut cmd = String::from("cargo build -p taskhost --bin host");
+    match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => {}
+        Some("release") => cmd.push_str(" --release"),
+        Some(profile) => cmd.push_str(&format!(" --profile {profile}")),
+    }
+    // A build for an explicit `--target` sits in a folder named after the
+    // target's triple (`x86_64-unknown-linux-gnu/debug`).
+    if let Some(triple) = profile_dir
+        .parent()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .filter(|n| {
+            n.strip_prefix(std::env::consts::ARCH)
+                .is_some_and(|rest| rest.starts_with('-') && rest.contains(std::env::consts::OS))
+        })
+    {
+        cmd.push_str(&format!(" --target {triple}"));
+    }
+    cmd
+}
+
+/// The first file `host` is built from that was modified after `built`,
+/// the binary's time, if any; or why that cannot be told.
+///
+/// Cargo lists those files in the dep-info file it writes beside the
+/// binary, `host.d`: the sources of `host` and of every crate of this
+/// workspace it depends on, and the files they embed (the migrations,
+/// `wit/`, the dashboard's page). It builds `host` again when one of them
+/// changed after its last build, so a file in that list newer than the
+/// binary means the binary is out of date, and building it as
+/// [`built_host`] says makes it newer than all of them. (A file outside the
+/// list, such as a stray file in a `src/` folder, is no input and can never
+/// hold the tests up.) A listed file that no longer exists is passed over:
+/// the file that named it changed too.
+fn newer_input(host: &Path, built: SystemTime) -> Result<Option<PathBuf>, String> {
+    let dep_info = host.with_extension("d");
+    let text = std::fs::read_to_string(&dep_info).map_err(|e| {
+        format!(
+            "has no list of the files it is built from beside it ({}: {e})",
+            dep_info.display()
+        )
+    })?;
+    // `<binary>: <input> <input> …` on one line, a space in a path escaped
+    // as `\ `. Relative paths (cargo's `build.dep-info-basedir`) are taken
+    // from the repository root.
+    let inputs = text
+        .lines()
+        .next()
+        .and_then(|line| line.split_once(": "))
+        .map(|(_, inputs)| inputs)
+        .ok_or_else(|| format!("has an unreadable {}", dep_info.display()))?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = root.canonicalize().unwrap_or(root);
+    let mut path = String::new();
+    let mut chars = inputs.chars().peekable();
+    loop {
+        let c = chars.next();
+        match c {
+            Some('\\') if chars.peek() == Some(&' ') => {
+                path.push(' ');
+                chars.next();
+            }
+            Some(c) if c != ' ' => path.push(c),
+            _ if path.is_empty() => {}
+            _ => {
+                let input = root.join(&path);
+                if std::fs::metadata(&input)
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|at| at > built)
+                {
+                    let shown = input.strip_prefix(&root).unwrap_or(&input);
+                    return Ok(Some(shown.to_path_buf()));
+                }
+                path.clear();
+            }
+        }
+        if c.is_none() {
+            return Ok(None);
+        }
+    }
 }
 
 /// A plugin built from `plugins/` by the `plugin-artifacts` build step.

@@ -3,7 +3,8 @@
 //! tests start themselves (a throwaway PostgreSQL, local HTTP servers on
 //! 127.0.0.1, headless Chromium, componentize-py and componentize-js). One
 //! test binary, so the suite links wasmtime a few times instead of once per
-//! file; `cargo test --test e2e <module>::` runs one file's tests.
+//! file; `cargo test -p taskhost-tests --test e2e <module>::` runs one
+//! file's tests, against the `host` already built (`common::host_bin`).
 //!
 //! | module | covers |
 //! |---|---|
