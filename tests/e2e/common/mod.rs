@@ -64,7 +64,7 @@ fn built_host() -> Result<PathBuf, String> {
     Err(format!(
         "the `host` binary these tests run, {}, {why}.\n\
          Build it first, then run the tests again:\n\n    {}\n\n\
-         (`cargo xtask test`, `cargo test --workspace` and `cargo demo` build it; \
+         (`cargo demo`, `cargo xtask test` and `cargo test --workspace` build it; \
          `cargo test -p taskhost-tests` and `--test e2e` alone do not: cargo builds a \
          binary only for the tests of its own package, `taskhost`.)",
         host.display(),
@@ -73,13 +73,18 @@ fn built_host() -> Result<PathBuf, String> {
 }
 
 /// The command that builds `host` into `profile_dir`
-/// (`<target>/[<triple>/]<profile>`).
+/// (`<target>/[<triple>/]<profile>`): `cargo demo` for the usual dev
+/// build. Like `cargo test --workspace`, it builds `host` with the features
+/// the whole workspace unifies; `cargo build -p taskhost --bin host` would
+/// do too, but unifies fewer (opentelemetry's `rand` has other features),
+/// so its `host` is another build, and the next `cargo test --workspace`
+/// builds and links `host` again.
 fn build_command(profile_dir: &Path) -> String {
-    let mut cmd = String::from("cargo build -p taskhost --bin host");
+    let mut options = String::new();
     match profile_dir.file_name().and_then(|n| n.to_str()) {
         Some("debug") | None => {}
-        Some("release") => cmd.push_str(" --release"),
-        Some(profile) => cmd.push_str(&format!(" --profile {profile}")),
+        Some("release") => options.push_str(" --release"),
+        Some(profile) => options.push_str(&format!(" --profile {profile}")),
     }
     // A build for an explicit `--target` sits in a folder named after the
     // target's triple (`x86_64-unknown-linux-gnu/debug`).
@@ -92,9 +97,13 @@ fn build_command(profile_dir: &Path) -> String {
                 .is_some_and(|rest| rest.starts_with('-') && rest.contains(std::env::consts::OS))
         })
     {
-        cmd.push_str(&format!(" --target {triple}"));
+        options.push_str(&format!(" --target {triple}"));
     }
-    cmd
+    if options.is_empty() {
+        "cargo demo".to_owned()
+    } else {
+        format!("cargo test --workspace --test demo --no-run{options}")
+    }
 }
 
 /// The first file `host` is built from that was modified after `built`,
@@ -106,10 +115,10 @@ fn build_command(profile_dir: &Path) -> String {
 /// `wit/`, the dashboard's page). It builds `host` again when one of them
 /// changed after its last build, so a file in that list newer than the
 /// binary means the binary is out of date, and building it as
-/// [`built_host`] says makes it newer than all of them. (A file outside the
-/// list, such as a stray file in a `src/` folder, is no input and can never
-/// hold the tests up.) A listed file that no longer exists is passed over:
-/// the file that named it changed too.
+/// [`build_command`] says makes it newer than all of them. (A file outside
+/// the list, such as a stray file in a `src/` folder, is no input and can
+/// never hold the tests up.) A listed file that no longer exists is passed
+/// over: the file that named it changed too.
 fn newer_input(host: &Path, built: SystemTime) -> Result<Option<PathBuf>, String> {
     let dep_info = host.with_extension("d");
     let text = std::fs::read_to_string(&dep_info).map_err(|e| {
