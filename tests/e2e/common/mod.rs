@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 /// and `cargo demo` build it (the `demo` test is `taskhost`'s), `cargo test
 /// -p taskhost-tests` and `cargo test --workspace --test e2e` do not. So
 /// that no test runs a binary older than the code, a missing `host`, or one
-/// older than a file it is built from ([`newer_input`]), panics saying to
+/// older than a file it is built from ([`HOST_INPUTS`]), panics saying to
 /// build it first, with the command.
 pub fn host_bin() -> &'static str {
     static HOST: OnceLock<String> = OnceLock::new();
@@ -31,6 +31,29 @@ pub fn host_bin() -> &'static str {
         Err(why) => panic!("{why}"),
     })
 }
+
+/// What `host` is built from, relative to the repository root: the sources
+/// of its package and of the crates it depends on, and the files they embed
+/// (the migrations, the WIT, the dashboard's page, the plugins' lock file).
+/// These are the files cargo lists as the binary's inputs in
+/// `target/<profile>/host.d` (it writes that file only when `host` itself is
+/// asked for, as by `cargo build`, not when a test needs it, as in `cargo
+/// test --workspace`, so it cannot be read here), and cargo builds `host`
+/// again when one of them changed after its last build: one newer than the
+/// binary means the binary is out of date, and building it as
+/// [`build_command`] says makes it newer than all of them. Hidden files and
+/// editors' backups (`~`) are passed over; xtask/tests/code_map.rs keeps the
+/// crates' `src/` folders free of other files. (A `Cargo.toml` is not looked
+/// at: cargo builds nothing again for an edit that changes nothing in it.)
+const HOST_INPUTS: &[&str] = &[
+    "host/src",
+    "crates/core/src",
+    "crates/runtime/src",
+    "crates/daemon/src",
+    "crates/daemon/migrations",
+    "wit",
+    "plugins/Cargo.lock",
+];
 
 /// [`host_bin`]'s look-up, or why the binary cannot be used.
 fn built_host() -> Result<PathBuf, String> {
@@ -52,13 +75,12 @@ fn built_host() -> Result<PathBuf, String> {
     let host = profile_dir.join(format!("host{}", std::env::consts::EXE_SUFFIX));
     let why = match std::fs::metadata(&host).and_then(|m| m.modified()) {
         Err(_) => "is missing".to_owned(),
-        Ok(built) => match newer_input(&host, built) {
-            Ok(None) => return Ok(host),
-            Ok(Some(input)) => format!(
+        Ok(built) => match newer_input(built) {
+            None => return Ok(host),
+            Some(input) => format!(
                 "is older than {}, one of the files it is built from",
                 input.display()
             ),
-            Err(why) => why,
         },
     };
     Err(format!(
@@ -76,9 +98,9 @@ fn built_host() -> Result<PathBuf, String> {
 /// (`<target>/[<triple>/]<profile>`): `cargo demo` for the usual dev
 /// build. Like `cargo test --workspace`, it builds `host` with the features
 /// the whole workspace unifies; `cargo build -p taskhost --bin host` would
-/// do too, but unifies fewer (opentelemetry's `rand` has other features),
-/// so its `host` is another build, and the next `cargo test --workspace`
-/// builds and links `host` again.
+/// do too, but unifies fewer features (today those of opentelemetry's
+/// `rand`), so its `host` is another build, and the next `cargo test
+/// --workspace` builds and links `host` again.
 fn build_command(profile_dir: &Path) -> String {
     let mut options = String::new();
     match profile_dir.file_name().and_then(|n| n.to_str()) {
@@ -106,65 +128,32 @@ fn build_command(profile_dir: &Path) -> String {
     }
 }
 
-/// The first file `host` is built from that was modified after `built`,
-/// the binary's time, if any; or why that cannot be told.
-///
-/// Cargo lists those files in the dep-info file it writes beside the
-/// binary, `host.d`: the sources of `host` and of every crate of this
-/// workspace it depends on, and the files they embed (the migrations,
-/// `wit/`, the dashboard's page). It builds `host` again when one of them
-/// changed after its last build, so a file in that list newer than the
-/// binary means the binary is out of date, and building it as
-/// [`build_command`] says makes it newer than all of them. (A file outside
-/// the list, such as a stray file in a `src/` folder, is no input and can
-/// never hold the tests up.) A listed file that no longer exists is passed
-/// over: the file that named it changed too.
-fn newer_input(host: &Path, built: SystemTime) -> Result<Option<PathBuf>, String> {
-    let dep_info = host.with_extension("d");
-    let text = std::fs::read_to_string(&dep_info).map_err(|e| {
-        format!(
-            "has no list of the files it is built from beside it ({}: {e})",
-            dep_info.display()
-        )
-    })?;
-    // `<binary>: <input> <input> …` on one line, a space in a path escaped
-    // as `\ `. Relative paths (cargo's `build.dep-info-basedir`) are taken
-    // from the repository root.
-    let inputs = text
-        .lines()
-        .next()
-        .and_then(|line| line.split_once(": "))
-        .map(|(_, inputs)| inputs)
-        .ok_or_else(|| format!("has an unreadable {}", dep_info.display()))?;
+/// A file of [`HOST_INPUTS`] modified after `built`, if any, relative to
+/// the repository root.
+fn newer_input(built: SystemTime) -> Option<PathBuf> {
+    fn newer(path: &Path, built: SystemTime) -> Option<PathBuf> {
+        let meta = std::fs::metadata(path).ok()?;
+        if !meta.is_dir() {
+            return meta
+                .modified()
+                .is_ok_and(|at| at > built)
+                .then(|| path.to_path_buf());
+        }
+        std::fs::read_dir(path).ok()?.flatten().find_map(|entry| {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') || name.ends_with('~') {
+                return None;
+            }
+            newer(&entry.path(), built)
+        })
+    }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let root = root.canonicalize().unwrap_or(root);
-    let mut path = String::new();
-    let mut chars = inputs.chars().peekable();
-    loop {
-        let c = chars.next();
-        match c {
-            Some('\\') if chars.peek() == Some(&' ') => {
-                path.push(' ');
-                chars.next();
-            }
-            Some(c) if c != ' ' => path.push(c),
-            _ if path.is_empty() => {}
-            _ => {
-                let input = root.join(&path);
-                if std::fs::metadata(&input)
-                    .and_then(|m| m.modified())
-                    .is_ok_and(|at| at > built)
-                {
-                    let shown = input.strip_prefix(&root).unwrap_or(&input);
-                    return Ok(Some(shown.to_path_buf()));
-                }
-                path.clear();
-            }
-        }
-        if c.is_none() {
-            return Ok(None);
-        }
-    }
+    HOST_INPUTS.iter().find_map(|input| {
+        newer(&root.join(input), built)
+            .map(|p| p.strip_prefix(&root).map(Path::to_path_buf).unwrap_or(p))
+    })
 }
 
 /// A plugin built from `plugins/` by the `plugin-artifacts` build step.
