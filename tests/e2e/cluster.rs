@@ -6,18 +6,15 @@
 //! cancel), the HTTP API of one node answering for the whole cluster, and
 //! a soak checked against the recorded attempt intervals.
 
-use crate::{common, daemon, http, postgres};
+use crate::{common, daemon, http, partition, postgres};
 
 use common::run_host;
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use daemon::{Daemon, LIMIT, p};
+use partition::Partition;
 use postgres::Postgres;
 
 /// A node of the cluster on `pg`, named `name`, with a short lease so that
@@ -694,77 +691,6 @@ fn a_node_paused_past_its_lease_is_fenced_off() {
         .wait_for_line("lost its lease", LIMIT);
 
     taken_over_once(&pg, &a, &b);
-}
-
-/// A Unix-socket proxy in front of PostgreSQL's socket that the test can
-/// pause: a paused proxy passes no byte either way and closes nothing, as
-/// a network partition looks to a node (no error, no answer).
-struct Partition {
-    dir: tempfile::TempDir,
-    paused: Arc<AtomicBool>,
-}
-
-impl Partition {
-    fn start(pg: &Postgres) -> Self {
-        let url = pg.url();
-        let server_dir = url
-            .split("host=")
-            .nth(1)
-            .and_then(|rest| rest.split('&').next())
-            .expect("the URL names the socket directory")
-            .to_owned();
-        let server = std::path::Path::new(&server_dir).join(".s.PGSQL.5432");
-        let dir = tempfile::tempdir().unwrap();
-        let listener = UnixListener::bind(dir.path().join(".s.PGSQL.5432")).unwrap();
-        let paused = Arc::new(AtomicBool::new(false));
-        let held = Arc::clone(&paused);
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { return };
-                let Ok(upstream) = UnixStream::connect(&server) else {
-                    continue;
-                };
-                for (from, to) in [
-                    (client.try_clone().unwrap(), upstream.try_clone().unwrap()),
-                    (upstream, client),
-                ] {
-                    let held = Arc::clone(&held);
-                    std::thread::spawn(move || pump(from, to, &held));
-                }
-            }
-        });
-        Self { dir, paused }
-    }
-
-    /// The address a node connects to PostgreSQL through.
-    fn url(&self) -> String {
-        format!(
-            "postgresql:///postgres?host={}&user=taskhost",
-            self.dir.path().display()
-        )
-    }
-
-    fn cut(&self, cut: bool) {
-        self.paused.store(cut, Ordering::SeqCst);
-    }
-}
-
-/// Copies `from` to `to`, holding every byte read while `paused` is set.
-fn pump(mut from: UnixStream, mut to: UnixStream, paused: &AtomicBool) {
-    let mut buf = [0u8; 16 << 10];
-    loop {
-        let n = match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        while paused.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        if to.write_all(&buf[..n]).is_err() {
-            break;
-        }
-    }
-    let _ = to.shutdown(std::net::Shutdown::Write);
 }
 
 #[test]

@@ -38,6 +38,8 @@ mod common;
 mod daemon;
 #[path = "common/http.rs"]
 mod http;
+#[path = "common/partition.rs"]
+mod partition;
 #[path = "common/postgres.rs"]
 mod postgres;
 #[path = "common/wire.rs"]

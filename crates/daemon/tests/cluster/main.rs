@@ -17,6 +17,8 @@
 //! | `common` | the helpers: a node in this process, its logs, a partition between a node and the database |
 
 mod common;
+#[path = "../../../../tests/e2e/common/partition.rs"]
+mod partition;
 #[path = "../../../../tests/e2e/common/postgres.rs"]
 mod postgres;
 
