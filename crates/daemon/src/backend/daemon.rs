@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use taskhost_core::controller::Controller;
 
+use crate::backend::local::OneHost;
 use crate::cluster::node::Cluster;
 use crate::config::DaemonConfig;
 use crate::service::history::History;
@@ -27,10 +28,6 @@ pub(crate) struct Daemon {
     pub history: Arc<History>,
     /// Where accepted work, its state and its outcomes are kept.
     pub storage: Storage,
-    /// One host's schedules (a cluster keeps its own in its database).
-    pub schedules: crate::backend::schedules::Schedules,
-    /// The idempotency keys this process placed (one host).
-    pub keys: crate::service::keys::Keys,
     /// Held from a submission's id to its placement, so the store's order
     /// of submissions is the controller's.
     pub admission: Mutex<()>,
@@ -44,8 +41,6 @@ pub(crate) struct Daemon {
     /// Spawn trees: who spawned whom in this run, each root's unfinished
     /// descendants.
     pub trees: crate::service::trees::Trees,
-    /// Guests' key-value state (one host's; a cluster node's stays empty).
-    pub kv: Arc<taskhost_runtime::MemoryKv>,
     /// Set by a `Shutdown` request: the grace the accept loop shuts down
     /// with.
     pub stop: watch::Sender<Option<Duration>>,
@@ -57,8 +52,9 @@ pub(crate) struct Daemon {
 /// Where a daemon keeps its work: one of the two backends of
 /// [`Backend`](crate::backend::Backend).
 pub(crate) enum Storage {
-    /// Its own store (SQLite or memory): the controller decides.
-    Local(Store),
+    /// Its own store (SQLite or memory) and what else one host keeps
+    /// itself: the controller decides.
+    Local(Arc<OneHost>),
     /// A cluster's shared database (PostgreSQL): the database decides,
     /// this node runs what it claims.
     Shared(Arc<Cluster>),
@@ -68,7 +64,7 @@ impl Storage {
     /// Whether accepted work outlives this process.
     pub(crate) fn is_durable(&self) -> bool {
         match self {
-            Self::Local(store) => store.is_durable(),
+            Self::Local(host) => host.store.is_durable(),
             Self::Shared(_) => true,
         }
     }
@@ -77,8 +73,13 @@ impl Storage {
 impl Daemon {
     /// Its own store, unless it is a cluster node.
     pub(crate) fn local_store(&self) -> Option<&Store> {
+        self.one_host().map(|host| &host.store)
+    }
+
+    /// What one host keeps itself, unless it is a cluster node.
+    pub(crate) fn one_host(&self) -> Option<&Arc<OneHost>> {
         match &self.storage {
-            Storage::Local(store) => Some(store),
+            Storage::Local(host) => Some(host),
             Storage::Shared(_) => None,
         }
     }
@@ -97,7 +98,7 @@ impl Daemon {
             plugins: &self.plugins,
             store: self.local_store(),
             tasks: &self.tasks,
-            schedules: &self.schedules,
+            schedules: self.one_host().map(|host| &host.schedules as _),
             admission: &self.admission,
         }
     }

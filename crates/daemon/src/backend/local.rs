@@ -1,5 +1,7 @@
-//! Owns one host's bodies of the verbs: its store (SQLite or memory) and
-//! its controller decide, and its memory of submissions answers first.
+//! Owns one host's bodies of the verbs and what one host keeps itself
+//! ([`OneHost`]: the store, schedules, idempotency keys and guests' buckets
+//! a cluster keeps in its database): its store (SQLite or memory) and its
+//! controller decide, and its memory of submissions answers first.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,23 +9,47 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use taskhost_core::supervisor::{Event, Received, TaskId, TaskRef};
-use taskhost_runtime::Digest;
+use taskhost_runtime::{Digest, MemoryKv};
 
 use super::{Found, Item, Scheduled, not_found, until_closed};
 use crate::backend::daemon::Daemon;
+use crate::backend::schedules::Schedules;
 use crate::backend::submit::{self, Accepted};
 use crate::service::error::ServiceError;
 use crate::service::history::History;
+use crate::service::keys::Keys;
 use crate::service::tasks::{MAX_FINISHED, TaskRecord};
 use crate::store::{self, Store};
 use crate::wire::protocol::{
     EventFilter, NotBefore, ScheduleVerb, SubmitRequest, TaskRow, TaskState,
 };
 
-/// One host: the daemon and its own store.
+/// One host: the daemon and what it keeps itself.
 pub(crate) struct Local<'a> {
     pub(crate) daemon: &'a Arc<Daemon>,
-    pub(crate) store: &'a Store,
+    pub(crate) host: &'a Arc<OneHost>,
+}
+
+/// What one host keeps itself (a cluster keeps it in its database): its
+/// store, its schedules, the idempotency keys it placed, and its guests'
+/// key-value buckets.
+pub(crate) struct OneHost {
+    pub(crate) store: Store,
+    pub(crate) schedules: Schedules,
+    pub(crate) keys: Keys,
+    pub(crate) kv: Arc<MemoryKv>,
+}
+
+impl OneHost {
+    /// A store's, with no schedule yet and no key placed.
+    pub(crate) fn new(store: Store, key_retention: Duration, kv: Arc<MemoryKv>) -> Self {
+        Self {
+            store,
+            schedules: Schedules::default(),
+            keys: Keys::new(key_retention),
+            kv,
+        }
+    }
 }
 
 impl Local<'_> {
@@ -39,7 +65,7 @@ impl Local<'_> {
 
     /// Places one submission, in the order it was sent.
     pub(super) async fn submit(&self, request: SubmitRequest) -> Result<Accepted, ServiceError> {
-        submit::submit(self.daemon, self.store, request).await
+        submit::submit(self.daemon, self.host, request).await
     }
 
     /// A schedule verb on this host's schedules.
@@ -47,20 +73,20 @@ impl Local<'_> {
         use crate::backend::schedules;
         Ok(match verb {
             ScheduleVerb::Add(spec) => {
-                Scheduled::Row(schedules::add(self.daemon, self.store, *spec).await?)
+                Scheduled::Row(schedules::add(self.daemon, self.host, *spec).await?)
             }
-            ScheduleVerb::List => Scheduled::Rows(schedules::list(self.daemon, self.store).await),
+            ScheduleVerb::List => Scheduled::Rows(schedules::list(self.daemon, self.host).await),
             ScheduleVerb::Remove(name) => {
-                Scheduled::Row(schedules::remove(self.daemon, self.store, &name).await?)
+                Scheduled::Row(schedules::remove(self.host, &name).await?)
             }
             ScheduleVerb::Pause(name) => {
-                Scheduled::Row(schedules::set_paused(self.daemon, self.store, &name, true).await?)
+                Scheduled::Row(schedules::set_paused(self.daemon, self.host, &name, true).await?)
             }
             ScheduleVerb::Resume(name) => {
-                Scheduled::Row(schedules::set_paused(self.daemon, self.store, &name, false).await?)
+                Scheduled::Row(schedules::set_paused(self.daemon, self.host, &name, false).await?)
             }
             ScheduleVerb::Run(name) => {
-                let (submitted, ticket) = schedules::run(self.daemon, self.store, &name).await?;
+                let (submitted, ticket) = schedules::run(self.daemon, self.host, &name).await?;
                 Scheduled::Fired(if ticket.is_immediate() {
                     Accepted::Now(submitted)
                 } else {
@@ -81,7 +107,7 @@ impl Local<'_> {
         if let Some(record) = daemon.tasks.resolve(target, &daemon.controller) {
             return Ok(Found::Live(record));
         }
-        let store = Store::clone(self.store);
+        let store = Store::clone(&self.host.store);
         let wanted = target.clone();
         // The store is read off the async workers.
         tokio::task::spawn_blocking(move || stored(&store, &wanted))
@@ -93,7 +119,7 @@ impl Local<'_> {
 
     /// A request as the store keeps it.
     pub(super) async fn stored_request(&self, id: TaskId) -> Option<SubmitRequest> {
-        let store = Store::clone(self.store);
+        let store = Store::clone(&self.host.store);
         tokio::task::spawn_blocking(move || store.request_of(id))
             .await
             .ok()
@@ -105,7 +131,7 @@ impl Local<'_> {
     pub(super) fn stop(&self, id: TaskId) -> bool {
         let claimed = self.daemon.controller.remove(id);
         if claimed {
-            self.store.stopping(id);
+            self.host.store.stopping(id);
         }
         claimed
     }
@@ -114,9 +140,9 @@ impl Local<'_> {
     /// store is read too).
     pub(super) async fn rows(&self, all: bool) -> Vec<TaskRow> {
         if !all {
-            return local_rows(self.daemon, self.store, false);
+            return local_rows(self.daemon, &self.host.store, false);
         }
-        let (daemon, store) = (Arc::clone(self.daemon), Store::clone(self.store));
+        let (daemon, store) = (Arc::clone(self.daemon), Store::clone(&self.host.store));
         tokio::task::spawn_blocking(move || local_rows(&daemon, &store, true))
             .await
             .unwrap_or_default()

@@ -54,7 +54,7 @@ use crate::service::error::ServiceError;
 use crate::service::tasks::TaskRecord;
 use crate::store::{Finished, StoreError};
 use crate::wire::protocol::{EventFilter, ScheduleRow, ScheduleVerb, SubmitRequest, TaskRow};
-pub(crate) use local::Local;
+pub(crate) use local::{Local, OneHost};
 pub(crate) use shared::Shared;
 
 /// Items in flight to one streaming reader.
@@ -136,7 +136,7 @@ fn not_found(target: &TaskRef) -> ServiceError {
 impl<'a> Backend<'a> {
     pub(crate) fn of(daemon: &'a Arc<Daemon>) -> Self {
         match &daemon.storage {
-            Storage::Local(store) => Self::Local(Local { daemon, store }),
+            Storage::Local(host) => Self::Local(Local { daemon, host }),
             Storage::Shared(cluster) => Self::Shared(Shared { daemon, cluster }),
         }
     }
@@ -145,7 +145,7 @@ impl<'a> Backend<'a> {
     /// keeps unfinished work for the next start).
     pub(crate) fn is_durable(&self) -> bool {
         match self {
-            Self::Local(local) => local.store.is_durable(),
+            Self::Local(local) => local.host.store.is_durable(),
             Self::Shared(..) => true,
         }
     }
@@ -206,10 +206,11 @@ impl<'a> Backend<'a> {
     pub(crate) async fn plugin_rows(&self) -> Vec<crate::wire::protocol::PluginRow> {
         let daemon = Arc::clone(self.daemon());
         tokio::task::spawn_blocking(move || {
+            let users = daemon.plugin_users();
             daemon.plugins.list(&crate::service::plugins::refs(
-                daemon.local_store(),
-                &daemon.tasks,
-                &daemon.schedules,
+                users.store,
+                users.tasks,
+                users.schedules,
             ))
         })
         .await
@@ -360,7 +361,7 @@ impl<'a> Backend<'a> {
         verb: crate::wire::protocol::KvVerb,
     ) -> Result<crate::service::kv::KvAnswer, ServiceError> {
         match self {
-            Self::Local(local) => crate::service::kv::answer(&local.daemon.kv, verb).await,
+            Self::Local(local) => crate::service::kv::answer(&local.host.kv, verb).await,
             Self::Shared(shared) => shared.kv(verb).await,
         }
     }

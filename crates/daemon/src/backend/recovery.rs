@@ -24,9 +24,10 @@ use taskhost_core::outcome::TaskOutcome;
 use taskhost_core::recovery::{Fate, fate};
 use taskhost_core::supervisor::{Event, EventKind, TaskId, TaskReport};
 
+use crate::backend::OneHost;
 use crate::backend::daemon::Daemon;
 use crate::backend::submit::{Origin, place};
-use crate::store::{Finished, Store, Ticket, Unfinished, now_ms};
+use crate::store::{Finished, Ticket, Unfinished, now_ms};
 
 /// What recovery did, for the start-up log.
 #[derive(Debug, Default, Clone, Copy)]
@@ -38,9 +39,10 @@ pub(crate) struct Recovered {
 
 pub(crate) async fn recover(
     daemon: &Arc<Daemon>,
-    store: &Store,
+    host: &OneHost,
     unfinished: Vec<Unfinished>,
 ) -> Recovered {
+    let store = &host.store;
     let mut done = Recovered::default();
     let mut tickets: Vec<Ticket> = Vec::new();
     let supervisor = daemon.controller.supervisor();
@@ -93,7 +95,7 @@ pub(crate) async fn recover(
                     submitted_ms: task.submitted_ms,
                     resume,
                 };
-                match place(daemon, store, task.request.clone(), origin).await {
+                match place(daemon, host, task.request.clone(), origin).await {
                     Ok(_) if queued => done.requeued += 1,
                     Ok(_) => done.retried += 1,
                     Err(message) => {

@@ -22,11 +22,12 @@ use tokio::sync::Notify;
 use taskhost_core::outcome::OutcomeKind;
 use taskhost_core::supervisor::{Event, EventKind, TaskId};
 
+use crate::backend::OneHost;
 use crate::backend::daemon::Daemon;
 use crate::backend::submit::{Origin, place};
 use crate::schedule::{self, CronZone, FireKind, Missed};
 use crate::service::error::ServiceError;
-use crate::store::{Firing, Store, StoredSchedule, Ticket, now_ms};
+use crate::store::{Firing, StoredSchedule, Ticket, now_ms};
 use crate::wire::protocol::{NotBefore, ScheduleRow, ScheduleSpec, Submitted};
 
 /// The longest the firing loop sleeps before it looks at the clock again
@@ -288,11 +289,11 @@ impl Schedules {
 /// daemon was down, and starts the firing loop. After recovery: catch-up
 /// firings find their slots as the recovered work left them.
 pub(crate) async fn start(daemon: &Arc<Daemon>) {
-    let Some(store) = daemon.local_store() else {
+    let Some(host) = daemon.one_host() else {
         return;
     };
     let now = now_ms();
-    for stored in store.take_schedules() {
+    for stored in host.store.take_schedules() {
         let name = stored.spec.name.clone();
         let zone = match CronZone::parse(&stored.spec.cron, stored.spec.tz.as_deref()) {
             Ok(zone) => zone,
@@ -302,7 +303,7 @@ pub(crate) async fn start(daemon: &Arc<Daemon>) {
             }
         };
         let next_ms = stored.next_ms.or_else(|| zone.next_after(now));
-        daemon.schedules.lock().put(Entry {
+        host.schedules.lock().put(Entry {
             spec: Arc::new(stored.spec),
             zone: Arc::new(zone),
             plugin: stored.plugin,
@@ -314,11 +315,11 @@ pub(crate) async fn start(daemon: &Arc<Daemon>) {
         });
     }
     // Everything due before this start was missed: the daemon was down.
-    let missed = daemon
+    let missed = host
         .schedules
         .take_due(now, |entry| Some(entry.spec.missed));
     for due in missed {
-        settle_missed(daemon, store, due).await;
+        settle_missed(daemon, host, due).await;
     }
     tokio::spawn(fire_loop(Arc::downgrade(daemon)));
 }
@@ -326,10 +327,10 @@ pub(crate) async fn start(daemon: &Arc<Daemon>) {
 /// Carries out the decision on firings missed while the daemon was down or
 /// the schedule paused: one catch-up firing, or none (the next firing is
 /// stored then, as the catch-up's commit would have).
-async fn settle_missed(daemon: &Arc<Daemon>, store: &Store, due: Due) {
+async fn settle_missed(daemon: &Arc<Daemon>, host: &Arc<OneHost>, due: Due) {
     match due.fire {
         Some((due_ms, kind)) => {
-            if let Err(message) = fire(daemon, store, &due, due_ms, kind).await {
+            if let Err(message) = fire(daemon, host, &due, due_ms, kind).await {
                 tracing::warn!(schedule = %due.name, "the catch-up firing of `{}` failed: {message}", due.name);
             }
         }
@@ -342,14 +343,14 @@ async fn settle_missed(daemon: &Arc<Daemon>, store: &Store, due: Due) {
             ));
             event.schedule = Some(Arc::from(due.name.as_str()));
             daemon.controller.supervisor().publish(event);
-            let stored = daemon
+            let stored = host
                 .schedules
                 .lock()
                 .entries
                 .get(&due.name)
                 .map(Entry::stored);
             if let Some(stored) = stored
-                && let Err(e) = store.schedule(stored).committed().await
+                && let Err(e) = host.store.schedule(stored).committed().await
             {
                 tracing::warn!(schedule = %due.name, "cannot record schedule `{}`: {e}", due.name);
             }
@@ -365,9 +366,12 @@ async fn fire_loop(daemon: Weak<Daemon>) {
             let Some(daemon) = daemon.upgrade() else {
                 return;
             };
+            let Some(host) = daemon.one_host() else {
+                return;
+            };
             (
-                daemon.schedules.lock().soonest(),
-                Arc::clone(&daemon.schedules.wake),
+                host.schedules.lock().soonest(),
+                Arc::clone(&host.schedules.wake),
             )
         };
         // A verb's wake-up after the table was read is kept by the Notify
@@ -389,7 +393,7 @@ async fn fire_loop(daemon: Weak<Daemon>) {
         if daemon.controller.supervisor().is_shutting_down() {
             return;
         }
-        let Some(store) = daemon.local_store() else {
+        let Some(host) = daemon.one_host() else {
             return;
         };
         // Two placers take the due schedules one at a time, each deciding
@@ -397,11 +401,11 @@ async fn fire_loop(daemon: Weak<Daemon>) {
         // a burst is not held up by the decisions of the others, and the
         // burst is placed on both workers.
         let now = now_ms();
-        let helper = (daemon.schedules.due_by(now, PLACER_SHARE + 1) > PLACER_SHARE).then(|| {
-            let (daemon, store) = (Arc::clone(&daemon), store.clone());
-            tokio::spawn(async move { place_due(&daemon, &store, now).await })
+        let helper = (host.schedules.due_by(now, PLACER_SHARE + 1) > PLACER_SHARE).then(|| {
+            let (daemon, host) = (Arc::clone(&daemon), Arc::clone(host));
+            tokio::spawn(async move { place_due(&daemon, &host, now).await })
         });
-        place_due(&daemon, store, now).await;
+        place_due(&daemon, host, now).await;
         if let Some(helper) = helper {
             let _ = helper.await;
         }
@@ -413,8 +417,8 @@ const PLACER_SHARE: usize = 64;
 
 /// Fires the schedules due by `now`, taking them one at a time, until none
 /// is left.
-async fn place_due(daemon: &Arc<Daemon>, store: &Store, now: u64) {
-    while let Some(due) = daemon.schedules.take_next(now) {
+async fn place_due(daemon: &Arc<Daemon>, host: &Arc<OneHost>, now: u64) {
+    while let Some(due) = host.schedules.take_next(now) {
         let Some((due_ms, kind)) = due.fire else {
             continue;
         };
@@ -424,16 +428,16 @@ async fn place_due(daemon: &Arc<Daemon>, store: &Store, now: u64) {
             .plugin(&due.spec.request.plugin)
             .is_some();
         if loaded {
-            if let Err(message) = fire(daemon, store, &due, due_ms, kind).await {
+            if let Err(message) = fire(daemon, host, &due, due_ms, kind).await {
                 tracing::warn!(schedule = %due.name, "schedule `{}` could not fire: {message}", due.name);
             }
             continue;
         }
         // A plugin the daemon has to compile again: in a task of its own,
         // so it does not hold up the other schedules.
-        let (daemon, store) = (Arc::clone(daemon), store.clone());
+        let (daemon, host) = (Arc::clone(daemon), Arc::clone(host));
         tokio::spawn(async move {
-            if let Err(message) = fire(&daemon, &store, &due, due_ms, kind).await {
+            if let Err(message) = fire(&daemon, &host, &due, due_ms, kind).await {
                 tracing::warn!(schedule = %due.name, "schedule `{}` could not fire: {message}", due.name);
             }
         });
@@ -445,7 +449,7 @@ async fn place_due(daemon: &Arc<Daemon>, store: &Store, now: u64) {
 /// Returns what a submission returns.
 async fn fire(
     daemon: &Arc<Daemon>,
-    store: &Store,
+    host: &Arc<OneHost>,
     due: &Due,
     due_ms: u64,
     kind: FireKind,
@@ -463,15 +467,13 @@ async fn fire(
         key: None,
         fired: Some(firing),
     };
-    let (submitted, ticket) = place(daemon, store, request, origin).await?;
+    let (submitted, ticket) = place(daemon, host, request, origin).await?;
     let late = Duration::from_millis(now_ms().saturating_sub(due_ms));
     if kind != FireKind::Run {
         taskhost_core::stats::SCHEDULE_LATENESS.observe(late);
     }
     count_firing(kind);
-    daemon
-        .schedules
-        .record_fire(&due.name, due_ms, submitted.id);
+    host.schedules.record_fire(&due.name, due_ms, submitted.id);
     let name: Arc<str> = Arc::from(submitted.name.as_str());
     let slot: Arc<str> = Arc::from(submitted.slot.as_str());
     let schedule: Arc<str> = Arc::from(due.name.as_str());
@@ -503,7 +505,7 @@ async fn stored(ticket: Ticket) -> Result<(), Failure> {
 /// stores it; its first firing is the first due time from now.
 pub(crate) async fn add(
     daemon: &Arc<Daemon>,
-    store: &Store,
+    host: &Arc<OneHost>,
     spec: ScheduleSpec,
 ) -> Result<ScheduleRow, Failure> {
     let (spec, plugin, zone) = prepare(daemon, spec).await?;
@@ -519,7 +521,7 @@ pub(crate) async fn add(
         spec: Arc::new(spec),
     };
     {
-        let table = daemon.schedules.lock();
+        let table = host.schedules.lock();
         if table.entries.contains_key(&entry.spec.name) {
             return Err(exists(&entry.spec.name));
         }
@@ -528,10 +530,10 @@ pub(crate) async fn add(
             return Err(full(most));
         }
     }
-    stored(store.schedule(entry.stored())).await?;
+    stored(host.store.schedule(entry.stored())).await?;
     let row = entry.row(None);
-    daemon.schedules.lock().put(entry);
-    daemon.schedules.wake.notify_one();
+    host.schedules.lock().put(entry);
+    host.schedules.wake.notify_one();
     Ok(row)
 }
 
@@ -575,9 +577,9 @@ pub(crate) async fn prepare(
 
 /// `host schedule ls`: every schedule, by name, with how its last firing's
 /// task ended.
-pub(crate) async fn list(daemon: &Arc<Daemon>, store: &Store) -> Vec<ScheduleRow> {
+pub(crate) async fn list(daemon: &Arc<Daemon>, host: &Arc<OneHost>) -> Vec<ScheduleRow> {
     let (mut rows, unknown): (Vec<ScheduleRow>, Vec<TaskId>) = {
-        let table = daemon.schedules.lock();
+        let table = host.schedules.lock();
         let mut unknown = Vec::new();
         let rows = table
             .entries
@@ -596,7 +598,7 @@ pub(crate) async fn list(daemon: &Arc<Daemon>, store: &Store) -> Vec<ScheduleRow
         (rows, unknown)
     };
     if !unknown.is_empty() {
-        let store = store.clone();
+        let store = host.store.clone();
         let found = tokio::task::spawn_blocking(move || store.outcome_kinds(&unknown))
             .await
             .unwrap_or_default();
@@ -613,21 +615,17 @@ pub(crate) async fn list(daemon: &Arc<Daemon>, store: &Store) -> Vec<ScheduleRow
 }
 
 /// `host schedule rm`: deletes the schedule; its tasks go on.
-pub(crate) async fn remove(
-    daemon: &Arc<Daemon>,
-    store: &Store,
-    name: &str,
-) -> Result<ScheduleRow, Failure> {
+pub(crate) async fn remove(host: &OneHost, name: &str) -> Result<ScheduleRow, Failure> {
     let row = {
-        let table = daemon.schedules.lock();
+        let table = host.schedules.lock();
         table
             .entries
             .get(name)
             .map(|e| e.row(None))
             .ok_or_else(|| unknown(name))?
     };
-    stored(store.schedule_removed(name)).await?;
-    let mut table = daemon.schedules.lock();
+    stored(host.store.schedule_removed(name)).await?;
+    let mut table = host.schedules.lock();
     if let Some(entry) = table.entries.remove(name) {
         if let Some(next) = entry.next_ms {
             table.due.remove(&(next, name.to_owned()));
@@ -644,7 +642,7 @@ pub(crate) async fn remove(
         }
     }
     drop(table);
-    daemon.schedules.wake.notify_one();
+    host.schedules.wake.notify_one();
     Ok(row)
 }
 
@@ -653,13 +651,13 @@ pub(crate) async fn remove(
 /// catch-up now, `skip` none.
 pub(crate) async fn set_paused(
     daemon: &Arc<Daemon>,
-    store: &Store,
+    host: &Arc<OneHost>,
     name: &str,
     paused: bool,
 ) -> Result<ScheduleRow, Failure> {
     let now = now_ms();
     let (stored_now, was_paused) = {
-        let mut table = daemon.schedules.lock();
+        let mut table = host.schedules.lock();
         let entry = table.entries.get(name).ok_or_else(|| unknown(name))?;
         let was_paused = entry.paused;
         if was_paused != paused {
@@ -675,20 +673,20 @@ pub(crate) async fn set_paused(
         (entry.stored(), was_paused)
     };
     if was_paused == paused {
-        let table = daemon.schedules.lock();
+        let table = host.schedules.lock();
         let entry = table.entries.get(name).ok_or_else(|| unknown(name))?;
         return Ok(entry.row(None));
     }
     let missed = stored_now.spec.missed;
-    stored(store.schedule(stored_now)).await?;
+    stored(host.store.schedule(stored_now)).await?;
     if !paused {
         // What passed while it was paused is missed.
-        if let Some(due) = daemon.schedules.take_one(name, now, missed) {
-            settle_missed(daemon, store, due).await;
+        if let Some(due) = host.schedules.take_one(name, now, missed) {
+            settle_missed(daemon, host, due).await;
         }
-        daemon.schedules.wake.notify_one();
+        host.schedules.wake.notify_one();
     }
-    let table = daemon.schedules.lock();
+    let table = host.schedules.lock();
     let entry = table.entries.get(name).ok_or_else(|| unknown(name))?;
     Ok(entry.row(None))
 }
@@ -697,11 +695,11 @@ pub(crate) async fn set_paused(
 /// even while it is paused; its next firing stays as it was.
 pub(crate) async fn run(
     daemon: &Arc<Daemon>,
-    store: &Store,
+    host: &Arc<OneHost>,
     name: &str,
 ) -> Result<(Submitted, Ticket), Failure> {
     let due = {
-        let table = daemon.schedules.lock();
+        let table = host.schedules.lock();
         let entry = table.entries.get(name).ok_or_else(|| unknown(name))?;
         Due {
             name: name.to_owned(),
@@ -712,5 +710,5 @@ pub(crate) async fn run(
             passed: 0,
         }
     };
-    fire(daemon, store, &due, now_ms(), FireKind::Run).await
+    fire(daemon, host, &due, now_ms(), FireKind::Run).await
 }

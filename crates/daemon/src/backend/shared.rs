@@ -20,6 +20,7 @@ use crate::backend::submit::{self, Accepted};
 use crate::cluster::node::{Cluster, SHIP_BATCH};
 use crate::service::error::ServiceError;
 use crate::service::history::EVENT_HISTORY;
+use crate::service::keys;
 use crate::service::plugins::plugin_path;
 use crate::service::tasks::MAX_FINISHED;
 use crate::store::postgres::{Admission, AdmitError, Canceled};
@@ -380,7 +381,7 @@ async fn shared_submit(
         .idempotency_key
         .clone()
         .map(|key| (key, admission.request.fingerprint()));
-    let since = daemon.keys.cutoff_ms() as i64;
+    let since = keys::cutoff_ms(daemon.config.idempotency_retention) as i64;
     let decide = {
         let (cluster, admission) = (Arc::clone(cluster), Arc::clone(&admission));
         move || -> BoxFuture<'static, Result<Submitted, AdmitError>> {

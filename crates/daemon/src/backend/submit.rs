@@ -23,6 +23,7 @@ use taskhost_runtime::plugin_task::PluginTask;
 
 use taskhost_runtime::Sandbox;
 
+use crate::backend::OneHost;
 use crate::backend::daemon::{Daemon, RecordingGuard};
 use crate::backend::record::Recorded;
 use crate::service::error::ServiceError;
@@ -30,7 +31,7 @@ use crate::service::intake::{
     check_dir_ceiling, check_env_ceiling, check_http_ceiling, check_memory_ceiling,
     left_for_next_start, naming, spec_for,
 };
-use crate::service::keys::{self, KeyEntry};
+use crate::service::keys::{self, KeyEntry, Keys};
 use crate::service::tasks::{Outcome, TaskLog, TaskRecord};
 use crate::store::{Finished, Firing, NewTask, Store, Ticket, now_ms};
 use crate::wire::protocol::{MAX_SUBMIT_INPUT, NotBefore, Placement, SubmitRequest, Submitted};
@@ -69,22 +70,22 @@ pub(crate) enum Accepted {
 /// acknowledgement once it is durable.
 pub(crate) async fn submit(
     daemon: &Arc<Daemon>,
-    store: &Store,
+    host: &OneHost,
     request: SubmitRequest,
 ) -> Result<Accepted, ServiceError> {
     let key = match request.idempotency_key.clone() {
         None => None,
         Some(key) => {
             let fingerprint = request.fingerprint();
-            if let Some(made) = made_before(daemon, store, &key).await {
-                return existing(daemon, store, &key, made, fingerprint).map(Accepted::Now);
+            if let Some(made) = made_before(host, &key).await {
+                return existing(daemon, &host.store, &key, made, fingerprint).map(Accepted::Now);
             }
             Some((key, fingerprint))
         }
     };
     let (submitted, ticket) = place(
         daemon,
-        store,
+        host,
         request,
         Origin::New {
             key: key.clone(),
@@ -100,8 +101,8 @@ pub(crate) async fn submit(
         match ticket.committed().await {
             Ok(()) => Ok(submitted),
             Err(err) => {
-                if let Some((key, _)) = &key {
-                    daemon.keys.release(key, submitted.id);
+                if let (Some((key, _)), Some(host)) = (&key, daemon.one_host()) {
+                    host.keys.release(key, submitted.id);
                 }
                 daemon.controller.remove(submitted.id);
                 Err(ServiceError::Internal(format!(
@@ -113,14 +114,14 @@ pub(crate) async fn submit(
 }
 
 /// What `key` made, if this process or the store remembers it.
-async fn made_before(daemon: &Arc<Daemon>, store: &Store, key: &str) -> Option<KeyEntry> {
-    if let Some(entry) = daemon.keys.get(key) {
+async fn made_before(host: &OneHost, key: &str) -> Option<KeyEntry> {
+    if let Some(entry) = host.keys.get(key) {
         return Some(entry);
     }
-    if !store.is_durable() {
+    if !host.store.is_durable() {
         return None;
     }
-    let (store, key, since) = (store.clone(), key.to_owned(), daemon.keys.cutoff_ms());
+    let (store, key, since) = (host.store.clone(), key.to_owned(), host.keys.cutoff_ms());
     tokio::task::spawn_blocking(move || store.key(&key, since))
         .await
         .ok()
@@ -265,10 +266,11 @@ pub(crate) async fn check(
 /// Validates, records and places one submission.
 pub(crate) async fn place(
     daemon: &Arc<Daemon>,
-    store: &Store,
+    host: &OneHost,
     mut request: SubmitRequest,
     origin: Origin,
 ) -> Result<(Submitted, Ticket), ServiceError> {
+    let store = &host.store;
     let invalid = |m: String| ServiceError::Invalid(m);
     let (plugin, sandbox) = check(daemon, &request).await?;
     let info = plugin.info();
@@ -293,7 +295,7 @@ pub(crate) async fn place(
         key,
         fired,
         recovered,
-    } = match begin(daemon, origin) {
+    } = match begin(daemon, &host.keys, origin) {
         Begin::Placing(start) => start,
         Begin::Made(k, made, fingerprint) => {
             drop(admission);
@@ -303,7 +305,16 @@ pub(crate) async fn place(
     };
     let id = reservation.id();
     let (name, slot, policy) = naming(&request, info, id).map_err(invalid)?;
-    count(daemon, &request, key.as_ref(), id, submitted_ms, recovered).map_err(invalid)?;
+    count(
+        daemon,
+        &host.keys,
+        &request,
+        key.as_ref(),
+        id,
+        submitted_ms,
+        recovered,
+    )
+    .map_err(invalid)?;
     let root = request.root;
     // A delayed submission keeps its due time (a `--delay` from now);
     // until then it waits outside its slot.
@@ -431,11 +442,11 @@ struct Start {
 
 /// Where a submission starts (under the admission lock: of two
 /// submissions of a key sent together one is placed, the other finds it).
-fn begin(daemon: &Daemon, origin: Origin) -> Begin {
+fn begin(daemon: &Daemon, keys: &Keys, origin: Origin) -> Begin {
     match origin {
         Origin::New { key, fired } => {
             if let Some((k, fingerprint)) = &key
-                && let Some(made) = daemon.keys.get(k)
+                && let Some(made) = keys.get(k)
             {
                 return Begin::Made(k.clone(), made, *fingerprint);
             }
@@ -469,6 +480,7 @@ fn begin(daemon: &Daemon, origin: Origin) -> Begin {
 /// admission lock).
 fn count(
     daemon: &Daemon,
+    keys: &Keys,
     request: &SubmitRequest,
     key: Option<&(String, [u8; 32])>,
     id: TaskId,
@@ -485,7 +497,7 @@ fn count(
             fingerprint: *fingerprint,
             created_ms: submitted_ms,
         };
-        let _ = daemon.keys.claim(k, entry);
+        let _ = keys.claim(k, entry);
     }
     Ok(())
 }

@@ -21,6 +21,7 @@ use taskhost_runtime::{
     DEFAULT_POOL_INSTANCES, KvLimits, MemoryKv, POOL_RESERVE, Runtime, RuntimeConfig,
 };
 
+use crate::backend::OneHost;
 use crate::backend::children::Children;
 use crate::backend::daemon::{Daemon, Storage};
 use crate::backend::recovery;
@@ -93,14 +94,11 @@ pub async fn serve(
         tasks: Tasks::new(config.retain_finished, config.retain_bytes),
         history,
         storage,
-        schedules: Default::default(),
-        keys: crate::service::keys::Keys::new(config.idempotency_retention),
         admission: Mutex::new(()),
         keep_unfinished: AtomicBool::new(false),
         shutdown_requested: AtomicBool::new(false),
         recording: Default::default(),
         trees: guests.children.trees(),
-        kv: guests.kv,
         stop,
         closed: watch::channel(false).0,
     });
@@ -110,7 +108,7 @@ pub async fn serve(
         socket = %socket_path.display(),
         state_dir = %config.state_dir.display(),
         store = %match &daemon.storage {
-            Storage::Local(store) => format!("{store:?}"),
+            Storage::Local(host) => format!("{:?}", host.store),
             Storage::Shared(c) => format!("{:?} (node {})", c.pg, c.node()),
         },
         allocator = ?runtime.allocator(),
@@ -350,7 +348,8 @@ async fn open_storage(
                 tracing::warn!("the store is memory: accepted work is lost when the daemon stops");
             }
             crate::service::kv::attach(&guests.kv, &store);
-            Ok((Storage::Local(store), unfinished))
+            let host = OneHost::new(store, config.idempotency_retention, Arc::clone(&guests.kv));
+            Ok((Storage::Local(Arc::new(host)), unfinished))
         }
     }
 }
@@ -359,7 +358,7 @@ async fn open_storage(
 /// its database) under the controller.
 fn controller(config: &DaemonConfig, storage: &Storage, max_concurrent: usize) -> Controller {
     let first_id = match storage {
-        Storage::Local(store) => store.first_id(),
+        Storage::Local(host) => host.store.first_id(),
         Storage::Shared(_) => 1,
     };
     let supervisor = Supervisor::builder()
@@ -393,11 +392,11 @@ async fn start_work(
     unfinished: Vec<Unfinished>,
 ) -> Option<http::Server> {
     let http_server = http_bound.map(|bound| http::start(bound, daemon));
-    if let Some(store) = daemon.local_store()
+    if let Some(host) = daemon.one_host()
         && !unfinished.is_empty()
     {
         let started = std::time::Instant::now();
-        let done = recovery::recover(daemon, store, unfinished).await;
+        let done = recovery::recover(daemon, host, unfinished).await;
         tracing::info!(
             requeued = done.requeued,
             retried = done.retried,

@@ -47,7 +47,7 @@ impl Keys {
 
     /// The oldest creation time still in force.
     pub(crate) fn cutoff_ms(&self) -> u64 {
-        now_ms().saturating_sub(self.retention.as_millis() as u64)
+        cutoff_ms(self.retention)
     }
 
     /// The entry of `key`, unless it has expired.
@@ -92,6 +92,11 @@ impl Keys {
 }
 
 pub(crate) use crate::store::key_conflict as conflict;
+
+/// The oldest creation time of a key still kept `retention` long.
+pub(crate) fn cutoff_ms(retention: Duration) -> u64 {
+    now_ms().saturating_sub(retention.as_millis() as u64)
+}
 
 #[cfg(test)]
 mod tests {

@@ -232,12 +232,12 @@ fn write_durably(tmp: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 pub(crate) fn refs(
     store: Option<&Store>,
     tasks: &Tasks,
-    schedules: &dyn Holders,
+    schedules: Option<&dyn Holders>,
 ) -> HashMap<Digest, PluginRefs> {
     let mut refs = store.map(Store::plugin_refs).unwrap_or_default();
     // A schedule holds its plugin as an unfinished task does: its next
     // firing needs it.
-    for (digest, n) in schedules.plugins() {
+    for (digest, n) in schedules.map(|s| s.plugins()).unwrap_or_default() {
         let entry = refs.entry(digest).or_default();
         entry.unfinished += n;
     }
@@ -267,8 +267,9 @@ pub(crate) struct Users<'a> {
     /// None on a cluster node.
     pub store: Option<&'a Store>,
     pub tasks: &'a Tasks,
-    /// One host's schedules (each holds its plugin).
-    pub schedules: &'a dyn Holders,
+    /// One host's schedules (each holds its plugin); None on a cluster
+    /// node.
+    pub schedules: Option<&'a dyn Holders>,
     pub admission: &'a std::sync::Mutex<()>,
 }
 

@@ -573,7 +573,7 @@ fn time(enc: &mut DescriptorEncoder<'_>, d: &Daemon) -> Out {
             enc,
             "taskhost_schedules",
             "Schedules this daemon holds.",
-            d.schedules.len() as i64,
+            d.one_host().map_or(0, |host| host.schedules.len()) as i64,
         )?;
     }
     histogram(
