@@ -280,14 +280,7 @@ pub(crate) async fn place(
         .admission
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    // A plugin removed (`host plugins rm|prune`) after it was looked up
-    // above is gone now: nothing accepted may refer to it.
-    if !daemon.plugins.is_stored(&request.plugin) {
-        return Err(ServiceError::NotFound(format!(
-            "plugin {} was just removed from the daemon; upload it again",
-            request.plugin
-        )));
-    }
+    still_stored(daemon, &request)?;
     let Start {
         reservation,
         submitted_ms,
@@ -418,6 +411,18 @@ pub(crate) async fn place(
         },
         ticket,
     ))
+}
+
+/// Refuses a submission whose plugin was removed (`host plugins
+/// rm|prune`) after it was looked up: nothing accepted may refer to it.
+fn still_stored(daemon: &Daemon, request: &SubmitRequest) -> Result<(), ServiceError> {
+    if daemon.plugins.is_stored(&request.plugin) {
+        return Ok(());
+    }
+    Err(ServiceError::NotFound(format!(
+        "plugin {} was just removed from the daemon; upload it again",
+        request.plugin
+    )))
 }
 
 /// Where a new submission starts, or the task its idempotency key already

@@ -123,14 +123,7 @@ impl Pg {
                 max: admission.max_descendants,
             });
         }
-        let id: i64 = one(
-            &tx,
-            "cannot allocate an id",
-            "SELECT nextval('taskhost_task_ids')",
-            &[],
-        )
-        .await?
-        .get(0);
+        let id: i64 = next_id(&tx).await?;
         let names = (admission.names)(id_of(id)).map_err(AdmitError::Invalid)?;
         let submitted = match admission.due {
             Some((due_ms, max_delayed)) => {

@@ -137,18 +137,7 @@ impl Pg {
         .await?;
         let mut claimed: Vec<Claimed> = rows
             .iter()
-            .map(|r| {
-                Ok(Claimed {
-                    id: id_of(r.get(0)),
-                    token: r.get(1),
-                    request: decode_request(r.get::<_, &[u8]>(2))?,
-                    plugin: r.get(3),
-                    attempts: r.get::<_, i32>(4).max(0) as u32,
-                    failures: r.get::<_, i32>(5).max(0) as u32,
-                    resume_at_ms: r.get::<_, Option<i64>>(6).map(|v| v.max(0) as u64),
-                    submitted_ms: r.get::<_, i64>(7).max(0) as u64,
-                })
-            })
+            .map(Claimed::from_row)
             .collect::<Result<_, StoreError>>()?;
         claimed.sort_by_key(|c| (std::cmp::Reverse(c.request.priority), c.id));
         Ok(claimed)
@@ -173,20 +162,7 @@ impl Pg {
             &[&node, &held],
         )
         .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Claimed {
-                    id: id_of(r.get(0)),
-                    token: r.get(1),
-                    request: decode_request(r.get::<_, &[u8]>(2))?,
-                    plugin: r.get(3),
-                    attempts: r.get::<_, i32>(4).max(0) as u32,
-                    failures: r.get::<_, i32>(5).max(0) as u32,
-                    resume_at_ms: r.get::<_, Option<i64>>(6).map(|v| v.max(0) as u64),
-                    submitted_ms: r.get::<_, i64>(7).max(0) as u64,
-                })
-            })
-            .collect()
+        rows.iter().map(Claimed::from_row).collect()
     }
 
     /// Records that attempt `attempt` starts under `token`; false if the
@@ -336,5 +312,22 @@ impl Pg {
         )
         .await?;
         Ok(rows.iter().map(|r| id_of(r.get(0))).collect())
+    }
+}
+
+impl Claimed {
+    /// A claim from its row: `id, token, request, plugin, attempts,
+    /// failures, resume_at_ms, submitted_ms`.
+    fn from_row(r: &tokio_postgres::Row) -> Result<Self, StoreError> {
+        Ok(Claimed {
+            id: id_of(r.get(0)),
+            token: r.get(1),
+            request: decode_request(r.get::<_, &[u8]>(2))?,
+            plugin: r.get(3),
+            attempts: r.get::<_, i32>(4).max(0) as u32,
+            failures: r.get::<_, i32>(5).max(0) as u32,
+            resume_at_ms: r.get::<_, Option<i64>>(6).map(|v| v.max(0) as u64),
+            submitted_ms: r.get::<_, i64>(7).max(0) as u64,
+        })
     }
 }

@@ -60,7 +60,9 @@ use link::{Link, Session, Timeouts};
 use crate::store::{Retryable, retry};
 use admit::lock_slot_of;
 use claim::{end_task, promote};
-use sql::{all, db, decode, decode_request, encode, exec, id_of, ms, one, opt, pool_err, sql_id};
+use sql::{
+    all, db, decode, decode_request, encode, exec, id_of, ms, next_id, one, opt, pool_err, sql_id,
+};
 
 /// Notification channels.
 pub(crate) const READY: &str = "taskhost_ready";

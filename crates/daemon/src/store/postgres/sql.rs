@@ -71,6 +71,18 @@ pub(super) async fn one(
     c.query_one(&stmt, params).await.map_err(db(what))
 }
 
+/// A new task id from the database's sequence.
+pub(super) async fn next_id(c: &impl GenericClient) -> Result<i64, StoreError> {
+    let row = one(
+        c,
+        "cannot allocate an id",
+        "SELECT nextval('taskhost_task_ids')",
+        &[],
+    )
+    .await?;
+    Ok(row.get(0))
+}
+
 /// The row a query returns, if any.
 pub(super) async fn opt(
     c: &impl GenericClient,

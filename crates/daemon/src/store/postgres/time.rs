@@ -12,7 +12,7 @@ use taskhost_core::admission::AdmissionPolicy;
 use taskhost_core::outcome::OutcomeKind;
 use taskhost_core::supervisor::TaskId;
 
-use super::{Admission, AdmitError, Pg, all, db, encode, exec, id_of, ms, one, opt};
+use super::{Admission, AdmitError, Pg, all, db, encode, exec, id_of, ms, next_id, one, opt};
 use crate::schedule::{self, CronZone, FireKind, Missed};
 use crate::store::{Retryable, retry};
 use crate::store::{StoreError, StoredSchedule};
@@ -153,14 +153,7 @@ impl Pg {
                 .transaction()
                 .await
                 .map_err(db("cannot start a transaction"))?;
-            let id: i64 = one(
-                &tx,
-                "cannot allocate an id",
-                "SELECT nextval('taskhost_task_ids')",
-                &[],
-            )
-            .await?
-            .get(0);
+            let id: i64 = next_id(&tx).await?;
             let names = (a.names)(id_of(id)).map_err(AdmitError::Invalid)?;
             let submitted = self
                 .delay_in(&tx, a, id, names, due_ms, max_delayed)
@@ -672,14 +665,7 @@ impl Pg {
         request.schedule = Some(stored.spec.name.clone());
         request.not_before = Some(NotBefore::At(due_ms));
         let admission = resolved(request, stored.plugin.clone(), bounds);
-        let id: i64 = one(
-            tx,
-            "cannot allocate an id",
-            "SELECT nextval('taskhost_task_ids')",
-            &[],
-        )
-        .await?
-        .get(0);
+        let id: i64 = next_id(tx).await?;
         let names = (admission.names)(id_of(id))
             .map_err(|e| ScheduleError::Store(StoreError::Failed(e)))?;
         match self.admit_in(tx, &admission, id, names).await {
