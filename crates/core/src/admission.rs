@@ -6,13 +6,13 @@
 //! transaction, so the two cannot drift apart.
 //!
 //! ```
-//! use taskhost_core::admission::{Decision, Limits, OwnerState, SlotSummary, Totals, decide};
+//! use taskhost_core::admission::{Decision, Limits, SlotSummary, Totals, decide};
 //! use taskhost_core::controller::AdmissionPolicy;
 //! use taskhost_core::supervisor::TaskId;
 //!
 //! let limits = Limits::default();
 //! let owner = TaskId::from_u64(1);
-//! let busy = SlotSummary { owner: Some((owner, OwnerState::Running)), queued: 0, head: None, tracked: true };
+//! let busy = SlotSummary { owners: 1, capacity: 1, oldest_running: Some(owner), queued: 0, head: None, tracked: true };
 //! let totals = Totals { pending: 0, slots: 1 };
 //! assert_eq!(decide("db", &busy, AdmissionPolicy::Queue, totals, &limits, false), Decision::Enqueue);
 //! assert_eq!(
@@ -100,14 +100,43 @@ pub struct SlotView {
     pub key: String,
     /// Its state.
     pub state: SlotState,
-    /// The owner's task id.
+    /// The oldest owner's task id.
     pub owner: Option<TaskId>,
+    /// Every owner's task id, oldest first (one at most unless the slot's
+    /// capacity is higher).
+    #[serde(default)]
+    pub owners: Vec<TaskId>,
+    /// How many owners it may hold at once.
+    #[serde(default = "one")]
+    pub capacity: usize,
     /// Submissions waiting behind the owner.
     pub queue_depth: usize,
     /// How long it has been in this state.
     pub in_state_for: Duration,
     /// The ids waiting, in order.
     pub queued: Vec<TaskId>,
+}
+
+fn one() -> usize {
+    1
+}
+
+impl SlotView {
+    /// Adds an owner in its state: the slot's state is its busiest owner's
+    /// (running, then admitting, then terminating).
+    pub fn owned(&mut self, id: TaskId, state: SlotState) {
+        let rank = |s: SlotState| match s {
+            SlotState::Running => 3,
+            SlotState::Admitting => 2,
+            SlotState::Terminating => 1,
+            SlotState::Idle => 0,
+        };
+        if rank(state) > rank(self.state) {
+            self.state = state;
+        }
+        self.owner.get_or_insert(id);
+        self.owners.push(id);
+    }
 }
 
 /// The bounds the rules enforce.
@@ -148,8 +177,14 @@ pub enum OwnerState {
 /// What the rules read of one slot when a submission arrives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlotSummary {
-    /// Its owner, if any.
-    pub owner: Option<(TaskId, OwnerState)>,
+    /// Its owners, running or asked to stop (an owner counts until its
+    /// physical end).
+    pub owners: usize,
+    /// How many owners it may hold at once (at least 1).
+    pub capacity: usize,
+    /// Its oldest owner not asked to stop yet: the one a Replace on a full
+    /// slot stops.
+    pub oldest_running: Option<TaskId>,
     /// Submissions waiting in its queue (a replacement head included).
     pub queued: usize,
     /// The first of them.
@@ -161,7 +196,9 @@ pub struct SlotSummary {
 impl SlotSummary {
     /// An untracked slot: no owner, no queue.
     pub const IDLE: Self = Self {
-        owner: None,
+        owners: 0,
+        capacity: 1,
+        oldest_running: None,
         queued: 0,
         head: None,
         tracked: false,
@@ -202,12 +239,13 @@ pub enum Decision {
     },
 }
 
-/// The rules: a closing host rejects; an idle slot admits every policy
-/// (within the slot bound); a busy one queues (within the slot's and the
-/// total bounds), replaces (a new head counts against the total bound, a
-/// displaced one does not) or rejects by policy. An ownerless slot with a
-/// queue (in a cluster, a release cut short) queues everything behind its
-/// head.
+/// The rules: a closing host rejects; a slot with a free place (fewer
+/// owners than its capacity) admits every policy (within the slot bound);
+/// a full one queues (within the slot's and the total bounds), replaces (a
+/// new head counts against the total bound, a displaced one does not; the
+/// oldest owner not asked to stop yet is asked to) or rejects by policy. A
+/// slot with a free place and a queue (in a cluster, a release cut short)
+/// queues everything behind its head.
 pub fn decide(
     slot_key: &str,
     slot: &SlotSummary,
@@ -232,7 +270,7 @@ pub fn decide(
             ),
         )
     };
-    let Some((owner, owner_state)) = slot.owner else {
+    if slot.owners < slot.capacity.max(1) {
         if slot.queued > 0 {
             return Decision::Enqueue;
         }
@@ -246,7 +284,7 @@ pub fn decide(
             );
         }
         return Decision::Admit;
-    };
+    }
     match policy {
         AdmissionPolicy::DropIfRunning => reject(
             RejectionKind::SlotBusy,
@@ -268,7 +306,7 @@ pub fn decide(
         }
         AdmissionPolicy::Replace => Decision::Replace {
             displaced: slot.head,
-            stop: (owner_state == OwnerState::Running).then_some(owner),
+            stop: slot.oldest_running,
         },
     }
 }
@@ -283,7 +321,9 @@ mod tests {
 
     fn busy(queued: usize, state: OwnerState) -> SlotSummary {
         SlotSummary {
-            owner: Some((id(1), state)),
+            owners: 1,
+            capacity: 1,
+            oldest_running: (state == OwnerState::Running).then(|| id(1)),
             queued,
             head: (queued > 0).then(|| id(2)),
             tracked: true,
@@ -425,6 +465,72 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_with_room_admits_and_a_full_one_stops_its_oldest_running_owner() {
+        let limits = Limits::default();
+        let t = Totals {
+            pending: 0,
+            slots: 1,
+        };
+        let slot = |owners, oldest_running| SlotSummary {
+            owners,
+            capacity: 3,
+            oldest_running,
+            queued: 0,
+            head: None,
+            tracked: true,
+        };
+        for policy in [AdmissionPolicy::DropIfRunning, AdmissionPolicy::Replace] {
+            assert_eq!(
+                decide("s", &slot(2, Some(id(1))), policy, t, &limits, false),
+                Decision::Admit
+            );
+        }
+        assert_eq!(
+            decide(
+                "s",
+                &slot(3, Some(id(4))),
+                AdmissionPolicy::Replace,
+                t,
+                &limits,
+                false
+            ),
+            Decision::Replace {
+                displaced: None,
+                stop: Some(id(4))
+            }
+        );
+        // Every owner asked to stop already: none is asked again.
+        assert_eq!(
+            decide(
+                "s",
+                &slot(3, None),
+                AdmissionPolicy::Replace,
+                t,
+                &limits,
+                false
+            ),
+            Decision::Replace {
+                displaced: None,
+                stop: None
+            }
+        );
+        assert!(matches!(
+            decide(
+                "s",
+                &slot(3, Some(id(4))),
+                AdmissionPolicy::DropIfRunning,
+                t,
+                &limits,
+                false
+            ),
+            Decision::Reject {
+                kind: RejectionKind::SlotBusy,
+                ..
+            }
+        ));
+    }
+
+    #[test]
     fn a_closing_host_rejects_and_an_ownerless_queue_queues() {
         let limits = Limits::default();
         assert!(matches!(
@@ -442,7 +548,9 @@ mod tests {
             }
         ));
         let cut_short = SlotSummary {
-            owner: None,
+            owners: 0,
+            capacity: 1,
+            oldest_running: None,
             queued: 1,
             head: Some(id(2)),
             tracked: true,

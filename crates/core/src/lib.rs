@@ -33,6 +33,7 @@
 //! | `supervisor` | how often and how long a task runs, and its one outcome |
 //! | `controller` | when a submission may enter the supervisor (slots) |
 //! | `admission` | the words of a slot and its rules, as a pure function |
+//! | `slot_settings` | what an operator sets on slots, by name or pattern: capacity, queue bound |
 //! | `lifecycle` | the words of a task's life: its states, where it was placed |
 //! | `outcome` | how a task ended |
 //! | `recovery` | what becomes of a task its host lost (a stop, a crash, a dead node) |
@@ -49,6 +50,7 @@ pub mod lifecycle;
 pub mod logline;
 pub mod outcome;
 pub mod recovery;
+pub mod slot_settings;
 pub mod stats;
 pub mod supervisor;
 pub mod units;

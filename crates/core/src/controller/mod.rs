@@ -1,7 +1,7 @@
 //! The keyed admission controller (docs/semantics.md): each slot has at most one
-//! owner from admission until physical completion; a busy slot queues,
-//! replaces or rejects new work according to the submission's policy; every
-//! queue is bounded. It decides *when* a task may enter the supervisor;
+//! owner (or its capacity's number, [`SlotRules`]) from admission until
+//! physical completion; a full slot queues, replaces or rejects new work
+//! according to the submission's policy; every queue is bounded. It decides *when* a task may enter the supervisor;
 //! everything after admission is the supervisor's business.
 //!
 //! Intake is synchronous: a submission is placed (admitted, queued or
@@ -39,10 +39,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::admission::{self, Decision, Limits, OwnerState, SlotSummary, Totals};
+use crate::admission::{self, Decision, Limits, SlotSummary, Totals};
 pub use crate::admission::{AdmissionPolicy, SlotState, SlotView};
 pub use crate::lifecycle::Placement;
 use crate::outcome::{RejectionKind, TaskOutcome};
+use crate::slot_settings::{SlotRules, SlotSettings};
 use crate::supervisor::{
     Event, EventKind, OutcomeCell, Reservation, ShutdownReport, Supervisor, TaskId, TaskRef,
     TaskReport, TaskSpec, TaskWaiter,
@@ -175,11 +176,41 @@ impl Pending {
     }
 }
 
-struct Slot {
+/// One owner of a slot, in its state (`Admitting`, `Running` or
+/// `Terminating`).
+struct Owner {
+    id: TaskId,
     state: SlotState,
-    owner: Option<TaskId>,
+}
+
+struct Slot {
+    /// Oldest first.
+    owners: Vec<Owner>,
+    /// The operator's settings for it, read when it was tracked and again
+    /// when they change.
+    settings: SlotSettings,
     since: Instant,
     queue: VecDeque<Pending>,
+}
+
+impl Slot {
+    fn new(settings: SlotSettings) -> Self {
+        Self {
+            owners: Vec::new(),
+            settings,
+            since: Instant::now(),
+            queue: VecDeque::new(),
+        }
+    }
+
+    /// Its oldest owner.
+    fn first_owner(&self) -> Option<TaskId> {
+        self.owners.first().map(|o| o.id)
+    }
+
+    fn has_room(&self) -> bool {
+        self.owners.len() < self.settings.capacity()
+    }
 }
 
 #[derive(Default)]
@@ -197,6 +228,8 @@ struct State {
     delayed_at: HashMap<TaskId, tokio::time::Instant, foldhash::fast::RandomState>,
     /// Whether the task that places delayed submissions when due runs.
     timer: bool,
+    /// The operator's settings of slots.
+    rules: SlotRules,
 }
 
 struct Inner {
@@ -321,34 +354,42 @@ impl Controller {
         policy: AdmissionPolicy,
         slot: &Arc<str>,
     ) -> Result<Option<Placement>, (RejectionKind, String)> {
-        let summary = match state.slots.get(slot) {
-            None => SlotSummary::IDLE,
-            Some(s) => SlotSummary {
-                owner: s.owner.map(|owner| {
-                    let state = match s.state {
-                        SlotState::Terminating => OwnerState::Stopping,
-                        _ => OwnerState::Running,
-                    };
-                    (owner, state)
-                }),
-                queued: s.queue.len(),
-                head: s.queue.front().map(Pending::id),
-                tracked: true,
-            },
+        let (summary, owner, max_queue) = match state.slots.get(slot) {
+            None => (SlotSummary::IDLE, None, None),
+            Some(s) => (
+                SlotSummary {
+                    owners: s.owners.len(),
+                    capacity: s.settings.capacity(),
+                    oldest_running: s
+                        .owners
+                        .iter()
+                        .find(|o| o.state != SlotState::Terminating)
+                        .map(|o| o.id),
+                    queued: s.queue.len(),
+                    head: s.queue.front().map(Pending::id),
+                    tracked: true,
+                },
+                s.first_owner(),
+                s.settings.max_queue,
+            ),
         };
         let totals = Totals {
             pending: state.pending,
             slots: state.slots.len(),
         };
-        let decision = admission::decide(
-            slot,
-            &summary,
-            policy,
-            totals,
-            &self.inner.config,
-            state.closed,
-        );
-        self.apply(state, slot, summary.owner.map(|o| o.0), decision, pending)
+        let own_bound;
+        let limits = match max_queue {
+            Some(max_slot_queue) => {
+                own_bound = Limits {
+                    max_slot_queue,
+                    ..self.inner.config.clone()
+                };
+                &own_bound
+            }
+            None => &self.inner.config,
+        };
+        let decision = admission::decide(slot, &summary, policy, totals, limits, state.closed);
+        self.apply(state, slot, owner, decision, pending)
     }
 
     /// Carries out an admission decision on the slot table.
@@ -381,10 +422,11 @@ impl Controller {
                 };
                 let old = displaced.and_then(|_| slot.queue.pop_front());
                 slot.queue.push_front(pending);
-                if stop.is_some() {
+                if let Some(stop) = stop {
                     self.transition(
                         slot_key,
                         slot,
+                        stop,
                         SlotState::Terminating,
                         "replaced by a newer submission",
                     );
@@ -429,19 +471,17 @@ impl Controller {
     /// Makes `pending` the owner of `slot_key` and registers it; false if
     /// the supervisor refused it (its waiter then holds the Rejected).
     fn admit(&self, state: &mut State, slot_key: &Arc<str>, pending: Pending) -> bool {
-        let now = Instant::now();
+        let rules = &state.rules;
         let slot = state
             .slots
             .entry(Arc::clone(slot_key))
-            .or_insert_with(|| Slot {
-                state: SlotState::Idle,
-                owner: None,
-                since: now,
-                queue: VecDeque::new(),
-            });
+            .or_insert_with(|| Slot::new(rules.for_slot(slot_key)));
         let id = pending.id();
-        slot.owner = Some(id);
-        self.transition(slot_key, slot, SlotState::Admitting, "admitted");
+        slot.owners.push(Owner {
+            id,
+            state: SlotState::Idle,
+        });
+        self.transition(slot_key, slot, id, SlotState::Admitting, "admitted");
         let controller = self.clone();
         let key = Arc::clone(slot_key);
         let on_gone: Box<dyn FnOnce() + Send + Sync> =
@@ -455,14 +495,14 @@ impl Controller {
             Ok(()) => {
                 state.owners.insert(id, Arc::clone(slot_key));
                 if let Some(slot) = state.slots.get_mut(slot_key) {
-                    self.transition(slot_key, slot, SlotState::Running, "registered");
+                    self.transition(slot_key, slot, id, SlotState::Running, "registered");
                 }
                 true
             }
             Err(_) => {
                 // The waiter already holds the Rejected outcome; the slot
                 // moves on at once.
-                self.release(state, slot_key, "registration failed");
+                self.release(state, slot_key, id, "registration failed");
                 false
             }
         }
@@ -472,45 +512,89 @@ impl Controller {
     fn owner_gone(&self, slot_key: &Arc<str>, id: TaskId) {
         let mut state = self.lock();
         state.owners.remove(&id);
-        if state
-            .slots
-            .get(slot_key)
-            .is_some_and(|s| s.owner == Some(id))
-        {
-            self.release(&mut state, slot_key, "owner physically completed");
-        }
+        self.release(&mut state, slot_key, id, "owner physically completed");
     }
 
-    /// Frees a slot and admits its queue head, if any (unless closed).
-    fn release(&self, state: &mut State, slot_key: &Arc<str>, why: &str) {
+    /// Frees owner `id`'s place in a slot and admits its queue's heads
+    /// while it has room (unless closed); forgets a slot left with no
+    /// owner and no queue.
+    fn release(&self, state: &mut State, slot_key: &Arc<str>, id: TaskId, why: &str) {
         let Some(slot) = state.slots.get_mut(slot_key) else {
             return;
         };
-        slot.owner = None;
-        self.transition(slot_key, slot, SlotState::Idle, why);
-        if state.closed {
+        if !slot.owners.iter().any(|o| o.id == id) {
             return;
         }
-        let next = slot.queue.pop_front();
-        match next {
-            Some(next) => {
-                state.pending -= 1;
-                state.queued.remove(&next.id());
-                self.admit(state, slot_key, next);
+        self.transition(slot_key, slot, id, SlotState::Idle, why);
+        if !state.closed {
+            self.fill(state, slot_key);
+        }
+    }
+
+    /// Admits a slot's queue heads while it has room; forgets it when it has
+    /// no owner and no queue.
+    fn fill(&self, state: &mut State, slot_key: &Arc<str>) {
+        loop {
+            let Some(slot) = state.slots.get_mut(slot_key) else {
+                return;
+            };
+            if !slot.has_room() {
+                return;
             }
-            None => {
-                state.slots.remove(slot_key);
+            let Some(next) = slot.queue.pop_front() else {
+                if slot.owners.is_empty() {
+                    state.slots.remove(slot_key);
+                }
+                return;
+            };
+            state.pending -= 1;
+            state.queued.remove(&next.id());
+            self.admit(state, slot_key, next);
+        }
+    }
+
+    /// Replaces the operator's slot settings. Each tracked slot takes its
+    /// new ones at once: a larger capacity admits its waiting heads now; a
+    /// smaller one lets the owners it has finish (none is stopped) and
+    /// admits none until they are below it.
+    pub fn set_slot_rules(&self, rules: SlotRules) {
+        let mut state = self.lock();
+        let keys: Vec<Arc<str>> = state.slots.keys().cloned().collect();
+        for key in &keys {
+            let settings = rules.for_slot(key);
+            if let Some(slot) = state.slots.get_mut(key) {
+                slot.settings = settings;
+            }
+        }
+        state.rules = rules;
+        if !state.closed {
+            for key in &keys {
+                self.fill(&mut state, key);
             }
         }
     }
 
-    fn transition(&self, key: &Arc<str>, slot: &mut Slot, to: SlotState, why: &str) {
-        let from = slot.state;
-        slot.state = to;
+    /// The operator's slot settings as the controller holds them.
+    pub fn slot_rules(&self) -> SlotRules {
+        self.lock().rules.clone()
+    }
+
+    /// Moves owner `id` of a slot to `to` (to `Idle`: out of the slot) and
+    /// says so in an event.
+    fn transition(&self, key: &Arc<str>, slot: &mut Slot, id: TaskId, to: SlotState, why: &str) {
+        let Some(at) = slot.owners.iter().position(|o| o.id == id) else {
+            return;
+        };
+        let from = slot.owners[at].state;
+        if to == SlotState::Idle {
+            slot.owners.remove(at);
+        } else {
+            slot.owners[at].state = to;
+        }
         slot.since = Instant::now();
         let mut event = Event::new(EventKind::ControllerSlotTransition).reason(why);
         event.slot = Some(Arc::clone(key));
-        event.task_id = slot.owner;
+        event.task_id = (to != SlotState::Idle).then_some(id);
         let mut detail = String::with_capacity(24);
         detail.push_str(from.as_str());
         detail.push_str("->");
@@ -626,10 +710,18 @@ impl Controller {
             return;
         };
         if let Some(slot) = state.slots.get_mut(&key)
-            && slot.state == SlotState::Running
-            && slot.owner == Some(id)
+            && slot
+                .owners
+                .iter()
+                .any(|o| o.id == id && o.state == SlotState::Running)
         {
-            self.transition(&key, slot, SlotState::Terminating, "owner asked to stop");
+            self.transition(
+                &key,
+                slot,
+                id,
+                SlotState::Terminating,
+                "owner asked to stop",
+            );
         }
     }
 

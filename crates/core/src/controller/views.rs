@@ -34,13 +34,21 @@ impl Controller {
         let mut views: Vec<SlotView> = state
             .slots
             .iter()
-            .map(|(key, slot)| SlotView {
-                key: key.to_string(),
-                state: slot.state,
-                owner: slot.owner,
-                queue_depth: slot.queue.len(),
-                in_state_for: now.saturating_duration_since(slot.since),
-                queued: slot.queue.iter().map(Pending::id).collect(),
+            .map(|(key, slot)| {
+                let mut view = SlotView {
+                    key: key.to_string(),
+                    state: SlotState::Idle,
+                    owner: None,
+                    owners: Vec::with_capacity(slot.owners.len()),
+                    capacity: slot.settings.capacity(),
+                    queue_depth: slot.queue.len(),
+                    in_state_for: now.saturating_duration_since(slot.since),
+                    queued: slot.queue.iter().map(Pending::id).collect(),
+                };
+                for owner in &slot.owners {
+                    view.owned(owner.id, owner.state);
+                }
+                view
             })
             .collect();
         views.sort_by(|a, b| a.key.cmp(&b.key));
@@ -56,7 +64,7 @@ impl Controller {
             && state
                 .slots
                 .get(slot)
-                .is_none_or(|s| s.state == SlotState::Idle)
+                .is_none_or(|s| s.has_room() && s.queue.is_empty())
     }
 
     /// The slot a queued submission waits in, if it is queued.

@@ -4,6 +4,7 @@
 //! Native bodies on a paused clock where timing matters, real plugins where
 //! the sandbox matters.
 
+mod capacity;
 #[path = "../supervisor/common_sup.rs"]
 mod common_sup;
 

@@ -88,7 +88,12 @@ pub(super) fn decide(
         holder: "the cluster",
     };
     let summary = SlotSummary {
-        owner: now.owner,
+        owners: usize::from(now.owner.is_some()),
+        capacity: 1,
+        oldest_running: now
+            .owner
+            .filter(|(_, state)| *state == OwnerState::Running)
+            .map(|(id, _)| id),
         queued: now.queued,
         head: now.head.map(|h| h.0),
         tracked: true,

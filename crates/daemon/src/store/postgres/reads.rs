@@ -210,6 +210,8 @@ impl Pg {
                     key: key.clone(),
                     state: SlotState::Idle,
                     owner: None,
+                    owners: Vec::new(),
+                    capacity: 1,
                     queue_depth: 0,
                     in_state_for: Duration::ZERO,
                     queued: Vec::new(),
@@ -223,18 +225,9 @@ impl Pg {
                     view.queued.push(id);
                     view.queue_depth += 1;
                 }
-                Some(TaskState::Ready) => {
-                    view.owner = Some(id);
-                    view.state = SlotState::Admitting;
-                }
-                Some(TaskState::Stopping) => {
-                    view.owner = Some(id);
-                    view.state = SlotState::Terminating;
-                }
-                _ => {
-                    view.owner = Some(id);
-                    view.state = SlotState::Running;
-                }
+                Some(TaskState::Ready) => view.owned(id, SlotState::Admitting),
+                Some(TaskState::Stopping) => view.owned(id, SlotState::Terminating),
+                _ => view.owned(id, SlotState::Running),
             }
         }
         Ok(slots)

@@ -1,0 +1,280 @@
+//! Owns what an operator sets on slots: each rule names a slot exactly or
+//! by a glob pattern (`*` any run of characters, `/` included; `?` one
+//! character) and says how many owners the slots it matches may hold at
+//! once (`capacity`) and how many submissions may wait in each
+//! (`max_queue`). A slot takes its settings from the rule that names it
+//! exactly, else from the longest pattern that matches it (of two as long,
+//! the first in byte order). What no rule sets is today's: one owner, the
+//! host's `max_slot_queue`.
+//!
+//! ```
+//! use taskhost_core::slot_settings::{SlotRules, SlotSettings};
+//!
+//! let mut rules = SlotRules::default();
+//! rules.set("db/*", SlotSettings { capacity: Some(4), ..Default::default() }).unwrap();
+//! rules.set("db/main", SlotSettings { capacity: Some(1), max_queue: Some(10) }).unwrap();
+//! assert_eq!(rules.for_slot("db/replica").capacity, Some(4));
+//! assert_eq!(rules.for_slot("db/main").capacity, Some(1));
+//! assert_eq!(rules.for_slot("cache").capacity, None);
+//! ```
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The most owners one slot may hold at once.
+pub const MAX_CAPACITY: u32 = 100_000;
+
+/// The longest pattern a rule may have.
+pub const MAX_PATTERN: usize = 512;
+
+/// The most rules a host keeps.
+pub const MAX_RULES: usize = 10_000;
+
+/// What a rule sets on the slots it matches; a field left `None` keeps the
+/// default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotSettings {
+    /// Owners at once (1 to [`MAX_CAPACITY`]); the default is 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<u32>,
+    /// Submissions waiting in one slot, counting a replacement head; the
+    /// default is the host's `max_slot_queue`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queue: Option<usize>,
+}
+
+impl SlotSettings {
+    /// The capacity as the rules use it.
+    pub fn capacity(&self) -> usize {
+        self.capacity.map_or(1, |c| c as usize)
+    }
+
+    /// Refuses a capacity of 0 or above [`MAX_CAPACITY`], naming the fix.
+    pub fn check(&self) -> Result<(), String> {
+        match self.capacity {
+            Some(0) => Err("--capacity must be at least 1".to_owned()),
+            Some(c) if c > MAX_CAPACITY => Err(format!(
+                "--capacity {c} is above the most a slot may hold ({MAX_CAPACITY})"
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The operator's rules, by pattern.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlotRules {
+    exact: BTreeMap<String, SlotSettings>,
+    /// Patterns with a wildcard, longest first.
+    globs: Vec<(String, SlotSettings)>,
+}
+
+impl SlotRules {
+    /// Sets the rule for `pattern` (replacing one there was); refuses a
+    /// pattern that is empty or too long, bad settings, and a rule past
+    /// [`MAX_RULES`].
+    pub fn set(&mut self, pattern: &str, settings: SlotSettings) -> Result<(), String> {
+        check_pattern(pattern)?;
+        settings.check()?;
+        let known = self.exact.contains_key(pattern) || self.globs.iter().any(|g| g.0 == pattern);
+        if !known && self.len() >= MAX_RULES {
+            return Err(format!(
+                "the host holds its limit of {MAX_RULES} slot rules; unset some first (`host slot unset PATTERN`)"
+            ));
+        }
+        if is_glob(pattern) {
+            self.globs.retain(|g| g.0 != pattern);
+            self.globs.push((pattern.to_owned(), settings));
+            self.globs
+                .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+        } else {
+            self.exact.insert(pattern.to_owned(), settings);
+        }
+        Ok(())
+    }
+
+    /// Removes the rule for `pattern`; false if there was none.
+    pub fn unset(&mut self, pattern: &str) -> bool {
+        if self.exact.remove(pattern).is_some() {
+            return true;
+        }
+        let before = self.globs.len();
+        self.globs.retain(|g| g.0 != pattern);
+        self.globs.len() != before
+    }
+
+    /// The settings of slot `key`.
+    pub fn for_slot(&self, key: &str) -> SlotSettings {
+        if let Some(settings) = self.exact.get(key) {
+            return *settings;
+        }
+        self.globs
+            .iter()
+            .find(|(pattern, _)| matches(pattern.as_bytes(), key.as_bytes()))
+            .map(|(_, settings)| *settings)
+            .unwrap_or_default()
+    }
+
+    /// Every rule, by pattern.
+    pub fn rules(&self) -> Vec<(String, SlotSettings)> {
+        let mut all: Vec<_> = self
+            .exact
+            .iter()
+            .map(|(p, s)| (p.clone(), *s))
+            .chain(self.globs.iter().cloned())
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// How many rules there are.
+    pub fn len(&self) -> usize {
+        self.exact.len() + self.globs.len()
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Refuses an empty pattern, one over [`MAX_PATTERN`] bytes, and one with
+/// control characters.
+pub fn check_pattern(pattern: &str) -> Result<(), String> {
+    if pattern.is_empty() {
+        return Err("a slot pattern must not be empty (name a slot, or use `*` for all)".into());
+    }
+    if pattern.len() > MAX_PATTERN {
+        return Err(format!(
+            "a slot pattern may be {MAX_PATTERN} bytes at the most (this one is {})",
+            pattern.len()
+        ));
+    }
+    if pattern.chars().any(char::is_control) {
+        return Err("a slot pattern must not contain control characters".into());
+    }
+    Ok(())
+}
+
+fn is_glob(pattern: &str) -> bool {
+    pattern.contains(['*', '?'])
+}
+
+/// Whether `text` matches `pattern` (`*` any run, `?` one character): the
+/// usual two-pointer walk, back to the last star on a mismatch, so linear
+/// in practice and never worse than their product.
+fn matches(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match pattern.get(p) {
+            Some(b'*') => {
+                star = Some((p, t));
+                p += 1;
+            }
+            Some(b'?') => {
+                // One character, not one byte.
+                p += 1;
+                t += utf8_len(text[t]);
+            }
+            Some(c) if *c == text[t] => {
+                p += 1;
+                t += 1;
+            }
+            _ => match star {
+                Some((sp, st)) => {
+                    let next = st + utf8_len(text[st]);
+                    star = Some((sp, next));
+                    p = sp + 1;
+                    t = next;
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p.min(pattern.len())..].iter().all(|c| *c == b'*')
+}
+
+fn utf8_len(first: u8) -> usize {
+    match first {
+        0xF0..=0xFF => 4,
+        0xE0..=0xEF => 3,
+        0xC0..=0xDF => 2,
+        _ => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cap(n: u32) -> SlotSettings {
+        SlotSettings {
+            capacity: Some(n),
+            max_queue: None,
+        }
+    }
+
+    #[test]
+    fn globs_match_runs_and_single_characters() {
+        for (pattern, text, want) in [
+            ("*", "", true),
+            ("*", "db/main", true),
+            ("db/*", "db/main", true),
+            ("db/*", "db", false),
+            ("db/*", "db/a/b", true),
+            ("*/main", "db/main", true),
+            ("d?/x", "db/x", true),
+            ("d?/x", "dbb/x", false),
+            ("?", "é", true),
+            ("a*b*c", "axxbyyc", true),
+            ("a*b*c", "axxbyy", false),
+            ("**", "anything", true),
+        ] {
+            assert_eq!(
+                matches(pattern.as_bytes(), text.as_bytes()),
+                want,
+                "{pattern} ~ {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_exact_name_wins_then_the_longest_pattern() {
+        let mut rules = SlotRules::default();
+        rules.set("*", cap(2)).unwrap();
+        rules.set("db/*", cap(3)).unwrap();
+        rules.set("db/main", cap(5)).unwrap();
+        assert_eq!(rules.for_slot("db/main").capacity, Some(5));
+        assert_eq!(rules.for_slot("db/other").capacity, Some(3));
+        assert_eq!(rules.for_slot("web").capacity, Some(2));
+        assert!(rules.unset("db/*"));
+        assert!(!rules.unset("db/*"));
+        assert_eq!(rules.for_slot("db/other").capacity, Some(2));
+        rules.set("*", cap(7)).unwrap();
+        assert_eq!(rules.len(), 2);
+        assert_eq!(rules.for_slot("web").capacity, Some(7));
+    }
+
+    #[test]
+    fn bad_patterns_and_capacities_are_refused_with_their_fix() {
+        let mut rules = SlotRules::default();
+        assert!(
+            rules
+                .set("", cap(1))
+                .unwrap_err()
+                .contains("must not be empty")
+        );
+        assert!(rules.set("x", cap(0)).unwrap_err().contains("at least 1"));
+        assert!(
+            rules
+                .set("x", cap(MAX_CAPACITY + 1))
+                .unwrap_err()
+                .contains("above the most")
+        );
+        assert!(rules.set(&"x".repeat(MAX_PATTERN + 1), cap(1)).is_err());
+        assert!(rules.is_empty());
+    }
+}
