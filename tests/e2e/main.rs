@@ -21,6 +21,7 @@
 //! | `guest_limits` | per-attempt caps on files and handles, memory over all memories, the memory ceiling |
 //! | `cluster` | cluster mode on a real PostgreSQL |
 //! | `time` | schedules, delayed submissions and priorities on one host |
+//! | `flow` | flow control on slots: rules, capacity against each policy, the capacity invariant across kills |
 //! | `remote` | `host --remote`, tokens with scopes, TLS, the JSON API's verbs |
 //! | `observability` | `--http`: metrics, the JSON API, the dashboard in Chromium |
 //! | `traces` | OpenTelemetry traces to a collector in the test |
@@ -38,6 +39,8 @@ mod common;
 mod daemon;
 #[path = "common/http.rs"]
 mod http;
+#[path = "../../crates/core/tests/controller/invariants.rs"]
+mod invariants;
 #[path = "common/partition.rs"]
 mod partition;
 #[path = "common/postgres.rs"]
@@ -55,6 +58,7 @@ mod docs;
 mod durability;
 mod exhaustion;
 mod faults;
+mod flow;
 mod guest_limits;
 mod guests;
 mod kv;

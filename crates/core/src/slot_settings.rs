@@ -37,11 +37,11 @@ pub const MAX_RULES: usize = 10_000;
 #[serde(deny_unknown_fields)]
 pub struct SlotSettings {
     /// Owners at once (1 to [`MAX_CAPACITY`]); the default is 1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub capacity: Option<u32>,
     /// Submissions waiting in one slot, counting a replacement head; the
     /// default is the host's `max_slot_queue`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub max_queue: Option<usize>,
 }
 

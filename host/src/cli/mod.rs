@@ -140,9 +140,12 @@ enum Command {
   host schedule run nightly --wait
   host schedule rm nightly")]
     Schedule(client::schedule::ScheduleArgs),
-    /// Show the controller's slots: state, owner, queue depth, time in state.
+    /// Show the controller's slots: state, owners of capacity, queue depth, time in state.
     #[command(after_long_help = "EXAMPLES:\n  host slots\n  host slots --json")]
     Slots(client::tasks::SlotsArgs),
+    /// Set, remove or list the operator's slot rules: how many owners a slot (or a pattern of slots) may hold at once, and how many submissions may wait in it.
+    #[command(subcommand_required = true)]
+    Slot(client::slot::SlotArgs),
     /// List the plugins the daemon stores, or remove the ones no task needs.
     #[command(
         after_long_help = "EXAMPLES:\n  host plugins ls\n  host plugins rm 3f9a1c\n  host plugins prune"
@@ -265,6 +268,7 @@ pub fn main() -> ExitCode {
             Command::Schedule(args) => client::schedule::schedule(args, socket).await,
             Command::Plugins(args) => client::plugins::plugins(args, socket).await,
             Command::Kv(args) => client::kv::kv(args, socket).await,
+            Command::Slot(args) => client::slot::slot(args, socket).await,
             Command::Events(args) => client::streams::events(args, socket).await,
             Command::Logs(args) => client::streams::logs(args, socket).await,
             Command::Shutdown(args) => client::admin::shutdown(args, socket).await,

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use taskhost_core::slot_settings::SlotSettings;
 use taskhost_core::supervisor::{Event, Received, TaskId, TaskRef};
 use taskhost_runtime::{Digest, MemoryKv};
 
-use super::{Found, Item, Scheduled, not_found, until_closed};
+use super::{Found, Item, Scheduled, SlotRuled, not_found, until_closed};
 use crate::backend::daemon::Daemon;
 use crate::backend::schedules::Schedules;
 use crate::backend::submit::{self, Accepted};
@@ -21,7 +22,8 @@ use crate::service::keys::Keys;
 use crate::service::tasks::{MAX_FINISHED, TaskRecord};
 use crate::store::{self, Store};
 use crate::wire::protocol::{
-    EventFilter, NotBefore, ScheduleVerb, SubmitRequest, TaskRow, TaskState,
+    EventFilter, NotBefore, ScheduleVerb, SlotRuleRow, SlotRuleVerb, SubmitRequest, TaskRow,
+    TaskState,
 };
 
 /// One host: the daemon and what it keeps itself.
@@ -38,6 +40,9 @@ pub(crate) struct OneHost {
     pub(crate) schedules: Schedules,
     pub(crate) keys: Keys,
     pub(crate) kv: Arc<MemoryKv>,
+    /// Held by a slot-rule verb from its change to the controller's, so
+    /// the store's order of rules is the controller's.
+    pub(crate) rules_turn: tokio::sync::Mutex<()>,
 }
 
 impl OneHost {
@@ -48,6 +53,7 @@ impl OneHost {
             schedules: Schedules::default(),
             keys: Keys::new(key_retention),
             kv,
+            rules_turn: tokio::sync::Mutex::new(()),
         }
     }
 }
@@ -99,6 +105,50 @@ impl Local<'_> {
                 })
             }
         })
+    }
+
+    /// A verb on the operator's slot rules: a change is stored, then the
+    /// controller takes it (for its next decision).
+    pub(super) async fn slot_rule(&self, verb: SlotRuleVerb) -> Result<SlotRuled, ServiceError> {
+        let controller = &self.daemon.controller;
+        let _turn = self.host.rules_turn.lock().await;
+        let mut rules = controller.slot_rules();
+        let (row, settings) = match verb {
+            SlotRuleVerb::List => {
+                let rows = rules.rules().into_iter().map(rule_row).collect();
+                return Ok(SlotRuled::Rows(rows));
+            }
+            SlotRuleVerb::Set(row) => {
+                rules
+                    .set(&row.pattern, row.settings)
+                    .map_err(ServiceError::Invalid)?;
+                let settings = Some(row.settings);
+                (row, settings)
+            }
+            SlotRuleVerb::Unset(pattern) => {
+                let old = rules
+                    .rules()
+                    .into_iter()
+                    .find(|(p, _)| *p == pattern)
+                    .ok_or_else(|| {
+                        ServiceError::NotFound(format!(
+                            "no slot rule for `{pattern}` (see `host slot ls`)"
+                        ))
+                    })?;
+                rules.unset(&pattern);
+                (rule_row(old), None)
+            }
+        };
+        self.host
+            .store
+            .slot_rule(&row.pattern, settings)
+            .committed()
+            .await
+            .map_err(|e| {
+                ServiceError::Internal(format!("the slot rule could not be stored: {e}"))
+            })?;
+        controller.set_slot_rules(rules);
+        Ok(SlotRuled::Row(row))
     }
 
     /// The task a reference names: in memory, else in the store.
@@ -160,6 +210,10 @@ impl Local<'_> {
             until_closed(&tx, local).await;
         });
     }
+}
+
+fn rule_row((pattern, settings): (String, SlotSettings)) -> SlotRuleRow {
+    SlotRuleRow { pattern, settings }
 }
 
 /// A task finished before, as the store keeps it.

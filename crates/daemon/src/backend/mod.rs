@@ -53,7 +53,9 @@ use crate::backend::submit::Accepted;
 use crate::service::error::ServiceError;
 use crate::service::tasks::TaskRecord;
 use crate::store::{Finished, StoreError};
-use crate::wire::protocol::{EventFilter, ScheduleRow, ScheduleVerb, SubmitRequest, TaskRow};
+use crate::wire::protocol::{
+    EventFilter, ScheduleRow, ScheduleVerb, SlotRuleRow, SlotRuleVerb, SubmitRequest, TaskRow,
+};
 pub(crate) use local::{Local, OneHost};
 pub(crate) use shared::Shared;
 
@@ -115,6 +117,14 @@ pub(crate) enum Scheduled {
     Row(ScheduleRow),
     /// `run`: the firing, answered as a submission.
     Fired(Accepted),
+}
+
+/// What a slot-rule verb answers.
+pub(crate) enum SlotRuled {
+    /// `ls`.
+    Rows(Vec<SlotRuleRow>),
+    /// `set`: the rule as set; `unset`: the rule removed.
+    Row(SlotRuleRow),
 }
 
 /// The seam: which backend this daemon's verbs go to.
@@ -280,6 +290,20 @@ impl<'a> Backend<'a> {
         match self {
             Self::Local(local) => Ok(local.rows(all).await),
             Self::Shared(shared) => shared.rows(all).await,
+        }
+    }
+
+    /// A verb on the operator's slot rules (`host slot …`).
+    pub(crate) async fn slot_rule(&self, verb: SlotRuleVerb) -> Result<SlotRuled, ServiceError> {
+        match self {
+            Self::Local(local) => local.slot_rule(verb).await,
+            Self::Shared(_) => match verb {
+                SlotRuleVerb::List => Ok(SlotRuled::Rows(Vec::new())),
+                _ => Err(ServiceError::Invalid(
+                    "slot rules are one host's for now: a cluster's nodes do not take them yet"
+                        .into(),
+                )),
+            },
         }
     }
 

@@ -18,6 +18,7 @@
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use taskhost_core::slot_settings::{SlotRules, SlotSettings};
 
 use taskhost_core::units::format_size;
 use taskhost_runtime::{DEFAULT_EPOCH_TICK, DEFAULT_MAX_MEMORY, GuestLimits, HttpAllow};
@@ -206,6 +207,9 @@ pub struct DaemonConfig {
     pub kv_max_total: u64,
     /// The shared buckets a submission's `--kv` may grant (none by default).
     pub allow_kv: Vec<String>,
+    /// The slot rules of the file (`[slots."PATTERN"]`), laid over the
+    /// stored ones at each start.
+    pub slot_rules: Vec<(String, SlotSettings)>,
 }
 
 /// The default number of the daemon's async worker threads: one per
@@ -266,6 +270,7 @@ impl DaemonConfig {
             kv_max_bucket: taskhost_runtime::kv::DEFAULT_KV_MAX_BUCKET,
             kv_max_total: taskhost_runtime::kv::DEFAULT_KV_MAX_TOTAL,
             allow_kv: Vec::new(),
+            slot_rules: Vec::new(),
         }
     }
 
@@ -320,6 +325,12 @@ impl DaemonConfig {
             return Err(
                 "http_header_timeout (--http-header-timeout): must be at least 100ms".into(),
             );
+        }
+        let mut rules = SlotRules::default();
+        for (pattern, settings) in &self.slot_rules {
+            rules
+                .set(pattern, *settings)
+                .map_err(|e| format!("slots.\"{pattern}\": {e}"))?;
         }
         Ok(())
     }

@@ -15,7 +15,7 @@ use taskhost_runtime::Digest;
 
 use crate::backend::daemon::Daemon;
 use crate::backend::submit::Accepted;
-use crate::backend::{Backend, Item, Items, Scheduled};
+use crate::backend::{Backend, Item, Items, Scheduled, SlotRuled};
 use crate::server::connection::{Later, Replier};
 use crate::service::error::ServiceError;
 use crate::service::kv::KvAnswer;
@@ -92,6 +92,13 @@ pub(crate) async fn handle(
                 reply.send(Reply::Schedule(row)).await;
             }
             Ok(Scheduled::Fired(accepted)) => answer(accepted, reply, session).await,
+            Err(e) => reply.failed(e).await,
+        },
+        Request::SlotRule(verb) => match backend.slot_rule(verb).await {
+            Ok(SlotRuled::Rows(rows)) => send_pages(&reply, rows, Reply::SlotRules).await,
+            Ok(SlotRuled::Row(row)) => {
+                reply.send(Reply::SlotRule(row)).await;
+            }
             Err(e) => reply.failed(e).await,
         },
         Request::Kv(verb) => match backend.kv(verb).await {

@@ -14,6 +14,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::{Semaphore, watch};
 
 use taskhost_core::controller::Controller;
+use taskhost_core::slot_settings::SlotRules;
 use taskhost_core::supervisor::{ShutdownReport, Supervisor};
 use taskhost_core::units::format_duration;
 use taskhost_runtime::kv::KvBackend;
@@ -66,6 +67,13 @@ pub async fn serve(
     let http_plan = http::plan(&config).map_err(ServeError)?;
     let state_lock = claim_places(&socket_path, &config).await?;
     let spec = StoreSpec::parse(&config.store, &config.state_dir).map_err(ServeError)?;
+    if matches!(spec, StoreSpec::Postgres(_)) && !config.slot_rules.is_empty() {
+        return Err(ServeError(
+            "the config file's `slots` rules are one host's for now: a cluster's nodes do not \
+             take them yet; remove the `slots` table to serve a cluster"
+                .into(),
+        ));
+    }
     let guests = GuestServices::new(&config);
     let runtime = start_runtime(&config, &guests, &spec)?;
     let (max_concurrent, settings) = fit_to_pool(&runtime, &config);
@@ -392,6 +400,17 @@ async fn start_work(
     unfinished: Vec<Unfinished>,
 ) -> Option<http::Server> {
     let http_server = http_bound.map(|bound| http::start(bound, daemon));
+    if let Some(host) = daemon.one_host() {
+        // Before recovery: recovered work is placed by the slots' rules.
+        let mut rules = SlotRules::default();
+        let stored = host.store.take_slot_rules();
+        for (pattern, settings) in stored.into_iter().chain(daemon.config.slot_rules.clone()) {
+            if let Err(e) = rules.set(&pattern, settings) {
+                tracing::error!("slot rule `{pattern}` cannot be used ({e}); skipping it");
+            }
+        }
+        daemon.controller.set_slot_rules(rules);
+    }
     if let Some(host) = daemon.one_host()
         && !unfinished.is_empty()
     {

@@ -3,7 +3,7 @@
 //! owner-only Unix socket is `Admin`; a connection upgraded from HTTP has
 //! its token's scope, checked for every request it sends.
 
-use crate::wire::protocol::{KvVerb, Request, ScheduleVerb};
+use crate::wire::protocol::{KvVerb, Request, ScheduleVerb, SlotRuleVerb};
 
 /// What a token lets its bearer do; each scope includes the ones before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -48,13 +48,16 @@ impl Scope {
             Request::Upload { .. } | Request::Submit(_) | Request::Wait(_) | Request::Rerun(_) => {
                 Scope::Submit
             }
-            Request::Schedule(ScheduleVerb::List) => Scope::Read,
+            Request::Schedule(ScheduleVerb::List) | Request::SlotRule(SlotRuleVerb::List) => {
+                Scope::Read
+            }
             Request::Kv(KvVerb::List(_) | KvVerb::Get(..)) => Scope::Read,
             Request::Kv(KvVerb::Remove(..)) => Scope::Admin,
             Request::Schedule(ScheduleVerb::Add(_) | ScheduleVerb::Run(_)) => Scope::Submit,
             Request::Cancel { .. }
             | Request::Shutdown { .. }
             | Request::RemovePlugins { .. }
+            | Request::SlotRule(SlotRuleVerb::Set(_) | SlotRuleVerb::Unset(_))
             | Request::Schedule(
                 ScheduleVerb::Remove(_) | ScheduleVerb::Pause(_) | ScheduleVerb::Resume(_),
             ) => Scope::Admin,

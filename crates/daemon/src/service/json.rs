@@ -2,6 +2,7 @@
 //! row, a slot and a cancel's answer. The CLI's `--json` output and the
 //! HTTP API (`host serve --http`) both use these, so the two cannot drift.
 
+use crate::wire::protocol::SlotRuleRow;
 use base64::Engine as _;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -108,9 +109,21 @@ pub fn slot(s: &SlotView) -> Value {
         "key": s.key,
         "state": s.state,
         "owner": s.owner,
+        "owners": s.owners,
+        "capacity": s.capacity,
         "queue_depth": s.queue_depth,
         "in_state_ms": s.in_state_for.as_millis() as u64,
         "queued": s.queued,
+    })
+}
+
+/// A slot rule as `host slot ls --json` and `/api/slot-rules` show it (a
+/// setting left to its default is null).
+pub fn slot_rule(row: &SlotRuleRow) -> Value {
+    json!({
+        "pattern": row.pattern,
+        "capacity": row.settings.capacity,
+        "max_queue": row.settings.max_queue,
     })
 }
 

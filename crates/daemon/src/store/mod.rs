@@ -44,6 +44,7 @@ use taskhost_runtime::Digest;
 
 use super::protocol::{ScheduleSpec, SubmitRequest};
 use crate::schedule::FireKind;
+use taskhost_core::slot_settings::SlotSettings;
 
 /// Which backend the daemon keeps its state in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -381,6 +382,11 @@ enum Op {
     Schedule(Box<StoredSchedule>),
     /// A schedule deleted.
     ScheduleRemoved(String),
+    /// An operator's slot rule set (`settings`) or removed (`None`).
+    SlotRule {
+        pattern: String,
+        settings: Option<SlotSettings>,
+    },
     /// A key-value entry set (`value`) or removed (`None`).
     Kv {
         scope: String,
@@ -417,6 +423,8 @@ struct Inner {
     schedules: Mutex<Vec<StoredSchedule>>,
     /// The key-value entries read at open, taken once by the daemon's start.
     kv: Mutex<Vec<(String, String, Vec<u8>)>>,
+    /// The slot rules read at open, taken once by the daemon's start.
+    slot_rules: Mutex<Vec<(String, SlotSettings)>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -448,6 +456,7 @@ impl Store {
                         describe: "memory (nothing survives a restart)".into(),
                         schedules: Mutex::default(),
                         kv: Mutex::default(),
+                        slot_rules: Mutex::default(),
                     }),
                 },
                 Vec::new(),
@@ -460,6 +469,7 @@ impl Store {
                     unfinished,
                     schedules,
                     kv,
+                    slot_rules,
                 } = sqlite::open(path, retention)?;
                 let (tx, rx) = mpsc::channel();
                 let pending = Arc::new(AtomicUsize::new(0));
@@ -480,6 +490,7 @@ impl Store {
                             describe: format!("sqlite {}", path.display()),
                             schedules: Mutex::new(schedules),
                             kv: Mutex::new(kv),
+                            slot_rules: Mutex::new(slot_rules),
                         }),
                     },
                     unfinished,
@@ -600,6 +611,23 @@ impl Store {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner),
         )
+    }
+
+    /// Records an operator's slot rule (`settings`), or its removal.
+    pub fn slot_rule(&self, pattern: &str, settings: Option<SlotSettings>) -> Ticket {
+        let pattern = pattern.to_owned();
+        self.write(Op::SlotRule { pattern, settings }, true)
+    }
+
+    /// The slot rules the store held when it was opened (once; later calls
+    /// get none).
+    pub fn take_slot_rules(&self) -> Vec<(String, SlotSettings)> {
+        let mut rules = self
+            .inner
+            .slot_rules
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        std::mem::take(&mut *rules)
     }
 
     /// Resolves once every write made before it is committed.

@@ -36,8 +36,8 @@ use taskhost_runtime::Digest;
 
 use crate::wire::protocol::{
     Envelope, ErrorKind, FrameError, Hello, KvRow, KvTarget, KvVerb, MAGIC, PROTOCOL_VERSION,
-    PluginRow, Reassembly, Reply, Request, ScheduleRow, ScheduleVerb, SubmitRequest, Submitted,
-    TaskRow, UPLOAD_CHUNK, Welcome, encode, read_frame, write_frame,
+    PluginRow, Reassembly, Reply, Request, ScheduleRow, ScheduleVerb, SlotRuleRow, SlotRuleVerb,
+    SubmitRequest, Submitted, TaskRow, UPLOAD_CHUNK, Welcome, encode, read_frame, write_frame,
 };
 
 /// Replies buffered per request before the connection's reader waits for
@@ -408,6 +408,25 @@ impl Client {
             other => Err(Box::new(other)),
         })
         .await
+    }
+
+    /// Every slot rule, by pattern.
+    pub async fn slot_rules(&self) -> Result<Vec<SlotRuleRow>, ClientError> {
+        let list = Request::SlotRule(SlotRuleVerb::List);
+        self.pages(list, "slot ls", |reply| match reply {
+            Reply::SlotRules(page) => Ok(page),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+
+    /// `host slot set` and `unset`: the rule as the verb left it (or the
+    /// one it removed).
+    pub async fn slot_rule(&self, verb: SlotRuleVerb) -> Result<SlotRuleRow, ClientError> {
+        match self.call(Request::SlotRule(verb)).await? {
+            Reply::SlotRule(row) => Ok(row),
+            other => Err(self.unexpected("a slot verb", &other)),
+        }
     }
 
     /// Every schedule, by name.

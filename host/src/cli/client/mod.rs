@@ -8,6 +8,7 @@
 //! | `streams` | `events`, `logs` |
 //! | `schedule` | `schedule add`, `ls`, `rm`, `pause`, `resume`, `run` |
 //! | `kv` | `kv ls`, `kv get`, `kv rm` |
+//! | `slot` | `slot set`, `unset`, `ls`: the operator's slot rules |
 //! | `admin` | `shutdown` |
 //! | `plugins` | `plugins ls`, `plugins rm`, `plugins prune` |
 
@@ -15,6 +16,7 @@ pub mod admin;
 pub mod kv;
 pub mod plugins;
 pub mod schedule;
+pub mod slot;
 pub mod streams;
 pub mod submit;
 pub mod tasks;

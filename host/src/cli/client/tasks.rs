@@ -215,11 +215,12 @@ pub async fn slots(args: SlotsArgs, before_verb: Option<PathBuf>) -> anyhow::Res
                     .and_then(|v| v.as_str().map(str::to_owned))
                     .unwrap_or_default(),
                 s.owner.map_or_else(|| "-".into(), |o| o.to_string()),
+                format!("{}/{}", s.owners.len(), s.capacity),
                 s.queue_depth.to_string(),
                 format_duration(s.in_state_for),
             ]
         })
         .collect();
-    print_table(&["SLOT", "STATE", "OWNER", "QUEUE", "FOR"], &rows);
+    print_table(&["SLOT", "STATE", "OWNER", "OWNERS", "QUEUE", "FOR"], &rows);
     Ok(0)
 }

@@ -61,6 +61,24 @@ pub(super) const ROUTES: &[Route] = &[
     ),
     route(
         "get",
+        "/api/slot-rules",
+        Scope::Read,
+        "The rows of `host slot ls --json`",
+    ),
+    route(
+        "put",
+        "/api/slot-rules",
+        Scope::Admin,
+        "Set a slot rule, as `host slot set --json`: {pattern, capacity, max_queue}",
+    ),
+    route(
+        "delete",
+        "/api/slot-rules",
+        Scope::Admin,
+        "Remove a slot rule (`?pattern=P`), as `host slot unset --json`",
+    ),
+    route(
+        "get",
         "/api/events",
         Scope::Read,
         "Server-sent events, as `host events --follow --json` (`?task=ID|NAME`)",

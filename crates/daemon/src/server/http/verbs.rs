@@ -20,6 +20,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use taskhost_core::admission::AdmissionPolicy;
+use taskhost_core::slot_settings::SlotSettings;
 use taskhost_core::supervisor::{BackoffPolicy, RestartPolicy, TaskRef, TaskReport};
 use taskhost_core::units::{parse_duration, parse_size};
 use taskhost_runtime::{Digest, DirGrant, HttpAllow};
@@ -27,14 +28,14 @@ use taskhost_runtime::{Digest, DirGrant, HttpAllow};
 use super::Http;
 use super::api::{error, failed};
 use crate::backend::submit::Accepted;
-use crate::backend::{Backend, Item, Scheduled};
+use crate::backend::{Backend, Item, Scheduled, SlotRuled};
 use crate::server::dispatch;
 use crate::service::error::ServiceError;
 use crate::service::json::{self, JsonResult};
 use crate::service::plugins;
 use crate::wire::protocol::{
     MAX_SUBMIT_INPUT, MAX_WIRE_DURATION, NotBefore, Placement, Request, ScheduleSpec, ScheduleVerb,
-    SubmitRequest,
+    SlotRuleRow, SlotRuleVerb, SubmitRequest,
 };
 
 /// The largest plugin a `PUT /api/plugins/{sha256}` takes.
@@ -652,5 +653,68 @@ mod tests {
         let expected = err.split("expected one of").nth(1).expect("the field list");
         let taken: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
         assert_eq!(taken, documented);
+    }
+}
+
+/// The body of `PUT /api/slot-rules`: as `host slot set`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SlotRuleBody {
+    pattern: String,
+    capacity: Option<u32>,
+    max_queue: Option<usize>,
+}
+
+/// The pattern of `DELETE /api/slot-rules?pattern=P`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PatternQuery {
+    pattern: String,
+}
+
+/// `GET /api/slot-rules`: the rows of `host slot ls --json`.
+pub(super) async fn slot_rules(State(http): State<Http>) -> Response {
+    slot_rule_verb(&http, SlotRuleVerb::List).await
+}
+
+/// `PUT /api/slot-rules`: sets the rule of a pattern; answers with it as
+/// `host slot set --json` prints it.
+pub(super) async fn set_slot_rule(State(http): State<Http>, body: Bytes) -> Response {
+    let body: SlotRuleBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("the slot rule's JSON: {e}"),
+            );
+        }
+    };
+    let settings = SlotSettings {
+        capacity: body.capacity,
+        max_queue: body.max_queue,
+    };
+    let pattern = body.pattern;
+    slot_rule_verb(&http, SlotRuleVerb::Set(SlotRuleRow { pattern, settings })).await
+}
+
+/// `DELETE /api/slot-rules?pattern=P`: removes it; answers with the rule
+/// removed.
+pub(super) async fn unset_slot_rule(
+    State(http): State<Http>,
+    Query(query): Query<PatternQuery>,
+) -> Response {
+    slot_rule_verb(&http, SlotRuleVerb::Unset(query.pattern)).await
+}
+
+async fn slot_rule_verb(http: &Http, verb: SlotRuleVerb) -> Response {
+    if let Err(message) = Request::SlotRule(verb.clone()).check() {
+        return error(StatusCode::BAD_REQUEST, message);
+    }
+    match Backend::of(&http.daemon).slot_rule(verb).await {
+        Ok(SlotRuled::Rows(rows)) => {
+            Json(Value::Array(rows.iter().map(json::slot_rule).collect())).into_response()
+        }
+        Ok(SlotRuled::Row(row)) => Json(json::slot_rule(&row)).into_response(),
+        Err(answer) => failed(answer),
     }
 }

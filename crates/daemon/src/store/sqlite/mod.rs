@@ -17,6 +17,7 @@ use rusqlite::{Connection, OpenFlags, params};
 
 use crate::protocol::{ScheduleSpec, SubmitRequest};
 use taskhost_core::lifecycle::TaskState;
+use taskhost_core::slot_settings::SlotSettings;
 use taskhost_core::supervisor::TaskId;
 
 use super::{Pause, Retention, StoreError, StoredSchedule, Unfinished};
@@ -31,6 +32,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/0004_schedules.sql"),
     include_str!("../../../migrations/0005_kv.sql"),
     include_str!("../../../migrations/0006_lineage.sql"),
+    include_str!("../../../migrations/0007_slot_rules.sql"),
 ];
 
 /// The migration that added `parent` and `root`, filled from each row's
@@ -125,6 +127,7 @@ pub(super) fn open(path: &Path, retention: Retention) -> Result<Opened, StoreErr
     let unfinished = read_unfinished(&conn).map_err(|e| err(path, "cannot read it", e))?;
     let schedules = read_schedules(&conn).map_err(|e| err(path, "cannot read it", e))?;
     let kv = read_kv(&conn).map_err(|e| err(path, "cannot read it", e))?;
+    let slot_rules = read_slot_rules(&conn).map_err(|e| err(path, "cannot read it", e))?;
     let reader = Reader::new(connect(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -141,7 +144,38 @@ pub(super) fn open(path: &Path, retention: Retention) -> Result<Opened, StoreErr
         unfinished,
         schedules,
         kv,
+        slot_rules,
     })
+}
+
+/// The operator's slot rules; one a newer version wrote that this one
+/// cannot hold is left out, said in the log.
+fn read_slot_rules(conn: &Connection) -> rusqlite::Result<Vec<(String, SlotSettings)>> {
+    let mut stmt = conn.prepare("SELECT pattern, capacity, max_queue FROM slot_rules")?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, Option<i64>>(1)?,
+            r.get::<_, Option<i64>>(2)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (pattern, capacity, max_queue) = row?;
+        let settings = SlotSettings {
+            capacity: capacity.and_then(|c| u32::try_from(c).ok()),
+            max_queue: max_queue.and_then(|q| usize::try_from(q).ok()),
+        };
+        match settings.check() {
+            Ok(()) => out.push((pattern, settings)),
+            Err(e) => {
+                tracing::error!(
+                    "slot rule `{pattern}` in the store cannot be used ({e}); skipping it"
+                )
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Every key-value entry, as `(scope, key, value)`.
@@ -161,6 +195,8 @@ pub(super) struct Opened {
     pub schedules: Vec<StoredSchedule>,
     /// Every key-value entry: `(scope, key, value)`.
     pub kv: Vec<(String, String, Vec<u8>)>,
+    /// The operator's slot rules.
+    pub slot_rules: Vec<(String, SlotSettings)>,
 }
 
 fn read_schedules(conn: &Connection) -> rusqlite::Result<Vec<StoredSchedule>> {

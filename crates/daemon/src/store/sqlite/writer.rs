@@ -249,7 +249,8 @@ fn fold_starts(batch: &[Write]) -> (Vec<u32>, Vec<bool>) {
             | Op::Checkpoint
             | Op::Schedule(_)
             | Op::ScheduleRemoved(_)
-            | Op::Kv { .. } => {}
+            | Op::Kv { .. }
+            | Op::SlotRule { .. } => {}
         }
     }
     (started, folded)
@@ -290,6 +291,23 @@ fn apply_op(tx: &rusqlite::Transaction<'_>, op: &Op, started: u32) -> rusqlite::
             None => {
                 tx.prepare_cached("DELETE FROM kv WHERE scope = ?1 AND key = ?2")?
                     .execute(params![scope, key])?;
+            }
+        },
+        Op::SlotRule { pattern, settings } => match settings {
+            Some(settings) => {
+                tx.prepare_cached(
+                    "INSERT OR REPLACE INTO slot_rules (pattern, capacity, max_queue) \
+                     VALUES (?1, ?2, ?3)",
+                )?
+                .execute(params![
+                    pattern,
+                    settings.capacity,
+                    settings.max_queue.map(|q| q as i64)
+                ])?;
+            }
+            None => {
+                tx.prepare_cached("DELETE FROM slot_rules WHERE pattern = ?1")?
+                    .execute(params![pattern])?;
             }
         },
         Op::ScheduleRemoved(name) => {

@@ -16,6 +16,7 @@
 //! | `reply` | what the daemon answers: error kinds, rows, output in parts |
 //! | `schedule` | the messages of `host schedule` |
 //! | `kv` | the messages of `host kv` |
+//! | `slot` | the messages of `host slot`: the operator's rules of slots |
 
 use std::time::Duration;
 
@@ -26,6 +27,7 @@ mod kv;
 mod reply;
 mod request;
 mod schedule;
+mod slot;
 mod submit;
 
 pub use frame::{Envelope, FrameError, Hello, Welcome, decode, encode, read_frame, write_frame};
@@ -34,10 +36,11 @@ pub(crate) use reply::Reassembly;
 pub use reply::{ErrorKind, PluginRow, Reply, TaskRow};
 pub use request::{EventFilter, Request};
 pub use schedule::{ScheduleRow, ScheduleSpec, ScheduleVerb};
+pub use slot::{SlotRuleRow, SlotRuleVerb};
 pub use submit::{MAX_IDEMPOTENCY_KEY, NotBefore, SubmitRequest, Submitted};
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 13;
+pub const PROTOCOL_VERSION: u32 = 14;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).

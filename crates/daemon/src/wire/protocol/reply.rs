@@ -12,7 +12,7 @@ use taskhost_core::outcome::{OutcomeKind, TaskOutcome};
 use taskhost_core::supervisor::{Event, ShutdownReport, TaskId, TaskReport};
 use taskhost_runtime::Digest;
 
-use super::{KvRow, ScheduleRow, Submitted};
+use super::{KvRow, ScheduleRow, SlotRuleRow, Submitted};
 
 /// A stored plugin, as `host plugins ls` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,6 +155,10 @@ pub enum Reply {
     KvRows(Vec<KvRow>),
     /// A value of `host kv get` or `rm` (`None`: no such key).
     KvValue(#[serde(with = "serde_bytes")] Option<Vec<u8>>),
+    /// A page of `host slot ls`.
+    SlotRules(Vec<SlotRuleRow>),
+    /// One slot rule, as a verb left it (or removed it).
+    SlotRule(SlotRuleRow),
 }
 
 /// The kind of a failed request.

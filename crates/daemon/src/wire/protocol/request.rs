@@ -5,11 +5,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use taskhost_core::slot_settings;
 use taskhost_core::supervisor::{Event, EventKind, TaskRef};
 use taskhost_runtime::Digest;
 
 use super::submit::{check_submit, duration};
-use super::{KvVerb, ScheduleVerb, SubmitRequest};
+use super::{KvVerb, ScheduleVerb, SlotRuleVerb, SubmitRequest};
 
 /// Which events `host events` wants.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,6 +111,8 @@ pub enum Request {
     Schedule(ScheduleVerb),
     /// A verb on guests' key-value state (`host kv …`).
     Kv(KvVerb),
+    /// A verb on the operator's slot rules (`host slot …`).
+    SlotRule(SlotRuleVerb),
 }
 
 impl Request {
@@ -155,6 +158,13 @@ impl Request {
                 check_submit(&spec.request)
             }
             Request::Shutdown { grace, .. } => duration("the grace", *grace),
+            Request::SlotRule(SlotRuleVerb::Set(row)) => {
+                slot_settings::check_pattern(&row.pattern)?;
+                row.settings.check()
+            }
+            Request::SlotRule(SlotRuleVerb::Unset(pattern)) => {
+                slot_settings::check_pattern(pattern)
+            }
             _ => Ok(()),
         }
     }

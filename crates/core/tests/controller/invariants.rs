@@ -1,0 +1,65 @@
+//! The invariant checkers over an event history that the controller's
+//! tests and the end-to-end tests share (those include this file): they
+//! read what happened and say where a rule was broken, or `Ok`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use taskhost_core::supervisor::{Event, EventKind, TaskId};
+
+/// Where a slot held more owners than `capacity` allows: an owner holds its
+/// slot from its `TaskAdded` to its `TaskRemoved` (its physical end), so
+/// an owner that is still stopping counts. Events are read in `seq` order.
+pub fn over_capacity<'a>(
+    events: impl IntoIterator<Item = &'a Event>,
+    capacity: impl Fn(&str) -> usize,
+) -> Result<(), String> {
+    let mut events: Vec<&Event> = events.into_iter().collect();
+    events.sort_by_key(|e| e.seq);
+    let mut owners: HashMap<Arc<str>, Vec<TaskId>> = HashMap::new();
+    for e in events {
+        let (Some(slot), Some(id)) = (e.slot.clone(), e.task_id) else {
+            continue;
+        };
+        match e.kind {
+            EventKind::TaskAdded => {
+                let held = owners.entry(Arc::clone(&slot)).or_default();
+                held.push(id);
+                let most = capacity(&slot);
+                if held.len() > most {
+                    return Err(format!(
+                        "slot {slot} held {} owners at seq {} ({held:?}), capacity {most}",
+                        held.len(),
+                        e.seq
+                    ));
+                }
+            }
+            EventKind::TaskRemoved => owners.entry(slot).or_default().retain(|o| *o != id),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The most owners each slot held at once.
+pub fn most_owners<'a>(events: impl IntoIterator<Item = &'a Event>) -> HashMap<String, usize> {
+    let mut events: Vec<&Event> = events.into_iter().collect();
+    events.sort_by_key(|e| e.seq);
+    let mut now: HashMap<String, usize> = HashMap::new();
+    let mut most: HashMap<String, usize> = HashMap::new();
+    for e in events {
+        let Some(slot) = e.slot.as_deref() else {
+            continue;
+        };
+        let held = now.entry(slot.to_owned()).or_default();
+        match e.kind {
+            EventKind::TaskAdded => *held += 1,
+            EventKind::TaskRemoved => *held = held.saturating_sub(1),
+            _ => continue,
+        }
+        let held = *held;
+        let top = most.entry(slot.to_owned()).or_default();
+        *top = (*top).max(held);
+    }
+    most
+}

@@ -1,0 +1,304 @@
+//! Flow control on slots through the real binary: `host slot set|unset|ls`
+//! and the config file's `slots` table, a capacity of N against each
+//! policy, a slot's own queue bound, a rule changed while work waits, rules
+//! kept across a restart; and the capacity invariant (never more owners
+//! than the capacity) checked over the event history of random programs
+//! on a durable daemon killed with SIGKILL at random moments.
+
+use crate::invariants::{most_owners, over_capacity};
+use crate::{daemon, wire};
+
+use std::time::{Duration, Instant};
+
+use daemon::{Daemon, p};
+use serde_json::{Value, json};
+use taskhost::controller::AdmissionPolicy;
+use taskhost::daemon::protocol::{EventFilter, Reply, Request, SubmitRequest};
+use taskhost::supervisor::Event;
+
+/// The slot `key` as `host slots --json` shows it, once `ready` holds of
+/// it (polled: the slot table moves on its own as owners end).
+fn slot_when(d: &Daemon, key: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = d.run(&["slots", "--json"]);
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+        let slots: Vec<Value> = serde_json::from_str(&out.stdout).unwrap();
+        if let Some(slot) = slots.into_iter().find(|s| s["key"] == key)
+            && ready(&slot)
+        {
+            return slot;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "slot {key} never got there: {}",
+            out.stdout
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn owners(slot: &Value) -> usize {
+    slot["owners"].as_array().map_or(0, Vec::len)
+}
+
+fn sleeper(d: &Daemon, slot: &str, name: &str, policy: &str) -> String {
+    d.submit(&[
+        &p("sleeper"),
+        "--slot",
+        slot,
+        "--param",
+        "ms=60000",
+        "--name",
+        name,
+        "--policy",
+        policy,
+    ])
+}
+
+#[test]
+fn a_slot_of_capacity_three_against_every_policy_and_a_rule_changed_while_work_waits() {
+    let mut d = Daemon::start(&[]);
+    let set = d.run(&["slot", "set", "db/*", "--capacity", "3", "--json"]);
+    assert_eq!(set.code, Some(0), "{}", set.stderr);
+    assert_eq!(
+        set.json(),
+        json!({"pattern": "db/*", "capacity": 3, "max_queue": null})
+    );
+    for i in 0..5 {
+        sleeper(&d, "db/a", &format!("s{i}"), "queue");
+    }
+    let slot = slot_when(&d, "db/a", |s| owners(s) == 3);
+    assert_eq!(
+        (slot["capacity"].clone(), slot["queue_depth"].clone()),
+        (json!(3), json!(2))
+    );
+    let table = d.run(&["slots"]);
+    assert!(table.stdout.contains("3/3"), "{}", table.stdout);
+
+    // Full: drop-if-running is rejected, Replace stops the oldest owner.
+    let dropped = d.run(&[
+        "submit",
+        &p("hello"),
+        "--slot",
+        "db/a",
+        "--policy",
+        "drop-if-running",
+        "--wait",
+    ]);
+    assert_eq!(dropped.code, Some(3), "{}", dropped.stderr);
+    assert!(dropped.stderr.contains("SlotBusy"), "{}", dropped.stderr);
+    let replaced = d.run(&[
+        "submit",
+        &p("hello"),
+        "--slot",
+        "db/a",
+        "--policy",
+        "replace",
+        "--input",
+        "r",
+        "--wait",
+    ]);
+    assert_eq!(replaced.code, Some(0), "{}", replaced.stderr);
+    let oldest = d.run(&["wait", "s0", "--json"]);
+    assert_eq!(oldest.json()["outcome"], "canceled", "{}", oldest.stdout);
+    // The replacement took the head's place (s3 ends superseded), ran,
+    // and left its place to s4.
+    let head = d.run(&["wait", "s3", "--json"]);
+    assert_eq!(
+        head.json()["rejection"],
+        "SupersededByReplace",
+        "{}",
+        head.stdout
+    );
+    slot_when(&d, "db/a", |s| owners(s) == 3 && s["queue_depth"] == 0);
+    sleeper(&d, "db/a", "s5", "queue");
+    slot_when(&d, "db/a", |s| s["queue_depth"] == 1);
+
+    // Raised while s5 waits: it starts at once.
+    let raised = d.run(&["slot", "set", "db/*", "--capacity", "5"]);
+    assert_eq!(raised.code, Some(0), "{}", raised.stderr);
+    slot_when(&d, "db/a", |s| owners(s) == 4 && s["queue_depth"] == 0);
+    // Lowered to one: nobody is stopped, a newcomer waits.
+    let lowered = d.run(&["slot", "set", "db/*", "--capacity", "1"]);
+    assert_eq!(lowered.code, Some(0), "{}", lowered.stderr);
+    sleeper(&d, "db/a", "late", "queue");
+    slot_when(&d, "db/a", |s| owners(s) == 4 && s["queue_depth"] == 1);
+
+    // A slot's own queue bound.
+    let narrow = d.run(&["slot", "set", "narrow", "--max-queue", "1"]);
+    assert_eq!(narrow.code, Some(0), "{}", narrow.stderr);
+    sleeper(&d, "narrow", "n0", "queue");
+    sleeper(&d, "narrow", "n1", "queue");
+    let full = d.run(&["submit", &p("hello"), "--slot", "narrow", "--wait"]);
+    assert_eq!(full.code, Some(3), "{}", full.stderr);
+    assert!(full.stderr.contains("QueueFull"), "{}", full.stderr);
+
+    // Rules are kept across a restart, in order of their patterns.
+    let out = d.run(&["shutdown", "--grace", "0s"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    d.finish(Duration::from_secs(30));
+    d.restart(&[]);
+    let ls = d.run(&["slot", "ls", "--json"]);
+    assert_eq!(
+        ls.json(),
+        json!([
+            {"pattern": "db/*", "capacity": 1, "max_queue": null},
+            {"pattern": "narrow", "capacity": null, "max_queue": 1},
+        ])
+    );
+    let unset = d.run(&["slot", "unset", "db/*"]);
+    assert_eq!(unset.code, Some(0), "{}", unset.stderr);
+    let again = d.run(&["slot", "unset", "db/*"]);
+    assert_eq!(again.code, Some(2), "{}", again.stderr);
+    assert!(again.stderr.contains("host slot ls"), "{}", again.stderr);
+    for (args, says) in [
+        (&["slot", "set", "x", "--capacity", "0"][..], "at least 1"),
+        (
+            &["slot", "set", "", "--capacity", "2"][..],
+            "must not be empty",
+        ),
+        (&["slot", "set", "x"][..], "give --capacity or --max-queue"),
+    ] {
+        let out = d.run(args);
+        assert_eq!(out.code, Some(2), "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains(says), "{args:?}: {}", out.stderr);
+    }
+}
+
+#[test]
+fn the_config_files_slots_table_sets_rules_and_a_bad_one_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, "[slots.\"pool/*\"]\ncapacity = 2\nmax_queue = 7\n").unwrap();
+    let d = Daemon::start(&["--config", good.to_str().unwrap()]);
+    let ls = d.run(&["slot", "ls", "--json"]);
+    assert_eq!(
+        ls.json(),
+        json!([{"pattern": "pool/*", "capacity": 2, "max_queue": 7}])
+    );
+    sleeper(&d, "pool/a", "a", "queue");
+    sleeper(&d, "pool/a", "b", "queue");
+    slot_when(&d, "pool/a", |s| owners(s) == 2);
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[slots.\"x\"]\ncapacity = 0\n").unwrap();
+    let out = crate::common::run_host(&[
+        "serve",
+        "--socket",
+        dir.path().join("bad.sock").to_str().unwrap(),
+        "--state-dir",
+        dir.path().join("bad-state").to_str().unwrap(),
+        "--config",
+        bad.to_str().unwrap(),
+    ]);
+    assert_ne!(out.code, Some(0));
+    assert!(
+        out.stderr.contains("slots.\"x\"") && out.stderr.contains("at least 1"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// Follows a daemon's events from its start until it dies.
+async fn follow(socket: &std::path::Path) -> tokio::task::JoinHandle<Vec<Event>> {
+    let client = wire::connect(socket).await;
+    let mut replies = client
+        .request(Request::Events {
+            follow: true,
+            filter: EventFilter::default(),
+        })
+        .await
+        .expect("follow events");
+    tokio::spawn(async move {
+        let _client = client;
+        let mut events = Vec::new();
+        while let Ok(reply) = replies.next_reply().await {
+            match reply {
+                Reply::Event(event) => events.push(event),
+                Reply::Dropped(n) => panic!("the event follower lost {n} events"),
+                _ => {}
+            }
+        }
+        events
+    })
+}
+
+/// Slots `c1`, `c2` and `c3` hold 1, 2 and 3 owners.
+fn capacity(slot: &str) -> usize {
+    match slot {
+        "c2" => 2,
+        "c3" => 3,
+        _ => 1,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_programs_across_random_kills_never_hold_more_owners_than_the_capacity() {
+    let seed = std::env::var("TASKHOST_FLOW_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    println!("flow soak: seed {seed} (TASKHOST_FLOW_SEED replays it)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut d = Daemon::start(&["--max-slot-queue", "1000"]);
+    for (slot, n) in [("c2", "2"), ("c3", "3")] {
+        let out = d.run(&["slot", "set", slot, "--capacity", n]);
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+    }
+    let mut rounds = Vec::new();
+    for round in 0..4 {
+        let events = follow(&d.socket).await;
+        let client = wire::connect(&d.socket).await;
+        let sleeper = wire::upload_plugin(&client, "sleeper").await;
+        let mut ids = Vec::new();
+        for i in 0..60u32 {
+            let mut r = SubmitRequest::new(sleeper);
+            r.slot = Some(format!("c{}", 1 + i % 3));
+            r.policy = Some(match rng.u8(0..6) {
+                0 => AdmissionPolicy::Replace,
+                1 => AdmissionPolicy::DropIfRunning,
+                _ => AdmissionPolicy::Queue,
+            });
+            r.params = wire::params(&[("ms", &rng.u32(0..120).to_string())]);
+            r.name = Some(format!("r{round}-{i}"));
+            if let Reply::Submitted(s) = wire::call(&client, Request::Submit(Box::new(r))).await {
+                ids.push(s.id);
+            }
+            if rng.u8(0..8) == 0
+                && let Some(id) = ids.get(rng.usize(0..ids.len()))
+            {
+                let _ = client
+                    .request(Request::Cancel {
+                        target: (*id).into(),
+                        wait: false,
+                    })
+                    .await;
+            }
+        }
+        // The kill comes at a random moment while the program runs.
+        tokio::time::sleep(Duration::from_millis(rng.u64(50..600))).await;
+        d.kill_9();
+        let events = events.await.expect("the event follower");
+        // Every owner of this run died with it: each run is checked alone.
+        if let Err(broken) = over_capacity(&events, capacity) {
+            panic!("round {round}: {broken}");
+        }
+        rounds.push(events);
+        d.restart(&["--max-slot-queue", "1000"]);
+    }
+    // The checks held, and the programs filled the slots to their
+    // capacity: a checker expecting one owner fewer fails on them.
+    let top = rounds
+        .iter()
+        .filter_map(|events| most_owners(events).get("c3").copied())
+        .max();
+    assert_eq!(top, Some(3));
+    let planted = |slot: &str| if slot == "c3" { 2 } else { capacity(slot) };
+    let off_by_one = rounds
+        .iter()
+        .any(|events| over_capacity(events, planted).is_err());
+    assert!(off_by_one, "a capacity off by one went unnoticed");
+    let out = d.run(&["shutdown", "--grace", "0s"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+}
