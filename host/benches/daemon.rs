@@ -47,6 +47,8 @@
 //! the spawn call and of spawn → start);
 //! `TASKHOST_BENCH_ONLY_COMPILES=1` only the compile scenario
 //! (`TASKHOST_BENCH_LARGE=PATH` names another large component for it);
+//! `TASKHOST_BENCH_SLOT_RULES=1` adds both stores with a slot rule that
+//! matches every slot and never binds;
 //! `TASKHOST_BENCH_BASELINE_HOST=PATH` adds the memory and sqlite stores of
 //! another `host` build (same protocol) to the same run, as a before/after
 //! baseline.
@@ -136,6 +138,36 @@ fn main() {
         );
         labels.push(label.clone());
         daemons.push((label, socket, child));
+    }
+    // TASKHOST_BENCH_SLOT_RULES=1: both stores again with a slot rule
+    // matching every slot (a glob, so each new slot's lookup walks it)
+    // whose capacity never binds here.
+    if std::env::var_os("TASKHOST_BENCH_SLOT_RULES").is_some() {
+        let config = dir.path().join("slot-rules.toml");
+        std::fs::write(
+            &config,
+            "[slots.\"*\"]\ncapacity = 1000\nmax_queue = 1000\n",
+        )
+        .unwrap();
+        for store in STORES {
+            let label = format!("{store}+rules");
+            let socket = dir.path().join(format!("rules-{store}.sock"));
+            let host = Path::new(env!("CARGO_BIN_EXE_host"));
+            let child = start_daemon(
+                host,
+                &socket,
+                &dir.path().join(format!("rules-{store}-state")),
+                store,
+                &[
+                    "--worker-threads",
+                    "2",
+                    "--config",
+                    config.to_str().unwrap(),
+                ],
+            );
+            labels.push(label.clone());
+            daemons.push((label, socket, child));
+        }
     }
     if let Some(host) = &baseline {
         for store in STORES {

@@ -190,6 +190,10 @@ fn main() {
             }
         }
     }
+    if wanted("admission") {
+        println!("\n## pure functions");
+        admission(&mut table);
+    }
     println!("\n## child processes");
     if wanted("rss") {
         rss(&mut table);
@@ -212,6 +216,99 @@ fn main() {
         ..Row::default()
     });
     table.print();
+}
+
+/// Decisions per timed round of the admission scenario.
+const ADMISSION_DECISIONS: usize = 2_000_000;
+/// Timed rounds of the admission scenario (after one warm-up round).
+const ADMISSION_ROUNDS: usize = 7;
+
+/// A slot as the admission rule reads it: `owners` of `capacity` (the
+/// oldest running unless `stopping`), `queued` waiting. The one piece of
+/// the scenario that follows the rule's input type.
+fn slot_summary(
+    owners: usize,
+    capacity: usize,
+    stopping: bool,
+    queued: usize,
+) -> taskhost::admission::SlotSummary {
+    taskhost::admission::SlotSummary {
+        owners,
+        capacity,
+        oldest_running: (owners > 0 && !stopping).then(|| TaskId::from_u64(1)),
+        queued,
+        head: (queued > 0).then(|| TaskId::from_u64(2)),
+        tracked: owners > 0 || queued > 0,
+    }
+}
+
+/// The pure admission rule alone: decisions per second over a fixed mix
+/// of slots (idle, busy with and without a queue, stopping, full queue)
+/// under each policy, the totals varying.
+fn admission(table: &mut Table) {
+    use taskhost::admission::{Decision, Limits, Totals, decide};
+    let limits = Limits {
+        max_slot_queue: 4,
+        ..Limits::default()
+    };
+    let mut cases = Vec::new();
+    for (owners, stopping, queued) in [
+        (0, false, 0),
+        (1, false, 0),
+        (1, false, 2),
+        (1, true, 1),
+        (1, false, 4),
+        (0, false, 1),
+    ] {
+        for policy in [
+            AdmissionPolicy::Queue,
+            AdmissionPolicy::Replace,
+            AdmissionPolicy::DropIfRunning,
+        ] {
+            cases.push((slot_summary(owners, 1, stopping, queued), policy));
+        }
+    }
+    let mut rates = Vec::new();
+    for round in 0..=ADMISSION_ROUNDS {
+        let started = Instant::now();
+        let mut admitted = 0usize;
+        for i in 0..ADMISSION_DECISIONS {
+            let (slot, policy) = &cases[i % cases.len()];
+            let totals = Totals {
+                pending: i % 64,
+                slots: 10,
+            };
+            let decision = decide(
+                "db/main",
+                std::hint::black_box(slot),
+                *policy,
+                totals,
+                &limits,
+                false,
+            );
+            admitted += usize::from(matches!(decision, Decision::Admit));
+        }
+        std::hint::black_box(admitted);
+        if round > 0 {
+            rates.push(ADMISSION_DECISIONS as f64 / started.elapsed().as_secs_f64());
+        }
+    }
+    println!(
+        "  admission: {} decisions/s",
+        rates
+            .iter()
+            .map(|v| grouped(*v))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    table.spread(
+        "admission decisions (pure function)",
+        "-",
+        "ours",
+        &rates,
+        "decisions/s",
+        None,
+    );
 }
 
 /// Scenario filters from the command line; empty runs everything.

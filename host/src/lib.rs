@@ -26,7 +26,7 @@
 #![warn(missing_docs)]
 
 pub use taskhost_core::{
-    admission, controller, lifecycle, logline, outcome, stats, supervisor, units,
+    admission, controller, lifecycle, logline, outcome, slot_settings, stats, supervisor, units,
 };
 pub use taskhost_daemon as daemon;
 pub use taskhost_runtime as runtime;

@@ -1,11 +1,12 @@
 //! Flow control on slots through the real binary: `host slot set|unset|ls`
 //! and the config file's `slots` table, a capacity of N against each
 //! policy, a slot's own queue bound, a rule changed while work waits, rules
-//! kept across a restart; and the capacity invariant (never more owners
-//! than the capacity) checked over the event history of random programs
-//! on a durable daemon killed with SIGKILL at random moments.
+//! kept across a restart, a debounced slot; and the capacity invariant
+//! (never more owners than the capacity) checked over the event history
+//! of random programs on a durable daemon killed with SIGKILL at random
+//! moments.
 
-use crate::invariants::{most_owners, over_capacity};
+use crate::invariants::{debounce_broken, most_owners, over_capacity};
 use crate::{daemon, wire};
 
 use std::time::{Duration, Instant};
@@ -63,7 +64,7 @@ fn a_slot_of_capacity_three_against_every_policy_and_a_rule_changed_while_work_w
     assert_eq!(set.code, Some(0), "{}", set.stderr);
     assert_eq!(
         set.json(),
-        json!({"pattern": "db/*", "capacity": 3, "max_queue": null})
+        json!({"pattern": "db/*", "capacity": 3, "max_queue": null, "debounce_ms": null, "max_wait_ms": null})
     );
     for i in 0..5 {
         sleeper(&d, "db/a", &format!("s{i}"), "queue");
@@ -143,8 +144,8 @@ fn a_slot_of_capacity_three_against_every_policy_and_a_rule_changed_while_work_w
     assert_eq!(
         ls.json(),
         json!([
-            {"pattern": "db/*", "capacity": 1, "max_queue": null},
-            {"pattern": "narrow", "capacity": null, "max_queue": 1},
+            {"pattern": "db/*", "capacity": 1, "max_queue": null, "debounce_ms": null, "max_wait_ms": null},
+            {"pattern": "narrow", "capacity": null, "max_queue": 1, "debounce_ms": null, "max_wait_ms": null},
         ])
     );
     let unset = d.run(&["slot", "unset", "db/*"]);
@@ -158,7 +159,14 @@ fn a_slot_of_capacity_three_against_every_policy_and_a_rule_changed_while_work_w
             &["slot", "set", "", "--capacity", "2"][..],
             "must not be empty",
         ),
-        (&["slot", "set", "x"][..], "give --capacity or --max-queue"),
+        (
+            &["slot", "set", "x"][..],
+            "give --capacity, --max-queue or --debounce",
+        ),
+        (
+            &["slot", "set", "x", "--max-wait", "1s"][..],
+            "give --debounce too",
+        ),
     ] {
         let out = d.run(args);
         assert_eq!(out.code, Some(2), "{args:?}: {}", out.stderr);
@@ -170,12 +178,19 @@ fn a_slot_of_capacity_three_against_every_policy_and_a_rule_changed_while_work_w
 fn the_config_files_slots_table_sets_rules_and_a_bad_one_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.toml");
-    std::fs::write(&good, "[slots.\"pool/*\"]\ncapacity = 2\nmax_queue = 7\n").unwrap();
+    std::fs::write(
+        &good,
+        "[slots.\"pool/*\"]\ncapacity = 2\nmax_queue = 7\n[slots.ci]\ndebounce = \"2s\"\n",
+    )
+    .unwrap();
     let d = Daemon::start(&["--config", good.to_str().unwrap()]);
     let ls = d.run(&["slot", "ls", "--json"]);
     assert_eq!(
         ls.json(),
-        json!([{"pattern": "pool/*", "capacity": 2, "max_queue": 7}])
+        json!([
+            {"pattern": "ci", "capacity": null, "max_queue": null, "debounce_ms": 2000, "max_wait_ms": null},
+            {"pattern": "pool/*", "capacity": 2, "max_queue": 7, "debounce_ms": null, "max_wait_ms": null},
+        ])
     );
     sleeper(&d, "pool/a", "a", "queue");
     sleeper(&d, "pool/a", "b", "queue");
@@ -198,6 +213,66 @@ fn the_config_files_slots_table_sets_rules_and_a_bad_one_is_refused_naming_it() 
         "{}",
         out.stderr
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debounced_slot_runs_the_newest_of_each_burst() {
+    let d = Daemon::start(&[]);
+    let set = d.run(&[
+        "slot",
+        "set",
+        "build",
+        "--debounce",
+        "300ms",
+        "--max-wait",
+        "5s",
+        "--json",
+    ]);
+    assert_eq!(set.code, Some(0), "{}", set.stderr);
+    assert_eq!(set.json()["debounce_ms"], 300, "{}", set.stdout);
+    assert_eq!(set.json()["max_wait_ms"], 5000, "{}", set.stdout);
+    let events = follow(&d.socket).await;
+    // Two bursts of three; the newest of each runs.
+    let mut ids = Vec::new();
+    for burst in 0..2 {
+        for i in 0..3 {
+            let name = format!("b{burst}-{i}");
+            let input = name.clone();
+            ids.push(d.submit(&[
+                &p("hello"),
+                "--slot",
+                "build",
+                "--name",
+                &name,
+                "--input",
+                &input,
+            ]));
+        }
+        let waiting = d.ps();
+        let held: Vec<&Value> = waiting.iter().filter(|t| t["state"] == "waiting").collect();
+        assert_eq!(held.len(), 1, "one held at a time: {waiting:?}");
+        let newest = d.run(&["wait", &format!("b{burst}-2"), "--json"]);
+        assert_eq!(
+            newest.json()["output"],
+            format!("b{burst}-2"),
+            "{}",
+            newest.stdout
+        );
+        for i in 0..2 {
+            let older = d.run(&["wait", &format!("b{burst}-{i}"), "--json"]);
+            assert_eq!(older.code, Some(3), "{}", older.stderr);
+            let reason = older.json()["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let newer = &ids[burst * 3 + i + 1];
+            assert!(reason.contains(&format!("({newer})")), "{reason}");
+        }
+    }
+    let out = d.run(&["shutdown"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let events = events.await.expect("the event follower");
+    assert_eq!(debounce_broken(&events, |s| s == "build"), Ok(()));
 }
 
 /// Follows a daemon's events from its start until it dies.

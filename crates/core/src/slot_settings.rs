@@ -1,8 +1,9 @@
 //! Owns what an operator sets on slots: each rule names a slot exactly or
 //! by a glob pattern (`*` any run of characters, `/` included; `?` one
 //! character) and says how many owners the slots it matches may hold at
-//! once (`capacity`) and how many submissions may wait in each
-//! (`max_queue`). A slot takes its settings from the rule that names it
+//! once (`capacity`), how many submissions may wait in each
+//! (`max_queue`), and whether a submission first waits to see if a newer
+//! one comes (`debounce`, at most `max_wait` from the first). A slot takes its settings from the rule that names it
 //! exactly, else from the longest pattern that matches it (of two as long,
 //! the first in byte order). What no rule sets is today's: one owner, the
 //! host's `max_slot_queue`.
@@ -12,18 +13,22 @@
 //!
 //! let mut rules = SlotRules::default();
 //! rules.set("db/*", SlotSettings { capacity: Some(4), ..Default::default() }).unwrap();
-//! rules.set("db/main", SlotSettings { capacity: Some(1), max_queue: Some(10) }).unwrap();
+//! rules.set("db/main", SlotSettings { capacity: Some(1), max_queue: Some(10), ..Default::default() }).unwrap();
 //! assert_eq!(rules.for_slot("db/replica").capacity, Some(4));
 //! assert_eq!(rules.for_slot("db/main").capacity, Some(1));
 //! assert_eq!(rules.for_slot("cache").capacity, None);
 //! ```
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 /// The most owners one slot may hold at once.
 pub const MAX_CAPACITY: u32 = 100_000;
+
+/// The longest debounce or `max_wait` (a day).
+pub const MAX_DEBOUNCE: Duration = Duration::from_secs(24 * 3600);
 
 /// The longest pattern a rule may have.
 pub const MAX_PATTERN: usize = 512;
@@ -43,6 +48,14 @@ pub struct SlotSettings {
     /// default is the host's `max_slot_queue`.
     #[serde(default)]
     pub max_queue: Option<usize>,
+    /// How long a submission waits before it is placed; a newer one for
+    /// the same slot in that time supersedes it and waits again.
+    #[serde(default)]
+    pub debounce: Option<Duration>,
+    /// How long after the first of a run of superseding submissions the
+    /// newest is placed at the latest (with `debounce`).
+    #[serde(default)]
+    pub max_wait: Option<Duration>,
 }
 
 impl SlotSettings {
@@ -51,13 +64,33 @@ impl SlotSettings {
         self.capacity.map_or(1, |c| c as usize)
     }
 
-    /// Refuses a capacity of 0 or above [`MAX_CAPACITY`], naming the fix.
+    /// Refuses a capacity of 0 or above [`MAX_CAPACITY`], a debounce of
+    /// zero or above [`MAX_DEBOUNCE`], and a `max_wait` without a debounce
+    /// or shorter than it, naming the fix.
     pub fn check(&self) -> Result<(), String> {
         match self.capacity {
-            Some(0) => Err("--capacity must be at least 1".to_owned()),
-            Some(c) if c > MAX_CAPACITY => Err(format!(
-                "--capacity {c} is above the most a slot may hold ({MAX_CAPACITY})"
-            )),
+            Some(0) => return Err("--capacity must be at least 1".to_owned()),
+            Some(c) if c > MAX_CAPACITY => {
+                return Err(format!(
+                    "--capacity {c} is above the most a slot may hold ({MAX_CAPACITY})"
+                ));
+            }
+            _ => {}
+        }
+        for (flag, value) in [("--debounce", self.debounce), ("--max-wait", self.max_wait)] {
+            match value {
+                Some(d) if d.is_zero() => return Err(format!("{flag} must be more than zero")),
+                Some(d) if d > MAX_DEBOUNCE => {
+                    return Err(format!("{flag} may be {MAX_DEBOUNCE:?} at the most"));
+                }
+                _ => {}
+            }
+        }
+        match (self.debounce, self.max_wait) {
+            (None, Some(_)) => Err("--max-wait bounds a debounce: give --debounce too".to_owned()),
+            (Some(d), Some(w)) if w < d => {
+                Err("--max-wait must be at least --debounce (it bounds a run of them)".to_owned())
+            }
             _ => Ok(()),
         }
     }
@@ -69,6 +102,8 @@ pub struct SlotRules {
     exact: BTreeMap<String, SlotSettings>,
     /// Patterns with a wildcard, longest first.
     globs: Vec<(String, SlotSettings)>,
+    /// Whether any rule debounces (submissions skip the lookup otherwise).
+    debounces: bool,
 }
 
 impl SlotRules {
@@ -92,17 +127,27 @@ impl SlotRules {
         } else {
             self.exact.insert(pattern.to_owned(), settings);
         }
+        self.count_debounces();
         Ok(())
+    }
+
+    fn count_debounces(&mut self) {
+        let mut all = self.exact.values().chain(self.globs.iter().map(|g| &g.1));
+        self.debounces = all.any(|s| s.debounce.is_some());
+    }
+
+    /// Whether any rule debounces.
+    pub fn debounces(&self) -> bool {
+        self.debounces
     }
 
     /// Removes the rule for `pattern`; false if there was none.
     pub fn unset(&mut self, pattern: &str) -> bool {
-        if self.exact.remove(pattern).is_some() {
-            return true;
-        }
-        let before = self.globs.len();
+        let before = self.len();
+        self.exact.remove(pattern);
         self.globs.retain(|g| g.0 != pattern);
-        self.globs.len() != before
+        self.count_debounces();
+        self.len() != before
     }
 
     /// The settings of slot `key`.
@@ -213,7 +258,7 @@ mod tests {
     fn cap(n: u32) -> SlotSettings {
         SlotSettings {
             capacity: Some(n),
-            max_queue: None,
+            ..SlotSettings::default()
         }
     }
 

@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 
 use super::{AdmissionPolicy, Controller, Inner, Pending, Placement, QueuedView, State};
 use crate::outcome::RejectionKind;
-use crate::supervisor::{Event, EventKind, TaskRef};
+use crate::supervisor::{Event, EventKind, TaskId, TaskRef};
 
 /// A submission held until its due time.
 pub(super) struct Delayed {
@@ -40,6 +40,48 @@ impl Delayed {
 }
 
 impl Controller {
+    /// The due time a slot's debounce gives submission `id` (none without
+    /// one), and the submission it held before, which `id` supersedes (out
+    /// of the delayed ones now; the caller ends it). A run of superseding
+    /// submissions is placed `debounce` after the newest, and `max_wait`
+    /// after the first at the latest.
+    pub(super) fn debounce(
+        &self,
+        state: &mut State,
+        slot: &Arc<str>,
+        id: TaskId,
+        now: tokio::time::Instant,
+    ) -> (Option<tokio::time::Instant>, Option<Delayed>) {
+        if !state.rules.debounces() {
+            return (None, None);
+        }
+        let settings = match state.slots.get(slot) {
+            Some(tracked) => tracked.settings,
+            None => state.rules.for_slot(slot),
+        };
+        let Some(wait) = settings.debounce else {
+            return (None, None);
+        };
+        let held = state.debouncing.remove(slot).and_then(|(held, first)| {
+            let due = state.delayed_at.remove(&held)?;
+            Some((first, state.delayed.remove(&(due, held))?))
+        });
+        let (first, superseded) = match held {
+            Some((first, old)) => (first, Some(old)),
+            None => (now, None),
+        };
+        let latest = settings.max_wait.map_or(now + wait, |most| first + most);
+        state.debouncing.insert(Arc::clone(slot), (id, first));
+        (Some((now + wait).min(latest).max(now)), superseded)
+    }
+
+    /// Forgets a slot's debounce if it holds `id` (placed, or removed).
+    fn debounced(state: &mut State, slot: &Arc<str>, id: TaskId) {
+        if state.debouncing.get(slot).is_some_and(|held| held.0 == id) {
+            state.debouncing.remove(slot);
+        }
+    }
+
     /// Holds a submission until `due`, within the bound of delayed ones.
     pub(super) fn hold(
         &self,
@@ -119,6 +161,7 @@ impl Controller {
             }
             let delayed = entry.remove();
             state.delayed_at.remove(&id);
+            Self::debounced(&mut state, &delayed.slot, id);
             let mut event = Event::new(EventKind::DelayDue)
                 .task(id, &delayed.name, &delayed.slot)
                 .schedule(delayed.pending.spec.schedule_name())
@@ -160,6 +203,7 @@ impl Controller {
             return false;
         };
         state.delayed_at.remove(&key.1);
+        Self::debounced(&mut state, &delayed.slot, key.1);
         drop(state);
         self.resolve_rejected(
             (

@@ -228,6 +228,9 @@ struct State {
     delayed_at: HashMap<TaskId, tokio::time::Instant, foldhash::fast::RandomState>,
     /// Whether the task that places delayed submissions when due runs.
     timer: bool,
+    /// Slots whose debounce holds a submission: the one held, and when the
+    /// run of superseding submissions it ends began.
+    debouncing: HashMap<Arc<str>, (TaskId, tokio::time::Instant), foldhash::fast::RandomState>,
     /// The operator's settings of slots.
     rules: SlotRules,
 }
@@ -308,8 +311,14 @@ impl Controller {
         self.inner.supervisor.bus().publish(event);
 
         let now = tokio::time::Instant::now();
-        let due = not_before.filter(|due| *due > now);
-        if let Some(due) = not_before {
+        let mut state = self.lock();
+        // A submission of its own time waits for it; else its slot's
+        // debounce may hold it (and end the one it held before).
+        let (due, superseded) = match not_before.filter(|due| *due > now) {
+            Some(due) => (Some(due), None),
+            None => self.debounce(&mut state, &slot, id, now),
+        };
+        if let Some(due) = not_before.or(due) {
             spec = spec.due(due);
         }
         let pending = Pending {
@@ -318,12 +327,25 @@ impl Controller {
             cell: Arc::clone(&cell),
             since: Instant::now(),
         };
-        let mut state = self.lock();
         let placed = match due {
             Some(due) => self.hold(&mut state, due, pending, policy, &name, &slot),
             None => self.place(&mut state, pending, policy, &slot),
         };
         drop(state);
+        if let Some(old) = superseded {
+            self.resolve_rejected(
+                (
+                    old.pending.id(),
+                    &old.name,
+                    &old.slot,
+                    old.pending.spec.schedule_name(),
+                    old.pending.spec.parent_id(),
+                ),
+                &old.pending.cell,
+                RejectionKind::SupersededByReplace,
+                format!("debounced: a newer submission ({id}) to slot `{slot}` took its place"),
+            );
+        }
         let placed = match placed {
             Ok(Some(placed)) => placed,
             // Registration failed: the waiter holds the Rejected.

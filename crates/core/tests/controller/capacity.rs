@@ -23,6 +23,7 @@ fn rules(pattern: &str, capacity: u32, max_queue: Option<usize>) -> SlotRules {
             SlotSettings {
                 capacity: Some(capacity),
                 max_queue,
+                ..SlotSettings::default()
             },
         )
         .unwrap();
@@ -243,7 +244,7 @@ fn play(steps: &[Step], capacities: [u32; 3]) -> Vec<Arc<Event>> {
         for (i, cap) in capacities.iter().enumerate() {
             let settings = SlotSettings {
                 capacity: Some(*cap),
-                max_queue: None,
+                ..SlotSettings::default()
             };
             all.set(&format!("s{i}"), settings).unwrap();
         }

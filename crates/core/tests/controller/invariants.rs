@@ -63,3 +63,38 @@ pub fn most_owners<'a>(events: impl IntoIterator<Item = &'a Event>) -> HashMap<S
     }
     most
 }
+
+/// Where a debounced slot placed a submission that was not the newest one
+/// submitted to it: each `DelayDue` of a slot in `debounced` must be of the
+/// last task `ControllerSubmitted` to that slot (a newer one supersedes
+/// the one held, so at most one run per window, and it is the newest).
+pub fn debounce_broken<'a>(
+    events: impl IntoIterator<Item = &'a Event>,
+    debounced: impl Fn(&str) -> bool,
+) -> Result<(), String> {
+    let mut events: Vec<&Event> = events.into_iter().collect();
+    events.sort_by_key(|e| e.seq);
+    let mut newest: HashMap<Arc<str>, TaskId> = HashMap::new();
+    for e in events {
+        let (Some(slot), Some(id)) = (e.slot.clone(), e.task_id) else {
+            continue;
+        };
+        if !debounced(&slot) {
+            continue;
+        }
+        match e.kind {
+            EventKind::ControllerSubmitted => {
+                newest.insert(slot, id);
+            }
+            EventKind::DelayDue if newest.get(&slot) != Some(&id) => {
+                return Err(format!(
+                    "slot {slot} placed task {id} at seq {} while task {:?} was newer",
+                    e.seq,
+                    newest.get(&slot)
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}

@@ -7,6 +7,7 @@
 mod capacity;
 #[path = "../supervisor/common_sup.rs"]
 mod common_sup;
+mod debounce;
 mod invariants;
 
 use std::collections::HashMap;

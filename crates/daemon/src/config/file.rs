@@ -62,6 +62,32 @@ pub(super) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duratio
     parse_duration(&text).map(Some).map_err(refuse)
 }
 
+/// A slot rule of the `slots` table: `capacity`, `max_queue`, and
+/// `debounce` and `max_wait` as durations such as `"2s"`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotRule {
+    #[serde(default)]
+    capacity: Option<u32>,
+    #[serde(default)]
+    max_queue: Option<usize>,
+    #[serde(default, deserialize_with = "duration")]
+    debounce: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    max_wait: Option<Duration>,
+}
+
+impl From<SlotRule> for taskhost_core::slot_settings::SlotSettings {
+    fn from(rule: SlotRule) -> Self {
+        Self {
+            capacity: rule.capacity,
+            max_queue: rule.max_queue,
+            debounce: rule.debounce,
+            max_wait: rule.max_wait,
+        }
+    }
+}
+
 /// A size such as `"64MiB"`.
 pub(super) fn size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     let text = String::deserialize(d)?;

@@ -19,7 +19,6 @@ use std::time::Duration;
 use clap::builder::TypedValueParser as _;
 use serde::Deserialize;
 
-use taskhost_core::slot_settings::SlotSettings;
 use taskhost_core::units::{parse_duration, parse_size};
 use taskhost_runtime::HttpAllow;
 
@@ -149,10 +148,10 @@ pub struct Settings {
     #[arg(long = "config-var", value_name = "K=V", value_parser = parse_config_var)]
     #[serde(default, deserialize_with = "file::table")]
     pub config_vars: Option<Vec<(String, String)>>,
-    /// The slot rules the daemon starts with (the file's `slots` table only, such as `[slots."db/*"]` with `capacity = 4`); each replaces the stored rule of its pattern at every start.
+    /// The slot rules the daemon starts with (the file's `slots` table only, such as `[slots."db/*"]` with `capacity = 4`, `max_queue`, `debounce = "2s"`, `max_wait`); each replaces the stored rule of its pattern at every start.
     #[arg(skip)]
     #[serde(default)]
-    pub slots: Option<BTreeMap<String, SlotSettings>>,
+    pub slots: Option<BTreeMap<String, file::SlotRule>>,
     /// Bytes of keys and values one key-value bucket (a slot's, or a shared one) may hold; a guest's write past it fails with an error naming it [default: 16MiB].
     #[arg(long = "kv-max-bucket", value_name = "SIZE", value_parser = parse_size)]
     #[serde(default, deserialize_with = "file::size")]
@@ -354,7 +353,7 @@ impl Settings {
         set(&mut c.kv_max_total, self.kv_max_total);
         set(&mut c.allow_kv, self.allow_kv);
         if let Some(slots) = self.slots {
-            c.slot_rules = slots.into_iter().collect();
+            c.slot_rules = slots.into_iter().map(|(p, r)| (p, r.into())).collect();
         }
         set_some(&mut c.cluster.node_name, self.node_name);
         set(&mut c.cluster.lease, self.lease);

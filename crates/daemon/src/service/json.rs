@@ -124,6 +124,8 @@ pub fn slot_rule(row: &SlotRuleRow) -> Value {
         "pattern": row.pattern,
         "capacity": row.settings.capacity,
         "max_queue": row.settings.max_queue,
+        "debounce_ms": row.settings.debounce.map(|d| d.as_millis() as u64),
+        "max_wait_ms": row.settings.max_wait.map(|d| d.as_millis() as u64),
     })
 }
 

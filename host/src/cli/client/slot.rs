@@ -4,9 +4,12 @@
 
 use std::path::PathBuf;
 
+use std::time::Duration;
+
 use clap::{Args, Subcommand};
 use taskhost::daemon::json;
 use taskhost::daemon::protocol::{SlotRuleRow, SlotRuleVerb};
+use taskhost::units::{format_duration, parse_duration};
 use taskhost_core::slot_settings::SlotSettings;
 
 use super::super::args::SocketArg;
@@ -49,6 +52,12 @@ struct SetArgs {
     /// Submissions that may wait in the slot, a replacement head counted; past it a Queue submission is rejected (QueueFull) [default: the daemon's --max-slot-queue].
     #[arg(long, value_name = "N")]
     max_queue: Option<usize>,
+    /// A submission to the slot waits this long before it is placed; a newer one in that time takes its place (the older ends rejected, SupersededByReplace, naming it) and waits again [default: none].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    debounce: Option<Duration>,
+    /// With --debounce: a run of superseding submissions is placed this long after its first at the latest [default: no bound].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    max_wait: Option<Duration>,
     /// Print JSON: the rule as set.
     #[arg(long)]
     json: bool,
@@ -70,7 +79,7 @@ struct UnsetArgs {
 
 #[derive(Debug, Args)]
 struct LsArgs {
-    /// Print JSON: an array of {"pattern", "capacity", "max_queue"}.
+    /// Print JSON: an array of {"pattern", "capacity", "max_queue", "debounce_ms", "max_wait_ms"}.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -82,23 +91,38 @@ fn shown(value: Option<impl ToString>) -> String {
 }
 
 fn describe(row: &SlotRuleRow) -> String {
-    format!(
+    let settings = &row.settings;
+    let mut text = format!(
         "`{}`: capacity {}, max queue {}",
         row.pattern,
-        row.settings.capacity.unwrap_or(1),
-        row.settings
+        settings.capacity.unwrap_or(1),
+        settings
             .max_queue
             .map_or_else(|| "the daemon's".to_owned(), |q| q.to_string())
-    )
+    );
+    if let Some(debounce) = settings.debounce {
+        text.push_str(&format!(", debounce {}", format_duration(debounce)));
+    }
+    if let Some(most) = settings.max_wait {
+        text.push_str(&format!(
+            " (at most {} after the first)",
+            format_duration(most)
+        ));
+    }
+    text
 }
 
 pub async fn slot(args: SlotArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
     match args.verb {
         Verb::Set(args) => {
-            if args.capacity.is_none() && args.max_queue.is_none() {
+            if args.capacity.is_none()
+                && args.max_queue.is_none()
+                && args.debounce.is_none()
+                && args.max_wait.is_none()
+            {
                 return Err(ExitError::error(
                     EXIT_USAGE,
-                    "host slot set: give --capacity or --max-queue (or remove the rule: host slot unset PATTERN)"
+                    "host slot set: give --capacity, --max-queue or --debounce (or remove the rule: host slot unset PATTERN)"
                         .to_owned(),
                 ));
             }
@@ -108,6 +132,8 @@ pub async fn slot(args: SlotArgs, before_verb: Option<PathBuf>) -> anyhow::Resul
                 settings: SlotSettings {
                     capacity: args.capacity,
                     max_queue: args.max_queue,
+                    debounce: args.debounce,
+                    max_wait: args.max_wait,
                 },
             };
             let row = client
@@ -149,10 +175,15 @@ pub async fn slot(args: SlotArgs, before_verb: Option<PathBuf>) -> anyhow::Resul
                             r.pattern.clone(),
                             shown(r.settings.capacity),
                             shown(r.settings.max_queue),
+                            shown(r.settings.debounce.map(format_duration)),
+                            shown(r.settings.max_wait.map(format_duration)),
                         ]
                     })
                     .collect();
-                print_table(&["PATTERN", "CAPACITY", "MAX-QUEUE"], &table);
+                print_table(
+                    &["PATTERN", "CAPACITY", "MAX-QUEUE", "DEBOUNCE", "MAX-WAIT"],
+                    &table,
+                );
             }
             Ok(0)
         }

@@ -19,7 +19,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
-use taskhost_core::controller::SlotState;
+use taskhost_core::controller::{SlotState, SlotView};
 use taskhost_core::lifecycle::TaskState;
 use taskhost_core::outcome::{OutcomeKind, RejectionKind};
 use taskhost_core::stats::{
@@ -458,6 +458,37 @@ fn tasks_and_slots(enc: &mut DescriptorEncoder<'_>, d: &Daemon) -> Out {
             .iter()
             .map(|s| (s.key.clone(), s.queue_depth as u64))
             .collect::<Vec<_>>(),
+    )?;
+    // Slots that may hold more than one owner, the fullest first.
+    let mut shared: Vec<_> = slots.iter().filter(|s| s.capacity > 1).collect();
+    shared.sort_by(|a, b| {
+        b.owners
+            .len()
+            .cmp(&a.owners.len())
+            .then_with(|| a.key.cmp(&b.key))
+    });
+    shared.truncate(TOP_SLOTS);
+    let of_shared = |value: fn(&SlotView) -> usize| {
+        shared
+            .iter()
+            .map(|s| (s.key.clone(), value(s) as u64))
+            .collect::<Vec<_>>()
+    };
+    labeled(
+        enc,
+        MetricType::Gauge,
+        "taskhost_slot_owners",
+        "Owners of the slots whose rule lets them hold more than one (the fullest only).",
+        "slot",
+        &of_shared(|s| s.owners.len()),
+    )?;
+    labeled(
+        enc,
+        MetricType::Gauge,
+        "taskhost_slot_capacity",
+        "The capacity of the same slots as taskhost_slot_owners (host slot set --capacity).",
+        "slot",
+        &of_shared(|s| s.capacity),
     )?;
     gauge(
         enc,

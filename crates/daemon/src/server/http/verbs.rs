@@ -663,6 +663,9 @@ pub(super) struct SlotRuleBody {
     pattern: String,
     capacity: Option<u32>,
     max_queue: Option<usize>,
+    /// A duration, as `--debounce` takes it.
+    debounce: Option<String>,
+    max_wait: Option<String>,
 }
 
 /// The pattern of `DELETE /api/slot-rules?pattern=P`.
@@ -689,9 +692,22 @@ pub(super) async fn set_slot_rule(State(http): State<Http>, body: Bytes) -> Resp
             );
         }
     };
+    let duration = |field: &str, text: Option<&str>| {
+        text.map(parse_duration)
+            .transpose()
+            .map_err(|e| format!("{field}: {e}"))
+    };
+    let durations = duration("debounce", body.debounce.as_deref())
+        .and_then(|d| Ok((d, duration("max_wait", body.max_wait.as_deref())?)));
+    let (debounce, max_wait) = match durations {
+        Ok(both) => both,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
     let settings = SlotSettings {
         capacity: body.capacity,
         max_queue: body.max_queue,
+        debounce,
+        max_wait,
     };
     let pattern = body.pattern;
     slot_rule_verb(&http, SlotRuleVerb::Set(SlotRuleRow { pattern, settings })).await

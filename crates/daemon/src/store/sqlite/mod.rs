@@ -33,6 +33,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/0005_kv.sql"),
     include_str!("../../../migrations/0006_lineage.sql"),
     include_str!("../../../migrations/0007_slot_rules.sql"),
+    include_str!("../../../migrations/0008_slot_debounce.sql"),
 ];
 
 /// The migration that added `parent` and `root`, filled from each row's
@@ -151,20 +152,26 @@ pub(super) fn open(path: &Path, retention: Retention) -> Result<Opened, StoreErr
 /// The operator's slot rules; one a newer version wrote that this one
 /// cannot hold is left out, said in the log.
 fn read_slot_rules(conn: &Connection) -> rusqlite::Result<Vec<(String, SlotSettings)>> {
-    let mut stmt = conn.prepare("SELECT pattern, capacity, max_queue FROM slot_rules")?;
+    let mut stmt = conn
+        .prepare("SELECT pattern, capacity, max_queue, debounce_ms, max_wait_ms FROM slot_rules")?;
     let rows = stmt.query_map([], |r| {
         Ok((
             r.get::<_, String>(0)?,
             r.get::<_, Option<i64>>(1)?,
             r.get::<_, Option<i64>>(2)?,
+            r.get::<_, Option<i64>>(3)?,
+            r.get::<_, Option<i64>>(4)?,
         ))
     })?;
+    let millis = |v: Option<i64>| v.map(|ms| Duration::from_millis(ms.max(0) as u64));
     let mut out = Vec::new();
     for row in rows {
-        let (pattern, capacity, max_queue) = row?;
+        let (pattern, capacity, max_queue, debounce, max_wait) = row?;
         let settings = SlotSettings {
             capacity: capacity.and_then(|c| u32::try_from(c).ok()),
             max_queue: max_queue.and_then(|q| usize::try_from(q).ok()),
+            debounce: millis(debounce),
+            max_wait: millis(max_wait),
         };
         match settings.check() {
             Ok(()) => out.push((pattern, settings)),

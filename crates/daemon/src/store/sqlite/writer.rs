@@ -296,13 +296,15 @@ fn apply_op(tx: &rusqlite::Transaction<'_>, op: &Op, started: u32) -> rusqlite::
         Op::SlotRule { pattern, settings } => match settings {
             Some(settings) => {
                 tx.prepare_cached(
-                    "INSERT OR REPLACE INTO slot_rules (pattern, capacity, max_queue) \
-                     VALUES (?1, ?2, ?3)",
+                    "INSERT OR REPLACE INTO slot_rules (pattern, capacity, max_queue, \
+                     debounce_ms, max_wait_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
                 )?
                 .execute(params![
                     pattern,
                     settings.capacity,
-                    settings.max_queue.map(|q| q as i64)
+                    settings.max_queue.map(|q| q as i64),
+                    settings.debounce.map(|d| d.as_millis() as i64),
+                    settings.max_wait.map(|d| d.as_millis() as i64),
                 ])?;
             }
             None => {
