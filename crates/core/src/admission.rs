@@ -144,6 +144,9 @@ impl SlotView {
 pub struct Limits {
     /// Pending submissions behind one owner, counting a replacement head.
     pub max_slot_queue: usize,
+    /// What `max_slot_queue` is called in a refusal (`max_slot_queue`, or
+    /// `max_queue of its slot rule` where a rule bounds the slot).
+    pub queue_bound: &'static str,
     /// Pending submissions over all slots.
     pub max_total_pending: usize,
     /// Slots tracked at once, owned or with a queue.
@@ -157,6 +160,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_slot_queue: 100,
+            queue_bound: "max_slot_queue",
             max_total_pending: 10_000,
             max_slots: 10_000,
             holder: "the controller",
@@ -293,8 +297,8 @@ pub fn decide(
         AdmissionPolicy::Queue if slot.queued >= limits.max_slot_queue => reject(
             RejectionKind::QueueFull,
             format!(
-                "slot `{slot_key}` already has {} waiting (max_slot_queue {})",
-                slot.queued, limits.max_slot_queue
+                "slot `{slot_key}` already has {} waiting ({} {})",
+                slot.queued, limits.queue_bound, limits.max_slot_queue
             ),
         ),
         AdmissionPolicy::Queue if totals.pending >= limits.max_total_pending => pending_full(),

@@ -37,6 +37,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
 use tokio::sync::Notify;
 
 use crate::admission::{self, Decision, Limits, SlotSummary, Totals};
@@ -184,8 +185,8 @@ struct Owner {
 }
 
 struct Slot {
-    /// Oldest first.
-    owners: Vec<Owner>,
+    /// Oldest first; one inline, so a slot of one owner allocates none.
+    owners: SmallVec<[Owner; 1]>,
     /// The operator's settings for it, read when it was tracked and again
     /// when they change.
     settings: SlotSettings,
@@ -196,7 +197,7 @@ struct Slot {
 impl Slot {
     fn new(settings: SlotSettings) -> Self {
         Self {
-            owners: Vec::new(),
+            owners: SmallVec::new(),
             settings,
             since: Instant::now(),
             queue: VecDeque::new(),
@@ -404,6 +405,7 @@ impl Controller {
             Some(max_slot_queue) => {
                 own_bound = Limits {
                     max_slot_queue,
+                    queue_bound: "max_queue of its slot rule",
                     ..self.inner.config.clone()
                 };
                 &own_bound

@@ -148,7 +148,10 @@ async fn a_slot_of_its_own_queue_bound_refuses_past_it() {
         panic!("past the slot's own bound")
     };
     assert_eq!(kind, RejectionKind::QueueFull);
-    assert!(reason.contains("max_slot_queue 1"), "{reason}");
+    assert!(
+        reason.contains("(max_queue of its slot rule 1)"),
+        "{reason}"
+    );
     c.shutdown(ms(100)).await;
 }
 

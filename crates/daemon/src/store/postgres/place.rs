@@ -82,6 +82,7 @@ pub(super) fn decide(
     }
     let limits = Limits {
         max_slot_queue: a.max_slot_queue,
+        queue_bound: "max_slot_queue",
         max_total_pending: a.max_total_pending,
         // Slot rows stay in the database: it bounds no slot count.
         max_slots: usize::MAX,
