@@ -6,7 +6,7 @@
 //! of random programs on a durable daemon killed with SIGKILL at random
 //! moments.
 
-use crate::invariants::{debounce_broken, most_owners, over_capacity};
+use crate::invariants::{debounce_broken, most_owners, over_capacity, rate_broken};
 use crate::{daemon, wire};
 
 use std::time::{Duration, Instant};
@@ -15,7 +15,7 @@ use daemon::{Daemon, p};
 use serde_json::{Value, json};
 use taskhost::controller::AdmissionPolicy;
 use taskhost::daemon::protocol::{EventFilter, Reply, Request, SubmitRequest};
-use taskhost::supervisor::Event;
+use taskhost::supervisor::{Event, EventKind};
 
 /// The slot `key` as `host slots --json` shows it, once `ready` holds of
 /// it (polled: the slot table moves on its own as owners end).
@@ -64,7 +64,7 @@ fn a_slot_of_capacity_three_against_every_policy_and_a_rule_changed_while_work_w
     assert_eq!(set.code, Some(0), "{}", set.stderr);
     assert_eq!(
         set.json(),
-        json!({"pattern": "db/*", "capacity": 3, "max_queue": null, "debounce_ms": null, "max_wait_ms": null})
+        json!({"pattern": "db/*", "capacity": 3, "max_queue": null, "debounce_ms": null, "max_wait_ms": null, "rate": null, "burst": null})
     );
     for i in 0..5 {
         sleeper(&d, "db/a", &format!("s{i}"), "queue");
@@ -144,8 +144,8 @@ fn a_slot_of_capacity_three_against_every_policy_and_a_rule_changed_while_work_w
     assert_eq!(
         ls.json(),
         json!([
-            {"pattern": "db/*", "capacity": 1, "max_queue": null, "debounce_ms": null, "max_wait_ms": null},
-            {"pattern": "narrow", "capacity": null, "max_queue": 1, "debounce_ms": null, "max_wait_ms": null},
+            {"pattern": "db/*", "capacity": 1, "max_queue": null, "debounce_ms": null, "max_wait_ms": null, "rate": null, "burst": null},
+            {"pattern": "narrow", "capacity": null, "max_queue": 1, "debounce_ms": null, "max_wait_ms": null, "rate": null, "burst": null},
         ])
     );
     let unset = d.run(&["slot", "unset", "db/*"]);
@@ -161,8 +161,10 @@ fn a_slot_of_capacity_three_against_every_policy_and_a_rule_changed_while_work_w
         ),
         (
             &["slot", "set", "x"][..],
-            "give --capacity, --max-queue or --debounce",
+            "give --capacity, --max-queue, --debounce or --rate",
         ),
+        (&["slot", "set", "x", "--burst", "2"][..], "give --rate too"),
+        (&["slot", "set", "x", "--rate", "5"][..], "STARTS/PERIOD"),
         (
             &["slot", "set", "x", "--max-wait", "1s"][..],
             "give --debounce too",
@@ -180,7 +182,8 @@ fn the_config_files_slots_table_sets_rules_and_a_bad_one_is_refused_naming_it() 
     let good = dir.path().join("good.toml");
     std::fs::write(
         &good,
-        "[slots.\"pool/*\"]\ncapacity = 2\nmax_queue = 7\n[slots.ci]\ndebounce = \"2s\"\n",
+        "[slots.\"pool/*\"]\ncapacity = 2\nmax_queue = 7\nrate = \"100/s\"\nburst = 3\n\
+         [slots.ci]\ndebounce = \"2s\"\n",
     )
     .unwrap();
     let d = Daemon::start(&["--config", good.to_str().unwrap()]);
@@ -188,8 +191,8 @@ fn the_config_files_slots_table_sets_rules_and_a_bad_one_is_refused_naming_it() 
     assert_eq!(
         ls.json(),
         json!([
-            {"pattern": "ci", "capacity": null, "max_queue": null, "debounce_ms": 2000, "max_wait_ms": null},
-            {"pattern": "pool/*", "capacity": 2, "max_queue": 7, "debounce_ms": null, "max_wait_ms": null},
+            {"pattern": "ci", "capacity": null, "max_queue": null, "debounce_ms": 2000, "max_wait_ms": null, "rate": null, "burst": null},
+            {"pattern": "pool/*", "capacity": 2, "max_queue": 7, "debounce_ms": null, "max_wait_ms": null, "rate": "100/1.00s", "burst": 3},
         ])
     );
     sleeper(&d, "pool/a", "a", "queue");
@@ -273,6 +276,71 @@ async fn a_debounced_slot_runs_the_newest_of_each_burst() {
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     let events = events.await.expect("the event follower");
     assert_eq!(debounce_broken(&events, |s| s == "build"), Ok(()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_slot_starts_at_its_pace_and_shows_what_waits_as_throttled() {
+    let d = Daemon::start(&[]);
+    let set = d.run(&[
+        "slot",
+        "set",
+        "api",
+        "--rate",
+        "10/s",
+        "--burst",
+        "2",
+        "--capacity",
+        "50",
+        "--json",
+    ]);
+    assert_eq!(set.code, Some(0), "{}", set.stderr);
+    assert_eq!(set.json()["burst"], 2, "{}", set.stdout);
+    let events = follow(&d.socket).await;
+    let client = wire::connect(&d.socket).await;
+    let hello = wire::upload_plugin(&client, "hello").await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let mut r = SubmitRequest::new(hello);
+        r.slot = Some("api".into());
+        r.name = Some(format!("call-{i}"));
+        if let Reply::Submitted(s) = wire::call(&client, Request::Submit(Box::new(r))).await {
+            ids.push(s.id);
+        }
+    }
+    assert_eq!(ids.len(), 20);
+    // Beyond the burst, the rest wait for the rate, shown as throttled.
+    let throttled = d.ps().iter().filter(|t| t["state"] == "throttled").count();
+    assert!(throttled > 0, "{:?}", d.ps());
+    for id in &ids {
+        let report = client.wait((*id).into()).await.expect("a report");
+        assert!(matches!(
+            report.outcome,
+            taskhost::outcome::TaskOutcome::Completed { .. }
+        ));
+    }
+    let out = d.run(&["shutdown"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let events = events.await.expect("the event follower");
+    let starts: Vec<(String, Duration)> = events
+        .iter()
+        .filter(|e| e.kind == EventKind::AttemptStarting && e.slot.as_deref() == Some("api"))
+        .map(|e| ("api".to_owned(), Duration::from_millis(e.at_ms)))
+        .collect();
+    assert_eq!(starts.len(), 20);
+    let rate = |slot: &str| (slot == "api").then_some((10, Duration::from_secs(1), 2));
+    // Event times are read a little after each start: windows 20 ms short.
+    assert_eq!(
+        rate_broken(&starts, rate, Duration::from_millis(20)),
+        Ok(())
+    );
+    let first = starts.iter().map(|s| s.1).min().unwrap();
+    let last = starts.iter().map(|s| s.1).max().unwrap();
+    // 3 at once, then one every 100 ms.
+    assert!(
+        last - first >= Duration::from_millis(1_600),
+        "{:?}",
+        last - first
+    );
 }
 
 /// Follows a daemon's events from its start until it dies.

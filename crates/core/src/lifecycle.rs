@@ -41,11 +41,13 @@ pub enum TaskState {
     /// delayed submission); `host ps` shows it as waiting, with its due
     /// time.
     Delayed,
+    /// Registered, its slot's rate spent: waiting for its next start.
+    Throttled,
 }
 
 impl TaskState {
     /// Every state, in wire order.
-    pub const ALL: [TaskState; 9] = [
+    pub const ALL: [TaskState; 10] = [
         Self::Queued,
         Self::Waiting,
         Self::Running,
@@ -55,6 +57,7 @@ impl TaskState {
         Self::Finished,
         Self::Ready,
         Self::Delayed,
+        Self::Throttled,
     ];
 
     /// The state as a word: what `host ps` shows and what a store keeps.
@@ -69,6 +72,7 @@ impl TaskState {
             Self::Finished => "finished",
             Self::Ready => "ready",
             Self::Delayed => "delayed",
+            Self::Throttled => "throttled",
         }
     }
 

@@ -56,6 +56,130 @@ pub struct SlotSettings {
     /// newest is placed at the latest (with `debounce`).
     #[serde(default)]
     pub max_wait: Option<Duration>,
+    /// How many attempts of the slot's tasks may start per period (a
+    /// restart or a retry is a start too).
+    #[serde(default)]
+    pub rate: Option<Rate>,
+    /// Starts the slot may make beyond the rate's pace (with `rate`): in
+    /// any window of the period at most `starts + burst` [default: 0].
+    #[serde(default)]
+    pub burst: Option<u32>,
+}
+
+/// A rate of starts: `starts` per `per`, written `100/s`, `5/10s` or
+/// `60/1m`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rate {
+    /// Starts per period (at least 1).
+    pub starts: u32,
+    /// The period.
+    pub per: Duration,
+}
+
+impl std::str::FromStr for Rate {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let bad = || format!("a rate is STARTS/PERIOD, such as 100/s or 5/10s, not `{text}`");
+        let (starts, per) = text.split_once('/').ok_or_else(bad)?;
+        let starts: u32 = starts.trim().parse().map_err(|_| bad())?;
+        let per = per.trim();
+        // `100/s`: one of the unit.
+        let per = if per.starts_with(|c: char| c.is_ascii_alphabetic()) {
+            format!("1{per}")
+        } else {
+            per.to_owned()
+        };
+        let per = crate::units::parse_duration(&per).map_err(|_| bad())?;
+        let rate = Rate { starts, per };
+        rate.check()?;
+        Ok(rate)
+    }
+}
+
+impl std::fmt::Display for Rate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}",
+            self.starts,
+            crate::units::format_duration(self.per)
+        )
+    }
+}
+
+impl Rate {
+    fn check(&self) -> Result<(), String> {
+        if self.starts == 0 {
+            return Err("a rate must allow at least 1 start per period".into());
+        }
+        if self.per.is_zero() || self.per > MAX_DEBOUNCE {
+            return Err(format!(
+                "a rate's period must be more than zero and at most {MAX_DEBOUNCE:?}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One slot's budget of starts (a generic cell rate algorithm): a start
+/// is allowed when it keeps every window of the rate's period at most
+/// `starts + burst` (`burst` starts may run ahead of the pace); else the
+/// budget says when the next one is.
+#[derive(Debug)]
+pub struct StartBudget {
+    /// What it was made of.
+    made_of: (Rate, u32),
+    /// The time one start takes of the period (rounded up).
+    interval: Duration,
+    /// How far ahead of the pace starts may run (`burst` intervals).
+    slack: Duration,
+    /// When the pace next allows a start with no slack left.
+    next: std::sync::Mutex<Option<tokio::time::Instant>>,
+}
+
+impl StartBudget {
+    /// A full budget of `rate` with `burst`.
+    pub fn new(rate: Rate, burst: u32) -> Self {
+        let nanos = rate.per.as_nanos().div_ceil(u128::from(rate.starts.max(1)));
+        let interval = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+        Self {
+            made_of: (rate, burst),
+            interval,
+            slack: interval.saturating_mul(burst),
+            next: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Whether it was made of this rate and burst.
+    pub fn is_of(&self, rate: Rate, burst: u32) -> bool {
+        self.made_of == (rate, burst)
+    }
+
+    /// Whether a start now would find it full (as a new one).
+    pub fn is_full(&self, now: tokio::time::Instant) -> bool {
+        let next = self
+            .next
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        next.is_none_or(|t| t <= now)
+    }
+
+    /// Takes one start at `now` if the budget allows it; else the time
+    /// the next start may be.
+    pub fn try_start(&self, now: tokio::time::Instant) -> Result<(), tokio::time::Instant> {
+        let mut next = self
+            .next
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let at = next.map_or(now, |t| t.max(now));
+        if at <= now + self.slack {
+            *next = Some(at + self.interval);
+            Ok(())
+        } else {
+            Err(at - self.slack)
+        }
+    }
 }
 
 impl SlotSettings {
@@ -85,6 +209,16 @@ impl SlotSettings {
                 }
                 _ => {}
             }
+        }
+        if let Some(rate) = self.rate {
+            rate.check()?;
+        }
+        match (self.rate, self.burst) {
+            (None, Some(_)) => return Err("--burst goes with a rate: give --rate too".to_owned()),
+            (_, Some(b)) if b > MAX_CAPACITY => {
+                return Err(format!("--burst may be {MAX_CAPACITY} at the most"));
+            }
+            _ => {}
         }
         match (self.debounce, self.max_wait) {
             (None, Some(_)) => Err("--max-wait bounds a debounce: give --debounce too".to_owned()),

@@ -44,7 +44,7 @@ use crate::admission::{self, Decision, Limits, SlotSummary, Totals};
 pub use crate::admission::{AdmissionPolicy, SlotState, SlotView};
 pub use crate::lifecycle::Placement;
 use crate::outcome::{RejectionKind, TaskOutcome};
-use crate::slot_settings::{SlotRules, SlotSettings};
+use crate::slot_settings::{SlotRules, SlotSettings, StartBudget};
 use crate::supervisor::{
     Event, EventKind, OutcomeCell, Reservation, ShutdownReport, Supervisor, TaskId, TaskRef,
     TaskReport, TaskSpec, TaskWaiter,
@@ -229,6 +229,9 @@ struct State {
     delayed_at: HashMap<TaskId, tokio::time::Instant, foldhash::fast::RandomState>,
     /// Whether the task that places delayed submissions when due runs.
     timer: bool,
+    /// Rate-limited slots' budgets of starts, kept while the slot is
+    /// forgotten (a slot tracked again must not start with a full one).
+    budgets: HashMap<Arc<str>, Arc<StartBudget>, foldhash::fast::RandomState>,
     /// Slots whose debounce holds a submission: the one held, and when the
     /// run of superseding submissions it ends began.
     debouncing: HashMap<Arc<str>, (TaskId, tokio::time::Instant), foldhash::fast::RandomState>,
@@ -495,12 +498,19 @@ impl Controller {
     /// Makes `pending` the owner of `slot_key` and registers it; false if
     /// the supervisor refused it (its waiter then holds the Rejected).
     fn admit(&self, state: &mut State, slot_key: &Arc<str>, pending: Pending) -> bool {
-        let rules = &state.rules;
+        let settings = match state.slots.get(slot_key) {
+            Some(slot) => slot.settings,
+            None => state.rules.for_slot(slot_key),
+        };
+        let spec = match Self::budget(state, slot_key, settings) {
+            Some(budget) => pending.spec.with_start_budget(budget),
+            None => pending.spec,
+        };
         let slot = state
             .slots
             .entry(Arc::clone(slot_key))
-            .or_insert_with(|| Slot::new(rules.for_slot(slot_key)));
-        let id = pending.id();
+            .or_insert_with(|| Slot::new(settings));
+        let id = pending.reservation.id();
         slot.owners.push(Owner {
             id,
             state: SlotState::Idle,
@@ -510,12 +520,11 @@ impl Controller {
         let key = Arc::clone(slot_key);
         let on_gone: Box<dyn FnOnce() + Send + Sync> =
             Box::new(move || controller.owner_gone(&key, id));
-        match self.inner.supervisor.admit(
-            pending.reservation,
-            pending.spec,
-            pending.cell,
-            Some(on_gone),
-        ) {
+        match self
+            .inner
+            .supervisor
+            .admit(pending.reservation, spec, pending.cell, Some(on_gone))
+        {
             Ok(()) => {
                 state.owners.insert(id, Arc::clone(slot_key));
                 if let Some(slot) = state.slots.get_mut(slot_key) {
@@ -575,6 +584,39 @@ impl Controller {
             state.queued.remove(&next.id());
             self.admit(state, slot_key, next);
         }
+    }
+
+    /// The budget of starts of a slot whose settings rate-limit it: the
+    /// one it has while its rate and burst stay the same, else a full one.
+    /// Budgets that are full again are let go when there are many.
+    fn budget(
+        state: &mut State,
+        slot_key: &Arc<str>,
+        settings: SlotSettings,
+    ) -> Option<Arc<StartBudget>> {
+        /// Budgets kept before the full ones are let go.
+        const KEPT: usize = 10_000;
+        let Some(rate) = settings.rate else {
+            if !state.budgets.is_empty() {
+                state.budgets.remove(slot_key);
+            }
+            return None;
+        };
+        let burst = settings.burst.unwrap_or(0);
+        if let Some(budget) = state.budgets.get(slot_key)
+            && budget.is_of(rate, burst)
+        {
+            return Some(Arc::clone(budget));
+        }
+        if state.budgets.len() >= KEPT {
+            let now = tokio::time::Instant::now();
+            state.budgets.retain(|_, b| !b.is_full(now));
+        }
+        let budget = Arc::new(StartBudget::new(rate, burst));
+        state
+            .budgets
+            .insert(Arc::clone(slot_key), Arc::clone(&budget));
+        Some(budget)
     }
 
     /// Replaces the operator's slot settings. Each tracked slot takes its

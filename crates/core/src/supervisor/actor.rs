@@ -225,6 +225,23 @@ impl Actor {
             if stop.borrow().is_some() {
                 return TaskOutcome::Canceled;
             }
+            // A rate-limited slot's budget: without a start left, the
+            // permit goes back and the task waits for the next one.
+            if let Some(budget) = &self.policies.start_budget
+                && let Err(next) = budget.try_start(Instant::now())
+            {
+                drop(permit);
+                entry.set_phase(TaskState::Throttled);
+                let mut event = self.base_event(EventKind::AttemptThrottled, story.attempts);
+                event.delay_ms =
+                    Some(next.saturating_duration_since(Instant::now()).as_millis() as u64);
+                self.shared.publish(event);
+                tokio::select! {
+                    biased;
+                    () = stop_requested(&mut stop) => return TaskOutcome::Canceled,
+                    () = tokio::time::sleep_until(next) => continue,
+                }
+            }
             let attempt = entry.count_attempt();
             story.attempts = attempt;
             entry.set_phase(TaskState::Running);

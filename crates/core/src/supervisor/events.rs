@@ -79,6 +79,10 @@ pub enum EventKind {
     /// schedule paused, and were skipped (`--missed skip`; `reason` says
     /// how many and since when).
     ScheduleMissed,
+    /// An attempt could not start: its slot's rate of starts is spent
+    /// (`delay_ms`: until the next start the rate allows). It holds no
+    /// permit meanwhile.
+    AttemptThrottled,
 }
 
 /// Why a backoff was scheduled.

@@ -81,6 +81,7 @@ fn phase_of(v: u8) -> TaskState {
         1 => TaskState::Running,
         2 => TaskState::BackingOff,
         3 => TaskState::Stopping,
+        5 => TaskState::Throttled,
         _ => TaskState::Finishing,
     }
 }
@@ -91,6 +92,7 @@ fn phase_byte(state: TaskState) -> u8 {
         TaskState::Running => 1,
         TaskState::BackingOff => 2,
         TaskState::Stopping => 3,
+        TaskState::Throttled => 5,
         _ => 4,
     }
 }

@@ -3,6 +3,7 @@
 //! (restart, backoff, timeout, retry budget). Validation of those policies
 //! happens here; applying them is the actor's business.
 
+use crate::slot_settings::StartBudget;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,6 +100,7 @@ pub struct TaskSpec {
     pub(crate) due: Option<tokio::time::Instant>,
     pub(crate) schedule: Option<Arc<str>>,
     pub(crate) parent: Option<super::TaskId>,
+    pub(crate) start_budget: Option<Arc<StartBudget>>,
 }
 
 /// Where a task picks up when a host that keeps tasks across restarts
@@ -136,7 +138,17 @@ impl TaskSpec {
             due: None,
             schedule: None,
             parent: None,
+            start_budget: None,
         }
+    }
+
+    /// Every attempt (the first, a restart, a retry) starts only when
+    /// `budget` allows; until then the task is `Throttled`, holding no
+    /// permit. The controller gives the tasks of a rate-limited slot their
+    /// slot's budget.
+    pub fn with_start_budget(mut self, budget: Arc<StartBudget>) -> Self {
+        self.start_budget = Some(budget);
+        self
     }
 
     /// A task that resumes where an earlier run of the host left it (see
@@ -307,6 +319,7 @@ pub(crate) struct ResolvedPolicies {
     pub resume: Resume,
     pub priority: i32,
     pub due: Option<tokio::time::Instant>,
+    pub start_budget: Option<Arc<StartBudget>>,
 }
 
 impl TaskSpec {
@@ -322,6 +335,7 @@ impl TaskSpec {
             resume: self.resume,
             priority: self.priority,
             due: self.due,
+            start_budget: self.start_budget.clone(),
         }
     }
 }

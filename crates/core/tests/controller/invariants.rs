@@ -98,3 +98,40 @@ pub fn debounce_broken<'a>(
     }
     Ok(())
 }
+
+/// Where a rate-limited slot started more attempts in one window of its
+/// period (half open) than its rate and burst allow (`starts + burst`): `starts` are
+/// each attempt's slot and start time, in any order; `rate` gives a
+/// slot's `(starts, per, burst)`; `tolerance` narrows each window (clocks
+/// read a little apart).
+pub fn rate_broken(
+    starts: &[(String, std::time::Duration)],
+    rate: impl Fn(&str) -> Option<(u32, std::time::Duration, u32)>,
+    tolerance: std::time::Duration,
+) -> Result<(), String> {
+    let mut by_slot: HashMap<&str, Vec<std::time::Duration>> = HashMap::new();
+    for (slot, at) in starts {
+        by_slot.entry(slot.as_str()).or_default().push(*at);
+    }
+    for (slot, mut times) in by_slot {
+        let Some((most, per, burst)) = rate(slot) else {
+            continue;
+        };
+        times.sort();
+        let window = per.saturating_sub(tolerance);
+        for (i, first) in times.iter().enumerate() {
+            let within = times[i..]
+                .iter()
+                .take_while(|t| **t < *first + window)
+                .count();
+            if within > (most + burst) as usize {
+                return Err(format!(
+                    "slot {slot} started {within} attempts within {window:?} from {first:?}, \
+                     its rate allows {}",
+                    most + burst
+                ));
+            }
+        }
+    }
+    Ok(())
+}

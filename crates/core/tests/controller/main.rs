@@ -9,6 +9,7 @@ mod capacity;
 mod common_sup;
 mod debounce;
 mod invariants;
+mod rate;
 
 use std::collections::HashMap;
 use std::sync::Arc;

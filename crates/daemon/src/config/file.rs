@@ -75,6 +75,18 @@ pub struct SlotRule {
     debounce: Option<Duration>,
     #[serde(default, deserialize_with = "duration")]
     max_wait: Option<Duration>,
+    #[serde(default, deserialize_with = "rate")]
+    rate: Option<taskhost_core::slot_settings::Rate>,
+    #[serde(default)]
+    burst: Option<u32>,
+}
+
+/// A rate such as `"100/s"`.
+fn rate<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<taskhost_core::slot_settings::Rate>, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map(Some).map_err(refuse)
 }
 
 impl From<SlotRule> for taskhost_core::slot_settings::SlotSettings {
@@ -84,6 +96,8 @@ impl From<SlotRule> for taskhost_core::slot_settings::SlotSettings {
             max_queue: rule.max_queue,
             debounce: rule.debounce,
             max_wait: rule.max_wait,
+            rate: rule.rate,
+            burst: rule.burst,
         }
     }
 }

@@ -126,6 +126,8 @@ pub fn slot_rule(row: &SlotRuleRow) -> Value {
         "max_queue": row.settings.max_queue,
         "debounce_ms": row.settings.debounce.map(|d| d.as_millis() as u64),
         "max_wait_ms": row.settings.max_wait.map(|d| d.as_millis() as u64),
+        "rate": row.settings.rate.map(|r| r.to_string()),
+        "burst": row.settings.burst,
     })
 }
 

@@ -10,7 +10,7 @@ use clap::{Args, Subcommand};
 use taskhost::daemon::json;
 use taskhost::daemon::protocol::{SlotRuleRow, SlotRuleVerb};
 use taskhost::units::{format_duration, parse_duration};
-use taskhost_core::slot_settings::SlotSettings;
+use taskhost_core::slot_settings::{Rate, SlotSettings};
 
 use super::super::args::SocketArg;
 use super::super::exit::{self, EXIT_USAGE, ExitError};
@@ -58,6 +58,12 @@ struct SetArgs {
     /// With --debounce: a run of superseding submissions is placed this long after its first at the latest [default: no bound].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     max_wait: Option<Duration>,
+    /// Attempts of the slot's tasks that may start per period, STARTS/PERIOD such as 100/s or 5/10s; a restart or a retry is a start too. A task whose start the rate does not allow yet is `throttled` (holding no --max-concurrent permit) until it does [default: none].
+    #[arg(long, value_name = "RATE")]
+    rate: Option<Rate>,
+    /// With --rate: starts the slot may make beyond the rate's pace; in any window of the period at most STARTS + BURST start [default: 0].
+    #[arg(long, value_name = "N")]
+    burst: Option<u32>,
     /// Print JSON: the rule as set.
     #[arg(long)]
     json: bool,
@@ -79,7 +85,7 @@ struct UnsetArgs {
 
 #[derive(Debug, Args)]
 struct LsArgs {
-    /// Print JSON: an array of {"pattern", "capacity", "max_queue", "debounce_ms", "max_wait_ms"}.
+    /// Print JSON: an array of {"pattern", "capacity", "max_queue", "debounce_ms", "max_wait_ms", "rate", "burst"}.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -109,6 +115,10 @@ fn describe(row: &SlotRuleRow) -> String {
             format_duration(most)
         ));
     }
+    if let Some(rate) = settings.rate {
+        let burst = settings.burst.unwrap_or(0);
+        text.push_str(&format!(", rate {rate} (burst {burst})"));
+    }
     text
 }
 
@@ -119,10 +129,12 @@ pub async fn slot(args: SlotArgs, before_verb: Option<PathBuf>) -> anyhow::Resul
                 && args.max_queue.is_none()
                 && args.debounce.is_none()
                 && args.max_wait.is_none()
+                && args.rate.is_none()
+                && args.burst.is_none()
             {
                 return Err(ExitError::error(
                     EXIT_USAGE,
-                    "host slot set: give --capacity, --max-queue or --debounce (or remove the rule: host slot unset PATTERN)"
+                    "host slot set: give --capacity, --max-queue, --debounce or --rate (or remove the rule: host slot unset PATTERN)"
                         .to_owned(),
                 ));
             }
@@ -134,6 +146,8 @@ pub async fn slot(args: SlotArgs, before_verb: Option<PathBuf>) -> anyhow::Resul
                     max_queue: args.max_queue,
                     debounce: args.debounce,
                     max_wait: args.max_wait,
+                    rate: args.rate,
+                    burst: args.burst,
                 },
             };
             let row = client
@@ -177,11 +191,21 @@ pub async fn slot(args: SlotArgs, before_verb: Option<PathBuf>) -> anyhow::Resul
                             shown(r.settings.max_queue),
                             shown(r.settings.debounce.map(format_duration)),
                             shown(r.settings.max_wait.map(format_duration)),
+                            shown(r.settings.rate),
+                            shown(r.settings.burst),
                         ]
                     })
                     .collect();
                 print_table(
-                    &["PATTERN", "CAPACITY", "MAX-QUEUE", "DEBOUNCE", "MAX-WAIT"],
+                    &[
+                        "PATTERN",
+                        "CAPACITY",
+                        "MAX-QUEUE",
+                        "DEBOUNCE",
+                        "MAX-WAIT",
+                        "RATE",
+                        "BURST",
+                    ],
                     &table,
                 );
             }

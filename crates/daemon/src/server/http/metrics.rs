@@ -380,13 +380,14 @@ fn events(enc: &mut DescriptorEncoder<'_>, m: &Metrics) -> Out {
 /// Live tasks by state and the controller's slots and queues, read now.
 fn tasks_and_slots(enc: &mut DescriptorEncoder<'_>, d: &Daemon) -> Out {
     let supervisor = d.controller.supervisor();
-    let mut phases = [0u64; 5];
+    let mut phases = [0u64; 6];
     for task in supervisor.list() {
         phases[match task.phase {
             TaskState::Waiting => 0,
             TaskState::Running => 1,
             TaskState::BackingOff => 2,
             TaskState::Stopping => 3,
+            TaskState::Throttled => 5,
             _ => 4,
         }] += 1;
     }
@@ -399,6 +400,7 @@ fn tasks_and_slots(enc: &mut DescriptorEncoder<'_>, d: &Daemon) -> Out {
         "backing-off",
         "stopping",
         "finishing",
+        "throttled",
     ]
     .iter()
     .map(|s| ((*s).to_owned(), 0))

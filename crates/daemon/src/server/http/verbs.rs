@@ -666,6 +666,9 @@ pub(super) struct SlotRuleBody {
     /// A duration, as `--debounce` takes it.
     debounce: Option<String>,
     max_wait: Option<String>,
+    /// STARTS/PERIOD, as `--rate` takes it.
+    rate: Option<String>,
+    burst: Option<u32>,
 }
 
 /// The pattern of `DELETE /api/slot-rules?pattern=P`.
@@ -703,11 +706,17 @@ pub(super) async fn set_slot_rule(State(http): State<Http>, body: Bytes) -> Resp
         Ok(both) => both,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
+    let rate = match body.rate.as_deref().map(str::parse).transpose() {
+        Ok(rate) => rate,
+        Err(message) => return error(StatusCode::BAD_REQUEST, format!("rate: {message}")),
+    };
     let settings = SlotSettings {
         capacity: body.capacity,
         max_queue: body.max_queue,
         debounce,
         max_wait,
+        rate,
+        burst: body.burst,
     };
     let pattern = body.pattern;
     slot_rule_verb(&http, SlotRuleVerb::Set(SlotRuleRow { pattern, settings })).await

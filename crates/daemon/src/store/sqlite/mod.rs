@@ -17,7 +17,7 @@ use rusqlite::{Connection, OpenFlags, params};
 
 use crate::protocol::{ScheduleSpec, SubmitRequest};
 use taskhost_core::lifecycle::TaskState;
-use taskhost_core::slot_settings::SlotSettings;
+use taskhost_core::slot_settings::{Rate, SlotSettings};
 use taskhost_core::supervisor::TaskId;
 
 use super::{Pause, Retention, StoreError, StoredSchedule, Unfinished};
@@ -34,6 +34,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/0006_lineage.sql"),
     include_str!("../../../migrations/0007_slot_rules.sql"),
     include_str!("../../../migrations/0008_slot_debounce.sql"),
+    include_str!("../../../migrations/0009_slot_rate.sql"),
 ];
 
 /// The migration that added `parent` and `root`, filled from each row's
@@ -152,8 +153,10 @@ pub(super) fn open(path: &Path, retention: Retention) -> Result<Opened, StoreErr
 /// The operator's slot rules; one a newer version wrote that this one
 /// cannot hold is left out, said in the log.
 fn read_slot_rules(conn: &Connection) -> rusqlite::Result<Vec<(String, SlotSettings)>> {
-    let mut stmt = conn
-        .prepare("SELECT pattern, capacity, max_queue, debounce_ms, max_wait_ms FROM slot_rules")?;
+    let mut stmt = conn.prepare(
+        "SELECT pattern, capacity, max_queue, debounce_ms, max_wait_ms, rate_starts, \
+         rate_per_ms, burst FROM slot_rules",
+    )?;
     let rows = stmt.query_map([], |r| {
         Ok((
             r.get::<_, String>(0)?,
@@ -161,17 +164,28 @@ fn read_slot_rules(conn: &Connection) -> rusqlite::Result<Vec<(String, SlotSetti
             r.get::<_, Option<i64>>(2)?,
             r.get::<_, Option<i64>>(3)?,
             r.get::<_, Option<i64>>(4)?,
+            (
+                r.get::<_, Option<i64>>(5)?,
+                r.get::<_, Option<i64>>(6)?,
+                r.get::<_, Option<i64>>(7)?,
+            ),
         ))
     })?;
     let millis = |v: Option<i64>| v.map(|ms| Duration::from_millis(ms.max(0) as u64));
     let mut out = Vec::new();
     for row in rows {
-        let (pattern, capacity, max_queue, debounce, max_wait) = row?;
+        let (pattern, capacity, max_queue, debounce, max_wait, (starts, per, burst)) = row?;
+        let rate = starts.zip(millis(per)).map(|(starts, per)| Rate {
+            starts: u32::try_from(starts).unwrap_or(0),
+            per,
+        });
         let settings = SlotSettings {
             capacity: capacity.and_then(|c| u32::try_from(c).ok()),
             max_queue: max_queue.and_then(|q| usize::try_from(q).ok()),
             debounce: millis(debounce),
             max_wait: millis(max_wait),
+            rate,
+            burst: burst.and_then(|b| u32::try_from(b).ok()),
         };
         match settings.check() {
             Ok(()) => out.push((pattern, settings)),

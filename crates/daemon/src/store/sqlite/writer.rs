@@ -297,7 +297,8 @@ fn apply_op(tx: &rusqlite::Transaction<'_>, op: &Op, started: u32) -> rusqlite::
             Some(settings) => {
                 tx.prepare_cached(
                     "INSERT OR REPLACE INTO slot_rules (pattern, capacity, max_queue, \
-                     debounce_ms, max_wait_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                     debounce_ms, max_wait_ms, rate_starts, rate_per_ms, burst) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 )?
                 .execute(params![
                     pattern,
@@ -305,6 +306,9 @@ fn apply_op(tx: &rusqlite::Transaction<'_>, op: &Op, started: u32) -> rusqlite::
                     settings.max_queue.map(|q| q as i64),
                     settings.debounce.map(|d| d.as_millis() as i64),
                     settings.max_wait.map(|d| d.as_millis() as i64),
+                    settings.rate.map(|r| r.starts),
+                    settings.rate.map(|r| r.per.as_millis() as i64),
+                    settings.burst,
                 ])?;
             }
             None => {

@@ -40,7 +40,7 @@ pub use slot::{SlotRuleRow, SlotRuleVerb};
 pub use submit::{MAX_IDEMPOTENCY_KEY, NotBefore, SubmitRequest, Submitted};
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 15;
+pub const PROTOCOL_VERSION: u32 = 16;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).
