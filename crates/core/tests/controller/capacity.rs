@@ -233,11 +233,7 @@ fn step() -> impl Strategy<Value = Step> {
 /// Plays a program against slots of capacity 1, 2 and 3 (set while it
 /// runs, half way) and returns the event history.
 fn play(steps: &[Step], capacities: [u32; 3]) -> Vec<Arc<Event>> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let runtime = paused_runtime();
     runtime.block_on(async {
         let c = Controller::builder(Supervisor::builder().bus_capacity(1 << 16).build())
             .max_slot_queue(4)

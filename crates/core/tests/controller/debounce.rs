@@ -109,11 +109,7 @@ async fn removing_the_held_submission_ends_its_run() {
 /// Plays submissions to two debounced slots and one plain slot, `gaps`
 /// milliseconds apart, and returns the event history.
 fn play(gaps: &[(usize, u64)], wait_ms: u64, max_wait_ms: Option<u64>) -> Vec<Arc<Event>> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let runtime = paused_runtime();
     runtime.block_on(async {
         let c = Controller::builder(Supervisor::builder().bus_capacity(1 << 16).build()).build();
         let mut stream = c.supervisor().subscribe();

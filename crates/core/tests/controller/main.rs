@@ -28,6 +28,16 @@ fn controller() -> Controller {
     builder().build()
 }
 
+/// A current-thread runtime on a paused clock, for a test that plays
+/// many programs, each in a runtime of its own.
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
 /// A builder for a controller in front of a default supervisor.
 fn builder() -> ControllerBuilder {
     Controller::builder(Supervisor::default())

@@ -129,11 +129,7 @@ async fn a_retry_is_a_start_and_a_throttled_task_holds_no_permit() {
 /// Plays submissions to two rate-limited slots and one free slot, `gaps`
 /// milliseconds apart, some failing once; returns each attempt's start.
 fn play(gaps: &[(usize, u64, bool)], rules: SlotRules) -> Vec<(String, Duration)> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let runtime = paused_runtime();
     runtime.block_on(async {
         let c = Controller::builder(Supervisor::builder().max_concurrent(4).build()).build();
         c.set_slot_rules(rules);
