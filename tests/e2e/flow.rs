@@ -308,9 +308,15 @@ async fn a_rate_limited_slot_starts_at_its_pace_and_shows_what_waits_as_throttle
         }
     }
     assert_eq!(ids.len(), 20);
-    // Beyond the burst, the rest wait for the rate, shown as throttled.
-    let throttled = d.ps().iter().filter(|t| t["state"] == "throttled").count();
-    assert!(throttled > 0, "{:?}", d.ps());
+    // Beyond the burst, the rest wait for the rate, shown as throttled
+    // with the time of their next possible start.
+    let rows = d.ps();
+    let throttled: Vec<&Value> = rows.iter().filter(|t| t["state"] == "throttled").collect();
+    assert!(!throttled.is_empty(), "{rows:?}");
+    assert!(
+        throttled.iter().all(|t| t["due_ms"].is_u64()),
+        "{throttled:?}"
+    );
     for id in &ids {
         let report = client.wait((*id).into()).await.expect("a report");
         assert!(matches!(

@@ -231,7 +231,7 @@ impl Actor {
                 && let Err(next) = budget.try_start(Instant::now())
             {
                 drop(permit);
-                entry.set_phase(TaskState::Throttled);
+                entry.set_throttled(next);
                 let mut event = self.base_event(EventKind::AttemptThrottled, story.attempts);
                 event.delay_ms =
                     Some(next.saturating_duration_since(Instant::now()).as_millis() as u64);

@@ -115,6 +115,9 @@ pub struct TaskInfo {
     pub age: Duration,
     /// The last progress its body reported: `(done, total)`.
     pub progress: Option<(u64, u64)>,
+    /// While `Throttled`: when its slot's rate allows its next start
+    /// (milliseconds since the Unix epoch).
+    pub next_start_ms: Option<u64>,
     /// What its body is (for a plugin, its name).
     pub body: String,
 }
@@ -143,6 +146,9 @@ pub(crate) struct TaskEntry {
     /// (the two are read without a lock: a snapshot may mix two reports).
     progress_done: AtomicU64,
     progress_total: AtomicU64,
+    /// While throttled: when the next start is allowed (Unix ms; 0: not
+    /// throttled).
+    next_start_ms: AtomicU64,
     /// The running attempt's abort flag, and the guard of the deadline its
     /// body was told of, so that a stop reaches the body from the stopper's
     /// own thread (the actor's may be held by a spinning guest).
@@ -202,6 +208,7 @@ impl TaskEntry {
             attempts: AtomicU32::new(0),
             progress_done: AtomicU64::new(0),
             progress_total: AtomicU64::new(u64::MAX),
+            next_start_ms: AtomicU64::new(0),
             running: Mutex::new(None),
         }
     }
@@ -339,6 +346,19 @@ impl TaskEntry {
         self.phase.store(phase_byte(phase), Ordering::Relaxed);
     }
 
+    /// Throttled until `at` (its slot's rate allows its next start then).
+    pub(crate) fn set_throttled(&self, at: tokio::time::Instant) {
+        let wait = at.saturating_duration_since(tokio::time::Instant::now());
+        let at_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .saturating_add(wait)
+            .as_millis();
+        self.next_start_ms
+            .store(u64::try_from(at_ms).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.set_phase(TaskState::Throttled);
+    }
+
     /// Continues the attempt numbers of an earlier run.
     pub(crate) fn attempts_before(&self, n: u32) {
         self.attempts.store(n, Ordering::Relaxed);
@@ -359,6 +379,9 @@ impl TaskEntry {
             age: self.since.elapsed(),
             progress: (total != u64::MAX)
                 .then(|| (self.progress_done.load(Ordering::Relaxed), total)),
+            next_start_ms: Some(self.next_start_ms.load(Ordering::Relaxed)).filter(|at| {
+                *at > 0 && phase_of(self.phase.load(Ordering::Relaxed)) == TaskState::Throttled
+            }),
             body: self.body.describe(),
         }
     }

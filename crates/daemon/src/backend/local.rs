@@ -255,7 +255,8 @@ fn local_rows(daemon: &Daemon, store: &Store, all: bool) -> Vec<TaskRow> {
                 plugin: t.body,
                 outcome: None,
                 node: None,
-                due_ms: None,
+                // A throttled task's next start.
+                due_ms: t.next_start_ms,
                 schedule: schedule_of(record.as_ref()),
                 parent: parent_of(record.as_ref()),
             }
