@@ -47,8 +47,6 @@
 //! the spawn call and of spawn → start);
 //! `TASKHOST_BENCH_ONLY_COMPILES=1` only the compile scenario
 //! (`TASKHOST_BENCH_LARGE=PATH` names another large component for it);
-//! `TASKHOST_BENCH_ONLY_RATE=1` only the rate accuracy of a slot rule
-//! (`rate = "1000/s"`, 60 s);
 //! `TASKHOST_BENCH_SLOT_RULES=1` adds both stores with a slot rule that
 //! matches every slot and never binds;
 //! `TASKHOST_BENCH_BASELINE_HOST=PATH` adds the memory and sqlite stores of
@@ -89,11 +87,9 @@ const RESTART_QUEUED: usize = 10_000;
 fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     // TASKHOST_BENCH_ONLY_…=1 runs one scenario alone.
-    let only = [
-        "RESTART", "COMPILES", "PARKED", "REMOTE", "GUESTS", "STATE", "RATE",
-    ]
-    .into_iter()
-    .find(|s| std::env::var_os(format!("TASKHOST_BENCH_ONLY_{s}")).is_some());
+    let only = ["RESTART", "COMPILES", "PARKED", "REMOTE", "GUESTS", "STATE"]
+        .into_iter()
+        .find(|s| std::env::var_os(format!("TASKHOST_BENCH_ONLY_{s}")).is_some());
     if let Some(scenario) = only {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -105,7 +101,6 @@ fn main() {
             "REMOTE" => rt.block_on(remote(dir.path())),
             "GUESTS" => rt.block_on(guest_attempts(dir.path())),
             "STATE" => rt.block_on(state(dir.path())),
-            "RATE" => rt.block_on(rate_accuracy(dir.path())),
             _ => rt.block_on(parked(dir.path())),
         }
         return;
@@ -457,88 +452,6 @@ async fn state(dir: &Path) {
         let _ = child.kill();
         let _ = child.wait();
     }
-}
-
-/// The rate of the rate scenario (starts per second) and how long it runs.
-const RATE: u64 = 1_000;
-const RATE_SECS: u64 = 60;
-
-/// Issue 51's rate accuracy: one memory daemon whose slot `api` may start
-/// `RATE` attempts a second (no burst, a capacity that never binds), fed
-/// `hello`s at 10% above the rate for `RATE_SECS` so that it always has
-/// work waiting; the starts the daemon's events report between the 5th
-/// second and 5 seconds before the end, per second, against the rate.
-async fn rate_accuracy(dir: &Path) {
-    use taskhost::daemon::Client;
-    use taskhost::daemon::protocol::EventFilter;
-    use taskhost::supervisor::EventKind;
-    let socket = dir.join("rate.sock");
-    let config = dir.join("rate.toml");
-    std::fs::write(
-        &config,
-        format!("[slots.api]\nrate = \"{RATE}/s\"\ncapacity = 10000\n"),
-    )
-    .unwrap();
-    let host = Path::new(env!("CARGO_BIN_EXE_host"));
-    let mut child = start_daemon(
-        host,
-        &socket,
-        &dir.join("rate-state"),
-        "memory",
-        &["--config", config.to_str().unwrap()],
-    );
-    let client = Client::connect(&socket).await.expect("connect");
-    let hello = std::fs::read(plugin_artifacts::HELLO).expect("hello.wasm");
-    let digest = client.ensure_plugin(&hello).await.expect("upload");
-    let watcher = Client::connect(&socket).await.expect("connect");
-    let filter = EventFilter {
-        task: None,
-        kinds: vec![EventKind::AttemptStarting],
-    };
-    let mut events = watcher
-        .request(Request::Events {
-            follow: true,
-            filter,
-        })
-        .await
-        .expect("follow");
-    let counter = tokio::spawn(async move {
-        let mut at_ms = Vec::new();
-        while let Some(reply) = events.next().await {
-            match reply {
-                Reply::Event(e) => at_ms.push(e.at_ms),
-                Reply::Dropped(n) => panic!("the rate scenario's follower lost {n} events"),
-                _ => {}
-            }
-        }
-        at_ms
-    });
-    let started = Instant::now();
-    let feed = RATE * 11 / 10;
-    let mut sent = 0u64;
-    while started.elapsed() < Duration::from_secs(RATE_SECS) {
-        let due = (started.elapsed().as_secs_f64() * feed as f64) as u64;
-        while sent < due {
-            let mut s = SubmitRequest::new(digest);
-            s.slot = Some("api".into());
-            let _replies = client.request(Request::Submit(Box::new(s))).await.unwrap();
-            sent += 1;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    let at_ms = counter.await.expect("the follower");
-    let first = at_ms.iter().copied().min().unwrap_or(0);
-    let (from, to) = (first + 5_000, first + (RATE_SECS - 5) * 1_000);
-    let inside = at_ms.iter().filter(|t| **t >= from && **t < to).count() as f64;
-    let per_second = inside / ((to - from) as f64 / 1_000.0);
-    println!(
-        "rate: {sent} submitted at {feed}/s, {} starts; steady {per_second:.1} starts/s against \
-         {RATE}/s: {:+.2}%",
-        at_ms.len(),
-        (per_second / RATE as f64 - 1.0) * 100.0
-    );
 }
 
 /// Rounds of the remote scenario.
