@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use daemon::Daemon;
 use taskhost::controller::AdmissionPolicy;
-use taskhost::daemon::protocol::{EventFilter, Placement, Reply, Request, SubmitRequest};
+use taskhost::daemon::protocol::{Placement, Reply, Request, SubmitRequest};
 use taskhost::outcome::TaskOutcome;
 use taskhost::supervisor::{Event, EventKind, RestartPolicy, TaskId, TaskRef};
 
@@ -49,7 +49,7 @@ async fn acknowledged_work_survives_random_kills() {
     let mut attempts_checked = 0;
 
     for round in 0..kills {
-        let owners = follow_events(&d.socket).await;
+        let owners = wire::follow_events(&d.socket).await;
         let client = wire::connect(&d.socket).await;
         let hello = wire::upload_plugin(&client, "hello").await;
         let sleeper = wire::upload_plugin(&client, "sleeper").await;
@@ -193,31 +193,6 @@ async fn acknowledged_work_survives_random_kills() {
     );
     let out = d.run(&["shutdown"]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
-}
-
-/// Follows a daemon's events (its recorded history first) until the daemon
-/// dies; fails on dropped events, which would blind the owner check.
-async fn follow_events(socket: &std::path::Path) -> tokio::task::JoinHandle<Vec<Event>> {
-    let client = wire::connect(socket).await;
-    let mut replies = client
-        .request(Request::Events {
-            follow: true,
-            filter: EventFilter::default(),
-        })
-        .await
-        .expect("follow events");
-    tokio::spawn(async move {
-        let _client = client;
-        let mut events = Vec::new();
-        while let Ok(reply) = replies.next_reply().await {
-            match reply {
-                Reply::Event(event) => events.push(event),
-                Reply::Dropped(n) => panic!("the event follower lost {n} events"),
-                _ => {}
-            }
-        }
-        events
-    })
 }
 
 /// In event order: an attempt of a task may start in a slot only when no

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use daemon::{Daemon, p};
 use serde_json::{Value, json};
 use taskhost::controller::AdmissionPolicy;
-use taskhost::daemon::protocol::{EventFilter, Reply, Request, SubmitRequest};
-use taskhost::supervisor::{Event, EventKind};
+use taskhost::daemon::protocol::{Reply, Request, SubmitRequest};
+use taskhost::supervisor::EventKind;
 
 /// The slot `key` as `host slots --json` shows it, once `ready` holds of
 /// it (polled: the slot table moves on its own as owners end).
@@ -234,7 +234,7 @@ async fn a_debounced_slot_runs_the_newest_of_each_burst() {
     assert_eq!(set.code, Some(0), "{}", set.stderr);
     assert_eq!(set.json()["debounce_ms"], 300, "{}", set.stdout);
     assert_eq!(set.json()["max_wait_ms"], 5000, "{}", set.stdout);
-    let events = follow(&d.socket).await;
+    let events = wire::follow_events(&d.socket).await;
     // Two bursts of three; the newest of each runs.
     let mut ids = Vec::new();
     for burst in 0..2 {
@@ -295,7 +295,7 @@ async fn a_rate_limited_slot_starts_at_its_pace_and_shows_what_waits_as_throttle
     ]);
     assert_eq!(set.code, Some(0), "{}", set.stderr);
     assert_eq!(set.json()["burst"], 2, "{}", set.stdout);
-    let events = follow(&d.socket).await;
+    let events = wire::follow_events(&d.socket).await;
     let client = wire::connect(&d.socket).await;
     let hello = wire::upload_plugin(&client, "hello").await;
     let mut ids = Vec::new();
@@ -349,30 +349,6 @@ async fn a_rate_limited_slot_starts_at_its_pace_and_shows_what_waits_as_throttle
     );
 }
 
-/// Follows a daemon's events from its start until it dies.
-async fn follow(socket: &std::path::Path) -> tokio::task::JoinHandle<Vec<Event>> {
-    let client = wire::connect(socket).await;
-    let mut replies = client
-        .request(Request::Events {
-            follow: true,
-            filter: EventFilter::default(),
-        })
-        .await
-        .expect("follow events");
-    tokio::spawn(async move {
-        let _client = client;
-        let mut events = Vec::new();
-        while let Ok(reply) = replies.next_reply().await {
-            match reply {
-                Reply::Event(event) => events.push(event),
-                Reply::Dropped(n) => panic!("the event follower lost {n} events"),
-                _ => {}
-            }
-        }
-        events
-    })
-}
-
 /// Slots `c1`, `c2` and `c3` hold 1, 2 and 3 owners.
 fn capacity(slot: &str) -> usize {
     match slot {
@@ -397,7 +373,7 @@ async fn random_programs_across_random_kills_never_hold_more_owners_than_the_cap
     }
     let mut rounds = Vec::new();
     for round in 0..4 {
-        let events = follow(&d.socket).await;
+        let events = wire::follow_events(&d.socket).await;
         let client = wire::connect(&d.socket).await;
         let sleeper = wire::upload_plugin(&client, "sleeper").await;
         let mut ids = Vec::new();

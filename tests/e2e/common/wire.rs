@@ -8,8 +8,9 @@
 use std::path::Path;
 
 use taskhost::daemon::Client;
-use taskhost::daemon::protocol::{Reply, Request};
+use taskhost::daemon::protocol::{EventFilter, Reply, Request};
 use taskhost::runtime::Digest;
+use taskhost::supervisor::Event;
 
 /// Connects and shakes hands; panics if the daemon does not answer.
 pub async fn connect(socket: &Path) -> Client {
@@ -44,4 +45,29 @@ pub fn params(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect()
+}
+
+/// Follows a daemon's events (its recorded history first) until the daemon
+/// dies; fails on dropped events, which would blind an invariant checker.
+pub async fn follow_events(socket: &Path) -> tokio::task::JoinHandle<Vec<Event>> {
+    let client = connect(socket).await;
+    let mut replies = client
+        .request(Request::Events {
+            follow: true,
+            filter: EventFilter::default(),
+        })
+        .await
+        .expect("follow events");
+    tokio::spawn(async move {
+        let _client = client;
+        let mut events = Vec::new();
+        while let Ok(reply) = replies.next_reply().await {
+            match reply {
+                Reply::Event(event) => events.push(event),
+                Reply::Dropped(n) => panic!("the event follower lost {n} events"),
+                _ => {}
+            }
+        }
+        events
+    })
 }
