@@ -205,19 +205,23 @@ impl Controller {
         state.delayed_at.remove(&key.1);
         Self::debounced(&mut state, &delayed.slot, key.1);
         drop(state);
-        self.resolve_rejected(
-            (
-                key.1,
-                &delayed.name,
-                &delayed.slot,
-                delayed.pending.spec.schedule_name(),
-                delayed.pending.spec.parent_id(),
-            ),
-            &delayed.pending.cell,
-            RejectionKind::RemovedFromQueue,
-            "removed before it was due".into(),
-        );
+        let why = "removed before it was due".to_owned();
+        self.reject_delayed(&delayed, RejectionKind::RemovedFromQueue, why);
         true
+    }
+
+    /// Ends a held submission that never ran (taken out of the delayed
+    /// ones by the caller).
+    pub(super) fn reject_delayed(&self, held: &Delayed, kind: RejectionKind, why: String) {
+        let spec = &held.pending.spec;
+        let who = (
+            held.pending.id(),
+            &held.name,
+            &held.slot,
+            spec.schedule_name(),
+            spec.parent_id(),
+        );
+        self.resolve_rejected(who, &held.pending.cell, kind, why);
     }
 }
 

@@ -337,18 +337,9 @@ impl Controller {
         };
         drop(state);
         if let Some(old) = superseded {
-            self.resolve_rejected(
-                (
-                    old.pending.id(),
-                    &old.name,
-                    &old.slot,
-                    old.pending.spec.schedule_name(),
-                    old.pending.spec.parent_id(),
-                ),
-                &old.pending.cell,
-                RejectionKind::SupersededByReplace,
-                format!("debounced: a newer submission ({id}) to slot `{slot}` took its place"),
-            );
+            let why =
+                format!("debounced: a newer submission ({id}) to slot `{slot}` took its place");
+            self.reject_delayed(&old, RejectionKind::SupersededByReplace, why);
         }
         let placed = match placed {
             Ok(Some(placed)) => placed,
