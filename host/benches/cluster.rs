@@ -22,7 +22,9 @@
 //!   in the guest, as the daemon bench's state scenario does.
 //!
 //! Run with `cargo bench -p taskhost --bench cluster [-- throughput|latency|takeover|state]`
-//! (`TASKHOST_BENCH_HOST=PATH` runs another build's `host` as the nodes)
+//! (`TASKHOST_BENCH_HOST=PATH` runs another build's `host` as the nodes;
+//! `TASKHOST_BENCH_SLOT_RULES=1` sets, before the throughput runs, a slot
+//! rule that every slot matches and none reaches)
 //! (the scenarios whose names contain an argument; all without one). With
 //! `TASKHOST_BENCH_PG_PROFILE=1` the throughput runs also print the
 //! database's statements (pg_stat_statements): calls and time per task.
@@ -259,6 +261,31 @@ fn print_profile(pg: &postgres::Postgres, tasks: usize) {
     }
 }
 
+/// A rule that every slot matches (a glob) and none reaches: capacity
+/// 1,000 and a queue of 1,000,000 of its own.
+async fn slot_rule_for_all(socket: &Path) {
+    use taskhost::daemon::protocol::{SlotRuleRow, SlotRuleVerb};
+    use taskhost::slot_settings::SlotSettings;
+    let client = Client::connect(socket).await.expect("connect");
+    let settings = SlotSettings {
+        capacity: Some(1000),
+        max_queue: Some(1_000_000),
+        ..SlotSettings::default()
+    };
+    let row = SlotRuleRow {
+        pattern: "*".into(),
+        settings,
+    };
+    let mut replies = client
+        .request(Request::SlotRule(SlotRuleVerb::Set(row)))
+        .await
+        .expect("slot rule");
+    match replies.next().await {
+        Some(Reply::SlotRule(_)) => {}
+        other => panic!("slot rule: {other:?}"),
+    }
+}
+
 fn throughput(rt: &tokio::runtime::Runtime, count: usize) {
     let pg = if profiling() {
         postgres::Postgres::start_with_settings(
@@ -273,6 +300,9 @@ fn throughput(rt: &tokio::runtime::Runtime, count: usize) {
         .collect();
     let sockets: Vec<PathBuf> = nodes.iter().map(|n| n.socket.clone()).collect();
     let node_pids: Vec<u32> = nodes.iter().map(|n| n.child.id()).collect();
+    if std::env::var_os("TASKHOST_BENCH_SLOT_RULES").is_some() {
+        rt.block_on(slot_rule_for_all(&sockets[0]));
+    }
     let hello = std::fs::read(plugin_artifacts::HELLO).expect("hello");
     let tasks = std::env::var("TASKHOST_BENCH_TASKS")
         .ok()

@@ -19,22 +19,22 @@ use postgres::Postgres;
 
 /// A node of the cluster on `pg`, named `name`, with a short lease so that
 /// takeovers happen within the test's patience.
-fn node(pg: &Postgres, name: &str, extra: &[&str]) -> Daemon {
+pub(crate) fn node(pg: &Postgres, name: &str, extra: &[&str]) -> Daemon {
     node_with_lease(pg, name, "2s", extra)
 }
 
 /// A node whose lease outlasts a loaded machine's pauses: the tests that do
 /// not kill or pause nodes must see no takeover.
-fn steady_node(pg: &Postgres, name: &str, extra: &[&str]) -> Daemon {
+pub(crate) fn steady_node(pg: &Postgres, name: &str, extra: &[&str]) -> Daemon {
     node_with_lease(pg, name, "10s", extra)
 }
 
-fn node_with_lease(pg: &Postgres, name: &str, lease: &str, extra: &[&str]) -> Daemon {
+pub(crate) fn node_with_lease(pg: &Postgres, name: &str, lease: &str, extra: &[&str]) -> Daemon {
     node_at(&pg.url(), name, lease, extra)
 }
 
 /// A node that reaches the database at `url`.
-fn node_at(url: &str, name: &str, lease: &str, extra: &[&str]) -> Daemon {
+pub(crate) fn node_at(url: &str, name: &str, lease: &str, extra: &[&str]) -> Daemon {
     let mut args = vec![
         "--store",
         url,
@@ -55,7 +55,12 @@ fn node_at(url: &str, name: &str, lease: &str, extra: &[&str]) -> Daemon {
 
 /// Polls `host ps` on `via` until the task named `name` is in `state` on
 /// node `on` (any node if None); returns its row.
-fn wait_until(via: &Daemon, name: &str, state: &str, on: Option<&str>) -> serde_json::Value {
+pub(crate) fn wait_until(
+    via: &Daemon,
+    name: &str,
+    state: &str,
+    on: Option<&str>,
+) -> serde_json::Value {
     let deadline = Instant::now() + LIMIT;
     loop {
         let rows = via.ps();
@@ -74,7 +79,7 @@ fn wait_until(via: &Daemon, name: &str, state: &str, on: Option<&str>) -> serde_
 }
 
 /// `host wait NAME --json` on `via`: (exit code, the result object).
-fn wait_json(via: &Daemon, target: &str) -> (Option<i32>, serde_json::Value) {
+pub(crate) fn wait_json(via: &Daemon, target: &str) -> (Option<i32>, serde_json::Value) {
     let out = via.run(&["wait", target, "--json"]);
     let json = serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| {
         panic!(
@@ -100,16 +105,16 @@ fn finished_events(via: &Daemon, name: &str) -> Vec<String> {
 
 /// One recorded attempt.
 #[derive(Debug)]
-struct Attempt {
-    task: u64,
-    node: u64,
-    started: u64,
-    ended: Option<u64>,
-    result: String,
+pub(crate) struct Attempt {
+    pub task: u64,
+    pub node: u64,
+    pub started: u64,
+    pub ended: Option<u64>,
+    pub result: String,
 }
 
 /// The recorded attempts of a slot, by start.
-fn attempts(pg: &Postgres, slot: &str) -> Vec<Attempt> {
+pub(crate) fn attempts(pg: &Postgres, slot: &str) -> Vec<Attempt> {
     pg.psql(&format!(
         "SELECT task_id, node, started_ms, ended_ms, coalesce(result, '') \
          FROM taskhost_attempts WHERE slot = '{slot}' ORDER BY started_ms, task_id"
@@ -378,10 +383,13 @@ fn settled(via: &Daemon, prefix: &str) -> String {
             .map(|s| {
                 let queued: Vec<String> =
                     s["queued"].as_array().unwrap().iter().map(named).collect();
+                let owners: Vec<String> =
+                    s["owners"].as_array().unwrap().iter().map(named).collect();
                 format!(
-                    "{} owner {} queue [{}]",
+                    "{} owners [{}] of {} queue [{}]",
                     s["key"],
-                    named(&s["owner"]),
+                    owners.join(" "),
+                    s["capacity"],
                     queued.join(" ")
                 )
             })
@@ -403,8 +411,9 @@ fn settled(via: &Daemon, prefix: &str) -> String {
 /// The admission rules are written once (`admission::decide`) and applied
 /// twice: by the in-process controller to memory and by the cluster's
 /// store in its PostgreSQL transaction. Random programs of Queue, Replace
-/// and DropIfRunning submissions over two slots, under small bounds,
-/// give the same placements and leave the same owners and queues on a
+/// and DropIfRunning submissions over three slots (capacity 1, 2, and 3
+/// with a queue bound of its own), under small bounds, give the same
+/// placements and leave the same owners (oldest first) and queues on a
 /// single daemon and on a cluster node.
 #[test]
 fn the_admission_rules_decide_alike_in_memory_and_in_postgres() {
@@ -415,6 +424,15 @@ fn the_admission_rules_decide_alike_in_memory_and_in_postgres() {
     let bounds = ["--max-slot-queue", "2", "--max-total-pending", "3"];
     let single = Daemon::start(&[&["--store", "memory"][..], &bounds[..]].concat());
     let node = steady_node(&pg, "n1", &bounds);
+    for via in [&single, &node] {
+        for rule in [
+            &["slot", "set", "*-s1", "--capacity", "2"][..],
+            &["slot", "set", "*-s2", "--capacity", "3", "--max-queue", "1"],
+        ] {
+            let out = via.run(rule);
+            assert_eq!(out.code, Some(0), "{rule:?}: {}", out.stderr);
+        }
+    }
     let case = std::cell::Cell::new(0);
     let mut runner = TestRunner::new(Config {
         cases: 8,
@@ -424,7 +442,7 @@ fn the_admission_rules_decide_alike_in_memory_and_in_postgres() {
     });
     // Mostly Queue, over two slots, so that the bounds are reached.
     let policy = prop_oneof![5 => Just(0usize), 3 => Just(1usize), 2 => Just(2usize)];
-    let programs = proptest::collection::vec((0..2usize, policy), 4..16);
+    let programs = proptest::collection::vec((0..3usize, policy), 4..20);
     runner
         .run(&programs, |steps| {
             let n = case.get();

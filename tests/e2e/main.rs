@@ -20,6 +20,7 @@
 //! | `outbound_http` | grants, denials, address checks and redirects of guests' HTTP; its cap |
 //! | `guest_limits` | per-attempt caps on files and handles, memory over all memories, the memory ceiling |
 //! | `cluster` | cluster mode on a real PostgreSQL |
+//! | `cluster_flow` | slot rules across three nodes: capacity, Replace on a full slot, a raised rule, the capacity invariant under SIGKILL and SIGSTOP |
 //! | `time` | schedules, delayed submissions and priorities on one host |
 //! | `flow` | flow control on slots: rules, capacity against each policy, the capacity invariant across kills |
 //! | `remote` | `host --remote`, tokens with scopes, TLS, the JSON API's verbs |
@@ -53,6 +54,7 @@ mod bad_plugins;
 mod children;
 mod cli_run;
 mod cluster;
+mod cluster_flow;
 mod crashes;
 mod docs;
 mod durability;

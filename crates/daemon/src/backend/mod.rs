@@ -297,13 +297,7 @@ impl<'a> Backend<'a> {
     pub(crate) async fn slot_rule(&self, verb: SlotRuleVerb) -> Result<SlotRuled, ServiceError> {
         match self {
             Self::Local(local) => local.slot_rule(verb).await,
-            Self::Shared(_) => match verb {
-                SlotRuleVerb::List => Ok(SlotRuled::Rows(Vec::new())),
-                _ => Err(ServiceError::Invalid(
-                    "slot rules are one host's for now: a cluster's nodes do not take them yet"
-                        .into(),
-                )),
-            },
+            Self::Shared(shared) => shared.slot_rule(verb).await,
         }
     }
 

@@ -94,6 +94,9 @@ async fn claim_loop(daemon: Weak<Daemon>) {
     // landed with the answer lost, so the node's claims are read back
     // before it claims again.
     let mut unsure = false;
+    // The version of the cluster's slot rules the local controller has:
+    // it runs a slot's claimed tasks side by side up to their capacity.
+    let mut rules_seen = 0;
     loop {
         let Some(d) = daemon.upgrade() else { return };
         let Some(cluster) = d.cluster().cloned() else {
@@ -129,6 +132,9 @@ async fn claim_loop(daemon: Weak<Daemon>) {
             match cluster.pg.claim(cluster.node(), batch as i64).await {
                 Ok(claimed) => {
                     cluster.pg.outage().reached();
+                    if let Some(rules) = cluster.pg.rules_since(&mut rules_seen) {
+                        d.controller.set_slot_rules(rules);
+                    }
                     again = claimed.len() == batch;
                     for task in claimed {
                         // Counted at once; a compile of its plugin does not

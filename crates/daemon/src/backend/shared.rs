@@ -13,7 +13,8 @@ use taskhost_core::supervisor::{Event, TaskId, TaskRef, TaskReport};
 use taskhost_runtime::Digest;
 
 use super::{
-    Detail, Found, Item, Scheduled, follow_local, internal, not_found, stored_detail, until_closed,
+    Detail, Found, Item, Scheduled, SlotRuled, follow_local, internal, not_found, stored_detail,
+    until_closed,
 };
 use crate::backend::daemon::Daemon;
 use crate::backend::submit::{self, Accepted};
@@ -26,7 +27,8 @@ use crate::service::tasks::MAX_FINISHED;
 use crate::store::postgres::{Admission, AdmitError, Canceled};
 use crate::store::{self, StoreError};
 use crate::wire::protocol::{
-    EventFilter, ScheduleVerb, SubmitRequest, Submitted, TaskRow, TaskState,
+    EventFilter, ScheduleVerb, SlotRuleRow, SlotRuleVerb, SubmitRequest, Submitted, TaskRow,
+    TaskState,
 };
 
 /// A cluster node: the daemon and its part of the cluster.
@@ -36,6 +38,52 @@ pub(crate) struct Shared<'a> {
 }
 
 impl Shared<'_> {
+    /// `host slot`: the rules every node reads. Debounce and rate are one
+    /// host's for now, refused here with the settings a node does take.
+    pub(super) async fn slot_rule(&self, verb: SlotRuleVerb) -> Result<SlotRuled, ServiceError> {
+        let pg = &self.cluster.pg;
+        let (pattern, settings) = match verb {
+            SlotRuleVerb::List => {
+                let rows = pg.slot_rules().await.map_err(internal)?;
+                let rows = rows
+                    .into_iter()
+                    .map(|(pattern, settings)| SlotRuleRow { pattern, settings })
+                    .collect();
+                return Ok(SlotRuled::Rows(rows));
+            }
+            SlotRuleVerb::Set(row) => {
+                let s = &row.settings;
+                if s.debounce.is_some()
+                    || s.max_wait.is_some()
+                    || s.rate.is_some()
+                    || s.burst.is_some()
+                {
+                    return Err(ServiceError::Invalid(
+                        "a cluster's slot rules take --capacity and --max-queue; --debounce, \
+                         --max-wait, --rate and --burst are one host's for now (docs/cluster.md)"
+                            .into(),
+                    ));
+                }
+                (row.pattern, Some(row.settings))
+            }
+            SlotRuleVerb::Unset(pattern) => (pattern, None),
+        };
+        match pg
+            .set_slot_rule(&pattern, settings)
+            .await
+            .map_err(internal)?
+        {
+            Err(refused) => Err(ServiceError::Invalid(refused)),
+            Ok(None) if settings.is_none() => Err(ServiceError::NotFound(format!(
+                "no slot rule for `{pattern}` (see `host slot ls`)"
+            ))),
+            Ok(old) => Ok(SlotRuled::Row(SlotRuleRow {
+                pattern,
+                settings: settings.or(old).unwrap_or_default(),
+            })),
+        }
+    }
+
     /// Whether this node or the database holds the plugin.
     pub(super) async fn has_plugin(&self, digest: &Digest) -> bool {
         self.daemon.plugins.known(digest)

@@ -69,8 +69,9 @@ pub async fn serve(
     let spec = StoreSpec::parse(&config.store, &config.state_dir).map_err(ServeError)?;
     if matches!(spec, StoreSpec::Postgres(_)) && !config.slot_rules.is_empty() {
         return Err(ServeError(
-            "the config file's `slots` rules are one host's for now: a cluster's nodes do not \
-             take them yet; remove the `slots` table to serve a cluster"
+            "the config file's `slots` table is one host's: a cluster's rules live in its \
+             database, the same for every node; set them with `host slot set` and remove the \
+             `slots` table to serve a cluster"
                 .into(),
         ));
     }

@@ -3,7 +3,7 @@
 //! the plugin kept, the slot's row locked and read in one round trip, then
 //! decided and written as a batch of one (`place`).
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use deadpool_postgres::GenericClient;
 
@@ -14,8 +14,18 @@ use taskhost_core::supervisor::TaskId;
 use crate::store::StoreError;
 use crate::wire::protocol::{Placement, Submitted};
 
-use super::place::{self, NewRow, SlotNow, decide};
+use super::place::{self, NewRow, SLOT_COLUMNS, SLOT_JOINS, SlotNow, decide};
 use super::*;
+
+/// Reads a slot for a decision: a live holder of the name (`$2`) in
+/// another slot, then `SLOT_COLUMNS`.
+static READ_SLOT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT (SELECT id FROM taskhost_tasks WHERE name = $2 AND slot <> $1 \
+             AND state IN ('ready', 'running', 'stopping') LIMIT 1), {SLOT_COLUMNS} \
+         FROM taskhost_slots sl {SLOT_JOINS} WHERE sl.slot = $1"
+    )
+});
 
 /// The first key of a tree's advisory lock (the second is its root's id);
 /// two-key locks never meet the one-key `MIGRATION_LOCK`.
@@ -204,41 +214,30 @@ impl Pg {
         {
             return Err(AdmitError::PluginGone);
         }
-        // The slot's row, created if new, locked either way: admissions
-        // and releases in this slot wait for each other from here on.
+        // The slot's row, created if new (with the settings this node's
+        // rules give it), locked either way: admissions and releases in
+        // this slot wait for each other from here on.
+        let settings = self.settings_for(&slot);
         exec(
             tx,
             "cannot lock the slot",
-            "INSERT INTO taskhost_slots (slot) VALUES ($1) \
+            "INSERT INTO taskhost_slots (slot, capacity, max_queue) VALUES ($1, $2, $3) \
                  ON CONFLICT (slot) DO UPDATE SET slot = excluded.slot",
-            &[&slot],
+            &[&slot, &settings.capacity, &settings.max_queue],
         )
         .await?;
-        // Everything the rules read, in one round trip: a live holder of the
-        // name elsewhere, the owner and its state, the queue's length, last
-        // position, head and its position, and the pending work of the
-        // whole cluster (`SlotNow::from_row`'s columns).
-        let row = one(
-            tx,
-            "cannot read the slot",
-            "SELECT \
-                 (SELECT id FROM taskhost_tasks WHERE name = $2 AND slot <> $1 \
-                  AND state IN ('ready', 'running', 'stopping') LIMIT 1), \
-                 o.id, o.state, \
-                 (SELECT count(*) FROM taskhost_tasks WHERE slot = $1 AND state = 'queued'), \
-                 (SELECT max(pos) FROM taskhost_tasks WHERE slot = $1 AND state = 'queued'), \
-                 (SELECT id FROM taskhost_tasks WHERE slot = $1 AND state = 'queued' \
-                  ORDER BY pos, id LIMIT 1), \
-                 (SELECT min(pos) FROM taskhost_tasks WHERE slot = $1 AND state = 'queued'), \
-                 (SELECT count(*) FROM taskhost_tasks WHERE state = 'queued') \
-                 FROM (SELECT 1) one LEFT JOIN taskhost_tasks o ON o.slot = $1 \
-                  AND o.state IN ('ready', 'running', 'stopping')",
-            &[&slot, &name],
-        )
-        .await?;
-        let holder: Option<i64> = row.get(0);
-        let mut now = SlotNow::from_row(&row);
-        let pending = row.get::<_, i64>(7).max(0) as usize;
+        let (mut now, pending, holder) = loop {
+            // Everything the rules read, in one round trip: a live holder
+            // of the name elsewhere, then `SLOT_COLUMNS`.
+            let row = one(tx, "cannot read the slot", &READ_SLOT, &[&slot, &name]).await?;
+            let (now, pending, version) = SlotNow::from_row(&row);
+            if !self
+                .catch_up(tx, version, std::slice::from_ref(&slot))
+                .await?
+            {
+                break (now, pending, row.get::<_, Option<i64>>(0));
+            }
+        };
         let names = (name.as_str(), slot.as_str(), policy);
         let decision = decide(a, names, &now, holder, pending);
         let placed = self.apply(tx, id, decision, &mut now).await?;

@@ -95,23 +95,14 @@ pub(super) async fn end_task(
     pg.notify(tx, FINISHED, &report.id.get().to_string()).await
 }
 
-/// Makes the head of a slot's queue its owner (the caller holds the slot's
-/// lock and the slot has just lost its owner).
+/// Makes the heads of a slot's queue its owners while it has room (the
+/// caller holds the slot's lock and the slot has just lost an owner).
 pub(super) async fn promote(
     pg: &Pg,
     tx: &deadpool_postgres::Transaction<'_>,
     slot: &str,
 ) -> Result<(), StoreError> {
-    let promoted = opt(
-        tx,
-        "cannot admit the next in the slot",
-        "UPDATE taskhost_tasks SET state = 'ready' WHERE id = \
-             (SELECT id FROM taskhost_tasks WHERE slot = $1 AND state = 'queued' \
-              ORDER BY pos, id LIMIT 1) RETURNING id",
-        &[&slot],
-    )
-    .await?;
-    if promoted.is_some() {
+    if !super::rules::fill(tx, &[slot]).await?.is_empty() {
         pg.notify(tx, READY, "").await?;
     }
     Ok(())
@@ -131,10 +122,15 @@ impl Pg {
                  token = nextval('taskhost_fence') FROM c WHERE t.id = c.id \
                  AND EXISTS (SELECT 1 FROM taskhost_nodes WHERE id = $1 AND alive) \
                  RETURNING t.id, t.token, t.request, t.plugin, t.attempts, t.failures, \
-                 t.resume_at_ms, t.submitted_ms",
+                 t.resume_at_ms, t.submitted_ms, (SELECT version FROM taskhost_slot_rules_version)",
             &[&node, &n],
         )
         .await?;
+        // The local controller runs a slot's claimed tasks up to their
+        // capacity: the node's copy of the rules follows the cluster's.
+        if let Some(version) = rows.first().map(|r| r.get::<_, i64>(8)) {
+            self.refresh_rules(&client, version).await?;
+        }
         let mut claimed: Vec<Claimed> = rows
             .iter()
             .map(Claimed::from_row)

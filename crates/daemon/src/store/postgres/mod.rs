@@ -4,8 +4,9 @@
 //! cancel, takeover) lock that slot's row first, then the task rows, so
 //! they serialise per slot and never deadlock each other; a claim locks
 //! only `ready` rows (`FOR UPDATE SKIP LOCKED`) and takes a fencing token,
-//! which every later write of its attempts names. The owner invariant is
-//! the unique index `taskhost_one_owner`, not a count.
+//! which every later write of its attempts names. The owner invariant (at
+//! most the slot's capacity, read off its row) holds because every
+//! decision that makes an owner holds that row's lock.
 //!
 //! It decides nothing of its own: admission applies the controller's rules
 //! (Queue, Replace, DropIfRunning, the bounds), takeover applies recovery's
@@ -18,6 +19,7 @@
 //! | `lease` | nodes' leases, renewals, retirement, takeover |
 //! | `admit` | admission in a transaction: the plugin kept, the slot locked and read, a batch of one |
 //! | `place` | a decision applied to rows, for single and batched admission alike |
+//! | `rules` | slot rules for every node, each slot's settings on its row, slots filled to capacity |
 //! | `claim` | claims with fencing tokens, a claimed attempt's writes, cancels, a task's end |
 //! | `reads` | the verbs' reads: finished tasks, references, `ps`, `slots` |
 //! | `ship` | lines and events shipped for every node, retention |
@@ -38,6 +40,7 @@ pub(crate) mod link;
 pub(crate) mod outage;
 mod place;
 mod reads;
+mod rules;
 mod schema;
 mod ship;
 mod sql;
@@ -87,6 +90,8 @@ pub(crate) struct Pg {
     /// What the node answers and does for its batches (none until the
     /// node says).
     node: Arc<std::sync::OnceLock<NodeHooks>>,
+    /// This node's copy of the slot rules.
+    rules: rules::Rules,
 }
 
 /// How the batched writes ask the node about new ready work.
@@ -221,6 +226,7 @@ pub(crate) async fn open(
         notify,
         writer: Arc::default(),
         node: Arc::default(),
+        rules: Arc::default(),
     };
     let _ = pg.writer.set(Writer::start(&pg));
     pg.migrate().await.map_err(|e| {

@@ -9,9 +9,7 @@
 
 use std::sync::Arc;
 
-use taskhost_core::admission::{
-    self, AdmissionPolicy, Decision, Limits, OwnerState, SlotSummary, Totals,
-};
+use taskhost_core::admission::{self, AdmissionPolicy, Decision, Limits, SlotSummary, Totals};
 use taskhost_core::lifecycle::TaskState;
 use taskhost_core::logline::LogLine;
 use taskhost_core::outcome::{RejectionKind, TaskOutcome};
@@ -25,38 +23,61 @@ use crate::wire::protocol::{NotBefore, Placement};
 /// A slot as admissions see it: read in the transaction that holds its
 /// lock, then kept up to date with each decision made in it.
 pub(super) struct SlotNow {
-    pub owner: Option<(TaskId, OwnerState)>,
+    /// How many owners it has (admitted, running or being stopped).
+    pub owners: usize,
+    /// Its oldest owner, and its oldest not being stopped.
+    pub first: Option<TaskId>,
+    pub oldest_running: Option<TaskId>,
     pub queued: usize,
     pub last_pos: Option<i64>,
     /// The head of its queue, with its position.
     pub head: Option<(TaskId, i64)>,
+    /// Its settings, off its row.
+    pub capacity: usize,
+    pub max_queue: Option<usize>,
     /// A Replace changed it in ways only the database follows: later
     /// admissions to it read it again.
     pub stale: bool,
 }
 
+/// The columns both slot reads select, from the second on (`SlotNow`'s,
+/// then the cluster's queued tasks and the rules' version); the first is
+/// the read's own. `$1` is the slot (`s.slot` in a batch's read).
+pub(super) const SLOT_COLUMNS: &str = "o.n, o.first, o.oldest, q.n, q.last, h.id, h.pos, \
+     sl.capacity, sl.max_queue, \
+     (SELECT count(*) FROM taskhost_tasks WHERE state = 'queued'), \
+     (SELECT version FROM taskhost_slot_rules_version)";
+
+/// What the slot reads join, for the slot in `sl.slot`.
+pub(super) const SLOT_JOINS: &str = "LEFT JOIN LATERAL (SELECT count(*) AS n, \
+         (array_agg(id ORDER BY pos, id))[1] AS first, \
+         (array_agg(id ORDER BY pos, id) FILTER (WHERE state <> 'stopping'))[1] AS oldest \
+         FROM taskhost_tasks WHERE slot = sl.slot AND state IN ('ready', 'running', 'stopping')) o ON TRUE \
+     LEFT JOIN LATERAL (SELECT count(*) AS n, max(pos) AS last FROM taskhost_tasks \
+         WHERE slot = sl.slot AND state = 'queued') q ON TRUE \
+     LEFT JOIN LATERAL (SELECT id, pos FROM taskhost_tasks WHERE slot = sl.slot AND state = 'queued' \
+         ORDER BY pos, id LIMIT 1) h ON TRUE";
+
 impl SlotNow {
-    /// The slot from a row whose columns 1 to 6 are its owner's id and
-    /// state, the queue's length and last position, its head's id and
-    /// position (both slot reads select them so).
-    pub(super) fn from_row(row: &tokio_postgres::Row) -> Self {
-        let owner = row.get::<_, Option<i64>>(1).map(|id| {
-            let state = match row.get::<_, Option<&str>>(2).and_then(TaskState::parse) {
-                Some(TaskState::Stopping) => OwnerState::Stopping,
-                _ => OwnerState::Running,
-            };
-            (id_of(id), state)
-        });
-        Self {
-            owner,
-            queued: row.get::<_, i64>(3).max(0) as usize,
-            last_pos: row.get(4),
+    /// The slot from a row of [`SLOT_COLUMNS`] (from column 1); with the
+    /// cluster's queued tasks and the rules' version the row was read at.
+    pub(super) fn from_row(row: &tokio_postgres::Row) -> (Self, usize, i64) {
+        let now = Self {
+            owners: row.get::<_, i64>(1).max(0) as usize,
+            first: row.get::<_, Option<i64>>(2).map(id_of),
+            oldest_running: row.get::<_, Option<i64>>(3).map(id_of),
+            queued: row.get::<_, i64>(4).max(0) as usize,
+            last_pos: row.get(5),
             head: row
-                .get::<_, Option<i64>>(5)
+                .get::<_, Option<i64>>(6)
                 .map(id_of)
-                .zip(row.get::<_, Option<i64>>(6)),
+                .zip(row.get::<_, Option<i64>>(7)),
+            capacity: row.get::<_, i32>(8).max(1) as usize,
+            max_queue: row.get::<_, Option<i64>>(9).map(|q| q.max(0) as usize),
             stale: false,
-        }
+        };
+        let pending = row.get::<_, i64>(10).max(0) as usize;
+        (now, pending, row.get(11))
     }
 }
 
@@ -81,20 +102,21 @@ pub(super) fn decide(
         };
     }
     let limits = Limits {
-        max_slot_queue: a.max_slot_queue,
-        queue_bound: "max_slot_queue",
+        max_slot_queue: now.max_queue.unwrap_or(a.max_slot_queue),
+        queue_bound: if now.max_queue.is_some() {
+            "max_queue of its slot rule"
+        } else {
+            "max_slot_queue"
+        },
         max_total_pending: a.max_total_pending,
         // Slot rows stay in the database: it bounds no slot count.
         max_slots: usize::MAX,
         holder: "the cluster",
     };
     let summary = SlotSummary {
-        owners: usize::from(now.owner.is_some()),
-        capacity: 1,
-        oldest_running: now
-            .owner
-            .filter(|(_, state)| *state == OwnerState::Running)
-            .map(|(id, _)| id),
+        owners: now.owners,
+        capacity: now.capacity,
+        oldest_running: now.oldest_running,
         queued: now.queued,
         head: now.head.map(|h| h.0),
         tracked: true,
@@ -133,7 +155,7 @@ impl Pg {
         decision: Decision,
         now: &mut SlotNow,
     ) -> Result<Placed, StoreError> {
-        let owner = now.owner.map(|o| o.0);
+        let owner = now.first;
         Ok(match decision {
             Decision::Reject { kind, reason } => Placed::new(
                 TaskState::Finished,
@@ -141,7 +163,9 @@ impl Pg {
                 Placement::Rejected(TaskOutcome::Rejected { kind, reason }),
             ),
             Decision::Admit => {
-                now.owner = Some((id, OwnerState::Running));
+                now.owners += 1;
+                now.first = now.first.or(Some(id));
+                now.oldest_running = now.oldest_running.or(Some(id));
                 Placed::new(TaskState::Ready, 0, Placement::Running)
             }
             Decision::Enqueue => {
@@ -352,8 +376,9 @@ pub(super) async fn insert(
         "INSERT INTO taskhost_tasks (id, name, slot, plugin, digest, request, state, pos, placed, \
              submitted_ms, outcome, report, log, finished_ms, priority, schedule, due_ms, parent, \
              root) \
-         SELECT id, name, slot, plugin, digest, request, state, pos, placed, $10, outcome, report, \
-             log, finished_ms, priority, schedule, due_ms, parent, root \
+         SELECT id, name, slot, plugin, digest, request, state, \
+             CASE WHEN state = 'ready' THEN nextval('taskhost_owner_seq') ELSE pos END, placed, $10, \
+             outcome, report, log, finished_ms, priority, schedule, due_ms, parent, root \
              FROM unnest($1::int8[], $2::text[], $3::text[], \
              $4::text[], $5::bytea[], $6::bytea[], $7::text[], $8::int8[], $9::bool[], $11::text[], \
              $12::bytea[], $13::bytea[], $14::int8[], $15::int4[], $16::text[], $17::int8[], \
@@ -396,8 +421,9 @@ pub(super) async fn update(
     exec(
         tx,
         "cannot admit the delayed submission",
-        "UPDATE taskhost_tasks SET state = $2, pos = $3, placed = $4, outcome = $5, report = $6, \
-         log = $7, finished_ms = $8 WHERE id = $1",
+        "UPDATE taskhost_tasks SET state = $2, \
+         pos = CASE WHEN $2 = 'ready' THEN nextval('taskhost_owner_seq') ELSE $3 END, \
+         placed = $4, outcome = $5, report = $6, log = $7, finished_ms = $8 WHERE id = $1",
         &[
             &row.id,
             &row.state.as_str(),

@@ -194,9 +194,10 @@ impl Pg {
         let rows = all(
             &client,
             "cannot list slots",
-            "SELECT slot, id, state FROM taskhost_tasks \
-                 WHERE state IN ('queued', 'ready', 'running', 'stopping') \
-                 ORDER BY slot, state = 'queued', pos, id",
+            "SELECT t.slot, t.id, t.state, s.capacity FROM taskhost_tasks t \
+                 JOIN taskhost_slots s ON s.slot = t.slot \
+                 WHERE t.state IN ('queued', 'ready', 'running', 'stopping') \
+                 ORDER BY t.slot, t.state = 'queued', t.pos, t.id",
             &[],
         )
         .await?;
@@ -211,7 +212,7 @@ impl Pg {
                     state: SlotState::Idle,
                     owner: None,
                     owners: Vec::new(),
-                    capacity: 1,
+                    capacity: r.get::<_, i32>(3).max(1) as usize,
                     queue_depth: 0,
                     in_state_for: Duration::ZERO,
                     queued: Vec::new(),

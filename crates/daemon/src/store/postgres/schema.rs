@@ -19,6 +19,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/postgres/0006_time.sql"),
     include_str!("../../../migrations/postgres/0007_kv.sql"),
     include_str!("../../../migrations/postgres/0008_lineage.sql"),
+    include_str!("../../../migrations/postgres/0009_slot_rules.sql"),
 ];
 
 /// The migration that added `parent` and `root`, filled from each row's

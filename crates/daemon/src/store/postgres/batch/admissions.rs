@@ -5,7 +5,7 @@
 //! that waits for the slot.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use tokio::sync::mpsc;
 
@@ -14,7 +14,7 @@ use taskhost_core::lifecycle::TaskState;
 
 use super::{AdmitJob, Reply, gone, notify_ids};
 use crate::store::StoreError;
-use crate::store::postgres::place::{NewRow, SlotNow, decide, insert};
+use crate::store::postgres::place::{NewRow, SLOT_COLUMNS, SLOT_JOINS, SlotNow, decide, insert};
 use crate::store::postgres::{Admission, AdmitError, FINISHED, Pg, all, db, exec, id_of, retry};
 use crate::wire::protocol::{Placement, Submitted};
 
@@ -172,8 +172,8 @@ async fn admit_batch(
         }
     }
     keep_plugins(&tx, admissions, &mut results, &mut named).await?;
-    let (slots, later) = lock_slots(&tx, &ids, &mut named, waiting).await?;
-    let mut batch = read_slots(&tx, &slots, &named).await?;
+    let (slots, later) = lock_slots(pg, &tx, &ids, &mut named, waiting).await?;
+    let mut batch = read_slots(pg, &tx, &slots, &named).await?;
     for (i, a) in admissions.iter().enumerate() {
         let Some(names) = named[i].take() else {
             continue;
@@ -228,6 +228,7 @@ async fn keep_plugins(
 /// to it) are taken out of `named` and left for `admit_alone`. Returns the
 /// slots locked and those left.
 async fn lock_slots(
+    pg: &Pg,
     tx: &deadpool_postgres::Transaction<'_>,
     ids: &[i64],
     named: &mut [Option<Names>],
@@ -241,12 +242,17 @@ async fn lock_slots(
     slots.sort_unstable();
     slots.dedup();
     slots.retain(|slot| !waiting.contains(slot));
+    // New slots' rows take the settings this node's rules give them.
+    let settings: Vec<_> = slots.iter().map(|slot| pg.settings_for(slot)).collect();
+    let capacities: Vec<i32> = settings.iter().map(|s| s.capacity).collect();
+    let queues: Vec<Option<i64>> = settings.iter().map(|s| s.max_queue).collect();
     exec(
         tx,
         "cannot create the slots",
-        "INSERT INTO taskhost_slots (slot) SELECT s FROM unnest($1::text[]) AS s ORDER BY s \
+        "INSERT INTO taskhost_slots (slot, capacity, max_queue) \
+             SELECT * FROM unnest($1::text[], $2::int4[], $3::int8[]) AS u(s, c, q) ORDER BY s \
              ON CONFLICT (slot) DO NOTHING",
-        &[&slots],
+        &[&slots, &capacities, &queues],
     )
     .await?;
     let locked: HashSet<String> = all(
@@ -274,31 +280,35 @@ async fn lock_slots(
     Ok((slots, later))
 }
 
+/// Reads the locked `slots`: `SLOT_COLUMNS` after each slot's name.
+static READ_SLOTS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT sl.slot, {SLOT_COLUMNS} FROM unnest($1::text[]) AS u(slot) \
+             JOIN taskhost_slots sl ON sl.slot = u.slot {SLOT_JOINS}"
+    )
+});
+
 /// Reads the locked `slots` (with the pending work of the whole cluster)
 /// and the live holders of the batch's names, for its decisions.
 async fn read_slots(
+    pg: &Pg,
     tx: &deadpool_postgres::Transaction<'_>,
     slots: &[String],
     named: &[Option<Names>],
 ) -> Result<Batch, StoreError> {
     let mut batch = Batch::default();
-    // `SlotNow::from_row`'s columns, then the pending work.
-    for row in all(
-        tx,
-        "cannot read the slots",
-        "SELECT s.slot, o.id, o.state, q.n, q.last, h.id, h.pos, \
-             (SELECT count(*) FROM taskhost_tasks WHERE state = 'queued') FROM unnest($1::text[]) AS s(slot) \
-             LEFT JOIN taskhost_tasks o ON o.slot = s.slot AND o.state IN ('ready', 'running', 'stopping') \
-             LEFT JOIN LATERAL (SELECT count(*) AS n, max(pos) AS last FROM taskhost_tasks \
-                 WHERE slot = s.slot AND state = 'queued') q ON TRUE \
-             LEFT JOIN LATERAL (SELECT id, pos FROM taskhost_tasks WHERE slot = s.slot AND state = 'queued' \
-                 ORDER BY pos, id LIMIT 1) h ON TRUE",
-        &[&slots],
-    )
-    .await?
-    {
-        batch.pending = row.get::<_, i64>(7).max(0) as usize;
-        batch.now.insert(row.get(0), SlotNow::from_row(&row));
+    loop {
+        let mut version = None;
+        for row in all(tx, "cannot read the slots", &READ_SLOTS, &[&slots]).await? {
+            let (now, pending, read_at) = SlotNow::from_row(&row);
+            batch.pending = pending;
+            version = Some(read_at);
+            batch.now.insert(row.get(0), now);
+        }
+        match version {
+            Some(version) if pg.catch_up(tx, version, slots).await? => batch.now.clear(),
+            _ => break,
+        }
     }
     let names: Vec<&str> = named
         .iter()

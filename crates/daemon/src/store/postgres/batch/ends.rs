@@ -11,6 +11,7 @@ use taskhost_core::logline::LogLine;
 use taskhost_core::supervisor::TaskId;
 
 use super::{FinishJob, gone, notify_ids};
+use crate::store::postgres::rules::fill;
 use crate::store::postgres::{FINISHED, Pg, all, db, decode, encode, exec, id_of, ms, sql_id};
 use crate::store::{Finished, StoreError, now_ms};
 
@@ -171,15 +172,7 @@ pub(super) async fn finished(pg: &Pg, jobs: &[FinishJob], wait: bool) -> Result<
         .collect();
     slots.sort_unstable();
     slots.dedup();
-    let promoted = all(
-        &tx,
-        "cannot admit the next in the slots",
-        "UPDATE taskhost_tasks SET state = 'ready' WHERE id IN \
-             (SELECT DISTINCT ON (slot) id FROM taskhost_tasks WHERE slot = ANY($1) \
-              AND state = 'queued' ORDER BY slot, pos, id) RETURNING id",
-        &[&slots],
-    )
-    .await?;
+    let promoted = fill(&tx, &slots).await?;
     notify_ids(pg, &tx, FINISHED, &ids).await?;
     // The slots freed here: this node's claims have just ended, so it has
     // room for their next tasks (`announce_ready` tells the others of what

@@ -1,0 +1,279 @@
+//! Flow control on slots across a cluster of three real nodes on one real
+//! PostgreSQL: the rules set through one node and read by every node, a
+//! slot of capacity 2 filled from two nodes, a Replace that meets it full,
+//! a rule raised while work waits, the settings a cluster does not take
+//! yet refused; and the capacity invariant (never more attempts of a slot
+//! at once than its capacity) checked over the recorded attempt intervals
+//! of random submissions while one node is killed with SIGKILL and one is
+//! frozen with SIGSTOP past its lease.
+
+use crate::cluster::{Attempt, attempts, node, steady_node};
+use crate::{daemon, postgres};
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use daemon::{Daemon, LIMIT, p};
+use postgres::Postgres;
+use serde_json::Value;
+
+fn ok(via: &Daemon, args: &[&str]) -> String {
+    let out = via.run(args);
+    assert_eq!(out.code, Some(0), "{args:?}: {}", out.stderr);
+    out.stdout
+}
+
+/// The slot `key` as `host slots --json` on `via` shows it, its owners and
+/// queue by name, once `ready` holds of it.
+fn slot_when(via: &Daemon, key: &str, ready: impl Fn(&Value, &[String], &[String]) -> bool) {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let names: HashMap<u64, String> = via
+            .ps()
+            .iter()
+            .filter_map(|r| Some((r["id"].as_u64()?, r["name"].as_str()?.to_owned())))
+            .collect();
+        let named = |ids: &Value| -> Vec<String> {
+            ids.as_array()
+                .into_iter()
+                .flatten()
+                .map(|id| {
+                    id.as_u64()
+                        .and_then(|id| names.get(&id).cloned())
+                        .unwrap_or_else(|| format!("?{id}"))
+                })
+                .collect()
+        };
+        let slots: Vec<Value> = serde_json::from_str(&ok(via, &["slots", "--json"])).unwrap();
+        let slot = slots.into_iter().find(|s| s["key"] == key);
+        if let Some(slot) = &slot
+            && ready(slot, &named(&slot["owners"]), &named(&slot["queued"]))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "slot {key} never got there: {slot:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn sleeper(via: &Daemon, slot: &str, name: &str, policy: &str) {
+    ok(
+        via,
+        &[
+            "submit",
+            &p("sleeper"),
+            "--slot",
+            slot,
+            "--name",
+            name,
+            "--policy",
+            policy,
+            "--param",
+            "ms=600000",
+        ],
+    );
+}
+
+fn rules(via: &Daemon) -> Vec<Value> {
+    serde_json::from_str(&ok(via, &["slot", "ls", "--json"])).unwrap()
+}
+
+#[test]
+fn capacity_replace_and_a_raised_rule_hold_across_three_nodes() {
+    let pg = Postgres::start();
+    let [a, b, c] = ["a", "b", "c"].map(|n| steady_node(&pg, n, &[]));
+    ok(&a, &["slot", "set", "db/*", "--capacity", "2"]);
+    for via in [&a, &b, &c] {
+        let rules = rules(via);
+        assert_eq!(rules.len(), 1, "{rules:?}");
+        assert_eq!(rules[0]["pattern"], "db/*");
+        assert_eq!(rules[0]["capacity"], 2);
+    }
+    // What a cluster does not take yet is refused, naming what it takes.
+    let out = b.run(&["slot", "set", "api", "--rate", "5/s"]);
+    assert_ne!(out.code, Some(0));
+    assert!(out.stderr.contains("--capacity"), "{}", out.stderr);
+
+    // Two owners, admitted through two nodes; a third waits.
+    sleeper(&a, "db/x", "one", "queue");
+    sleeper(&b, "db/x", "two", "queue");
+    slot_when(&c, "db/x", |s, owners, _| {
+        s["capacity"] == 2 && owners == ["one", "two"]
+    });
+    sleeper(&c, "db/x", "three", "queue");
+    sleeper(&a, "db/x", "tail", "queue");
+    slot_when(&a, "db/x", |_, owners, queued| {
+        owners == ["one", "two"] && queued == ["three", "tail"]
+    });
+    // A Replace meets the full slot: the oldest owner is stopped and the
+    // queue's head displaced; the replacement takes its place, ahead of
+    // the queue's tail, which stays.
+    sleeper(&b, "db/x", "four", "replace");
+    slot_when(&c, "db/x", |_, owners, queued| {
+        owners == ["two", "four"] && queued == ["tail"]
+    });
+    for (name, outcome) in [("one", "canceled"), ("three", "rejected")] {
+        let out = a.run(&["wait", name, "--json"]);
+        let json: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        assert_eq!(json["outcome"], outcome, "{name}: {json}");
+    }
+
+    // A rule raised while work waits admits it at once, on every node.
+    ok(&b, &["slot", "set", "db/*", "--capacity", "3"]);
+    slot_when(&a, "db/x", |s, owners, queued| {
+        s["capacity"] == 3 && owners == ["two", "four", "tail"] && queued.is_empty()
+    });
+    // Unset through one node: every node's new slots take the default.
+    ok(&c, &["slot", "unset", "db/*"]);
+    assert!(rules(&a).is_empty());
+    sleeper(&a, "db/y", "five", "queue");
+    sleeper(&b, "db/y", "six", "queue");
+    slot_when(&c, "db/y", |s, owners, queued| {
+        s["capacity"] == 1 && owners == ["five"] && queued == ["six"]
+    });
+    for name in ["two", "four", "tail", "five", "six"] {
+        ok(&a, &["cancel", name]);
+    }
+}
+
+/// The most attempts of one slot running at once, over its recorded
+/// intervals (an attempt that ends as another starts in the same
+/// millisecond is over by then).
+fn most_at_once(slot: &str, rows: &[Attempt]) -> usize {
+    let mut edges: Vec<(u64, i32)> = Vec::new();
+    for a in rows {
+        let ended = a
+            .ended
+            .unwrap_or_else(|| panic!("slot {slot}: attempt {a:?} never ended"));
+        edges.push((a.started, 1));
+        edges.push((ended, -1));
+    }
+    edges.sort();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, d) in edges {
+        now += d;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+#[test]
+fn the_checker_of_attempt_intervals_catches_one_too_many() {
+    let at = |started, ended| Attempt {
+        task: 0,
+        node: 0,
+        started,
+        ended: Some(ended),
+        result: String::new(),
+    };
+    // Two at once, a third as one ends: two at most.
+    assert_eq!(most_at_once("s", &[at(0, 10), at(5, 20), at(10, 30)]), 2);
+    // A third inside both: three.
+    assert_eq!(most_at_once("s", &[at(0, 10), at(5, 20), at(9, 30)]), 3);
+}
+
+/// Random submissions (mostly Queue, some Replace and DropIfRunning) of
+/// short sleepers over slots of capacity 1, 2 and 3 through one node of
+/// three; a second node is killed with SIGKILL and started again, the third
+/// frozen with SIGSTOP past its lease and woken. Every task ends, and no
+/// slot's recorded attempts ever overlap more than its capacity; the
+/// slots of capacity 2 and 3 reach it (so a checker one short fails).
+#[test]
+fn capacity_holds_across_three_nodes_with_one_killed_and_one_frozen() {
+    let seed: u64 = std::env::var("TASKHOST_FLOW_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    println!("TASKHOST_FLOW_SEED={seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let pg = Postgres::start();
+    let bounds = ["--max-slot-queue", "10000", "--max-total-pending", "10000"];
+    let a = node(&pg, "a", &bounds);
+    let mut b = node(&pg, "b", &bounds);
+    let c = node(&pg, "c", &bounds);
+    ok(&a, &["slot", "set", "k2-*", "--capacity", "2"]);
+    ok(&a, &["slot", "set", "k3-*", "--capacity", "3"]);
+    let slots = [("k1-0", 1), ("k2-0", 2), ("k2-1", 2), ("k3-0", 3)];
+    let total = 240;
+    for i in 0..total {
+        let (slot, _) = slots[rng.usize(..slots.len())];
+        let policy = match rng.u32(..20) {
+            0..14 => "queue",
+            14..17 => "replace",
+            _ => "drop-if-running",
+        };
+        let ms = (20 + rng.u32(..180)).to_string();
+        let out = a.run(&[
+            "submit",
+            &p("sleeper"),
+            "--slot",
+            slot,
+            "--policy",
+            policy,
+            "--param",
+            &format!("ms={ms}"),
+        ]);
+        assert!(matches!(out.code, Some(0 | 3)), "{}", out.stderr);
+        if i == total / 3 {
+            let mut process = b.process.take().expect("running");
+            process.child.kill().expect("SIGKILL");
+            let _ = process.child.wait();
+            let url = pg.url();
+            let mut args = vec!["--store", &url, "--node-name", "b-again"];
+            args.extend(["--lease", "2s", "--lease-renew", "200ms"]);
+            args.extend(["--cluster-poll", "200ms"]);
+            args.extend(bounds);
+            b.restart(&args);
+        }
+        if i == total / 2 {
+            let pid = c.pid().to_string();
+            let signal = |name: &str| {
+                let status = std::process::Command::new("kill")
+                    .args([name, &pid])
+                    .status()
+                    .expect("kill");
+                assert!(status.success());
+            };
+            signal("-STOP");
+            std::thread::sleep(Duration::from_millis(3000));
+            signal("-CONT");
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let left = pg.psql("SELECT count(*) FROM taskhost_tasks WHERE state <> 'finished'");
+        if left.trim() == "0" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} tasks never ended",
+            left.trim()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut checked = 0;
+    for (slot, capacity) in slots {
+        let rows = attempts(&pg, slot);
+        checked += rows.len();
+        let most = most_at_once(slot, &rows);
+        assert!(
+            most <= capacity,
+            "slot {slot} (capacity {capacity}) ran {most} attempts at once: {rows:?}"
+        );
+        if capacity > 1 {
+            assert_eq!(
+                most, capacity,
+                "slot {slot} never reached its capacity: the run proves little"
+            );
+        }
+    }
+    let nodes = pg.psql("SELECT count(DISTINCT node) FROM taskhost_attempts");
+    println!(
+        "{checked} attempt intervals over {} nodes checked",
+        nodes.trim()
+    );
+}
