@@ -60,7 +60,9 @@
 //! half on 2 cores after the build). Arguments select scenarios by
 //! substring: `cargo bench -p taskhost --bench suite -- force-abort rss`
 //! (keys: one-shot, queue-distinct, queue-one-slot, replace, closed-loop,
-//! floor, cancel, force-abort, shutdown, rss, host-run).
+//! floor, cancel, force-abort, shutdown, rss, host-run; and
+//! `rate-accuracy`, a minute long, run only when named:
+//! `cargo bench -p taskhost --bench suite -- rate-accuracy`).
 
 #[path = "common/guests.rs"]
 mod guests;
@@ -194,6 +196,11 @@ fn main() {
         println!("\n## pure functions");
         admission(&mut table);
     }
+    // A minute long: only when asked by name.
+    if asked("rate-accuracy") {
+        println!("\n## a rate-limited slot");
+        rate_accuracy(&mut table);
+    }
     println!("\n## child processes");
     if wanted("rss") {
         rss(&mut table);
@@ -317,6 +324,116 @@ static FILTERS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
 fn wanted(key: &str) -> bool {
     let filters = FILTERS.get().map_or(&[][..], Vec::as_slice);
     filters.is_empty() || filters.iter().any(|f| key.contains(f.as_str()))
+}
+
+/// Whether the command line names `key`'s scenario (an empty one does not).
+fn asked(key: &str) -> bool {
+    let filters = FILTERS.get().map_or(&[][..], Vec::as_slice);
+    filters.iter().any(|f| key.contains(f.as_str()))
+}
+
+/// The rate of the rate-accuracy scenario, its burst, the slot's capacity,
+/// and how long starts are counted (`TASKHOST_SUITE_RATE_SECS`, default 60)
+/// after a warm-up.
+const RATE: u32 = 1_000;
+const RATE_BURST: u32 = 10;
+const RATE_CAPACITY: u32 = 16;
+const RATE_WARM: Duration = Duration::from_secs(2);
+
+/// One slot with `rate 1000/s, burst 10` (capacity 16), kept fed with more
+/// work than the rate allows, native bodies that only note when they
+/// start, on a multi-thread runtime: the starts counted over a minute
+/// against the rate's, and the most in any one-second window against
+/// rate + burst.
+fn rate_accuracy(table: &mut Table) {
+    use taskhost::slot_settings::{Rate, SlotRules, SlotSettings};
+    let secs: u64 = std::env::var("TASKHOST_SUITE_RATE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let rt = Flavour::Multi.runtime();
+    let starts: Vec<Instant> = rt.block_on(async move {
+        let ctl = ours_controller(GRACE);
+        let mut rules = SlotRules::default();
+        let settings = SlotSettings {
+            capacity: Some(RATE_CAPACITY),
+            rate: Some(Rate {
+                starts: RATE,
+                per: Duration::from_secs(1),
+            }),
+            burst: Some(RATE_BURST),
+            ..SlotSettings::default()
+        };
+        rules.set("rated", settings).expect("a good rule");
+        ctl.set_slot_rules(rules);
+        let noted = Arc::new(std::sync::Mutex::new(Vec::with_capacity(
+            (u64::from(RATE) * (secs + 4)) as usize,
+        )));
+        let outstanding = Arc::new(AtomicUsize::new(0));
+        let body: Arc<dyn TaskBody> = {
+            let (noted, outstanding) = (Arc::clone(&noted), Arc::clone(&outstanding));
+            Arc::new(native(move |_| {
+                noted.lock().unwrap().push(Instant::now());
+                outstanding.fetch_sub(1, Ordering::SeqCst);
+                async { Ok(Vec::new()) }
+            }))
+        };
+        let until = Instant::now() + RATE_WARM + Duration::from_secs(secs) + RATE_WARM;
+        let mut n = 0u64;
+        while Instant::now() < until {
+            // Twice the rate's second waiting, topped up every 50 ms.
+            while outstanding.load(Ordering::SeqCst) < 2 * RATE as usize {
+                n += 1;
+                let spec = once(format!("r{n}"), Arc::clone(&body)).with_slot("rated");
+                outstanding.fetch_add(1, Ordering::SeqCst);
+                ctl.submit(Submission::new(spec).policy(AdmissionPolicy::Queue));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = ctl.shutdown(GRACE).await;
+        noted.lock().unwrap().clone()
+    });
+    let first = starts[0];
+    let from = first + RATE_WARM;
+    let to = from + Duration::from_secs(secs);
+    let counted = starts.iter().filter(|t| **t >= from && **t < to).count();
+    let expected = (u64::from(RATE) * secs) as f64;
+    let off = (counted as f64 / expected - 1.0) * 100.0;
+    // The most starts in any window of one second, over every start.
+    let mut most = 0;
+    let mut lo = 0;
+    for hi in 0..starts.len() {
+        while starts[hi].duration_since(starts[lo]) >= Duration::from_secs(1) {
+            lo += 1;
+        }
+        most = most.max(hi + 1 - lo);
+    }
+    println!(
+        "  rate-accuracy: {counted} starts in {secs} s against {expected:.0} ({off:+.2}%); \
+         at most {most} in any 1 s window (rate {RATE} + burst {RATE_BURST})"
+    );
+    table.row(Row {
+        scenario: format!("rate accuracy, {RATE}/s over {secs} s"),
+        flavour: "multi".into(),
+        side: "ours".into(),
+        median: format!("{off:+.2}"),
+        unit: "% off the rate".into(),
+        target: Some(check_at_most(off.abs(), 1.0, "% off")),
+        ..Row::default()
+    });
+    table.row(Row {
+        scenario: "rate accuracy: most starts in a 1 s window".into(),
+        flavour: "multi".into(),
+        side: "ours".into(),
+        median: most.to_string(),
+        unit: "starts".into(),
+        target: Some(check_at_most(
+            most as f64,
+            f64::from(RATE + RATE_BURST),
+            "starts",
+        )),
+        ..Row::default()
+    });
 }
 
 // ---------------------------------------------------------------------------

@@ -444,6 +444,79 @@ fn metrics_parse_and_count_tasks_as_they_run() {
     assert!(after.counter("taskhost_events", &[]) > during.counter("taskhost_events", &[]));
 }
 
+/// The per-slot metrics of flow control: a rate-limited slot's throttled
+/// attempts (counted, and waiting now) and its budget, a debounced slot's
+/// superseded submissions; `/api/slots` shows each slot's rate.
+#[test]
+fn slot_metrics_count_throttled_and_superseded_submissions() {
+    let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);
+    let api = Api::of(&daemon);
+    for rule in [
+        &["slot", "set", "api", "--capacity", "2", "--rate", "1/1m"][..],
+        &["slot", "set", "deb", "--debounce", "10s"],
+    ] {
+        let out = daemon.run(rule);
+        assert_eq!(out.code, Some(0), "{rule:?}: {}", out.stderr);
+    }
+    // Two owners of `api`: the first starts, the second waits for the rate.
+    for name in ["first", "second"] {
+        daemon.submit(&[
+            &p("sleeper"),
+            "--slot",
+            "api",
+            "--name",
+            name,
+            "--param",
+            "ms=600000",
+        ]);
+    }
+    // Two submissions to `deb` inside its window: the older is superseded.
+    let older = daemon.submit(&[&p("hello"), "--slot", "deb"]);
+    daemon.submit(&[&p("hello"), "--slot", "deb"]);
+    assert_eq!(daemon.run(&["wait", &older]).code, Some(3));
+    let metrics = scrape_until(&api, "the throttled owner and the superseded one", |m| {
+        [
+            "taskhost_slot_throttled",
+            "taskhost_slot_superseded",
+            "taskhost_slot_throttled_now",
+        ]
+        .iter()
+        .all(|name| m.0.get(*name).is_some_and(|f| !f.samples.is_empty()))
+    });
+    assert!(metrics.counter("taskhost_slot_throttled", &[("slot", "api")]) >= 1.0);
+    assert_eq!(
+        metrics.gauge("taskhost_slot_throttled_now", &[("slot", "api")]),
+        1.0
+    );
+    assert_eq!(
+        metrics.gauge("taskhost_slot_rate_budget", &[("slot", "api")]),
+        0.0
+    );
+    assert_eq!(
+        metrics.counter("taskhost_slot_superseded", &[("slot", "deb")]),
+        1.0
+    );
+    assert_eq!(
+        metrics.gauge("taskhost_tasks", &[("state", "throttled")]),
+        1.0
+    );
+    let slots = api.get("/api/slots").json();
+    let slot = slots
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["key"] == "api")
+        .unwrap_or_else(|| panic!("no slot api in {slots}"));
+    assert!(
+        slot["rate"].as_str().is_some_and(|r| r.starts_with("1/")),
+        "{slot}"
+    );
+    assert_eq!(slot["capacity"], 2, "{slot}");
+    for name in ["first", "second"] {
+        assert_eq!(daemon.run(&["cancel", name]).code, Some(0));
+    }
+}
+
 #[test]
 fn a_non_loopback_bind_needs_a_token_and_no_flag_means_no_listener() {
     let dir = tempfile::tempdir().unwrap();
@@ -1119,6 +1192,9 @@ fn the_dashboard_shows_a_running_task_and_cancels_it_in_chromium() {
         "bell\u{7}esc\u{1b}[31mred\u{9b}c1\u{202e}rtl\ttab",
     ]);
     assert_eq!(daemon.run(&["wait", &odd]).code, Some(0));
+    // A rate on the sleeper's slot that never binds: the slot view shows it.
+    let out = daemon.run(&["slot", "set", "deploy/*", "--rate", "100/s", "--burst", "5"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
     let id = daemon.submit(&[
         &p("sleeper"),
         "--name",
@@ -1185,7 +1261,7 @@ fn the_dashboard_shows_a_running_task_and_cancels_it_in_chromium() {
     );
     page.wait_for("the live event stream", "document.querySelector('#status').className === 'live' && document.querySelectorAll('#events li').length > 0");
     page.wait_for("the slot with its owner and queue", &format!(
-        "[...document.querySelectorAll('#slots tbody tr')].some(r => r.innerText.includes('deploy/prod') && r.innerText.includes('{id}') && r.children[3].innerText === '1')"
+        "[...document.querySelectorAll('#slots tbody tr')].some(r => r.innerText.includes('deploy/prod') && r.innerText.includes('{id}') && r.children[3].innerText === '1' && r.children[6].innerText.startsWith('100/') && r.children[6].innerText.endsWith('+5'))"
     ));
     page.wait_for("the finished hello", "[...document.querySelectorAll('#outcomes tbody tr')].some(r => r.innerText.includes('greet') && r.innerText.includes('completed'))");
     // Progress moves: read it, then wait until it reads further.

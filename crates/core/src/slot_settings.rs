@@ -165,6 +165,27 @@ impl StartBudget {
         next.is_none_or(|t| t <= now)
     }
 
+    /// How many starts the budget would allow at `now`, one after another
+    /// (`burst + 1` when full, 0 while a start must wait).
+    pub fn available(&self, now: tokio::time::Instant) -> u32 {
+        let next = self
+            .next
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let ahead = next.map_or(Duration::ZERO, |t| t.saturating_duration_since(now));
+        let left = (now + self.slack).saturating_duration_since(now + ahead);
+        if ahead > self.slack {
+            return 0;
+        }
+        let interval = self.interval.as_nanos().max(1);
+        u32::try_from(left.as_nanos() / interval + 1).unwrap_or(u32::MAX)
+    }
+
+    /// The most starts it allows one after another (`burst + 1`).
+    pub fn most(&self) -> u32 {
+        self.made_of.1.saturating_add(1)
+    }
+
     /// Takes one start at `now` if the budget allows it; else the time
     /// the next start may be.
     pub fn try_start(&self, now: tokio::time::Instant) -> Result<(), tokio::time::Instant> {
@@ -394,6 +415,24 @@ mod tests {
             capacity: Some(n),
             ..SlotSettings::default()
         }
+    }
+
+    #[test]
+    fn a_budget_counts_the_starts_it_allows_now() {
+        let rate = Rate {
+            starts: 10,
+            per: Duration::from_secs(1),
+        };
+        let budget = StartBudget::new(rate, 2);
+        let now = tokio::time::Instant::now();
+        assert_eq!((budget.available(now), budget.most()), (3, 3));
+        for left in [2, 1, 0] {
+            budget.try_start(now).unwrap();
+            assert_eq!(budget.available(now), left);
+        }
+        assert!(budget.try_start(now).is_err());
+        // One interval later, one more.
+        assert_eq!(budget.available(now + Duration::from_millis(100)), 1);
     }
 
     #[test]

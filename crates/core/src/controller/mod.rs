@@ -610,6 +610,20 @@ impl Controller {
         Some(budget)
     }
 
+    /// Each rate-limited slot's budget now: the starts it would allow one
+    /// after another, and the most it allows (`burst + 1`), by slot.
+    pub fn rate_budgets(&self) -> Vec<(String, u32, u32)> {
+        let state = self.lock();
+        let now = tokio::time::Instant::now();
+        let mut budgets: Vec<_> = state
+            .budgets
+            .iter()
+            .map(|(slot, b)| (slot.to_string(), b.available(now), b.most()))
+            .collect();
+        budgets.sort();
+        budgets
+    }
+
     /// Replaces the operator's slot settings. Each tracked slot takes its
     /// new ones at once: a larger capacity admits its waiting heads now; a
     /// smaller one lets the owners it has finish (none is stopped) and

@@ -43,10 +43,21 @@ pub(super) async fn tasks(State(http): State<Http>, Query(q): Query<TasksQuery>)
     }
 }
 
-/// `GET /api/slots`: the slots of `host slots --json`.
+/// `GET /api/slots`: the slots of `host slots --json`, each with the rate
+/// its rule sets (`rate`, `burst`; null without one).
 pub(super) async fn slots(State(http): State<Http>) -> Response {
     match Backend::of(&http.daemon).slots().await {
-        Ok(slots) => Json(Value::Array(slots.iter().map(json::slot).collect())).into_response(),
+        Ok(slots) => {
+            let rules = http.daemon.controller.slot_rules();
+            let slots = slots.iter().map(|s| {
+                let mut slot = json::slot(s);
+                let settings = rules.for_slot(&s.key);
+                slot["rate"] = settings.rate.map(|r| r.to_string()).into();
+                slot["burst"] = settings.burst.into();
+                slot
+            });
+            Json(Value::Array(slots.collect())).into_response()
+        }
         Err(answer) => failed(answer),
     }
 }

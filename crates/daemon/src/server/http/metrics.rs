@@ -6,6 +6,7 @@
 //! histograms are their own lock-free counts (`taskhost_core::stats`); process
 //! metrics come from `/proc/self`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -103,7 +104,15 @@ pub(super) struct Metrics {
     dropped_subscribers: AtomicU64,
     /// Events lost by readers of `/api/events`.
     dropped_http: AtomicU64,
+    /// Per slot: attempts throttled by its rate, and submissions
+    /// superseded (by a Replace or a newer debounced one).
+    per_slot: std::sync::Mutex<HashMap<Arc<str>, [u64; 2]>>,
 }
+
+/// Slots `per_slot` counts by name; later ones are counted under
+/// [`OTHER_SLOTS`].
+const COUNTED_SLOTS: usize = 10_000;
+const OTHER_SLOTS: &str = "(other)";
 
 fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
@@ -140,6 +149,9 @@ impl Metrics {
                 EventKind::ControllerRejected | EventKind::TaskAddFailed => {
                     if let Some(kind) = event.rejection {
                         add(&self.rejections[rejection_index(kind)], 1);
+                        if kind == RejectionKind::SupersededByReplace {
+                            self.per_slot(event.slot.as_ref(), 1);
+                        }
                     }
                     add(&self.outcomes[outcome_index(OutcomeKind::Rejected)], 1);
                 }
@@ -151,6 +163,7 @@ impl Metrics {
                         }
                     }
                 }
+                EventKind::AttemptThrottled => self.per_slot(event.slot.as_ref(), 0),
                 EventKind::AttemptSucceeded => attempt(0),
                 EventKind::AttemptFailed => attempt(1),
                 EventKind::AttemptTimedOut => attempt(2),
@@ -162,6 +175,37 @@ impl Metrics {
                 _ => {}
             }
         }
+    }
+
+    /// Counts one more of `what` (0: throttled, 1: superseded) for `slot`.
+    fn per_slot(&self, slot: Option<&Arc<str>>, what: usize) {
+        let Some(slot) = slot else { return };
+        let mut per_slot = self
+            .per_slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = if per_slot.len() < COUNTED_SLOTS || per_slot.contains_key(slot) {
+            Arc::clone(slot)
+        } else {
+            Arc::from(OTHER_SLOTS)
+        };
+        per_slot.entry(key).or_default()[what] += 1;
+    }
+
+    /// The slots with the most of `what`, for the counters' labels.
+    fn top_slots(&self, what: usize) -> Vec<(String, u64)> {
+        let per_slot = self
+            .per_slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut top: Vec<(String, u64)> = per_slot
+            .iter()
+            .filter(|(_, n)| n[what] > 0)
+            .map(|(slot, n)| (slot.to_string(), n[what]))
+            .collect();
+        top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        top.truncate(TOP_SLOTS);
+        top
     }
 
     /// Counts events an `/api/events` reader lost.
@@ -365,6 +409,22 @@ fn events(enc: &mut DescriptorEncoder<'_>, m: &Metrics) -> Out {
     labeled(
         enc,
         MetricType::Counter,
+        "taskhost_slot_throttled",
+        "Attempts a slot's rate held back (AttemptThrottled), for the slots with the most.",
+        "slot",
+        &m.top_slots(0),
+    )?;
+    labeled(
+        enc,
+        MetricType::Counter,
+        "taskhost_slot_superseded",
+        "Submissions superseded in a slot (by a Replace or a newer debounced one), for the slots with the most.",
+        "slot",
+        &m.top_slots(1),
+    )?;
+    labeled(
+        enc,
+        MetricType::Counter,
         "taskhost_event_drops",
         "Events a reader lost because it fell behind the bus, by reader.",
         "reader",
@@ -381,7 +441,8 @@ fn events(enc: &mut DescriptorEncoder<'_>, m: &Metrics) -> Out {
 fn tasks_and_slots(enc: &mut DescriptorEncoder<'_>, d: &Daemon) -> Out {
     let supervisor = d.controller.supervisor();
     let mut phases = [0u64; 6];
-    for task in supervisor.list() {
+    let tasks = supervisor.list();
+    for task in &tasks {
         phases[match task.phase {
             TaskState::Waiting => 0,
             TaskState::Running => 1,
@@ -491,6 +552,39 @@ fn tasks_and_slots(enc: &mut DescriptorEncoder<'_>, d: &Daemon) -> Out {
         "The capacity of the same slots as taskhost_slot_owners (host slot set --capacity).",
         "slot",
         &of_shared(|s| s.capacity),
+    )?;
+    // Rate-limited slots: the starts their budget allows now, and the
+    // owners waiting for it.
+    let mut budgets = d.controller.rate_budgets();
+    budgets.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+    budgets.truncate(TOP_SLOTS);
+    labeled(
+        enc,
+        MetricType::Gauge,
+        "taskhost_slot_rate_budget",
+        "Starts a rate-limited slot's budget allows now, one after another (at most burst + 1), the emptiest only.",
+        "slot",
+        &budgets
+            .iter()
+            .map(|(slot, now, _)| (slot.clone(), u64::from(*now)))
+            .collect::<Vec<_>>(),
+    )?;
+    let mut throttled: HashMap<String, u64> = HashMap::new();
+    for task in &tasks {
+        if task.phase == TaskState::Throttled {
+            *throttled.entry(task.slot.clone()).or_default() += 1;
+        }
+    }
+    let mut throttled: Vec<(String, u64)> = throttled.into_iter().collect();
+    throttled.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    throttled.truncate(TOP_SLOTS);
+    labeled(
+        enc,
+        MetricType::Gauge,
+        "taskhost_slot_throttled_now",
+        "Owners waiting for their slot's rate to allow their next start, for the slots with the most.",
+        "slot",
+        &throttled,
     )?;
     gauge(
         enc,
