@@ -10,6 +10,9 @@ use crate::{Capability, Context, Level, Policy, Task, TaskError};
 pub fn describe<T: Task>() -> types::PluginInfo {
     install_panic_hook();
     let info = T::describe();
+    if let Some(capacity) = info.capacity {
+        crate::__bindings::taskhost::plugin::slots::declare_capacity(capacity);
+    }
     types::PluginInfo {
         name: info.name,
         version: info.version,

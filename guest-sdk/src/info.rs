@@ -74,6 +74,11 @@ pub struct PluginInfo {
     pub default_policy: Policy,
     /// Everything the plugin needs granted to work.
     pub capabilities: Vec<Capability>,
+    /// How many of its tasks may own one slot at once (`None`: 1); an
+    /// operator's `host slot set --capacity` wins. Declared through
+    /// `taskhost:plugin/slots` (WIT 0.1.2): a plugin that sets it needs a
+    /// host of that version or later.
+    pub capacity: Option<u32>,
 }
 
 impl PluginInfo {
@@ -87,6 +92,7 @@ impl PluginInfo {
             resource: None,
             default_policy: Policy::Queue,
             capabilities: Vec::new(),
+            capacity: None,
         }
     }
 
@@ -108,6 +114,14 @@ impl PluginInfo {
     #[must_use]
     pub fn default_policy(mut self, policy: Policy) -> Self {
         self.default_policy = policy;
+        self
+    }
+
+    /// Lets up to `capacity` of its tasks own one slot at once (1 to
+    /// 100,000), unless an operator's rule sets the slot's capacity.
+    #[must_use]
+    pub fn capacity(mut self, capacity: u32) -> Self {
+        self.capacity = Some(capacity);
         self
     }
 

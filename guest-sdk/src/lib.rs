@@ -5,7 +5,7 @@
 //! With this crate you write a type that implements [`Task`] and export it
 //! with [`export_task!`]; the crate hides the component-model bindings
 //! (wit-bindgen) and the plugin contract (`wit/task-plugin.wit`,
-//! `taskhost:plugin@0.1.1`).
+//! `taskhost:plugin@0.1.2`).
 //!
 //! # Example
 //!

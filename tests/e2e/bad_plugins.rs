@@ -112,14 +112,14 @@ fn corpus(dir: &std::path::Path) -> Vec<Case> {
                 dir,
                 "other-version.wasm",
                 &common::renamed(
-                    &common::renamed(&hello, b"plugin/host@0.1.1", b"plugin/host@0.2.0"),
-                    b"plugin/types@0.1.1",
+                    &common::renamed(&hello, b"plugin/host@0.1.2", b"plugin/host@0.2.0"),
+                    b"plugin/types@0.1.2",
                     b"plugin/types@0.2.0",
                 ),
             ),
             vec![
-                "@0.2.0` but this host provides taskhost:plugin@0.1.1",
-                "rebuild the plugin against taskhost:plugin@0.1.1",
+                "@0.2.0` but this host provides taskhost:plugin@0.1.2",
+                "rebuild the plugin against taskhost:plugin@0.1.2",
             ],
         ),
         load(

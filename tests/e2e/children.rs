@@ -341,20 +341,26 @@ fn a_spawn_bomb_leaves_the_daemon_serving() {
 #[test]
 fn a_plugin_of_the_older_wit_is_still_served() {
     let hello = std::fs::read(common::plugin("hello")).unwrap();
-    let old = common::renamed(
-        &common::renamed(&hello, b"plugin/host@0.1.1", b"plugin/host@0.1.0"),
-        b"plugin/types@0.1.1",
-        b"plugin/types@0.1.0",
-    );
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("hello-0.1.0.wasm");
-    std::fs::write(&path, old).unwrap();
-    let out = run_host(&["run", path.to_str().unwrap(), "--input", "still here"]);
-    assert_eq!(
-        (out.code, out.stdout.as_str()),
-        (Some(0), "still here"),
-        "{out:?}"
-    );
+    for old_version in ["0.1.0", "0.1.1"] {
+        let old = common::renamed(
+            &common::renamed(
+                &hello,
+                b"plugin/host@0.1.2",
+                format!("plugin/host@{old_version}").as_bytes(),
+            ),
+            b"plugin/types@0.1.2",
+            format!("plugin/types@{old_version}").as_bytes(),
+        );
+        let path = dir.path().join(format!("hello-{old_version}.wasm"));
+        std::fs::write(&path, old).unwrap();
+        let out = run_host(&["run", path.to_str().unwrap(), "--input", "still here"]);
+        assert_eq!(
+            (out.code, out.stdout.as_str()),
+            (Some(0), "still here"),
+            "{old_version}: {out:?}"
+        );
+    }
 
     // `host run` has no controller: a spawn fails, saying so.
     let out = run_host(&["run", &p("fanout"), "--json"]);

@@ -1,8 +1,8 @@
 //! Flow control on slots across a cluster of three real nodes on one real
 //! PostgreSQL: the rules set through one node and read by every node, a
 //! slot of capacity 2 filled from two nodes, a Replace that meets it full,
-//! a rule raised while work waits, the settings a cluster does not take
-//! yet refused; and the capacity invariant (never more attempts of a slot
+//! a rule raised while work waits, a plugin's declared capacity, the
+//! settings a cluster does not take yet refused; and the capacity invariant (never more attempts of a slot
 //! at once than its capacity) checked over the recorded attempt intervals
 //! of random submissions while one node is killed with SIGKILL and one is
 //! frozen with SIGSTOP past its lease.
@@ -134,7 +134,29 @@ fn capacity_replace_and_a_raised_rule_hold_across_three_nodes() {
     slot_when(&c, "db/y", |s, owners, queued| {
         s["capacity"] == 1 && owners == ["five"] && queued == ["six"]
     });
-    for name in ["two", "four", "tail", "five", "six"] {
+    // A plugin's declared capacity (`pool`: 2) counts without a rule, on
+    // every node; a rule wins.
+    for (via, name) in [(&a, "p1"), (&b, "p2"), (&c, "p3")] {
+        let out = via.run(&[
+            "submit",
+            &p("pool"),
+            "--param",
+            "name=x",
+            "--param",
+            "ms=600000",
+            "--name",
+            name,
+        ]);
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+    }
+    slot_when(&b, "pool/x", |s, owners, queued| {
+        s["capacity"] == 2 && owners == ["p1", "p2"] && queued == ["p3"]
+    });
+    ok(&c, &["slot", "set", "pool/*", "--capacity", "3"]);
+    slot_when(&a, "pool/x", |s, owners, queued| {
+        s["capacity"] == 3 && owners == ["p1", "p2", "p3"] && queued.is_empty()
+    });
+    for name in ["two", "four", "tail", "five", "six", "p1", "p2", "p3"] {
         ok(&a, &["cancel", name]);
     }
 }

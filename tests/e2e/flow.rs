@@ -176,6 +176,57 @@ fn a_slot_of_capacity_three_against_every_policy_and_a_rule_changed_while_work_w
     }
 }
 
+/// A plugin of WIT 0.1.2 declares a capacity (`pool`: 2): its slots hold
+/// that many owners without a rule; an operator's rule wins either way;
+/// an unset rule gives the plugin's back; a plugin of an older WIT and one
+/// that declares nothing keep one owner per slot.
+#[test]
+fn a_plugin_declares_its_slots_capacity_and_a_rule_wins() {
+    let d = Daemon::start(&[]);
+    let pool = |name: &str| {
+        d.submit(&[
+            &p("pool"),
+            "--param",
+            "name=a",
+            "--param",
+            "ms=60000",
+            "--name",
+            name,
+        ])
+    };
+    for name in ["w1", "w2", "w3"] {
+        pool(name);
+    }
+    let slot = slot_when(&d, "pool/a", |s| owners(s) == 2 && s["queue_depth"] == 1);
+    assert_eq!(slot["capacity"], 2, "{slot}");
+    // The operator's rule wins: lowered, the owners run on and none starts.
+    let out = d.run(&["slot", "set", "pool/*", "--capacity", "1"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    slot_when(&d, "pool/a", |s| s["capacity"] == 1 && owners(s) == 2);
+    // Raised past the plugin's, the one waiting starts at once.
+    let out = d.run(&["slot", "set", "pool/*", "--capacity", "3"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    slot_when(&d, "pool/a", |s| s["capacity"] == 3 && owners(s) == 3);
+    // Unset: the plugin's own capacity again.
+    let out = d.run(&["slot", "unset", "pool/*"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    pool("w4");
+    slot_when(&d, "pool/a", |s| {
+        s["capacity"] == 2 && owners(s) == 3 && s["queue_depth"] == 1
+    });
+    for name in ["w1", "w2", "w3", "w4"] {
+        assert_eq!(d.run(&["cancel", name]).code, Some(0));
+    }
+    // A plugin that declares nothing: one owner per slot, as ever.
+    sleeper(&d, "plain", "s1", "queue");
+    sleeper(&d, "plain", "s2", "queue");
+    let slot = slot_when(&d, "plain", |s| owners(s) == 1 && s["queue_depth"] == 1);
+    assert_eq!(slot["capacity"], 1, "{slot}");
+    for name in ["s1", "s2"] {
+        assert_eq!(d.run(&["cancel", name]).code, Some(0));
+    }
+}
+
 #[test]
 fn the_config_files_slots_table_sets_rules_and_a_bad_one_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();

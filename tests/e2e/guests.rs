@@ -369,7 +369,7 @@ fn a_large_component_of_another_version_is_refused_before_compiling() {
     let path = dir.path().join("py-other-version.wasm");
     std::fs::write(
         &path,
-        common::renamed(&bytes, b"plugin/host@0.1.1", b"plugin/host@0.2.0"),
+        common::renamed(&bytes, b"plugin/host@0.1.2", b"plugin/host@0.2.0"),
     )
     .unwrap();
     let started = Instant::now();
@@ -378,10 +378,10 @@ fn a_large_component_of_another_version_is_refused_before_compiling() {
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(
         out.stderr.contains(
-            "imports `taskhost:plugin/host@0.2.0` but this host provides taskhost:plugin@0.1.1"
+            "imports `taskhost:plugin/host@0.2.0` but this host provides taskhost:plugin@0.1.2"
         ) && out
             .stderr
-            .contains("rebuild the plugin against taskhost:plugin@0.1.1"),
+            .contains("rebuild the plugin against taskhost:plugin@0.1.2"),
         "{}",
         out.stderr
     );

@@ -19,7 +19,8 @@ use wasmtime_wasi_config::WasiConfigVariables;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::{
-    self, taskhost::plugin::children, taskhost::plugin::host, taskhost::plugin::types,
+    self, taskhost::plugin::children, taskhost::plugin::host, taskhost::plugin::slots,
+    taskhost::plugin::types,
 };
 use super::children::{ChildAccess, ChildHandle, Parking};
 use super::digest::Digest;
@@ -75,6 +76,11 @@ pub(crate) struct AttemptState {
 }
 
 impl AttemptState {
+    /// The slot capacity the guest declared (from `describe`), if it did.
+    pub(crate) fn declared_capacity(&self) -> Option<u32> {
+        self.host.declared_capacity()
+    }
+
     /// The note naming every limit this attempt hit (memory, tables, the
     /// caps of [`GuestLimits`]), given how it ended.
     fn limits_note(&mut self, err: Option<&wasmtime::Error>) -> Option<String> {
@@ -219,6 +225,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<AttemptState>) -> wasmtime::Resu
     })?;
     host::add_to_linker::<AttemptState, HasSelf<HostCtx>>(linker, |state| &mut state.host)?;
     children::add_to_linker::<AttemptState, HasSelf<HostCtx>>(linker, |state| &mut state.host)?;
+    slots::add_to_linker::<AttemptState, HasSelf<HostCtx>>(linker, |state| &mut state.host)?;
     Ok(())
 }
 

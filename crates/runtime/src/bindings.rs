@@ -26,7 +26,7 @@ pub mod keyvalue {
 }
 
 /// The version of the WIT package this host implements.
-pub const WIT_VERSION: &str = "0.1.1";
+pub const WIT_VERSION: &str = "0.1.2";
 /// The WIT package (with version) that plugins are built against (an
 /// earlier 0.1 is served too).
-pub const WIT_PACKAGE: &str = "taskhost:plugin@0.1.1";
+pub const WIT_PACKAGE: &str = "taskhost:plugin@0.1.2";

@@ -244,6 +244,10 @@ pub struct PluginInfo {
     pub default_policy: DefaultPolicy,
     /// What it needs granted.
     pub capabilities: Vec<Capability>,
+    /// How many of its tasks may own one slot at once, if it declared it
+    /// (`taskhost:plugin/slots`, since WIT 0.1.2); an operator's rule wins.
+    #[serde(default)]
+    pub capacity: Option<u32>,
 }
 
 impl From<types::Policy> for DefaultPolicy {

@@ -2,7 +2,8 @@
 //! them: `taskhost:plugin/host` (the attempt's facts, whether it is asked
 //! to stop, a sleep that a stop cuts short, log lines and progress) and
 //! `taskhost:plugin/children` (a spawn, and a wait that a stop cuts short
-//! and that parks the attempt while the child has not ended). A call that
+//! and that parks the attempt while the child has not ended), and
+//! `taskhost:plugin/slots` (a capacity declared from `describe`). A call that
 //! really waited says so, and the attempt's epoch callback then skips one
 //! yield (`attempt::new_store`). What a child is and who runs it is the
 //! business of `children`.
@@ -13,7 +14,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::bindings::taskhost::plugin::{children, host, types};
+use super::bindings::taskhost::plugin::{children, host, slots, types};
 use super::children::ChildAccess;
 use super::facts::AttemptFacts;
 use super::output::Capture;
@@ -30,6 +31,9 @@ pub(crate) struct HostCtx {
     woke: bool,
     /// What the guest may do with child tasks (none: spawns fail).
     children: Option<ChildAccess>,
+    /// The capacity the guest declared (`slots.declare-capacity`; read
+    /// after `describe`, ignored after `run`).
+    declared_capacity: Option<u32>,
 }
 
 impl HostCtx {
@@ -47,7 +51,13 @@ impl HostCtx {
             capture,
             woke: false,
             children,
+            declared_capacity: None,
         }
+    }
+
+    /// The capacity the guest declared, if it did.
+    pub(crate) fn declared_capacity(&self) -> Option<u32> {
+        self.declared_capacity
     }
 
     /// Whether a host call that waited has returned since the last time
@@ -78,6 +88,13 @@ async fn noting_wait<T>(wait: impl Future<Output = T>) -> (T, bool) {
 }
 
 impl types::Host for HostCtx {}
+
+impl slots::Host for HostCtx {
+    fn declare_capacity(&mut self, capacity: u32) -> wasmtime::Result<()> {
+        self.declared_capacity = Some(capacity);
+        Ok(())
+    }
+}
 
 impl children::Host for HostCtx {
     async fn spawn(&mut self, spec: children::ChildSpec) -> Result<u64, String> {

@@ -20,6 +20,7 @@ use super::facts::{AttemptFacts, StopSignals};
 use super::failure::{describe_trap, error_chain};
 use super::output::NullSink;
 use super::sandbox::Sandbox;
+use taskhost_core::slot_settings::MAX_CAPACITY;
 
 /// Largest plugin file accepted.
 pub const MAX_PLUGIN_BYTES: usize = 256 << 20;
@@ -242,12 +243,12 @@ const WASI_KEYVALUE: &[&str] = &["store", "atomics", "batch"];
 const WASI_KEYVALUE_VERSION: &str = "0.2.0-draft";
 
 /// The interfaces of our own package a plugin may import.
-const OUR_INTERFACES: &[&str] = &["host", "types", "children"];
+const OUR_INTERFACES: &[&str] = &["host", "types", "children", "slots"];
 
 /// The versions of our package this host serves: its own and the earlier
-/// ones of 0.1 (0.1.1 only added `children`; the linker matches a 0.1.0
-/// import to the 0.1.1 definition).
-const SERVED_VERSIONS: &[&str] = &["0.1.0", WIT_VERSION];
+/// ones of 0.1 (0.1.1 only added `children`, 0.1.2 `slots`; the linker
+/// matches a 0.1.0 or 0.1.1 import to the 0.1.2 definition).
+const SERVED_VERSIONS: &[&str] = &["0.1.0", "0.1.1", WIT_VERSION];
 
 /// The names of a component's own imports (but not of imported types) and
 /// exports (not those of the modules and components nested in it), read
@@ -515,8 +516,17 @@ pub(crate) async fn describe(
         }
         Ok(Ok(raw)) => raw,
     };
+    let declared = store.data().declared_capacity();
     drop(store);
-    let info = validate_info(raw).map_err(bad)?;
+    let mut info = validate_info(raw).map_err(bad)?;
+    if let Some(capacity) = declared {
+        if capacity == 0 || capacity > MAX_CAPACITY {
+            return Err(bad(format!(
+                "declared a capacity of {capacity}; a slot holds 1 to {MAX_CAPACITY} owners"
+            )));
+        }
+        info.capacity = Some(capacity);
+    }
     Ok(Plugin::new(digest, size, info, pre))
 }
 
@@ -581,6 +591,7 @@ fn validate_info(raw: types::PluginInfo) -> Result<PluginInfo, String> {
         resource,
         default_policy: raw.default_policy.into(),
         capabilities,
+        capacity: None,
     })
 }
 

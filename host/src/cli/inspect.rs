@@ -41,6 +41,7 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<u8> {
             "resource": info.resource.as_ref().map(|r| r.as_str()),
             "resource_params": params,
             "default_policy": info.default_policy.to_string(),
+            "capacity": info.capacity,
             "capabilities": info.capabilities.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "digest": plugin.digest().to_string(),
             "size": plugin.size(),
@@ -74,6 +75,13 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<u8> {
         ("description", info.description.clone()),
         ("resource", resource),
         ("policy", info.default_policy.to_string()),
+        (
+            "capacity",
+            match info.capacity {
+                Some(n) => format!("{n} of its tasks may own one slot at once (a slot rule wins)"),
+                None => "1 (one task per slot; a slot rule may say otherwise)".to_owned(),
+            },
+        ),
         ("capabilities", capabilities),
         ("digest", plugin.digest().to_string()),
         ("size", format_size(plugin.size() as u64)),

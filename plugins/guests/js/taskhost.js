@@ -3,7 +3,7 @@
 // Copy this file (and taskhost.d.ts + world.d.ts for editor types) next to
 // your plugin and build with componentize-js against the `task-plugin` world
 // of wit/task-plugin.wit; see plugins/guests/docs/javascript.md. It only wraps the
-// imports of `taskhost:plugin/host@0.1.1`, so everything it does can also be
+// imports of `taskhost:plugin/host@0.1.2`, so everything it does can also be
 // done by hand.
 //
 //   import { info, task, log, Fatal } from './taskhost.js';
@@ -41,7 +41,7 @@
 // * Top-level code runs once, at build time (componentize-js snapshots the
 //   initialised engine): call host functions only inside `describe` and `run`.
 
-import * as host from 'taskhost:plugin/host@0.1.1';
+import * as host from 'taskhost:plugin/host@0.1.2';
 
 // --- errors ----------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 // Generated with: jco guest-types wit -n task-plugin (@bytecodealliance/jco 1.35.0), files concatenated.
 // Regenerate when the WIT changes (npm run types). Imports: import { sleep } from 'taskhost:plugin/host@0.1.1';
 
-declare module 'taskhost:plugin/types@0.1.1' {
+declare module 'taskhost:plugin/types@0.1.2' {
   /**
    * Severity of a log line sent with `host.log`.
    * # Variants
@@ -201,7 +201,7 @@ declare module 'taskhost:plugin/types@0.1.1' {
   export type SleepStatus = 'elapsed' | 'cancelled';
 }
 
-declare module 'taskhost:plugin/host@0.1.1' {
+declare module 'taskhost:plugin/host@0.1.2' {
   /**
    * True once the host has asked this attempt to stop (cancel, remove,
    * replace, shutdown). A plugin should then return `canceled` soon; if it
@@ -228,12 +228,12 @@ declare module 'taskhost:plugin/host@0.1.1' {
    * The facts of the current attempt, including its params.
    */
   export function attempt(): AttemptInfo;
-  export type Level = import('taskhost:plugin/types@0.1.1').Level;
-  export type AttemptInfo = import('taskhost:plugin/types@0.1.1').AttemptInfo;
-  export type SleepStatus = import('taskhost:plugin/types@0.1.1').SleepStatus;
+  export type Level = import('taskhost:plugin/types@0.1.2').Level;
+  export type AttemptInfo = import('taskhost:plugin/types@0.1.2').AttemptInfo;
+  export type SleepStatus = import('taskhost:plugin/types@0.1.2').SleepStatus;
 }
 
-declare module 'taskhost:plugin/children@0.1.1' {
+declare module 'taskhost:plugin/children@0.1.2' {
   /**
    * Starts a child (or finds the one its key started); returns its task
    * id, or why it cannot.
@@ -325,12 +325,13 @@ declare module 'taskhost:plugin/children@0.1.1' {
   export type WaitError = 'cancelled' | 'unknown-child';
 }
 
-declare module 'taskhost:plugin/task-plugin@0.1.1' {
-  export type PluginInfo = import('taskhost:plugin/types@0.1.1').PluginInfo;
-  export type TaskError = import('taskhost:plugin/types@0.1.1').TaskError;
-  export type * as TaskhostPluginChildren011 from 'taskhost:plugin/children@0.1.1'; // import taskhost:plugin/children@0.1.1
-  export type * as TaskhostPluginHost011 from 'taskhost:plugin/host@0.1.1'; // import taskhost:plugin/host@0.1.1
-  export type * as TaskhostPluginTypes011 from 'taskhost:plugin/types@0.1.1'; // import taskhost:plugin/types@0.1.1
+declare module 'taskhost:plugin/task-plugin@0.1.2' {
+  export type PluginInfo = import('taskhost:plugin/types@0.1.2').PluginInfo;
+  export type TaskError = import('taskhost:plugin/types@0.1.2').TaskError;
+  export type * as TaskhostPluginChildren012 from 'taskhost:plugin/children@0.1.2'; // import taskhost:plugin/children@0.1.2
+  export type * as TaskhostPluginHost012 from 'taskhost:plugin/host@0.1.2'; // import taskhost:plugin/host@0.1.2
+  export type * as TaskhostPluginSlots012 from 'taskhost:plugin/slots@0.1.2'; // import taskhost:plugin/slots@0.1.2
+  export type * as TaskhostPluginTypes012 from 'taskhost:plugin/types@0.1.2'; // import taskhost:plugin/types@0.1.2
   /**
   * Says what the plugin is, what it acts on and what it needs.
   */

@@ -1,5 +1,5 @@
 //! `unknown-import`: a component that exports `describe` and `run` of
-//! `taskhost:plugin@0.1.1` but also imports `example:missing/thing@0.1.0`, an
+//! `taskhost:plugin@0.1.2` but also imports `example:missing/thing@0.1.0`, an
 //! interface no taskhost provides. Built with wit-bindgen directly (the SDK's
 //! world has no room for the extra import). The host must refuse it at load
 //! time, naming the import.
@@ -14,7 +14,7 @@ wit_bindgen::generate!({
         }
 
         world unknown-import {
-            include taskhost:plugin/task-plugin@0.1.1;
+            include taskhost:plugin/task-plugin@0.1.2;
             import thing;
         }
     "#,

@@ -190,18 +190,31 @@ struct Slot {
     /// The operator's settings for it, read when it was tracked and again
     /// when they change.
     settings: SlotSettings,
+    /// The capacity its latest submission's plugin declared (what counts
+    /// when the settings set none).
+    declared: Option<u32>,
     since: Instant,
     queue: VecDeque<Pending>,
 }
 
 impl Slot {
-    fn new(settings: SlotSettings) -> Self {
+    fn new(settings: SlotSettings, declared: Option<u32>) -> Self {
         Self {
             owners: SmallVec::new(),
             settings,
+            declared,
             since: Instant::now(),
             queue: VecDeque::new(),
         }
+    }
+
+    /// How many owners it may hold: the operator's rule, else what its
+    /// latest submission's plugin declared, else 1.
+    fn capacity(&self) -> usize {
+        self.settings
+            .capacity
+            .or(self.declared)
+            .map_or(1, |c| c as usize)
     }
 
     /// Its oldest owner.
@@ -210,7 +223,7 @@ impl Slot {
     }
 
     fn has_room(&self) -> bool {
-        self.owners.len() < self.settings.capacity()
+        self.owners.len() < self.capacity()
     }
 }
 
@@ -371,12 +384,15 @@ impl Controller {
         policy: AdmissionPolicy,
         slot: &Arc<str>,
     ) -> Result<Option<Placement>, (RejectionKind, String)> {
-        let (summary, owner, max_queue) = match state.slots.get(slot) {
+        let (summary, owner, max_queue) = match state.slots.get_mut(slot) {
             None => (SlotSummary::IDLE, None, None),
             Some(s) => (
                 SlotSummary {
                     owners: s.owners.len(),
-                    capacity: s.settings.capacity(),
+                    capacity: {
+                        s.declared = pending.spec.declared_capacity;
+                        s.capacity()
+                    },
                     oldest_running: s
                         .owners
                         .iter()
@@ -493,6 +509,7 @@ impl Controller {
             Some(slot) => slot.settings,
             None => state.rules.for_slot(slot_key),
         };
+        let declared = pending.spec.declared_capacity;
         let spec = match Self::budget(state, slot_key, settings) {
             Some(budget) => pending.spec.with_start_budget(budget),
             None => pending.spec,
@@ -500,7 +517,7 @@ impl Controller {
         let slot = state
             .slots
             .entry(Arc::clone(slot_key))
-            .or_insert_with(|| Slot::new(settings));
+            .or_insert_with(|| Slot::new(settings, declared));
         let id = pending.reservation.id();
         slot.owners.push(Owner {
             id,

@@ -40,7 +40,7 @@ impl Controller {
                     state: SlotState::Idle,
                     owner: None,
                     owners: Vec::with_capacity(slot.owners.len()),
-                    capacity: slot.settings.capacity(),
+                    capacity: slot.capacity(),
                     queue_depth: slot.queue.len(),
                     in_state_for: now.saturating_duration_since(slot.since),
                     queued: slot.queue.iter().map(Pending::id).collect(),

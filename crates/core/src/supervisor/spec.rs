@@ -101,6 +101,7 @@ pub struct TaskSpec {
     pub(crate) schedule: Option<Arc<str>>,
     pub(crate) parent: Option<super::TaskId>,
     pub(crate) start_budget: Option<Arc<StartBudget>>,
+    pub(crate) declared_capacity: Option<u32>,
 }
 
 /// Where a task picks up when a host that keeps tasks across restarts
@@ -139,7 +140,21 @@ impl TaskSpec {
             schedule: None,
             parent: None,
             start_budget: None,
+            declared_capacity: None,
         }
+    }
+
+    /// The capacity its plugin declares for its slot (`None`: 1): the
+    /// controller gives the slot this capacity unless the operator's rule
+    /// sets one (the slot keeps its latest submission's).
+    pub fn with_declared_capacity(mut self, capacity: Option<u32>) -> Self {
+        self.declared_capacity = capacity;
+        self
+    }
+
+    /// The capacity its plugin declares for its slot, if any.
+    pub fn declared_capacity(&self) -> Option<u32> {
+        self.declared_capacity
     }
 
     /// Every attempt (the first, a restart, a retry) starts only when

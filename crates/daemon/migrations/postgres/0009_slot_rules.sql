@@ -13,10 +13,13 @@ INSERT INTO taskhost_slot_rules_version DEFAULT VALUES;
 -- Each slot's settings as its rules resolve them, kept on its row: the
 -- node that creates the row writes them, a change of rules rewrites every
 -- row (under a table lock that admissions wait for), so a decision or a
--- release reads them from the row it locks. NULL max_queue: the node's
+-- release reads them from the row it locks. NULL capacity: no rule sets
+-- one, and the capacity its latest submission's plugin declared counts
+-- (`declared`, WIT 0.1.2; NULL: 1). NULL max_queue: the node's
 -- --max-slot-queue.
-ALTER TABLE taskhost_slots ADD COLUMN capacity INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE taskhost_slots ADD COLUMN capacity INTEGER;
 ALTER TABLE taskhost_slots ADD COLUMN max_queue BIGINT;
+ALTER TABLE taskhost_slots ADD COLUMN declared INTEGER;
 -- When a task became its slot's owner, as a number that only grows (its
 -- `pos` while it owns): Replace stops the oldest owner of a full slot.
 CREATE SEQUENCE taskhost_owner_seq;

@@ -569,7 +569,8 @@ async fn run_claimed(daemon: Arc<Daemon>, cluster: Arc<Cluster>, task: Claimed) 
         failures,
         delay: Duration::from_millis(resume_at_ms.map_or(0, |at| at.saturating_sub(now_ms()))),
     };
-    let spec = intake::spec_for(&request, name.clone(), slot.clone(), body, resume);
+    let spec = intake::spec_for(&request, name.clone(), slot.clone(), body, resume)
+        .with_declared_capacity(plugin.info().capacity);
     let reservation = daemon.controller.supervisor().adopt(id);
     // The database made this node the slot's owner; the local controller
     // only keeps a task stopped here until it is physically gone.

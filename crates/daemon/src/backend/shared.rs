@@ -421,6 +421,7 @@ async fn shared_submit(
         plugin: info.name.clone(),
         max_slot_queue: daemon.config.max_slot_queue,
         max_total_pending: daemon.config.max_total_pending,
+        declared: Some(info.capacity),
         max_descendants: daemon.config.max_descendants,
         due,
     });

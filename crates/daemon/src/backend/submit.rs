@@ -354,7 +354,8 @@ pub(crate) async fn place(
             .then(|| (store, started.then(|| ticket.clone()))),
         id,
     );
-    let mut spec = spec_for(&request, name.clone(), slot.clone(), body, resume);
+    let mut spec = spec_for(&request, name.clone(), slot.clone(), body, resume)
+        .with_declared_capacity(info.capacity);
     // Its first attempt's start is measured from its due time: a schedule
     // firing's, or the time a delayed submission was held for (not a time
     // already past when it was submitted).

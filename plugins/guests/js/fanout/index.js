@@ -5,7 +5,7 @@
 // outputs as JSON: {"sum": S, "children": [ids]}. A child (param `i` set)
 // answers `i * i`. The keys `child-0`, `child-1`, ... make a retried parent
 // find the children it started instead of starting them again.
-import { spawn, wait } from 'taskhost:plugin/children@0.1.1';
+import { spawn, wait } from 'taskhost:plugin/children@0.1.2';
 import { Canceled, Fail, Fatal, info, param, paramInt, task } from '../taskhost.js';
 
 export function describe() {

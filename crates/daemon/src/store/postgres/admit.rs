@@ -239,7 +239,8 @@ impl Pg {
             }
         };
         let names = (name.as_str(), slot.as_str(), policy);
-        let decision = decide(a, names, &now, holder, pending);
+        let decision = decide(a, names, &mut now, holder, pending);
+        place::write_declared(tx, std::iter::once((slot.as_str(), &mut now))).await?;
         let placed = self.apply(tx, id, decision, &mut now).await?;
         let new = NewRow::new(a, id_value, names, &placed)?;
         if existing {

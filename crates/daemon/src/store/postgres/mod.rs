@@ -120,6 +120,10 @@ pub(crate) struct Admission {
     pub names: Names,
     pub max_slot_queue: usize,
     pub max_total_pending: usize,
+    /// The capacity its plugin declares for its slot (`Some(None)`: none,
+    /// so 1); None: not known here (a delayed one, a schedule's firing), and
+    /// the slot keeps what its latest submission declared.
+    pub declared: Option<Option<u32>>,
     /// Unfinished descendants of the submission's root at most (a spawned
     /// task's tree: `request.root`).
     pub max_descendants: usize,

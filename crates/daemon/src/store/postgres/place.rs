@@ -32,8 +32,12 @@ pub(super) struct SlotNow {
     pub last_pos: Option<i64>,
     /// The head of its queue, with its position.
     pub head: Option<(TaskId, i64)>,
-    /// Its settings, off its row.
-    pub capacity: usize,
+    /// Its settings, off its row: a rule's capacity, and the one its
+    /// latest submission's plugin declared (what counts without a rule).
+    pub capacity: Option<usize>,
+    pub declared: Option<u32>,
+    /// `declared` changed since the row was read: it is written back.
+    pub declared_changed: bool,
     pub max_queue: Option<usize>,
     /// A Replace changed it in ways only the database follows: later
     /// admissions to it read it again.
@@ -44,7 +48,7 @@ pub(super) struct SlotNow {
 /// then the cluster's queued tasks and the rules' version); the first is
 /// the read's own. `$1` is the slot (`s.slot` in a batch's read).
 pub(super) const SLOT_COLUMNS: &str = "o.n, o.first, o.oldest, q.n, q.last, h.id, h.pos, \
-     sl.capacity, sl.max_queue, \
+     sl.capacity, sl.max_queue, sl.declared, \
      (SELECT count(*) FROM taskhost_tasks WHERE state = 'queued'), \
      (SELECT version FROM taskhost_slot_rules_version)";
 
@@ -72,23 +76,26 @@ impl SlotNow {
                 .get::<_, Option<i64>>(6)
                 .map(id_of)
                 .zip(row.get::<_, Option<i64>>(7)),
-            capacity: row.get::<_, i32>(8).max(1) as usize,
+            capacity: row.get::<_, Option<i32>>(8).map(|c| c.max(1) as usize),
             max_queue: row.get::<_, Option<i64>>(9).map(|q| q.max(0) as usize),
+            declared: row.get::<_, Option<i32>>(10).map(|c| c.max(1) as u32),
+            declared_changed: false,
             stale: false,
         };
-        let pending = row.get::<_, i64>(10).max(0) as usize;
-        (now, pending, row.get(11))
+        let pending = row.get::<_, i64>(11).max(0) as usize;
+        (now, pending, row.get(12))
     }
 }
 
 /// Decides a submission named `name` to `slot` under `policy`: the
 /// registry's rule first (a name is held by one live task; `holder` holds
 /// it in another slot), then the slot's, against `pending` queued tasks in
-/// the whole cluster.
+/// the whole cluster. The slot takes the capacity the submission's plugin
+/// declares (kept for its releases), which counts unless a rule sets one.
 pub(super) fn decide(
     a: &Admission,
     (name, slot, policy): (&str, &str, AdmissionPolicy),
-    now: &SlotNow,
+    now: &mut SlotNow,
     holder: Option<i64>,
     pending: usize,
 ) -> Decision {
@@ -113,9 +120,18 @@ pub(super) fn decide(
         max_slots: usize::MAX,
         holder: "the cluster",
     };
+    if let Some(declared) = a.declared
+        && declared != now.declared
+    {
+        now.declared = declared;
+        now.declared_changed = true;
+    }
     let summary = SlotSummary {
         owners: now.owners,
-        capacity: now.capacity,
+        capacity: now
+            .capacity
+            .or(now.declared.map(|c| c as usize))
+            .unwrap_or(1),
         oldest_running: now.oldest_running,
         queued: now.queued,
         head: now.head.map(|h| h.0),
@@ -123,6 +139,32 @@ pub(super) fn decide(
     };
     let totals = Totals { pending, slots: 0 };
     admission::decide(slot, &summary, policy, totals, &limits, false)
+}
+
+/// Writes the capacity declared by the latest submission of each slot in
+/// `slots` whose changed (`SlotNow::declared_changed`), and clears the mark.
+pub(super) async fn write_declared<'a>(
+    tx: &deadpool_postgres::Transaction<'_>,
+    slots: impl Iterator<Item = (&'a str, &'a mut SlotNow)>,
+) -> Result<(), StoreError> {
+    let (mut names, mut declared) = (Vec::new(), Vec::new());
+    for (slot, now) in slots {
+        if std::mem::take(&mut now.declared_changed) {
+            names.push(slot);
+            declared.push(now.declared.map(|c| c.min(i32::MAX as u32) as i32));
+        }
+    }
+    if !names.is_empty() {
+        exec(
+            tx,
+            "cannot record the slots' declared capacity",
+            "UPDATE taskhost_slots s SET declared = u.d \
+                 FROM unnest($1::text[], $2::int4[]) AS u(slot, d) WHERE s.slot = u.slot",
+            &[&names, &declared],
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// What a decision made of a submission: the state and queue position

@@ -194,7 +194,7 @@ impl Pg {
         let rows = all(
             &client,
             "cannot list slots",
-            "SELECT t.slot, t.id, t.state, s.capacity FROM taskhost_tasks t \
+            "SELECT t.slot, t.id, t.state, coalesce(s.capacity, s.declared, 1) FROM taskhost_tasks t \
                  JOIN taskhost_slots s ON s.slot = t.slot \
                  WHERE t.state IN ('queued', 'ready', 'running', 'stopping') \
                  ORDER BY t.slot, t.state = 'queued', t.pos, t.id",

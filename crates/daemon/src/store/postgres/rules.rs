@@ -27,7 +27,8 @@ pub(super) type Rules = Arc<Mutex<Copy>>;
 /// A slot's settings as its row keeps them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct RowSettings {
-    pub capacity: i32,
+    /// None: no rule sets it (the plugin's declared capacity counts).
+    pub capacity: Option<i32>,
     /// None: the node's `--max-slot-queue`.
     pub max_queue: Option<i64>,
 }
@@ -35,7 +36,7 @@ pub(super) struct RowSettings {
 impl RowSettings {
     fn of(settings: &SlotSettings) -> Self {
         Self {
-            capacity: settings.capacity.unwrap_or(1).min(i32::MAX as u32) as i32,
+            capacity: settings.capacity.map(|c| c.min(i32::MAX as u32) as i32),
             max_queue: settings.max_queue.map(|q| q.min(i64::MAX as usize) as i64),
         }
     }
@@ -80,7 +81,7 @@ async fn rewrite(
     if slots.is_empty() {
         return Ok(());
     }
-    let capacities: Vec<i32> = settings.iter().map(|s| s.capacity).collect();
+    let capacities: Vec<Option<i32>> = settings.iter().map(|s| s.capacity).collect();
     let queues: Vec<Option<i64>> = settings.iter().map(|s| s.max_queue).collect();
     exec(
         tx,
@@ -94,7 +95,8 @@ async fn rewrite(
 }
 
 /// Makes the heads of `slots`' queues their owners while each has room
-/// (its capacity, less the owners it has), in queue order; the caller
+/// (its capacity, less the owners it has; without a rule's capacity, the
+/// one its latest submission's plugin declared), in queue order; the caller
 /// holds the slots' locks. Returns the ids made ready.
 pub(super) async fn fill(
     tx: &deadpool_postgres::Transaction<'_>,
@@ -112,7 +114,7 @@ pub(super) async fn fill(
              (SELECT h.id, nextval('taskhost_owner_seq') AS seq FROM taskhost_slots s \
               CROSS JOIN LATERAL (SELECT id, pos FROM taskhost_tasks \
                   WHERE slot = s.slot AND state = 'queued' ORDER BY pos, id \
-                  LIMIT greatest(0, s.capacity - (SELECT count(*) FROM taskhost_tasks o \
+                  LIMIT greatest(0, coalesce(s.capacity, s.declared, 1) - (SELECT count(*) FROM taskhost_tasks o \
                       WHERE o.slot = s.slot AND o.state IN ('ready', 'running', 'stopping')))) h \
               WHERE s.slot = ANY($1) ORDER BY s.slot, h.pos, h.id) p \
              WHERE t.id = p.id RETURNING t.id",
@@ -274,7 +276,7 @@ impl Pg {
             };
             let now = RowSettings::of(&rules.for_slot(&slot));
             if now != was {
-                if now.capacity > was.capacity {
+                if now.capacity != was.capacity {
                     grown.push(slot.clone());
                 }
                 slots.push(slot);

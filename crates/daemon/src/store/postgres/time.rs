@@ -99,6 +99,7 @@ fn resolved(request: SubmitRequest, plugin: String, bounds: Bounds) -> Admission
         plugin,
         max_slot_queue: bounds.max_slot_queue,
         max_total_pending: bounds.max_total_pending,
+        declared: None,
         // Delayed work and firings are nobody's children.
         max_descendants: usize::MAX,
         due: None,

@@ -14,7 +14,9 @@ use taskhost_core::lifecycle::TaskState;
 
 use super::{AdmitJob, Reply, gone, notify_ids};
 use crate::store::StoreError;
-use crate::store::postgres::place::{NewRow, SLOT_COLUMNS, SLOT_JOINS, SlotNow, decide, insert};
+use crate::store::postgres::place::{
+    NewRow, SLOT_COLUMNS, SLOT_JOINS, SlotNow, decide, insert, write_declared,
+};
 use crate::store::postgres::{Admission, AdmitError, FINISHED, Pg, all, db, exec, id_of, retry};
 use crate::wire::protocol::{Placement, Submitted};
 
@@ -181,6 +183,7 @@ async fn admit_batch(
         results[i] = Some(batch.admit(pg, &tx, a, ids[i], names).await?);
     }
     insert(&tx, batch.rows).await?;
+    write_declared(&tx, batch.now.iter_mut().map(|(s, n)| (s.as_str(), n))).await?;
     let claim_here = pg.announce_ready(&tx, batch.ready).await?;
     notify_ids(pg, &tx, FINISHED, &batch.rejected).await?;
     tx.commit()
@@ -244,7 +247,7 @@ async fn lock_slots(
     slots.retain(|slot| !waiting.contains(slot));
     // New slots' rows take the settings this node's rules give them.
     let settings: Vec<_> = slots.iter().map(|slot| pg.settings_for(slot)).collect();
-    let capacities: Vec<i32> = settings.iter().map(|s| s.capacity).collect();
+    let capacities: Vec<Option<i32>> = settings.iter().map(|s| s.capacity).collect();
     let queues: Vec<Option<i64>> = settings.iter().map(|s| s.max_queue).collect();
     exec(
         tx,
@@ -380,6 +383,8 @@ impl Batch {
             Some(Decision::Replace { .. }) | None => {
                 insert(tx, std::mem::take(&mut self.rows)).await?;
                 now.stale = true;
+                // The single admission writes what its plugin declares.
+                now.declared_changed = false;
                 let result = pg
                     .admit_in(tx, a, id_value, (name.clone(), slot, policy))
                     .await;
