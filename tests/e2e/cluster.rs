@@ -359,8 +359,16 @@ fn settled(via: &Daemon, prefix: &str) -> String {
             .filter(|r| r["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
             .collect();
         let still = rows.iter().all(|r| {
-            r["state"] == "queued" || (r["state"] == "running" && r["progress"].is_object())
+            r["state"] == "queued"
+                || r["state"] == "waiting"
+                || (r["state"] == "running" && r["progress"].is_object())
         });
+        let mut held: Vec<&str> = rows
+            .iter()
+            .filter(|r| r["state"] == "waiting")
+            .filter_map(|r| r["name"].as_str())
+            .collect();
+        held.sort_unstable();
         let names: HashMap<u64, String> = rows
             .iter()
             .map(|r| {
@@ -395,7 +403,7 @@ fn settled(via: &Daemon, prefix: &str) -> String {
             })
             .collect();
         shown.sort();
-        let now = shown.join(", ");
+        let now = format!("{}; held [{}]", shown.join(", "), held.join(" "));
         if still && now == last && !now.contains('?') {
             return now;
         }
@@ -411,10 +419,11 @@ fn settled(via: &Daemon, prefix: &str) -> String {
 /// The admission rules are written once (`admission::decide`) and applied
 /// twice: by the in-process controller to memory and by the cluster's
 /// store in its PostgreSQL transaction. Random programs of Queue, Replace
-/// and DropIfRunning submissions over three slots (capacity 1, 2, and 3
-/// with a queue bound of its own), under small bounds, give the same
-/// placements and leave the same owners (oldest first) and queues on a
-/// single daemon and on a cluster node.
+/// and DropIfRunning submissions over four slots (capacity 1, 2, and 3
+/// with a queue bound of its own, and a debounced one), under small
+/// bounds, give the same placements and leave the same owners (oldest
+/// first), queues and held submissions on a single daemon and on a
+/// cluster node.
 #[test]
 fn the_admission_rules_decide_alike_in_memory_and_in_postgres() {
     use proptest::prelude::*;
@@ -428,6 +437,7 @@ fn the_admission_rules_decide_alike_in_memory_and_in_postgres() {
         for rule in [
             &["slot", "set", "*-s1", "--capacity", "2"][..],
             &["slot", "set", "*-s2", "--capacity", "3", "--max-queue", "1"],
+            &["slot", "set", "*-s3", "--debounce", "10m"],
         ] {
             let out = via.run(rule);
             assert_eq!(out.code, Some(0), "{rule:?}: {}", out.stderr);
@@ -442,7 +452,7 @@ fn the_admission_rules_decide_alike_in_memory_and_in_postgres() {
     });
     // Mostly Queue, over two slots, so that the bounds are reached.
     let policy = prop_oneof![5 => Just(0usize), 3 => Just(1usize), 2 => Just(2usize)];
-    let programs = proptest::collection::vec((0..3usize, policy), 4..20);
+    let programs = proptest::collection::vec((0..4usize, policy), 4..20);
     runner
         .run(&programs, |steps| {
             let n = case.get();

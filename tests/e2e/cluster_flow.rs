@@ -161,6 +161,74 @@ fn capacity_replace_and_a_raised_rule_hold_across_three_nodes() {
     }
 }
 
+/// The `host wait --json` of task `id` through `via`.
+fn waited(via: &Daemon, id: &str) -> (Option<i32>, Value) {
+    let out = via.run(&["wait", id, "--json"]);
+    let json = serde_json::from_str(out.stdout.trim())
+        .unwrap_or_else(|e| panic!("wait {id}: {e}: {:?} {}", out.stdout, out.stderr));
+    (out.code, json)
+}
+
+/// A debounced slot across nodes: a burst through three nodes runs only
+/// its newest (each older one rejected naming the next), checked in the
+/// recorded attempts too; and `max-wait` places the newest of a run that
+/// keeps coming before its own debounce would have.
+#[test]
+fn a_debounced_slot_runs_the_newest_of_each_burst_across_nodes() {
+    let pg = Postgres::start();
+    let [a, b, c] = ["a", "b", "c"].map(|n| steady_node(&pg, n, &[]));
+    ok(&a, &["slot", "set", "deb", "--debounce", "2s"]);
+    let nodes = [&a, &b, &c];
+    let ids: Vec<String> = (0..5)
+        .map(|i| {
+            let input = format!("n{i}");
+            nodes[i % 3].submit(&[&p("hello"), "--slot", "deb", "--input", &input])
+        })
+        .collect();
+    for i in 0..4 {
+        let (code, json) = waited(&c, &ids[i]);
+        assert_eq!(code, Some(3), "{json}");
+        assert_eq!(json["outcome"], "rejected", "{json}");
+        let reason = json["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains(&format!("a newer submission ({})", ids[i + 1])),
+            "{reason}"
+        );
+    }
+    let (code, json) = waited(&b, &ids[4]);
+    assert_eq!((code, &json["output"]), (Some(0), &Value::from("n4")), "{json}");
+    let rows = attempts(&pg, "deb");
+    assert_eq!(rows.len(), 1, "one run of the burst: {rows:?}");
+    assert_eq!(rows[0].task.to_string(), ids[4]);
+
+    // max-wait: submissions 1.5 s apart under a 3 s debounce keep
+    // superseding; 4 s after the first, the newest is placed anyway.
+    ok(&b, &["slot", "set", "mw", "--debounce", "3s", "--max-wait", "4s"]);
+    let mut run = Vec::new();
+    for (i, via) in nodes.iter().enumerate() {
+        if i > 0 {
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        run.push(via.submit(&[&p("hello"), "--slot", "mw", "--input", "x"]));
+    }
+    let (code, json) = waited(&a, &run[2]);
+    assert_eq!(code, Some(0), "{json}");
+    let submitted = |id: &str| -> u64 {
+        pg.psql(&format!("SELECT submitted_ms FROM taskhost_tasks WHERE id = {id}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let started = attempts(&pg, "mw")[0].started;
+    let (first, last) = (submitted(&run[0]), submitted(&run[2]));
+    assert!(
+        started >= first + 4000 - 50 && started < last + 3000,
+        "placed at {} ms after the first and {} ms after its own submission",
+        started - first,
+        started.saturating_sub(last)
+    );
+}
+
 /// The most attempts of one slot running at once, over its recorded
 /// intervals (an attempt that ends as another starts in the same
 /// millisecond is over by then).

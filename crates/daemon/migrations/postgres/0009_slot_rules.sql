@@ -30,3 +30,12 @@ CREATE SEQUENCE taskhost_owner_seq;
 DROP INDEX IF EXISTS taskhost_one_owner;
 CREATE INDEX taskhost_owners ON taskhost_tasks (slot, pos)
     WHERE state IN ('ready', 'running', 'stopping');
+-- Debounce (`host slot set --debounce DUR --max-wait DUR`): the settings
+-- on the slot's row, and the one submission a debounced slot holds: a
+-- delayed row whose `debounce_first_ms` is when its run of superseding
+-- submissions began (NULL for every other row).
+ALTER TABLE taskhost_slots ADD COLUMN debounce_ms BIGINT;
+ALTER TABLE taskhost_slots ADD COLUMN max_wait_ms BIGINT;
+ALTER TABLE taskhost_tasks ADD COLUMN debounce_first_ms BIGINT;
+CREATE INDEX taskhost_debounced ON taskhost_tasks (slot)
+    WHERE state = 'delayed' AND debounce_first_ms IS NOT NULL;

@@ -38,8 +38,8 @@ pub(crate) struct Shared<'a> {
 }
 
 impl Shared<'_> {
-    /// `host slot`: the rules every node reads. Debounce and rate are one
-    /// host's for now, refused here with the settings a node does take.
+    /// `host slot`: the rules every node reads. Rates are one host's for
+    /// now, refused here with the settings a node does take.
     pub(super) async fn slot_rule(&self, verb: SlotRuleVerb) -> Result<SlotRuled, ServiceError> {
         let pg = &self.cluster.pg;
         let (pattern, settings) = match verb {
@@ -53,14 +53,10 @@ impl Shared<'_> {
             }
             SlotRuleVerb::Set(row) => {
                 let s = &row.settings;
-                if s.debounce.is_some()
-                    || s.max_wait.is_some()
-                    || s.rate.is_some()
-                    || s.burst.is_some()
-                {
+                if s.rate.is_some() || s.burst.is_some() {
                     return Err(ServiceError::Invalid(
-                        "a cluster's slot rules take --capacity and --max-queue; --debounce, \
-                         --max-wait, --rate and --burst are one host's for now (docs/cluster.md)"
+                        "a cluster's slot rules take --capacity, --max-queue, --debounce and \
+                         --max-wait; --rate and --burst are one host's for now (docs/cluster.md)"
                             .into(),
                     ));
                 }

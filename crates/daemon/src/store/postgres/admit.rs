@@ -221,9 +221,15 @@ impl Pg {
         exec(
             tx,
             "cannot lock the slot",
-            "INSERT INTO taskhost_slots (slot, capacity, max_queue) VALUES ($1, $2, $3) \
-                 ON CONFLICT (slot) DO UPDATE SET slot = excluded.slot",
-            &[&slot, &settings.capacity, &settings.max_queue],
+            "INSERT INTO taskhost_slots (slot, capacity, max_queue, debounce_ms, max_wait_ms) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (slot) DO UPDATE SET slot = excluded.slot",
+            &[
+                &slot,
+                &settings.capacity,
+                &settings.max_queue,
+                &settings.debounce_ms,
+                &settings.max_wait_ms,
+            ],
         )
         .await?;
         let (mut now, pending, holder) = loop {
@@ -238,6 +244,19 @@ impl Pg {
                 break (now, pending, row.get::<_, Option<i64>>(0));
             }
         };
+        // A new submission to a debounced slot is held, superseding the
+        // one held before; the held one is decided when its time comes.
+        if let (false, Some(debounce_ms)) = (existing, now.debounce_ms) {
+            return self
+                .debounce_in(
+                    tx,
+                    a,
+                    id_value,
+                    (name, slot, policy),
+                    (debounce_ms, now.max_wait_ms),
+                )
+                .await;
+        }
         let names = (name.as_str(), slot.as_str(), policy);
         let decision = decide(a, names, &mut now, holder, pending);
         place::write_declared(tx, std::iter::once((slot.as_str(), &mut now))).await?;

@@ -28,12 +28,14 @@
 //! | `link` | how a node reaches the database: TLS, session timeouts, keepalives, connections of its own |
 //! | `outage` | what a node says and how long it pauses while the database is away |
 //! | `time` | delayed submissions admitted when due, schedules fired once |
+//! | `debounce` | a debounced slot's one held submission, superseded by each newer one |
 //! | `kv` | guests' key-value state: writes fenced by the attempt's token, limits, the `host kv` reads |
 
 mod admit;
 pub(crate) mod batch;
 mod blobs;
 mod claim;
+mod debounce;
 pub(crate) mod kv;
 mod lease;
 pub(crate) mod link;

@@ -39,6 +39,9 @@ pub(super) struct SlotNow {
     /// `declared` changed since the row was read: it is written back.
     pub declared_changed: bool,
     pub max_queue: Option<usize>,
+    /// Its debounce and `max-wait`, in milliseconds.
+    pub debounce_ms: Option<i64>,
+    pub max_wait_ms: Option<i64>,
     /// A Replace changed it in ways only the database follows: later
     /// admissions to it read it again.
     pub stale: bool,
@@ -48,7 +51,7 @@ pub(super) struct SlotNow {
 /// then the cluster's queued tasks and the rules' version); the first is
 /// the read's own. `$1` is the slot (`s.slot` in a batch's read).
 pub(super) const SLOT_COLUMNS: &str = "o.n, o.first, o.oldest, q.n, q.last, h.id, h.pos, \
-     sl.capacity, sl.max_queue, sl.declared, \
+     sl.capacity, sl.max_queue, sl.declared, sl.debounce_ms, sl.max_wait_ms, \
      (SELECT count(*) FROM taskhost_tasks WHERE state = 'queued'), \
      (SELECT version FROM taskhost_slot_rules_version)";
 
@@ -80,10 +83,12 @@ impl SlotNow {
             max_queue: row.get::<_, Option<i64>>(9).map(|q| q.max(0) as usize),
             declared: row.get::<_, Option<i32>>(10).map(|c| c.max(1) as u32),
             declared_changed: false,
+            debounce_ms: row.get(11),
+            max_wait_ms: row.get(12),
             stale: false,
         };
-        let pending = row.get::<_, i64>(11).max(0) as usize;
-        (now, pending, row.get(12))
+        let pending = row.get::<_, i64>(13).max(0) as usize;
+        (now, pending, row.get(14))
     }
 }
 

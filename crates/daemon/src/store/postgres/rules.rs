@@ -31,13 +31,19 @@ pub(super) struct RowSettings {
     pub capacity: Option<i32>,
     /// None: the node's `--max-slot-queue`.
     pub max_queue: Option<i64>,
+    /// Debounce and its `max-wait`, in milliseconds.
+    pub debounce_ms: Option<i64>,
+    pub max_wait_ms: Option<i64>,
 }
 
 impl RowSettings {
     fn of(settings: &SlotSettings) -> Self {
+        let ms = |d: std::time::Duration| d.as_millis().min(i64::MAX as u128) as i64;
         Self {
             capacity: settings.capacity.map(|c| c.min(i32::MAX as u32) as i32),
             max_queue: settings.max_queue.map(|q| q.min(i64::MAX as usize) as i64),
+            debounce_ms: settings.debounce.map(ms),
+            max_wait_ms: settings.max_wait.map(ms),
         }
     }
 }
@@ -83,12 +89,16 @@ async fn rewrite(
     }
     let capacities: Vec<Option<i32>> = settings.iter().map(|s| s.capacity).collect();
     let queues: Vec<Option<i64>> = settings.iter().map(|s| s.max_queue).collect();
+    let debounces: Vec<Option<i64>> = settings.iter().map(|s| s.debounce_ms).collect();
+    let waits: Vec<Option<i64>> = settings.iter().map(|s| s.max_wait_ms).collect();
     exec(
         tx,
         "cannot write the slots' settings",
-        "UPDATE taskhost_slots s SET capacity = u.c, max_queue = u.q \
-             FROM unnest($1::text[], $2::int4[], $3::int8[]) AS u(slot, c, q) WHERE s.slot = u.slot",
-        &[&slots, &capacities, &queues],
+        "UPDATE taskhost_slots s SET capacity = u.c, max_queue = u.q, debounce_ms = u.d, \
+             max_wait_ms = u.w \
+             FROM unnest($1::text[], $2::int4[], $3::int8[], $4::int8[], $5::int8[]) \
+             AS u(slot, c, q, d, w) WHERE s.slot = u.slot",
+        &[&slots, &capacities, &queues, &debounces, &waits],
     )
     .await?;
     Ok(())
@@ -175,11 +185,23 @@ impl Pg {
 
     /// This node's copy of the rules if it is of another version than
     /// `seen` (which it then becomes).
+    /// Only what the node's own controller applies to the tasks it claimed
+    /// is kept: the capacities and queue bounds (the database debounces).
     pub(crate) fn rules_since(&self, seen: &mut i64) -> Option<SlotRules> {
         let copy = self.copy();
         (copy.version != *seen).then(|| {
             *seen = copy.version;
-            copy.rules.clone()
+            let mut local = SlotRules::default();
+            for (pattern, settings) in copy.rules.rules() {
+                let settings = SlotSettings {
+                    capacity: settings.capacity,
+                    max_queue: settings.max_queue,
+                    ..SlotSettings::default()
+                };
+                // Each was a good rule: kept as good.
+                let _ = local.set(&pattern, settings);
+            }
+            local
         })
     }
 
@@ -264,7 +286,7 @@ impl Pg {
         for row in all(
             &tx,
             "cannot read the slots",
-            "SELECT slot, capacity, max_queue FROM taskhost_slots",
+            "SELECT slot, capacity, max_queue, debounce_ms, max_wait_ms FROM taskhost_slots",
             &[],
         )
         .await?
@@ -273,6 +295,8 @@ impl Pg {
             let was = RowSettings {
                 capacity: row.get(1),
                 max_queue: row.get(2),
+                debounce_ms: row.get(3),
+                max_wait_ms: row.get(4),
             };
             let now = RowSettings::of(&rules.for_slot(&slot));
             if now != was {

@@ -249,13 +249,15 @@ async fn lock_slots(
     let settings: Vec<_> = slots.iter().map(|slot| pg.settings_for(slot)).collect();
     let capacities: Vec<Option<i32>> = settings.iter().map(|s| s.capacity).collect();
     let queues: Vec<Option<i64>> = settings.iter().map(|s| s.max_queue).collect();
+    let debounces: Vec<Option<i64>> = settings.iter().map(|s| s.debounce_ms).collect();
+    let waits: Vec<Option<i64>> = settings.iter().map(|s| s.max_wait_ms).collect();
     exec(
         tx,
         "cannot create the slots",
-        "INSERT INTO taskhost_slots (slot, capacity, max_queue) \
-             SELECT * FROM unnest($1::text[], $2::int4[], $3::int8[]) AS u(s, c, q) ORDER BY s \
-             ON CONFLICT (slot) DO NOTHING",
-        &[&slots, &capacities, &queues],
+        "INSERT INTO taskhost_slots (slot, capacity, max_queue, debounce_ms, max_wait_ms) \
+             SELECT * FROM unnest($1::text[], $2::int4[], $3::int8[], $4::int8[], $5::int8[]) \
+             AS u(s, c, q, d, w) ORDER BY s ON CONFLICT (slot) DO NOTHING",
+        &[&slots, &capacities, &queues, &debounces, &waits],
     )
     .await?;
     let locked: HashSet<String> = all(
@@ -377,8 +379,10 @@ impl Batch {
         let names = (name.as_str(), slot.as_str(), policy);
         // The registry's rule first (a name is held by one live task),
         // then the slot's; None: the single admission's to decide.
-        let decision =
-            (holder.is_some() || !now.stale).then(|| decide(a, names, now, holder, self.pending));
+        // A debounced slot's submissions, like a Replace, are the single
+        // admission's: each supersedes the one held before it.
+        let decision = (holder.is_some() || (!now.stale && now.debounce_ms.is_none()))
+            .then(|| decide(a, names, now, holder, self.pending));
         let decision = match decision {
             Some(Decision::Replace { .. }) | None => {
                 insert(tx, std::mem::take(&mut self.rows)).await?;
