@@ -21,6 +21,11 @@
 //!   `fanout` spawning 100 children one after another; p50 and p99 timed
 //!   in the guest, as the daemon bench's state scenario does.
 //!
+//! - rate accuracy (only when named, `-- rate-accuracy`; a minute): one
+//!   slot at 1,000 starts/s with a burst of 10 on three nodes, fed more
+//!   than that through all three; the starts the database recorded over a
+//!   minute against the rate's, and the most in any second.
+//!
 //! Run with `cargo bench -p taskhost --bench cluster [-- throughput|latency|takeover|state]`
 //! (`TASKHOST_BENCH_HOST=PATH` runs another build's `host` as the nodes;
 //! `TASKHOST_BENCH_SLOT_RULES=1` sets, before the throughput runs, a slot
@@ -193,6 +198,151 @@ fn main() {
     if run("state") {
         state(&rt);
     }
+    // A minute long: only when asked by name.
+    if wanted.iter().any(|w| "rate-accuracy".contains(w.as_str())) {
+        rate_accuracy(&rt);
+    }
+}
+
+/// The rate of the rate-accuracy scenario and its burst.
+const RATE: u32 = 1_000;
+const RATE_BURST: u32 = 10;
+
+/// One slot with `rate 1000/s, burst 10` (capacity 1,000) on three nodes, fed
+/// `hello`s through all three at up to 1,200/s (more than the rate allows,
+/// with about 2,000 queued at most) for a minute and two seconds: the attempt
+/// starts the database recorded over the minute after the first two
+/// seconds, against the rate's 60,000, and the most in any second against
+/// rate + burst.
+fn rate_accuracy(rt: &tokio::runtime::Runtime) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let secs: u64 = std::env::var("TASKHOST_BENCH_RATE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let pg = postgres::Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let nodes: Vec<Node> = (1..=3)
+        .map(|i| start_node(dir.path(), &pg, &format!("n{i}")))
+        .collect();
+    let sockets: Vec<PathBuf> = nodes.iter().map(|n| n.socket.clone()).collect();
+    rt.block_on(rated_rule(&sockets[0]));
+    let queued = AtomicU64::new(0);
+    let until = Instant::now() + Duration::from_secs(secs + 2);
+    std::thread::scope(|scope| {
+        // The slot's queue, read every 100 ms (an index's count): the
+        // feeder keeps it under 2,000 (a queue that grows without end
+        // makes each decision in the slot read a longer one).
+        scope.spawn(|| {
+            while Instant::now() < until {
+                let n = pg.psql("SELECT count(*) FROM taskhost_tasks WHERE state = 'queued'");
+                queued.store(n.trim().parse().unwrap_or(0), Ordering::Relaxed);
+                if std::env::var_os("TASKHOST_BENCH_RATE_DEBUG").is_some() {
+                    let s = pg.psql(
+                        "SELECT (SELECT count(*) FROM taskhost_tasks WHERE state = 'ready'), \
+                         (SELECT count(*) FROM taskhost_tasks WHERE state = 'running'), \
+                         (SELECT count(*) FROM taskhost_attempts), \
+                         (SELECT count(*) FROM taskhost_events)",
+                    );
+                    println!(
+                        "  queued {} ready|running|starts|events {}",
+                        n.trim(),
+                        s.trim()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        // Through every node, 400/s each (20 every 50 ms) at most.
+        rt.block_on(async {
+            let hello = std::fs::read(plugin_artifacts::HELLO).expect("hello");
+            let feeders: Vec<_> = sockets
+                .iter()
+                .map(|socket| {
+                    let (socket, hello) = (socket.clone(), hello.clone());
+                    let queued = &queued;
+                    async move {
+                        let client = Client::connect(&socket).await.expect("connect");
+                        let digest = client.ensure_plugin(&hello).await.expect("upload");
+                        let mut tick = tokio::time::interval(Duration::from_millis(50));
+                        while Instant::now() < until {
+                            tick.tick().await;
+                            if queued.load(Ordering::Relaxed) > 2_000 {
+                                continue;
+                            }
+                            let mut pending = Vec::new();
+                            for _ in 0..20 {
+                                let mut request = SubmitRequest::new(digest);
+                                request.slot = Some("rated".into());
+                                let request = Request::Submit(Box::new(request));
+                                pending.push(client.request(request).await.expect("submit"));
+                            }
+                            for mut replies in pending {
+                                match replies.next().await {
+                                    Some(Reply::Submitted(_)) => {}
+                                    other => panic!("submit: {other:?}"),
+                                }
+                            }
+                        }
+                    }
+                })
+                .collect();
+            futures::future::join_all(feeders).await;
+        });
+    });
+    let starts: Vec<u64> = pg
+        .psql("SELECT started_ms FROM taskhost_attempts WHERE slot = 'rated' ORDER BY started_ms")
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    let from = starts[0] + 2_000;
+    let to = from + secs * 1_000;
+    let counted = starts.iter().filter(|t| **t >= from && **t < to).count();
+    let expected = (u64::from(RATE) * secs) as f64;
+    let (mut lo, mut most) = (0, 0);
+    for hi in 0..starts.len() {
+        while starts[hi] - starts[lo] >= 1_000 {
+            lo += 1;
+        }
+        most = most.max(hi + 1 - lo);
+    }
+    let per_node = pg.psql(
+        "SELECT node, count(*) FROM taskhost_attempts WHERE slot = 'rated' GROUP BY node ORDER BY node",
+    );
+    println!(
+        "rate accuracy, 3 nodes: {counted} starts in {secs} s against {expected:.0} ({:+.2}%), \
+         at most {most} in any second (rate {RATE} + burst {RATE_BURST}); starts by node: {}",
+        (counted as f64 / expected - 1.0) * 100.0,
+        per_node
+            .lines()
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+}
+
+/// Sets the rule of the rate-accuracy scenario's slot through `socket`.
+async fn rated_rule(socket: &Path) {
+    use taskhost::daemon::protocol::{SlotRuleRow, SlotRuleVerb};
+    use taskhost::slot_settings::{Rate, SlotSettings};
+    let client = Client::connect(socket).await.expect("connect");
+    let row = SlotRuleRow {
+        pattern: "rated".into(),
+        settings: SlotSettings {
+            capacity: Some(1000),
+            rate: Some(Rate {
+                starts: RATE,
+                per: Duration::from_secs(1),
+            }),
+            burst: Some(RATE_BURST),
+            ..SlotSettings::default()
+        },
+    };
+    let mut replies = client
+        .request(Request::SlotRule(SlotRuleVerb::Set(row)))
+        .await
+        .expect("slot rule");
+    assert!(matches!(replies.next().await, Some(Reply::SlotRule(_))));
 }
 
 /// Guests' key-value calls and child spawns on a cluster, timed in the

@@ -1,8 +1,8 @@
 //! Flow control on slots across a cluster of three real nodes on one real
 //! PostgreSQL: the rules set through one node and read by every node, a
 //! slot of capacity 2 filled from two nodes, a Replace that meets it full,
-//! a rule raised while work waits, a plugin's declared capacity, the
-//! settings a cluster does not take yet refused; and the capacity invariant (never more attempts of a slot
+//! a rule raised while work waits, a plugin's declared capacity, a bad
+//! rule refused, a debounced slot's bursts, a rate shared by the nodes; and the capacity invariant (never more attempts of a slot
 //! at once than its capacity) checked over the recorded attempt intervals
 //! of random submissions while one node is killed with SIGKILL and one is
 //! frozen with SIGSTOP past its lease.
@@ -92,8 +92,8 @@ fn capacity_replace_and_a_raised_rule_hold_across_three_nodes() {
         assert_eq!(rules[0]["pattern"], "db/*");
         assert_eq!(rules[0]["capacity"], 2);
     }
-    // What a cluster does not take yet is refused, naming what it takes.
-    let out = b.run(&["slot", "set", "api", "--rate", "5/s"]);
+    // A bad rule is refused through any node, naming the fix.
+    let out = b.run(&["slot", "set", "api", "--capacity", "0"]);
     assert_ne!(out.code, Some(0));
     assert!(out.stderr.contains("--capacity"), "{}", out.stderr);
 
@@ -196,14 +196,21 @@ fn a_debounced_slot_runs_the_newest_of_each_burst_across_nodes() {
         );
     }
     let (code, json) = waited(&b, &ids[4]);
-    assert_eq!((code, &json["output"]), (Some(0), &Value::from("n4")), "{json}");
+    assert_eq!(
+        (code, &json["output"]),
+        (Some(0), &Value::from("n4")),
+        "{json}"
+    );
     let rows = attempts(&pg, "deb");
     assert_eq!(rows.len(), 1, "one run of the burst: {rows:?}");
     assert_eq!(rows[0].task.to_string(), ids[4]);
 
     // max-wait: submissions 1.5 s apart under a 3 s debounce keep
     // superseding; 4 s after the first, the newest is placed anyway.
-    ok(&b, &["slot", "set", "mw", "--debounce", "3s", "--max-wait", "4s"]);
+    ok(
+        &b,
+        &["slot", "set", "mw", "--debounce", "3s", "--max-wait", "4s"],
+    );
     let mut run = Vec::new();
     for (i, via) in nodes.iter().enumerate() {
         if i > 0 {
@@ -214,10 +221,12 @@ fn a_debounced_slot_runs_the_newest_of_each_burst_across_nodes() {
     let (code, json) = waited(&a, &run[2]);
     assert_eq!(code, Some(0), "{json}");
     let submitted = |id: &str| -> u64 {
-        pg.psql(&format!("SELECT submitted_ms FROM taskhost_tasks WHERE id = {id}"))
-            .trim()
-            .parse()
-            .unwrap()
+        pg.psql(&format!(
+            "SELECT submitted_ms FROM taskhost_tasks WHERE id = {id}"
+        ))
+        .trim()
+        .parse()
+        .unwrap()
     };
     let started = attempts(&pg, "mw")[0].started;
     let (first, last) = (submitted(&run[0]), submitted(&run[2]));
@@ -226,6 +235,67 @@ fn a_debounced_slot_runs_the_newest_of_each_burst_across_nodes() {
         "placed at {} ms after the first and {} ms after its own submission",
         started - first,
         started.saturating_sub(last)
+    );
+}
+
+/// The most recorded attempt starts in any window of `period` ms.
+fn most_starts_in(rows: &[Attempt], period: u64) -> usize {
+    let mut starts: Vec<u64> = rows.iter().map(|a| a.started).collect();
+    starts.sort_unstable();
+    let (mut lo, mut most) = (0, 0);
+    for hi in 0..starts.len() {
+        while starts[hi] - starts[lo] >= period {
+            lo += 1;
+        }
+        most = most.max(hi + 1 - lo);
+    }
+    most
+}
+
+/// A rate across three nodes: each node starts its share (a third of the
+/// rate and of the burst), so all of them together never start more than
+/// the rate and burst in any period, checked over the recorded attempt
+/// starts; and the rate binds (the starts take as long as it says).
+#[test]
+fn a_rate_holds_across_three_nodes() {
+    let pg = Postgres::start();
+    let [a, b, c] = ["a", "b", "c"].map(|n| steady_node(&pg, n, &[]));
+    ok(
+        &a,
+        &[
+            "slot",
+            "set",
+            "rated",
+            "--capacity",
+            "20",
+            "--rate",
+            "10/s",
+            "--burst",
+            "3",
+        ],
+    );
+    let nodes = [&a, &b, &c];
+    let total = 60;
+    let ids: Vec<String> = (0..total)
+        .map(|i| nodes[i % 3].submit(&[&p("hello"), "--slot", "rated", "--input", "x"]))
+        .collect();
+    for id in &ids {
+        let (code, json) = waited(&a, id);
+        assert_eq!(code, Some(0), "{json}");
+    }
+    let rows = attempts(&pg, "rated");
+    assert_eq!(rows.len(), total, "{rows:?}");
+    let most = most_starts_in(&rows, 1000);
+    assert!(most <= 10 + 3, "{most} starts in one second: {rows:?}");
+    let span = rows.last().unwrap().started - rows[0].started;
+    assert!(
+        span >= 4000,
+        "{total} starts at 10/s with a burst of 3 took only {span} ms"
+    );
+    let on: std::collections::HashSet<u64> = rows.iter().map(|a| a.node).collect();
+    println!(
+        "{total} starts over {span} ms on {} nodes, at most {most} in a second",
+        on.len()
     );
 }
 

@@ -151,6 +151,24 @@ impl StartBudget {
         }
     }
 
+    /// A budget of `rate` with `burst` that takes up where `old` stands:
+    /// its next start is not sooner than `old`'s would have been, so a
+    /// change of rate never starts a full burst at once.
+    pub fn after(old: &StartBudget, rate: Rate, burst: u32) -> Self {
+        let budget = Self::new(rate, burst);
+        let next = *old
+            .next
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // `old`'s next start with no slack left, as this one counts it.
+        *budget
+            .next
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            next.map(|t| t + budget.slack.saturating_sub(old.slack));
+        budget
+    }
+
     /// Whether it was made of this rate and burst.
     pub fn is_of(&self, rate: Rate, burst: u32) -> bool {
         self.made_of == (rate, burst)

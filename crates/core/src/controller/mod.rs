@@ -595,7 +595,8 @@ impl Controller {
     }
 
     /// The budget of starts of a slot whose settings rate-limit it: the
-    /// one it has while its rate and burst stay the same, else a full one.
+    /// one it has while its rate and burst stay the same, else one that
+    /// takes up where it stood (a full one for a slot that had none).
     /// Budgets that are full again are let go when there are many.
     fn budget(
         state: &mut State,
@@ -611,16 +612,16 @@ impl Controller {
             return None;
         };
         let burst = settings.burst.unwrap_or(0);
-        if let Some(budget) = state.budgets.get(slot_key)
-            && budget.is_of(rate, burst)
-        {
-            return Some(Arc::clone(budget));
-        }
+        let budget = match state.budgets.get(slot_key) {
+            Some(budget) if budget.is_of(rate, burst) => return Some(Arc::clone(budget)),
+            // A changed rate takes up where the old one stands.
+            Some(old) => Arc::new(StartBudget::after(old, rate, burst)),
+            None => Arc::new(StartBudget::new(rate, burst)),
+        };
         if state.budgets.len() >= KEPT {
             let now = tokio::time::Instant::now();
             state.budgets.retain(|_, b| !b.is_full(now));
         }
-        let budget = Arc::new(StartBudget::new(rate, burst));
         state
             .budgets
             .insert(Arc::clone(slot_key), Arc::clone(&budget));

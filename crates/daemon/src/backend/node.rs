@@ -96,7 +96,7 @@ async fn claim_loop(daemon: Weak<Daemon>) {
     let mut unsure = false;
     // The version of the cluster's slot rules the local controller has:
     // it runs a slot's claimed tasks side by side up to their capacity.
-    let mut rules_seen = 0;
+    let mut rules_seen = (0, (1, 0));
     loop {
         let Some(d) = daemon.upgrade() else { return };
         let Some(cluster) = d.cluster().cloned() else {
@@ -133,6 +133,12 @@ async fn claim_loop(daemon: Weak<Daemon>) {
                 Ok(claimed) => {
                     cluster.pg.outage().reached();
                     if let Some(rules) = cluster.pg.rules_since(&mut rules_seen) {
+                        tracing::debug!(
+                            version = rules_seen.0,
+                            nodes = rules_seen.1.0,
+                            rank = rules_seen.1.1,
+                            "this node follows the cluster's slot rules"
+                        );
                         d.controller.set_slot_rules(rules);
                     }
                     again = claimed.len() == batch;

@@ -38,8 +38,7 @@ pub(crate) struct Shared<'a> {
 }
 
 impl Shared<'_> {
-    /// `host slot`: the rules every node reads. Rates are one host's for
-    /// now, refused here with the settings a node does take.
+    /// `host slot`: the rules every node reads.
     pub(super) async fn slot_rule(&self, verb: SlotRuleVerb) -> Result<SlotRuled, ServiceError> {
         let pg = &self.cluster.pg;
         let (pattern, settings) = match verb {
@@ -51,17 +50,7 @@ impl Shared<'_> {
                     .collect();
                 return Ok(SlotRuled::Rows(rows));
             }
-            SlotRuleVerb::Set(row) => {
-                let s = &row.settings;
-                if s.rate.is_some() || s.burst.is_some() {
-                    return Err(ServiceError::Invalid(
-                        "a cluster's slot rules take --capacity, --max-queue, --debounce and \
-                         --max-wait; --rate and --burst are one host's for now (docs/cluster.md)"
-                            .into(),
-                    ));
-                }
-                (row.pattern, Some(row.settings))
-            }
+            SlotRuleVerb::Set(row) => (row.pattern, Some(row.settings)),
             SlotRuleVerb::Unset(pattern) => (pattern, None),
         };
         match pg

@@ -122,14 +122,19 @@ impl Pg {
                  token = nextval('taskhost_fence') FROM c WHERE t.id = c.id \
                  AND EXISTS (SELECT 1 FROM taskhost_nodes WHERE id = $1 AND alive) \
                  RETURNING t.id, t.token, t.request, t.plugin, t.attempts, t.failures, \
-                 t.resume_at_ms, t.submitted_ms, (SELECT version FROM taskhost_slot_rules_version)",
+                 t.resume_at_ms, t.submitted_ms, (SELECT version FROM taskhost_slot_rules_version), \
+                 (SELECT count(*) FROM taskhost_nodes WHERE alive), \
+                 (SELECT count(*) FROM taskhost_nodes WHERE alive AND id < $1)",
             &[&node, &n],
         )
         .await?;
         // The local controller runs a slot's claimed tasks up to their
-        // capacity: the node's copy of the rules follows the cluster's.
-        if let Some(version) = rows.first().map(|r| r.get::<_, i64>(8)) {
-            self.refresh_rules(&client, version).await?;
+        // capacity, and starts them at its share of their rate: the node's
+        // copy of the rules and its count of live nodes follow the
+        // cluster's before it runs them.
+        if let Some(row) = rows.first() {
+            self.count_nodes(row.get(9), row.get(10));
+            self.refresh_rules(&client, row.get(8)).await?;
         }
         let mut claimed: Vec<Claimed> = rows
             .iter()

@@ -37,7 +37,8 @@ impl Pg {
             &client,
             "cannot register this node",
             "INSERT INTO taskhost_nodes (name, started_ms, lease_until, capacity) \
-                 VALUES ($1, $2, now() + ($3::float8 * interval '1 millisecond'), $4) RETURNING id",
+                 VALUES ($1, $2, now() + ($3::float8 * interval '1 millisecond'), $4) \
+                 RETURNING id, (SELECT count(*) FROM taskhost_nodes WHERE alive) + 1",
             &[
                 &name,
                 &ms(now_ms()),
@@ -46,6 +47,9 @@ impl Pg {
             ],
         )
         .await?;
+        // The live nodes with it; those before it all have smaller ids.
+        let live: i64 = row.get(1);
+        self.count_nodes(live, live - 1);
         Ok(row.get(0))
     }
 
@@ -68,7 +72,9 @@ impl Pg {
                 .client
                 .query(
                     "UPDATE taskhost_nodes SET lease_until = now() + ($2::float8 * interval '1 millisecond') \
-                         WHERE id = $1 AND alive RETURNING id",
+                         WHERE id = $1 AND alive \
+                         RETURNING id, (SELECT count(*) FROM taskhost_nodes WHERE alive), \
+                         (SELECT count(*) FROM taskhost_nodes WHERE alive AND id < $1)",
                     &[&node, &(lease.as_millis() as f64)],
                 )
                 .await
@@ -85,6 +91,9 @@ impl Pg {
         // A failed renewal's session is dropped (a new one next time).
         let (session, rows) = renewal?;
         *held = Some(session);
+        if let Some(row) = rows.first() {
+            self.count_nodes(row.get(1), row.get(2));
+        }
         Ok(!rows.is_empty())
     }
 

@@ -94,6 +94,9 @@ pub(crate) struct Pg {
     node: Arc<std::sync::OnceLock<NodeHooks>>,
     /// This node's copy of the slot rules.
     rules: rules::Rules,
+    /// The live nodes and this node's place among them (by id), as the
+    /// last claim or lease renewal counted them: a rate's share.
+    nodes: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// How the batched writes ask the node about new ready work.
@@ -233,6 +236,7 @@ pub(crate) async fn open(
         writer: Arc::default(),
         node: Arc::default(),
         rules: Arc::default(),
+        nodes: Arc::new(std::sync::atomic::AtomicU64::new(1 << 32)),
     };
     let _ = pg.writer.set(Writer::start(&pg));
     pg.migrate().await.map_err(|e| {
@@ -265,6 +269,21 @@ impl Pg {
             self.notify(tx, READY, "").await?;
         }
         Ok(true)
+    }
+
+    /// Notes how many nodes are alive and how many of them have a smaller
+    /// id than this one.
+    pub(super) fn count_nodes(&self, live: i64, before: i64) {
+        let live = live.clamp(1, i64::from(u32::MAX)) as u64;
+        let before = before.clamp(0, live as i64 - 1) as u64;
+        self.nodes
+            .store(live << 32 | before, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The live nodes and this node's place among them (from 0).
+    pub(super) fn nodes(&self) -> (u32, u32) {
+        let both = self.nodes.load(std::sync::atomic::Ordering::Relaxed);
+        ((both >> 32) as u32, both as u32)
     }
 
     /// Wakes this node's claims.

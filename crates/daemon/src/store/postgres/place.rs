@@ -50,16 +50,18 @@ pub(super) struct SlotNow {
 /// The columns both slot reads select, from the second on (`SlotNow`'s,
 /// then the cluster's queued tasks and the rules' version); the first is
 /// the read's own. `$1` is the slot (`s.slot` in a batch's read).
-pub(super) const SLOT_COLUMNS: &str = "o.n, o.first, o.oldest, q.n, q.last, h.id, h.pos, \
+pub(super) const SLOT_COLUMNS: &str = "o.n, f.id, r.id, q.n, q.last, h.id, h.pos, \
      sl.capacity, sl.max_queue, sl.declared, sl.debounce_ms, sl.max_wait_ms, \
      (SELECT count(*) FROM taskhost_tasks WHERE state = 'queued'), \
      (SELECT version FROM taskhost_slot_rules_version)";
 
 /// What the slot reads join, for the slot in `sl.slot`.
-pub(super) const SLOT_JOINS: &str = "LEFT JOIN LATERAL (SELECT count(*) AS n, \
-         (array_agg(id ORDER BY pos, id))[1] AS first, \
-         (array_agg(id ORDER BY pos, id) FILTER (WHERE state <> 'stopping'))[1] AS oldest \
-         FROM taskhost_tasks WHERE slot = sl.slot AND state IN ('ready', 'running', 'stopping')) o ON TRUE \
+pub(super) const SLOT_JOINS: &str = "LEFT JOIN LATERAL (SELECT count(*) AS n FROM taskhost_tasks \
+         WHERE slot = sl.slot AND state IN ('ready', 'running', 'stopping')) o ON TRUE \
+     LEFT JOIN LATERAL (SELECT id FROM taskhost_tasks WHERE slot = sl.slot \
+         AND state IN ('ready', 'running', 'stopping') ORDER BY pos, id LIMIT 1) f ON TRUE \
+     LEFT JOIN LATERAL (SELECT id FROM taskhost_tasks WHERE slot = sl.slot \
+         AND state IN ('ready', 'running') ORDER BY pos, id LIMIT 1) r ON TRUE \
      LEFT JOIN LATERAL (SELECT count(*) AS n, max(pos) AS last FROM taskhost_tasks \
          WHERE slot = sl.slot AND state = 'queued') q ON TRUE \
      LEFT JOIN LATERAL (SELECT id, pos FROM taskhost_tasks WHERE slot = sl.slot AND state = 'queued' \

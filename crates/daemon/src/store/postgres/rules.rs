@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use deadpool_postgres::GenericClient;
 
-use taskhost_core::slot_settings::{SlotRules, SlotSettings};
+use taskhost_core::slot_settings::{MAX_DEBOUNCE, Rate, SlotRules, SlotSettings};
 
 use super::{Pg, READY, all, db, exec, one};
 use crate::store::StoreError;
@@ -183,22 +183,44 @@ impl Pg {
         Ok(())
     }
 
-    /// This node's copy of the rules if it is of another version than
-    /// `seen` (which it then becomes).
-    /// Only what the node's own controller applies to the tasks it claimed
-    /// is kept: the capacities and queue bounds (the database debounces).
-    pub(crate) fn rules_since(&self, seen: &mut i64) -> Option<SlotRules> {
+    /// This node's copy of the rules, for its own controller, if it is of
+    /// another version or another count of live nodes than `seen` (which
+    /// it then becomes). Its controller applies the capacities and queue
+    /// bounds to the tasks it claimed (the database decides them) and a
+    /// rate's share: of `n` live nodes, each starts `starts / n` per
+    /// period (the first `starts % n` by id one more) with `burst / n`, so
+    /// that all of them together keep within the rate and burst in every
+    /// period. With fewer starts than nodes, each node starts one per `n`
+    /// periods (together, up to `n` in one period). The database debounces.
+    pub(crate) fn rules_since(&self, seen: &mut (i64, (u32, u32))) -> Option<SlotRules> {
         let copy = self.copy();
-        (copy.version != *seen).then(|| {
-            *seen = copy.version;
+        let (nodes, rank) = self.nodes();
+        let nodes = nodes.max(1);
+        (*seen != (copy.version, (nodes, rank))).then(|| {
+            *seen = (copy.version, (nodes, rank));
             let mut local = SlotRules::default();
-            for (pattern, settings) in copy.rules.rules() {
+            for (pattern, rule) in copy.rules.rules() {
+                let rate = rule.rate.map(|rate| {
+                    let starts = rate.starts / nodes + u32::from(rank < rate.starts % nodes);
+                    match starts {
+                        0 => Rate {
+                            starts: 1,
+                            per: rate.per.saturating_mul(nodes).min(MAX_DEBOUNCE),
+                        },
+                        starts => Rate {
+                            starts,
+                            per: rate.per,
+                        },
+                    }
+                });
                 let settings = SlotSettings {
-                    capacity: settings.capacity,
-                    max_queue: settings.max_queue,
+                    capacity: rule.capacity,
+                    max_queue: rule.max_queue,
+                    rate,
+                    burst: rule.burst.map(|b| b / nodes),
                     ..SlotSettings::default()
                 };
-                // Each was a good rule: kept as good.
+                // Each was a good rule, and so is its share.
                 let _ = local.set(&pattern, settings);
             }
             local

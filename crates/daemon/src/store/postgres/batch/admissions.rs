@@ -1,8 +1,8 @@
 //! Owns a batch of admissions: one transaction that decides every waiting
 //! submission in arrival order as if one at a time (`place` applies each
 //! decision, as it does for a single admission), and the admissions whose
-//! slot another transaction holds, each then in a transaction of its own
-//! that waits for the slot.
+//! slot another transaction holds, then together in a transaction that
+//! waits for their slots.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, LazyLock};
@@ -43,34 +43,82 @@ type Decided = (
     Vec<(usize, i64, Names)>,
 );
 
-/// Admits one deferred submission in a transaction of its own, waiting
-/// (within `lock_timeout`) for its slot.
-pub(super) async fn admit_alone(pg: &Pg, job: DeferredJob, held: &Deferred) {
-    let result = retry(|| async {
-        let mut client = pg.client().await?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(db("cannot start a transaction"))?;
-        let submitted = pg
-            .admit_in(&tx, &job.admission, job.id, job.names.clone())
-            .await?;
-        tx.commit()
-            .await
-            .map_err(db("cannot commit the submission"))?;
-        Ok(submitted)
-    })
-    .await;
-    let _ = job.reply.send(result);
+/// Admits deferred submissions (in arrival order) in one transaction that
+/// waits (within `lock_timeout`) for their slots, and answers each.
+pub(super) async fn admit_deferred(pg: &Pg, jobs: Vec<DeferredJob>, held: &Deferred) {
+    let result = retry(|| admit_waiting(pg, &jobs)).await;
+    let slots: Vec<String> = jobs.iter().map(|j| j.names.1.clone()).collect();
+    match result {
+        Ok(results) => {
+            for (job, result) in jobs.into_iter().zip(results) {
+                let _ = job.reply.send(result);
+            }
+        }
+        Err(err) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(AdmitError::Store(err.clone())));
+            }
+        }
+    }
     let mut held = held
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(n) = held.get_mut(&job.names.1) {
-        *n -= 1;
-        if *n == 0 {
-            held.remove(&job.names.1);
+    for slot in slots {
+        if let Some(n) = held.get_mut(&slot) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&slot);
+            }
         }
     }
+}
+
+/// One transaction for deferred submissions, with the ids and names their
+/// batch gave them: their slots locked (waiting), read, each decided in
+/// order as in a batch.
+async fn admit_waiting(
+    pg: &Pg,
+    jobs: &[DeferredJob],
+) -> Result<Vec<Result<Submitted, AdmitError>>, StoreError> {
+    let mut client = pg.client().await?;
+    let tx = client
+        .transaction()
+        .await
+        .map_err(db("cannot start a transaction"))?;
+    let admissions: Vec<&Admission> = jobs.iter().map(|j| &*j.admission).collect();
+    let ids: Vec<i64> = jobs.iter().map(|j| j.id).collect();
+    let mut named: Vec<Option<Names>> = jobs.iter().map(|j| Some(j.names.clone())).collect();
+    let mut results: Vec<Option<Result<Submitted, AdmitError>>> =
+        jobs.iter().map(|_| None).collect();
+    keep_plugins(&tx, &admissions, &mut results, &mut named).await?;
+    let (slots, _) = lock_slots(pg, &tx, &ids, &mut named, &HashSet::new(), true).await?;
+    let mut batch = read_slots(pg, &tx, &slots, &named).await?;
+    for (i, a) in admissions.iter().enumerate() {
+        let Some(names) = named[i].take() else {
+            continue;
+        };
+        results[i] = Some(batch.admit(pg, &tx, a, ids[i], names).await?);
+    }
+    insert(&tx, batch.rows).await?;
+    write_declared(&tx, batch.now.iter_mut().map(|(s, n)| (s.as_str(), n))).await?;
+    let claim_here = pg.announce_ready(&tx, batch.ready).await?;
+    notify_ids(pg, &tx, FINISHED, &batch.rejected).await?;
+    tx.commit()
+        .await
+        .map_err(db("cannot commit the submissions"))?;
+    if claim_here {
+        pg.claim_here();
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                Err(AdmitError::Store(StoreError::Failed(
+                    "PostgreSQL: the submission was not decided".into(),
+                )))
+            })
+        })
+        .collect())
 }
 
 /// Admits a batch of submissions and answers each (those whose slot was
@@ -174,7 +222,7 @@ async fn admit_batch(
         }
     }
     keep_plugins(&tx, admissions, &mut results, &mut named).await?;
-    let (slots, later) = lock_slots(pg, &tx, &ids, &mut named, waiting).await?;
+    let (slots, later) = lock_slots(pg, &tx, &ids, &mut named, waiting, false).await?;
     let mut batch = read_slots(pg, &tx, &slots, &named).await?;
     for (i, a) in admissions.iter().enumerate() {
         let Some(names) = named[i].take() else {
@@ -236,6 +284,7 @@ async fn lock_slots(
     ids: &[i64],
     named: &mut [Option<Names>],
     waiting: &HashSet<String>,
+    wait: bool,
 ) -> Result<(Vec<String>, Vec<(usize, i64, Names)>), StoreError> {
     let mut slots: Vec<String> = named
         .iter()
@@ -260,17 +309,17 @@ async fn lock_slots(
         &[&slots, &capacities, &queues, &debounces, &waits],
     )
     .await?;
-    let locked: HashSet<String> = all(
-        tx,
-        "cannot lock the slots",
+    let lock = if wait {
+        "SELECT slot FROM taskhost_slots WHERE slot = ANY($1) ORDER BY slot FOR UPDATE"
+    } else {
         "SELECT slot FROM taskhost_slots WHERE slot = ANY($1) ORDER BY slot \
-             FOR UPDATE SKIP LOCKED",
-        &[&slots],
-    )
-    .await?
-    .iter()
-    .map(|r| r.get(0))
-    .collect();
+             FOR UPDATE SKIP LOCKED"
+    };
+    let locked: HashSet<String> = all(tx, "cannot lock the slots", lock, &[&slots])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     slots.retain(|slot| locked.contains(slot));
     let mut later = Vec::new();
     for (i, names) in named.iter_mut().enumerate() {

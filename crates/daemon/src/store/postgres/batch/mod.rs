@@ -25,7 +25,7 @@ use taskhost_core::supervisor::TaskId;
 use super::{Admission, AdmitError, Pg, retry};
 use crate::store::{Finished, StoreError};
 use crate::wire::protocol::Submitted;
-use admissions::{Deferred, DeferredJob, admit_all, admit_alone};
+use admissions::{Deferred, DeferredJob, admit_all, admit_deferred};
 use ends::{answer_ends, finished};
 use starts::started;
 
@@ -36,7 +36,7 @@ const PAYLOAD: usize = 7_000;
 
 type Reply<T> = oneshot::Sender<T>;
 /// An attempt's start: the task, its claim's token, the attempt.
-type StartJob = (TaskId, i64, u32, Reply<Result<bool, StoreError>>);
+type StartJob = (TaskId, i64, u32, u64, Reply<Result<bool, StoreError>>);
 /// A task's end under its claim's token.
 type FinishJob = (i64, Finished, Reply<Result<bool, StoreError>>);
 type AdmitJob = (Arc<Admission>, Reply<Result<Submitted, AdmitError>>);
@@ -82,9 +82,10 @@ impl Writer {
     pub(crate) fn start(pg: &Pg) -> Self {
         let (p1, p2, p3, p4, p5) = (pg.clone(), pg.clone(), pg.clone(), pg.clone(), pg.clone());
         // Ends and admissions whose slot another transaction holds (a
-        // frozen node's, say) are not waited for by the batch: they go one
-        // at a time to a writer of their own, which waits for the lock.
-        let slow_ends = writer(1, move |jobs: Vec<FinishJob>| {
+        // frozen node's, or a busy slot's) are not waited for by the batch:
+        // they go to writers of their own, which wait for the locks, in
+        // batches too.
+        let slow_ends = writer(BATCH, move |jobs: Vec<FinishJob>| {
             let pg = p4.clone();
             async move {
                 let result = retry(|| finished(&pg, &jobs, true)).await;
@@ -93,23 +94,21 @@ impl Writer {
         });
         let deferred: Deferred = Arc::default();
         let held = Arc::clone(&deferred);
-        let slow_admissions = writer(1, move |jobs: Vec<DeferredJob>| {
+        let slow_admissions = writer(BATCH, move |jobs: Vec<DeferredJob>| {
             let (pg, held) = (p5.clone(), Arc::clone(&held));
-            async move {
-                for job in jobs {
-                    admit_alone(&pg, job, &held).await;
-                }
-            }
+            async move { admit_deferred(&pg, jobs, &held).await }
         });
         Self {
             start: writer(BATCH, move |jobs: Vec<StartJob>| {
                 let pg = p1.clone();
                 async move {
-                    let items: Vec<(TaskId, i64, u32)> =
-                        jobs.iter().map(|(id, t, a, _)| (*id, *t, *a)).collect();
+                    let items: Vec<(TaskId, i64, u32, u64)> = jobs
+                        .iter()
+                        .map(|(id, t, a, at, _)| (*id, *t, *a, *at))
+                        .collect();
                     match retry(|| started(&pg, &items)).await {
                         Ok(recorded) => {
-                            for (id, _, _, reply) in jobs {
+                            for (id, _, _, _, reply) in jobs {
                                 let _ = reply.send(Ok(recorded.contains(&id)));
                             }
                         }
@@ -136,8 +135,9 @@ impl Writer {
         }
     }
 
-    /// Records that attempt `attempt` of a claimed task began; false if
-    /// the claim was taken away.
+    /// Records that attempt `attempt` of a claimed task began (now, by
+    /// this node's clock: the time its rate's budget let it start, whatever
+    /// the batch's wait); false if the claim was taken away.
     pub(crate) async fn started(
         &self,
         id: TaskId,
@@ -146,7 +146,7 @@ impl Writer {
     ) -> Result<bool, StoreError> {
         let (tx, rx) = oneshot::channel();
         self.start
-            .send((id, token, attempt, tx))
+            .send((id, token, attempt, crate::store::now_ms(), tx))
             .map_err(|_| gone())?;
         rx.await.map_err(|_| gone())?
     }

@@ -5,20 +5,20 @@ use std::collections::HashSet;
 
 use taskhost_core::supervisor::TaskId;
 
+use crate::store::StoreError;
 use crate::store::postgres::{Pg, db, id_of, ms, sql_id};
-use crate::store::{StoreError, now_ms};
 
 /// One transaction for a batch of attempt starts; the ids recorded.
 pub(super) async fn started(
     pg: &Pg,
-    items: &[(TaskId, i64, u32)],
+    items: &[(TaskId, i64, u32, u64)],
 ) -> Result<HashSet<TaskId>, StoreError> {
     let ids: Vec<i64> = items.iter().map(|i| sql_id(i.0)).collect();
     let tokens: Vec<i64> = items.iter().map(|i| i.1).collect();
     let attempts: Vec<i32> = items.iter().map(|i| i.2 as i32).collect();
+    let at: Vec<i64> = items.iter().map(|i| ms(i.3)).collect();
     let client = pg.client().await?;
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-        [&ids, &tokens, &attempts, &ms(now_ms())];
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&ids, &tokens, &attempts, &at];
     let plain = client.prepare_cached(START).await.map_err(db(START_WHAT))?;
     let rows = match client.query(&plain, &params).await {
         // A start tried again after a commit whose answer was lost (the
@@ -42,20 +42,20 @@ pub(super) async fn started(
 const START_WHAT: &str = "cannot record an attempt";
 
 /// Attempt starts: the tasks' rows under their tokens, and a row each.
-const START: &str = "WITH u AS (SELECT * FROM unnest($1::int8[], $2::int8[], $3::int4[]) \
-     AS u(id, token, attempt)), \
+const START: &str = "WITH u AS (SELECT * FROM unnest($1::int8[], $2::int8[], $3::int4[], \
+     $4::int8[]) AS u(id, token, attempt, at)), \
      t AS (UPDATE taskhost_tasks t SET attempts = u.attempt, resume_at_ms = NULL FROM u \
            WHERE t.id = u.id AND t.token = u.token AND t.state IN ('running', 'stopping') \
-           RETURNING t.id, t.token, u.attempt, t.slot, t.node) \
+           RETURNING t.id, t.token, u.attempt, t.slot, t.node, u.at) \
      INSERT INTO taskhost_attempts (task_id, attempt, token, slot, node, started_ms) \
-     SELECT id, attempt, token, slot, node, $4 FROM t RETURNING task_id";
+     SELECT id, attempt, token, slot, node, at FROM t RETURNING task_id";
 
 /// [`START`], where some of the rows may be there already.
-const START_AGAIN: &str = "WITH u AS (SELECT * FROM unnest($1::int8[], $2::int8[], $3::int4[]) \
-     AS u(id, token, attempt)), \
+const START_AGAIN: &str = "WITH u AS (SELECT * FROM unnest($1::int8[], $2::int8[], $3::int4[], \
+     $4::int8[]) AS u(id, token, attempt, at)), \
      t AS (UPDATE taskhost_tasks t SET attempts = u.attempt, resume_at_ms = NULL FROM u \
            WHERE t.id = u.id AND t.token = u.token AND t.state IN ('running', 'stopping') \
-           RETURNING t.id, t.token, u.attempt, t.slot, t.node), \
+           RETURNING t.id, t.token, u.attempt, t.slot, t.node, u.at), \
      i AS (INSERT INTO taskhost_attempts (task_id, attempt, token, slot, node, started_ms) \
-           SELECT id, attempt, token, slot, node, $4 FROM t ON CONFLICT DO NOTHING) \
+           SELECT id, attempt, token, slot, node, at FROM t ON CONFLICT DO NOTHING) \
      SELECT id FROM t";
