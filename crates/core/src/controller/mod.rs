@@ -29,8 +29,10 @@
 //! |---|---|
 //! | `delayed` | submissions held until their due time: the bound, the one timer task, placing them when due |
 //! | `views` | what the controller shows: slot views, queued and delayed submissions |
+//! | `rules` | the operator's slot rules as it holds them, and rate-limited slots' budgets of starts |
 
 mod delayed;
+mod rules;
 mod views;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -592,80 +594,6 @@ impl Controller {
             state.queued.remove(&next.id());
             self.admit(state, slot_key, next);
         }
-    }
-
-    /// The budget of starts of a slot whose settings rate-limit it: the
-    /// one it has while its rate and burst stay the same, else one that
-    /// takes up where it stood (a full one for a slot that had none).
-    /// Budgets that are full again are let go when there are many.
-    fn budget(
-        state: &mut State,
-        slot_key: &Arc<str>,
-        settings: SlotSettings,
-    ) -> Option<Arc<StartBudget>> {
-        /// Budgets kept before the full ones are let go.
-        const KEPT: usize = 10_000;
-        let Some(rate) = settings.rate else {
-            if !state.budgets.is_empty() {
-                state.budgets.remove(slot_key);
-            }
-            return None;
-        };
-        let burst = settings.burst.unwrap_or(0);
-        let budget = match state.budgets.get(slot_key) {
-            Some(budget) if budget.is_of(rate, burst) => return Some(Arc::clone(budget)),
-            // A changed rate takes up where the old one stands.
-            Some(old) => Arc::new(StartBudget::after(old, rate, burst)),
-            None => Arc::new(StartBudget::new(rate, burst)),
-        };
-        if state.budgets.len() >= KEPT {
-            let now = tokio::time::Instant::now();
-            state.budgets.retain(|_, b| !b.is_full(now));
-        }
-        state
-            .budgets
-            .insert(Arc::clone(slot_key), Arc::clone(&budget));
-        Some(budget)
-    }
-
-    /// Each rate-limited slot's budget now: the starts it would allow one
-    /// after another, and the most it allows (`burst + 1`), by slot.
-    pub fn rate_budgets(&self) -> Vec<(String, u32, u32)> {
-        let state = self.lock();
-        let now = tokio::time::Instant::now();
-        let mut budgets: Vec<_> = state
-            .budgets
-            .iter()
-            .map(|(slot, b)| (slot.to_string(), b.available(now), b.most()))
-            .collect();
-        budgets.sort();
-        budgets
-    }
-
-    /// Replaces the operator's slot settings. Each tracked slot takes its
-    /// new ones at once: a larger capacity admits its waiting heads now; a
-    /// smaller one lets the owners it has finish (none is stopped) and
-    /// admits none until they are below it.
-    pub fn set_slot_rules(&self, rules: SlotRules) {
-        let mut state = self.lock();
-        let keys: Vec<Arc<str>> = state.slots.keys().cloned().collect();
-        for key in &keys {
-            let settings = rules.for_slot(key);
-            if let Some(slot) = state.slots.get_mut(key) {
-                slot.settings = settings;
-            }
-        }
-        state.rules = rules;
-        if !state.closed {
-            for key in &keys {
-                self.fill(&mut state, key);
-            }
-        }
-    }
-
-    /// The operator's slot settings as the controller holds them.
-    pub fn slot_rules(&self) -> SlotRules {
-        self.lock().rules.clone()
     }
 
     /// Moves owner `id` of a slot to `to` (to `Idle`: out of the slot) and

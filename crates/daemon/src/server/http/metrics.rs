@@ -6,7 +6,6 @@
 //! histograms are their own lock-free counts (`taskhost_core::stats`); process
 //! metrics come from `/proc/self`.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -31,6 +30,7 @@ use taskhost_core::supervisor::{EventKind, EventStream, Received};
 use taskhost_runtime::Allocator;
 
 use super::Http;
+use super::slot_metrics::{self, PerSlot, SUPERSEDED, THROTTLED};
 use crate::backend::daemon::Daemon;
 
 /// Slots whose queue depth is shown one by one (the deepest), so a host
@@ -105,14 +105,9 @@ pub(super) struct Metrics {
     /// Events lost by readers of `/api/events`.
     dropped_http: AtomicU64,
     /// Per slot: attempts throttled by its rate, and submissions
-    /// superseded (by a Replace or a newer debounced one).
-    per_slot: std::sync::Mutex<HashMap<Arc<str>, [u64; 2]>>,
+    /// superseded.
+    per_slot: PerSlot,
 }
-
-/// Slots `per_slot` counts by name; later ones are counted under
-/// [`OTHER_SLOTS`].
-const COUNTED_SLOTS: usize = 10_000;
-const OTHER_SLOTS: &str = "(other)";
 
 fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
@@ -150,7 +145,7 @@ impl Metrics {
                     if let Some(kind) = event.rejection {
                         add(&self.rejections[rejection_index(kind)], 1);
                         if kind == RejectionKind::SupersededByReplace {
-                            self.per_slot(event.slot.as_ref(), 1);
+                            self.per_slot.count(event.slot.as_ref(), SUPERSEDED);
                         }
                     }
                     add(&self.outcomes[outcome_index(OutcomeKind::Rejected)], 1);
@@ -163,7 +158,9 @@ impl Metrics {
                         }
                     }
                 }
-                EventKind::AttemptThrottled => self.per_slot(event.slot.as_ref(), 0),
+                EventKind::AttemptThrottled => {
+                    self.per_slot.count(event.slot.as_ref(), THROTTLED);
+                }
                 EventKind::AttemptSucceeded => attempt(0),
                 EventKind::AttemptFailed => attempt(1),
                 EventKind::AttemptTimedOut => attempt(2),
@@ -175,37 +172,6 @@ impl Metrics {
                 _ => {}
             }
         }
-    }
-
-    /// Counts one more of `what` (0: throttled, 1: superseded) for `slot`.
-    fn per_slot(&self, slot: Option<&Arc<str>>, what: usize) {
-        let Some(slot) = slot else { return };
-        let mut per_slot = self
-            .per_slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let key = if per_slot.len() < COUNTED_SLOTS || per_slot.contains_key(slot) {
-            Arc::clone(slot)
-        } else {
-            Arc::from(OTHER_SLOTS)
-        };
-        per_slot.entry(key).or_default()[what] += 1;
-    }
-
-    /// The slots with the most of `what`, for the counters' labels.
-    fn top_slots(&self, what: usize) -> Vec<(String, u64)> {
-        let per_slot = self
-            .per_slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut top: Vec<(String, u64)> = per_slot
-            .iter()
-            .filter(|(_, n)| n[what] > 0)
-            .map(|(slot, n)| (slot.to_string(), n[what]))
-            .collect();
-        top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        top.truncate(TOP_SLOTS);
-        top
     }
 
     /// Counts events an `/api/events` reader lost.
@@ -256,7 +222,7 @@ impl std::fmt::Debug for Scrape {
     }
 }
 
-type Out = Result<(), std::fmt::Error>;
+pub(super) type Out = Result<(), std::fmt::Error>;
 
 fn counter(enc: &mut DescriptorEncoder<'_>, name: &str, help: &str, value: u64) -> Out {
     let c = ConstCounter::new(value);
@@ -269,7 +235,7 @@ fn gauge(enc: &mut DescriptorEncoder<'_>, name: &str, help: &str, value: i64) ->
 }
 
 /// A metric with one label, one series per `(label value, value)`.
-fn labeled(
+pub(super) fn labeled(
     enc: &mut DescriptorEncoder<'_>,
     kind: MetricType,
     name: &str,
@@ -406,22 +372,7 @@ fn events(enc: &mut DescriptorEncoder<'_>, m: &Metrics) -> Out {
         "Unfinished tasks found in the store at start.",
         get(&m.recovered),
     )?;
-    labeled(
-        enc,
-        MetricType::Counter,
-        "taskhost_slot_throttled",
-        "Attempts a slot's rate held back (AttemptThrottled), for the slots with the most.",
-        "slot",
-        &m.top_slots(0),
-    )?;
-    labeled(
-        enc,
-        MetricType::Counter,
-        "taskhost_slot_superseded",
-        "Submissions superseded in a slot (by a Replace or a newer debounced one), for the slots with the most.",
-        "slot",
-        &m.top_slots(1),
-    )?;
+    m.per_slot.encode(enc)?;
     labeled(
         enc,
         MetricType::Counter,
@@ -553,39 +504,7 @@ fn tasks_and_slots(enc: &mut DescriptorEncoder<'_>, d: &Daemon) -> Out {
         "slot",
         &of_shared(|s| s.capacity),
     )?;
-    // Rate-limited slots: the starts their budget allows now, and the
-    // owners waiting for it.
-    let mut budgets = d.controller.rate_budgets();
-    budgets.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
-    budgets.truncate(TOP_SLOTS);
-    labeled(
-        enc,
-        MetricType::Gauge,
-        "taskhost_slot_rate_budget",
-        "Starts a rate-limited slot's budget allows now, one after another (at most burst + 1), the emptiest only.",
-        "slot",
-        &budgets
-            .iter()
-            .map(|(slot, now, _)| (slot.clone(), u64::from(*now)))
-            .collect::<Vec<_>>(),
-    )?;
-    let mut throttled: HashMap<String, u64> = HashMap::new();
-    for task in &tasks {
-        if task.phase == TaskState::Throttled {
-            *throttled.entry(task.slot.clone()).or_default() += 1;
-        }
-    }
-    let mut throttled: Vec<(String, u64)> = throttled.into_iter().collect();
-    throttled.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    throttled.truncate(TOP_SLOTS);
-    labeled(
-        enc,
-        MetricType::Gauge,
-        "taskhost_slot_throttled_now",
-        "Owners waiting for their slot's rate to allow their next start, for the slots with the most.",
-        "slot",
-        &throttled,
-    )?;
+    slot_metrics::rates(enc, d, &tasks)?;
     gauge(
         enc,
         "taskhost_queued_submissions",

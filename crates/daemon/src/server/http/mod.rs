@@ -30,6 +30,7 @@
 //! | `api.rs` | the reads (tasks, a task, slots), cancel, remove, the event stream |
 //! | `verbs.rs` | upload, submit, the outcome's long poll, logs, plugins, version, shutdown |
 //! | `metrics.rs` | `/metrics`: counters from the event bus, gauges at scrape time |
+//! | `slot_metrics.rs` | `/metrics` of flow control per slot: throttled, superseded, rate budgets |
 //! | `dashboard.html` | the page at `/` (embedded, no build step) |
 
 mod api;
@@ -38,6 +39,7 @@ mod hosts;
 mod metrics;
 mod openapi;
 mod registry;
+mod slot_metrics;
 mod tls;
 pub(crate) mod token;
 mod verbs;

@@ -36,7 +36,26 @@ pub(super) struct RowSettings {
     pub max_wait_ms: Option<i64>,
 }
 
+/// [`RowSettings`] of many slots, a column each: capacity, queue bound,
+/// debounce and its `max-wait`.
+type Columns = (
+    Vec<Option<i32>>,
+    Vec<Option<i64>>,
+    Vec<Option<i64>>,
+    Vec<Option<i64>>,
+);
+
 impl RowSettings {
+    /// The settings of many slots as the statements take them.
+    pub(super) fn columns(settings: &[RowSettings]) -> Columns {
+        (
+            settings.iter().map(|s| s.capacity).collect(),
+            settings.iter().map(|s| s.max_queue).collect(),
+            settings.iter().map(|s| s.debounce_ms).collect(),
+            settings.iter().map(|s| s.max_wait_ms).collect(),
+        )
+    }
+
     fn of(settings: &SlotSettings) -> Self {
         let ms = |d: std::time::Duration| d.as_millis().min(i64::MAX as u128) as i64;
         Self {
@@ -87,10 +106,7 @@ async fn rewrite(
     if slots.is_empty() {
         return Ok(());
     }
-    let capacities: Vec<Option<i32>> = settings.iter().map(|s| s.capacity).collect();
-    let queues: Vec<Option<i64>> = settings.iter().map(|s| s.max_queue).collect();
-    let debounces: Vec<Option<i64>> = settings.iter().map(|s| s.debounce_ms).collect();
-    let waits: Vec<Option<i64>> = settings.iter().map(|s| s.max_wait_ms).collect();
+    let (capacities, queues, debounces, waits) = RowSettings::columns(settings);
     exec(
         tx,
         "cannot write the slots' settings",

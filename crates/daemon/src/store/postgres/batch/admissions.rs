@@ -17,6 +17,7 @@ use crate::store::StoreError;
 use crate::store::postgres::place::{
     NewRow, SLOT_COLUMNS, SLOT_JOINS, SlotNow, decide, insert, write_declared,
 };
+use crate::store::postgres::rules::RowSettings;
 use crate::store::postgres::{Admission, AdmitError, FINISHED, Pg, all, db, exec, id_of, retry};
 use crate::wire::protocol::{Placement, Submitted};
 
@@ -90,25 +91,11 @@ async fn admit_waiting(
     let mut named: Vec<Option<Names>> = jobs.iter().map(|j| Some(j.names.clone())).collect();
     let mut results: Vec<Option<Result<Submitted, AdmitError>>> =
         jobs.iter().map(|_| None).collect();
-    keep_plugins(&tx, &admissions, &mut results, &mut named).await?;
-    let (slots, _) = lock_slots(pg, &tx, &ids, &mut named, &HashSet::new(), true).await?;
-    let mut batch = read_slots(pg, &tx, &slots, &named).await?;
-    for (i, a) in admissions.iter().enumerate() {
-        let Some(names) = named[i].take() else {
-            continue;
-        };
-        results[i] = Some(batch.admit(pg, &tx, a, ids[i], names).await?);
-    }
-    insert(&tx, batch.rows).await?;
-    write_declared(&tx, batch.now.iter_mut().map(|(s, n)| (s.as_str(), n))).await?;
-    let claim_here = pg.announce_ready(&tx, batch.ready).await?;
-    notify_ids(pg, &tx, FINISHED, &batch.rejected).await?;
-    tx.commit()
-        .await
-        .map_err(db("cannot commit the submissions"))?;
-    if claim_here {
-        pg.claim_here();
-    }
+    let slots = Slots {
+        waiting: &HashSet::new(),
+        wait: true,
+    };
+    decide_in(pg, tx, (&admissions, &ids), &mut named, &mut results, slots).await?;
     Ok(results
         .into_iter()
         .map(|r| {
@@ -221,9 +208,36 @@ async fn admit_batch(
             }
         }
     }
-    keep_plugins(&tx, admissions, &mut results, &mut named).await?;
-    let (slots, later) = lock_slots(pg, &tx, &ids, &mut named, waiting, false).await?;
-    let mut batch = read_slots(pg, &tx, &slots, &named).await?;
+    let slots = Slots {
+        waiting,
+        wait: false,
+    };
+    let later = decide_in(pg, tx, (admissions, &ids), &mut named, &mut results, slots).await?;
+    Ok((results, later))
+}
+
+/// How a batch takes its slots' locks: waiting for them, or leaving those
+/// another transaction holds (and those with admissions `waiting`).
+struct Slots<'a> {
+    waiting: &'a HashSet<String>,
+    wait: bool,
+}
+
+/// Decides `admissions` (with their ids, named: those answered already
+/// in `results` are not) in `tx` in arrival order, on their slots as
+/// `slots` takes them, writes the rows and commits; returns those whose
+/// slot was left (index, id, names).
+async fn decide_in(
+    pg: &Pg,
+    tx: deadpool_postgres::Transaction<'_>,
+    (admissions, ids): (&[&Admission], &[i64]),
+    named: &mut [Option<Names>],
+    results: &mut [Option<Result<Submitted, AdmitError>>],
+    slots: Slots<'_>,
+) -> Result<Vec<(usize, i64, Names)>, StoreError> {
+    keep_plugins(&tx, admissions, results, named).await?;
+    let (locked, later) = lock_slots(pg, &tx, ids, named, slots.waiting, slots.wait).await?;
+    let mut batch = read_slots(pg, &tx, &locked, named).await?;
     for (i, a) in admissions.iter().enumerate() {
         let Some(names) = named[i].take() else {
             continue;
@@ -240,7 +254,7 @@ async fn admit_batch(
     if claim_here {
         pg.claim_here();
     }
-    Ok((results, later))
+    Ok(later)
 }
 
 /// Keeps the batch's plugins while its transaction runs (collection locks
@@ -296,10 +310,7 @@ async fn lock_slots(
     slots.retain(|slot| !waiting.contains(slot));
     // New slots' rows take the settings this node's rules give them.
     let settings: Vec<_> = slots.iter().map(|slot| pg.settings_for(slot)).collect();
-    let capacities: Vec<Option<i32>> = settings.iter().map(|s| s.capacity).collect();
-    let queues: Vec<Option<i64>> = settings.iter().map(|s| s.max_queue).collect();
-    let debounces: Vec<Option<i64>> = settings.iter().map(|s| s.debounce_ms).collect();
-    let waits: Vec<Option<i64>> = settings.iter().map(|s| s.max_wait_ms).collect();
+    let (capacities, queues, debounces, waits) = RowSettings::columns(&settings);
     exec(
         tx,
         "cannot create the slots",
