@@ -117,6 +117,26 @@ pub fn slot(s: &SlotView) -> Value {
     })
 }
 
+/// A slot as `host slots --json` and `/api/slots` show it: [`slot`] with
+/// the rate its rule sets (`rate`, `burst`; null without one).
+pub fn slot_with_rule(s: &SlotView, rules: &taskhost_core::slot_settings::SlotRules) -> Value {
+    let mut slot = slot(s);
+    let settings = rules.for_slot(&s.key);
+    slot["rate"] = settings.rate.map(|r| r.to_string()).into();
+    slot["burst"] = settings.burst.into();
+    slot
+}
+
+/// The rules of `rows` (as `host slot ls` lists them), for
+/// [`slot_with_rule`]; a row the rules refuse is left out.
+pub fn rules_of(rows: Vec<SlotRuleRow>) -> taskhost_core::slot_settings::SlotRules {
+    let mut rules = taskhost_core::slot_settings::SlotRules::default();
+    for row in rows {
+        let _ = rules.set(&row.pattern, row.settings);
+    }
+    rules
+}
+
 /// A slot rule as `host slot ls --json` and `/api/slot-rules` show it (a
 /// setting left to its default is null).
 pub fn slot_rule(row: &SlotRuleRow) -> Value {

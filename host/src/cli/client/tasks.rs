@@ -201,7 +201,12 @@ pub async fn slots(args: SlotsArgs, before_verb: Option<PathBuf>) -> anyhow::Res
     let client = super::connect(&args.socket, before_verb.as_deref()).await?;
     let slots = client.slots().await.map_err(exit::client)?;
     if args.json {
-        let rows: Vec<_> = slots.iter().map(json::slot).collect();
+        // Each slot with the rate its rule sets, as `/api/slots` shows it.
+        let rules = json::rules_of(client.slot_rules().await.map_err(exit::client)?);
+        let rows: Vec<_> = slots
+            .iter()
+            .map(|s| json::slot_with_rule(s, &rules))
+            .collect();
         print_json(&rows);
         return Ok(0);
     }

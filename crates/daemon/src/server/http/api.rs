@@ -20,9 +20,9 @@ use taskhost_core::logline::LogLine;
 use taskhost_core::supervisor::{Event, TaskRef, TaskReport};
 
 use super::Http;
-use crate::backend::{Backend, Item, Items};
+use crate::backend::{Backend, Item, Items, SlotRuled};
 use crate::service::json::{self, JsonResult};
-use crate::wire::protocol::{ErrorKind, EventFilter};
+use crate::wire::protocol::{ErrorKind, EventFilter, SlotRuleVerb};
 
 /// An error answer: `{"error": message}`.
 pub(super) fn error(status: StatusCode, message: String) -> Response {
@@ -48,14 +48,16 @@ pub(super) async fn tasks(State(http): State<Http>, Query(q): Query<TasksQuery>)
 pub(super) async fn slots(State(http): State<Http>) -> Response {
     match Backend::of(&http.daemon).slots().await {
         Ok(slots) => {
-            let rules = http.daemon.controller.slot_rules();
-            let slots = slots.iter().map(|s| {
-                let mut slot = json::slot(s);
-                let settings = rules.for_slot(&s.key);
-                slot["rate"] = settings.rate.map(|r| r.to_string()).into();
-                slot["burst"] = settings.burst.into();
-                slot
-            });
+            // The rules as `host slot ls` lists them (a cluster's, from its
+            // database), as `host slots --json` reads them too.
+            let rules = match Backend::of(&http.daemon)
+                .slot_rule(SlotRuleVerb::List)
+                .await
+            {
+                Ok(SlotRuled::Rows(rows)) => json::rules_of(rows),
+                _ => Default::default(),
+            };
+            let slots = slots.iter().map(|s| json::slot_with_rule(s, &rules));
             Json(Value::Array(slots.collect())).into_response()
         }
         Err(answer) => failed(answer),
