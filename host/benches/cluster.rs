@@ -412,14 +412,20 @@ fn print_profile(pg: &postgres::Postgres, tasks: usize) {
 }
 
 /// A rule that every slot matches (a glob) and none reaches: capacity
-/// 1,000 and a queue of 1,000,000 of its own.
+/// 1,000, a queue of 1,000,000 of its own, and a rate of 1,000,000/s with
+/// a burst of 1,000 (each node's share asked before every attempt).
 async fn slot_rule_for_all(socket: &Path) {
     use taskhost::daemon::protocol::{SlotRuleRow, SlotRuleVerb};
-    use taskhost::slot_settings::SlotSettings;
+    use taskhost::slot_settings::{Rate, SlotSettings};
     let client = Client::connect(socket).await.expect("connect");
     let settings = SlotSettings {
         capacity: Some(1000),
         max_queue: Some(1_000_000),
+        rate: Some(Rate {
+            starts: 1_000_000,
+            per: Duration::from_secs(1),
+        }),
+        burst: Some(1000),
         ..SlotSettings::default()
     };
     let row = SlotRuleRow {

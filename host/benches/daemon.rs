@@ -48,7 +48,8 @@
 //! `TASKHOST_BENCH_ONLY_COMPILES=1` only the compile scenario
 //! (`TASKHOST_BENCH_LARGE=PATH` names another large component for it);
 //! `TASKHOST_BENCH_SLOT_RULES=1` adds both stores with a slot rule that
-//! matches every slot and never binds;
+//! matches every slot and never binds (capacity 1,000, a rate of
+//! 1,000,000/s with a burst of 1,000);
 //! `TASKHOST_BENCH_BASELINE_HOST=PATH` adds the memory and sqlite stores of
 //! another `host` build (same protocol) to the same run, as a before/after
 //! baseline.
@@ -141,12 +142,13 @@ fn main() {
     }
     // TASKHOST_BENCH_SLOT_RULES=1: both stores again with a slot rule
     // matching every slot (a glob, so each new slot's lookup walks it)
-    // whose capacity never binds here.
+    // whose capacity and rate never bind here (each attempt still asks
+    // its slot's budget).
     if std::env::var_os("TASKHOST_BENCH_SLOT_RULES").is_some() {
         let config = dir.path().join("slot-rules.toml");
         std::fs::write(
             &config,
-            "[slots.\"*\"]\ncapacity = 1000\nmax_queue = 1000\n",
+            "[slots.\"*\"]\ncapacity = 1000\nmax_queue = 1000\nrate = \"1000000/s\"\nburst = 1000\n",
         )
         .unwrap();
         for store in STORES {
