@@ -31,8 +31,10 @@
 //! `TASKHOST_BENCH_SLOT_RULES=1` sets, before the throughput runs, a slot
 //! rule that every slot matches and none reaches)
 //! (the scenarios whose names contain an argument; all without one). With
-//! `TASKHOST_BENCH_PG_PROFILE=1` the throughput runs also print the
-//! database's statements (pg_stat_statements): calls and time per task.
+//! `TASKHOST_BENCH_PG_PROFILE=1` the throughput and rate-accuracy runs also
+//! print the database's statements (pg_stat_statements): calls and time per
+//! task (rate accuracy: every 10 s with `TASKHOST_BENCH_RATE_DEBUG`, which
+//! also prints the slot's owners, the dead rows and starts per 5 s).
 
 #[path = "../../tests/e2e/common/postgres.rs"]
 mod postgres;
@@ -66,6 +68,11 @@ impl Drop for Node {
 }
 
 fn start_node(dir: &Path, pg: &postgres::Postgres, name: &str) -> Node {
+    start_node_with(dir, pg, name, &[])
+}
+
+/// [`start_node`] with more flags.
+fn start_node_with(dir: &Path, pg: &postgres::Postgres, name: &str, more: &[&str]) -> Node {
     let socket = dir.join(format!("{name}.sock"));
     let mut child = Command::new(host_binary())
         .args([
@@ -87,6 +94,7 @@ fn start_node(dir: &Path, pg: &postgres::Postgres, name: &str) -> Node {
             "--max-total-pending",
             "1000000",
         ])
+        .args(more)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -209,7 +217,7 @@ const RATE: u32 = 1_000;
 const RATE_BURST: u32 = 10;
 
 /// One slot with `rate 1000/s, burst 10` (capacity 1,000) on three nodes, fed
-/// `hello`s through all three at up to 1,200/s (more than the rate allows,
+/// `hello`s through all three at up to 2,400/s (more than the rate allows,
 /// with about 2,000 queued at most) for a minute and two seconds: the attempt
 /// starts the database recorded over the minute after the first two
 /// seconds, against the rate's 60,000, and the most in any second against
@@ -220,13 +228,31 @@ fn rate_accuracy(rt: &tokio::runtime::Runtime) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(60);
-    let pg = postgres::Postgres::start();
+    let pg = if profiling() {
+        postgres::Postgres::start_with_settings(
+            "-c shared_preload_libraries=pg_stat_statements,auto_explain \
+             -c pg_stat_statements.track=all -c auto_explain.log_min_duration=3ms",
+        )
+    } else {
+        postgres::Postgres::start()
+    };
     let dir = tempfile::tempdir().unwrap();
+    // Every finished task kept, so that the attempts' rows count them all.
     let nodes: Vec<Node> = (1..=3)
-        .map(|i| start_node(dir.path(), &pg, &format!("n{i}")))
+        .map(|i| {
+            start_node_with(
+                dir.path(),
+                &pg,
+                &format!("n{i}"),
+                &["--retain-finished", "1000000"],
+            )
+        })
         .collect();
     let sockets: Vec<PathBuf> = nodes.iter().map(|n| n.socket.clone()).collect();
     rt.block_on(rated_rule(&sockets[0]));
+    if profiling() {
+        pg.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+    }
     let queued = AtomicU64::new(0);
     let until = Instant::now() + Duration::from_secs(secs + 2);
     std::thread::scope(|scope| {
@@ -234,26 +260,33 @@ fn rate_accuracy(rt: &tokio::runtime::Runtime) {
         // feeder keeps it under 2,000 (a queue that grows without end
         // makes each decision in the slot read a longer one).
         scope.spawn(|| {
+            let mut ticks = 0u64;
             while Instant::now() < until {
                 let n = pg.psql("SELECT count(*) FROM taskhost_tasks WHERE state = 'queued'");
                 queued.store(n.trim().parse().unwrap_or(0), Ordering::Relaxed);
-                if std::env::var_os("TASKHOST_BENCH_RATE_DEBUG").is_some() {
+                ticks += 1;
+                if std::env::var_os("TASKHOST_BENCH_RATE_DEBUG").is_some() && ticks.is_multiple_of(100) {
                     let s = pg.psql(
-                        "SELECT (SELECT count(*) FROM taskhost_tasks WHERE state = 'ready'), \
-                         (SELECT count(*) FROM taskhost_tasks WHERE state = 'running'), \
+                        "SELECT (SELECT count(*) FROM taskhost_tasks WHERE state = 'running'), \
                          (SELECT count(*) FROM taskhost_attempts), \
-                         (SELECT count(*) FROM taskhost_events)",
+                         (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'taskhost_tasks'), \
+                         (SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 'taskhost_tasks'), \
+                         (SELECT pg_relation_size('taskhost_owners'))",
                     );
                     println!(
-                        "  queued {} ready|running|starts|events {}",
+                        "  queued {} running|starts|dead|autovacuums|owners index bytes {}",
                         n.trim(),
                         s.trim()
                     );
+                    if profiling() {
+                        print_profile(&pg, 1000);
+                        pg.psql("SELECT pg_stat_statements_reset()");
+                    }
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
         });
-        // Through every node, 400/s each (20 every 50 ms) at most.
+        // Through every node, 800/s each (40 every 50 ms) at most.
         rt.block_on(async {
             let hello = std::fs::read(plugin_artifacts::HELLO).expect("hello");
             let feeders: Vec<_> = sockets
@@ -271,7 +304,7 @@ fn rate_accuracy(rt: &tokio::runtime::Runtime) {
                                 continue;
                             }
                             let mut pending = Vec::new();
-                            for _ in 0..20 {
+                            for _ in 0..40 {
                                 let mut request = SubmitRequest::new(digest);
                                 request.slot = Some("rated".into());
                                 let request = Request::Submit(Box::new(request));
@@ -309,6 +342,21 @@ fn rate_accuracy(rt: &tokio::runtime::Runtime) {
     let per_node = pg.psql(
         "SELECT node, count(*) FROM taskhost_attempts WHERE slot = 'rated' GROUP BY node ORDER BY node",
     );
+    if std::env::var_os("TASKHOST_BENCH_RATE_DEBUG").is_some() {
+        let mut by_five = vec![0u32; (secs / 5 + 1) as usize];
+        for t in starts.iter().filter(|t| **t >= from && **t < to) {
+            by_five[((t - from) / 5_000) as usize] += 1;
+        }
+        println!("  starts per 5 s: {by_five:?}");
+    }
+    if profiling() {
+        print_profile(&pg, starts.len());
+        // The plans of statements slower than 3 ms (auto_explain).
+        let log = std::env::temp_dir().join("taskhost-bench-rate-pg.log");
+        if std::fs::copy(pg.socket_dir().join("server.log"), &log).is_ok() {
+            println!("  slow statements' plans: {}", log.display());
+        }
+    }
     println!(
         "rate accuracy, 3 nodes: {counted} starts in {secs} s against {expected:.0} ({:+.2}%), \
          at most {most} in any second (rate {RATE} + burst {RATE_BURST}); starts by node: {}",

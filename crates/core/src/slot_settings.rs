@@ -20,6 +20,7 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -136,6 +137,10 @@ pub struct StartBudget {
     slack: Duration,
     /// When the pace next allows a start with no slack left.
     next: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// The turn to start: a task that found the budget spent waits for it
+    /// in line, so that one waiter at a time sleeps until the next start
+    /// and the others are not woken for nothing.
+    turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl StartBudget {
@@ -148,6 +153,7 @@ impl StartBudget {
             interval,
             slack: interval.saturating_mul(burst),
             next: std::sync::Mutex::new(None),
+            turn: Arc::default(),
         }
     }
 
@@ -202,6 +208,25 @@ impl StartBudget {
     /// The most starts it allows one after another (`burst + 1`).
     pub fn most(&self) -> u32 {
         self.made_of.1.saturating_add(1)
+    }
+
+    /// The turn to start, at once if no other task waits for it.
+    pub fn try_turn(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        self.turn.clone().try_lock_owned().ok()
+    }
+
+    /// The turn to start, after the tasks that waited for it before.
+    pub async fn turn(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.turn.clone().lock_owned().await
+    }
+
+    /// When the next start may be (`now` when the budget allows one).
+    pub fn next_start(&self, now: tokio::time::Instant) -> tokio::time::Instant {
+        let next = self
+            .next
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        next.map_or(now, |t| t.max(now + self.slack) - self.slack)
     }
 
     /// Takes one start at `now` if the budget allows it; else the time

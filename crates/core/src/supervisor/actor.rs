@@ -211,6 +211,9 @@ impl Actor {
         {
             return TaskOutcome::Canceled;
         }
+        // The turn at a rate-limited slot's budget, held from the first
+        // refusal until a start.
+        let (mut turn, mut announced) = (None, false);
         loop {
             // A stop while waiting for a permit or in backoff holds nothing.
             entry.set_phase(TaskState::Waiting);
@@ -225,22 +228,44 @@ impl Actor {
             if stop.borrow().is_some() {
                 return TaskOutcome::Canceled;
             }
-            // A rate-limited slot's budget: without a start left, the
-            // permit goes back and the task waits for the next one.
-            if let Some(budget) = &self.policies.start_budget
-                && let Err(next) = budget.try_start(Instant::now())
-            {
-                drop(permit);
-                entry.set_throttled(next);
-                let mut event = self.base_event(EventKind::AttemptThrottled, story.attempts);
-                event.delay_ms =
-                    Some(next.saturating_duration_since(Instant::now()).as_millis() as u64);
-                self.shared.publish(event);
-                tokio::select! {
-                    biased;
-                    () = stop_requested(&mut stop) => return TaskOutcome::Canceled,
-                    () = tokio::time::sleep_until(next) => continue,
+            // A rate-limited slot's budget: without a start left (or with
+            // other tasks waiting for one), the permit goes back and the
+            // task waits in line for its turn, then for the next start.
+            if let Some(budget) = &self.policies.start_budget {
+                if turn.is_none() {
+                    turn = budget.try_turn();
                 }
+                let refused = match &turn {
+                    Some(_) => budget.try_start(Instant::now()).err(),
+                    None => Some(budget.next_start(Instant::now())),
+                };
+                if let Some(next) = refused {
+                    drop(permit);
+                    entry.set_throttled(next);
+                    if !announced {
+                        announced = true;
+                        let mut event =
+                            self.base_event(EventKind::AttemptThrottled, story.attempts);
+                        event.delay_ms =
+                            Some(next.saturating_duration_since(Instant::now()).as_millis() as u64);
+                        self.shared.publish(event);
+                    }
+                    if turn.is_none() {
+                        turn = tokio::select! {
+                            biased;
+                            () = stop_requested(&mut stop) => return TaskOutcome::Canceled,
+                            turn = budget.turn() => Some(turn),
+                        };
+                        continue;
+                    }
+                    tokio::select! {
+                        biased;
+                        () = stop_requested(&mut stop) => return TaskOutcome::Canceled,
+                        () = tokio::time::sleep_until(next) => continue,
+                    }
+                }
+                // Started: the next in line takes the turn.
+                (turn, announced) = (None, false);
             }
             let attempt = entry.count_attempt();
             story.attempts = attempt;

@@ -126,6 +126,41 @@ async fn a_retry_is_a_start_and_a_throttled_task_holds_no_permit() {
     c.shutdown(ms(100)).await;
 }
 
+#[tokio::test(start_paused = true)]
+async fn throttled_tasks_start_in_line_and_are_announced_once() {
+    let c = Controller::builder(Supervisor::builder().bus_capacity(1 << 12).build()).build();
+    let mut stream = c.supervisor().subscribe();
+    c.set_slot_rules(limited("api", "100/s", 0, 200));
+    let base = tokio::time::Instant::now();
+    let starts: Starts = Arc::default();
+    let waiters: Vec<TaskWaiter> = (0..200)
+        .map(|i| {
+            let slot = format!("api#{i:03}");
+            let body = noting(&starts, &slot, base, 0);
+            submit(&c, &slot, "api", AdmissionPolicy::Queue, body)
+        })
+        .collect();
+    for w in waiters {
+        assert!(matches!(w.wait().await, TaskOutcome::Completed { .. }));
+    }
+    c.shutdown(ms(100)).await;
+    drop(c);
+    // One every 10 ms, in the order they were submitted.
+    let starts = starts.lock().unwrap().clone();
+    let order: Vec<&str> = starts.iter().map(|s| s.0.as_str()).collect();
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    assert_eq!(order, sorted, "started in line");
+    assert_eq!(starts.last().unwrap().1, ms(1990));
+    // Each waiting task was announced throttled once, not at every start
+    // of the others.
+    let mut throttled = 0;
+    while let Some(Received::Event(e)) = stream.recv().await {
+        throttled += usize::from(e.kind == EventKind::AttemptThrottled);
+    }
+    assert_eq!(throttled, 199);
+}
+
 /// Plays submissions to two rate-limited slots and one free slot, `gaps`
 /// milliseconds apart, some failing once; returns each attempt's start.
 fn play(gaps: &[(usize, u64, bool)], rules: SlotRules) -> Vec<(String, Duration)> {

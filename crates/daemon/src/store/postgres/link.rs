@@ -84,8 +84,13 @@ impl Link {
             config.connect_timeout(Duration::from_secs(5));
         }
         config.application_name("taskhost");
+        // Every statement is planned for its parameters and the tables as
+        // they are now: a generic plan cached while the tables were small
+        // (a sequential scan) stays until the next ANALYZE and costs more
+        // with every row.
         let session = format!(
-            "-c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={}",
+            "-c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={} \
+             -c plan_cache_mode=force_custom_plan",
             timeouts.statement.as_millis().max(1),
             timeouts.lock.as_millis().max(1),
             timeouts.idle_in_transaction.as_millis().max(1),
