@@ -2,10 +2,10 @@
 //! PostgreSQL: the rules set through one node and read by every node, a
 //! slot of capacity 2 filled from two nodes, a Replace that meets it full,
 //! a rule raised while work waits, a plugin's declared capacity, a bad
-//! rule refused, a debounced slot's bursts, a rate shared by the nodes; and the capacity invariant (never more attempts of a slot
-//! at once than its capacity) checked over the recorded attempt intervals
-//! of random submissions while one node is killed with SIGKILL and one is
-//! frozen with SIGSTOP past its lease.
+//! rule refused, a debounced slot's bursts, a rate shared by the nodes; and
+//! the invariants of capacity, rate and debounce checked over the recorded
+//! attempts of random submissions while one node is killed with SIGKILL and
+//! one is frozen with SIGSTOP past its lease.
 
 use crate::cluster::{Attempt, attempts, node, steady_node};
 use crate::{daemon, postgres};
@@ -336,13 +336,16 @@ fn the_checker_of_attempt_intervals_catches_one_too_many() {
 }
 
 /// Random submissions (mostly Queue, some Replace and DropIfRunning) of
-/// short sleepers over slots of capacity 1, 2 and 3 through one node of
-/// three; a second node is killed with SIGKILL and started again, the third
-/// frozen with SIGSTOP past its lease and woken. Every task ends, and no
-/// slot's recorded attempts ever overlap more than its capacity; the
-/// slots of capacity 2 and 3 reach it (so a checker one short fails).
+/// short sleepers over slots of capacity 1, 2 and 3, a rated slot and a
+/// debounced one, through one node of three; a second node is killed with
+/// SIGKILL and started again, the third frozen with SIGSTOP past its lease
+/// and woken. Every task ends, and over the recorded attempts: no slot's
+/// attempts ever overlap more than its capacity (the slots of capacity 2
+/// and 3 reach it, so a checker one short fails); the rated slot never
+/// starts more in a second than its rate and burst (and reaches that);
+/// each debounce window runs once, its newest submission.
 #[test]
-fn capacity_holds_across_three_nodes_with_one_killed_and_one_frozen() {
+fn flow_rules_hold_across_three_nodes_with_one_killed_and_one_frozen() {
     let seed: u64 = std::env::var("TASKHOST_FLOW_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -356,10 +359,26 @@ fn capacity_holds_across_three_nodes_with_one_killed_and_one_frozen() {
     let c = node(&pg, "c", &bounds);
     ok(&a, &["slot", "set", "k2-*", "--capacity", "2"]);
     ok(&a, &["slot", "set", "k3-*", "--capacity", "3"]);
-    let slots = [("k1-0", 1), ("k2-0", 2), ("k2-1", 2), ("k3-0", 3)];
+    // A third of the rate and burst on each of three nodes.
+    let rated = ["--capacity", "6", "--rate", "3/s", "--burst", "3"];
+    ok(&a, &[&["slot", "set", "rated"][..], &rated].concat());
+    ok(&a, &["slot", "set", "deb", "--debounce", "150ms"]);
+    let slots = [
+        ("k1-0", 1),
+        ("k2-0", 2),
+        ("k2-1", 2),
+        ("k3-0", 3),
+        ("rated", 6),
+        ("deb", 1),
+    ];
+    let mut debounced = Vec::new();
     let total = 240;
     for i in 0..total {
-        let (slot, _) = slots[rng.usize(..slots.len())];
+        // A quarter to the rated slot: more than its rate allows.
+        let (slot, _) = match rng.u32(..4) {
+            0 => slots[4],
+            _ => slots[rng.usize(..slots.len())],
+        };
         let policy = match rng.u32(..20) {
             0..14 => "queue",
             14..17 => "replace",
@@ -377,6 +396,9 @@ fn capacity_holds_across_three_nodes_with_one_killed_and_one_frozen() {
             &format!("ms={ms}"),
         ]);
         assert!(matches!(out.code, Some(0 | 3)), "{}", out.stderr);
+        if slot == "deb" {
+            debounced.push(out.stdout.trim().to_owned());
+        }
         if i == total / 3 {
             let mut process = b.process.take().expect("running");
             process.child.kill().expect("SIGKILL");
@@ -424,16 +446,86 @@ fn capacity_holds_across_three_nodes_with_one_killed_and_one_frozen() {
             most <= capacity,
             "slot {slot} (capacity {capacity}) ran {most} attempts at once: {rows:?}"
         );
-        if capacity > 1 {
+        if capacity > 1 && slot.starts_with('k') {
             assert_eq!(
                 most, capacity,
                 "slot {slot} never reached its capacity: the run proves little"
             );
         }
     }
+    let rows = attempts(&pg, "rated");
+    let most = most_starts_in(&rows, 1000);
+    let span = rows.last().map_or(0, |a| a.started) - rows.first().map_or(0, |a| a.started);
+    println!(
+        "rated: {} starts over {span} ms, at most {most} in a second",
+        rows.len()
+    );
+    assert!(
+        most <= 3 + 3,
+        "the rated slot started {most} in one second: {rows:?}"
+    );
+    assert!(
+        most > 3,
+        "the rated slot never started more than its pace in a second: the run proves little"
+    );
+    debounce_held(&pg, &a, &debounced, 150);
     let nodes = pg.psql("SELECT count(DISTINCT node) FROM taskhost_attempts");
     println!(
         "{checked} attempt intervals over {} nodes checked",
         nodes.trim()
+    );
+}
+
+/// Each debounce window of `ids` (submissions to one slot debounced by
+/// `debounce_ms`, in the order submitted) ran once, its newest submission:
+/// one followed by another inside its window was superseded, naming that
+/// one, and never ran; one not followed inside its window was not. The
+/// run has both, so a checker that allows either fails.
+fn debounce_held(pg: &Postgres, via: &Daemon, ids: &[String], debounce_ms: u64) {
+    // Clocks read a few milliseconds apart (the submitting node's and the
+    // one that placed the held submission).
+    const SLACK: u64 = 25;
+    let submitted: Vec<u64> = ids
+        .iter()
+        .map(|id| {
+            pg.psql(&format!(
+                "SELECT submitted_ms FROM taskhost_tasks WHERE id = {id}"
+            ))
+            .trim()
+            .parse()
+            .expect("a submission time")
+        })
+        .collect();
+    let ran: std::collections::HashSet<String> = attempts(pg, "deb")
+        .iter()
+        .map(|a| a.task.to_string())
+        .collect();
+    let (mut superseded, mut kept) = (0, 0);
+    for (i, id) in ids.iter().enumerate() {
+        let (_, json) = waited(via, id);
+        let reason = json["reason"].as_str().unwrap_or_default().to_owned();
+        let named = reason.contains("a newer submission");
+        let Some(next) = ids.get(i + 1) else {
+            assert!(!named, "the last submission {id} was superseded: {json}");
+            continue;
+        };
+        let gap = submitted[i + 1].saturating_sub(submitted[i]);
+        if gap + SLACK < debounce_ms {
+            superseded += 1;
+            assert!(
+                reason.contains(&format!("a newer submission ({next})")) && !ran.contains(id),
+                "{id} was followed by {next} {gap} ms later, inside its window: {json}"
+            );
+        } else if gap > debounce_ms + SLACK {
+            kept += 1;
+            assert!(
+                !named,
+                "{id} was superseded though {next} came {gap} ms later: {json}"
+            );
+        }
+    }
+    assert!(
+        superseded > 0 && kept > 0,
+        "{superseded} submissions superseded and {kept} not: the run proves little"
     );
 }

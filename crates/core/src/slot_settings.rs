@@ -141,6 +141,22 @@ pub struct StartBudget {
     /// in line, so that one waiter at a time sleeps until the next start
     /// and the others are not woken for nothing.
     turn: Arc<tokio::sync::Mutex<()>>,
+    /// The tasks waiting in line (refused, not started yet).
+    waiting: std::sync::atomic::AtomicUsize,
+    /// No start before this (`hold`).
+    held: std::sync::Mutex<Option<tokio::time::Instant>>,
+}
+
+/// A task's place in a budget's line: counted while it is held.
+#[derive(Debug)]
+pub struct InLine(Arc<StartBudget>);
+
+impl Drop for InLine {
+    fn drop(&mut self) {
+        self.0
+            .waiting
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl StartBudget {
@@ -154,6 +170,8 @@ impl StartBudget {
             slack: interval.saturating_mul(burst),
             next: std::sync::Mutex::new(None),
             turn: Arc::default(),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
+            held: std::sync::Mutex::new(None),
         }
     }
 
@@ -172,6 +190,9 @@ impl StartBudget {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) =
             next.map(|t| t + budget.slack.saturating_sub(old.slack));
+        if let Some(held) = old.held_at(tokio::time::Instant::now()) {
+            budget.hold(held);
+        }
         budget
     }
 
@@ -182,6 +203,9 @@ impl StartBudget {
 
     /// Whether a start now would find it full (as a new one).
     pub fn is_full(&self, now: tokio::time::Instant) -> bool {
+        if self.held_at(now).is_some() {
+            return false;
+        }
         let next = self
             .next
             .lock()
@@ -192,6 +216,9 @@ impl StartBudget {
     /// How many starts the budget would allow at `now`, one after another
     /// (`burst + 1` when full, 0 while a start must wait).
     pub fn available(&self, now: tokio::time::Instant) -> u32 {
+        if self.held_at(now).is_some() {
+            return 0;
+        }
         let next = self
             .next
             .lock()
@@ -210,6 +237,43 @@ impl StartBudget {
         self.made_of.1.saturating_add(1)
     }
 
+    /// Allows no start before `until` (then as the budget stands).
+    pub fn hold(&self, until: tokio::time::Instant) {
+        let mut held = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *held = Some(held.map_or(until, |h| h.max(until)));
+    }
+
+    /// Until when it is held, if it still is at `now`.
+    fn held_at(&self, now: tokio::time::Instant) -> Option<tokio::time::Instant> {
+        let held = *self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.filter(|h| *h > now)
+    }
+
+    /// The rate it was made of.
+    pub fn rate(&self) -> Rate {
+        self.made_of.0
+    }
+
+    /// A place in line for a task the budget refused, until it starts or
+    /// gives up (the place dropped).
+    pub fn join_line(self: &Arc<Self>) -> InLine {
+        self.waiting
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        InLine(Arc::clone(self))
+    }
+
+    /// Whether at least a period's worth of starts waits in line.
+    pub fn is_crowded(&self) -> bool {
+        self.waiting.load(std::sync::atomic::Ordering::Relaxed)
+            >= self.made_of.0.starts.max(1) as usize
+    }
+
     /// The turn to start, at once if no other task waits for it.
     pub fn try_turn(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
         self.turn.clone().try_lock_owned().ok()
@@ -222,6 +286,9 @@ impl StartBudget {
 
     /// When the next start may be (`now` when the budget allows one).
     pub fn next_start(&self, now: tokio::time::Instant) -> tokio::time::Instant {
+        if let Some(held) = self.held_at(now) {
+            return held;
+        }
         let next = self
             .next
             .lock()
@@ -232,6 +299,9 @@ impl StartBudget {
     /// Takes one start at `now` if the budget allows it; else the time
     /// the next start may be.
     pub fn try_start(&self, now: tokio::time::Instant) -> Result<(), tokio::time::Instant> {
+        if let Some(held) = self.held_at(now) {
+            return Err(held);
+        }
         let mut next = self
             .next
             .lock()

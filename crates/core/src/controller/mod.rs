@@ -247,6 +247,8 @@ struct State {
     /// Rate-limited slots' budgets of starts, kept while the slot is
     /// forgotten (a slot tracked again must not start with a full one).
     budgets: HashMap<Arc<str>, Arc<StartBudget>, foldhash::fast::RandomState>,
+    /// Since when rates are held for a period (`hold_rates`).
+    rates_held_from: Option<tokio::time::Instant>,
     /// Slots whose debounce holds a submission: the one held, and when the
     /// run of superseding submissions it ends began.
     debouncing: HashMap<Arc<str>, (TaskId, tokio::time::Instant), foldhash::fast::RandomState>,

@@ -33,6 +33,9 @@ impl Controller {
             Some(old) => Arc::new(StartBudget::after(old, rate, burst)),
             None => Arc::new(StartBudget::new(rate, burst)),
         };
+        if let Some(since) = state.rates_held_from {
+            budget.hold(since + rate.per);
+        }
         if state.budgets.len() >= KEPT {
             let now = tokio::time::Instant::now();
             state.budgets.retain(|_, b| !b.is_full(now));
@@ -55,6 +58,31 @@ impl Controller {
             .collect();
         budgets.sort();
         budgets
+    }
+
+    /// Holds every rate-limited slot's starts until a period of its rate
+    /// after `since`, the budgets it has and those it makes later: a
+    /// cluster node that (re)joins at `since` cannot know what the other
+    /// nodes started in the period before, and they learn of it late.
+    pub fn hold_rates(&self, since: tokio::time::Instant) {
+        let mut state = self.lock();
+        state.rates_held_from = Some(since);
+        for budget in state.budgets.values() {
+            budget.hold(since + budget.rate().per);
+        }
+    }
+
+    /// The rate-limited slots with at least a period's worth of starts
+    /// (of their rate here) waiting in line: a cluster node claims no more
+    /// of their tasks, so that nodes with starts to spare run them.
+    pub fn crowded_slots(&self) -> Vec<String> {
+        let state = self.lock();
+        state
+            .budgets
+            .iter()
+            .filter(|(_, b)| b.is_crowded())
+            .map(|(slot, _)| slot.to_string())
+            .collect()
     }
 
     /// Replaces the operator's slot settings. Each tracked slot takes its

@@ -213,7 +213,7 @@ impl Actor {
         }
         // The turn at a rate-limited slot's budget, held from the first
         // refusal until a start.
-        let (mut turn, mut announced) = (None, false);
+        let (mut turn, mut in_line) = (None, None);
         loop {
             // A stop while waiting for a permit or in backoff holds nothing.
             entry.set_phase(TaskState::Waiting);
@@ -242,8 +242,8 @@ impl Actor {
                 if let Some(next) = refused {
                     drop(permit);
                     entry.set_throttled(next);
-                    if !announced {
-                        announced = true;
+                    if in_line.is_none() {
+                        in_line = Some(budget.join_line());
                         let mut event =
                             self.base_event(EventKind::AttemptThrottled, story.attempts);
                         event.delay_ms =
@@ -265,7 +265,7 @@ impl Actor {
                     }
                 }
                 // Started: the next in line takes the turn.
-                (turn, announced) = (None, false);
+                (turn, in_line) = (None, None);
             }
             let attempt = entry.count_attempt();
             story.attempts = attempt;

@@ -161,6 +161,38 @@ async fn throttled_tasks_start_in_line_and_are_announced_once() {
     assert_eq!(throttled, 199);
 }
 
+#[tokio::test(start_paused = true)]
+async fn held_rates_start_a_period_later_and_a_crowded_line_is_told() {
+    let c = controller();
+    c.set_slot_rules(limited("api", "2/s", 1, 10));
+    let base = tokio::time::Instant::now();
+    // As a cluster node that joined now: nothing for a period, then the
+    // budget as it stands (its burst too).
+    c.hold_rates(base);
+    let starts: Starts = Arc::default();
+    let waiters: Vec<TaskWaiter> = (0..5)
+        .map(|i| {
+            let body = noting(&starts, "api", base, 0);
+            submit(&c, &format!("t{i}"), "api", AdmissionPolicy::Queue, body)
+        })
+        .collect();
+    tokio::time::sleep(ms(10)).await;
+    // Five waiting, two starts a period: crowded.
+    assert_eq!(c.crowded_slots(), ["api"]);
+    for w in waiters {
+        assert!(matches!(w.wait().await, TaskOutcome::Completed { .. }));
+    }
+    assert!(c.crowded_slots().is_empty());
+    let times: Vec<u64> = starts
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| s.1.as_millis() as u64)
+        .collect();
+    assert_eq!(times, [1000, 1000, 1500, 2000, 2500]);
+    c.shutdown(ms(100)).await;
+}
+
 /// Plays submissions to two rate-limited slots and one free slot, `gaps`
 /// milliseconds apart, some failing once; returns each attempt's start.
 fn play(gaps: &[(usize, u64, bool)], rules: SlotRules) -> Vec<(String, Duration)> {

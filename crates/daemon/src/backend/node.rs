@@ -89,11 +89,25 @@ pub(crate) async fn leave(daemon: &Arc<Daemon>) {
     tracing::info!(node, "left the cluster");
 }
 
+/// A node that joins (or joins again) starts no rate-limited attempt for
+/// a period of the rate after the other nodes have learnt of it (two
+/// renewals): until then their shares count one node fewer, and what
+/// they started in the period before is not known here.
+fn hold_rates(daemon: &Weak<Daemon>) {
+    if let Some(d) = daemon.upgrade()
+        && let Some(cluster) = d.cluster()
+    {
+        let learnt = tokio::time::Instant::now() + cluster.settings.renew * 2;
+        d.controller.hold_rates(learnt);
+    }
+}
+
 async fn claim_loop(daemon: Weak<Daemon>) {
     // Set when a claim could not reach the database: its commit may have
     // landed with the answer lost, so the node's claims are read back
     // before it claims again.
     let mut unsure = false;
+    hold_rates(&daemon);
     // The version of the cluster's slot rules the local controller has:
     // it runs a slot's claimed tasks side by side up to their capacity.
     let mut rules_seen = (0, (1, 0));
@@ -129,7 +143,14 @@ async fn claim_loop(daemon: Weak<Daemon>) {
         let mut again = false;
         if room > 0 {
             let batch = room.min(CLAIM_BATCH);
-            match cluster.pg.claim(cluster.node(), batch as i64).await {
+            // Not the tasks of a slot whose share of a rate this node has
+            // a period's worth of starts waiting for: other nodes start them.
+            let crowded = d.controller.crowded_slots();
+            match cluster
+                .pg
+                .claim(cluster.node(), batch as i64, &crowded)
+                .await
+            {
                 Ok(claimed) => {
                     cluster.pg.outage().reached();
                     if let Some(rules) = cluster.pg.rules_since(&mut rules_seen) {
@@ -416,6 +437,7 @@ async fn lost_lease(daemon: &Arc<Daemon>, cluster: &Cluster, lost: i64, why: &st
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner) = registering;
                 cluster.rejoining.store(false, Ordering::SeqCst);
+                hold_rates(&Arc::downgrade(daemon));
                 tracing::info!(node, "joined the cluster again");
                 cluster.wake.notify_one();
                 return;

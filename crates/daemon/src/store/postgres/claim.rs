@@ -110,13 +110,18 @@ pub(super) async fn promote(
 
 impl Pg {
     /// Claims up to `n` ready tasks for `node` (a dead node claims nothing),
-    /// each under a new fencing token.
-    pub(crate) async fn claim(&self, node: i64, n: i64) -> Result<Vec<Claimed>, StoreError> {
+    /// each under a new fencing token, none of the `crowded` slots'.
+    pub(crate) async fn claim(
+        &self,
+        node: i64,
+        n: i64,
+        crowded: &[String],
+    ) -> Result<Vec<Claimed>, StoreError> {
         let client = self.client().await?;
         let rows = all(
             &client,
             "cannot claim work",
-            "WITH c AS (SELECT id FROM taskhost_tasks WHERE state = 'ready' \
+            "WITH c AS (SELECT id FROM taskhost_tasks WHERE state = 'ready' AND slot <> ALL($3) \
                  ORDER BY priority DESC, id LIMIT $2 FOR UPDATE SKIP LOCKED) \
                  UPDATE taskhost_tasks t SET state = 'running', node = $1, \
                  token = nextval('taskhost_fence') FROM c WHERE t.id = c.id \
@@ -125,7 +130,7 @@ impl Pg {
                  t.resume_at_ms, t.submitted_ms, (SELECT version FROM taskhost_slot_rules_version), \
                  (SELECT count(*) FROM taskhost_nodes WHERE alive), \
                  (SELECT count(*) FROM taskhost_nodes WHERE alive AND id < $1)",
-            &[&node, &n],
+            &[&node, &n, &crowded],
         )
         .await?;
         // The local controller runs a slot's claimed tasks up to their
