@@ -400,6 +400,58 @@ async fn a_rate_limited_slot_starts_at_its_pace_and_shows_what_waits_as_throttle
     );
 }
 
+/// A restart (here after SIGKILL) does not give a rate-limited slot a
+/// fresh budget: its first start waits until a period after the latest
+/// start the store recorded, so no window of the period holds more starts
+/// across the restart than the rate and burst allow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_holds_a_rated_slot_until_a_period_after_its_latest_start() {
+    let mut d = Daemon::start(&[]);
+    let set = d.run(&["slot", "set", "api", "--rate", "3/2s", "--burst", "1"]);
+    assert_eq!(set.code, Some(0), "{}", set.stderr);
+    let mut starts: Vec<(String, Duration)> = Vec::new();
+    for round in 0..2 {
+        let events = wire::follow_events(&d.socket).await;
+        let client = wire::connect(&d.socket).await;
+        let hello = wire::upload_plugin(&client, "hello").await;
+        let mut ids = Vec::new();
+        for i in 0..4 {
+            let mut r = SubmitRequest::new(hello);
+            r.slot = Some("api".into());
+            r.name = Some(format!("r{round}-{i}"));
+            if let Reply::Submitted(s) = wire::call(&client, Request::Submit(Box::new(r))).await {
+                ids.push(s.id);
+            }
+        }
+        for id in &ids {
+            client.wait((*id).into()).await.expect("a report");
+        }
+        d.kill_9();
+        let events = events.await.expect("the event follower");
+        starts.extend(
+            events
+                .iter()
+                .filter(|e| e.kind == EventKind::AttemptStarting)
+                .map(|e| ("api".to_owned(), Duration::from_millis(e.at_ms))),
+        );
+        d.restart(&[]);
+    }
+    assert_eq!(starts.len(), 8, "{starts:?}");
+    starts.sort_by_key(|s| s.1);
+    // Two at once (one of burst), then one every 667 ms; after the
+    // restart, the first a period (2 s) after the last before it.
+    let rate = |slot: &str| (slot == "api").then_some((3, Duration::from_secs(2), 1));
+    assert_eq!(
+        rate_broken(&starts, rate, Duration::from_millis(20)),
+        Ok(()),
+        "{starts:?}"
+    );
+    let gap = starts[4].1 - starts[3].1;
+    assert!(gap >= Duration::from_millis(1980), "{gap:?}: {starts:?}");
+    let out = d.run(&["shutdown"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+}
+
 /// Slots `c1`, `c2` and `c3` hold 1, 2 and 3 owners.
 fn capacity(slot: &str) -> usize {
     match slot {

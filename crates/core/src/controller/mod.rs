@@ -249,6 +249,9 @@ struct State {
     budgets: HashMap<Arc<str>, Arc<StartBudget>, foldhash::fast::RandomState>,
     /// Since when rates are held for a period (`hold_rates`).
     rates_held_from: Option<tokio::time::Instant>,
+    /// Rate-limited slots' latest starts before a restart
+    /// (`hold_slot_rates`).
+    last_starts: HashMap<Arc<str>, tokio::time::Instant, foldhash::fast::RandomState>,
     /// Slots whose debounce holds a submission: the one held, and when the
     /// run of superseding submissions it ends began.
     debouncing: HashMap<Arc<str>, (TaskId, tokio::time::Instant), foldhash::fast::RandomState>,

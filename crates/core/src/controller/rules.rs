@@ -36,6 +36,9 @@ impl Controller {
         if let Some(since) = state.rates_held_from {
             budget.hold(since + rate.per);
         }
+        if let Some(last) = state.last_starts.get(slot_key) {
+            budget.hold(*last + rate.per);
+        }
         if state.budgets.len() >= KEPT {
             let now = tokio::time::Instant::now();
             state.budgets.retain(|_, b| !b.is_full(now));
@@ -69,6 +72,19 @@ impl Controller {
         state.rates_held_from = Some(since);
         for budget in state.budgets.values() {
             budget.hold(since + budget.rate().per);
+        }
+    }
+
+    /// Holds each rate-limited slot of `last` (a slot and its latest
+    /// start before a restart) until a period of its rate after that
+    /// start: what the budget had left then is not known, and a period
+    /// later none of it counts.
+    pub fn hold_slot_rates(&self, last: &[(String, tokio::time::Instant)]) {
+        let mut state = self.lock();
+        for (slot, at) in last {
+            if state.rules.for_slot(slot).rate.is_some() {
+                state.last_starts.insert(Arc::from(slot.as_str()), *at);
+            }
         }
     }
 

@@ -411,6 +411,20 @@ async fn start_work(
             }
         }
         daemon.controller.set_slot_rules(rules);
+        // A rate-limited slot starts nothing until a period after the
+        // latest start the store recorded (the budget before the restart
+        // is not known).
+        let now = (tokio::time::Instant::now(), crate::store::now_ms());
+        let last: Vec<(String, tokio::time::Instant)> = host
+            .store
+            .take_last_starts()
+            .into_iter()
+            .filter_map(|(slot, ms)| {
+                let ago = std::time::Duration::from_millis(now.1.saturating_sub(ms));
+                Some((slot, now.0.checked_sub(ago)?))
+            })
+            .collect();
+        daemon.controller.hold_slot_rates(&last);
     }
     if let Some(host) = daemon.one_host()
         && !unfinished.is_empty()

@@ -425,6 +425,8 @@ struct Inner {
     kv: Mutex<Vec<(String, String, Vec<u8>)>>,
     /// The slot rules read at open, taken once by the daemon's start.
     slot_rules: Mutex<Vec<(String, SlotSettings)>>,
+    /// Each slot's latest attempt start read at open, taken once likewise.
+    last_starts: Mutex<Vec<(String, u64)>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -457,6 +459,7 @@ impl Store {
                         schedules: Mutex::default(),
                         kv: Mutex::default(),
                         slot_rules: Mutex::default(),
+                        last_starts: Mutex::default(),
                     }),
                 },
                 Vec::new(),
@@ -470,6 +473,7 @@ impl Store {
                     schedules,
                     kv,
                     slot_rules,
+                    last_starts,
                 } = sqlite::open(path, retention)?;
                 let (tx, rx) = mpsc::channel();
                 let pending = Arc::new(AtomicUsize::new(0));
@@ -491,6 +495,7 @@ impl Store {
                             schedules: Mutex::new(schedules),
                             kv: Mutex::new(kv),
                             slot_rules: Mutex::new(slot_rules),
+                            last_starts: Mutex::new(last_starts),
                         }),
                     },
                     unfinished,
@@ -628,6 +633,17 @@ impl Store {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         std::mem::take(&mut *rules)
+    }
+
+    /// Each slot's latest attempt start (ms since the epoch) the store
+    /// held when it was opened (once; later calls get none).
+    pub fn take_last_starts(&self) -> Vec<(String, u64)> {
+        let mut starts = self
+            .inner
+            .last_starts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        std::mem::take(&mut *starts)
     }
 
     /// Resolves once every write made before it is committed.

@@ -523,7 +523,9 @@ mod tests {
             "{options}"
         );
         assert!(
-            options.ends_with("idle_in_transaction_session_timeout=5000"),
+            options.ends_with(
+                "idle_in_transaction_session_timeout=5000 -c plan_cache_mode=force_custom_plan"
+            ),
             "{options}"
         );
     }

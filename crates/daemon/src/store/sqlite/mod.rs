@@ -35,6 +35,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/0007_slot_rules.sql"),
     include_str!("../../../migrations/0008_slot_debounce.sql"),
     include_str!("../../../migrations/0009_slot_rate.sql"),
+    include_str!("../../../migrations/0010_last_start.sql"),
 ];
 
 /// The migration that added `parent` and `root`, filled from each row's
@@ -130,6 +131,7 @@ pub(super) fn open(path: &Path, retention: Retention) -> Result<Opened, StoreErr
     let schedules = read_schedules(&conn).map_err(|e| err(path, "cannot read it", e))?;
     let kv = read_kv(&conn).map_err(|e| err(path, "cannot read it", e))?;
     let slot_rules = read_slot_rules(&conn).map_err(|e| err(path, "cannot read it", e))?;
+    let last_starts = read_last_starts(&conn).map_err(|e| err(path, "cannot read it", e))?;
     let reader = Reader::new(connect(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -147,7 +149,19 @@ pub(super) fn open(path: &Path, retention: Retention) -> Result<Opened, StoreErr
         schedules,
         kv,
         slot_rules,
+        last_starts,
     })
+}
+
+/// Each slot's latest recorded attempt start (ms since the epoch).
+fn read_last_starts(conn: &Connection) -> rusqlite::Result<Vec<(String, u64)>> {
+    let mut stmt = conn.prepare(
+        "SELECT slot, max(started_ms) FROM tasks WHERE started_ms IS NOT NULL GROUP BY slot",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
+    })?;
+    rows.collect()
 }
 
 /// The operator's slot rules; one a newer version wrote that this one
@@ -218,6 +232,8 @@ pub(super) struct Opened {
     pub kv: Vec<(String, String, Vec<u8>)>,
     /// The operator's slot rules.
     pub slot_rules: Vec<(String, SlotSettings)>,
+    /// Each slot's latest recorded attempt start (ms since the epoch).
+    pub last_starts: Vec<(String, u64)>,
 }
 
 fn read_schedules(conn: &Connection) -> rusqlite::Result<Vec<StoredSchedule>> {

@@ -323,9 +323,10 @@ fn apply_op(tx: &rusqlite::Transaction<'_>, op: &Op, started: u32) -> rusqlite::
         Op::AttemptStarted { id, attempt } => {
             tx.prepare_cached(
                 "UPDATE tasks SET state = 'running', attempts = max(attempts, ?2), \
-                 resume_at_ms = NULL WHERE id = ?1 AND state IN ('queued', 'running')",
+                 resume_at_ms = NULL, started_ms = ?3 \
+                 WHERE id = ?1 AND state IN ('queued', 'running')",
             )?
-            .execute(params![id.get() as i64, attempt])?;
+            .execute(params![id.get() as i64, attempt, now_ms() as i64])?;
         }
         Op::Pausing {
             id,
@@ -390,7 +391,7 @@ fn insert_task(
     };
     tx.prepare_cached(
         "INSERT INTO tasks (id, name, slot, plugin, digest, request, state, attempts, \
-         submitted_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+         submitted_ms, started_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
     )?
     .execute(params![
         task.id.get() as i64,
@@ -401,7 +402,8 @@ fn insert_task(
         request,
         state.as_str(),
         attempts,
-        task.submitted_ms as i64
+        task.submitted_ms as i64,
+        (attempts > 0).then(|| now_ms() as i64),
     ])?;
     // A child's place in its tree: its own statement, so
     // that the rows nobody spawned cost what they did.
