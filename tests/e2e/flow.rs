@@ -1,10 +1,10 @@
 //! Flow control on slots through the real binary: `host slot set|unset|ls`
 //! and the config file's `slots` table, a capacity of N against each
 //! policy, a slot's own queue bound, a rule changed while work waits, rules
-//! kept across a restart, a debounced slot; and the capacity invariant
-//! (never more owners than the capacity) checked over the event history
-//! of random programs on a durable daemon killed with SIGKILL at random
-//! moments.
+//! kept across a restart, a debounced slot, a rated slot across a restart;
+//! and the invariants of capacity, rate and debounce checked over the
+//! event history of random programs on a durable daemon killed with
+//! SIGKILL at random moments.
 
 use crate::invariants::{debounce_broken, most_owners, over_capacity, rate_broken};
 use crate::{daemon, wire};
@@ -452,17 +452,25 @@ async fn a_restart_holds_a_rated_slot_until_a_period_after_its_latest_start() {
     assert_eq!(out.code, Some(0), "{}", out.stderr);
 }
 
-/// Slots `c1`, `c2` and `c3` hold 1, 2 and 3 owners.
+/// Slots `c1`, `c2` and `c3` hold 1, 2 and 3 owners (`rt` 3 too).
 fn capacity(slot: &str) -> usize {
     match slot {
         "c2" => 2,
-        "c3" => 3,
+        "c3" | "rt" => 3,
         _ => 1,
     }
 }
 
+/// Four rounds of 60 random submissions over `c1`–`c3` (and, beside
+/// them, a slot rated 5/s with a burst of 2 and one debounced by 100 ms),
+/// each round ended by SIGKILL at a random moment and the daemon started
+/// again: no round holds more owners than a slot's capacity (and `c3`
+/// reaches 3, so a checker one short fails), no round places a debounced
+/// submission that a newer one superseded, and no window of a second
+/// holds more of the rated slot's recorded starts than 7, across the
+/// kills too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn random_programs_across_random_kills_never_hold_more_owners_than_the_capacity() {
+async fn random_programs_across_random_kills_keep_capacity_rate_and_debounce() {
     let seed = std::env::var("TASKHOST_FLOW_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -474,6 +482,13 @@ async fn random_programs_across_random_kills_never_hold_more_owners_than_the_cap
         let out = d.run(&["slot", "set", slot, "--capacity", n]);
         assert_eq!(out.code, Some(0), "{}", out.stderr);
     }
+    // A rated slot and a debounced one beside them.
+    let rated = ["rt", "--rate", "5/s", "--burst", "2", "--capacity", "3"];
+    for rule in [&rated[..], &["db", "--debounce", "100ms"]] {
+        let out = d.run(&[&["slot", "set"][..], rule].concat());
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+    }
+    let mut rated_ids = Vec::new();
     let mut rounds = Vec::new();
     for round in 0..4 {
         let events = wire::follow_events(&d.socket).await;
@@ -492,6 +507,22 @@ async fn random_programs_across_random_kills_never_hold_more_owners_than_the_cap
             r.name = Some(format!("r{round}-{i}"));
             if let Reply::Submitted(s) = wire::call(&client, Request::Submit(Box::new(r))).await {
                 ids.push(s.id);
+            }
+            let side = match rng.u8(0..6) {
+                0 => Some("rt"),
+                1 => Some("db"),
+                _ => None,
+            };
+            if let Some(slot) = side {
+                let mut r = SubmitRequest::new(sleeper);
+                r.slot = Some(slot.into());
+                r.params = wire::params(&[("ms", &rng.u32(0..120).to_string())]);
+                r.name = Some(format!("r{round}-{i}-{slot}"));
+                if let Reply::Submitted(s) = wire::call(&client, Request::Submit(Box::new(r))).await
+                    && slot == "rt"
+                {
+                    rated_ids.push(s.id);
+                }
             }
             if rng.u8(0..8) == 0
                 && let Some(id) = ids.get(rng.usize(0..ids.len()))
@@ -512,6 +543,9 @@ async fn random_programs_across_random_kills_never_hold_more_owners_than_the_cap
         if let Err(broken) = over_capacity(&events, capacity) {
             panic!("round {round}: {broken}");
         }
+        if let Err(broken) = debounce_broken(&events, |slot| slot == "db") {
+            panic!("round {round}: {broken}");
+        }
         rounds.push(events);
         d.restart(&["--max-slot-queue", "1000"]);
     }
@@ -527,6 +561,70 @@ async fn random_programs_across_random_kills_never_hold_more_owners_than_the_cap
         .iter()
         .any(|events| over_capacity(events, planted).is_err());
     assert!(off_by_one, "a capacity off by one went unnoticed");
+    // The rated slot's starts across every kill and restart: an attempt
+    // announced but not recorded before a kill never ran (its task, on
+    // recovery, starts that attempt again, or ends with fewer), so only
+    // each attempt's last announcement within what the store recorded
+    // counts.
+    let events = wire::follow_events(&d.socket).await;
+    let client = wire::connect(&d.socket).await;
+    let mut recorded = std::collections::HashMap::new();
+    for id in &rated_ids {
+        let report = client.wait((*id).into()).await.expect("a report");
+        recorded.insert(*id, report.attempts);
+    }
     let out = d.run(&["shutdown", "--grace", "0s"]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
+    rounds.push(events.await.expect("the event follower"));
+    let mut last = std::collections::HashMap::new();
+    for e in rounds.iter().flatten() {
+        if e.kind == EventKind::AttemptStarting
+            && e.slot.as_deref() == Some("rt")
+            && let (Some(id), Some(attempt)) = (e.task_id, e.attempt)
+            && attempt <= recorded.get(&id).copied().unwrap_or(0)
+        {
+            last.insert((id, attempt), Duration::from_millis(e.at_ms));
+        }
+    }
+    let starts: Vec<(String, Duration)> =
+        last.into_values().map(|t| ("rt".to_owned(), t)).collect();
+    let rate = |slot: &str| (slot == "rt").then_some((5, Duration::from_secs(1), 2));
+    // Event times are read a little after each start: windows 20 ms short.
+    assert_eq!(
+        rate_broken(&starts, rate, Duration::from_millis(20)),
+        Ok(()),
+        "{} starts of the rated slot",
+        starts.len()
+    );
+    let placed = rounds
+        .iter()
+        .flatten()
+        .filter(|e| e.kind == EventKind::DelayDue && e.slot.as_deref() == Some("db"))
+        .count();
+    println!(
+        "{} recorded starts of the rated slot, {placed} debounced submissions placed",
+        starts.len()
+    );
+    assert!(
+        placed > 0,
+        "no debounced submission was placed: the run proves little"
+    );
+    assert!(
+        most_starts_in_a_second(&starts) > 5,
+        "the rated slot never ran ahead of its pace: the run proves little"
+    );
+}
+
+/// The most starts in any window of a second.
+fn most_starts_in_a_second(starts: &[(String, Duration)]) -> usize {
+    let mut times: Vec<Duration> = starts.iter().map(|s| s.1).collect();
+    times.sort();
+    let (mut lo, mut most) = (0, 0);
+    for hi in 0..times.len() {
+        while times[hi] - times[lo] >= Duration::from_secs(1) {
+            lo += 1;
+        }
+        most = most.max(hi + 1 - lo);
+    }
+    most
 }
