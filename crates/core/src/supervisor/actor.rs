@@ -21,7 +21,7 @@ use crate::units::format_duration;
 use super::Shared;
 use super::body::{AfterTeardown, AttemptContext, TaskBody, Teardown};
 use super::events::{BackoffSource, Event, EventKind};
-use super::permits::Permit;
+use super::permits::{Permit, Permits};
 use super::registry::TaskEntry;
 use super::spec::{ResolvedPolicies, RestartPolicy, Resume, TaskError};
 use super::waiter::{AttemptRecord, MAX_HISTORY, TaskReport};
@@ -222,7 +222,7 @@ impl Actor {
                 Some(permits) => tokio::select! {
                     biased;
                     () = stop_requested(&mut stop) => return TaskOutcome::Canceled,
-                    permit = permits.acquire(self.policies.priority) => Some(permit),
+                    permit = self.acquire(permits) => Some(permit),
                 },
             };
             if stop.borrow().is_some() {
@@ -521,6 +521,12 @@ impl Actor {
         }
     }
 
+    /// Waits for a permit in the task's share group, by its priority.
+    async fn acquire(&self, permits: &Arc<Permits>) -> Permit {
+        let share = self.policies.share.as_ref();
+        permits.acquire(self.policies.priority, share).await
+    }
+
     /// The future of one attempt: the body's set-up, then its running part
     /// under the timeout (which starts only once the set-up is done). A
     /// panic in the body is a retryable failure of the attempt.
@@ -538,6 +544,7 @@ impl Actor {
             bus: Arc::clone(&self.shared.bus),
             permits: self.shared.permits.clone(),
             priority: self.policies.priority,
+            share: self.policies.share.clone(),
         };
         let setup = AssertUnwindSafe(self.body.attempt(ctx)).catch_unwind();
         let timeout = self.policies.timeout;

@@ -85,6 +85,7 @@ pub struct AttemptContext {
     /// The concurrency limit (none: no limit), and the task's place there.
     pub(crate) permits: Option<Arc<Permits>>,
     pub(crate) priority: i32,
+    pub(crate) share: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for AttemptContext {
@@ -177,11 +178,11 @@ impl AttemptContext {
         parked
     }
 
-    /// Ends [`AttemptContext::park`]: waits for a permit again, by the
-    /// task's priority like any attempt. Once a stop is requested it
-    /// returns at once without one, so that a stopping body ends within
-    /// its grace instead of spending it in line. Cancel-safe; does nothing
-    /// if the attempt is not parked.
+    /// Ends [`AttemptContext::park`]: waits for a permit again, in the
+    /// task's share group and by its priority like any attempt. Once a
+    /// stop is requested it returns at once without one, so that a
+    /// stopping body ends within its grace instead of spending it in line.
+    /// Cancel-safe; does nothing if the attempt is not parked.
     pub async fn unpark(&self) {
         let Some(permits) = &self.permits else {
             return;
@@ -193,7 +194,7 @@ impl AttemptContext {
         let permit = tokio::select! {
             biased;
             _ = stop.wait_for(Option::is_some) => None,
-            permit = permits.acquire(self.priority) => Some(permit),
+            permit = permits.acquire(self.priority, self.share.as_ref()) => Some(permit),
         };
         let back = permit.is_some();
         self.entry.unparked(permit);

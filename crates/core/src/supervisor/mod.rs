@@ -12,7 +12,7 @@
 //! | `body` | the [`TaskBody`] trait, [`AttemptContext`], native bodies |
 //! | `spec` | what a task is: body, restart, backoff, timeout, retry budget |
 //! | `backoff` | the delay before retry `i` |
-//! | `permits` | the concurrency limit: permits by priority, then arrival |
+//! | `permits` | the concurrency limit: permits to share groups by weight, then by priority and arrival |
 //! | `registry` | unique names, stop claims, per-task handles |
 //! | `actor` | one task's life: attempts, decisions, stop and force-abort |
 //! | `waiter` | reliable outcome delivery |
@@ -109,8 +109,10 @@ impl Default for SupervisorBuilder {
 impl SupervisorBuilder {
     /// Most attempts running at once (at least 1) [default: unlimited].
     /// Waiting for a permit or backing off holds none. Waiting attempts
-    /// get permits by their task's priority ([`TaskSpec::with_priority`]),
-    /// highest first, and in the order they began to wait within one.
+    /// get permits by their task's share group ([`TaskSpec::with_share`]),
+    /// the groups in turn by weight ([`Supervisor::set_share_weight`]);
+    /// within a group by priority ([`TaskSpec::with_priority`]), highest
+    /// first, and in the order they began to wait within one.
     pub fn max_concurrent(mut self, n: usize) -> Self {
         self.max_concurrent = Some(n.max(1));
         self
@@ -597,6 +599,20 @@ impl Supervisor {
     /// Attempts that may run at once (`None`: no limit).
     pub fn max_concurrent(&self) -> Option<usize> {
         self.shared.limits.max_concurrent
+    }
+
+    /// Sets the weight of share group `group` ([`TaskSpec::with_share`];
+    /// `None` is the default group) [default: 1; 0 counts as 1]. While
+    /// attempts wait for a concurrency permit, the groups with waiting
+    /// attempts get permits in turn, each in proportion to its weight. A
+    /// group that starts to wait starts level with the groups already
+    /// waiting, so time spent idle earns it no burst of permits later. It
+    /// applies from the next permit handed out; without a concurrency
+    /// limit it does nothing.
+    pub fn set_share_weight(&self, group: Option<&str>, weight: u32) {
+        if let Some(permits) = &self.shared.permits {
+            permits.set_weight(group, weight);
+        }
     }
 
     /// Whether shutdown has begun.

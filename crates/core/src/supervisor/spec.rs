@@ -97,6 +97,7 @@ pub struct TaskSpec {
     pub(crate) max_retries: Option<Option<u32>>,
     pub(crate) resume: Resume,
     pub(crate) priority: i32,
+    pub(crate) share: Option<Arc<str>>,
     pub(crate) due: Option<tokio::time::Instant>,
     pub(crate) schedule: Option<Arc<str>>,
     pub(crate) parent: Option<super::TaskId>,
@@ -136,6 +137,7 @@ impl TaskSpec {
             max_retries: None,
             resume: Resume::default(),
             priority: 0,
+            share: None,
             due: None,
             schedule: None,
             parent: None,
@@ -225,6 +227,23 @@ impl TaskSpec {
     /// The priority of its attempts.
     pub fn priority(&self) -> i32 {
         self.priority
+    }
+
+    /// Puts its attempts in share group `group` (a namespace, a tenant)
+    /// when they wait for a concurrency permit [default: the default
+    /// group]. When the limit is reached, the groups with waiting attempts
+    /// get permits in turn, in proportion to their weights
+    /// ([`Supervisor::set_share_weight`](super::Supervisor::set_share_weight)),
+    /// so a group with a long line does not hold up the others; within a
+    /// group, attempts go by priority, then by arrival.
+    pub fn with_share(mut self, group: impl Into<Arc<str>>) -> Self {
+        self.share = Some(group.into());
+        self
+    }
+
+    /// The share group of its attempts (`None`: the default group).
+    pub fn share(&self) -> Option<&str> {
+        self.share.as_deref()
     }
 
     /// Says when the task became due (a delayed submission's time, a
@@ -333,6 +352,7 @@ pub(crate) struct ResolvedPolicies {
     pub max_retries: Option<u32>,
     pub resume: Resume,
     pub priority: i32,
+    pub share: Option<Arc<str>>,
     pub due: Option<tokio::time::Instant>,
     pub start_budget: Option<Arc<StartBudget>>,
 }
@@ -349,6 +369,7 @@ impl TaskSpec {
             max_retries: self.max_retries.unwrap_or(defaults.max_retries),
             resume: self.resume,
             priority: self.priority,
+            share: self.share.clone(),
             due: self.due,
             start_budget: self.start_budget.clone(),
         }

@@ -157,6 +157,73 @@ async fn waiting_attempts_get_permits_by_priority_then_arrival() {
     assert_eq!(sup.free_permits(), Some(1));
 }
 
+/// A share group that comes to a full line gets permits in turn with the
+/// group already waiting, instead of after its whole line.
+#[tokio::test(start_paused = true)]
+async fn a_share_group_does_not_wait_behind_another_groups_line() {
+    let run = ms(10);
+    let mut fx = Fixture::new(
+        Supervisor::builder().max_concurrent(1).build(),
+        NATIVE_LIMIT,
+    );
+    fx.sup.set_share_weight(Some("a"), 1);
+    let started = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let job = |label: String| {
+        let started = Arc::clone(&started);
+        native(move |_| {
+            let (started, label) = (Arc::clone(&started), label.clone());
+            async move {
+                started
+                    .lock()
+                    .unwrap()
+                    .push((label, tokio::time::Instant::now()));
+                tokio::time::sleep(run).await;
+                Ok(Vec::new())
+            }
+        })
+    };
+    let flood: Vec<TaskWaiter> = (0..30)
+        .map(|i| {
+            let name = format!("a-{i}");
+            fx.add(TaskSpec::once(name.clone(), job(name)).with_share("a"))
+        })
+        .collect();
+    // The first of a's tasks holds the only permit; the rest are in line.
+    fx.events
+        .until_kind(flood[0].id(), K::AttemptStarting)
+        .await;
+    let added = tokio::time::Instant::now();
+    let late: Vec<TaskWaiter> = (0..3)
+        .map(|i| {
+            let name = format!("b-{i}");
+            fx.add(TaskSpec::once(name.clone(), job(name)).with_share("b"))
+        })
+        .collect();
+    for w in late.into_iter().chain(flood) {
+        let (_, report) = fx.settle(w).await;
+        assert_eq!(
+            report.outcome,
+            TaskOutcome::Completed { output: Vec::new() }
+        );
+    }
+    let started = started.lock().unwrap();
+    assert_eq!(started.len(), 33);
+    let waited: Vec<std::time::Duration> = started
+        .iter()
+        .filter(|(label, _)| label.starts_with("b-"))
+        .map(|(_, at)| at.duration_since(added))
+        .collect();
+    assert_eq!(waited.len(), 3);
+    for (i, waited) in waited.iter().enumerate() {
+        // At most one of a's attempts before each of b's.
+        let bound = run * 2 * (i as u32 + 1);
+        assert!(
+            *waited <= bound,
+            "b-{i} waited {waited:?} (bound {bound:?}): {started:?}"
+        );
+    }
+}
+
 /// A tree of native tasks, each parent adding `fanout` children and
 /// waiting for all of them, down to `depth`: parked while it waits.
 fn tree(
