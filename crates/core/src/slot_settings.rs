@@ -379,7 +379,7 @@ impl SlotRules {
     /// pattern that is empty or too long, bad settings, and a rule past
     /// [`MAX_RULES`].
     pub fn set(&mut self, pattern: &str, settings: SlotSettings) -> Result<(), String> {
-        check_pattern(pattern)?;
+        check_pattern(scoped(pattern).1)?;
         settings.check()?;
         let known = self.exact.contains_key(pattern) || self.globs.iter().any(|g| g.0 == pattern);
         if !known && self.len() >= MAX_RULES {
@@ -425,7 +425,10 @@ impl SlotRules {
         }
         self.globs
             .iter()
-            .find(|(pattern, _)| matches(pattern.as_bytes(), key.as_bytes()))
+            .find(|(pattern, _)| {
+                let ((scope, pattern), (key_scope, key)) = (scoped(pattern), scoped(key));
+                scope == key_scope && matches(pattern.as_bytes(), key.as_bytes())
+            })
             .map(|(_, settings)| *settings)
             .unwrap_or_default()
     }
@@ -469,6 +472,19 @@ pub fn check_pattern(pattern: &str) -> Result<(), String> {
         return Err("a slot pattern must not contain control characters".into());
     }
     Ok(())
+}
+
+/// The separator between a slot's scope (an embedder's namespace) and its
+/// name: a pattern matches only the slots of its own scope, its wildcards
+/// the names in it.
+pub const SCOPE_SEPARATOR: char = '\u{1f}';
+
+/// A slot's or a pattern's scope and the rest.
+fn scoped(text: &str) -> (Option<&str>, &str) {
+    match text.split_once(SCOPE_SEPARATOR) {
+        Some((scope, rest)) => (Some(scope), rest),
+        None => (None, text),
+    }
 }
 
 fn is_glob(pattern: &str) -> bool {
@@ -546,6 +562,30 @@ mod tests {
         assert!(budget.try_start(now).is_err());
         // One interval later, one more.
         assert_eq!(budget.available(now + Duration::from_millis(100)), 1);
+    }
+
+    #[test]
+    fn a_pattern_matches_only_the_slots_of_its_own_scope() {
+        let mut rules = SlotRules::default();
+        let two = SlotSettings {
+            capacity: Some(2),
+            ..SlotSettings::default()
+        };
+        rules.set("*", two).unwrap();
+        let three = SlotSettings {
+            capacity: Some(3),
+            ..SlotSettings::default()
+        };
+        rules.set("a\u{1f}db/*", three).unwrap();
+        assert_eq!(rules.for_slot("db/x").capacity, Some(2));
+        assert_eq!(rules.for_slot("a\u{1f}db/x").capacity, Some(3));
+        assert_eq!(
+            rules.for_slot("a\u{1f}other").capacity,
+            None,
+            "`*` stays in its scope"
+        );
+        assert_eq!(rules.for_slot("b\u{1f}db/x").capacity, None);
+        assert!(rules.set("a\u{1f}b\u{1f}c", two).is_err(), "one scope only");
     }
 
     #[test]

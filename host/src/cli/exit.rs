@@ -53,7 +53,7 @@ pub fn client(err: ClientError) -> anyhow::Error {
     let code = match &err {
         ClientError::Daemon { kind, .. } => match kind {
             ErrorKind::Invalid | ErrorKind::NotFound => EXIT_USAGE,
-            ErrorKind::ShuttingDown | ErrorKind::Conflict => EXIT_REJECTED,
+            ErrorKind::ShuttingDown | ErrorKind::Conflict | ErrorKind::OverQuota => EXIT_REJECTED,
             ErrorKind::Internal | ErrorKind::Forbidden => EXIT_DAEMON,
         },
         _ => EXIT_DAEMON,

@@ -49,6 +49,18 @@ pub struct Cli {
     /// With --remote: PEM certificates of the CA that signed the listener's certificate (a private CA), or the listener's own self-signed certificate (pinned: accepted exactly, while valid, for the names it holds) [default: the Mozilla roots].
     #[arg(long, value_name = "PEM", global = true)]
     ca_file: Option<PathBuf>,
+    /// Act in this namespace: its tasks, names, slots and schedules only (`host ns ls` lists them) [default: the token's, else `default`].
+    #[arg(
+        long,
+        short = 'n',
+        value_name = "NAME",
+        env = "TASKHOST_NAMESPACE",
+        global = true
+    )]
+    namespace: Option<String>,
+    /// See every namespace's tasks, slots, schedules and events (another namespace's names shown as NAMESPACE/NAME); the operator's.
+    #[arg(long, short = 'A', global = true)]
+    all_namespaces: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -146,6 +158,9 @@ enum Command {
     /// Set, remove or list the operator's slot rules: how many owners a slot (or a pattern of slots) may hold at once, and how many submissions may wait in it.
     #[command(subcommand_required = true)]
     Slot(client::slot::SlotArgs),
+    /// Add, change, remove or list namespaces: several teams on one daemon, each with its own tasks, slots and schedules, its quotas and its share of the run permits.
+    #[command(subcommand_required = true)]
+    Ns(client::ns::NsArgs),
     /// List the plugins the daemon stores, or remove the ones no task needs.
     #[command(
         after_long_help = "EXAMPLES:\n  host plugins ls\n  host plugins rm 3f9a1c\n  host plugins prune"
@@ -249,6 +264,7 @@ pub fn main() -> ExitCode {
         }
     };
     let socket = cli.socket;
+    client::set_namespace(cli.namespace, cli.all_namespaces);
     if let Err(err) = client::set_remote(cli.remote, cli.token_file, cli.ca_file) {
         eprintln!("error: {err:#}");
         return ExitCode::from(err.downcast_ref::<ExitError>().map_or(1, |e| e.code));
@@ -269,6 +285,7 @@ pub fn main() -> ExitCode {
             Command::Plugins(args) => client::plugins::plugins(args, socket).await,
             Command::Kv(args) => client::kv::kv(args, socket).await,
             Command::Slot(args) => client::slot::slot(args, socket).await,
+            Command::Ns(args) => client::ns::ns(args, socket).await,
             Command::Events(args) => client::streams::events(args, socket).await,
             Command::Logs(args) => client::streams::logs(args, socket).await,
             Command::Shutdown(args) => client::admin::shutdown(args, socket).await,

@@ -26,6 +26,7 @@ use taskhost_runtime::children::{
 use crate::backend::Backend;
 use crate::backend::daemon::Daemon;
 use crate::backend::submit::Accepted;
+use crate::service::namespace::{Ns, View, bare};
 use crate::service::trees::Trees;
 use crate::wire::protocol::SubmitRequest;
 
@@ -67,7 +68,7 @@ fn request(parent: &Parent, spec: ChildSpec) -> SubmitRequest {
     let mut request = SubmitRequest::new(spec.plugin.unwrap_or(parent.plugin));
     request.name = Some(
         spec.name
-            .unwrap_or_else(|| format!("{}.{}", parent.name, spec.key)),
+            .unwrap_or_else(|| format!("{}.{}", bare(&parent.name), spec.key)),
     );
     request.slot = spec.slot;
     request.params = spec.params;
@@ -111,6 +112,7 @@ impl ChildTasks for Children {
     fn spawn(&self, parent: &Parent, spec: ChildSpec) -> ChildFuture<Result<u64, String>> {
         let this = self.clone();
         let parent_id = parent.task;
+        let parent_name = parent.name.clone();
         let key = spec.key.clone();
         let mut request = request(parent, spec);
         Box::pin(async move {
@@ -150,7 +152,8 @@ impl ChildTasks for Children {
                     true
                 }
             };
-            let backend = Backend::of(&daemon);
+            // A child is of its parent's namespace, within its quotas.
+            let backend = Backend::within(&daemon, View::of(Ns::of(&parent_name)));
             let submitted = async {
                 match backend.submit(request).await.map_err(|e| e.to_string())? {
                     Accepted::Now(s) => Ok(s),
@@ -200,7 +203,7 @@ impl ChildTasks for Children {
                 .get()
                 .and_then(Weak::upgrade)
                 .ok_or(WaitError::UnknownChild)?;
-            let backend = Backend::of(&daemon);
+            let backend = Backend::daemon_wide(&daemon);
             let found = backend
                 .find(&TaskRef::Id(TaskId::from_u64(child)))
                 .await
@@ -227,7 +230,7 @@ async fn lineage(daemon: &Arc<Daemon>, parent: u64) -> Result<(u64, u32), String
     if let Some(request) = daemon.tasks.get(id).and_then(|r| r.request) {
         return Ok(of(&request));
     }
-    let backend = Backend::of(daemon);
+    let backend = Backend::daemon_wide(daemon);
     let found = backend
         .find(&TaskRef::Id(id))
         .await
@@ -246,7 +249,7 @@ async fn cascade(daemon: Weak<Daemon>, trees: Trees, parent: u64) {
         let Some(daemon) = daemon.upgrade() else {
             return;
         };
-        let backend = Backend::of(&daemon);
+        let backend = Backend::daemon_wide(&daemon);
         match backend.find(&TaskRef::Id(TaskId::from_u64(parent))).await {
             Ok(found) => backend.outcome(&found),
             Err(_) => return,
@@ -264,7 +267,7 @@ async fn cascade(daemon: Weak<Daemon>, trees: Trees, parent: u64) {
     let Some(daemon) = daemon.upgrade() else {
         return;
     };
-    let backend = Backend::of(&daemon);
+    let backend = Backend::daemon_wide(&daemon);
     for child in kids {
         if let Ok(found) = backend.find(&TaskRef::Id(TaskId::from_u64(child))).await {
             let _ = backend.stop(&found).await;

@@ -41,6 +41,8 @@ pub(crate) struct Daemon {
     /// Spawn trees: who spawned whom in this run, each root's unfinished
     /// descendants.
     pub trees: crate::service::trees::Trees,
+    /// The namespaces, their weights and quotas.
+    pub namespaces: crate::service::namespace::Namespaces,
     /// Set by a `Shutdown` request: the grace the accept loop shuts down
     /// with.
     pub stop: watch::Sender<Option<Duration>>,

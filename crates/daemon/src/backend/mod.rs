@@ -17,6 +17,7 @@
 //! | file | owns |
 //! |---|---|
 //! | `local` | one host's bodies of the verbs: its store, its controller |
+//! | `namespaces` | `host ns`, a submission's quotas, the namespace's keys of the names a verb carries |
 //! | `shared` | a cluster node's bodies of the verbs: the database, this node's part |
 //! | `daemon` | what the connections share: the assembly of one daemon's parts, the outcomes still to record |
 //! | `submit` | a submit request checked, named and placed: into the controller (one host) or the database (a cluster) |
@@ -30,6 +31,7 @@
 pub(crate) mod children;
 pub(crate) mod daemon;
 mod local;
+mod namespaces;
 pub(crate) mod node;
 pub(crate) mod record;
 pub(crate) mod recovery;
@@ -51,12 +53,15 @@ use taskhost_runtime::Digest;
 use crate::backend::daemon::{Daemon, Storage};
 use crate::backend::submit::Accepted;
 use crate::service::error::ServiceError;
+use crate::service::namespace::{Ns, View, bare};
 use crate::service::tasks::TaskRecord;
 use crate::store::{Finished, StoreError};
 use crate::wire::protocol::{
-    EventFilter, ScheduleRow, ScheduleVerb, SlotRuleRow, SlotRuleVerb, SubmitRequest, TaskRow,
+    EventFilter, NamespaceRow, ScheduleRow, ScheduleVerb, SlotRuleRow, SlotRuleVerb, SubmitRequest,
+    TaskRow,
 };
 pub(crate) use local::{Local, OneHost};
+pub(crate) use namespaces::set_namespace;
 pub(crate) use shared::Shared;
 
 /// Items in flight to one streaming reader.
@@ -83,10 +88,23 @@ pub(crate) enum Found {
     /// Finished before, as the daemon's store keeps it (one host).
     Stored(Box<Finished>),
     /// A task of the cluster's database.
-    Shared { id: TaskId, finished: bool },
+    Shared {
+        id: TaskId,
+        name: String,
+        finished: bool,
+    },
 }
 
 impl Found {
+    /// The task's name (its namespace's key).
+    fn name(&self) -> &str {
+        match self {
+            Found::Live(record) => &record.name,
+            Found::Stored(finished) => &finished.report.name,
+            Found::Shared { name, .. } => name,
+        }
+    }
+
     /// The task's id.
     pub(crate) fn id(&self) -> TaskId {
         match self {
@@ -119,6 +137,14 @@ pub(crate) enum Scheduled {
     Fired(Accepted),
 }
 
+/// What a namespace verb answers.
+pub(crate) enum Namespaced {
+    /// `ls`.
+    Rows(Vec<NamespaceRow>),
+    /// `add`, `set`: the namespace as it is now; `rm`: as it was.
+    Row(NamespaceRow),
+}
+
 /// What a slot-rule verb answers.
 pub(crate) enum SlotRuled {
     /// `ls`.
@@ -127,8 +153,14 @@ pub(crate) enum SlotRuled {
     Row(SlotRuleRow),
 }
 
-/// The seam: which backend this daemon's verbs go to.
-pub(crate) enum Backend<'a> {
+/// The seam: which backend this daemon's verbs go to, and what the caller
+/// sees of it (its namespace, or every one).
+pub(crate) struct Backend<'a> {
+    kind: Kind<'a>,
+    view: View,
+}
+
+enum Kind<'a> {
     Local(Local<'a>),
     Shared(Shared<'a>),
 }
@@ -144,34 +176,54 @@ fn not_found(target: &TaskRef) -> ServiceError {
 }
 
 impl<'a> Backend<'a> {
+    /// The backend as the default namespace sees it (the HTTP JSON API's
+    /// in this version).
     pub(crate) fn of(daemon: &'a Arc<Daemon>) -> Self {
-        match &daemon.storage {
-            Storage::Local(host) => Self::Local(Local { daemon, host }),
-            Storage::Shared(cluster) => Self::Shared(Shared { daemon, cluster }),
-        }
+        Self::within(daemon, View::default())
+    }
+
+    /// The backend as the daemon itself sees it: every namespace (its own
+    /// work: a child's lookups, a cascade).
+    pub(crate) fn daemon_wide(daemon: &'a Arc<Daemon>) -> Self {
+        Self::within(
+            daemon,
+            View {
+                acting: Ns::default(),
+                all: true,
+            },
+        )
+    }
+
+    /// The backend as `view` sees it.
+    pub(crate) fn within(daemon: &'a Arc<Daemon>, view: View) -> Self {
+        let kind = match &daemon.storage {
+            Storage::Local(host) => Kind::Local(Local { daemon, host }),
+            Storage::Shared(cluster) => Kind::Shared(Shared { daemon, cluster }),
+        };
+        Backend { kind, view }
     }
 
     /// Whether accepted work outlives this process (a graceful stop then
     /// keeps unfinished work for the next start).
     pub(crate) fn is_durable(&self) -> bool {
-        match self {
-            Self::Local(local) => local.host.store.is_durable(),
-            Self::Shared(..) => true,
+        match &self.kind {
+            Kind::Local(local) => local.host.store.is_durable(),
+            Kind::Shared(..) => true,
         }
     }
 
     /// Stops taking new work (a graceful stop has begun).
     pub(crate) fn stop_taking(&self) {
-        if let Self::Shared(shared) = self {
+        if let Kind::Shared(shared) = &self.kind {
             shared.cluster.stop_claiming();
         }
     }
 
     /// Whether a submission may name this plugin without uploading it.
     pub(crate) async fn has_plugin(&self, digest: &Digest) -> bool {
-        match self {
-            Self::Local(local) => local.daemon.plugins.known(digest),
-            Self::Shared(shared) => shared.has_plugin(digest).await,
+        match &self.kind {
+            Kind::Local(local) => local.daemon.plugins.known(digest),
+            Kind::Shared(shared) => shared.has_plugin(digest).await,
         }
     }
 
@@ -182,33 +234,60 @@ impl<'a> Backend<'a> {
         digest: Digest,
         bytes: Vec<u8>,
     ) -> Result<String, ServiceError> {
-        match self {
-            Self::Local(local) => local.upload(digest, bytes).await,
-            Self::Shared(shared) => shared.upload(digest, bytes).await,
+        match &self.kind {
+            Kind::Local(local) => local.upload(digest, bytes).await,
+            Kind::Shared(shared) => shared.upload(digest, bytes).await,
         }
     }
 
-    /// Places one submission, in the order it was sent.
-    pub(crate) async fn submit(&self, request: SubmitRequest) -> Result<Accepted, ServiceError> {
-        match self {
-            Self::Local(local) => local.submit(request).await,
-            Self::Shared(shared) => shared.submit(request).await,
+    /// Places one submission, in the order it was sent, in the namespace
+    /// the caller acts in (within its quotas).
+    pub(crate) async fn submit(
+        &self,
+        mut request: SubmitRequest,
+    ) -> Result<Accepted, ServiceError> {
+        let ns = &self.view.acting;
+        request.namespace = ns.as_request();
+        if !ns.is_default() {
+            self.within_quotas(ns, &mut request)?;
+        }
+        match &self.kind {
+            Kind::Local(local) => local.submit(request).await,
+            Kind::Shared(shared) => shared.submit(request).await,
         }
     }
 
     /// A schedule verb (`host schedule …`).
     pub(crate) async fn schedule(&self, verb: ScheduleVerb) -> Result<Scheduled, ServiceError> {
-        match self {
-            Self::Local(local) => local.schedule(verb).await,
-            Self::Shared(shared) => shared.schedule(verb).await,
+        let verb = self.keyed_schedule(verb)?;
+        let answer = match &self.kind {
+            Kind::Local(local) => local.schedule(verb).await,
+            Kind::Shared(shared) => shared.schedule(verb).await,
+        };
+        match answer {
+            Ok(Scheduled::Rows(mut rows)) => {
+                rows.retain(|row| self.view.sees(&row.name));
+                Ok(Scheduled::Rows(rows))
+            }
+            other => other,
         }
     }
 
-    /// The task a reference names.
+    /// The task a reference names, among those the caller sees (a name
+    /// in the namespace it acts in); another namespace's is not found.
     pub(crate) async fn find(&self, target: &TaskRef) -> Result<Found, ServiceError> {
-        match self {
-            Self::Local(local) => local.find(target).await,
-            Self::Shared(shared) => shared.find(target).await,
+        let key = match target {
+            TaskRef::Name(name) => TaskRef::Name(self.view.key(name)),
+            TaskRef::Id(id) => TaskRef::Id(*id),
+        };
+        let found = match &self.kind {
+            Kind::Local(local) => local.find(&key).await,
+            Kind::Shared(shared) => shared.find(&key).await,
+        };
+        match found {
+            Ok(found) if self.view.sees(found.name()) => Ok(found),
+            Ok(_) | Err(ServiceError::NotFound(_)) => Err(not_found(target)),
+            Err(e) => Err(e),
         }
     }
 
@@ -232,12 +311,12 @@ impl<'a> Backend<'a> {
     /// the schedule that fired it are left out.
     pub(crate) async fn request_of(&self, found: &Found) -> Result<SubmitRequest, ServiceError> {
         let id = found.id();
-        let request = match (self, found) {
-            (Self::Local(_), Found::Live(record)) if record.request.is_some() => {
+        let request = match (&self.kind, found) {
+            (Kind::Local(_), Found::Live(record)) if record.request.is_some() => {
                 record.request.as_deref().cloned()
             }
-            (Self::Local(local), _) => local.stored_request(id).await,
-            (Self::Shared(shared), _) => shared.stored_request(id).await?,
+            (Kind::Local(local), _) => local.stored_request(id).await,
+            (Kind::Shared(shared), _) => shared.stored_request(id).await?,
         };
         let mut request = request.ok_or_else(|| {
             ServiceError::NotFound(format!(
@@ -247,6 +326,9 @@ impl<'a> Backend<'a> {
         request.idempotency_key = None;
         // A rerun is nobody's firing: a client submits it.
         request.schedule = None;
+        // Its names as its namespace gives them (they are keyed again).
+        request.name = request.name.map(|n| bare(&n).to_owned());
+        request.slot = request.slot.map(|s| bare(&s).to_owned());
         Ok(request)
     }
 
@@ -255,7 +337,7 @@ impl<'a> Backend<'a> {
         &self,
         found: &Found,
     ) -> BoxFuture<'static, Result<Arc<TaskReport>, ServiceError>> {
-        match (self, found) {
+        match (&self.kind, found) {
             (_, Found::Live(record)) => {
                 let outcome = record.outcome.clone();
                 Box::pin(async move { Ok(outcome.report().await) })
@@ -264,8 +346,8 @@ impl<'a> Backend<'a> {
                 let report = Arc::new(finished.report.clone());
                 Box::pin(async move { Ok(report) })
             }
-            (Self::Shared(shared), Found::Shared { id, .. }) => shared.outcome(*id),
-            (Self::Local(..), Found::Shared { .. }) => {
+            (Kind::Shared(shared), Found::Shared { id, .. }) => shared.outcome(*id),
+            (Kind::Local(..), Found::Shared { .. }) => {
                 Box::pin(async { Err(ServiceError::Internal("not a cluster node".to_owned())) })
             }
         }
@@ -274,67 +356,85 @@ impl<'a> Backend<'a> {
     /// Makes the stop claim on a task (queued work is removed); false if
     /// it was already stopping or had ended.
     pub(crate) async fn stop(&self, found: &Found) -> Result<bool, ServiceError> {
-        match (self, found) {
-            (Self::Local(local), Found::Live(record)) => Ok(local.stop(record.id)),
-            (Self::Shared(shared), Found::Live(record)) => {
+        match (&self.kind, found) {
+            (Kind::Local(local), Found::Live(record)) => Ok(local.stop(record.id)),
+            (Kind::Shared(shared), Found::Live(record)) => {
                 Ok(shared.daemon.controller.remove(record.id))
             }
             (_, Found::Stored(_)) => Ok(false),
-            (Self::Shared(shared), Found::Shared { id, .. }) => shared.stop(*id).await,
-            (Self::Local(..), Found::Shared { .. }) => Ok(false),
+            (Kind::Shared(shared), Found::Shared { id, .. }) => shared.stop(*id).await,
+            (Kind::Local(..), Found::Shared { .. }) => Ok(false),
         }
     }
 
     /// The rows of `host ps` (with `all`, `host ps --all`), by id.
     pub(crate) async fn rows(&self, all: bool) -> Result<Vec<TaskRow>, ServiceError> {
-        match self {
-            Self::Local(local) => Ok(local.rows(all).await),
-            Self::Shared(shared) => shared.rows(all).await,
-        }
+        let mut rows = match &self.kind {
+            Kind::Local(local) => local.rows(all).await,
+            Kind::Shared(shared) => shared.rows(all).await?,
+        };
+        rows.retain(|row| self.view.sees(&row.name));
+        Ok(rows)
     }
 
     /// A verb on the operator's slot rules (`host slot …`).
     pub(crate) async fn slot_rule(&self, verb: SlotRuleVerb) -> Result<SlotRuled, ServiceError> {
-        match self {
-            Self::Local(local) => local.slot_rule(verb).await,
-            Self::Shared(shared) => shared.slot_rule(verb).await,
+        let verb = self.keyed_slot_rule(verb);
+        let answer = match &self.kind {
+            Kind::Local(local) => local.slot_rule(verb).await,
+            Kind::Shared(shared) => shared.slot_rule(verb).await,
+        };
+        match answer {
+            Ok(SlotRuled::Rows(mut rows)) => {
+                rows.retain(|row| self.view.sees(&row.pattern));
+                Ok(SlotRuled::Rows(rows))
+            }
+            other => other,
         }
     }
 
     /// The slots of `host slots`.
     pub(crate) async fn slots(&self) -> Result<Vec<SlotView>, ServiceError> {
-        match self {
-            Self::Local(local) => Ok(local.daemon.controller.snapshot()),
-            Self::Shared(shared) => shared.cluster.pg.slots().await.map_err(internal),
-        }
+        let mut slots = match &self.kind {
+            Kind::Local(local) => local.daemon.controller.snapshot(),
+            Kind::Shared(shared) => shared.cluster.pg.slots().await.map_err(internal)?,
+        };
+        slots.retain(|slot| self.view.sees(&slot.key));
+        Ok(slots)
     }
 
     /// A task's log lines; following, new ones until it ends. Subscribed
     /// before it returns: lines written after the request are seen.
     pub(crate) async fn log(&self, found: Found, follow: bool) -> Items {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        match (self, found) {
+        match (&self.kind, found) {
             (_, Found::Live(record)) => follow_local(&tx, &record, follow),
             (_, Found::Stored(finished)) => {
                 tokio::spawn(send_all(tx, finished.log));
             }
-            (Self::Shared(shared), Found::Shared { id, finished }) => {
+            (Kind::Shared(shared), Found::Shared { id, finished, .. }) => {
                 shared.log(tx, id, finished, follow);
             }
-            (Self::Local(..), Found::Shared { .. }) => {}
+            (Kind::Local(..), Found::Shared { .. }) => {}
         }
         rx
     }
 
     /// `host events`: the recorded history, then (with `follow`) live
     /// events, with nothing falling between the two.
-    pub(crate) fn events(&self, follow: bool, filter: EventFilter) -> Items {
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        match self {
-            Self::Local(local) => local.events(tx, follow, filter),
-            Self::Shared(shared) => shared.events(tx, follow, filter),
+    pub(crate) fn events(&self, follow: bool, mut filter: EventFilter) -> Items {
+        if let Some(TaskRef::Name(name)) = &filter.task {
+            filter.task = Some(TaskRef::Name(self.view.key(name)));
         }
-        rx
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        match &self.kind {
+            Kind::Local(local) => local.events(tx, follow, filter),
+            Kind::Shared(shared) => shared.events(tx, follow, filter),
+        }
+        if self.view.all {
+            return rx;
+        }
+        seen_only(self.view.clone(), rx)
     }
 
     /// A task as the HTTP API details it.
@@ -357,9 +457,9 @@ impl<'a> Backend<'a> {
                 })
             }
             Found::Stored(finished) => Ok(stored_detail(*finished)),
-            Found::Shared { id, finished } => match self {
-                Self::Shared(shared) => shared.detail(id, finished).await,
-                Self::Local(_) => Err(not_found(&TaskRef::Id(id))),
+            Found::Shared { id, finished, .. } => match &self.kind {
+                Kind::Shared(shared) => shared.detail(id, finished).await,
+                Kind::Local(_) => Err(not_found(&TaskRef::Id(id))),
             },
         }
     }
@@ -367,9 +467,9 @@ impl<'a> Backend<'a> {
     /// `host plugins prune`: in a cluster, the database's unused plugins
     /// go first (the node's own copies are then collected as on one host).
     pub(crate) async fn prune_shared_plugins(&self) -> Result<(), ServiceError> {
-        match self {
-            Self::Local(..) => Ok(()),
-            Self::Shared(shared) => shared.prune_plugins().await,
+        match &self.kind {
+            Kind::Local(..) => Ok(()),
+            Kind::Shared(shared) => shared.prune_plugins().await,
         }
     }
 
@@ -378,18 +478,56 @@ impl<'a> Backend<'a> {
         &self,
         verb: crate::wire::protocol::KvVerb,
     ) -> Result<crate::service::kv::KvAnswer, ServiceError> {
-        match self {
-            Self::Local(local) => crate::service::kv::answer(&local.host.kv, verb).await,
-            Self::Shared(shared) => shared.kv(verb).await,
+        let listing_buckets = verb == crate::wire::protocol::KvVerb::List(None);
+        let verb = self.keyed_kv(verb)?;
+        let answer = match &self.kind {
+            Kind::Local(local) => crate::service::kv::answer(&local.host.kv, verb).await,
+            Kind::Shared(shared) => shared.kv(verb).await,
+        };
+        match answer {
+            Ok(crate::service::kv::KvAnswer::Rows(mut rows)) if listing_buckets => {
+                // A bucket's row is `slot:KEY` or `shared:NAME`.
+                rows.retain(|row| {
+                    let name = row.name.split_once(':').map_or("", |(_, name)| name);
+                    self.view.sees(name)
+                });
+                Ok(crate::service::kv::KvAnswer::Rows(rows))
+            }
+            other => other,
         }
     }
 
     fn daemon(&self) -> &'a Arc<Daemon> {
-        match self {
-            Self::Local(local) => local.daemon,
-            Self::Shared(shared) => shared.daemon,
+        match &self.kind {
+            Kind::Local(local) => local.daemon,
+            Kind::Shared(shared) => shared.daemon,
         }
     }
+}
+
+/// The events of `items` that `view` sees (an event names its task or its
+/// slot; one that names neither is the daemon's, which the default
+/// namespace sees).
+fn seen_only(view: View, mut items: Items) -> Items {
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    tokio::spawn(async move {
+        while let Some(item) = items.recv().await {
+            if let Item::Event(event) = &item {
+                let key = event.name.as_deref().or(event.slot.as_deref());
+                let seen = match key {
+                    Some(key) => view.sees(key),
+                    None => view.acting.is_default(),
+                };
+                if !seen {
+                    continue;
+                }
+            }
+            if tx.send(item).await.is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 /// A finished task as the HTTP API details it.

@@ -221,6 +221,15 @@ impl Schedules {
         self.lock().entries.len()
     }
 
+    /// How many schedules' names pass `which` (a namespace's).
+    pub(crate) fn count(&self, which: impl Fn(&str) -> bool) -> usize {
+        self.lock()
+            .entries
+            .keys()
+            .filter(|name| which(name))
+            .count()
+    }
+
     /// Takes every schedule due by `now` out of the due set, each with what
     /// it does (`schedule::decide`; `missed`: how the passed firings
     /// count), and moves each one's next firing on.
@@ -562,7 +571,7 @@ pub(crate) async fn prepare(
     mut spec: ScheduleSpec,
 ) -> Result<(ScheduleSpec, String, CronZone), Failure> {
     let invalid = |m: String| ServiceError::Invalid(m);
-    schedule::check_name(&spec.name).map_err(invalid)?;
+    schedule::check_name(crate::service::namespace::bare(&spec.name)).map_err(invalid)?;
     let zone = CronZone::parse(&spec.cron, spec.tz.as_deref()).map_err(invalid)?;
     let mut request = spec.request.clone();
     request.schedule = Some(spec.name.clone());

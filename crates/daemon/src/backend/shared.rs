@@ -110,6 +110,7 @@ impl Shared<'_> {
     pub(super) async fn find(&self, target: &TaskRef) -> Result<Found, ServiceError> {
         match self.cluster.pg.resolve(target).await {
             Ok(Some(found)) => Ok(Found::Shared {
+                name: found.name,
                 id: found.id,
                 finished: found.state.is_some_and(TaskState::is_finished),
             }),

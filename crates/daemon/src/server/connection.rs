@@ -25,7 +25,8 @@ use taskhost_core::supervisor::TaskReport;
 
 use crate::backend::daemon::Daemon;
 use crate::server::dispatch;
-use crate::server::scope::Scope;
+use crate::server::scope::Credential;
+use crate::service::namespace::View;
 use crate::wire::protocol::{
     Envelope, ErrorKind, FrameError, Hello, MAGIC, OUTPUT_CHUNK, PROTOCOL_VERSION, Reply, Request,
     Welcome, encode, read_frame, write_frame,
@@ -44,16 +45,16 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Serves one client of the Unix socket (its owner: every request).
 pub(crate) async fn serve(daemon: Arc<Daemon>, stream: UnixStream) -> Result<(), FrameError> {
     let (reader, writer) = stream.into_split();
-    serve_io(daemon, reader, writer, Scope::Admin).await
+    serve_io(daemon, reader, writer, Credential::operator()).await
 }
 
 /// Serves one client on any byte stream: handshake, then requests until it
-/// leaves, each refused unless `scope` allows it.
+/// leaves, each refused unless `credential` allows it.
 pub(crate) async fn serve_io(
     daemon: Arc<Daemon>,
     reader: impl AsyncRead + Unpin,
     mut writer: impl AsyncWrite + Unpin + Send + 'static,
-    scope: Scope,
+    credential: Credential,
 ) -> Result<(), FrameError> {
     // Buffered: a frame's length and body (and a pipelining client's next
     // frames) come in one read.
@@ -84,7 +85,7 @@ pub(crate) async fn serve_io(
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let gone = CancellationToken::new();
     let later = Later::default();
-    let mut session = dispatch::Session::new(later.clone());
+    let mut session = dispatch::Session::new(later.clone(), credential);
     let reading = async {
         loop {
             let request: Envelope<Request> = match read_frame(&mut reader).await {
@@ -95,12 +96,9 @@ pub(crate) async fn serve_io(
             let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
                 break Ok(());
             };
-            let reply = Replier::new(request.id, &outbox, gone.clone(), permit);
-            let needed = Scope::needed(&request.body);
-            if needed > scope {
-                reply
-                    .error(ErrorKind::Forbidden, scope.refusal(needed))
-                    .await;
+            let reply = Replier::new(request.id, &outbox, gone.clone(), permit, session.shown());
+            if let Some(refusal) = session.credential.refusal(&request.body) {
+                reply.error(ErrorKind::Forbidden, refusal).await;
                 continue;
             }
             dispatch::handle(&daemon, request.body, reply, &mut session).await;
@@ -409,6 +407,9 @@ pub(crate) struct Replier {
     /// Cancelled when the client has closed the connection.
     gone: CancellationToken,
     _permit: OwnedSemaphorePermit,
+    /// The connection's namespace, when it is not the default one's
+    /// single view: every reply is shown as it sees it.
+    view: Option<Arc<View>>,
 }
 
 impl Drop for Replier {
@@ -423,6 +424,7 @@ impl Replier {
         outbox: &Arc<Outbox>,
         gone: CancellationToken,
         permit: OwnedSemaphorePermit,
+        view: Option<Arc<View>>,
     ) -> Replier {
         outbox.lock().senders += 1;
         Replier {
@@ -430,6 +432,7 @@ impl Replier {
             outbox: Arc::clone(outbox),
             gone,
             _permit: permit,
+            view,
         }
     }
 
@@ -443,6 +446,10 @@ impl Replier {
 
     /// False once the client is gone.
     pub(crate) async fn send(&self, body: Reply) -> bool {
+        let body = match &self.view {
+            Some(view) => crate::server::view::reply(view, body),
+            None => body,
+        };
         let frame = frame_of(&Envelope { id: self.id, body });
         self.outbox.send(&frame).await
     }

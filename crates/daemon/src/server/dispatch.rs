@@ -15,30 +15,53 @@ use taskhost_runtime::Digest;
 
 use crate::backend::daemon::Daemon;
 use crate::backend::submit::Accepted;
-use crate::backend::{Backend, Item, Items, Scheduled, SlotRuled};
+use crate::backend::{Backend, Item, Items, Namespaced, Scheduled, SlotRuled};
 use crate::server::connection::{Later, Replier};
+use crate::server::scope::{Credential, Reach};
 use crate::service::error::ServiceError;
 use crate::service::kv::KvAnswer;
+use crate::service::namespace::{self, Ns, View};
 use crate::service::plugins;
 use crate::service::uploads::Uploads;
 use crate::wire::protocol::{ErrorKind, LIST_PAGE, Reply, Request, SubmitRequest};
 
-/// What one connection's requests share: its uploads in progress, its
-/// acknowledgements waiting for a commit, and its submissions the cluster
-/// is still deciding.
+/// What one connection's requests share: its credential and the
+/// namespace it acts in, its uploads in progress, its acknowledgements
+/// waiting for a commit, and its submissions the cluster is still
+/// deciding.
 pub(crate) struct Session {
+    pub(crate) credential: Credential,
+    view: View,
+    /// `view` for the replies, unless it is the default namespace's alone
+    /// (which shows names as they are).
+    shown: Option<Arc<View>>,
     pub(crate) uploads: Uploads,
     later: Later,
     deciding: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Session {
-    pub(crate) fn new(later: Later) -> Session {
-        Session {
+    pub(crate) fn new(later: Later, credential: Credential) -> Session {
+        let mut session = Session {
+            view: View::default(),
+            shown: None,
+            credential,
             uploads: Uploads::default(),
             later,
             deciding: Vec::new(),
-        }
+        };
+        session.set_view(View::of(session.credential.home()));
+        session
+    }
+
+    fn set_view(&mut self, view: View) {
+        self.shown = (view != View::default()).then(|| Arc::new(view.clone()));
+        self.view = view;
+    }
+
+    /// How replies are shown to this connection now.
+    pub(crate) fn shown(&self) -> Option<Arc<View>> {
+        self.shown.clone()
     }
 }
 
@@ -60,8 +83,38 @@ pub(crate) async fn handle(
             let _ = decided.await;
         }
     }
-    let backend = Backend::of(daemon);
+    let backend = Backend::within(daemon, session.view.clone());
     match request {
+        Request::Enter(enter) => {
+            let ns = Ns::named(enter.namespace.as_deref());
+            let reached = session.credential.reaches(&ns) && daemon.namespaces.exists(&ns);
+            if !reached {
+                return reply.failed(namespace::unknown(ns.name())).await;
+            }
+            if enter.all && session.credential.reach != Reach::Every {
+                return reply
+                    .error(
+                        ErrorKind::Forbidden,
+                        "--all-namespaces needs a token of every namespace (a `read TOKEN *` \
+                         line in the daemon's --http-token-file) or the daemon's socket",
+                    )
+                    .await;
+            }
+            session.set_view(View {
+                acting: ns,
+                all: enter.all,
+            });
+            reply.send(Reply::Done).await;
+        }
+        Request::Namespace(verb) => {
+            match backend.namespace(verb, &session.credential.reach).await {
+                Ok(Namespaced::Rows(rows)) => send_pages(&reply, rows, Reply::Namespaces).await,
+                Ok(Namespaced::Row(row)) => {
+                    reply.send(Reply::Namespace(row)).await;
+                }
+                Err(e) => reply.failed(e).await,
+            }
+        }
         Request::HasPlugin(digest) => {
             reply
                 .send(Reply::HasPlugin(backend.has_plugin(&digest).await))

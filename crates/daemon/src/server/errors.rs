@@ -11,6 +11,7 @@ impl From<ServiceError> for (ErrorKind, String) {
             ServiceError::NotFound(_) => ErrorKind::NotFound,
             ServiceError::Conflict(_) => ErrorKind::Conflict,
             ServiceError::Unavailable(_) => ErrorKind::ShuttingDown,
+            ServiceError::OverQuota(_) => ErrorKind::OverQuota,
             ServiceError::Store(_) | ServiceError::Internal(_) => ErrorKind::Internal,
         };
         (kind, error.to_string())

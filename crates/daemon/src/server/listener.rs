@@ -32,6 +32,7 @@ use crate::config::DaemonConfig;
 use crate::server::connection;
 use crate::server::http;
 use crate::service::history::History;
+use crate::service::namespace::Ns;
 use crate::service::plugins::{self, Plugins};
 use crate::service::tasks::Tasks;
 use crate::service::trees::Trees;
@@ -108,6 +109,7 @@ pub async fn serve(
         shutdown_requested: AtomicBool::new(false),
         recording: Default::default(),
         trees: guests.children.trees(),
+        namespaces: Default::default(),
         stop,
         closed: watch::channel(false).0,
     });
@@ -411,6 +413,9 @@ async fn start_work(
             }
         }
         daemon.controller.set_slot_rules(rules);
+        for (name, settings) in host.store.take_namespaces() {
+            crate::backend::set_namespace(daemon, Ns::named(Some(&name)), Some(settings));
+        }
         // A rate-limited slot starts nothing until a period after the
         // latest start the store recorded (the budget before the restart
         // is not known).

@@ -8,7 +8,8 @@
 //! | `connection` | one connection: handshake, requests in order, batched replies |
 //! | `dispatch` | what each request does |
 //! | `errors` | a service's error as the wire's kind and message, in one place |
-//! | `scope` | what a credential allows, and what each request needs |
+//! | `scope` | what a credential allows (its scope, the namespaces it reaches), and what each request needs |
+//! | `view` | a reply as a connection's namespace shows it |
 //! | `http/` | the optional HTTP listener: metrics, JSON API, dashboard |
 
 pub(crate) mod connection;
@@ -17,3 +18,4 @@ pub(crate) mod errors;
 pub(crate) mod http;
 pub(crate) mod listener;
 pub(crate) mod scope;
+pub(crate) mod view;

@@ -1,9 +1,71 @@
 //! Owns what a credential allows: the three scopes a token of the HTTP
-//! listener carries, and the scope each request of the protocol needs. The
-//! owner-only Unix socket is `Admin`; a connection upgraded from HTTP has
-//! its token's scope, checked for every request it sends.
+//! listener carries, the namespaces it reaches, and the scope each request
+//! of the protocol needs. The owner-only Unix socket is `Admin` of every
+//! namespace; a connection upgraded from HTTP has its token's scope and
+//! namespace, checked for every request it sends.
 
-use crate::wire::protocol::{KvVerb, Request, ScheduleVerb, SlotRuleVerb};
+use crate::service::namespace::Ns;
+pub use crate::service::namespace::Reach;
+use crate::wire::protocol::{KvVerb, NamespaceVerb, Request, ScheduleVerb, SlotRuleVerb};
+
+/// What a connection or an HTTP request may do: its scope, in the
+/// namespaces it reaches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credential {
+    /// What it may do.
+    pub scope: Scope,
+    /// Where.
+    pub reach: Reach,
+}
+
+impl Credential {
+    /// The socket owner's: everything, everywhere.
+    pub fn operator() -> Credential {
+        Credential {
+            scope: Scope::Admin,
+            reach: Reach::Every,
+        }
+    }
+
+    /// Whether it reaches `ns`.
+    pub fn reaches(&self, ns: &Ns) -> bool {
+        self.reach.reaches(ns)
+    }
+
+    /// The namespace it acts in unless told otherwise.
+    pub fn home(&self) -> Ns {
+        match &self.reach {
+            Reach::Every => Ns::default(),
+            Reach::One(own) => own.clone(),
+        }
+    }
+
+    /// Why it may not send `request`, if it may not: its scope is too
+    /// small, or the request is the operator's (it changes what every
+    /// namespace shares) and the credential reaches only one namespace.
+    pub fn refusal(&self, request: &Request) -> Option<String> {
+        let needed = Scope::needed(request);
+        if needed > self.scope {
+            return Some(self.scope.refusal(needed));
+        }
+        let operators = matches!(
+            request,
+            Request::Shutdown { .. }
+                | Request::RemovePlugins { .. }
+                | Request::Namespace(
+                    NamespaceVerb::Add(..) | NamespaceVerb::Set(..) | NamespaceVerb::Remove(_)
+                )
+        );
+        if operators && self.reach != Reach::Every {
+            return Some(
+                "this is the operator's: it needs a token of every namespace (a `admin TOKEN *` \
+                 line in the daemon's --http-token-file) or the daemon's socket"
+                    .to_owned(),
+            );
+        }
+        None
+    }
+}
 
 /// What a token lets its bearer do; each scope includes the ones before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -44,7 +106,9 @@ impl Scope {
             | Request::Slots
             | Request::Events { .. }
             | Request::Logs { .. }
-            | Request::Plugins => Scope::Read,
+            | Request::Plugins
+            | Request::Enter(_)
+            | Request::Namespace(NamespaceVerb::List) => Scope::Read,
             Request::Upload { .. } | Request::Submit(_) | Request::Wait(_) | Request::Rerun(_) => {
                 Scope::Submit
             }
@@ -58,6 +122,7 @@ impl Scope {
             | Request::Shutdown { .. }
             | Request::RemovePlugins { .. }
             | Request::SlotRule(SlotRuleVerb::Set(_) | SlotRuleVerb::Unset(_))
+            | Request::Namespace(_)
             | Request::Schedule(
                 ScheduleVerb::Remove(_) | ScheduleVerb::Pause(_) | ScheduleVerb::Resume(_),
             ) => Scope::Admin,

@@ -21,6 +21,10 @@ pub(crate) enum ServiceError {
     /// The daemon is not taking work: it is shutting down.
     #[error("{0}")]
     Unavailable(String),
+    /// Over a namespace's quota: refused until its use falls or its
+    /// operator raises it.
+    #[error("{0}")]
+    OverQuota(String),
     /// The store failed.
     #[error("{0}")]
     Store(#[from] StoreError),

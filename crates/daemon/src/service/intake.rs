@@ -11,6 +11,8 @@ use taskhost_core::outcome::{RejectionKind, TaskOutcome};
 use taskhost_core::supervisor::{RestartPolicy, Resume, TaskBody, TaskId, TaskSpec};
 use taskhost_core::units::format_size;
 use taskhost_runtime::plugin_task::resolve_slot;
+
+use crate::service::namespace::{Ns, bare};
 use taskhost_runtime::{DirGrant, HttpAllow, PluginInfo};
 
 use crate::config::DirAllow;
@@ -156,8 +158,10 @@ pub(crate) fn naming(
     info: &PluginInfo,
     id: TaskId,
 ) -> Result<(String, String, AdmissionPolicy), String> {
+    // A schedule's name is its namespace's key.
+    let schedule = request.schedule.as_deref().map(bare);
     let name = request.name.clone().unwrap_or_else(|| {
-        let prefix = request.schedule.as_deref().unwrap_or(&info.name);
+        let prefix = schedule.unwrap_or(&info.name);
         format!("{prefix}-{id}")
     });
     // A schedule's firings share the schedule's slot unless told
@@ -166,13 +170,22 @@ pub(crate) fn naming(
         request.slot.as_deref(),
         info.resource.as_ref(),
         &request.params,
-        request.schedule.as_deref().unwrap_or(&name),
+        schedule.unwrap_or(&name),
     )
     .map_err(|e| e.to_string())?;
     let policy = request
         .policy
         .unwrap_or_else(|| AdmissionPolicy::from(info.default_policy));
-    Ok((name, slot, policy))
+    for (what, text) in [("task name", &name), ("slot", &slot)] {
+        if text.chars().any(char::is_control) {
+            return Err(format!(
+                "the {what} `{}` holds a control character: names are printable text",
+                text.escape_debug()
+            ));
+        }
+    }
+    let ns = Ns::named(request.namespace.as_deref());
+    Ok((ns.key(&name), ns.key(&slot), policy))
 }
 
 /// [`naming`] for the cluster's database, which gives the id.
@@ -197,6 +210,9 @@ pub(crate) fn spec_for(
         .with_timeout(request.timeout.unwrap_or_default())
         .with_priority(request.priority)
         .resuming(resume);
+    if let Some(share) = Ns::named(request.namespace.as_deref()).share() {
+        spec = spec.with_share(share);
+    }
     if let Some(schedule) = &request.schedule {
         spec = spec.with_schedule(schedule.as_str());
     }

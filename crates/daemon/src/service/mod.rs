@@ -13,6 +13,7 @@
 //! | `tasks` | what the daemon remembers of submissions (waiters, logs, names) |
 //! | `history` | recent events, bridged to the daemon's log |
 //! | `kv` | one host's key-value state: the buckets in memory, each write kept by the store first; `host kv` |
+//! | `namespace` | namespaces: the keys that tell their objects apart, what a connection sees, their weights and quotas |
 //! | `json` | the JSON forms shared by the CLI's `--json` and the HTTP API |
 
 pub(crate) mod error;
@@ -21,6 +22,7 @@ pub(crate) mod intake;
 pub mod json;
 pub(crate) mod keys;
 pub(crate) mod kv;
+pub(crate) mod namespace;
 pub(crate) mod plugins;
 pub(crate) mod tasks;
 pub(crate) mod trees;

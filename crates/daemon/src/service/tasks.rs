@@ -289,6 +289,15 @@ impl Tasks {
             .cloned()
     }
 
+    /// The unfinished submissions of `ns` this daemon remembers.
+    pub(crate) fn unfinished(&self, ns: &crate::service::namespace::Ns) -> u64 {
+        self.lock()
+            .by_id
+            .values()
+            .filter(|r| r.placed && r.outcome.get().is_none() && ns.owns(&r.name))
+            .count() as u64
+    }
+
     /// The finished records still remembered, oldest first.
     pub(crate) fn finished_records(&self) -> Vec<TaskRecord> {
         let inner = self.lock();

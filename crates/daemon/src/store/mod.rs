@@ -42,7 +42,7 @@ use taskhost_core::logline::LogLine;
 use taskhost_core::supervisor::{TaskId, TaskReport};
 use taskhost_runtime::Digest;
 
-use super::protocol::{ScheduleSpec, SubmitRequest};
+use super::protocol::{NamespaceSettings, ScheduleSpec, SubmitRequest};
 use crate::schedule::FireKind;
 use taskhost_core::slot_settings::SlotSettings;
 
@@ -387,6 +387,11 @@ enum Op {
         pattern: String,
         settings: Option<SlotSettings>,
     },
+    /// A namespace set (`settings`) or removed (`None`).
+    Namespace {
+        name: String,
+        settings: Option<NamespaceSettings>,
+    },
     /// A key-value entry set (`value`) or removed (`None`).
     Kv {
         scope: String,
@@ -425,6 +430,8 @@ struct Inner {
     kv: Mutex<Vec<(String, String, Vec<u8>)>>,
     /// The slot rules read at open, taken once by the daemon's start.
     slot_rules: Mutex<Vec<(String, SlotSettings)>>,
+    /// The namespaces read at open, taken once likewise.
+    namespaces: Mutex<Vec<(String, NamespaceSettings)>>,
     /// Each slot's latest attempt start read at open, taken once likewise.
     last_starts: Mutex<Vec<(String, u64)>>,
 }
@@ -459,6 +466,7 @@ impl Store {
                         schedules: Mutex::default(),
                         kv: Mutex::default(),
                         slot_rules: Mutex::default(),
+                        namespaces: Mutex::default(),
                         last_starts: Mutex::default(),
                     }),
                 },
@@ -473,6 +481,7 @@ impl Store {
                     schedules,
                     kv,
                     slot_rules,
+                    namespaces,
                     last_starts,
                 } = sqlite::open(path, retention)?;
                 let (tx, rx) = mpsc::channel();
@@ -495,6 +504,7 @@ impl Store {
                             schedules: Mutex::new(schedules),
                             kv: Mutex::new(kv),
                             slot_rules: Mutex::new(slot_rules),
+                            namespaces: Mutex::new(namespaces),
                             last_starts: Mutex::new(last_starts),
                         }),
                     },
@@ -633,6 +643,23 @@ impl Store {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         std::mem::take(&mut *rules)
+    }
+
+    /// Records a namespace (`settings`), or its removal.
+    pub fn namespace(&self, name: &str, settings: Option<NamespaceSettings>) -> Ticket {
+        let name = name.to_owned();
+        self.write(Op::Namespace { name, settings }, true)
+    }
+
+    /// The namespaces the store held when it was opened (once; later
+    /// calls get none).
+    pub fn take_namespaces(&self) -> Vec<(String, NamespaceSettings)> {
+        let mut namespaces = self
+            .inner
+            .namespaces
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        std::mem::take(&mut *namespaces)
     }
 
     /// Each slot's latest attempt start (ms since the epoch) the store

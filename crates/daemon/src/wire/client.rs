@@ -35,9 +35,10 @@ use taskhost_core::supervisor::{TaskRef, TaskReport};
 use taskhost_runtime::Digest;
 
 use crate::wire::protocol::{
-    Envelope, ErrorKind, FrameError, Hello, KvRow, KvTarget, KvVerb, MAGIC, PROTOCOL_VERSION,
-    PluginRow, Reassembly, Reply, Request, ScheduleRow, ScheduleVerb, SlotRuleRow, SlotRuleVerb,
-    SubmitRequest, Submitted, TaskRow, UPLOAD_CHUNK, Welcome, encode, read_frame, write_frame,
+    Enter, Envelope, ErrorKind, FrameError, Hello, KvRow, KvTarget, KvVerb, MAGIC, NamespaceRow,
+    NamespaceVerb, PROTOCOL_VERSION, PluginRow, Reassembly, Reply, Request, ScheduleRow,
+    ScheduleVerb, SlotRuleRow, SlotRuleVerb, SubmitRequest, Submitted, TaskRow, UPLOAD_CHUNK,
+    Welcome, encode, read_frame, write_frame,
 };
 
 /// Replies buffered per request before the connection's reader waits for
@@ -426,6 +427,34 @@ impl Client {
         match self.call(Request::SlotRule(verb)).await? {
             Reply::SlotRule(row) => Ok(row),
             other => Err(self.unexpected("a slot verb", &other)),
+        }
+    }
+
+    /// Acts in a namespace from now on (`--namespace`), or sees every one
+    /// (`--all-namespaces`).
+    pub async fn enter(&self, enter: Enter) -> Result<(), ClientError> {
+        match self.call(Request::Enter(enter)).await? {
+            Reply::Done => Ok(()),
+            other => Err(self.unexpected("entering a namespace", &other)),
+        }
+    }
+
+    /// Every namespace this connection reaches, with its use.
+    pub async fn namespaces(&self) -> Result<Vec<NamespaceRow>, ClientError> {
+        let list = Request::Namespace(NamespaceVerb::List);
+        self.pages(list, "ns ls", |reply| match reply {
+            Reply::Namespaces(page) => Ok(page),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+
+    /// `host ns add`, `set` and `rm`: the namespace as the verb left it
+    /// (or the one it removed).
+    pub async fn namespace(&self, verb: NamespaceVerb) -> Result<NamespaceRow, ClientError> {
+        match self.call(Request::Namespace(verb)).await? {
+            Reply::Namespace(row) => Ok(row),
+            other => Err(self.unexpected("a namespace verb", &other)),
         }
     }
 

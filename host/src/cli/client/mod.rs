@@ -9,11 +9,13 @@
 //! | `schedule` | `schedule add`, `ls`, `rm`, `pause`, `resume`, `run` |
 //! | `kv` | `kv ls`, `kv get`, `kv rm` |
 //! | `slot` | `slot set`, `unset`, `ls`: the operator's slot rules |
+//! | `ns` | `ns add`, `set`, `rm`, `ls`: namespaces and their quotas |
 //! | `admin` | `shutdown` |
 //! | `plugins` | `plugins ls`, `plugins rm`, `plugins prune` |
 
 pub mod admin;
 pub mod kv;
+pub mod ns;
 pub mod plugins;
 pub mod schedule;
 pub mod slot;
@@ -26,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use taskhost::daemon::protocol::Enter;
 use taskhost::daemon::{Client, Remote, socket};
 
 use super::args::SocketArg;
@@ -76,6 +79,15 @@ pub fn set_remote(
     Ok(())
 }
 
+/// The namespace `--namespace` names and whether `--all-namespaces` was
+/// given, set once at start.
+static NAMESPACE: OnceLock<(Option<String>, bool)> = OnceLock::new();
+
+/// Takes `--namespace` (else `TASKHOST_NAMESPACE`) and `--all-namespaces`.
+pub fn set_namespace(namespace: Option<String>, all: bool) {
+    let _ = NAMESPACE.set((namespace.filter(|n| !n.is_empty()), all));
+}
+
 /// The remote daemon to talk to, if `--remote` named one.
 pub fn remote() -> Option<&'static Remote> {
     REMOTE.get().and_then(Option::as_ref)
@@ -85,13 +97,26 @@ pub fn remote() -> Option<&'static Remote> {
 /// verb's `--socket`, else the one before the verb, else
 /// `TASKHOST_SOCKET`, else the per-user default.
 pub async fn connect(arg: &SocketArg, before_verb: Option<&Path>) -> anyhow::Result<Client> {
-    if let Some(remote) = remote() {
-        return Client::connect_remote(remote).await.map_err(exit::client);
+    let client = match remote() {
+        Some(remote) => Client::connect_remote(remote).await,
+        None => {
+            let path = socket::resolve(arg.socket.as_deref().or(before_verb));
+            Client::connect_waiting(&path, STARTING_DAEMON_PATIENCE).await
+        }
     }
-    let path = socket::resolve(arg.socket.as_deref().or(before_verb));
-    Client::connect_waiting(&path, STARTING_DAEMON_PATIENCE)
-        .await
-        .map_err(exit::client)
+    .map_err(exit::client)?;
+    if let Some((namespace, all)) = NAMESPACE.get()
+        && (namespace.is_some() || *all)
+    {
+        client
+            .enter(Enter {
+                namespace: namespace.clone(),
+                all: *all,
+            })
+            .await
+            .map_err(exit::client)?;
+    }
+    Ok(client)
 }
 
 /// Prints rows as aligned columns on stdout.

@@ -246,6 +246,7 @@ pub(super) fn failed(failure: impl Into<(ErrorKind, String)>) -> Response {
         ErrorKind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Forbidden => StatusCode::FORBIDDEN,
         ErrorKind::Conflict => StatusCode::CONFLICT,
+        ErrorKind::OverQuota => StatusCode::TOO_MANY_REQUESTS,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     };
     error(status, message)

@@ -62,7 +62,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::backend::daemon::Daemon;
 use crate::config::DaemonConfig;
-use crate::server::scope::Scope;
+use crate::server::scope::{Reach, Scope};
 
 /// The HTTP listener's settings, checked before the daemon starts.
 #[derive(Debug)]
@@ -483,7 +483,7 @@ async fn authorize(
     next: Next,
 ) -> Response {
     let given = token::bearer(request.headers()).unwrap_or("");
-    let Some(scope) = http.tokens.scope_of(given) else {
+    let Some(credential) = http.tokens.credential_of(given) else {
         let whose = match http.whose {
             Whose::Operator => "the token in the daemon's --http-token-file",
             Whose::Own => {
@@ -501,10 +501,27 @@ async fn authorize(
         );
         return response;
     };
-    if scope < needed {
-        return api::error(StatusCode::FORBIDDEN, scope.refusal(needed));
+    if credential.scope < needed {
+        return api::error(StatusCode::FORBIDDEN, credential.scope.refusal(needed));
     }
-    request.extensions_mut().insert(scope);
+    // The JSON API serves the default namespace in this version; a team's
+    // token speaks the protocol (`host --remote`), where it has its own.
+    if let Reach::One(ns) = &credential.reach
+        && !ns.is_default()
+        && request.uri().path() != "/api/wire"
+    {
+        return api::error(
+            StatusCode::FORBIDDEN,
+            format!(
+                "this token is namespace `{}`'s, which this version serves through `host \
+                 --remote` (the protocol at /api/wire) only: the JSON API and the dashboard \
+                 serve the default namespace",
+                ns.name()
+            ),
+        );
+    }
+    request.extensions_mut().insert(credential.scope);
+    request.extensions_mut().insert(credential);
     if request.method() == axum::http::Method::POST && !is_json(request.headers()) {
         return api::error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,

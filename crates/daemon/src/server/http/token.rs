@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 
 use axum::http::{HeaderMap, header};
 
-use crate::server::scope::Scope;
+use crate::server::scope::{Credential, Reach, Scope};
+use crate::service::namespace::Ns;
 pub use crate::wire::token_file::{TokenError, check_private, read_file};
 
 /// The name of the daemon's own token file in its state directory.
@@ -22,32 +23,35 @@ pub(crate) const OWN_TOKEN_FILE: &str = "http-token";
 const TOKEN_BYTES: usize = 32;
 
 /// The tokens the listener accepts, kept as SHA-256 digests with their
-/// scopes.
+/// scopes and namespaces.
 #[derive(Debug, Clone)]
 pub(crate) struct Tokens {
-    entries: Vec<([u8; 32], Scope)>,
+    entries: Vec<([u8; 32], Credential)>,
 }
 
 impl Tokens {
-    /// One token with `admin` scope (the daemon's own).
+    /// One token with `admin` scope of every namespace (the daemon's own).
     pub(crate) fn admin(token: &str) -> Tokens {
         Tokens {
-            entries: vec![(digest(token), Scope::Admin)],
+            entries: vec![(digest(token), Credential::operator())],
         }
     }
 
-    /// The scope of `given`, if it is one of these tokens. Every entry is
-    /// compared, each in constant time, so the time taken says nothing of
-    /// which (or how much of one) matched.
-    pub(crate) fn scope_of(&self, given: &str) -> Option<Scope> {
+    /// The credential of `given`, if it is one of these tokens (the first
+    /// line that names it). Every entry is compared, each in constant
+    /// time, so the time taken says nothing of which (or how much of one)
+    /// matched.
+    pub(crate) fn credential_of(&self, given: &str) -> Option<Credential> {
         let given = digest(given);
-        self.entries.iter().fold(None, |found, (entry, scope)| {
-            if same(&given, entry) {
-                Some(found.map_or(*scope, |f: Scope| f.max(*scope)))
-            } else {
-                found
-            }
-        })
+        self.entries
+            .iter()
+            .fold(None, |found, (entry, credential)| {
+                if same(&given, entry) && found.is_none() {
+                    Some(credential.clone())
+                } else {
+                    found
+                }
+            })
     }
 }
 
@@ -56,10 +60,11 @@ fn digest(token: &str) -> [u8; 32] {
     sha2::Sha256::digest(token.as_bytes()).into()
 }
 
-/// Reads the operator's token file: one `SCOPE TOKEN` pair per line (scope
-/// `read`, `submit` or `admin`), a line with only a token meaning `admin`;
-/// blank lines and lines starting with `#` are skipped. Refused when other
-/// users could read it.
+/// Reads the operator's token file: one `SCOPE TOKEN [NAMESPACE]` line per
+/// token (scope `read`, `submit` or `admin`; the namespace it reaches, `*`
+/// or none for every one), a line with only a token meaning `admin` of
+/// every namespace; blank lines and lines starting with `#` are skipped.
+/// Refused when other users could read it.
 pub(crate) fn read_tokens(path: &Path) -> Result<Tokens, TokenError> {
     check_private(path)?;
     let text = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
@@ -73,9 +78,22 @@ pub(crate) fn read_tokens(path: &Path) -> Result<Tokens, TokenError> {
             continue;
         }
         let words: Vec<&str> = line.split_whitespace().collect();
+        let line_error = |why: String| TokenError::Line {
+            path: path.to_owned(),
+            line: number + 1,
+            why,
+        };
+        let reach = match words[..] {
+            [_, _, "*"] | [_, _] | [_] => Reach::Every,
+            [_, _, namespace] => {
+                crate::wire::protocol::check_namespace_name(namespace).map_err(line_error)?;
+                Reach::One(Ns::named(Some(namespace)))
+            }
+            _ => Reach::Every,
+        };
         let (scope, token) = match words[..] {
             [token] => (Scope::Admin, token),
-            [scope, token] => match Scope::parse(scope) {
+            [scope, token] | [scope, token, _] => match Scope::parse(scope) {
                 Some(scope) => (scope, token),
                 None => {
                     return Err(TokenError::Line {
@@ -92,7 +110,9 @@ pub(crate) fn read_tokens(path: &Path) -> Result<Tokens, TokenError> {
                 return Err(TokenError::Line {
                     path: path.to_owned(),
                     line: number + 1,
-                    why: "a line is `SCOPE TOKEN` or a bare token (admin)".into(),
+                    why: "a line is `SCOPE TOKEN [NAMESPACE]` or a bare token (admin of every \
+                          namespace)"
+                        .into(),
                 });
             }
         };
@@ -103,7 +123,7 @@ pub(crate) fn read_tokens(path: &Path) -> Result<Tokens, TokenError> {
                 why: "the token holds a control character".into(),
             });
         }
-        entries.push((digest(token), scope));
+        entries.push((digest(token), Credential { scope, reach }));
     }
     if entries.is_empty() {
         return Err(TokenError::Empty {

@@ -14,7 +14,8 @@ use hyper_util::rt::TokioIo;
 
 use super::{Http, api};
 use crate::server::connection;
-use crate::server::scope::Scope;
+use crate::server::scope::{Credential, Reach, Scope};
+use crate::service::namespace::Ns;
 
 /// The `Upgrade` protocol a client asks for.
 pub const UPGRADE: &str = "taskhost-wire";
@@ -36,11 +37,14 @@ pub(super) async fn upgrade(State(http): State<Http>, mut request: Request) -> R
             ),
         );
     }
-    let scope = request
+    let credential = request
         .extensions()
-        .get::<Scope>()
-        .copied()
-        .unwrap_or(Scope::Read);
+        .get::<Credential>()
+        .cloned()
+        .unwrap_or(Credential {
+            scope: Scope::Read,
+            reach: Reach::One(Ns::default()),
+        });
     let Ok(permit) = Arc::clone(&http.wires).try_acquire_owned() else {
         return api::error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -55,7 +59,7 @@ pub(super) async fn upgrade(State(http): State<Http>, mut request: Request) -> R
         match upgrading.await {
             Ok(upgraded) => {
                 let (reader, writer) = tokio::io::split(TokioIo::new(upgraded));
-                if let Err(err) = connection::serve_io(daemon, reader, writer, scope).await {
+                if let Err(err) = connection::serve_io(daemon, reader, writer, credential).await {
                     tracing::debug!("remote connection ended: {err}");
                 }
             }

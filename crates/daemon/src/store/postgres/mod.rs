@@ -194,6 +194,8 @@ pub(crate) struct Found {
     pub id: TaskId,
     /// Its state (None: a word this build does not know).
     pub state: Option<TaskState>,
+    /// Its name (its namespace's key).
+    pub name: String,
 }
 
 /// What became of a task taken over from a dead node.

@@ -82,7 +82,7 @@ impl Pg {
             TaskRef::Id(id) => opt(
      &client,
      "cannot find the task",
-     "SELECT t.id, t.state, t.node, n.name FROM taskhost_tasks t \
+     "SELECT t.id, t.state, t.node, n.name, t.name FROM taskhost_tasks t \
                      LEFT JOIN taskhost_nodes n ON n.id = t.node WHERE t.id = $1",
      &[&sql_id(*id)],
  )
@@ -90,7 +90,7 @@ impl Pg {
             TaskRef::Name(name) => opt(
      &client,
      "cannot find the task",
-     "SELECT t.id, t.state, t.node, n.name FROM taskhost_tasks t \
+     "SELECT t.id, t.state, t.node, n.name, t.name FROM taskhost_tasks t \
                      LEFT JOIN taskhost_nodes n ON n.id = t.node WHERE t.name = $1 AND t.placed \
                      ORDER BY CASE WHEN t.state = 'finished' THEN 2 WHEN t.state IN ('queued', 'delayed') THEN 1 ELSE 0 END, \
                      CASE WHEN t.state = 'finished' THEN -t.id ELSE t.id END LIMIT 1",
@@ -101,6 +101,7 @@ impl Pg {
         Ok(row.map(|r| Found {
             id: id_of(r.get(0)),
             state: TaskState::parse(r.get(1)),
+            name: r.get(4),
         }))
     }
 

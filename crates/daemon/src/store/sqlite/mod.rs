@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, params};
 
-use crate::protocol::{ScheduleSpec, SubmitRequest};
+use crate::protocol::{NamespaceSettings, ScheduleSpec, SubmitRequest};
 use taskhost_core::lifecycle::TaskState;
 use taskhost_core::slot_settings::{Rate, SlotSettings};
 use taskhost_core::supervisor::TaskId;
@@ -36,6 +36,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/0008_slot_debounce.sql"),
     include_str!("../../../migrations/0009_slot_rate.sql"),
     include_str!("../../../migrations/0010_last_start.sql"),
+    include_str!("../../../migrations/0011_namespaces.sql"),
 ];
 
 /// The migration that added `parent` and `root`, filled from each row's
@@ -132,6 +133,7 @@ pub(super) fn open(path: &Path, retention: Retention) -> Result<Opened, StoreErr
     let kv = read_kv(&conn).map_err(|e| err(path, "cannot read it", e))?;
     let slot_rules = read_slot_rules(&conn).map_err(|e| err(path, "cannot read it", e))?;
     let last_starts = read_last_starts(&conn).map_err(|e| err(path, "cannot read it", e))?;
+    let namespaces = read_namespaces(&conn).map_err(|e| err(path, "cannot read it", e))?;
     let reader = Reader::new(connect(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -149,8 +151,27 @@ pub(super) fn open(path: &Path, retention: Retention) -> Result<Opened, StoreErr
         schedules,
         kv,
         slot_rules,
+        namespaces,
         last_starts,
     })
+}
+
+/// The namespaces; one a newer version wrote that this one cannot read is
+/// left out, said in the log.
+fn read_namespaces(conn: &Connection) -> rusqlite::Result<Vec<(String, NamespaceSettings)>> {
+    let mut stmt = conn.prepare("SELECT name, settings FROM namespaces ORDER BY name")?;
+    let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (name, json) = row?;
+        match serde_json::from_str(&json) {
+            Ok(settings) => out.push((name, settings)),
+            Err(e) => {
+                tracing::warn!("namespace `{name}` is left out: its settings do not read: {e}")
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Each slot's latest recorded attempt start (ms since the epoch).
@@ -232,6 +253,8 @@ pub(super) struct Opened {
     pub kv: Vec<(String, String, Vec<u8>)>,
     /// The operator's slot rules.
     pub slot_rules: Vec<(String, SlotSettings)>,
+    /// The namespaces.
+    pub namespaces: Vec<(String, NamespaceSettings)>,
     /// Each slot's latest recorded attempt start (ms since the epoch).
     pub last_starts: Vec<(String, u64)>,
 }

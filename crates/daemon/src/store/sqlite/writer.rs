@@ -250,7 +250,8 @@ fn fold_starts(batch: &[Write]) -> (Vec<u32>, Vec<bool>) {
             | Op::Schedule(_)
             | Op::ScheduleRemoved(_)
             | Op::Kv { .. }
-            | Op::SlotRule { .. } => {}
+            | Op::SlotRule { .. }
+            | Op::Namespace { .. } => {}
         }
     }
     (started, folded)
@@ -314,6 +315,19 @@ fn apply_op(tx: &rusqlite::Transaction<'_>, op: &Op, started: u32) -> rusqlite::
             None => {
                 tx.prepare_cached("DELETE FROM slot_rules WHERE pattern = ?1")?
                     .execute(params![pattern])?;
+            }
+        },
+        Op::Namespace { name, settings } => match settings {
+            Some(settings) => {
+                let json = serde_json::to_string(settings).unwrap_or_default();
+                tx.prepare_cached(
+                    "INSERT OR REPLACE INTO namespaces (name, settings) VALUES (?1, ?2)",
+                )?
+                .execute(params![name, json])?;
+            }
+            None => {
+                tx.prepare_cached("DELETE FROM namespaces WHERE name = ?1")?
+                    .execute(params![name])?;
             }
         },
         Op::ScheduleRemoved(name) => {

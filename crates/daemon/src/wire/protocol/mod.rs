@@ -17,6 +17,7 @@
 //! | `schedule` | the messages of `host schedule` |
 //! | `kv` | the messages of `host kv` |
 //! | `slot` | the messages of `host slot`: the operator's rules of slots |
+//! | `namespace` | the messages of namespaces: the one a connection acts in, `host ns` |
 
 use std::time::Duration;
 
@@ -24,6 +25,7 @@ pub use taskhost_core::lifecycle::{Placement, TaskState};
 
 mod frame;
 mod kv;
+mod namespace;
 mod reply;
 mod request;
 mod schedule;
@@ -32,6 +34,10 @@ mod submit;
 
 pub use frame::{Envelope, FrameError, Hello, Welcome, decode, encode, read_frame, write_frame};
 pub use kv::{KvRow, KvTarget, KvVerb};
+pub use namespace::{
+    DEFAULT_NAMESPACE, Enter, MAX_NAMESPACE_NAME, NamespaceChange, NamespaceRow, NamespaceSettings,
+    NamespaceVerb, Quota, check_name as check_namespace_name,
+};
 pub(crate) use reply::Reassembly;
 pub use reply::{ErrorKind, PluginRow, Reply, TaskRow};
 pub use request::{EventFilter, Request};
@@ -40,7 +46,7 @@ pub use slot::{SlotRuleRow, SlotRuleVerb};
 pub use submit::{MAX_IDEMPOTENCY_KEY, NotBefore, SubmitRequest, Submitted};
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 16;
+pub const PROTOCOL_VERSION: u32 = 17;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).

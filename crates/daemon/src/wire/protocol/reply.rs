@@ -12,7 +12,7 @@ use taskhost_core::outcome::{OutcomeKind, TaskOutcome};
 use taskhost_core::supervisor::{Event, ShutdownReport, TaskId, TaskReport};
 use taskhost_runtime::Digest;
 
-use super::{KvRow, ScheduleRow, SlotRuleRow, Submitted};
+use super::{KvRow, NamespaceRow, ScheduleRow, SlotRuleRow, Submitted};
 
 /// A stored plugin, as `host plugins ls` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -159,6 +159,12 @@ pub enum Reply {
     SlotRules(Vec<SlotRuleRow>),
     /// One slot rule, as a verb left it (or removed it).
     SlotRule(SlotRuleRow),
+    /// A page of `host ns ls`.
+    Namespaces(Vec<NamespaceRow>),
+    /// One namespace, as a verb left it (or removed it).
+    Namespace(NamespaceRow),
+    /// Done (a request with nothing more to say: [`Request::Enter`](super::Request::Enter)).
+    Done,
 }
 
 /// The kind of a failed request.
@@ -178,4 +184,6 @@ pub enum ErrorKind {
     /// An idempotency key given with a request other than the one it was
     /// first given with.
     Conflict,
+    /// Over a namespace's quota (`host ns ls` shows them).
+    OverQuota,
 }

@@ -9,6 +9,7 @@ use taskhost_core::slot_settings;
 use taskhost_core::supervisor::{Event, EventKind, TaskRef};
 use taskhost_runtime::Digest;
 
+use super::namespace::{Enter, NamespaceVerb, check_name};
 use super::submit::{check_submit, duration};
 use super::{KvVerb, ScheduleVerb, SlotRuleVerb, SubmitRequest};
 
@@ -113,6 +114,10 @@ pub enum Request {
     Kv(KvVerb),
     /// A verb on the operator's slot rules (`host slot …`).
     SlotRule(SlotRuleVerb),
+    /// Act in a namespace from now on (`--namespace`, `--all-namespaces`).
+    Enter(Enter),
+    /// A verb on namespaces (`host ns …`).
+    Namespace(NamespaceVerb),
 }
 
 impl Request {
@@ -128,6 +133,11 @@ impl Request {
                                 own (`host schedule add`)"
                         .into());
                 }
+                if submit.namespace.is_some() {
+                    return Err("a submission cannot name its namespace: it goes to the \
+                                connection's (`host --namespace NAME submit ...`)"
+                        .into());
+                }
                 if submit.parent.is_some() || submit.root.is_some() || submit.depth != 0 {
                     return Err("a submission cannot name a parent: a task's children are \
                                 spawned by its plugin (taskhost:plugin/children)"
@@ -141,6 +151,9 @@ impl Request {
                     || spec.request.depth != 0
                 {
                     return Err("a schedule's firings have no parent".into());
+                }
+                if spec.request.namespace.is_some() {
+                    return Err("a schedule's firings go to the schedule's namespace".into());
                 }
                 if spec.request.schedule.is_some() || spec.request.name.is_some() {
                     return Err(
@@ -165,6 +178,17 @@ impl Request {
             Request::SlotRule(SlotRuleVerb::Unset(pattern)) => {
                 slot_settings::check_pattern(pattern)
             }
+            Request::Namespace(
+                NamespaceVerb::Add(name, change) | NamespaceVerb::Set(name, change),
+            ) => {
+                check_name(name)?;
+                change.check()
+            }
+            Request::Enter(Enter {
+                namespace: Some(name),
+                ..
+            })
+            | Request::Namespace(NamespaceVerb::Remove(name)) => check_name(name),
             _ => Ok(()),
         }
     }

@@ -84,6 +84,9 @@ pub struct SubmitRequest {
     /// How deep a spawned task is in its tree (a submitted task's children
     /// are at 1; 0 for a task nobody spawned): set by the daemon.
     pub depth: u32,
+    /// The namespace it belongs to (`None`: the default one): set by the
+    /// daemon from the connection, never by a client.
+    pub namespace: Option<String>,
 }
 
 /// When a delayed submission may enter its slot.
@@ -108,8 +111,8 @@ impl NotBefore {
 
 /// Fields added to [`SubmitRequest`] since protocol 4 (`allow_http`,
 /// `idempotency_key`, `not_before`, `priority`, `schedule`, `secrets`,
-/// `config`, `kv`, `parent`, `root`, `depth`).
-const ADDED_FIELDS: usize = 11;
+/// `config`, `kv`, `parent`, `root`, `depth`, `namespace`).
+const ADDED_FIELDS: usize = 12;
 
 /// The longest idempotency key taken, in bytes.
 pub const MAX_IDEMPOTENCY_KEY: usize = 256;
@@ -122,7 +125,8 @@ impl SubmitRequest {
     /// older daemon meant (no `allow_http` for protocols 4 and 5, no
     /// idempotency key before 7, no delay, priority or schedule before 8, no
     /// secrets before 9, no config values before 10, no shared buckets
-    /// before 11, no parent before 12, no root or depth before 13).
+    /// before 11, no parent before 12, no root or depth before 13, no
+    /// namespace before 17).
     pub fn decode_stored(bytes: &[u8]) -> Result<Self, postcard::Error> {
         decode_padded(bytes)
     }
@@ -154,6 +158,7 @@ impl SubmitRequest {
             parent: None,
             root: None,
             depth: 0,
+            namespace: None,
         }
     }
 

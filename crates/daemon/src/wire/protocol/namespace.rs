@@ -1,0 +1,206 @@
+//! The messages of namespaces: which namespace a connection acts in
+//! ([`Enter`]), and `host ns`: each namespace's weight and quotas, with
+//! what it uses of them.
+
+use serde::{Deserialize, Serialize};
+
+/// The name of the namespace that holds everything nobody put elsewhere.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// The longest namespace name.
+pub const MAX_NAMESPACE_NAME: usize = 63;
+
+/// Which namespace a connection acts in from now on (`--namespace`,
+/// `--all-namespaces`); answered with [`Reply::Done`](super::Reply::Done).
+/// A token of one namespace may enter only its own; any other answers as
+/// an unknown one does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Enter {
+    /// The namespace; `None`: the default one.
+    pub namespace: Option<String>,
+    /// See every namespace's tasks, slots and events (an operator's);
+    /// what it submits goes to `namespace`.
+    pub all: bool,
+}
+
+/// A namespace's quota (`host ns add|set --max-…`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Quota {
+    /// Attempts running at once (more wait for a run permit).
+    Running,
+    /// Tasks accepted and not yet running (queued, delayed, waiting for a
+    /// permit or a retry): a submission over it is refused.
+    Waiting,
+    /// Schedules.
+    Schedules,
+    /// Bytes in its guests' key-value buckets.
+    KvBytes,
+    /// Submissions per second (a burst of one second's worth).
+    SubmitRate,
+    /// The memory limit of one attempt, bytes (its memory ceiling).
+    Memory,
+    /// Unfinished descendants of one spawn tree's root.
+    Descendants,
+}
+
+impl Quota {
+    /// Every quota, in the order `host ns ls` shows them.
+    pub const ALL: [Quota; 7] = [
+        Quota::Running,
+        Quota::Waiting,
+        Quota::Schedules,
+        Quota::KvBytes,
+        Quota::SubmitRate,
+        Quota::Memory,
+        Quota::Descendants,
+    ];
+
+    /// Its name: the TOML key and, after `--`, the flag.
+    pub fn key(self) -> &'static str {
+        match self {
+            Quota::Running => "max-running",
+            Quota::Waiting => "max-waiting",
+            Quota::Schedules => "max-schedules",
+            Quota::KvBytes => "max-kv-bytes",
+            Quota::SubmitRate => "max-submit-rate",
+            Quota::Memory => "memory-ceiling",
+            Quota::Descendants => "max-descendants",
+        }
+    }
+
+    /// The quota a key names.
+    pub fn parse(key: &str) -> Option<Quota> {
+        Self::ALL
+            .into_iter()
+            .find(|q| q.key() == key || q.key().replace('-', "_") == key)
+    }
+
+    /// Whether this version holds a namespace to it (the others are only
+    /// counted, or not yet).
+    pub fn is_enforced(self) -> bool {
+        matches!(
+            self,
+            Quota::Waiting | Quota::Schedules | Quota::SubmitRate | Quota::Memory
+        )
+    }
+
+    /// Whether its values are bytes (shown and parsed as sizes).
+    pub fn is_bytes(self) -> bool {
+        matches!(self, Quota::KvBytes | Quota::Memory)
+    }
+}
+
+/// A namespace's weight and quotas.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespaceSettings {
+    /// Its share of the run permits when they are the bottleneck, against
+    /// the others' weights (at least 1).
+    pub weight: u32,
+    /// Its quotas, each at most once; a quota not here is unlimited.
+    pub quotas: Vec<(Quota, u64)>,
+}
+
+impl Default for NamespaceSettings {
+    fn default() -> Self {
+        Self {
+            weight: 1,
+            quotas: Vec::new(),
+        }
+    }
+}
+
+impl NamespaceSettings {
+    /// The limit of `quota`, if it has one.
+    pub fn limit(&self, quota: Quota) -> Option<u64> {
+        self.quotas
+            .iter()
+            .find(|(q, _)| *q == quota)
+            .map(|(_, limit)| *limit)
+    }
+
+    /// Applies a change: a weight, quotas set or made unlimited.
+    pub fn apply(&mut self, change: &NamespaceChange) {
+        if let Some(weight) = change.weight {
+            self.weight = weight.max(1);
+        }
+        for (quota, limit) in &change.quotas {
+            self.quotas.retain(|(q, _)| q != quota);
+            if let Some(limit) = limit {
+                self.quotas.push((*quota, *limit));
+            }
+        }
+        self.quotas.sort();
+    }
+}
+
+/// What `host ns add|set` changes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespaceChange {
+    /// A new weight.
+    pub weight: Option<u32>,
+    /// Quotas to set (`Some`) or to make unlimited (`None`).
+    pub quotas: Vec<(Quota, Option<u64>)>,
+}
+
+impl NamespaceChange {
+    /// Refuses the quotas this version does not hold a namespace to yet.
+    pub fn check(&self) -> Result<(), String> {
+        for (quota, limit) in &self.quotas {
+            if limit.is_some() && !quota.is_enforced() {
+                return Err(format!(
+                    "the quota {} is not held in this version: set --max-waiting, \
+                     --max-schedules, --max-submit-rate or --memory-ceiling",
+                    quota.key()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A verb of `host ns`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NamespaceVerb {
+    /// Every namespace the connection may see, with its use: pages of
+    /// [`Reply::Namespaces`](super::Reply::Namespaces), then
+    /// [`Reply::End`](super::Reply::End).
+    List,
+    /// Add a namespace; answered with [`Reply::Namespace`](super::Reply::Namespace).
+    Add(String, NamespaceChange),
+    /// Change a namespace's weight or quotas; answered as `Add`.
+    Set(String, NamespaceChange),
+    /// Remove a namespace that holds no unfinished task and no schedule;
+    /// answered with the namespace as it was.
+    Remove(String),
+}
+
+/// One namespace as `host ns ls` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespaceRow {
+    /// Its name ([`DEFAULT_NAMESPACE`] for the default one).
+    pub name: String,
+    /// Its weight and quotas.
+    pub settings: NamespaceSettings,
+    /// What it uses now of each quota that can be counted, in
+    /// [`Quota::ALL`]'s order.
+    pub usage: Vec<(Quota, u64)>,
+}
+
+/// Checks a namespace's name: 1 to [`MAX_NAMESPACE_NAME`] lowercase
+/// letters, digits and dashes, starting with a letter or a digit.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let fine = !name.is_empty()
+        && name.len() <= MAX_NAMESPACE_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-');
+    if fine {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{name}` is not a namespace name: 1 to {MAX_NAMESPACE_NAME} lowercase letters, \
+             digits and dashes, starting with a letter or a digit"
+        ))
+    }
+}

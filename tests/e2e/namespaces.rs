@@ -1,0 +1,337 @@
+//! Namespaces on one host through the real binary: from namespace alpha,
+//! every verb against beta's ids, names, slots, schedules and keys finds
+//! nothing and says so in the words of an unknown one; names, slots and
+//! idempotency keys are each namespace's own; each quota refuses naming
+//! itself and leaves the other namespaces alone; a team's token reaches its
+//! namespace only; namespaces survive a restart.
+
+use crate::common::{self, Finished};
+use crate::{daemon, http};
+
+use daemon::{Daemon, p};
+use serde_json::Value;
+
+/// Runs `args` in namespace `ns`.
+fn in_ns(d: &Daemon, ns: &str, args: &[&str]) -> Finished {
+    let mut all = vec!["--namespace", ns];
+    all.extend_from_slice(args);
+    d.run(&all)
+}
+
+/// Submits in `ns`; the id.
+fn submit_in(d: &Daemon, ns: &str, args: &[&str]) -> String {
+    let mut all = vec!["submit"];
+    all.extend_from_slice(args);
+    let out = in_ns(d, ns, &all);
+    assert_eq!(out.code, Some(0), "submit in {ns} {args:?}: {}", out.stderr);
+    out.stdout.trim().to_owned()
+}
+
+fn json_rows(out: &Finished) -> Vec<Value> {
+    assert_eq!(out.code, Some(0), "{out:?}");
+    serde_json::from_str(&out.stdout).expect("a JSON array")
+}
+
+fn added(d: &Daemon, args: &[&str]) {
+    let mut all = vec!["ns", "add"];
+    all.extend_from_slice(args);
+    let out = d.run(&all);
+    assert_eq!(out.code, Some(0), "ns add {args:?}: {}", out.stderr);
+}
+
+#[test]
+fn nothing_of_another_namespace_answers_and_names_are_each_ones_own() {
+    let d = Daemon::start(&[]);
+    added(&d, &["alpha"]);
+    added(&d, &["beta"]);
+    let sleeper = p("sleeper");
+    // Beta holds slot `db` with a task named `job`, a finished task, a
+    // schedule, an idempotency key and a slot rule.
+    let job = submit_in(
+        &d,
+        "beta",
+        &[
+            &sleeper, "--name", "job", "--slot", "db", "--param", "ms=60000",
+        ],
+    );
+    let done = in_ns(
+        &d,
+        "beta",
+        &["submit", &p("hello"), "--name", "done", "--wait"],
+    );
+    assert_eq!(done.code, Some(0), "{}", done.stderr);
+    let keyed = submit_in(
+        &d,
+        "beta",
+        &[&p("hello"), "--idempotency-key", "k1", "--name", "keyed"],
+    );
+    let schedule = in_ns(
+        &d,
+        "beta",
+        &[
+            "schedule",
+            "add",
+            "nightly",
+            "--cron",
+            "0 3 * * *",
+            &p("hello"),
+        ],
+    );
+    assert_eq!(schedule.code, Some(0), "{}", schedule.stderr);
+    let rule = in_ns(&d, "beta", &["slot", "set", "db", "--capacity", "2"]);
+    assert_eq!(rule.code, Some(0), "{}", rule.stderr);
+
+    // Alpha sees none of it.
+    assert!(json_rows(&in_ns(&d, "alpha", &["ps", "--all", "--json"])).is_empty());
+    assert!(json_rows(&in_ns(&d, "alpha", &["slots", "--json"])).is_empty());
+    assert!(json_rows(&in_ns(&d, "alpha", &["schedule", "ls", "--json"])).is_empty());
+    assert!(json_rows(&in_ns(&d, "alpha", &["slot", "ls", "--json"])).is_empty());
+    let events = in_ns(&d, "alpha", &["events", "--json"]);
+    assert_eq!(events.code, Some(0), "{}", events.stderr);
+    assert!(
+        !events.stdout.contains("job") && !events.stdout.contains("\"done\""),
+        "alpha's events show beta's: {}",
+        events.stdout
+    );
+    // Every verb on beta's ids and names answers as an unknown one does.
+    let unknown_id = "999999";
+    for verb in ["wait", "logs", "cancel", "remove", "rerun"] {
+        for (target, unknown) in [(job.as_str(), unknown_id), ("job", "no-such-task")] {
+            let theirs = in_ns(&d, "alpha", &[verb, target]);
+            let none = in_ns(&d, "alpha", &[verb, unknown]);
+            assert_eq!(theirs.code, none.code, "{verb} {target}: {theirs:?}");
+            assert_eq!(
+                theirs.stderr.replace(target, "X"),
+                none.stderr.replace(unknown, "X"),
+                "{verb} {target} tells more than an unknown one"
+            );
+        }
+    }
+    for args in [
+        vec!["schedule", "rm", "nightly"],
+        vec!["schedule", "run", "nightly"],
+        vec!["slot", "unset", "db"],
+    ] {
+        let out = in_ns(&d, "alpha", &args);
+        assert_eq!(out.code, Some(2), "{args:?}: {out:?}");
+    }
+    // An unknown namespace and one a credential does not reach read alike.
+    let none = in_ns(&d, "gamma", &["ps"]);
+    assert_eq!(none.code, Some(2));
+    assert!(
+        none.stderr.contains("no namespace `gamma`"),
+        "{}",
+        none.stderr
+    );
+
+    // Alpha's own `job` in its own slot `db` starts at once beside beta's,
+    // and its key k1 makes its own task.
+    let own = submit_in(
+        &d,
+        "alpha",
+        &[
+            &sleeper,
+            "--name",
+            "job",
+            "--slot",
+            "db",
+            "--param",
+            "ms=60000",
+            "--policy",
+            "drop-if-running",
+        ],
+    );
+    assert_ne!(own, job);
+    let alpha_keyed = submit_in(
+        &d,
+        "alpha",
+        &[&p("hello"), "--idempotency-key", "k1", "--name", "keyed"],
+    );
+    assert_ne!(alpha_keyed, keyed, "a key is each namespace's own");
+    let rows = json_rows(&in_ns(&d, "alpha", &["ps", "--json"]));
+    let row = rows
+        .iter()
+        .find(|r| r["name"] == "job")
+        .expect("alpha's job");
+    assert_eq!(row["slot"], "db", "names are shown bare in their namespace");
+
+    // The default namespace sees neither; the operator's -A sees both.
+    assert!(json_rows(&d.run(&["ps", "--all", "--json"])).is_empty());
+    let everything = json_rows(&d.run(&["-A", "ps", "--json"]));
+    let names: Vec<&str> = everything
+        .iter()
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"alpha/job") && names.contains(&"beta/job"),
+        "{names:?}"
+    );
+    for id in [&job, &own] {
+        let out = d.run(&["-A", "cancel", id]);
+        assert_eq!(out.code, Some(0), "{out:?}");
+    }
+}
+
+#[test]
+fn each_quota_refuses_naming_itself_and_leaves_other_namespaces_alone() {
+    let d = Daemon::start(&[]);
+    added(&d, &["waits", "--max-waiting", "1"]);
+    added(&d, &["rated", "--max-submit-rate", "1"]);
+    added(&d, &["small", "--memory-ceiling", "64MiB"]);
+    added(&d, &["timed", "--max-schedules", "1"]);
+    let sleeper = p("sleeper");
+    // One task waits in its busy slot; a second would wait too.
+    submit_in(
+        &d,
+        "waits",
+        &[&sleeper, "--slot", "s", "--param", "ms=60000"],
+    );
+    submit_in(
+        &d,
+        "waits",
+        &[&sleeper, "--slot", "s", "--param", "ms=60000"],
+    );
+    let over = in_ns(&d, "waits", &["submit", &sleeper, "--slot", "s"]);
+    assert_eq!(over.code, Some(3), "{over:?}");
+    assert!(over.stderr.contains("max-waiting = 1"), "{}", over.stderr);
+
+    let first = in_ns(&d, "rated", &["submit", &p("hello")]);
+    assert_eq!(first.code, Some(0), "{first:?}");
+    let second = in_ns(&d, "rated", &["submit", &p("hello")]);
+    assert_eq!(second.code, Some(3), "{second:?}");
+    assert!(
+        second.stderr.contains("max-submit-rate = 1"),
+        "{}",
+        second.stderr
+    );
+
+    let big = in_ns(
+        &d,
+        "small",
+        &["submit", &p("hello"), "--max-memory", "512MiB"],
+    );
+    assert_eq!(big.code, Some(3), "{big:?}");
+    assert!(big.stderr.contains("memory-ceiling"), "{}", big.stderr);
+    let fits = in_ns(&d, "small", &["submit", &p("hello"), "--wait"]);
+    assert_eq!(fits.code, Some(0), "{fits:?}");
+
+    let cron = ["--cron", "0 3 * * *"];
+    let one = in_ns(
+        &d,
+        "timed",
+        &["schedule", "add", "a", cron[0], cron[1], &p("hello")],
+    );
+    assert_eq!(one.code, Some(0), "{one:?}");
+    let two = in_ns(
+        &d,
+        "timed",
+        &["schedule", "add", "b", cron[0], cron[1], &p("hello")],
+    );
+    assert_eq!(two.code, Some(3), "{two:?}");
+    assert!(two.stderr.contains("max-schedules = 1"), "{}", two.stderr);
+
+    // The default namespace and the others go on.
+    for _ in 0..3 {
+        let out = d.run(&["submit", &p("hello"), "--wait"]);
+        assert_eq!(out.code, Some(0), "{out:?}");
+    }
+    let ls = json_rows(&d.run(&["ns", "ls", "--json"]));
+    let waits = ls.iter().find(|r| r["name"] == "waits").expect("waits");
+    assert_eq!(waits["quotas"]["max-waiting"], 1);
+    assert_eq!(waits["usage"]["max-waiting"], 1, "{waits}");
+}
+
+#[test]
+fn a_teams_token_reaches_its_namespace_only_and_namespaces_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokens");
+    std::fs::write(&file, "submit alpha-token alpha\nadmin root-token *\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut d = Daemon::start(&[
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        file.to_str().unwrap(),
+    ]);
+    added(&d, &["alpha", "--weight", "3"]);
+    added(&d, &["beta"]);
+    let theirs = in_ns(
+        &d,
+        "beta",
+        &["submit", &p("hello"), "--name", "theirs", "--wait"],
+    );
+    assert_eq!(theirs.code, Some(0), "{theirs:?}");
+    let port = http::http_port(&d);
+    let remote = |token: &str, args: &[&str]| -> Finished {
+        let token_file = dir.path().join(format!("{token}.file"));
+        std::fs::write(&token_file, token).unwrap();
+        std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let out = common::host()
+            .env_remove("TASKHOST_TOKEN")
+            .env_remove("TASKHOST_NAMESPACE")
+            .args(["--remote", &format!("http://127.0.0.1:{port}")])
+            .args(["--token-file", token_file.to_str().unwrap()])
+            .args(args)
+            .output()
+            .expect("spawn host");
+        Finished {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    };
+    let mine = remote(
+        "alpha-token",
+        &["submit", &p("hello"), "--name", "mine", "--wait"],
+    );
+    assert_eq!(mine.code, Some(0), "{mine:?}");
+    let rows = json_rows(&remote("alpha-token", &["ps", "--all", "--json"]));
+    let names: Vec<&str> = rows.iter().filter_map(|r| r["name"].as_str()).collect();
+    assert_eq!(names, ["mine"]);
+    for args in [
+        vec!["--namespace", "beta", "ps"],
+        vec!["--namespace", "gamma", "ps"],
+    ] {
+        let out = remote("alpha-token", &args);
+        assert_eq!(out.code, Some(2), "{args:?}: {out:?}");
+        assert!(out.stderr.contains("no namespace"), "{}", out.stderr);
+    }
+    let ls = json_rows(&remote("alpha-token", &["ns", "ls", "--json"]));
+    assert_eq!(ls.len(), 1, "a team sees its own namespace only: {ls:?}");
+    let add = remote("alpha-token", &["ns", "add", "mine"]);
+    assert_ne!(add.code, Some(0), "{add:?}");
+    let all = remote("alpha-token", &["-A", "ps"]);
+    assert_ne!(all.code, Some(0), "{all:?}");
+    // The JSON API serves the default namespace; a team's token is sent
+    // to the protocol.
+    let api = http::request(
+        port,
+        "GET",
+        "/api/tasks?all=true",
+        &[("Authorization", "Bearer alpha-token")],
+        "",
+    );
+    assert_eq!(api.status, 403, "{}", api.body);
+    let root = json_rows(&remote("root-token", &["-A", "ps", "--all", "--json"]));
+    assert_eq!(root.len(), 2, "{root:?}");
+
+    let out = d.run(&["shutdown"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    d.finish(std::time::Duration::from_secs(30));
+    d.restart(&[
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        file.to_str().unwrap(),
+    ]);
+    let ls = json_rows(&d.run(&["ns", "ls", "--json"]));
+    let alpha = ls
+        .iter()
+        .find(|r| r["name"] == "alpha")
+        .expect("alpha kept");
+    assert_eq!(alpha["weight"], 3);
+    let theirs = json_rows(&in_ns(&d, "beta", &["ps", "--all", "--json"]));
+    assert_eq!(theirs.len(), 1, "{theirs:?}");
+    assert_eq!(theirs[0]["name"], "theirs");
+}
