@@ -303,16 +303,59 @@ fn a_teams_token_reaches_its_namespace_only_and_namespaces_survive_a_restart() {
     assert_ne!(add.code, Some(0), "{add:?}");
     let all = remote("alpha-token", &["-A", "ps"]);
     assert_ne!(all.code, Some(0), "{all:?}");
-    // The JSON API serves the default namespace; a team's token is sent
-    // to the protocol.
-    let api = http::request(
-        port,
-        "GET",
-        "/api/tasks?all=true",
-        &[("Authorization", "Bearer alpha-token")],
-        "",
+    // The JSON API answers in the token's namespace too; an operator's
+    // token picks one with X-Taskhost-Namespace (`*`: all of them).
+    let get = |token: &str, ns: Option<&str>, path: &str| {
+        let bearer = format!("Bearer {token}");
+        let mut headers = vec![("Authorization", bearer.as_str())];
+        if let Some(ns) = ns {
+            headers.push(("X-Taskhost-Namespace", ns));
+        }
+        http::request(port, "GET", path, &headers, "")
+    };
+    let names = |answer: &http::Answer| -> Vec<String> {
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let rows: Vec<Value> = serde_json::from_str(&answer.body).unwrap();
+        rows.iter()
+            .map(|r| r["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        names(&get("alpha-token", None, "/api/tasks?all=true")),
+        ["mine"]
     );
-    assert_eq!(api.status, 403, "{}", api.body);
+    assert_eq!(
+        names(&get("alpha-token", None, "/api/namespaces")),
+        ["alpha"]
+    );
+    let theirs = get("alpha-token", Some("beta"), "/api/tasks");
+    assert_eq!(theirs.status, 404, "{}", theirs.body);
+    assert!(
+        theirs.body.contains("no namespace `beta`"),
+        "{}",
+        theirs.body
+    );
+    let detail = get("alpha-token", None, "/api/tasks/theirs");
+    assert_eq!(detail.status, 404, "{}", detail.body);
+    let shutdown = http::request(
+        port,
+        "POST",
+        "/api/shutdown",
+        &[
+            ("Authorization", "Bearer alpha-token"),
+            ("Content-Type", "application/json"),
+        ],
+        "{}",
+    );
+    assert_eq!(shutdown.status, 403, "{}", shutdown.body);
+    assert_eq!(
+        names(&get("root-token", Some("alpha"), "/api/tasks?all=true")),
+        ["mine"]
+    );
+    let mut all = names(&get("root-token", Some("*"), "/api/tasks?all=true"));
+    all.sort();
+    assert_eq!(all, ["alpha/mine", "beta/theirs"]);
+    assert!(names(&get("root-token", None, "/api/tasks?all=true")).is_empty());
     let root = json_rows(&remote("root-token", &["-A", "ps", "--all", "--json"]));
     assert_eq!(root.len(), 2, "{root:?}");
 

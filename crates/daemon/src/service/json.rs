@@ -2,7 +2,7 @@
 //! row, a slot and a cancel's answer. The CLI's `--json` output and the
 //! HTTP API (`host serve --http`) both use these, so the two cannot drift.
 
-use crate::wire::protocol::SlotRuleRow;
+use crate::wire::protocol::{NamespaceRow, Quota, SlotRuleRow};
 use base64::Engine as _;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -148,6 +148,23 @@ pub fn slot_rule(row: &SlotRuleRow) -> Value {
         "max_wait_ms": row.settings.max_wait.map(|d| d.as_millis() as u64),
         "rate": row.settings.rate.map(|r| r.to_string()),
         "burst": row.settings.burst,
+    })
+}
+
+/// A namespace as `host ns ls --json` and `/api/namespaces` show it: its
+/// quotas and its use, each by the quota's key.
+pub fn namespace(row: &NamespaceRow) -> Value {
+    let map = |pairs: &[(Quota, u64)]| {
+        pairs
+            .iter()
+            .map(|(q, n)| (q.key().to_owned(), Value::from(*n)))
+            .collect::<serde_json::Map<_, _>>()
+    };
+    json!({
+        "name": row.name,
+        "weight": row.settings.weight,
+        "quotas": map(&row.settings.quotas),
+        "usage": map(&row.usage),
     })
 }
 

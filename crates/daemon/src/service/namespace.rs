@@ -160,12 +160,19 @@ impl View {
     /// A message as the client is shown it: the keys it names shown as
     /// [`View::show`] does.
     pub(crate) fn text(&self, message: &str) -> String {
-        if !message.contains(SEP) {
+        let mut sep = [0u8; 4];
+        self.text_with(message, SEP.encode_utf8(&mut sep))
+    }
+
+    /// [`View::text`] for a text whose separator is written as `sep` (JSON
+    /// writes it `\u001f`).
+    pub(crate) fn text_with(&self, message: &str, sep: &str) -> String {
+        if !message.contains(sep) {
             return message.to_owned();
         }
         let mut out = String::with_capacity(message.len());
         let mut rest = message;
-        while let Some(at) = rest.find(SEP) {
+        while let Some(at) = rest.find(sep) {
             let before = &rest[..at];
             // The namespace's name is the run of name characters just
             // before the separator.
@@ -179,7 +186,7 @@ impl View {
                 out.push_str(ns);
                 out.push('/');
             }
-            rest = &rest[at + SEP.len_utf8()..];
+            rest = &rest[at + sep.len()..];
         }
         out.push_str(rest);
         out

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
+use taskhost::daemon::json;
 use taskhost::daemon::protocol::{NamespaceChange, NamespaceRow, NamespaceVerb, Quota};
 use taskhost::units::{format_size, parse_size};
 
@@ -159,28 +160,13 @@ fn describe(row: &NamespaceRow) -> String {
     text
 }
 
-fn json(row: &NamespaceRow) -> serde_json::Value {
-    let map = |pairs: &[(Quota, u64)]| {
-        pairs
-            .iter()
-            .map(|(q, n)| (q.key().to_owned(), serde_json::Value::from(*n)))
-            .collect::<serde_json::Map<_, _>>()
-    };
-    serde_json::json!({
-        "name": row.name,
-        "weight": row.settings.weight,
-        "quotas": map(&row.settings.quotas),
-        "usage": map(&row.usage),
-    })
-}
-
 pub async fn ns(args: NsArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
     let (client, verb, json_out, done) = match args.verb {
         Verb::Ls(args) => {
             let client = super::connect(&args.socket, before_verb.as_deref()).await?;
             let rows = client.namespaces().await.map_err(exit::client)?;
             if args.json {
-                print_json(&rows.iter().map(json).collect::<Vec<_>>());
+                print_json(&rows.iter().map(json::namespace).collect::<Vec<_>>());
                 return Ok(0);
             }
             let cell = |row: &NamespaceRow, quota: Quota| {
@@ -261,7 +247,7 @@ pub async fn ns(args: NsArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8
     };
     let row = client.namespace(verb).await.map_err(exit::client)?;
     if json_out {
-        print_json(&json(&row));
+        print_json(&json::namespace(&row));
     } else {
         say(&format!("{done} {}", describe(&row)));
     }

@@ -6,6 +6,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -22,6 +23,7 @@ use taskhost_core::supervisor::{Event, TaskRef, TaskReport};
 use super::Http;
 use crate::backend::{Backend, Item, Items, SlotRuled};
 use crate::service::json::{self, JsonResult};
+use crate::service::namespace::View;
 use crate::wire::protocol::{ErrorKind, EventFilter, SlotRuleVerb};
 
 /// An error answer: `{"error": message}`.
@@ -36,8 +38,15 @@ pub(super) struct TasksQuery {
 }
 
 /// `GET /api/tasks[?all=true]`: the rows of `host ps --json` (`--all`).
-pub(super) async fn tasks(State(http): State<Http>, Query(q): Query<TasksQuery>) -> Response {
-    match Backend::of(&http.daemon).rows(q.all).await {
+pub(super) async fn tasks(
+    State(http): State<Http>,
+    Extension(view): Extension<View>,
+    Query(q): Query<TasksQuery>,
+) -> Response {
+    match Backend::within(&http.daemon, view.clone())
+        .rows(q.all)
+        .await
+    {
         Ok(rows) => Json(Value::Array(rows.iter().map(json::task_row).collect())).into_response(),
         Err(answer) => failed(answer),
     }
@@ -45,12 +54,12 @@ pub(super) async fn tasks(State(http): State<Http>, Query(q): Query<TasksQuery>)
 
 /// `GET /api/slots`: the slots of `host slots --json`, each with the rate
 /// its rule sets (`rate`, `burst`; null without one).
-pub(super) async fn slots(State(http): State<Http>) -> Response {
-    match Backend::of(&http.daemon).slots().await {
+pub(super) async fn slots(State(http): State<Http>, Extension(view): Extension<View>) -> Response {
+    match Backend::within(&http.daemon, view.clone()).slots().await {
         Ok(slots) => {
             // The rules as `host slot ls` lists them (a cluster's, from its
             // database), as `host slots --json` reads them too.
-            let rules = match Backend::of(&http.daemon)
+            let rules = match Backend::within(&http.daemon, view.clone())
                 .slot_rule(SlotRuleVerb::List)
                 .await
             {
@@ -67,9 +76,13 @@ pub(super) async fn slots(State(http): State<Http>) -> Response {
 /// `GET /api/tasks/{id|name}`: the task's `ps` row while it is live, its
 /// attempts, its log lines and (once recorded) its result as `host wait
 /// --json` prints it.
-pub(super) async fn task(State(http): State<Http>, Path(task): Path<String>) -> Response {
+pub(super) async fn task(
+    State(http): State<Http>,
+    Extension(view): Extension<View>,
+    Path(task): Path<String>,
+) -> Response {
     let target = TaskRef::parse(&task);
-    let backend = Backend::of(&http.daemon);
+    let backend = Backend::within(&http.daemon, view.clone());
     let found = match backend.find(&target).await {
         Ok(found) => found,
         Err(answer) => return failed(answer),
@@ -117,19 +130,27 @@ fn detail(
 
 /// `POST /api/tasks/{id|name}/cancel`: stops the task (queued work is
 /// removed) and answers once it has ended, as `host cancel --json`.
-pub(super) async fn cancel(State(http): State<Http>, Path(task): Path<String>) -> Response {
-    stop(&http, &task, true).await
+pub(super) async fn cancel(
+    State(http): State<Http>,
+    Extension(view): Extension<View>,
+    Path(task): Path<String>,
+) -> Response {
+    stop(&http, &view, &task, true).await
 }
 
 /// `POST /api/tasks/{id|name}/remove`: asks the task to stop and answers
 /// at once, as `host remove --json`.
-pub(super) async fn remove(State(http): State<Http>, Path(task): Path<String>) -> Response {
-    stop(&http, &task, false).await
+pub(super) async fn remove(
+    State(http): State<Http>,
+    Extension(view): Extension<View>,
+    Path(task): Path<String>,
+) -> Response {
+    stop(&http, &view, &task, false).await
 }
 
-async fn stop(http: &Http, task: &str, wait: bool) -> Response {
+async fn stop(http: &Http, view: &View, task: &str, wait: bool) -> Response {
     let target = TaskRef::parse(task);
-    let backend = Backend::of(&http.daemon);
+    let backend = Backend::within(&http.daemon, view.clone());
     let found = match backend.find(&target).await {
         Ok(found) => found,
         Err(answer) => return failed(answer),
@@ -159,7 +180,11 @@ pub(super) struct EventsQuery {
 /// --json`, its id the event's seq. A reader that falls behind gets a
 /// `dropped` event saying how many it missed. At most `http_max_streams`
 /// are open at once; one more is answered 503.
-pub(super) async fn events(State(http): State<Http>, Query(q): Query<EventsQuery>) -> Response {
+pub(super) async fn events(
+    State(http): State<Http>,
+    Extension(view): Extension<View>,
+    Query(q): Query<EventsQuery>,
+) -> Response {
     // Held by the stream: given back when the response body is dropped.
     let Ok(permit) = Arc::clone(&http.streams).try_acquire_owned() else {
         return too_many_streams(&http);
@@ -169,7 +194,8 @@ pub(super) async fn events(State(http): State<Http>, Query(q): Query<EventsQuery
         kinds: Vec::new(),
     };
     let feed = Feed {
-        items: Backend::of(&http.daemon).events(true, filter),
+        items: Backend::within(&http.daemon, view.clone()).events(true, filter),
+        view,
         metrics: Arc::clone(&http.metrics),
         _permit: permit,
     };
@@ -189,6 +215,8 @@ pub(super) async fn events(State(http): State<Http>, Query(q): Query<EventsQuery
 /// One SSE reader's stream of `host events --follow`.
 struct Feed {
     items: Items,
+    /// How its events are shown.
+    view: View,
     metrics: Arc<super::metrics::Metrics>,
     /// This stream's place among `http_max_streams`.
     _permit: OwnedSemaphorePermit,
@@ -198,7 +226,8 @@ impl Feed {
     async fn next(&mut self) -> Option<SseEvent> {
         loop {
             match self.items.recv().await? {
-                Item::Event(e) => return Some(sse(&e)),
+                Item::Event(e) if self.view == View::default() => return Some(sse(&e)),
+                Item::Event(e) => return Some(sse(&crate::server::view::event(&self.view, *e))),
                 Item::Dropped(n) => {
                     self.metrics.lane_dropped(n);
                     return Some(

@@ -62,7 +62,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::backend::daemon::Daemon;
 use crate::config::DaemonConfig;
-use crate::server::scope::{Reach, Scope};
+use crate::server::scope::{Credential, Reach, Scope};
+use crate::service::namespace::{Ns, View};
 
 /// The HTTP listener's settings, checked before the daemon starts.
 #[derive(Debug)]
@@ -334,6 +335,7 @@ pub(crate) fn start(bound: Bound, daemon: &Arc<Daemon>) -> Server {
         ("get", "/api/tasks/{task}", get(api::task)),
         ("get", "/api/tasks/{task}/logs", get(verbs::logs)),
         ("get", "/api/slots", get(api::slots)),
+        ("get", "/api/namespaces", get(verbs::namespaces)),
         ("get", "/api/slot-rules", get(verbs::slot_rules)),
         ("put", "/api/slot-rules", put(verbs::set_slot_rule)),
         ("delete", "/api/slot-rules", delete(verbs::unset_slot_rule)),
@@ -504,23 +506,12 @@ async fn authorize(
     if credential.scope < needed {
         return api::error(StatusCode::FORBIDDEN, credential.scope.refusal(needed));
     }
-    // The JSON API serves the default namespace in this version; a team's
-    // token speaks the protocol (`host --remote`), where it has its own.
-    if let Reach::One(ns) = &credential.reach
-        && !ns.is_default()
-        && request.uri().path() != "/api/wire"
-    {
-        return api::error(
-            StatusCode::FORBIDDEN,
-            format!(
-                "this token is namespace `{}`'s, which this version serves through `host \
-                 --remote` (the protocol at /api/wire) only: the JSON API and the dashboard \
-                 serve the default namespace",
-                ns.name()
-            ),
-        );
-    }
+    let view = match view_of(&http, &credential, &request) {
+        Ok(view) => view,
+        Err(refused) => return *refused,
+    };
     request.extensions_mut().insert(credential.scope);
+    request.extensions_mut().insert(view.clone());
     request.extensions_mut().insert(credential);
     if request.method() == axum::http::Method::POST && !is_json(request.headers()) {
         return api::error(
@@ -528,7 +519,86 @@ async fn authorize(
             "send `Content-Type: application/json` with a POST".into(),
         );
     }
-    conn::serving(request, next).await
+    let answer = conn::serving(request, next).await;
+    if view == View::default() {
+        return answer;
+    }
+    shown(&view, answer).await
+}
+
+/// The namespace a request acts in: its token's, or for a token of every
+/// namespace the one the `X-Taskhost-Namespace` header names (`*`: every
+/// one, as `--all-namespaces`). Another namespace, or one that does not
+/// exist, is not found; the operator's routes (shutdown, plugin removal)
+/// need a token of every namespace.
+fn view_of(
+    http: &Http,
+    credential: &Credential,
+    request: &Request,
+) -> Result<View, Box<Response>> {
+    let asked = request
+        .headers()
+        .get("x-taskhost-namespace")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty());
+    let operators = request.uri().path() == "/api/shutdown"
+        || (request.method() == axum::http::Method::DELETE
+            && request.uri().path().starts_with("/api/plugins"));
+    if operators && credential.reach != Reach::Every {
+        return Err(Box::new(api::error(
+            StatusCode::FORBIDDEN,
+            "this is the operator's: it needs a token of every namespace (a `admin TOKEN *` \
+             line in the daemon's --http-token-file)"
+                .into(),
+        )));
+    }
+    let unknown = |name: &str| {
+        Box::new(api::error(
+            StatusCode::NOT_FOUND,
+            format!("no namespace `{name}` (see `host ns ls`)"),
+        ))
+    };
+    match (&credential.reach, asked) {
+        (Reach::One(ns), None) => Ok(View::of(ns.clone())),
+        (Reach::One(ns), Some(name)) if Ns::named(Some(name)) == *ns => Ok(View::of(ns.clone())),
+        (Reach::One(_), Some(name)) => Err(unknown(name)),
+        (Reach::Every, None) => Ok(View::default()),
+        (Reach::Every, Some("*")) => Ok(View {
+            acting: Ns::default(),
+            all: true,
+        }),
+        (Reach::Every, Some(name)) => {
+            let ns = Ns::named(Some(name));
+            if crate::wire::protocol::check_namespace_name(name).is_err()
+                || !http.daemon.namespaces.exists(&ns)
+            {
+                return Err(unknown(name));
+            }
+            Ok(View::of(ns))
+        }
+    }
+}
+
+/// A JSON answer as `view` shows it: every key it names turned back into
+/// its name (see `server/view.rs`); streams are shown event by event.
+async fn shown(view: &View, answer: Response) -> Response {
+    if !is_json(answer.headers()) {
+        return answer;
+    }
+    let (parts, body) = answer.into_parts();
+    // Bounded: these are the daemon's own answers, built whole in memory.
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return api::error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the answer could not be read".into(),
+        );
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let text = view.text_with(&text, "\\u001f");
+    let mut parts = parts;
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(text))
 }
 
 fn is_json(headers: &HeaderMap) -> bool {

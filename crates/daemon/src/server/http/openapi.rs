@@ -61,6 +61,12 @@ pub(super) const ROUTES: &[Route] = &[
     ),
     route(
         "get",
+        "/api/namespaces",
+        Scope::Read,
+        "The namespaces the token reaches, as `host ns ls --json` (its quotas and use)",
+    ),
+    route(
+        "get",
         "/api/slot-rules",
         Scope::Read,
         "The rows of `host slot ls --json`",

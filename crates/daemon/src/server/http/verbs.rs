@@ -8,6 +8,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -32,6 +33,7 @@ use crate::backend::{Backend, Item, Scheduled, SlotRuled};
 use crate::server::dispatch;
 use crate::service::error::ServiceError;
 use crate::service::json::{self, JsonResult};
+use crate::service::namespace::View;
 use crate::service::plugins;
 use crate::wire::protocol::{
     MAX_SUBMIT_INPUT, MAX_WIRE_DURATION, NotBefore, Placement, Request, ScheduleSpec, ScheduleVerb,
@@ -258,9 +260,34 @@ pub(super) struct ScheduleBody {
     task: SubmitBody,
 }
 
+/// `GET /api/namespaces`: the namespaces the token reaches, as `host ns
+/// ls --json`.
+pub(super) async fn namespaces(
+    State(http): State<Http>,
+    Extension(credential): Extension<crate::server::scope::Credential>,
+) -> Response {
+    let verb = crate::wire::protocol::NamespaceVerb::List;
+    match Backend::of(&http.daemon)
+        .namespace(verb, &credential.reach)
+        .await
+    {
+        Ok(crate::backend::Namespaced::Rows(rows)) => {
+            Json(Value::Array(rows.iter().map(json::namespace).collect())).into_response()
+        }
+        Ok(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "not a list".into()),
+        Err(answer) => failed(answer),
+    }
+}
+
 /// `GET /api/schedules`: the rows of `host schedule ls --json`.
-pub(super) async fn schedules(State(http): State<Http>) -> Response {
-    match Backend::of(&http.daemon).schedule(ScheduleVerb::List).await {
+pub(super) async fn schedules(
+    State(http): State<Http>,
+    Extension(view): Extension<View>,
+) -> Response {
+    match Backend::within(&http.daemon, view.clone())
+        .schedule(ScheduleVerb::List)
+        .await
+    {
         Ok(Scheduled::Rows(rows)) => {
             Json(Value::Array(rows.iter().map(json::schedule).collect())).into_response()
         }
@@ -271,7 +298,11 @@ pub(super) async fn schedules(State(http): State<Http>) -> Response {
 
 /// `POST /api/schedules`: adds a schedule; answers `201` with its row as
 /// `host schedule add --json` prints it.
-pub(super) async fn add_schedule(State(http): State<Http>, body: Bytes) -> Response {
+pub(super) async fn add_schedule(
+    State(http): State<Http>,
+    Extension(view): Extension<View>,
+    body: Bytes,
+) -> Response {
     let body: ScheduleBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("the schedule's JSON: {e}")),
@@ -295,7 +326,10 @@ pub(super) async fn add_schedule(State(http): State<Http>, body: Bytes) -> Respo
     if let Err(message) = Request::Schedule(verb.clone()).check() {
         return error(StatusCode::BAD_REQUEST, message);
     }
-    match Backend::of(&http.daemon).schedule(verb).await {
+    match Backend::within(&http.daemon, view.clone())
+        .schedule(verb)
+        .await
+    {
         Ok(Scheduled::Row(row)) => {
             (StatusCode::CREATED, Json(json::schedule(&row))).into_response()
         }
@@ -306,8 +340,11 @@ pub(super) async fn add_schedule(State(http): State<Http>, body: Bytes) -> Respo
 
 /// `DELETE /api/schedules/{name}`, `POST /api/schedules/{name}/pause`
 /// and `…/resume`: the schedule as the verb left it.
-async fn schedule_verb(http: &Http, verb: ScheduleVerb) -> Response {
-    match Backend::of(&http.daemon).schedule(verb).await {
+async fn schedule_verb(http: &Http, view: &View, verb: ScheduleVerb) -> Response {
+    match Backend::within(&http.daemon, view.clone())
+        .schedule(verb)
+        .await
+    {
         Ok(Scheduled::Row(row)) => Json(json::schedule(&row)).into_response(),
         Ok(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "not a row".into()),
         Err(answer) => failed(answer),
@@ -316,26 +353,36 @@ async fn schedule_verb(http: &Http, verb: ScheduleVerb) -> Response {
 
 pub(super) async fn remove_schedule(
     State(http): State<Http>,
+    Extension(view): Extension<View>,
     Path(name): Path<String>,
 ) -> Response {
-    schedule_verb(&http, ScheduleVerb::Remove(name)).await
+    schedule_verb(&http, &view, ScheduleVerb::Remove(name)).await
 }
 
-pub(super) async fn pause_schedule(State(http): State<Http>, Path(name): Path<String>) -> Response {
-    schedule_verb(&http, ScheduleVerb::Pause(name)).await
+pub(super) async fn pause_schedule(
+    State(http): State<Http>,
+    Extension(view): Extension<View>,
+    Path(name): Path<String>,
+) -> Response {
+    schedule_verb(&http, &view, ScheduleVerb::Pause(name)).await
 }
 
 pub(super) async fn resume_schedule(
     State(http): State<Http>,
+    Extension(view): Extension<View>,
     Path(name): Path<String>,
 ) -> Response {
-    schedule_verb(&http, ScheduleVerb::Resume(name)).await
+    schedule_verb(&http, &view, ScheduleVerb::Resume(name)).await
 }
 
 /// `POST /api/schedules/{name}/run`: fires it once now; answers as
 /// `POST /api/tasks`.
-pub(super) async fn run_schedule(State(http): State<Http>, Path(name): Path<String>) -> Response {
-    match Backend::of(&http.daemon)
+pub(super) async fn run_schedule(
+    State(http): State<Http>,
+    Extension(view): Extension<View>,
+    Path(name): Path<String>,
+) -> Response {
+    match Backend::within(&http.daemon, view.clone())
         .schedule(ScheduleVerb::Run(name))
         .await
     {
@@ -350,7 +397,12 @@ pub(super) async fn run_schedule(State(http): State<Http>, Path(name): Path<Stri
 /// rejection as `host submit --wait --json` prints it; `200` with
 /// `"existing": true` for the task an `Idempotency-Key` made before, `409`
 /// for that key with another request.
-pub(super) async fn submit(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> Response {
+pub(super) async fn submit(
+    State(http): State<Http>,
+    Extension(view): Extension<View>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let body: SubmitBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("the task's JSON: {e}")),
@@ -386,27 +438,34 @@ pub(super) async fn submit(State(http): State<Http>, headers: HeaderMap, body: B
     let Request::Submit(request) = request else {
         unreachable!("made as a Submit above")
     };
-    place(&http, *request).await
+    place(&http, &view, *request).await
 }
 
 /// `POST /api/tasks/{id|name}/rerun`: submits a new task with that task's
 /// request (as it was placed: its name, slot and policy); answers as
 /// `POST /api/tasks`.
-pub(super) async fn rerun(State(http): State<Http>, Path(task): Path<String>) -> Response {
-    let backend = Backend::of(&http.daemon);
+pub(super) async fn rerun(
+    State(http): State<Http>,
+    Extension(view): Extension<View>,
+    Path(task): Path<String>,
+) -> Response {
+    let backend = Backend::within(&http.daemon, view.clone());
     let found = match backend.find(&TaskRef::parse(&task)).await {
         Ok(found) => found,
         Err(answer) => return failed(answer),
     };
     match backend.request_of(&found).await {
-        Ok(request) => place(&http, request).await,
+        Ok(request) => place(&http, &view, request).await,
         Err(answer) => failed(answer),
     }
 }
 
 /// Places a submission and answers with where it went.
-async fn place(http: &Http, request: SubmitRequest) -> Response {
-    match Backend::of(&http.daemon).submit(request).await {
+async fn place(http: &Http, view: &View, request: SubmitRequest) -> Response {
+    match Backend::within(&http.daemon, view.clone())
+        .submit(request)
+        .await
+    {
         Ok(accepted) => answer(accepted).await,
         Err(answer) => failed(answer),
     }
@@ -457,6 +516,7 @@ pub(super) struct WaitQuery {
 /// `202` and `{"id", "outcome": null}`.
 pub(super) async fn outcome(
     State(http): State<Http>,
+    Extension(view): Extension<View>,
     Path(task): Path<String>,
     Query(q): Query<WaitQuery>,
 ) -> Response {
@@ -464,7 +524,7 @@ pub(super) async fn outcome(
         Ok(d) => d.unwrap_or(Duration::ZERO).min(MAX_WIRE_DURATION),
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("wait: {e}")),
     };
-    let backend = Backend::of(&http.daemon);
+    let backend = Backend::within(&http.daemon, view.clone());
     let found = match backend.find(&TaskRef::parse(&task)).await {
         Ok(found) => found,
         Err(answer) => return failed(answer),
@@ -494,10 +554,11 @@ pub(super) struct LogsQuery {
 /// `end` event.
 pub(super) async fn logs(
     State(http): State<Http>,
+    Extension(view): Extension<View>,
     Path(task): Path<String>,
     Query(q): Query<LogsQuery>,
 ) -> Response {
-    let backend = Backend::of(&http.daemon);
+    let backend = Backend::within(&http.daemon, view.clone());
     let found = match backend.find(&TaskRef::parse(&task)).await {
         Ok(found) => found,
         Err(answer) => return failed(answer),
@@ -679,13 +740,20 @@ pub(super) struct PatternQuery {
 }
 
 /// `GET /api/slot-rules`: the rows of `host slot ls --json`.
-pub(super) async fn slot_rules(State(http): State<Http>) -> Response {
-    slot_rule_verb(&http, SlotRuleVerb::List).await
+pub(super) async fn slot_rules(
+    State(http): State<Http>,
+    Extension(view): Extension<View>,
+) -> Response {
+    slot_rule_verb(&http, &view, SlotRuleVerb::List).await
 }
 
 /// `PUT /api/slot-rules`: sets the rule of a pattern; answers with it as
 /// `host slot set --json` prints it.
-pub(super) async fn set_slot_rule(State(http): State<Http>, body: Bytes) -> Response {
+pub(super) async fn set_slot_rule(
+    State(http): State<Http>,
+    Extension(view): Extension<View>,
+    body: Bytes,
+) -> Response {
     let body: SlotRuleBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => {
@@ -719,23 +787,32 @@ pub(super) async fn set_slot_rule(State(http): State<Http>, body: Bytes) -> Resp
         burst: body.burst,
     };
     let pattern = body.pattern;
-    slot_rule_verb(&http, SlotRuleVerb::Set(SlotRuleRow { pattern, settings })).await
+    slot_rule_verb(
+        &http,
+        &view,
+        SlotRuleVerb::Set(SlotRuleRow { pattern, settings }),
+    )
+    .await
 }
 
 /// `DELETE /api/slot-rules?pattern=P`: removes it; answers with the rule
 /// removed.
 pub(super) async fn unset_slot_rule(
     State(http): State<Http>,
+    Extension(view): Extension<View>,
     Query(query): Query<PatternQuery>,
 ) -> Response {
-    slot_rule_verb(&http, SlotRuleVerb::Unset(query.pattern)).await
+    slot_rule_verb(&http, &view, SlotRuleVerb::Unset(query.pattern)).await
 }
 
-async fn slot_rule_verb(http: &Http, verb: SlotRuleVerb) -> Response {
+async fn slot_rule_verb(http: &Http, view: &View, verb: SlotRuleVerb) -> Response {
     if let Err(message) = Request::SlotRule(verb.clone()).check() {
         return error(StatusCode::BAD_REQUEST, message);
     }
-    match Backend::of(&http.daemon).slot_rule(verb).await {
+    match Backend::within(&http.daemon, view.clone())
+        .slot_rule(verb)
+        .await
+    {
         Ok(SlotRuled::Rows(rows)) => {
             Json(Value::Array(rows.iter().map(json::slot_rule).collect())).into_response()
         }
