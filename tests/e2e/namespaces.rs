@@ -378,3 +378,197 @@ fn a_teams_token_reaches_its_namespace_only_and_namespaces_survive_a_restart() {
     assert_eq!(theirs.len(), 1, "{theirs:?}");
     assert_eq!(theirs[0]["name"], "theirs");
 }
+
+#[test]
+fn a_namespaces_spawn_trees_stay_in_it_within_its_descendants_quota() {
+    let d = Daemon::start(&[]);
+    added(&d, &["tree", "--max-descendants", "3"]);
+    added(&d, &["beta"]);
+    // Beta holds slot `db`; tree's children go to its own slot `db`.
+    submit_in(
+        &d,
+        "beta",
+        &[&p("sleeper"), "--slot", "db", "--param", "ms=60000"],
+    );
+    let out = in_ns(
+        &d,
+        "tree",
+        &[
+            "submit",
+            &p("fanout"),
+            "--param",
+            "n=2",
+            "--param",
+            "slot=db",
+            "--wait",
+            "--json",
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let output: Value = serde_json::from_str(out.json()["output"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        output["sum"], 1,
+        "both children ran beside beta's owner: {output}"
+    );
+    let children = json_rows(&in_ns(&d, "tree", &["ps", "--all", "--json"]));
+    assert_eq!(
+        children.len(),
+        3,
+        "the parent and its children: {children:?}"
+    );
+    assert!(children.iter().all(|c| c["slot"] != "beta/db"));
+    let beta = json_rows(&in_ns(&d, "beta", &["ps", "--all", "--json"]));
+    assert_eq!(beta.len(), 1, "no child went to beta: {beta:?}");
+
+    // Five children with a quota of three unfinished descendants.
+    let out = in_ns(
+        &d,
+        "tree",
+        &[
+            "submit",
+            &p("fanout"),
+            "--param",
+            "depth=1",
+            "--param",
+            "n=5",
+            "--param",
+            "ms=1000",
+            "--wait",
+            "--json",
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let counts: Value = serde_json::from_str(out.json()["output"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        (&counts["tasks"], &counts["refused"]),
+        (&4.into(), &2.into()),
+        "{counts}"
+    );
+    let events = in_ns(&d, "tree", &["events", "--json", "--kind", "GuestLog"]);
+    assert!(
+        events
+            .stdout
+            .lines()
+            .any(|l| l.contains("spawn refused") && l.contains("max-descendants = 3")),
+        "{}",
+        events.stdout
+    );
+    // The default namespace's trees keep the daemon's bound.
+    let out = d.run(&[
+        "submit",
+        &p("fanout"),
+        "--param",
+        "depth=1",
+        "--param",
+        "n=5",
+        "--wait",
+        "--json",
+    ]);
+    let counts: Value = serde_json::from_str(out.json()["output"].as_str().unwrap()).unwrap();
+    assert_eq!(counts["refused"], 0, "{counts}");
+}
+
+/// Runs `counter` in `ns` on `slot`; its answer.
+fn counted(d: &Daemon, ns: &str, slot: &str, extra: &[&str]) -> Value {
+    let path = p("counter");
+    let mut args = vec!["submit", &path, "--slot", slot, "--wait", "--json"];
+    args.extend_from_slice(extra);
+    let out = in_ns(d, ns, &args);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    serde_json::from_str(out.json()["output"].as_str().unwrap()).unwrap()
+}
+
+#[test]
+fn a_bucket_of_the_same_name_is_each_namespaces_own() {
+    let d = Daemon::start(&["--allow-kv", "hits"]);
+    added(&d, &["alpha"]);
+    added(&d, &["beta"]);
+    let shared = ["--kv", "hits", "--param", "shared=hits"];
+    // A shared bucket `hits`, and slot `a`'s own bucket, in each.
+    for _ in 0..2 {
+        counted(&d, "alpha", "a", &shared);
+    }
+    let beta = counted(&d, "beta", "a", &shared);
+    assert_eq!(beta["hits"], 1, "beta's `hits` is not alpha's: {beta}");
+    assert_eq!(beta["runs"], 1, "beta's slot `a` is not alpha's: {beta}");
+    let default = counted(&d, "default", "a", &shared);
+    assert_eq!(default["hits"], 1, "{default}");
+    // `host kv` reads each namespace's own.
+    let get = in_ns(&d, "alpha", &["kv", "get", "--shared", "hits", "hits"]);
+    assert_eq!(get.stdout, "2", "{get:?}");
+    let get = in_ns(&d, "beta", &["kv", "get", "--shared", "hits", "hits"]);
+    assert_eq!(get.stdout, "1", "{get:?}");
+    let buckets = in_ns(&d, "beta", &["kv", "ls"]);
+    assert_eq!(buckets.code, Some(0), "{buckets:?}");
+    assert!(
+        buckets.stdout.contains("shared:hits") && !buckets.stdout.contains("alpha"),
+        "{}",
+        buckets.stdout
+    );
+}
+
+#[test]
+fn a_namespace_names_only_the_secrets_its_operator_granted_it() {
+    let secrets = tempfile::tempdir().unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(secrets.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    for name in ["ALPHA_KEY", "BETA_KEY"] {
+        let file = secrets.path().join(name);
+        std::fs::write(&file, format!("{name}-value")).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let d = Daemon::start(&["--secrets-dir", secrets.path().to_str().unwrap()]);
+    added(&d, &["alpha", "--allow-secret", "ALPHA_KEY"]);
+    added(&d, &["beta", "--allow-secret", "BETA_KEY"]);
+    let probe = p("sandbox-probe");
+    let read = |ns: &str, secret: &str| {
+        let var = format!("var={secret}");
+        in_ns(
+            &d,
+            ns,
+            &[
+                "submit",
+                &probe,
+                "--param",
+                "show=digest",
+                "--param",
+                &var,
+                "--secret",
+                secret,
+                "--wait",
+                "--json",
+            ],
+        )
+    };
+    let own = read("alpha", "ALPHA_KEY");
+    assert_eq!(own.code, Some(0), "{own:?}");
+    let theirs = read("alpha", "BETA_KEY");
+    assert_eq!(theirs.code, Some(2), "{theirs:?}");
+    assert!(
+        theirs
+            .stderr
+            .contains("host ns set alpha --allow-secret BETA_KEY"),
+        "{}",
+        theirs.stderr
+    );
+    let schedule = in_ns(
+        &d,
+        "alpha",
+        &[
+            "schedule",
+            "add",
+            "s",
+            "--cron",
+            "0 3 * * *",
+            &probe,
+            "--secret",
+            "BETA_KEY",
+        ],
+    );
+    assert_eq!(schedule.code, Some(2), "{schedule:?}");
+    // Taken back, refused again; the default namespace names any.
+    let out = d.run(&["ns", "set", "alpha", "--deny-secret", "ALPHA_KEY"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(read("alpha", "ALPHA_KEY").code, Some(2));
+    assert_eq!(read("default", "BETA_KEY").code, Some(0));
+}

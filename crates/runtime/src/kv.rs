@@ -483,6 +483,18 @@ impl KvView<'_> {
     }
 }
 
+/// A shared bucket as a task of `slot` opens it: a slot with a scope (an
+/// embedder's namespace, before
+/// [`SCOPE_SEPARATOR`](taskhost_core::slot_settings::SCOPE_SEPARATOR))
+/// opens its scope's bucket of that name, so scopes never share one.
+pub fn shared_in_scope(slot: &str, name: &str) -> String {
+    use taskhost_core::slot_settings::SCOPE_SEPARATOR;
+    match slot.split_once(SCOPE_SEPARATOR) {
+        Some((scope, _)) => format!("{scope}{SCOPE_SEPARATOR}{name}"),
+        None => name.to_owned(),
+    }
+}
+
 impl store::Host for KvView<'_> {
     async fn open(&mut self, identifier: String) -> Answer<Resource<KvBucket>> {
         if self.access.backend.is_none() {
@@ -493,7 +505,7 @@ impl store::Host for KvView<'_> {
         let bucket = if identifier.is_empty() {
             Bucket::Slot(self.access.facts.slot.clone())
         } else if self.access.sandbox.kv.contains(&identifier) {
-            Bucket::Shared(identifier)
+            Bucket::Shared(shared_in_scope(&self.access.facts.slot, &identifier))
         } else {
             self.access.capture.log(
                 LogLevel::Warn,

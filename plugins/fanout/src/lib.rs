@@ -2,8 +2,9 @@
 //! each and answers `{"sum":S,"children":[ids],"failed":F}`, where each
 //! child `i` answers `i*i` after sleeping `ms` (cancellably).
 //!
-//! Params: `n` (default 3); `ms` (default 0): each child's sleep; `i` (set
-//! on children): makes this instance the child `i`. `bench` (default 0):
+//! Params: `n` (default 3); `ms` (default 0): each child's sleep; `slot`:
+//! each child's slot (default: its own); `i` (set on children): makes this
+//! instance the child `i`. `bench` (default 0):
 //! instead, spawn this many children one after another, each answering the
 //! wall-clock time it started, and answer the spawn call's and the
 //! spawn-to-start time's p50 and p99 in µs
@@ -52,9 +53,13 @@ impl Task for Fanout {
         let n: u64 = ctx.param_parse_or("n", 3)?;
         let mut ids = Vec::new();
         for i in 0..n {
-            let spec = children::Spec::new()
+            let mut spec = children::Spec::new()
                 .param("i", i.to_string())
                 .param("ms", ms.to_string());
+            // `slot`: every child in that slot, one after another.
+            if let Some(slot) = ctx.param("slot") {
+                spec = spec.slot(slot);
+            }
             ids.push(children::spawn(&spec)?);
         }
         taskhost_guest::info!(ctx, "spawned {n} children");

@@ -479,7 +479,7 @@ impl<'a> Backend<'a> {
         verb: crate::wire::protocol::KvVerb,
     ) -> Result<crate::service::kv::KvAnswer, ServiceError> {
         let listing_buckets = verb == crate::wire::protocol::KvVerb::List(None);
-        let verb = self.keyed_kv(verb)?;
+        let verb = self.keyed_kv(verb);
         let answer = match &self.kind {
             Kind::Local(local) => crate::service::kv::answer(&local.host.kv, verb).await,
             Kind::Shared(shared) => shared.kv(verb).await,

@@ -113,24 +113,11 @@ impl Backend<'_> {
         if !daemon.namespaces.exists(ns) {
             return Err(namespace::unknown(ns.name()));
         }
-        if !request.kv.is_empty() {
-            return Err(ServiceError::Invalid(format!(
-                "--kv: shared key-value buckets are the default namespace's in this version; a \
-                 task of namespace `{}` has its slot's own bucket (open \"\")",
-                ns.name()
-            )));
-        }
-        if !request.secrets.is_empty() {
-            return Err(ServiceError::Invalid(format!(
-                "--secret: the daemon's secrets are the default namespace's in this version; \
-                 namespace `{}` cannot use them",
-                ns.name()
-            )));
-        }
+        let settings = daemon.namespaces.settings(ns);
+        granted_secrets(ns, &settings, request)?;
         if let Some(key) = &request.idempotency_key {
             request.idempotency_key = Some(ns.key(key));
         }
-        let settings = daemon.namespaces.settings(ns);
         if let Some(ceiling) = settings.limit(Quota::Memory) {
             match request.max_memory {
                 Some(asked) if asked > ceiling => {
@@ -171,14 +158,8 @@ impl Backend<'_> {
                 spec.name = view.key(&spec.name);
                 spec.request.namespace = ns.as_request();
                 if !ns.is_default() {
-                    if !spec.request.kv.is_empty() || !spec.request.secrets.is_empty() {
-                        return Err(ServiceError::Invalid(format!(
-                            "shared buckets (--kv) and secrets are the default namespace's in \
-                             this version: a schedule of namespace `{}` cannot use them",
-                            ns.name()
-                        )));
-                    }
                     let settings = self.daemon().namespaces.settings(ns);
+                    granted_secrets(ns, &settings, &spec.request)?;
                     if let Some(limit) = settings.limit(Quota::Schedules) {
                         let held = schedules_of(self.daemon(), ns);
                         if held >= limit {
@@ -196,21 +177,18 @@ impl Backend<'_> {
         })
     }
 
-    /// A `host kv` verb with its slot as the caller's namespace keys it.
-    pub(super) fn keyed_kv(&self, verb: KvVerb) -> Result<KvVerb, ServiceError> {
+    /// A `host kv` verb with its bucket as the caller's namespace keys it.
+    pub(super) fn keyed_kv(&self, verb: KvVerb) -> KvVerb {
         let ns = &self.view.acting;
         let target = |target: KvTarget| match target {
-            KvTarget::Slot(slot) => Ok(KvTarget::Slot(ns.key(&slot))),
-            KvTarget::Shared(name) if ns.is_default() => Ok(KvTarget::Shared(name)),
-            KvTarget::Shared(name) => Err(ServiceError::NotFound(format!(
-                "no shared bucket `{name}` (see `host kv ls`)"
-            ))),
+            KvTarget::Slot(slot) => KvTarget::Slot(ns.key(&slot)),
+            KvTarget::Shared(name) => KvTarget::Shared(ns.key(&name)),
         };
-        Ok(match verb {
-            KvVerb::List(t) => KvVerb::List(t.map(target).transpose()?),
-            KvVerb::Get(t, key) => KvVerb::Get(target(t)?, key),
-            KvVerb::Remove(t, key) => KvVerb::Remove(target(t)?, key),
-        })
+        match verb {
+            KvVerb::List(t) => KvVerb::List(t.map(target)),
+            KvVerb::Get(t, key) => KvVerb::Get(target(t), key),
+            KvVerb::Remove(t, key) => KvVerb::Remove(target(t), key),
+        }
     }
 
     /// A slot-rule verb with its pattern as the caller's namespace keys it.
@@ -224,6 +202,30 @@ impl Backend<'_> {
             SlotRuleVerb::Unset(pattern) => SlotRuleVerb::Unset(view.key(&pattern)),
             SlotRuleVerb::List => SlotRuleVerb::List,
         }
+    }
+}
+
+/// Refuses a request naming a secret its namespace is not granted.
+fn granted_secrets(
+    ns: &Ns,
+    settings: &NamespaceSettings,
+    request: &SubmitRequest,
+) -> Result<(), ServiceError> {
+    match request
+        .secrets
+        .iter()
+        .find(|s| !settings.secrets.contains(&s.name))
+    {
+        None => Ok(()),
+        Some(secret) => Err(ServiceError::Invalid(format!(
+            "--secret {}: namespace `{}` may not use the daemon's secret `{}`; its operator \
+             can grant it with `host ns set {} --allow-secret {}`",
+            secret.name,
+            ns.name(),
+            secret.name,
+            ns.name(),
+            secret.name
+        ))),
     }
 }
 

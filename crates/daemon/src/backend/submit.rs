@@ -34,7 +34,9 @@ use crate::service::intake::{
 use crate::service::keys::{self, KeyEntry, Keys};
 use crate::service::tasks::{Outcome, TaskLog, TaskRecord};
 use crate::store::{Finished, Firing, NewTask, Store, Ticket, now_ms};
-use crate::wire::protocol::{MAX_SUBMIT_INPUT, NotBefore, Placement, SubmitRequest, Submitted};
+use crate::wire::protocol::{
+    MAX_SUBMIT_INPUT, NotBefore, Placement, Quota, SubmitRequest, Submitted,
+};
 
 /// Where a submission comes from.
 pub(crate) enum Origin {
@@ -494,8 +496,29 @@ fn count(
     recovered: bool,
 ) -> Result<(), String> {
     if let Some(root) = request.root {
-        let max = (!recovered).then_some(daemon.config.max_descendants);
-        daemon.trees.descend(root, max)?;
+        // A namespace's own bound, when it is the lower one.
+        let ns = crate::service::namespace::Ns::named(request.namespace.as_deref());
+        let quota = daemon
+            .namespaces
+            .settings(&ns)
+            .limit(Quota::Descendants)
+            .map(|q| q.min(usize::MAX as u64) as usize)
+            .filter(|q| *q < daemon.config.max_descendants && !recovered);
+        match quota {
+            Some(quota) => daemon.trees.descend(root, Some(quota)).map_err(|_| {
+                crate::service::namespace::over_quota(
+                    &ns,
+                    Quota::Descendants,
+                    quota as u64,
+                    "unfinished descendants of one spawn tree",
+                )
+                .to_string()
+            })?,
+            None => {
+                let max = (!recovered).then_some(daemon.config.max_descendants);
+                daemon.trees.descend(root, max)?;
+            }
+        }
     }
     if let Some((k, fingerprint)) = key {
         let entry = KeyEntry {

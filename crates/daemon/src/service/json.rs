@@ -164,6 +164,7 @@ pub fn namespace(row: &NamespaceRow) -> Value {
         "name": row.name,
         "weight": row.settings.weight,
         "quotas": map(&row.settings.quotas),
+        "secrets": row.settings.secrets,
         "usage": map(&row.usage),
     })
 }

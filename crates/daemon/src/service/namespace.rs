@@ -404,6 +404,7 @@ mod tests {
             NamespaceSettings {
                 weight: 1,
                 quotas: vec![(Quota::SubmitRate, 2)],
+                secrets: Vec::new(),
             },
         )]);
         let alpha = Ns::named(Some("alpha"));

@@ -62,6 +62,15 @@ struct ChangeArgs {
     /// The most memory one attempt may ask for (--max-memory); a submission without one gets the daemon's max_memory or this, whichever is less [default: the daemon's memory ceiling].
     #[arg(long, value_name = "SIZE|none")]
     memory_ceiling: Option<SizeLimit>,
+    /// Unfinished descendants of one spawn tree (a plugin's children, theirs, ...); a spawn over it fails in the guest, naming it [default: the daemon's --max-descendants].
+    #[arg(long, value_name = "N|none")]
+    max_descendants: Option<Limit>,
+    /// Let its tasks name the daemon's secret NAME (`--secret NAME`); repeat for more. The default namespace may name every secret; any other only those granted.
+    #[arg(long, value_name = "NAME")]
+    allow_secret: Vec<String>,
+    /// Take back a secret granted with --allow-secret; repeat for more.
+    #[arg(long, value_name = "NAME")]
+    deny_secret: Vec<String>,
     /// Print JSON: the namespace as the verb left it.
     #[arg(long)]
     json: bool,
@@ -129,6 +138,7 @@ impl ChangeArgs {
             (Quota::Waiting, self.max_waiting),
             (Quota::Schedules, self.max_schedules),
             (Quota::SubmitRate, self.max_submit_rate),
+            (Quota::Descendants, self.max_descendants),
         ] {
             if let Some(Limit(limit)) = limit {
                 quotas.push((quota, limit));
@@ -140,6 +150,8 @@ impl ChangeArgs {
         NamespaceChange {
             weight: self.weight,
             quotas,
+            allow_secrets: self.allow_secret.clone(),
+            deny_secrets: self.deny_secret.clone(),
         }
     }
 }
@@ -156,6 +168,9 @@ fn describe(row: &NamespaceRow) -> String {
     let mut text = format!("`{}`: weight {}", row.name, row.settings.weight);
     for (quota, limit) in &row.settings.quotas {
         text.push_str(&format!(", {} {}", quota.key(), value(*quota, *limit)));
+    }
+    if !row.settings.secrets.is_empty() {
+        text.push_str(&format!(", secrets {}", row.settings.secrets.join(" ")));
     }
     text
 }
@@ -219,7 +234,11 @@ pub async fn ns(args: NsArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8
         }
         Verb::Set(args) => {
             let change = args.change();
-            if change.weight.is_none() && change.quotas.is_empty() {
+            if change.weight.is_none()
+                && change.quotas.is_empty()
+                && change.allow_secrets.is_empty()
+                && change.deny_secrets.is_empty()
+            {
                 return Err(ExitError::error(
                     EXIT_USAGE,
                     "host ns set: give --weight or a quota such as --max-waiting N (see host ns \

@@ -531,11 +531,7 @@ async fn authorize(
 /// one, as `--all-namespaces`). Another namespace, or one that does not
 /// exist, is not found; the operator's routes (shutdown, plugin removal)
 /// need a token of every namespace.
-fn view_of(
-    http: &Http,
-    credential: &Credential,
-    request: &Request,
-) -> Result<View, Box<Response>> {
+fn view_of(http: &Http, credential: &Credential, request: &Request) -> Result<View, Box<Response>> {
     let asked = request
         .headers()
         .get("x-taskhost-namespace")

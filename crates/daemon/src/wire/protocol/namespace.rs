@@ -80,7 +80,11 @@ impl Quota {
     pub fn is_enforced(self) -> bool {
         matches!(
             self,
-            Quota::Waiting | Quota::Schedules | Quota::SubmitRate | Quota::Memory
+            Quota::Waiting
+                | Quota::Schedules
+                | Quota::SubmitRate
+                | Quota::Memory
+                | Quota::Descendants
         )
     }
 
@@ -98,6 +102,10 @@ pub struct NamespaceSettings {
     pub weight: u32,
     /// Its quotas, each at most once; a quota not here is unlimited.
     pub quotas: Vec<(Quota, u64)>,
+    /// The daemon's secrets its tasks may name (`--secret`), by name; the
+    /// default namespace may name every one.
+    #[serde(default)]
+    pub secrets: Vec<String>,
 }
 
 impl Default for NamespaceSettings {
@@ -105,6 +113,7 @@ impl Default for NamespaceSettings {
         Self {
             weight: 1,
             quotas: Vec::new(),
+            secrets: Vec::new(),
         }
     }
 }
@@ -130,6 +139,13 @@ impl NamespaceSettings {
             }
         }
         self.quotas.sort();
+        self.secrets.retain(|s| !change.deny_secrets.contains(s));
+        for secret in &change.allow_secrets {
+            if !self.secrets.contains(secret) {
+                self.secrets.push(secret.clone());
+            }
+        }
+        self.secrets.sort();
     }
 }
 
@@ -140,16 +156,24 @@ pub struct NamespaceChange {
     pub weight: Option<u32>,
     /// Quotas to set (`Some`) or to make unlimited (`None`).
     pub quotas: Vec<(Quota, Option<u64>)>,
+    /// The daemon's secrets its tasks may now name.
+    pub allow_secrets: Vec<String>,
+    /// The daemon's secrets its tasks may no longer name.
+    pub deny_secrets: Vec<String>,
 }
 
 impl NamespaceChange {
-    /// Refuses the quotas this version does not hold a namespace to yet.
+    /// Refuses the quotas this version does not hold a namespace to yet,
+    /// and secret names that are not names.
     pub fn check(&self) -> Result<(), String> {
+        for name in self.allow_secrets.iter().chain(&self.deny_secrets) {
+            taskhost_runtime::check_secret_name(name).map_err(|e| e.to_string())?;
+        }
         for (quota, limit) in &self.quotas {
             if limit.is_some() && !quota.is_enforced() {
                 return Err(format!(
                     "the quota {} is not held in this version: set --max-waiting, \
-                     --max-schedules, --max-submit-rate or --memory-ceiling",
+                     --max-schedules, --max-submit-rate, --memory-ceiling or --max-descendants",
                     quota.key()
                 ));
             }
