@@ -23,7 +23,7 @@
 //! | `cluster_flow` | slot rules across three nodes: capacity, Replace on a full slot, a raised rule, the capacity invariant under SIGKILL and SIGSTOP |
 //! | `time` | schedules, delayed submissions and priorities on one host |
 //! | `flow` | flow control on slots: rules, capacity against each policy, the capacity invariant across kills |
-//! | `namespaces` | namespaces on one host: isolation of every verb, each quota, a team's token, a restart |
+//! | `namespaces` | namespaces on one host and on a cluster: isolation of every verb, each quota, a team's token, buckets, secrets, spawn trees, a restart |
 //! | `remote` | `host --remote`, tokens with scopes, TLS, the JSON API's verbs |
 //! | `observability` | `--http`: metrics, the JSON API, the dashboard in Chromium |
 //! | `traces` | OpenTelemetry traces to a collector in the test |

@@ -5,7 +5,9 @@
 //! itself and leaves the other namespaces alone; a team's token reaches its
 //! namespace only; namespaces survive a restart.
 
+use crate::cluster::steady_node;
 use crate::common::{self, Finished};
+use crate::postgres::Postgres;
 use crate::{daemon, http};
 
 use daemon::{Daemon, p};
@@ -30,6 +32,22 @@ fn submit_in(d: &Daemon, ns: &str, args: &[&str]) -> String {
 fn json_rows(out: &Finished) -> Vec<Value> {
     assert_eq!(out.code, Some(0), "{out:?}");
     serde_json::from_str(&out.stdout).expect("a JSON array")
+}
+
+/// Polls `ps` in `ns` until its task `name` runs.
+fn running_in(d: &Daemon, ns: &str, name: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        let rows = json_rows(&in_ns(d, ns, &["ps", "--json"]));
+        if rows
+            .iter()
+            .any(|r| r["name"] == name && r["state"] == "running")
+        {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("`{name}` never ran in {ns}");
 }
 
 fn added(d: &Daemon, args: &[&str]) {
@@ -571,4 +589,78 @@ fn a_namespace_names_only_the_secrets_its_operator_granted_it() {
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(read("alpha", "ALPHA_KEY").code, Some(2));
     assert_eq!(read("default", "BETA_KEY").code, Some(0));
+}
+
+#[test]
+fn a_clusters_namespaces_are_every_nodes_and_keep_each_ones_own() {
+    let pg = Postgres::start();
+    let n1 = steady_node(&pg, "n1", &[]);
+    let n2 = steady_node(&pg, "n2", &[]);
+    added(&n1, &["alpha", "--weight", "2"]);
+    added(&n1, &["beta", "--max-waiting", "1"]);
+    // Added through n1, known to n2 at once.
+    let job = submit_in(
+        &n2,
+        "beta",
+        &[
+            &p("sleeper"),
+            "--name",
+            "job",
+            "--slot",
+            "db",
+            "--param",
+            "ms=60000",
+        ],
+    );
+    running_in(&n2, "beta", "job");
+    let queued = submit_in(&n1, "beta", &[&p("sleeper"), "--slot", "db"]);
+    let over = in_ns(&n2, "beta", &["submit", &p("sleeper"), "--slot", "db"]);
+    assert_eq!(over.code, Some(3), "{over:?}");
+    assert!(over.stderr.contains("max-waiting = 1"), "{}", over.stderr);
+    for via in [&n1, &n2] {
+        assert!(json_rows(&in_ns(via, "alpha", &["ps", "--all", "--json"])).is_empty());
+        assert!(json_rows(&in_ns(via, "alpha", &["slots", "--json"])).is_empty());
+        assert!(json_rows(&via.run(&["ps", "--all", "--json"])).is_empty());
+        for target in [job.as_str(), "job"] {
+            let out = in_ns(via, "alpha", &["wait", target]);
+            assert_eq!(out.code, Some(2), "{out:?}");
+            assert!(out.stderr.contains("no task with"), "{}", out.stderr);
+        }
+    }
+    // Alpha's own `job` in its own `db` runs beside beta's.
+    let own = in_ns(
+        &n1,
+        "alpha",
+        &[
+            "submit",
+            &p("hello"),
+            "--name",
+            "job",
+            "--slot",
+            "db",
+            "--wait",
+        ],
+    );
+    assert_eq!(own.code, Some(0), "{own:?}");
+    let ls = json_rows(&n2.run(&["ns", "ls", "--json"]));
+    let beta = ls.iter().find(|r| r["name"] == "beta").expect("beta");
+    assert_eq!(beta["usage"]["max-running"], 1, "{beta}");
+    assert_eq!(beta["usage"]["max-waiting"], 1, "{beta}");
+    let alpha = ls.iter().find(|r| r["name"] == "alpha").expect("alpha");
+    assert_eq!(alpha["weight"], 2);
+    // Removal waits for the namespace to be empty.
+    let rm = n2.run(&["ns", "rm", "beta"]);
+    assert_eq!(rm.code, Some(3), "{rm:?}");
+    for id in [&job, &queued] {
+        let out = n1.run(&["-A", "cancel", id]);
+        assert_eq!(out.code, Some(0), "{out:?}");
+    }
+    let rm = n2.run(&["ns", "rm", "beta"]);
+    assert_eq!(rm.code, Some(0), "{rm:?}");
+    // Gone from the other node within a second or so.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while in_ns(&n1, "beta", &["ps"]).code != Some(2) {
+        assert!(std::time::Instant::now() < deadline, "n1 still knows beta");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }

@@ -249,7 +249,7 @@ impl<'a> Backend<'a> {
         let ns = &self.view.acting;
         request.namespace = ns.as_request();
         if !ns.is_default() {
-            self.within_quotas(ns, &mut request)?;
+            self.within_quotas(ns, &mut request).await?;
         }
         match &self.kind {
             Kind::Local(local) => local.submit(request).await,
@@ -259,7 +259,7 @@ impl<'a> Backend<'a> {
 
     /// A schedule verb (`host schedule …`).
     pub(crate) async fn schedule(&self, verb: ScheduleVerb) -> Result<Scheduled, ServiceError> {
-        let verb = self.keyed_schedule(verb)?;
+        let verb = self.keyed_schedule(verb).await?;
         let answer = match &self.kind {
             Kind::Local(local) => local.schedule(verb).await,
             Kind::Shared(shared) => shared.schedule(verb).await,

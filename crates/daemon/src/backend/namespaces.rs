@@ -3,8 +3,6 @@
 //! a submission's quotas, and the namespace's keys of the names a verb on
 //! schedules, buckets and slot rules carries.
 
-use std::sync::Arc;
-
 use crate::backend::daemon::Daemon;
 use crate::backend::{Backend, Kind, Namespaced};
 use crate::service::error::ServiceError;
@@ -13,6 +11,24 @@ use crate::wire::protocol::{
     DEFAULT_NAMESPACE, KvTarget, KvVerb, NamespaceSettings, NamespaceVerb, Quota, ScheduleVerb,
     SlotRuleVerb, SubmitRequest,
 };
+
+/// Follows the namespaces a cluster's database holds: each one set as it
+/// is there, those gone removed.
+pub(crate) fn follow_namespaces(daemon: &Daemon, rows: Vec<(String, NamespaceSettings)>) {
+    let held = daemon.namespaces.all();
+    for (ns, _) in &held {
+        if !ns.is_default() && !rows.iter().any(|(name, _)| Ns::named(Some(name)) == *ns) {
+            set_namespace(daemon, ns.clone(), None);
+        }
+    }
+    for (name, settings) in rows {
+        let ns = Ns::named(Some(&name));
+        // Unchanged ones keep their submission rate's state.
+        if !held.iter().any(|(n, s)| *n == ns && *s == settings) {
+            set_namespace(daemon, ns, Some(settings));
+        }
+    }
+}
 
 /// Sets (`Some`) or removes a namespace in the daemon's memory and its
 /// supervisor's shares.
@@ -25,7 +41,8 @@ pub(crate) fn set_namespace(daemon: &Daemon, ns: Ns, settings: Option<NamespaceS
 
 impl Backend<'_> {
     /// A `host ns` verb. Listing shows the namespaces `reach` covers;
-    /// changes are the operator's (checked by the server).
+    /// changes are the operator's (checked by the server). One host keeps
+    /// them in its store; a cluster in its database, for every node.
     pub(crate) async fn namespace(
         &self,
         verb: NamespaceVerb,
@@ -33,17 +50,19 @@ impl Backend<'_> {
     ) -> Result<Namespaced, ServiceError> {
         let daemon = self.daemon();
         let namespaces = &daemon.namespaces;
+        if verb != NamespaceVerb::List {
+            // A cluster's other nodes may have changed them this second.
+            self.refresh_namespaces().await?;
+        }
         let (name, settings) = match verb {
             NamespaceVerb::List => {
-                let rows = namespaces
-                    .all()
-                    .into_iter()
-                    .filter(|(ns, _)| reach.reaches(ns))
-                    .map(|(ns, settings)| {
-                        let usage = usage(daemon, &ns);
-                        Namespaces::row(&ns, settings, usage)
-                    })
-                    .collect();
+                let mut rows = Vec::new();
+                for (ns, settings) in namespaces.all() {
+                    if reach.reaches(&ns) {
+                        let usage = self.usage(&ns).await?;
+                        rows.push(Namespaces::row(&ns, settings, usage));
+                    }
+                }
                 return Ok(Namespaced::Rows(rows));
             }
             NamespaceVerb::Add(name, change) => {
@@ -57,13 +76,6 @@ impl Backend<'_> {
             NamespaceVerb::Remove(name) => (name, None),
         };
         let ns = Ns::named(Some(&name));
-        let Kind::Local(local) = &self.kind else {
-            return Err(ServiceError::Invalid(
-                "a cluster has only the default namespace in this version: namespaces are one \
-                 host's (`host ns` on a daemon with its own store)"
-                    .into(),
-            ));
-        };
         let old = namespaces.all().into_iter().find(|(n, _)| *n == ns);
         if settings.is_none() {
             if ns.is_default() {
@@ -75,7 +87,7 @@ impl Backend<'_> {
             let Some(_) = &old else {
                 return Err(namespace::unknown(&name));
             };
-            let used = usage(daemon, &ns);
+            let used = self.usage(&ns).await?;
             let holds = |q: Quota| used.iter().any(|(u, n)| *u == q && *n > 0);
             if holds(Quota::Running) || holds(Quota::Waiting) || holds(Quota::Schedules) {
                 return Err(ServiceError::Conflict(format!(
@@ -85,26 +97,86 @@ impl Backend<'_> {
                 )));
             }
         }
-        local
-            .host
-            .store
-            .namespace(ns.name(), settings.clone())
-            .committed()
-            .await
-            .map_err(|e| {
-                ServiceError::Internal(format!("the namespace could not be stored: {e}"))
-            })?;
+        let stored = match &self.kind {
+            Kind::Local(local) => local
+                .host
+                .store
+                .namespace(ns.name(), settings.clone())
+                .committed()
+                .await
+                .map_err(|e| e.to_string()),
+            Kind::Shared(shared) => shared
+                .cluster
+                .pg
+                .set_namespace(ns.name(), settings.as_ref())
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        stored.map_err(|e| {
+            ServiceError::Internal(format!("the namespace could not be stored: {e}"))
+        })?;
         set_namespace(daemon, ns.clone(), settings.clone());
         let shown = settings.or(old.map(|(_, s)| s)).unwrap_or_default();
-        let usage = usage(daemon, &ns);
+        let usage = self.usage(&ns).await?;
         Ok(Namespaced::Row(Namespaces::row(&ns, shown, usage)))
+    }
+
+    /// Reads a cluster's namespaces again from its database (one host's
+    /// are all in its memory).
+    pub(crate) async fn refresh_namespaces(&self) -> Result<(), ServiceError> {
+        if let Kind::Shared(shared) = &self.kind {
+            let rows = shared
+                .cluster
+                .pg
+                .namespaces()
+                .await
+                .map_err(ServiceError::Store)?;
+            follow_namespaces(self.daemon(), rows);
+        }
+        Ok(())
+    }
+
+    /// What `ns` uses now of each counted quota.
+    async fn usage(&self, ns: &Ns) -> Result<Vec<(Quota, u64)>, ServiceError> {
+        let daemon = self.daemon();
+        let (running, unfinished, schedules) = match &self.kind {
+            Kind::Local(_) => {
+                let (running, unfinished) = counts(daemon, ns);
+                (running, unfinished, schedules_of(daemon, ns))
+            }
+            Kind::Shared(shared) => {
+                let name = (!ns.is_default()).then(|| ns.name());
+                let used = shared
+                    .cluster
+                    .pg
+                    .namespace_use(name)
+                    .await
+                    .map_err(ServiceError::Store)?;
+                (used.running, used.unfinished, used.schedules)
+            }
+        };
+        Ok(vec![
+            (Quota::Running, running),
+            (Quota::Waiting, unfinished.saturating_sub(running)),
+            (Quota::Schedules, schedules),
+        ])
+    }
+
+    /// What `ns` uses now of `quota`.
+    async fn used(&self, ns: &Ns, quota: Quota) -> Result<u64, ServiceError> {
+        Ok(self
+            .usage(ns)
+            .await?
+            .into_iter()
+            .find(|(q, _)| *q == quota)
+            .map_or(0, |(_, n)| n))
     }
 
     /// Checks a submission of a namespace other than the default against
     /// its quotas, and gives it the namespace's memory ceiling. Shared
     /// buckets and secrets are the default namespace's alone in this
     /// version.
-    pub(super) fn within_quotas(
+    pub(super) async fn within_quotas(
         &self,
         ns: &Ns,
         request: &mut SubmitRequest,
@@ -135,7 +207,7 @@ impl Backend<'_> {
             }
         }
         if let Some(limit) = settings.limit(Quota::Waiting)
-            && waiting(daemon, ns) >= limit
+            && self.used(ns, Quota::Waiting).await? >= limit
         {
             return Err(over_quota(
                 ns,
@@ -149,7 +221,10 @@ impl Backend<'_> {
 
     /// A schedule verb with its names as the caller's namespace keys them,
     /// within its quota of schedules.
-    pub(super) fn keyed_schedule(&self, verb: ScheduleVerb) -> Result<ScheduleVerb, ServiceError> {
+    pub(super) async fn keyed_schedule(
+        &self,
+        verb: ScheduleVerb,
+    ) -> Result<ScheduleVerb, ServiceError> {
         let view = &self.view;
         Ok(match verb {
             ScheduleVerb::Add(mut spec) => {
@@ -161,7 +236,7 @@ impl Backend<'_> {
                     let settings = self.daemon().namespaces.settings(ns);
                     granted_secrets(ns, &settings, &spec.request)?;
                     if let Some(limit) = settings.limit(Quota::Schedules) {
-                        let held = schedules_of(self.daemon(), ns);
+                        let held = self.used(ns, Quota::Schedules).await?;
                         if held >= limit {
                             return Err(over_quota(ns, Quota::Schedules, limit, "schedules"));
                         }
@@ -227,22 +302,6 @@ fn granted_secrets(
             secret.name
         ))),
     }
-}
-
-/// What `ns` uses now of each counted quota.
-fn usage(daemon: &Arc<Daemon>, ns: &Ns) -> Vec<(Quota, u64)> {
-    let (running, unfinished) = counts(daemon, ns);
-    vec![
-        (Quota::Running, running),
-        (Quota::Waiting, unfinished.saturating_sub(running)),
-        (Quota::Schedules, schedules_of(daemon, ns)),
-    ]
-}
-
-/// Tasks of `ns` accepted and not running.
-fn waiting(daemon: &Daemon, ns: &Ns) -> u64 {
-    let (running, unfinished) = counts(daemon, ns);
-    unfinished.saturating_sub(running)
 }
 
 /// `ns`'s attempts running and its unfinished tasks.

@@ -50,6 +50,7 @@ pub(crate) fn start(daemon: &Arc<Daemon>) {
         return;
     };
     tokio::spawn(claim_loop(Arc::downgrade(daemon)));
+    tokio::spawn(namespaces_loop(Arc::downgrade(daemon)));
     tokio::spawn(lease_loop(Arc::downgrade(daemon)));
     tokio::spawn(fence_loop(Arc::downgrade(daemon)));
     tokio::spawn(poll_loop(Arc::downgrade(daemon)));
@@ -99,6 +100,29 @@ fn hold_rates(daemon: &Weak<Daemon>) {
     {
         let learnt = tokio::time::Instant::now() + cluster.settings.renew * 2;
         d.controller.hold_rates(learnt);
+    }
+}
+
+/// How often a node reads the cluster's namespaces again.
+const NAMESPACES_EVERY: Duration = Duration::from_secs(1);
+
+/// Follows the cluster's namespaces (another node's `host ns` reaches this
+/// one within a second; a name it does not know is read at once).
+async fn namespaces_loop(daemon: Weak<Daemon>) {
+    loop {
+        {
+            let Some(d) = daemon.upgrade() else { return };
+            if d.cluster().is_none_or(|c| c.closing.load(Ordering::SeqCst)) {
+                return;
+            }
+            if let Err(err) = crate::backend::Backend::daemon_wide(&d)
+                .refresh_namespaces()
+                .await
+            {
+                tracing::debug!("the cluster's namespaces could not be read: {err}");
+            }
+        }
+        tokio::time::sleep(NAMESPACES_EVERY).await;
     }
 }
 

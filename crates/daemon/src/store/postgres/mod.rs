@@ -30,6 +30,7 @@
 //! | `time` | delayed submissions admitted when due, schedules fired once |
 //! | `debounce` | a debounced slot's one held submission, superseded by each newer one |
 //! | `kv` | guests' key-value state: writes fenced by the attempt's token, limits, the `host kv` reads |
+//! | `namespaces` | namespaces for every node, and what each uses, counted from the rows |
 
 mod admit;
 pub(crate) mod batch;
@@ -39,6 +40,7 @@ mod debounce;
 pub(crate) mod kv;
 mod lease;
 pub(crate) mod link;
+pub(crate) mod namespaces;
 pub(crate) mod outage;
 mod place;
 mod reads;
