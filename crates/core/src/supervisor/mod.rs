@@ -12,7 +12,8 @@
 //! | `body` | the [`TaskBody`] trait, [`AttemptContext`], native bodies |
 //! | `spec` | what a task is: body, restart, backoff, timeout, retry budget |
 //! | `backoff` | the delay before retry `i` |
-//! | `permits` | the concurrency limit: permits to share groups by weight, then by priority and arrival |
+//! | `permits` | the concurrency limit: the semaphore, its permits, parked attempts |
+//! | `shares` | share groups: who gets a freed permit (by weight, then by priority and arrival), caps and permits held per group |
 //! | `registry` | unique names, stop claims, per-task handles |
 //! | `actor` | one task's life: attempts, decisions, stop and force-abort |
 //! | `waiter` | reliable outcome delivery |
@@ -42,6 +43,7 @@ mod events;
 pub(crate) mod id;
 mod permits;
 mod registry;
+mod shares;
 mod spec;
 mod subscribers;
 mod waiter;
@@ -110,9 +112,10 @@ impl SupervisorBuilder {
     /// Most attempts running at once (at least 1) [default: unlimited].
     /// Waiting for a permit or backing off holds none. Waiting attempts
     /// get permits by their task's share group ([`TaskSpec::with_share`]),
-    /// the groups in turn by weight ([`Supervisor::set_share_weight`]);
-    /// within a group by priority ([`TaskSpec::with_priority`]), highest
-    /// first, and in the order they began to wait within one.
+    /// the groups in turn by weight ([`Supervisor::set_share_weight`]),
+    /// each up to its cap ([`Supervisor::set_share_limit`]); within a group
+    /// by priority ([`TaskSpec::with_priority`]), highest first, and in the
+    /// order they began to wait within one.
     pub fn max_concurrent(mut self, n: usize) -> Self {
         self.max_concurrent = Some(n.max(1));
         self
@@ -613,6 +616,34 @@ impl Supervisor {
         if let Some(permits) = &self.shared.permits {
             permits.set_weight(group, weight);
         }
+    }
+
+    /// Caps the concurrency permits held at once by the attempts of share
+    /// group `group` ([`TaskSpec::with_share`]; `None` is the default
+    /// group) at `limit` [default: `None`, no cap]. Attempts over it wait,
+    /// shown `Waiting` and holding nothing, until one of the group's
+    /// permits comes back; meanwhile free permits go to the other groups.
+    /// `Some(0)` lets none of the group's attempts start (they wait until
+    /// the cap is raised). A raised or removed cap hands free permits to
+    /// the group's waiters at once; a lowered one takes no permit back:
+    /// the group holds more than it until enough attempts end. A parked
+    /// attempt ([`AttemptContext::park`]) holds no permit, so it does not
+    /// count. Without a concurrency limit it does nothing.
+    pub fn set_share_limit(&self, group: Option<&str>, limit: Option<usize>) {
+        if let Some(permits) = &self.shared.permits {
+            permits.set_limit(group, limit);
+        }
+    }
+
+    /// Concurrency permits held right now by the attempts of share group
+    /// `group` (`None` is the default group): its attempts running now,
+    /// parked ones aside (an attempt holds its permit until its end is
+    /// published, and through its teardown). 0 without a concurrency limit.
+    pub fn share_running(&self, group: Option<&str>) -> usize {
+        self.shared
+            .permits
+            .as_ref()
+            .map_or(0, |permits| permits.running(group))
     }
 
     /// Whether shutdown has begun.

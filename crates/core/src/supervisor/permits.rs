@@ -1,51 +1,26 @@
 //! Owns the global concurrency limit: a counting semaphore whose waiters
-//! are kept in share groups (`TaskSpec::with_share`; tasks without one are
-//! in the default group). When a permit frees up and more than one group
-//! has waiters, it goes to the group whose turn it is by stride scheduling:
-//! each grant moves a group's pass on by a stride inversely proportional to
-//! its weight, and the group with the lowest pass goes next, so groups are
-//! served in proportion to their weights whatever the length of their
-//! lines. A group that starts to wait starts at the current virtual time
-//! (the pass of the latest grant), so time spent idle earns it no burst
-//! later. Within a group, waiters are served by priority, highest first,
-//! then in arrival order. A released permit goes straight to the chosen
-//! waiter (nobody arriving later can take it first), so the order is exact;
-//! with one group it is priority, then arrival. A waiter that gives up (its
-//! task was stopped) leaves no trace: a permit handed to it at that very
-//! moment goes on to the next, and a group whose last waiter left keeps
-//! only its pass, and that only while it is ahead of the virtual time. It
-//! also counts the attempts that gave their permit back while they wait
-//! (parked): they hold an instance but no permit.
+//! are kept in share groups, and which counts the permits each group holds.
+//! Which group a freed permit goes to, and which of its waiters, is
+//! `shares`' business: by weight, within a group by priority then arrival,
+//! never to a group at its cap. A released permit goes straight to the
+//! chosen waiter (nobody arriving later can take it first), so the order is
+//! exact; with one group it is priority, then arrival. An arrival takes a
+//! free permit at once only if no group that may take it waits, and its own
+//! group is under its cap: a free permit with waiters means every waiting
+//! group is at its cap. A waiter that gives up (its task was stopped)
+//! leaves no trace: a permit handed to it at that very moment goes on to
+//! the next, and a group whose last waiter left keeps only its pass, and
+//! that only while it is ahead of the virtual time. It also counts the
+//! attempts that gave their permit back while they wait (parked): they hold
+//! an instance but no permit.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
 
-/// A share group; `None` is the default group.
-type Group = Option<Arc<str>>;
-
-/// A waiter's place in its group's line: priority first (highest first),
-/// then arrival.
-type Place = (Reverse<i32>, u64);
-
-/// A group's turn: its pass, then the arrival of its first waiter (so that
-/// equal passes go in arrival order), then the group itself.
-type Turn = (u128, u64, Group);
-
-/// How far one grant moves the pass of a group of weight 1. Large enough
-/// that every `u32` weight has a stride of at least one.
-const STRIDE: u128 = 1 << 32;
-
-/// Most idle groups whose pass is remembered. Forgetting one lets it start
-/// at the virtual time, at most one stride early: a bounded unfairness, in
-/// exchange for bounded memory however many groups come and go.
-const MAX_IDLE: usize = 1024;
-
-/// Maps keyed by group, hashed like the registry's.
-type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+use super::shares::{Group, Place, Shares};
 
 /// The semaphore.
 #[derive(Debug)]
@@ -59,166 +34,34 @@ pub(crate) struct Permits {
 struct State {
     available: usize,
     arrivals: u64,
-    /// The line of every group with waiters.
-    lines: Map<Group, Line>,
-    /// The turn of every group with waiters, next first.
-    turns: BTreeSet<Turn>,
-    /// The virtual time: the pass of the latest grant.
-    now: u128,
-    /// The passes of groups without waiters that are still ahead of the
-    /// virtual time, so that leaving and coming back earns no credit.
-    idle: Map<Group, u128>,
-    /// The same by pass, to forget those the virtual time caught up with.
-    idle_by_pass: BTreeSet<(u128, Group)>,
-    /// Weights other than 1.
-    weights: Map<Group, u32>,
-}
-
-/// One group's waiters and its pass.
-#[derive(Debug)]
-struct Line {
-    pass: u128,
-    waiters: BTreeMap<Place, oneshot::Sender<()>>,
-}
-
-impl Line {
-    /// The group's turn; `None` if nobody waits.
-    fn turn(&self, group: &Group) -> Option<Turn> {
-        let (&(_, arrival), _) = self.waiters.first_key_value()?;
-        Some((self.pass, arrival, group.clone()))
-    }
+    shares: Shares,
 }
 
 impl State {
-    fn weight(&self, group: &Group) -> u32 {
-        self.weights.get(group).copied().unwrap_or(1)
-    }
-
-    /// Puts a waiter in its group's line; a group that was not waiting
-    /// starts no earlier than the virtual time.
-    fn join(&mut self, group: Group, place: Place, tx: oneshot::Sender<()>) {
-        if let Some(line) = self.lines.get_mut(&group) {
-            let before = line.turn(&group);
-            line.waiters.insert(place, tx);
-            let after = line.turn(&group);
-            if before != after {
-                if let Some(before) = before {
-                    self.turns.remove(&before);
-                }
-                if let Some(after) = after {
-                    self.turns.insert(after);
-                }
+    /// Hands a permit to the next waiter still waiting; false if none may
+    /// take it.
+    fn hand_out(&mut self) -> bool {
+        while let Some((group, tx)) = self.shares.next() {
+            if tx.send(()).is_ok() {
+                return true;
             }
-            return;
+            self.shares.gave_back(&group);
         }
-        let pass = match self.idle.remove(&group) {
-            Some(pass) => {
-                self.idle_by_pass.remove(&(pass, group.clone()));
-                pass.max(self.now)
-            }
-            None => self.now,
-        };
-        self.turns.insert((pass, place.1, group.clone()));
-        let waiters = BTreeMap::from([(place, tx)]);
-        self.lines.insert(group, Line { pass, waiters });
-    }
-
-    /// Takes a waiter out of its line; false if it is no longer there (it
-    /// was handed a permit).
-    fn leave(&mut self, group: &Group, place: &Place) -> bool {
-        let Some(line) = self.lines.get_mut(group) else {
-            return false;
-        };
-        let before = line.turn(group);
-        if line.waiters.remove(place).is_none() {
-            return false;
-        }
-        let after = line.turn(group);
-        if before != after {
-            if let Some(before) = before {
-                self.turns.remove(&before);
-            }
-            match after {
-                Some(after) => {
-                    self.turns.insert(after);
-                }
-                None => {
-                    let pass = line.pass;
-                    self.lines.remove(group);
-                    self.rest(group.clone(), pass);
-                }
-            }
-        }
-        true
-    }
-
-    /// Takes the first waiter of the group whose turn it is, and moves that
-    /// group's pass on by its stride.
-    fn next(&mut self) -> Option<oneshot::Sender<()>> {
-        loop {
-            let (pass, _, group) = self.turns.pop_first()?;
-            let stride = STRIDE / u128::from(self.weight(&group));
-            let Some(line) = self.lines.get_mut(&group) else {
-                continue;
-            };
-            let Some((_, tx)) = line.waiters.pop_first() else {
-                self.lines.remove(&group);
-                continue;
-            };
-            line.pass = pass + stride;
-            match line.turn(&group) {
-                Some(turn) => {
-                    self.turns.insert(turn);
-                }
-                None => {
-                    let kept = line.pass;
-                    self.lines.remove(&group);
-                    self.rest(group, kept);
-                }
-            }
-            self.advance(pass);
-            return Some(tx);
-        }
-    }
-
-    /// Remembers the pass of a group that no longer waits, if it is ahead
-    /// of the virtual time (otherwise it would start there anyway).
-    fn rest(&mut self, group: Group, pass: u128) {
-        if pass <= self.now {
-            return;
-        }
-        self.idle.insert(group.clone(), pass);
-        self.idle_by_pass.insert((pass, group));
-        if self.idle.len() > MAX_IDLE
-            && let Some((_, group)) = self.idle_by_pass.pop_first()
-        {
-            self.idle.remove(&group);
-        }
-    }
-
-    /// Moves the virtual time to `pass` and forgets the idle groups it
-    /// caught up with.
-    fn advance(&mut self, pass: u128) {
-        self.now = self.now.max(pass);
-        while let Some(&(pass, _)) = self.idle_by_pass.first()
-            && pass <= self.now
-        {
-            if let Some((_, group)) = self.idle_by_pass.pop_first() {
-                self.idle.remove(&group);
-            }
-        }
+        false
     }
 }
 
-/// One permit; dropping it gives it back (to the next waiter, if any).
+/// One permit, held by an attempt of `group`; dropping it gives it back
+/// (to the next waiter, if any).
 #[derive(Debug)]
 pub(crate) struct Permit {
     permits: Arc<Permits>,
+    group: Group,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.permits.release();
+        self.permits.release(&self.group);
     }
 }
 
@@ -257,14 +100,25 @@ impl Permits {
         self.lock().available
     }
 
+    /// Permits held right now by share group `group`.
+    pub(crate) fn running(&self, group: Option<&str>) -> usize {
+        let group: Group = group.map(Arc::from);
+        self.lock().shares.running(&group)
+    }
+
     /// Sets a share group's weight (0 counts as 1), for the next grants.
     pub(crate) fn set_weight(&self, group: Option<&str>, weight: u32) {
-        let group: Group = group.map(Arc::from);
+        self.lock().shares.set_weight(group.map(Arc::from), weight);
+    }
+
+    /// Caps the permits share group `group` holds at once (`None`: no cap;
+    /// 0: none). Permits held beyond a lowered cap are kept until given
+    /// back; free permits go at once to the waiters a raised cap lets in.
+    pub(crate) fn set_limit(&self, group: Option<&str>, limit: Option<usize>) {
         let mut state = self.lock();
-        if weight > 1 {
-            state.weights.insert(group, weight);
-        } else {
-            state.weights.remove(&group);
+        state.shares.set_cap(group.map(Arc::from), limit);
+        while state.available > 0 && state.hand_out() {
+            state.available -= 1;
         }
     }
 
@@ -276,25 +130,27 @@ impl Permits {
         priority: i32,
         group: Option<&Arc<str>>,
     ) -> Permit {
+        let group: Group = group.cloned();
         loop {
-            let (group, place, rx) = {
+            let (place, rx) = {
                 let mut state = self.lock();
-                if state.available > 0 && state.turns.is_empty() {
+                if state.available > 0 && !state.shares.ready() && !state.shares.capped(&group) {
                     state.available -= 1;
+                    state.shares.took(&group);
                     return Permit {
                         permits: Arc::clone(self),
+                        group,
                     };
                 }
                 state.arrivals += 1;
                 let place = (Reverse(priority), state.arrivals);
                 let (tx, rx) = oneshot::channel();
-                let group: Group = group.cloned();
-                state.join(group.clone(), place, tx);
-                (group, place, rx)
+                state.shares.join(group.clone(), place, tx);
+                (place, rx)
             };
             let mut waiting = Waiting {
                 permits: self,
-                group,
+                group: &group,
                 place,
                 rx: Some(rx),
             };
@@ -303,9 +159,12 @@ impl Permits {
                 None => false,
             };
             waiting.rx = None;
+            drop(waiting);
             if granted {
+                // Counted as the group's when it was handed over.
                 return Permit {
                     permits: Arc::clone(self),
+                    group,
                 };
             }
             // A sender dropped unused (never, as senders are only dropped
@@ -314,16 +173,15 @@ impl Permits {
         }
     }
 
-    /// Gives a permit back: to the next waiter still waiting, else to the
-    /// pool.
-    fn release(&self) {
+    /// Gives a permit of `group` back: to the next waiter that may take it,
+    /// else to the pool. The group's count goes down first, so that a group
+    /// at its cap may be the one to get it.
+    fn release(&self, group: &Group) {
         let mut state = self.lock();
-        while let Some(tx) = state.next() {
-            if tx.send(()).is_ok() {
-                return;
-            }
+        state.shares.gave_back(group);
+        if !state.hand_out() {
+            state.available += 1;
         }
-        state.available += 1;
     }
 }
 
@@ -331,7 +189,7 @@ impl Permits {
 /// was handed but never took goes on.
 struct Waiting<'a> {
     permits: &'a Arc<Permits>,
-    group: Group,
+    group: &'a Group,
     place: Place,
     rx: Option<oneshot::Receiver<()>>,
 }
@@ -342,13 +200,14 @@ impl Drop for Waiting<'_> {
             return;
         };
         let mut state = self.permits.lock();
-        if state.leave(&self.group, &self.place) {
+        if state.shares.leave(self.group, &self.place) {
             return;
         }
-        // Handed a permit under the lock, before this drop took it.
+        // Handed a permit under the lock, before this drop took it: it was
+        // counted as the group's, and goes on.
         drop(state);
         if rx.try_recv().is_ok() {
-            self.permits.release();
+            self.permits.release(self.group);
         }
     }
 }
@@ -356,6 +215,7 @@ impl Drop for Waiting<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::supervisor::shares::{KEEP_COUNTS, MAX_IDLE};
     use tokio::sync::mpsc;
 
     type Grants = mpsc::UnboundedReceiver<(&'static str, Permit)>;
@@ -383,7 +243,12 @@ mod tests {
 
     fn waiting(permits: &Permits) -> usize {
         let state = permits.lock();
-        state.lines.values().map(|line| line.waiters.len()).sum()
+        state
+            .shares
+            .lines
+            .values()
+            .map(|line| line.waiters.len())
+            .sum()
     }
 
     /// Hands the held permit back `n` times, each time holding the next
@@ -528,9 +393,9 @@ mod tests {
         gave_up.await.unwrap();
         {
             let state = permits.lock();
-            assert!(state.lines.is_empty(), "{state:?}");
-            assert!(state.turns.is_empty(), "{state:?}");
-            assert!(state.idle.is_empty(), "{state:?}");
+            assert!(state.shares.lines.is_empty(), "{state:?}");
+            assert!(state.shares.turns.is_empty(), "{state:?}");
+            assert!(state.shares.idle.is_empty(), "{state:?}");
         }
         drop(held);
         assert_eq!(permits.available(), 1, "the permit came back");
@@ -550,7 +415,7 @@ mod tests {
         drop(gives_up);
         let (label, permit) = grants.recv().await.expect("h is granted");
         assert_eq!(label, "h");
-        assert!(permits.lock().lines.is_empty());
+        assert!(permits.lock().shares.lines.is_empty());
         drop(permit);
         assert_eq!(permits.available(), 1);
     }
@@ -566,8 +431,255 @@ mod tests {
         }
         serve(&mut held, &mut grants, groups.len()).await;
         let state = permits.lock();
-        assert!(state.lines.is_empty() && state.turns.is_empty());
-        assert_eq!(state.idle.len(), MAX_IDLE);
-        assert_eq!(state.idle_by_pass.len(), MAX_IDLE);
+        assert!(state.shares.lines.is_empty() && state.shares.turns.is_empty());
+        assert_eq!(state.shares.idle.len(), MAX_IDLE);
+        assert_eq!(state.shares.idle_by_pass.len(), MAX_IDLE);
+    }
+
+    /// Permits held, by all groups together.
+    fn held_in_all(permits: &Permits) -> usize {
+        permits.lock().shares.held.values().sum()
+    }
+
+    /// Takes a permit in `group` without waiting (fails the test if it
+    /// would wait).
+    async fn take(permits: &Arc<Permits>, group: &str) -> Permit {
+        let group: Arc<str> = Arc::from(group);
+        let mut acquire = Box::pin(permits.acquire(0, Some(&group)));
+        match futures::poll!(&mut acquire) {
+            std::task::Poll::Ready(permit) => permit,
+            std::task::Poll::Pending => panic!("{group} had to wait"),
+        }
+    }
+
+    /// The next grant, which must be `label`'s.
+    async fn next_grant(grants: &mut Grants, label: &str) -> Permit {
+        let (granted, permit) = grants.recv().await.expect("a waiter is granted");
+        assert_eq!(granted, label);
+        permit
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_capped_group_holds_at_most_its_cap_while_others_get_the_rest() {
+        let permits = Arc::new(Permits::new(4));
+        permits.set_limit(Some("a"), Some(2));
+        let held: Vec<Permit> = vec![
+            permits.acquire(0, None).await,
+            permits.acquire(0, None).await,
+            permits.acquire(0, None).await,
+            permits.acquire(0, None).await,
+        ];
+        let (granted, mut grants) = mpsc::unbounded_channel();
+        for _ in 0..5 {
+            queue(&permits, &granted, Some("a"), 0, "a").await;
+        }
+        queue(&permits, &granted, Some("b"), 0, "b").await;
+        queue(&permits, &granted, Some("b"), 0, "b").await;
+        drop(held);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..4 {
+            let (label, permit) = grants.recv().await.expect("a waiter is granted");
+            if label == "a" {
+                a.push(permit)
+            } else {
+                b.push(permit)
+            }
+        }
+        assert_eq!((a.len(), b.len()), (2, 2));
+        assert_eq!(permits.running(Some("a")), 2);
+        assert_eq!(permits.running(Some("b")), 2);
+        assert_eq!(permits.running(None), 0);
+        assert_eq!(waiting(&permits), 3, "a's other three wait");
+        // A permit that only a, at its cap, waits for goes back to the pool.
+        drop(b.pop());
+        assert_eq!(permits.available(), 1);
+        assert_eq!(waiting(&permits), 3);
+        // There, another group takes it at once, a's line notwithstanding.
+        let c = take(&permits, "c").await;
+        assert_eq!(permits.available(), 0);
+        drop(c);
+        assert_eq!(permits.available(), 1);
+        assert!(grants.try_recv().is_err(), "a stayed at its cap");
+        assert_eq!(permits.running(Some("a")), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_permit_of_a_capped_group_lets_its_next_waiter_in() {
+        let permits = Arc::new(Permits::new(2));
+        permits.set_limit(Some("a"), Some(1));
+        let a1 = take(&permits, "a").await;
+        let (granted, mut grants) = mpsc::unbounded_channel();
+        queue(&permits, &granted, Some("a"), 0, "a2").await;
+        assert_eq!(permits.available(), 1, "a2 waits with a permit free");
+        let b1 = take(&permits, "b").await;
+        queue(&permits, &granted, Some("b"), 0, "b2").await;
+        // b's permit: a is at its cap, so b's next waiter gets it.
+        drop(b1);
+        let b2 = next_grant(&mut grants, "b2").await;
+        // a's permit: a is under its cap again, and gets it back.
+        drop(a1);
+        let a2 = next_grant(&mut grants, "a2").await;
+        assert_eq!(permits.running(Some("a")), 1);
+        assert_eq!(permits.available(), 0);
+        drop((a2, b2));
+        assert_eq!(permits.available(), 2);
+        assert_eq!(held_in_all(&permits), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cap_raised_while_waiting_lets_waiters_in_at_once() {
+        let permits = Arc::new(Permits::new(4));
+        permits.set_limit(Some("a"), Some(1));
+        let a1 = take(&permits, "a").await;
+        let (granted, mut grants) = mpsc::unbounded_channel();
+        for _ in 0..3 {
+            queue(&permits, &granted, Some("a"), 0, "a").await;
+        }
+        assert_eq!(permits.available(), 3);
+        permits.set_limit(Some("a"), Some(3));
+        // Handed out within the call.
+        assert_eq!(permits.available(), 1);
+        assert_eq!(permits.running(Some("a")), 3);
+        assert_eq!(waiting(&permits), 1);
+        let a2 = next_grant(&mut grants, "a").await;
+        let a3 = next_grant(&mut grants, "a").await;
+        permits.set_limit(Some("a"), None);
+        assert_eq!(permits.available(), 0);
+        assert_eq!(waiting(&permits), 0);
+        let a4 = next_grant(&mut grants, "a").await;
+        assert_eq!(permits.running(Some("a")), 4);
+        drop((a1, a2, a3, a4));
+        assert_eq!(permits.available(), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn time_at_a_cap_earns_no_burst_later() {
+        let permits = Arc::new(Permits::new(2));
+        permits.set_limit(Some("a"), Some(1));
+        let a1 = take(&permits, "a").await;
+        let mut held = Some(permits.acquire(0, None).await);
+        let (granted, mut grants) = mpsc::unbounded_channel();
+        for _ in 0..20 {
+            queue(&permits, &granted, Some("a"), 0, "a").await;
+        }
+        for _ in 0..40 {
+            queue(&permits, &granted, Some("b"), 0, "b").await;
+        }
+        // a waits at its cap while b is served long.
+        let capped = serve(&mut held, &mut grants, 20).await;
+        assert!(capped.iter().all(|l| *l == "b"), "{capped:?}");
+        permits.set_limit(Some("a"), None);
+        let after = serve(&mut held, &mut grants, 20).await;
+        assert!(longest_run(&after, "a") <= 2, "no burst: {after:?}");
+        let a = after.iter().filter(|l| **l == "a").count();
+        assert!((9..=11).contains(&a), "equal weights: {after:?}");
+        drop(a1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cap_of_zero_lets_none_of_the_group_run() {
+        let permits = Arc::new(Permits::new(2));
+        permits.set_limit(Some("a"), Some(0));
+        let (granted, mut grants) = mpsc::unbounded_channel();
+        queue(&permits, &granted, Some("a"), 0, "a").await;
+        let b = take(&permits, "b").await;
+        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+        assert!(grants.try_recv().is_err(), "a never runs");
+        assert_eq!(permits.available(), 1);
+        assert_eq!(permits.running(Some("a")), 0);
+        permits.set_limit(Some("a"), Some(1));
+        let a = next_grant(&mut grants, "a").await;
+        assert_eq!(permits.available(), 0);
+        drop((a, b));
+        assert_eq!(permits.available(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_capped_waiter_that_gives_up_leaves_the_counts_right() {
+        let permits = Arc::new(Permits::new(2));
+        permits.set_limit(Some("a"), Some(1));
+        let a1 = take(&permits, "a").await;
+        let gave_up = {
+            let permits = Arc::clone(&permits);
+            let group: Arc<str> = Arc::from("a");
+            tokio::spawn(async move {
+                let wait = permits.acquire(0, Some(&group));
+                let _ = tokio::time::timeout(std::time::Duration::from_millis(5), wait).await;
+            })
+        };
+        gave_up.await.unwrap();
+        {
+            let state = permits.lock();
+            assert!(state.shares.lines.is_empty(), "{state:?}");
+            assert!(state.shares.turns.is_empty(), "{state:?}");
+        }
+        assert_eq!(permits.running(Some("a")), 1);
+        assert_eq!(permits.available(), 1);
+        drop(a1);
+        assert_eq!(permits.running(Some("a")), 0);
+        assert_eq!(permits.available(), 2);
+        assert_eq!(held_in_all(&permits), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_permit_handed_to_a_capped_waiter_that_gives_up_is_counted_back() {
+        let permits = Arc::new(Permits::new(1));
+        permits.set_limit(Some("g"), Some(1));
+        let held = permits.acquire(0, None).await;
+        let group: Arc<str> = Arc::from("g");
+        let mut gives_up = Box::pin(permits.acquire(0, Some(&group)));
+        assert!(futures::poll!(&mut gives_up).is_pending(), "in line");
+        let (granted, mut grants) = mpsc::unbounded_channel();
+        queue(&permits, &granted, Some("h"), 0, "h").await;
+        // The permit goes to g's waiter (g now at its cap), which drops it
+        // before taking it: g's count goes back down, and h gets it.
+        drop(held);
+        assert_eq!(permits.running(Some("g")), 1);
+        drop(gives_up);
+        let h = next_grant(&mut grants, "h").await;
+        assert_eq!(permits.running(Some("g")), 0);
+        assert_eq!(permits.running(Some("h")), 1);
+        drop(h);
+        assert_eq!(permits.available(), 1);
+        assert_eq!(held_in_all(&permits), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn share_running_counts_the_permits_each_group_holds() {
+        let permits = Arc::new(Permits::new(3));
+        let a1 = take(&permits, "a").await;
+        let a2 = take(&permits, "a").await;
+        let default = permits.acquire(0, None).await;
+        assert_eq!(permits.running(Some("a")), 2);
+        assert_eq!(permits.running(None), 1);
+        assert_eq!(permits.running(Some("b")), 0);
+        let (granted, mut grants) = mpsc::unbounded_channel();
+        queue(&permits, &granted, Some("b"), 0, "b").await;
+        drop(a1);
+        let b = next_grant(&mut grants, "b").await;
+        assert_eq!(permits.running(Some("a")), 1);
+        assert_eq!(permits.running(Some("b")), 1);
+        drop((a2, b, default));
+        assert_eq!(permits.running(Some("a")), 0);
+        assert_eq!(held_in_all(&permits), 0);
+        assert_eq!(permits.available(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn counts_of_groups_holding_nothing_are_bounded() {
+        let permits = Arc::new(Permits::new(4));
+        for i in 0..KEEP_COUNTS + 10 {
+            drop(take(&permits, &format!("g{i}")).await);
+        }
+        assert_eq!(permits.lock().shares.held.len(), KEEP_COUNTS);
+        let busy = [
+            take(&permits, "h1").await,
+            take(&permits, "h2").await,
+            take(&permits, "h3").await,
+        ];
+        assert_eq!(permits.lock().shares.held.len(), KEEP_COUNTS + 3);
+        drop(busy);
+        assert_eq!(permits.lock().shares.held.len(), KEEP_COUNTS);
+        assert_eq!(held_in_all(&permits), 0);
     }
 }

@@ -235,7 +235,9 @@ impl TaskSpec {
     /// get permits in turn, in proportion to their weights
     /// ([`Supervisor::set_share_weight`](super::Supervisor::set_share_weight)),
     /// so a group with a long line does not hold up the others; within a
-    /// group, attempts go by priority, then by arrival.
+    /// group, attempts go by priority, then by arrival. A group may be
+    /// capped to a number of attempts running at once
+    /// ([`Supervisor::set_share_limit`](super::Supervisor::set_share_limit)).
     pub fn with_share(mut self, group: impl Into<Arc<str>>) -> Self {
         self.share = Some(group.into());
         self

@@ -224,6 +224,64 @@ async fn a_share_group_does_not_wait_behind_another_groups_line() {
     }
 }
 
+/// What a group's bodies saw: attempts running now, the most at once, and
+/// the most [`Supervisor::share_running`] showed from inside one.
+#[derive(Default)]
+struct Tally {
+    running: AtomicUsize,
+    most: AtomicUsize,
+    shown: AtomicUsize,
+}
+
+/// A native body of share group `group` that runs 10 ms, counted in `tally`.
+fn tallied(sup: &Supervisor, group: &'static str, tally: &Arc<Tally>) -> impl TaskBody {
+    let (sup, tally) = (sup.clone(), Arc::clone(tally));
+    native(move |_| {
+        let (sup, tally) = (sup.clone(), Arc::clone(&tally));
+        async move {
+            let now = tally.running.fetch_add(1, Ordering::SeqCst) + 1;
+            tally.most.fetch_max(now, Ordering::SeqCst);
+            let shown = sup.share_running(Some(group));
+            tally.shown.fetch_max(shown, Ordering::SeqCst);
+            tokio::time::sleep(ms(10)).await;
+            tally.running.fetch_sub(1, Ordering::SeqCst);
+            Ok(group.as_bytes().to_vec())
+        }
+    })
+}
+
+/// A share group capped at one attempt runs its attempts one at a time,
+/// while another group's run alongside, on the permits the cap leaves.
+#[tokio::test(start_paused = true)]
+async fn a_capped_share_group_runs_at_most_its_cap_at_once() {
+    let sup = Supervisor::builder().max_concurrent(LIMIT).build();
+    sup.set_share_limit(Some("a"), Some(1));
+    let (a, b) = (Arc::new(Tally::default()), Arc::new(Tally::default()));
+    let started = tokio::time::Instant::now();
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        let spec = TaskSpec::once(format!("a-{i}"), tallied(&sup, "a", &a));
+        waiters.push(sup.add(spec.with_share("a")));
+        let spec = TaskSpec::once(format!("b-{i}"), tallied(&sup, "b", &b));
+        waiters.push(sup.add(spec.with_share("b")));
+    }
+    for w in waiters {
+        let outcome = within(NATIVE_LIMIT, "a shared job", w.wait()).await;
+        assert!(
+            matches!(outcome, TaskOutcome::Completed { .. }),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(a.most.load(Ordering::SeqCst), 1, "a never ran two at once");
+    assert_eq!(a.shown.load(Ordering::SeqCst), 1, "a's count");
+    assert_eq!(b.most.load(Ordering::SeqCst), 3, "b's ran in parallel");
+    assert_eq!(b.shown.load(Ordering::SeqCst), 3, "b's count");
+    assert_eq!(started.elapsed(), ms(30), "a's ran one after another");
+    assert_eq!(sup.share_running(Some("a")), 0);
+    assert_eq!(sup.share_running(Some("b")), 0);
+    assert_eq!(sup.free_permits(), Some(LIMIT), "every permit came back");
+}
+
 /// A tree of native tasks, each parent adding `fanout` children and
 /// waiting for all of them, down to `depth`: parked while it waits.
 fn tree(
