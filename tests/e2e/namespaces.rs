@@ -248,6 +248,35 @@ fn each_quota_refuses_naming_itself_and_leaves_other_namespaces_alone() {
     assert_eq!(two.code, Some(3), "{two:?}");
     assert!(two.stderr.contains("max-schedules = 1"), "{}", two.stderr);
 
+    // Running attempts: one at a time, the others waiting for a permit.
+    added(&d, &["capped", "--max-running", "1"]);
+    let ids: Vec<String> = (0..3)
+        .map(|i| {
+            let slot = format!("s{i}");
+            submit_in(
+                &d,
+                "capped",
+                &[&sleeper, "--slot", &slot, "--param", "ms=60000"],
+            )
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let rows = json_rows(&in_ns(&d, "capped", &["ps", "--json"]));
+        let running = rows.iter().filter(|r| r["state"] == "running").count();
+        assert!(running <= 1, "{rows:?}");
+        if running == 1 && rows.iter().filter(|r| r["state"] == "waiting").count() == 2 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{rows:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let others = d.run(&["submit", &p("hello"), "--wait"]);
+    assert_eq!(others.code, Some(0), "another namespace runs: {others:?}");
+    for id in &ids {
+        assert_eq!(d.run(&["-A", "cancel", id]).code, Some(0));
+    }
+
     // The default namespace and the others go on.
     for _ in 0..3 {
         let out = d.run(&["submit", &p("hello"), "--wait"]);
@@ -648,6 +677,12 @@ fn a_clusters_namespaces_are_every_nodes_and_keep_each_ones_own() {
     assert_eq!(beta["usage"]["max-waiting"], 1, "{beta}");
     let alpha = ls.iter().find(|r| r["name"] == "alpha").expect("alpha");
     assert_eq!(alpha["weight"], 2);
+    let unheld = n1.run(&["ns", "set", "alpha", "--max-running", "2"]);
+    assert_eq!(
+        unheld.code,
+        Some(2),
+        "a cluster refuses what it does not hold: {unheld:?}"
+    );
     // Removal waits for the namespace to be empty.
     let rm = n2.run(&["ns", "rm", "beta"]);
     assert_eq!(rm.code, Some(3), "{rm:?}");

@@ -35,7 +35,15 @@ pub(crate) fn follow_namespaces(daemon: &Daemon, rows: Vec<(String, NamespaceSet
 pub(crate) fn set_namespace(daemon: &Daemon, ns: Ns, settings: Option<NamespaceSettings>) {
     let supervisor = daemon.controller.supervisor();
     let weight = settings.as_ref().map_or(1, |s| s.weight);
-    supervisor.set_share_weight(ns.share().as_deref(), weight);
+    let group = ns.share();
+    supervisor.set_share_weight(group.as_deref(), weight);
+    // One host's cap of running attempts (a cluster refuses the quota).
+    let running = settings
+        .as_ref()
+        .and_then(|s| s.limit(Quota::Running))
+        .filter(|_| daemon.one_host().is_some())
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+    supervisor.set_share_limit(group.as_deref(), running);
     daemon.namespaces.put(ns, settings);
 }
 
@@ -64,6 +72,18 @@ impl Backend<'_> {
                     }
                 }
                 return Ok(Namespaced::Rows(rows));
+            }
+            NamespaceVerb::Add(name, change) | NamespaceVerb::Set(name, change)
+                if matches!(self.kind, Kind::Shared(_))
+                    && change
+                        .quotas
+                        .iter()
+                        .any(|(q, l)| *q == Quota::Running && l.is_some()) =>
+            {
+                return Err(ServiceError::Invalid(format!(
+                    "--max-running: a cluster does not hold it yet (each node runs what it \
+                     claims); namespace `{name}`'s share of the run permits follows its --weight"
+                )));
             }
             NamespaceVerb::Add(name, change) => {
                 let ns = Ns::named(Some(&name));
@@ -307,13 +327,7 @@ fn granted_secrets(
 /// `ns`'s attempts running and its unfinished tasks.
 fn counts(daemon: &Daemon, ns: &Ns) -> (u64, u64) {
     let supervisor = daemon.controller.supervisor();
-    let running = supervisor
-        .list()
-        .iter()
-        .filter(|info| {
-            ns.owns(&info.name) && info.phase == taskhost_core::lifecycle::TaskState::Running
-        })
-        .count() as u64;
+    let running = supervisor.share_running(ns.share().as_deref()) as u64;
     (running, daemon.tasks.unfinished(ns))
 }
 

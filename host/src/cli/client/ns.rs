@@ -50,6 +50,9 @@ struct ChangeArgs {
     /// Its share of the run permits when --max-concurrent is the bottleneck, against the other namespaces' weights [default: 1].
     #[arg(long, value_name = "N")]
     weight: Option<u32>,
+    /// Attempts of its tasks running at once (holding a run permit); more wait for one of its own to end. One host's: a cluster refuses it [default: none].
+    #[arg(long, value_name = "N|none")]
+    max_running: Option<Limit>,
     /// Tasks accepted and not running (queued, delayed, waiting for a permit or a retry); a submission over it is refused (exit 3) [default: none].
     #[arg(long, value_name = "N|none")]
     max_waiting: Option<Limit>,
@@ -135,6 +138,7 @@ impl ChangeArgs {
     fn change(&self) -> NamespaceChange {
         let mut quotas = Vec::new();
         for (quota, limit) in [
+            (Quota::Running, self.max_running),
             (Quota::Waiting, self.max_waiting),
             (Quota::Schedules, self.max_schedules),
             (Quota::SubmitRate, self.max_submit_rate),

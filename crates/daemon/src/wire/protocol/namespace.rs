@@ -26,7 +26,8 @@ pub struct Enter {
 /// A namespace's quota (`host ns add|set --max-…`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Quota {
-    /// Attempts running at once (more wait for a run permit).
+    /// Attempts running at once, holding a run permit (more wait for one);
+    /// one host's.
     Running,
     /// Tasks accepted and not yet running (queued, delayed, waiting for a
     /// permit or a retry): a submission over it is refused.
@@ -80,7 +81,8 @@ impl Quota {
     pub fn is_enforced(self) -> bool {
         matches!(
             self,
-            Quota::Waiting
+            Quota::Running
+                | Quota::Waiting
                 | Quota::Schedules
                 | Quota::SubmitRate
                 | Quota::Memory
@@ -172,8 +174,9 @@ impl NamespaceChange {
         for (quota, limit) in &self.quotas {
             if limit.is_some() && !quota.is_enforced() {
                 return Err(format!(
-                    "the quota {} is not held in this version: set --max-waiting, \
-                     --max-schedules, --max-submit-rate, --memory-ceiling or --max-descendants",
+                    "the quota {} is not held in this version: set --max-running, \
+                     --max-waiting, --max-schedules, --max-submit-rate, --memory-ceiling or \
+                     --max-descendants",
                     quota.key()
                 ));
             }
