@@ -103,6 +103,61 @@ fn hold_rates(daemon: &Weak<Daemon>) {
     }
 }
 
+/// How many claims a namespace with no ready work may bank, in its own
+/// strides: one that comes back takes at most about this many before the
+/// others' turn.
+const BANK: f64 = 8.0;
+
+/// This node's fair share of its claims between namespaces: each one's
+/// pass (stride scheduling over the tasks this node claimed of it), so
+/// that a claim takes from the namespaces with ready work in proportion
+/// to their weights. Each node keeps its own: each is fair, so their sum
+/// is.
+#[derive(Default)]
+struct ClaimShares {
+    passes: std::collections::HashMap<String, f64>,
+    /// The highest pass a claim reached.
+    top: f64,
+}
+
+impl ClaimShares {
+    /// Every namespace the node knows, with its pass and stride (the
+    /// default one's name is '').
+    fn order(&mut self, daemon: &Daemon) -> Vec<(String, f64, f64)> {
+        let all = daemon.namespaces.all();
+        let key =
+            |ns: &crate::service::namespace::Ns| ns.share().as_deref().unwrap_or("").to_owned();
+        self.passes
+            .retain(|name, _| all.iter().any(|(ns, _)| key(ns) == *name));
+        all.iter()
+            .map(|(ns, settings)| {
+                let stride = 1.0 / f64::from(settings.weight.max(1));
+                let floor = (self.top - BANK * stride).max(0.0);
+                let pass = *self.passes.entry(key(ns)).or_insert(floor);
+                (key(ns), pass, stride)
+            })
+            .collect()
+    }
+
+    /// Counts what a claim took of each namespace.
+    fn took(&mut self, order: &[(String, f64, f64)], claimed: &[Claimed]) {
+        for task in claimed {
+            let name = task.request.namespace.as_deref().unwrap_or("");
+            if let Some((_, _, stride)) = order.iter().find(|o| o.0 == name) {
+                let pass = self.passes.entry(name.to_owned()).or_insert(0.0);
+                *pass += stride;
+                self.top = self.top.max(*pass);
+            }
+        }
+        // Time without ready work earns no burst later.
+        for (name, _, stride) in order {
+            if let Some(pass) = self.passes.get_mut(name) {
+                *pass = pass.max(self.top - BANK * stride);
+            }
+        }
+    }
+}
+
 /// How often a node reads the cluster's namespaces again.
 const NAMESPACES_EVERY: Duration = Duration::from_secs(1);
 
@@ -135,6 +190,7 @@ async fn claim_loop(daemon: Weak<Daemon>) {
     // The version of the cluster's slot rules the local controller has:
     // it runs a slot's claimed tasks side by side up to their capacity.
     let mut rules_seen = (0, (1, 0));
+    let mut shares = ClaimShares::default();
     loop {
         let Some(d) = daemon.upgrade() else { return };
         let Some(cluster) = d.cluster().cloned() else {
@@ -170,13 +226,15 @@ async fn claim_loop(daemon: Weak<Daemon>) {
             // Not the tasks of a slot whose share of a rate this node has
             // a period's worth of starts waiting for: other nodes start them.
             let crowded = d.controller.crowded_slots();
+            let order = shares.order(&d);
             match cluster
                 .pg
-                .claim(cluster.node(), batch as i64, &crowded)
+                .claim(cluster.node(), batch as i64, &crowded, &order)
                 .await
             {
                 Ok(claimed) => {
                     cluster.pg.outage().reached();
+                    shares.took(&order, &claimed);
                     if let Some(rules) = cluster.pg.rules_since(&mut rules_seen) {
                         tracing::debug!(
                             version = rules_seen.0,

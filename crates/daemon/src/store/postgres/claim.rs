@@ -110,19 +110,34 @@ pub(super) async fn promote(
 
 impl Pg {
     /// Claims up to `n` ready tasks for `node` (a dead node claims nothing),
-    /// each under a new fencing token, none of the `crowded` slots'.
+    /// each under a new fencing token, none of the `crowded` slots'. The
+    /// tasks come from the namespaces of `shares` (each its name, '' for
+    /// the default one, its pass and its stride): the k-th ready task of a
+    /// namespace counts as its pass plus k strides, and the lowest counts
+    /// are claimed, so a claim takes from each namespace with ready work
+    /// in proportion to its weight.
     pub(crate) async fn claim(
         &self,
         node: i64,
         n: i64,
         crowded: &[String],
+        shares: &[(String, f64, f64)],
     ) -> Result<Vec<Claimed>, StoreError> {
         let client = self.client().await?;
+        let names: Vec<&str> = shares.iter().map(|s| s.0.as_str()).collect();
+        let passes: Vec<f64> = shares.iter().map(|s| s.1).collect();
+        let strides: Vec<f64> = shares.iter().map(|s| s.2).collect();
         let rows = all(
             &client,
             "cannot claim work",
-            "WITH c AS (SELECT id FROM taskhost_tasks WHERE state = 'ready' AND slot <> ALL($3) \
-                 ORDER BY priority DESC, id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+            "WITH w AS (SELECT * FROM unnest($4::text[], $5::float8[], $6::float8[]) \
+                 AS w(ns, pass, stride)), \
+             c AS (SELECT x.id FROM w CROSS JOIN LATERAL ( \
+                 SELECT y.id, row_number() OVER (ORDER BY y.priority DESC, y.id) AS r FROM ( \
+                 SELECT id, priority FROM taskhost_tasks WHERE state = 'ready' AND ns = w.ns \
+                 AND slot <> ALL($3) ORDER BY priority DESC, id LIMIT $2 \
+                 FOR UPDATE SKIP LOCKED) y) x \
+                 ORDER BY w.pass + x.r * w.stride, x.id LIMIT $2) \
                  UPDATE taskhost_tasks t SET state = 'running', node = $1, \
                  token = nextval('taskhost_fence') FROM c WHERE t.id = c.id \
                  AND EXISTS (SELECT 1 FROM taskhost_nodes WHERE id = $1 AND alive) \
@@ -130,7 +145,7 @@ impl Pg {
                  t.resume_at_ms, t.submitted_ms, (SELECT version FROM taskhost_slot_rules_version), \
                  (SELECT count(*) FROM taskhost_nodes WHERE alive), \
                  (SELECT count(*) FROM taskhost_nodes WHERE alive AND id < $1)",
-            &[&node, &n, &crowded],
+            &[&node, &n, &crowded, &names, &passes, &strides],
         )
         .await?;
         // The local controller runs a slot's claimed tasks up to their
