@@ -1,6 +1,7 @@
 //! Noisy-neighbour benchmark: namespace A floods one daemon with 20,000
 //! `sleeper --param ms=10` submissions (pipelined from 8 tasks), while
-//! namespace B submits one `hello` every 100 ms until A's flood has run.
+//! namespace B submits one `hello` every 100 ms until A's flood has run
+//! (each of A's clients keeps 64 submissions in flight).
 //! Measured: B's submit → start (from sending the submission to seeing its
 //! `AttemptStarting` on B's own event stream) p50, p99 and max, and A's
 //! throughput (its 20,000 over the time from its first submission to the
@@ -14,10 +15,24 @@
 //! - `one-namespace`: A and B both in the default namespace, where B waits
 //!   behind A's whole queue.
 //!
-//! Run with `cargo bench -p taskhost --bench teams`; `TASKHOST_BENCH_ROUNDS`
-//! sets the rounds (default 2), `TASKHOST_BENCH_FLOOD` A's submissions.
+//! With `TASKHOST_BENCH_NODES=3`, the same on a cluster of that many nodes
+//! on a throwaway PostgreSQL (A's clients spread over the nodes, B through
+//! the first).
+//!
+//! `-- share`: instead, both namespaces flood (`sleeper ms=50`, A weight
+//! 1, B weight 2) daemons of `--max-concurrent 4` each (so that the permits,
+//! not the intake or the claims, are the bottleneck) for a minute; the
+//! attempts each started in that minute, and B's share against the
+//! weights' 2/3.
+//!
+//! Run with `cargo bench -p taskhost --bench teams [-- share]`;
+//! `TASKHOST_BENCH_ROUNDS` sets the rounds (default 2),
+//! `TASKHOST_BENCH_FLOOD` A's submissions.
 
-use std::path::Path;
+#[path = "../../tests/e2e/common/postgres.rs"]
+mod postgres;
+
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +44,8 @@ use taskhost::supervisor::EventKind;
 const MAX_CONCURRENT: &str = "32";
 const B_EVERY: Duration = Duration::from_millis(100);
 const A_CLIENTS: usize = 8;
+/// Unanswered submissions each of A's clients keeps in flight.
+const IN_FLIGHT: usize = 64;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Variant {
@@ -52,7 +69,82 @@ struct Round {
     b_ms: Vec<f64>,
 }
 
+/// The daemons of one run: one host, or a cluster's nodes and its
+/// database (dropped last).
+struct Daemons {
+    children: Vec<Child>,
+    sockets: Vec<PathBuf>,
+    _pg: Option<postgres::Postgres>,
+}
+
+impl Drop for Daemons {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn nodes() -> usize {
+    std::env::var("TASKHOST_BENCH_NODES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+fn start_all(dir: &Path) -> Daemons {
+    start_all_with(dir, MAX_CONCURRENT)
+}
+
+fn start_all_with(dir: &Path, permits: &str) -> Daemons {
+    let n = nodes();
+    if n == 0 {
+        let socket = dir.join("s.sock");
+        let child = start(dir, &socket, &["--store", "sqlite"], "host", permits);
+        return Daemons {
+            children: vec![child],
+            sockets: vec![socket],
+            _pg: None,
+        };
+    }
+    let pg = postgres::Postgres::start();
+    let url = pg.url();
+    let (mut children, mut sockets) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let name = format!("n{i}");
+        let socket = dir.join(format!("{name}.sock"));
+        let args = [
+            "--store",
+            url.as_str(),
+            "--node-name",
+            name.as_str(),
+            "--lease",
+            "10s",
+            "--lease-renew",
+            "500ms",
+        ];
+        children.push(start(dir, &socket, &args, &name, permits));
+        sockets.push(socket);
+    }
+    Daemons {
+        children,
+        sockets,
+        _pg: Some(pg),
+    }
+}
+
 fn main() {
+    if std::env::args().skip(1).any(|a| a == "share") {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        rt.block_on(share(dir.path()));
+        return;
+    }
     let rounds: usize = std::env::var("TASKHOST_BENCH_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
@@ -66,9 +158,13 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    let store = match nodes() {
+        0 => "SQLite".to_owned(),
+        n => format!("{n} nodes on PostgreSQL"),
+    };
     println!(
         "# noisy neighbour: A floods {flood} sleeper ms=10, B one hello every 100 ms; \
-         --max-concurrent {MAX_CONCURRENT}, SQLite; {rounds} rounds, variants interleaved"
+         --max-concurrent {MAX_CONCURRENT}, {store}; {rounds} rounds, variants interleaved"
     );
     let variants = [Variant::Alone, Variant::Namespaces, Variant::OneNamespace];
     let mut results: Vec<(Variant, Vec<Round>)> =
@@ -117,8 +213,8 @@ fn summary(ms: &[f64]) -> String {
 }
 
 async fn run(dir: &Path, variant: Variant, flood: usize) -> Round {
-    let socket = dir.join("s.sock");
-    let mut daemon = start(dir, &socket);
+    let daemons = start_all(dir);
+    let socket = daemons.sockets[0].clone();
     let admin = Client::connect(&socket).await.expect("connect");
     let (a_ns, b_ns) = match variant {
         Variant::OneNamespace => (None, None),
@@ -140,7 +236,11 @@ async fn run(dir: &Path, variant: Variant, flood: usize) -> Round {
         .ensure_plugin(&std::fs::read(plugin_artifacts::HELLO).unwrap())
         .await
         .unwrap();
-    let a = client_in(&socket, a_ns).await;
+    let mut a_clients = Vec::new();
+    for socket in &daemons.sockets {
+        a_clients.push(client_in(socket, a_ns).await);
+    }
+    let a = a_clients[0].clone();
     let b = client_in(&socket, b_ns).await;
 
     let flooding = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -151,13 +251,22 @@ async fn run(dir: &Path, variant: Variant, flood: usize) -> Round {
     let started = Instant::now();
     let mut senders = Vec::new();
     for c in 0..A_CLIENTS {
-        let a = a.clone();
+        let a = a_clients[c % a_clients.len()].clone();
         senders.push(tokio::spawn(async move {
-            for _ in (c..flood).step_by(A_CLIENTS) {
-                let mut request = SubmitRequest::new(sleeper);
-                request.params = vec![("ms".into(), "10".into())];
-                a.submit(request).await.expect("A's submission");
-            }
+            // Pipelined: up to IN_FLIGHT unanswered submissions per client.
+            use futures::StreamExt;
+            futures::stream::iter((c..flood).step_by(A_CLIENTS))
+                .map(|_| {
+                    let a = a.clone();
+                    async move {
+                        let mut request = SubmitRequest::new(sleeper);
+                        request.params = vec![("ms".into(), "10".into())];
+                        a.submit(request).await.expect("A's submission");
+                    }
+                })
+                .buffer_unordered(IN_FLIGHT)
+                .collect::<Vec<()>>()
+                .await;
         }));
     }
     for s in senders {
@@ -177,8 +286,7 @@ async fn run(dir: &Path, variant: Variant, flood: usize) -> Round {
         Some(task) => task.await.unwrap(),
         None => Vec::new(),
     };
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    drop(daemons);
     Round { a_per_s, b_ms }
 }
 
@@ -248,14 +356,15 @@ async fn client_in(socket: &Path, ns: Option<&str>) -> Client {
     client
 }
 
-fn start(dir: &Path, socket: &Path) -> Child {
+fn start(dir: &Path, socket: &Path, store: &[&str], name: &str, permits: &str) -> Child {
     use std::io::{BufRead, BufReader};
     let mut child = Command::new(env!("CARGO_BIN_EXE_host"))
         .args(["serve", "--socket"])
         .arg(socket)
         .arg("--state-dir")
-        .arg(dir.join("state"))
-        .args(["--store", "sqlite", "--max-concurrent", MAX_CONCURRENT])
+        .arg(dir.join(format!("{name}-state")))
+        .args(store)
+        .args(["--max-concurrent", permits])
         .args([
             "--max-total-pending",
             "1000000",
@@ -279,4 +388,109 @@ fn start(dir: &Path, socket: &Path) -> Child {
     }
     std::thread::spawn(move || for _ in lines {});
     child
+}
+
+/// `-- share`: A (weight 1) and B (weight 2) both keep far more sleepers
+/// queued than the permits run, for a minute; the attempts each starts.
+async fn share(dir: &Path) {
+    const WINDOW: Duration = Duration::from_secs(60);
+    const BACKLOG: usize = 3_000;
+    let daemons = start_all_with(dir, "4");
+    let admin = Client::connect(&daemons.sockets[0]).await.expect("connect");
+    for (ns, weight) in [("alpha", 1), ("beta", 2)] {
+        let change = taskhost::daemon::protocol::NamespaceChange {
+            weight: Some(weight),
+            ..Default::default()
+        };
+        admin
+            .call(Request::Namespace(
+                taskhost::daemon::protocol::NamespaceVerb::Add(ns.to_owned(), change),
+            ))
+            .await
+            .expect("ns add");
+    }
+    let sleeper = admin
+        .ensure_plugin(&std::fs::read(plugin_artifacts::SLEEPER).unwrap())
+        .await
+        .unwrap();
+    // Counting starts by namespace, from an operator's view of all.
+    let watcher = Client::connect(&daemons.sockets[0]).await.expect("connect");
+    watcher
+        .enter(Enter {
+            namespace: None,
+            all: true,
+        })
+        .await
+        .expect("enter -A");
+    let mut events = watcher
+        .request(Request::Events {
+            follow: true,
+            filter: EventFilter {
+                task: None,
+                kinds: vec![EventKind::AttemptStarting],
+            },
+        })
+        .await
+        .expect("events");
+    let counting = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let counts = Arc::new(std::sync::Mutex::new([0u64; 2]));
+    {
+        let (counting, counts) = (Arc::clone(&counting), Arc::clone(&counts));
+        tokio::spawn(async move {
+            while let Some(reply) = events.next().await {
+                if let Reply::Event(event) = reply
+                    && counting.load(std::sync::atomic::Ordering::SeqCst)
+                    && let Some(name) = event.name.as_deref()
+                {
+                    let i = usize::from(name.starts_with("beta/"));
+                    counts.lock().unwrap()[i] += 1;
+                }
+            }
+        });
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut feeders = Vec::new();
+    for ns in ["alpha", "beta"] {
+        for socket in &daemons.sockets {
+            let client = client_in(socket, Some(ns)).await;
+            let stop = Arc::clone(&stop);
+            feeders.push(tokio::spawn(async move {
+                // Keep a backlog: submit whenever fewer are unfinished.
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let live = client.list(false).await.map(|r| r.len()).unwrap_or(0);
+                    for _ in live..BACKLOG / 2 {
+                        let mut request = SubmitRequest::new(sleeper);
+                        request.params = vec![("ms".into(), "50".into())];
+                        if client.submit(request).await.is_err() {
+                            break;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }));
+        }
+    }
+    // Both backlogs full before the window opens.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    counting.store(true, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(WINDOW).await;
+    counting.store(false, std::sync::atomic::Ordering::SeqCst);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let [a, b] = *counts.lock().unwrap();
+    let share = b as f64 / (a + b).max(1) as f64;
+    println!(
+        "# fair share, {} (alpha weight 1, beta weight 2), attempts started in {}s: \
+         alpha {a}, beta {b}; beta's share {:.3} against 0.667 ({:+.1}%)",
+        match nodes() {
+            0 => "one host".to_owned(),
+            n => format!("{n} nodes"),
+        },
+        WINDOW.as_secs(),
+        share,
+        (share / (2.0 / 3.0) - 1.0) * 100.0
+    );
+    for f in feeders {
+        f.abort();
+    }
+    drop(daemons);
 }

@@ -699,3 +699,140 @@ fn a_clusters_namespaces_are_every_nodes_and_keep_each_ones_own() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+#[test]
+fn the_config_file_and_the_api_set_namespaces_and_a_bad_one_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("host.toml");
+    std::fs::write(
+        &config,
+        "[namespaces.gamma]\nweight = 2\nmax_waiting = 1\nmemory_ceiling = \"64MiB\"\n\
+         secrets = [\"DEPLOY_KEY\"]\n",
+    )
+    .unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "submit gamma-token gamma\nadmin root-token *\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let d = Daemon::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        tokens.to_str().unwrap(),
+    ]);
+    let ls = json_rows(&d.run(&["ns", "ls", "--json"]));
+    let gamma = ls.iter().find(|r| r["name"] == "gamma").expect("gamma");
+    assert_eq!(gamma["weight"], 2, "{gamma}");
+    assert_eq!(gamma["quotas"]["max-waiting"], 1, "{gamma}");
+    assert_eq!(gamma["quotas"]["memory-ceiling"], 64 << 20, "{gamma}");
+    assert_eq!(gamma["secrets"], serde_json::json!(["DEPLOY_KEY"]));
+    // The file's quota holds: one task waits, the second is refused.
+    let sleeper = p("sleeper");
+    let first = in_ns(
+        &d,
+        "gamma",
+        &["submit", &sleeper, "--slot", "s", "--delay", "1h"],
+    );
+    assert_eq!(first.code, Some(0), "{first:?}");
+    let second = in_ns(
+        &d,
+        "gamma",
+        &["submit", &sleeper, "--slot", "t", "--delay", "1h"],
+    );
+    assert_eq!(second.code, Some(3), "{second:?}");
+    assert!(second.stderr.contains("max-waiting"), "{}", second.stderr);
+
+    let port = http::http_port(&d);
+    let call = |method: &str, token: &str, path: &str, body: &str| {
+        let bearer = format!("Bearer {token}");
+        http::request(
+            port,
+            method,
+            path,
+            &[
+                ("Authorization", bearer.as_str()),
+                ("Content-Type", "application/json"),
+            ],
+            body,
+        )
+    };
+    let put = call(
+        "PUT",
+        "root-token",
+        "/api/namespaces/delta",
+        r#"{"weight": 4, "quotas": {"max-waiting": 5}}"#,
+    );
+    assert_eq!(put.status, 200, "{}", put.body);
+    let row: Value = serde_json::from_str(&put.body).unwrap();
+    assert_eq!(
+        (row["name"].clone(), row["weight"].clone()),
+        ("delta".into(), 4.into())
+    );
+    assert_eq!(row["quotas"]["max-waiting"], 5, "{row}");
+    // A second PUT changes it: `null` makes a quota unlimited, the weight
+    // stays.
+    let put = call(
+        "PUT",
+        "root-token",
+        "/api/namespaces/delta",
+        r#"{"quotas": {"max_waiting": null}}"#,
+    );
+    assert_eq!(put.status, 200, "{}", put.body);
+    let row: Value = serde_json::from_str(&put.body).unwrap();
+    assert_eq!(row["weight"], 4, "{row}");
+    assert_eq!(row["quotas"], serde_json::json!({}), "{row}");
+    let listed = json_rows(&d.run(&["ns", "ls", "--json"]));
+    assert!(listed.iter().any(|r| r["name"] == "delta"), "{listed:?}");
+    let bad = call(
+        "PUT",
+        "root-token",
+        "/api/namespaces/delta",
+        r#"{"quotas": {"max-widgets": 1}}"#,
+    );
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert!(bad.body.contains("max-widgets"), "{}", bad.body);
+    let bad = call("PUT", "root-token", "/api/namespaces/Bad_Name", "");
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert!(bad.body.contains("not a namespace name"), "{}", bad.body);
+    // A team's token changes no namespace, its own either.
+    for (method, path) in [
+        ("PUT", "/api/namespaces/gamma"),
+        ("PUT", "/api/namespaces/epsilon"),
+        ("DELETE", "/api/namespaces/delta"),
+    ] {
+        let refused = call(method, "gamma-token", path, "{}");
+        assert_eq!(refused.status, 403, "{method} {path}: {}", refused.body);
+    }
+    let gone = call("DELETE", "root-token", "/api/namespaces/delta", "");
+    assert_eq!(gone.status, 200, "{}", gone.body);
+    let again = call("DELETE", "root-token", "/api/namespaces/delta", "");
+    assert_eq!(again.status, 404, "{}", again.body);
+    // gamma holds a waiting task: it stays.
+    let held = call("DELETE", "root-token", "/api/namespaces/gamma", "");
+    assert_eq!(held.status, 409, "{}", held.body);
+
+    for (text, named) in [
+        ("[namespaces.Bad]\n", "namespaces.Bad"),
+        (
+            "[namespaces.ok]\nsecrets = [\"no spaces\"]\n",
+            "namespaces.ok",
+        ),
+        ("[namespaces.ok]\nmax_widgets = 1\n", "max_widgets"),
+    ] {
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, text).unwrap();
+        let out = common::run_host(&[
+            "serve",
+            "--socket",
+            dir.path().join("bad.sock").to_str().unwrap(),
+            "--state-dir",
+            dir.path().join("bad-state").to_str().unwrap(),
+            "--config",
+            bad.to_str().unwrap(),
+        ]);
+        assert_ne!(out.code, Some(0), "{text}");
+        assert!(out.stderr.contains(named), "{text}: {}", out.stderr);
+    }
+}

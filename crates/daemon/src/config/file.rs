@@ -102,6 +102,64 @@ impl From<SlotRule> for taskhost_core::slot_settings::SlotSettings {
     }
 }
 
+/// A namespace of the `namespaces` table: its `weight`, its quotas by
+/// their keys (`max_running`, `max_waiting`, `max_schedules`,
+/// `max_submit_rate`, `max_descendants`; `memory_ceiling` as a size such
+/// as `"256MiB"`), and the daemon's `secrets` it may name.
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceEntry {
+    #[serde(default)]
+    pub(crate) weight: Option<u32>,
+    #[serde(default)]
+    pub(crate) max_running: Option<u64>,
+    #[serde(default)]
+    pub(crate) max_waiting: Option<u64>,
+    #[serde(default)]
+    pub(crate) max_schedules: Option<u64>,
+    #[serde(default)]
+    pub(crate) max_submit_rate: Option<u64>,
+    #[serde(default)]
+    pub(crate) max_descendants: Option<u64>,
+    #[serde(default, deserialize_with = "size")]
+    pub(crate) memory_ceiling: Option<u64>,
+    #[serde(default)]
+    pub(crate) secrets: Vec<String>,
+}
+
+impl NamespaceEntry {
+    /// Whether its name and secrets' names are ones a namespace can have.
+    pub(crate) fn check(&self, name: &str) -> Result<(), String> {
+        check_namespace_name(name)?;
+        for secret in &self.secrets {
+            taskhost_runtime::check_secret_name(secret).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+/// The longest namespace name.
+pub const MAX_NAMESPACE_NAME: usize = 63;
+
+/// Whether `name` is a namespace's name: 1 to 63 lowercase letters, digits
+/// and dashes, starting with a letter or a digit.
+pub fn check_namespace_name(name: &str) -> Result<(), String> {
+    let fine = !name.is_empty()
+        && name.len() <= MAX_NAMESPACE_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-');
+    if fine {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{name}` is not a namespace name: 1 to {MAX_NAMESPACE_NAME} lowercase letters, \
+             digits and dashes, starting with a letter or a digit"
+        ))
+    }
+}
+
 /// A size such as `"64MiB"`.
 pub(super) fn size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     let text = String::deserialize(d)?;

@@ -32,6 +32,7 @@ mod settings;
 pub(crate) use authority::Authority;
 pub use authority::check_allow_host;
 pub use cluster::ClusterSettings;
+pub use file::{MAX_NAMESPACE_NAME, NamespaceEntry, check_namespace_name};
 pub use grants::{DirAllow, check_env_pattern};
 pub use settings::{
     Secrets, Settings, Source, parse_allow_http, parse_config_var, parse_count, parse_header_bytes,
@@ -210,6 +211,9 @@ pub struct DaemonConfig {
     /// The slot rules of the file (`[slots."PATTERN"]`), laid over the
     /// stored ones at each start.
     pub slot_rules: Vec<(String, SlotSettings)>,
+    /// The config file's namespaces (`[namespaces.NAME]`), over the
+    /// stored ones at every start.
+    pub namespaces: Vec<(String, NamespaceEntry)>,
 }
 
 /// The default number of the daemon's async worker threads: one per
@@ -271,6 +275,7 @@ impl DaemonConfig {
             kv_max_total: taskhost_runtime::kv::DEFAULT_KV_MAX_TOTAL,
             allow_kv: Vec::new(),
             slot_rules: Vec::new(),
+            namespaces: Vec::new(),
         }
     }
 
@@ -331,6 +336,11 @@ impl DaemonConfig {
             rules
                 .set(pattern, *settings)
                 .map_err(|e| format!("slots.\"{pattern}\": {e}"))?;
+        }
+        for (name, entry) in &self.namespaces {
+            entry
+                .check(name)
+                .map_err(|e| format!("namespaces.{name}: {e}"))?;
         }
         Ok(())
     }

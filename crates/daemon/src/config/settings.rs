@@ -152,6 +152,10 @@ pub struct Settings {
     #[arg(skip)]
     #[serde(default)]
     pub slots: Option<BTreeMap<String, file::SlotRule>>,
+    /// The namespaces the daemon starts with (the file's `namespaces` table only, such as `[namespaces.alpha]` with `weight = 2`, `max_running`, `max_waiting`, `max_schedules`, `max_submit_rate`, `max_descendants`, `memory_ceiling = "256MiB"`, `secrets = ["DEPLOY_KEY"]`); each replaces the stored namespace of its name at every start. One host's: a cluster's live in its database (`host ns`).
+    #[arg(skip)]
+    #[serde(default)]
+    pub namespaces: Option<BTreeMap<String, file::NamespaceEntry>>,
     /// Bytes of keys and values one key-value bucket (a slot's, or a shared one) may hold; a guest's write past it fails with an error naming it [default: 16MiB].
     #[arg(long = "kv-max-bucket", value_name = "SIZE", value_parser = parse_size)]
     #[serde(default, deserialize_with = "file::size")]
@@ -354,6 +358,9 @@ impl Settings {
         set(&mut c.allow_kv, self.allow_kv);
         if let Some(slots) = self.slots {
             c.slot_rules = slots.into_iter().map(|(p, r)| (p, r.into())).collect();
+        }
+        if let Some(namespaces) = self.namespaces {
+            c.namespaces = namespaces.into_iter().collect();
         }
         set_some(&mut c.cluster.node_name, self.node_name);
         set(&mut c.cluster.lease, self.lease);

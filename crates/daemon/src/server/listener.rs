@@ -68,6 +68,14 @@ pub async fn serve(
     let http_plan = http::plan(&config).map_err(ServeError)?;
     let state_lock = claim_places(&socket_path, &config).await?;
     let spec = StoreSpec::parse(&config.store, &config.state_dir).map_err(ServeError)?;
+    if matches!(spec, StoreSpec::Postgres(_)) && !config.namespaces.is_empty() {
+        return Err(ServeError(
+            "the config file's `namespaces` table is one host's: a cluster's namespaces live \
+             in its database, the same for every node; set them with `host ns add|set` and \
+             remove the `namespaces` table to serve a cluster"
+                .into(),
+        ));
+    }
     if matches!(spec, StoreSpec::Postgres(_)) && !config.slot_rules.is_empty() {
         return Err(ServeError(
             "the config file's `slots` table is one host's: a cluster's rules live in its \
@@ -413,7 +421,8 @@ async fn start_work(
             }
         }
         daemon.controller.set_slot_rules(rules);
-        for (name, settings) in host.store.take_namespaces() {
+        let file = (daemon.config.namespaces.iter()).map(|(n, e)| (n.clone(), e.clone().into()));
+        for (name, settings) in host.store.take_namespaces().into_iter().chain(file) {
             crate::backend::set_namespace(daemon, Ns::named(Some(&name)), Some(settings));
         }
         // A rate-limited slot starts nothing until a period after the

@@ -234,7 +234,8 @@ fn gauge(enc: &mut DescriptorEncoder<'_>, name: &str, help: &str, value: i64) ->
     g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
 }
 
-/// A metric with one label, one series per `(label value, value)`.
+/// A metric with one label, one series per `(label value, value)`; a
+/// namespaced slot's label is `namespace/slot`.
 pub(super) fn labeled(
     enc: &mut DescriptorEncoder<'_>,
     kind: MetricType,
@@ -245,7 +246,8 @@ pub(super) fn labeled(
 ) -> Out {
     let mut family = enc.encode_descriptor(name, help, None, kind)?;
     for (value, n) in series {
-        let labels = [(label, escape(value))];
+        let value = value.replace(crate::service::namespace::SEP, "/");
+        let labels = [(label, escape(&value))];
         let metric = family.encode_family(&labels)?;
         match kind {
             MetricType::Counter => ConstCounter::new(*n).encode(metric)?,

@@ -29,6 +29,8 @@
 //! | `wire.rs` | `/api/wire`: the daemon's own protocol over an upgraded connection |
 //! | `api.rs` | the reads (tasks, a task, slots), cancel, remove, the event stream |
 //! | `verbs.rs` | upload, submit, the outcome's long poll, logs, plugins, version, shutdown |
+//! | `slot_rules.rs` | the slot rules' routes, in the caller's namespace |
+//! | `namespaces.rs` | the namespaces a token reaches; the operator's changes of them |
 //! | `metrics.rs` | `/metrics`: counters from the event bus, gauges at scrape time |
 //! | `slot_metrics.rs` | `/metrics` of flow control per slot: throttled, superseded, rate budgets |
 //! | `dashboard.html` | the page at `/` (embedded, no build step) |
@@ -37,9 +39,11 @@ mod api;
 mod conn;
 mod hosts;
 mod metrics;
+mod namespaces;
 mod openapi;
 mod registry;
 mod slot_metrics;
+mod slot_rules;
 mod tls;
 pub(crate) mod token;
 mod verbs;
@@ -335,10 +339,24 @@ pub(crate) fn start(bound: Bound, daemon: &Arc<Daemon>) -> Server {
         ("get", "/api/tasks/{task}", get(api::task)),
         ("get", "/api/tasks/{task}/logs", get(verbs::logs)),
         ("get", "/api/slots", get(api::slots)),
-        ("get", "/api/namespaces", get(verbs::namespaces)),
-        ("get", "/api/slot-rules", get(verbs::slot_rules)),
-        ("put", "/api/slot-rules", put(verbs::set_slot_rule)),
-        ("delete", "/api/slot-rules", delete(verbs::unset_slot_rule)),
+        ("get", "/api/namespaces", get(namespaces::namespaces)),
+        (
+            "put",
+            "/api/namespaces/{name}",
+            put(namespaces::put_namespace),
+        ),
+        (
+            "delete",
+            "/api/namespaces/{name}",
+            delete(namespaces::delete_namespace),
+        ),
+        ("get", "/api/slot-rules", get(slot_rules::slot_rules)),
+        ("put", "/api/slot-rules", put(slot_rules::set_slot_rule)),
+        (
+            "delete",
+            "/api/slot-rules",
+            delete(slot_rules::unset_slot_rule),
+        ),
         ("get", "/api/events", get(api::events)),
         ("get", "/api/plugins", get(verbs::plugins)),
         ("get", "/api/version", get(verbs::version)),
@@ -538,9 +556,12 @@ fn view_of(http: &Http, credential: &Credential, request: &Request) -> Result<Vi
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|v| !v.is_empty());
-    let operators = request.uri().path() == "/api/shutdown"
-        || (request.method() == axum::http::Method::DELETE
-            && request.uri().path().starts_with("/api/plugins"));
+    let path = request.uri().path();
+    // The metrics count every namespace's work: the operator's.
+    let operators = path == "/metrics"
+        || path == "/api/shutdown"
+        || (request.method() == axum::http::Method::DELETE && path.starts_with("/api/plugins"))
+        || (request.method() != axum::http::Method::GET && path.starts_with("/api/namespaces/"));
     if operators && credential.reach != Reach::Every {
         return Err(Box::new(api::error(
             StatusCode::FORBIDDEN,

@@ -66,6 +66,18 @@ pub(super) const ROUTES: &[Route] = &[
         "The namespaces the token reaches, as `host ns ls --json` (its quotas and use)",
     ),
     route(
+        "put",
+        "/api/namespaces/{name}",
+        Scope::Admin,
+        "Adds or changes a namespace, as `host ns add|set --json` (a token of every namespace)",
+    ),
+    route(
+        "delete",
+        "/api/namespaces/{name}",
+        Scope::Admin,
+        "Removes an empty namespace, as `host ns rm --json` (a token of every namespace)",
+    ),
+    route(
         "get",
         "/api/slot-rules",
         Scope::Read,

@@ -7,8 +7,7 @@ use serde::{Deserialize, Serialize};
 /// The name of the namespace that holds everything nobody put elsewhere.
 pub const DEFAULT_NAMESPACE: &str = "default";
 
-/// The longest namespace name.
-pub const MAX_NAMESPACE_NAME: usize = 63;
+pub use crate::config::{MAX_NAMESPACE_NAME, check_namespace_name as check_name};
 
 /// Which namespace a connection acts in from now on (`--namespace`,
 /// `--all-namespaces`); answered with [`Reply::Done`](super::Reply::Done).
@@ -213,21 +212,27 @@ pub struct NamespaceRow {
     pub usage: Vec<(Quota, u64)>,
 }
 
-/// Checks a namespace's name: 1 to [`MAX_NAMESPACE_NAME`] lowercase
-/// letters, digits and dashes, starting with a letter or a digit.
-pub fn check_name(name: &str) -> Result<(), String> {
-    let fine = !name.is_empty()
-        && name.len() <= MAX_NAMESPACE_NAME
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-');
-    if fine {
-        Ok(())
-    } else {
-        Err(format!(
-            "`{name}` is not a namespace name: 1 to {MAX_NAMESPACE_NAME} lowercase letters, \
-             digits and dashes, starting with a letter or a digit"
-        ))
+impl From<crate::config::NamespaceEntry> for NamespaceSettings {
+    fn from(entry: crate::config::NamespaceEntry) -> Self {
+        let mut quotas: Vec<(Quota, u64)> = [
+            (Quota::Running, entry.max_running),
+            (Quota::Waiting, entry.max_waiting),
+            (Quota::Schedules, entry.max_schedules),
+            (Quota::SubmitRate, entry.max_submit_rate),
+            (Quota::Descendants, entry.max_descendants),
+            (Quota::Memory, entry.memory_ceiling),
+        ]
+        .into_iter()
+        .filter_map(|(q, limit)| limit.map(|l| (q, l)))
+        .collect();
+        quotas.sort();
+        let mut secrets = entry.secrets;
+        secrets.sort();
+        secrets.dedup();
+        Self {
+            weight: entry.weight.unwrap_or(1).max(1),
+            quotas,
+            secrets,
+        }
     }
 }

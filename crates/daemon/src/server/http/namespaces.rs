@@ -1,0 +1,135 @@
+//! Owns the HTTP API's namespaces: `GET /api/namespaces` (the ones the
+//! token reaches, as `host ns ls --json`), and the operator's `PUT` and
+//! `DELETE /api/namespaces/{name}`, as `host ns add|set` and `rm`.
+
+use axum::Extension;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::Http;
+use super::api::{error, failed};
+use crate::backend::{Backend, Namespaced};
+use crate::server::scope::Credential;
+use crate::service::json;
+use crate::wire::protocol::{NamespaceChange, NamespaceVerb, Quota, Request};
+
+/// `GET /api/namespaces`: the namespaces the token reaches, as `host ns
+/// ls --json`.
+pub(super) async fn namespaces(
+    State(http): State<Http>,
+    Extension(credential): Extension<Credential>,
+) -> Response {
+    let verb = NamespaceVerb::List;
+    match Backend::of(&http.daemon)
+        .namespace(verb, &credential.reach)
+        .await
+    {
+        Ok(Namespaced::Rows(rows)) => {
+            Json(Value::Array(rows.iter().map(json::namespace).collect())).into_response()
+        }
+        Ok(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "not a list".into()),
+        Err(answer) => failed(answer),
+    }
+}
+
+/// The body of `PUT /api/namespaces/{name}`: what `host ns add|set`
+/// changes; a quota by its key, `null` to make it unlimited.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NamespaceBody {
+    weight: Option<u32>,
+    #[serde(default)]
+    quotas: std::collections::BTreeMap<String, Option<u64>>,
+    #[serde(default)]
+    allow_secrets: Vec<String>,
+    #[serde(default)]
+    deny_secrets: Vec<String>,
+}
+
+/// `PUT /api/namespaces/{name}`: adds the namespace, or changes it;
+/// answers with it as `host ns add|set --json` prints it. The operator's.
+pub(super) async fn put_namespace(
+    State(http): State<Http>,
+    Extension(credential): Extension<Credential>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    let body: NamespaceBody = if body.is_empty() {
+        NamespaceBody::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(b) => b,
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("the namespace's JSON: {e}"),
+                );
+            }
+        }
+    };
+    let mut quotas = Vec::new();
+    for (key, limit) in body.quotas {
+        match Quota::parse(&key) {
+            Some(quota) => quotas.push((quota, limit)),
+            None => {
+                let keys: Vec<&str> = Quota::ALL.iter().map(|q| q.key()).collect();
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("quotas: `{key}` is not a quota: one of {}", keys.join(", ")),
+                );
+            }
+        }
+    }
+    let change = NamespaceChange {
+        weight: body.weight,
+        quotas,
+        allow_secrets: body.allow_secrets,
+        deny_secrets: body.deny_secrets,
+    };
+    let backend = Backend::of(&http.daemon);
+    let known = matches!(
+        backend.namespace(NamespaceVerb::List, &credential.reach).await,
+        Ok(Namespaced::Rows(rows)) if rows.iter().any(|r| r.name == name)
+    );
+    let verb = if known {
+        NamespaceVerb::Set(name, change)
+    } else {
+        NamespaceVerb::Add(name, change)
+    };
+    verb_answer(&backend, verb, &credential).await
+}
+
+/// `DELETE /api/namespaces/{name}`: removes a namespace that holds no
+/// unfinished task and no schedule; answers with it as it was.
+pub(super) async fn delete_namespace(
+    State(http): State<Http>,
+    Extension(credential): Extension<Credential>,
+    Path(name): Path<String>,
+) -> Response {
+    let backend = Backend::of(&http.daemon);
+    verb_answer(&backend, NamespaceVerb::Remove(name), &credential).await
+}
+
+async fn verb_answer(
+    backend: &Backend<'_>,
+    verb: NamespaceVerb,
+    credential: &Credential,
+) -> Response {
+    let verb = Request::Namespace(verb);
+    if let Err(message) = verb.check() {
+        return error(StatusCode::BAD_REQUEST, message);
+    }
+    let Request::Namespace(verb) = verb else {
+        unreachable!("made as a namespace verb above")
+    };
+    match backend.namespace(verb, &credential.reach).await {
+        Ok(Namespaced::Row(row)) => Json(json::namespace(&row)).into_response(),
+        Ok(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "not a row".into()),
+        Err(answer) => failed(answer),
+    }
+}
