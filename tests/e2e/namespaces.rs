@@ -277,6 +277,32 @@ fn each_quota_refuses_naming_itself_and_leaves_other_namespaces_alone() {
         assert_eq!(d.run(&["-A", "cancel", id]).code, Some(0));
     }
 
+    // Bytes in its buckets: a write over them fails in the guest, naming
+    // the quota; another namespace writes as much.
+    added(&d, &["stored", "--max-kv-bytes", "4KiB"]);
+    let pad = |ns: &str, slot: &str, bytes: &str| {
+        let path = p("counter");
+        let param = format!("pad={bytes}");
+        in_ns(
+            &d,
+            ns,
+            &["submit", &path, "--slot", slot, "--param", &param, "--wait"],
+        )
+    };
+    for slot in ["a", "b"] {
+        let fits = pad("stored", slot, "1500");
+        assert_eq!(fits.code, Some(0), "{fits:?}");
+    }
+    let over = pad("stored", "c", "1500");
+    assert_ne!(over.code, Some(0), "{over:?}");
+    assert!(over.stderr.contains("max-kv-bytes = 4096"), "{over:?}");
+    let elsewhere = pad("timed", "c", "3000");
+    assert_eq!(elsewhere.code, Some(0), "{elsewhere:?}");
+    let ls = json_rows(&d.run(&["ns", "ls", "--json"]));
+    let stored = ls.iter().find(|r| r["name"] == "stored").expect("stored");
+    let used = stored["usage"]["max-kv-bytes"].as_u64().unwrap();
+    assert!((3000..=4096).contains(&used), "{stored}");
+
     // The default namespace and the others go on.
     for _ in 0..3 {
         let out = d.run(&["submit", &p("hello"), "--wait"]);
@@ -677,6 +703,51 @@ fn a_clusters_namespaces_are_every_nodes_and_keep_each_ones_own() {
     assert_eq!(beta["usage"]["max-waiting"], 1, "{beta}");
     let alpha = ls.iter().find(|r| r["name"] == "alpha").expect("alpha");
     assert_eq!(alpha["weight"], 2);
+    // Alpha's buckets are held to its max-kv-bytes across the nodes.
+    let set = n2.run(&["ns", "set", "alpha", "--max-kv-bytes", "4KiB"]);
+    assert_eq!(set.code, Some(0), "{set:?}");
+    // Each node reads the namespaces again every second.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    for via in [&n1, &n2] {
+        while !json_rows(&via.run(&["ns", "ls", "--json"]))
+            .iter()
+            .any(|r| r["name"] == "alpha" && r["quotas"]["max-kv-bytes"] == 4096)
+        {
+            assert!(std::time::Instant::now() < deadline, "the quota never came");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    let counter = p("counter");
+    for (via, slot, code) in [
+        (&n1, "k1", Some(0)),
+        (&n2, "k2", Some(0)),
+        (&n1, "k3", Some(1)),
+    ] {
+        let out = in_ns(
+            via,
+            "alpha",
+            &[
+                "submit", &counter, "--slot", slot, "--param", "pad=1500", "--wait",
+            ],
+        );
+        assert_eq!(out.code, code, "{slot}: {out:?}");
+    }
+    let over = in_ns(
+        &n2,
+        "alpha",
+        &[
+            "submit", &counter, "--slot", "k4", "--param", "pad=1500", "--wait",
+        ],
+    );
+    assert!(over.stderr.contains("max-kv-bytes = 4096"), "{over:?}");
+    let fits = n2.run(&[
+        "submit", &counter, "--slot", "k3", "--param", "pad=3000", "--wait",
+    ]);
+    assert_eq!(
+        fits.code,
+        Some(0),
+        "another namespace writes more: {fits:?}"
+    );
     let unheld = n1.run(&["ns", "set", "alpha", "--max-running", "2"]);
     assert_eq!(
         unheld.code,

@@ -51,6 +51,15 @@ impl Bucket {
         }
     }
 
+    /// The scope its name is in: the part before
+    /// [`SCOPE_SEPARATOR`](taskhost_core::slot_settings::SCOPE_SEPARATOR),
+    /// `""` if it has none.
+    pub fn scope_name(&self) -> &str {
+        let (Self::Slot(name) | Self::Shared(name)) = self;
+        name.split_once(taskhost_core::slot_settings::SCOPE_SEPARATOR)
+            .map_or("", |(scope, _)| scope)
+    }
+
     /// The bucket a [`scope`](Self::scope) string names.
     pub fn from_scope(scope: &str) -> Option<Self> {
         if let Some(name) = scope.strip_prefix("slot:") {
@@ -190,7 +199,70 @@ struct BucketData {
 #[derive(Default)]
 struct Buckets {
     total: u64,
+    /// The bytes of each scope's buckets (see [`Bucket::scope_name`]).
+    scopes: std::collections::HashMap<String, u64>,
     buckets: BTreeMap<Bucket, BucketData>,
+}
+
+impl Buckets {
+    /// Counts `old` bytes of `bucket` replaced by `new`.
+    fn count(&mut self, bucket: &Bucket, old: u64, new: u64) {
+        self.total = self.total - old + new;
+        let scope = self
+            .scopes
+            .entry(bucket.scope_name().to_owned())
+            .or_default();
+        *scope = *scope - old + new;
+        if *scope == 0 {
+            self.scopes.remove(bucket.scope_name());
+        }
+    }
+}
+
+/// The quota on the bytes of one scope's buckets: an embedder's namespace,
+/// its name before
+/// [`SCOPE_SEPARATOR`](taskhost_core::slot_settings::SCOPE_SEPARATOR) in a
+/// bucket's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopeQuota {
+    /// Bytes the scope's buckets may hold together.
+    pub bytes: u64,
+    /// What a write over it is told after the bytes it would bring, such
+    /// as `over namespace `alpha`'s quota … (raise it with …)`.
+    pub refusal: String,
+}
+
+/// The scopes' quotas on their buckets' bytes, shared by the buckets and
+/// whoever sets them.
+#[derive(Debug, Default)]
+pub struct ScopeQuotas(Mutex<std::collections::HashMap<String, ScopeQuota>>);
+
+impl ScopeQuotas {
+    /// Sets (`Some`) or lifts the quota of `scope` (`""`: buckets without one).
+    pub fn set(&self, scope: &str, quota: Option<ScopeQuota>) {
+        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match quota {
+            Some(quota) => map.insert(scope.to_owned(), quota),
+            None => map.remove(scope),
+        };
+    }
+
+    /// The quota of `scope`, if it has one.
+    pub fn get(&self, scope: &str) -> Option<ScopeQuota> {
+        let map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        map.get(scope).cloned()
+    }
+
+    /// Refuses `bytes` in `scope`'s buckets over its quota.
+    pub fn check(&self, scope: &str, bytes: u64) -> Result<(), KvError> {
+        match self.get(scope) {
+            Some(quota) if bytes > quota.bytes => Err(KvError(format!(
+                "the write would bring the buckets to {bytes} bytes, {}",
+                quota.refusal
+            ))),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Every bucket in memory, bounded by its limits; with a journal, each
@@ -201,6 +273,8 @@ pub struct MemoryKv {
     journal: std::sync::OnceLock<KvJournal>,
     /// How to raise the limits, for the error that names one.
     fix: String,
+    /// The scopes' quotas.
+    quotas: Arc<ScopeQuotas>,
 }
 
 impl std::fmt::Debug for MemoryKv {
@@ -225,7 +299,21 @@ impl MemoryKv {
             data: Mutex::default(),
             journal: std::sync::OnceLock::new(),
             fix: fix.into(),
+            quotas: Arc::default(),
         }
+    }
+
+    /// The same, each scope's buckets held to its quota in `quotas`.
+    pub fn with_quotas(limits: KvLimits, fix: impl Into<String>, quotas: Arc<ScopeQuotas>) -> Self {
+        Self {
+            quotas,
+            ..Self::new(limits, fix)
+        }
+    }
+
+    /// The bytes the buckets of `scope` hold together.
+    pub fn scope_bytes(&self, scope: &str) -> u64 {
+        self.lock().scopes.get(scope).copied().unwrap_or(0)
     }
 
     /// Keeps every later write with `journal` before it is answered (once:
@@ -240,13 +328,11 @@ impl MemoryKv {
         let mut data = self.lock();
         for (bucket, key, value) in records {
             let added = size(&key, &value);
-            let entry = data.buckets.entry(bucket).or_default();
+            let entry = data.buckets.entry(bucket.clone()).or_default();
             entry.bytes += added;
-            if let Some(old) = entry.entries.insert(key.clone(), value) {
-                entry.bytes -= size(&key, &old);
-                data.total -= size(&key, &old);
-            }
-            data.total += added;
+            let old = (entry.entries.insert(key.clone(), value)).map_or(0, |old| size(&key, &old));
+            entry.bytes -= old;
+            data.count(&bucket, old, added);
         }
     }
 
@@ -358,6 +444,9 @@ impl MemoryKv {
                     self.fix
                 )));
             }
+            let scope = bucket.scope_name();
+            let held = data.scopes.get(scope).copied().unwrap_or(0);
+            self.quotas.check(scope, held + grow)?;
         }
         let kept = self.journal.get().map(|journal| {
             journal(KvRecord {
@@ -366,7 +455,7 @@ impl MemoryKv {
                 value: value.clone(),
             })
         });
-        data.total = data.total - old + new;
+        data.count(bucket, old, new);
         let entry = data.buckets.entry(bucket.clone()).or_default();
         entry.bytes = entry.bytes - old + new;
         match value {

@@ -77,7 +77,7 @@ pub use failure::AttemptError;
 pub use grant_error::GrantError;
 pub use http::{DEFAULT_HTTP_CONNECT_TIMEOUT, DEFAULT_HTTP_FIRST_BYTE_TIMEOUT};
 pub use http_grant::{HttpAllow, HttpScheme};
-pub use kv::{Bucket, KvBackend, KvError, KvLimits, MemoryKv};
+pub use kv::{Bucket, KvBackend, KvError, KvLimits, MemoryKv, ScopeQuota, ScopeQuotas};
 pub use limits::{
     DEFAULT_MAX_HANDLES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_HTTP_REQUESTS,
     DEFAULT_MAX_OPEN_FILES, GuestLimits, LimitError,

@@ -159,10 +159,11 @@ impl Backend<'_> {
     /// What `ns` uses now of each counted quota.
     async fn usage(&self, ns: &Ns) -> Result<Vec<(Quota, u64)>, ServiceError> {
         let daemon = self.daemon();
-        let (running, unfinished, schedules) = match &self.kind {
-            Kind::Local(_) => {
+        let (running, unfinished, schedules, kv) = match &self.kind {
+            Kind::Local(local) => {
                 let (running, unfinished) = counts(daemon, ns);
-                (running, unfinished, schedules_of(daemon, ns))
+                let kv = local.host.kv.scope_bytes(&ns.share().unwrap_or_default());
+                (running, unfinished, schedules_of(daemon, ns), kv)
             }
             Kind::Shared(shared) => {
                 let name = (!ns.is_default()).then(|| ns.name());
@@ -172,13 +173,16 @@ impl Backend<'_> {
                     .namespace_use(name)
                     .await
                     .map_err(ServiceError::Store)?;
-                (used.running, used.unfinished, used.schedules)
+                let kv = (shared.cluster.pg.namespace_kv_bytes(name).await)
+                    .map_err(ServiceError::Store)?;
+                (used.running, used.unfinished, used.schedules, kv)
             }
         };
         Ok(vec![
             (Quota::Running, running),
             (Quota::Waiting, unfinished.saturating_sub(running)),
             (Quota::Schedules, schedules),
+            (Quota::KvBytes, kv),
         ])
     }
 

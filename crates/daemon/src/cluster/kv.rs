@@ -5,8 +5,8 @@
 use std::sync::{Arc, OnceLock};
 
 use taskhost_core::supervisor::TaskId;
-use taskhost_runtime::KvLimits;
 use taskhost_runtime::kv::{Bucket, KvBackend, KvError, KvFuture, KvWrite};
+use taskhost_runtime::{KvLimits, ScopeQuotas};
 
 use crate::cluster::Cluster;
 use crate::service::error::ServiceError;
@@ -20,14 +20,18 @@ use crate::wire::protocol::{KvRow, KvVerb};
 pub(crate) struct ClusterKv {
     cluster: Arc<OnceLock<Arc<Cluster>>>,
     limits: KvLimits,
+    /// The namespaces' quotas on their buckets' bytes.
+    quotas: Arc<ScopeQuotas>,
 }
 
 impl ClusterKv {
-    /// The buckets under these limits, before the node joins.
-    pub(crate) fn new(limits: KvLimits) -> Self {
+    /// The buckets under these limits and the namespaces' `quotas`,
+    /// before the node joins.
+    pub(crate) fn new(limits: KvLimits, quotas: Arc<ScopeQuotas>) -> Self {
         Self {
             cluster: Arc::default(),
             limits,
+            quotas,
         }
     }
 
@@ -85,7 +89,13 @@ impl KvBackend for ClusterKv {
             let written = loop {
                 let written = cluster
                     .pg
-                    .kv_write(Some((id, token)), &bucket, write.clone(), this.limits)
+                    .kv_write(
+                        Some((id, token)),
+                        &bucket,
+                        write.clone(),
+                        this.limits,
+                        this.quotas.get(bucket.scope_name()),
+                    )
                     .await;
                 match &written {
                     Err(KvRefused::Store(e))
@@ -154,7 +164,7 @@ pub(crate) async fn answer_shared(
             let old = cluster.pg.kv_get(&bucket, &key).await.map_err(internal)?;
             cluster
                 .pg
-                .kv_write(None, &bucket, KvWrite::Delete(key), limits)
+                .kv_write(None, &bucket, KvWrite::Delete(key), limits, None)
                 .await
                 .map_err(|e| match e {
                     KvRefused::Fenced => ServiceError::Internal("fenced".into()),

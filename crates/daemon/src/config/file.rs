@@ -104,8 +104,8 @@ impl From<SlotRule> for taskhost_core::slot_settings::SlotSettings {
 
 /// A namespace of the `namespaces` table: its `weight`, its quotas by
 /// their keys (`max_running`, `max_waiting`, `max_schedules`,
-/// `max_submit_rate`, `max_descendants`; `memory_ceiling` as a size such
-/// as `"256MiB"`), and the daemon's `secrets` it may name.
+/// `max_submit_rate`, `max_descendants`; `memory_ceiling` and
+/// `max_kv_bytes` as sizes such as `"256MiB"`), and the daemon's `secrets` it may name.
 #[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NamespaceEntry {
@@ -123,6 +123,8 @@ pub struct NamespaceEntry {
     pub(crate) max_descendants: Option<u64>,
     #[serde(default, deserialize_with = "size")]
     pub(crate) memory_ceiling: Option<u64>,
+    #[serde(default, deserialize_with = "size")]
+    pub(crate) max_kv_bytes: Option<u64>,
     #[serde(default)]
     pub(crate) secrets: Vec<String>,
 }

@@ -152,7 +152,7 @@ pub struct Settings {
     #[arg(skip)]
     #[serde(default)]
     pub slots: Option<BTreeMap<String, file::SlotRule>>,
-    /// The namespaces the daemon starts with (the file's `namespaces` table only, such as `[namespaces.alpha]` with `weight = 2`, `max_running`, `max_waiting`, `max_schedules`, `max_submit_rate`, `max_descendants`, `memory_ceiling = "256MiB"`, `secrets = ["DEPLOY_KEY"]`); each replaces the stored namespace of its name at every start. One host's: a cluster's live in its database (`host ns`).
+    /// The namespaces the daemon starts with (the file's `namespaces` table only, such as `[namespaces.alpha]` with `weight = 2`, `max_running`, `max_waiting`, `max_schedules`, `max_submit_rate`, `max_descendants`, `memory_ceiling = "256MiB"`, `max_kv_bytes = "16MiB"`, `secrets = ["DEPLOY_KEY"]`); each replaces the stored namespace of its name at every start. One host's: a cluster's live in its database (`host ns`).
     #[arg(skip)]
     #[serde(default)]
     pub namespaces: Option<BTreeMap<String, file::NamespaceEntry>>,

@@ -19,7 +19,7 @@ use taskhost_core::supervisor::{ShutdownReport, Supervisor};
 use taskhost_core::units::format_duration;
 use taskhost_runtime::kv::KvBackend;
 use taskhost_runtime::{
-    DEFAULT_POOL_INSTANCES, KvLimits, MemoryKv, POOL_RESERVE, Runtime, RuntimeConfig,
+    DEFAULT_POOL_INSTANCES, KvLimits, MemoryKv, POOL_RESERVE, Runtime, RuntimeConfig, ScopeQuotas,
 };
 
 use crate::backend::OneHost;
@@ -117,7 +117,9 @@ pub async fn serve(
         shutdown_requested: AtomicBool::new(false),
         recording: Default::default(),
         trees: guests.children.trees(),
-        namespaces: Default::default(),
+        namespaces: crate::service::namespace::Namespaces::with_kv_quotas(Arc::clone(
+            &guests.kv_quotas,
+        )),
         stop,
         closed: watch::channel(false).0,
     });
@@ -196,6 +198,8 @@ async fn claim_places(socket_path: &Path, config: &DaemonConfig) -> Result<State
 /// its database) and child tasks.
 struct GuestServices {
     kv: Arc<MemoryKv>,
+    /// The namespaces' quotas on their buckets' bytes.
+    kv_quotas: Arc<ScopeQuotas>,
     cluster_kv: ClusterKv,
     children: Children,
 }
@@ -206,9 +210,11 @@ impl GuestServices {
             max_bucket_bytes: config.kv_max_bucket,
             max_total_bytes: config.kv_max_total,
         };
+        let kv_quotas = Arc::<ScopeQuotas>::default();
         Self {
-            kv: crate::service::kv::buckets(limits),
-            cluster_kv: ClusterKv::new(limits),
+            kv: crate::service::kv::buckets(limits, Arc::clone(&kv_quotas)),
+            cluster_kv: ClusterKv::new(limits, Arc::clone(&kv_quotas)),
+            kv_quotas,
             children: Children::new(Trees::default()),
         }
     }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use taskhost_runtime::kv::{Bucket, KvError, KvFuture, KvRecord, KvWrite};
-use taskhost_runtime::{KvLimits, MemoryKv};
+use taskhost_runtime::{KvLimits, MemoryKv, ScopeQuotas};
 
 use crate::service::error::ServiceError;
 use crate::store::Store;
@@ -15,9 +15,10 @@ use crate::wire::protocol::{KvRow, KvTarget, KvVerb};
 /// How to raise a limit, for the error that names it.
 const RAISE: &str = "its operator can raise it with host serve --kv-max-bucket or --kv-max-total";
 
-/// The buckets of a daemon with these limits, empty.
-pub(crate) fn buckets(limits: KvLimits) -> Arc<MemoryKv> {
-    Arc::new(MemoryKv::new(limits, RAISE))
+/// The buckets of a daemon with these limits and its namespaces'
+/// `quotas`, empty.
+pub(crate) fn buckets(limits: KvLimits, quotas: Arc<ScopeQuotas>) -> Arc<MemoryKv> {
+    Arc::new(MemoryKv::with_quotas(limits, RAISE, quotas))
 }
 
 /// Puts back what `store` kept and keeps every later write in it before it

@@ -198,6 +198,8 @@ impl View {
 #[derive(Debug)]
 pub(crate) struct Namespaces {
     inner: RwLock<BTreeMap<Ns, Arc<Entry>>>,
+    /// Each namespace's `max-kv-bytes`, as its guests' buckets hold it.
+    kv: Arc<taskhost_runtime::ScopeQuotas>,
 }
 
 impl Default for Namespaces {
@@ -233,6 +235,16 @@ impl Namespaces {
         }
         Namespaces {
             inner: RwLock::new(map),
+            kv: Arc::default(),
+        }
+    }
+
+    /// No namespace but the default one; their `max-kv-bytes` set in `kv`,
+    /// the quotas the guests' buckets hold.
+    pub(crate) fn with_kv_quotas(kv: Arc<taskhost_runtime::ScopeQuotas>) -> Namespaces {
+        Namespaces {
+            kv,
+            ..Namespaces::default()
         }
     }
 
@@ -288,6 +300,22 @@ impl Namespaces {
 
     /// Sets (`Some`) or removes `ns`.
     pub(crate) fn put(&self, ns: Ns, settings: Option<NamespaceSettings>) {
+        let scope = ns.share().unwrap_or_default();
+        let kv = settings.as_ref().and_then(|s| s.limit(Quota::KvBytes));
+        self.kv.set(
+            &scope,
+            kv.map(|bytes| taskhost_runtime::ScopeQuota {
+                bytes,
+                refusal: format!(
+                    "over namespace `{}`'s quota {} = {bytes}; its operator can raise it \
+                     with `host ns set {} --{} SIZE`",
+                    ns.name(),
+                    Quota::KvBytes.key(),
+                    ns.name(),
+                    Quota::KvBytes.key()
+                ),
+            }),
+        );
         let mut map = self.inner.write().unwrap_or_else(PoisonError::into_inner);
         match settings {
             Some(settings) => {

@@ -62,6 +62,9 @@ struct ChangeArgs {
     /// Submissions per second, with a burst of one second's worth; over it a submission is refused (exit 3) [default: none].
     #[arg(long, value_name = "N|none")]
     max_submit_rate: Option<Limit>,
+    /// Bytes its guests' key-value buckets (slots' and shared) may hold together, keys and values counted; a write over it fails in the guest, naming it [default: none].
+    #[arg(long, value_name = "SIZE|none")]
+    max_kv_bytes: Option<SizeLimit>,
     /// The most memory one attempt may ask for (--max-memory); a submission without one gets the daemon's max_memory or this, whichever is less [default: the daemon's memory ceiling].
     #[arg(long, value_name = "SIZE|none")]
     memory_ceiling: Option<SizeLimit>,
@@ -148,8 +151,13 @@ impl ChangeArgs {
                 quotas.push((quota, limit));
             }
         }
-        if let Some(SizeLimit(limit)) = self.memory_ceiling {
-            quotas.push((Quota::Memory, limit));
+        for (quota, limit) in [
+            (Quota::KvBytes, self.max_kv_bytes),
+            (Quota::Memory, self.memory_ceiling),
+        ] {
+            if let Some(SizeLimit(limit)) = limit {
+                quotas.push((quota, limit));
+            }
         }
         NamespaceChange {
             weight: self.weight,

@@ -5,7 +5,9 @@
 //! bucket's and the cluster's limits; reads without a lock; and the verbs
 //! of `host kv`.
 
+use taskhost_core::slot_settings::SCOPE_SEPARATOR;
 use taskhost_core::supervisor::TaskId;
+use taskhost_runtime::ScopeQuota;
 use taskhost_runtime::kv::{Bucket, KvLimits, KvWrite, MAX_KV_KEY, MAX_KV_VALUE, incremented};
 
 use super::{Pg, all, db, opt, sql_id};
@@ -112,14 +114,16 @@ impl Pg {
     }
 
     /// Applies one write of task `task`'s attempt under its fencing token
-    /// `token` (`None`: the operator's `host kv rm`, unfenced); an
-    /// increment gives the new number.
+    /// `token` (`None`: the operator's `host kv rm`, unfenced), within
+    /// `limits` and its namespace's `quota`; an increment gives the new
+    /// number.
     pub(crate) async fn kv_write(
         &self,
         task: Option<(TaskId, i64)>,
         bucket: &Bucket,
         write: KvWrite,
         limits: KvLimits,
+        quota: Option<ScopeQuota>,
     ) -> Result<Option<u64>, KvRefused> {
         let key = match &write {
             KvWrite::Set(k, _) | KvWrite::Delete(k) | KvWrite::Increment(k, _) => k.clone(),
@@ -194,6 +198,16 @@ impl Pg {
                     limits.max_bucket_bytes
                 )));
             }
+            if let Some(quota) = quota {
+                let held = scope_bytes(&tx, bucket.scope_name()).await?;
+                let bytes = u64::try_from(held - old + new).unwrap_or(0);
+                if bytes > quota.bytes {
+                    return Err(KvRefused::Guest(format!(
+                        "the write would bring the buckets to {bytes} bytes, {}",
+                        quota.refusal
+                    )));
+                }
+            }
         }
         if new != old {
             let total: i64 = opt(
@@ -234,5 +248,34 @@ impl Pg {
         }
         tx.commit().await.map_err(db("cannot commit a write"))?;
         Ok(number)
+    }
+}
+
+/// The bytes the buckets of namespace `scope` hold together (`""`: the
+/// default namespace's, whose names have no separator).
+async fn scope_bytes(
+    client: &impl deadpool_postgres::GenericClient,
+    scope: &str,
+) -> Result<i64, StoreError> {
+    let slots = format!("slot:{scope}{SCOPE_SEPARATOR}");
+    let shared = format!("shared:{scope}{SCOPE_SEPARATOR}");
+    Ok(opt(
+        client,
+        "cannot size a namespace's buckets",
+        "SELECT coalesce(sum(length(key) + length(value)), 0)::bigint FROM taskhost_kv \
+         WHERE CASE WHEN $1 = '' THEN strpos(scope, chr(31)) = 0 \
+         ELSE starts_with(scope, $2) OR starts_with(scope, $3) END",
+        &[&scope, &slots, &shared],
+    )
+    .await?
+    .map_or(0, |r| r.get(0)))
+}
+
+impl Pg {
+    /// The bytes the buckets of namespace `name` (`None`: the default
+    /// one) hold together.
+    pub(crate) async fn namespace_kv_bytes(&self, name: Option<&str>) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        Ok(scope_bytes(&client, name.unwrap_or("")).await?.max(0) as u64)
     }
 }

@@ -33,7 +33,8 @@ pub enum Quota {
     Waiting,
     /// Schedules.
     Schedules,
-    /// Bytes in its guests' key-value buckets.
+    /// Bytes in its guests' key-value buckets (slots' and shared): a write
+    /// over it is refused to the guest.
     KvBytes,
     /// Submissions per second (a burst of one second's worth).
     SubmitRate,
@@ -73,20 +74,6 @@ impl Quota {
         Self::ALL
             .into_iter()
             .find(|q| q.key() == key || q.key().replace('-', "_") == key)
-    }
-
-    /// Whether this version holds a namespace to it (the others are only
-    /// counted, or not yet).
-    pub fn is_enforced(self) -> bool {
-        matches!(
-            self,
-            Quota::Running
-                | Quota::Waiting
-                | Quota::Schedules
-                | Quota::SubmitRate
-                | Quota::Memory
-                | Quota::Descendants
-        )
     }
 
     /// Whether its values are bytes (shown and parsed as sizes).
@@ -164,21 +151,10 @@ pub struct NamespaceChange {
 }
 
 impl NamespaceChange {
-    /// Refuses the quotas this version does not hold a namespace to yet,
-    /// and secret names that are not names.
+    /// Refuses secret names that are not names.
     pub fn check(&self) -> Result<(), String> {
         for name in self.allow_secrets.iter().chain(&self.deny_secrets) {
             taskhost_runtime::check_secret_name(name).map_err(|e| e.to_string())?;
-        }
-        for (quota, limit) in &self.quotas {
-            if limit.is_some() && !quota.is_enforced() {
-                return Err(format!(
-                    "the quota {} is not held in this version: set --max-running, \
-                     --max-waiting, --max-schedules, --max-submit-rate, --memory-ceiling or \
-                     --max-descendants",
-                    quota.key()
-                ));
-            }
         }
         Ok(())
     }
@@ -220,6 +196,7 @@ impl From<crate::config::NamespaceEntry> for NamespaceSettings {
             (Quota::Schedules, entry.max_schedules),
             (Quota::SubmitRate, entry.max_submit_rate),
             (Quota::Descendants, entry.max_descendants),
+            (Quota::KvBytes, entry.max_kv_bytes),
             (Quota::Memory, entry.memory_ceiling),
         ]
         .into_iter()
