@@ -907,3 +907,95 @@ fn the_config_file_and_the_api_set_namespaces_and_a_bad_one_is_refused_naming_it
         assert!(out.stderr.contains(named), "{text}: {}", out.stderr);
     }
 }
+
+#[test]
+fn a_namespace_lists_the_plugins_its_own_tasks_use_with_its_own_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "submit alpha-token alpha\nadmin root-token *\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let d = Daemon::start(&[
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        tokens.to_str().unwrap(),
+    ]);
+    added(&d, &["alpha"]);
+    added(&d, &["beta"]);
+    let run = |ns: &str, plugin: &str| {
+        let path = p(plugin);
+        let out = in_ns(&d, ns, &["submit", &path, "--param", "ms=1", "--wait"]);
+        assert_eq!(out.code, Some(0), "{ns} {plugin}: {out:?}");
+    };
+    run("alpha", "hello");
+    run("alpha", "sleeper");
+    run("beta", "counter");
+    run("beta", "sleeper");
+    run("beta", "sleeper");
+    // Stored by the operator, used by nobody: the default namespace's
+    // listing shows it, as it did before namespaces.
+    let port = http::http_port(&d);
+    let bytes = std::fs::read(common::plugin("chatty")).unwrap();
+    let digest = {
+        use sha2::Digest as _;
+        sha2::Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let put = http::request_bytes(
+        port,
+        "PUT",
+        &format!("/api/plugins/{digest}"),
+        &[("Authorization", "Bearer root-token")],
+        &bytes,
+    );
+    assert_eq!(put.status, 200, "{}", put.body);
+    let listed = |rows: Vec<Value>| -> Vec<(String, u64)> {
+        let mut named: Vec<(String, u64)> = rows
+            .iter()
+            .map(|r| {
+                let name = r["name"].as_str().unwrap_or("?").to_owned();
+                (name, r["finished"].as_u64().unwrap())
+            })
+            .collect();
+        named.sort();
+        named
+    };
+    let plugins = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["plugins", "ls", "--json"]);
+        listed(json_rows(&d.run(&all)))
+    };
+    let own = |name: &str, n: u64| (name.to_owned(), n);
+    assert_eq!(
+        plugins(&["-n", "alpha"]),
+        [own("hello", 1), own("sleeper", 1)]
+    );
+    assert_eq!(
+        plugins(&["-n", "beta"]),
+        [own("counter", 1), own("sleeper", 2)]
+    );
+    assert_eq!(plugins(&[]), [own("chatty", 0)]);
+    assert_eq!(
+        plugins(&["-A"]),
+        [
+            own("chatty", 0),
+            own("counter", 1),
+            own("hello", 1),
+            own("sleeper", 3)
+        ]
+    );
+    // The JSON API lists by the token's namespace alike.
+    let get = http::request(
+        port,
+        "GET",
+        "/api/plugins",
+        &[("Authorization", "Bearer alpha-token")],
+        "",
+    );
+    assert_eq!(get.status, 200, "{}", get.body);
+    let rows: Vec<Value> = serde_json::from_str(&get.body).unwrap();
+    assert_eq!(listed(rows), [own("hello", 1), own("sleeper", 1)]);
+}

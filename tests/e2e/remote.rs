@@ -597,7 +597,9 @@ fn a_plain_http_client_uploads_submits_and_long_polls_the_outcome() {
     );
     assert_eq!(again.json()["stored"], false, "a no-op when present");
     let wrong = http::request_bytes(port, "PUT", &format!("/api/plugins/{digest}"), &auth, b"x");
-    assert_eq!(wrong.status, 200, "present: a no-op, whatever the body");
+    // Present or not, the body must be the plugin: only who holds it
+    // learns that it is stored.
+    assert_eq!(wrong.status, 400, "{}", wrong.body);
     let other = sha256_hex(b"not a plugin");
     let bad = http::request_bytes(port, "PUT", &format!("/api/plugins/{other}"), &auth, b"x");
     assert_eq!(bad.status, 400, "{}", bad.body);

@@ -291,16 +291,34 @@ impl<'a> Backend<'a> {
         }
     }
 
-    /// The stored plugins, as `host plugins ls` shows them.
+    /// The stored plugins as `host plugins ls` lists them: to an operator
+    /// seeing every namespace, all of them; to a namespace, those its tasks
+    /// and schedules use, with its own counts (the default namespace also
+    /// sees those nobody uses, as before namespaces).
     pub(crate) async fn plugin_rows(&self) -> Vec<crate::wire::protocol::PluginRow> {
         let daemon = Arc::clone(self.daemon());
+        let view = self.view.clone();
         tokio::task::spawn_blocking(move || {
             let users = daemon.plugin_users();
-            daemon.plugins.list(&crate::service::plugins::refs(
-                users.store,
-                users.tasks,
-                users.schedules,
-            ))
+            let refs = |only| {
+                crate::service::plugins::refs(users.store, users.tasks, users.schedules, only)
+            };
+            let every = refs(None);
+            let rows = daemon.plugins.list(&every);
+            if view.all {
+                return rows;
+            }
+            let own = refs(Some(&view.acting));
+            let unused_to_all = view.acting.is_default();
+            rows.into_iter()
+                .filter_map(|mut row| match own.get(&row.digest) {
+                    Some(used) => {
+                        (row.unfinished, row.finished) = (used.unfinished, used.finished);
+                        Some(row)
+                    }
+                    None => (unused_to_all && !every.contains_key(&row.digest)).then_some(row),
+                })
+                .collect()
         })
         .await
         .unwrap_or_default()

@@ -202,9 +202,14 @@ struct Due {
 
 impl crate::service::plugins::Holders for Schedules {
     /// How many schedules use each plugin.
-    fn plugins(&self) -> HashMap<taskhost_runtime::Digest, u64> {
+    fn plugins(
+        &self,
+        only: Option<&crate::service::namespace::Ns>,
+    ) -> HashMap<taskhost_runtime::Digest, u64> {
         let mut used = HashMap::new();
-        for entry in self.lock().entries.values() {
+        let table = self.lock();
+        let entries = table.entries.values();
+        for entry in entries.filter(|e| only.is_none_or(|ns| ns.owns(&e.spec.name))) {
             *used.entry(entry.spec.request.plugin).or_default() += 1;
         }
         used

@@ -21,6 +21,7 @@ use std::time::{Duration, SystemTime};
 use taskhost_runtime::{Digest, Plugin, Runtime};
 
 use crate::service::error::ServiceError;
+use crate::service::namespace::Ns;
 use crate::service::tasks::Tasks;
 use crate::store::{PluginRefs, Store, now_ms};
 use crate::wire::protocol::PluginRow;
@@ -233,16 +234,18 @@ pub(crate) fn refs(
     store: Option<&Store>,
     tasks: &Tasks,
     schedules: Option<&dyn Holders>,
+    only: Option<&Ns>,
 ) -> HashMap<Digest, PluginRefs> {
-    let mut refs = store.map(Store::plugin_refs).unwrap_or_default();
+    let name = only.map(|ns| ns.share().unwrap_or_default());
+    let mut refs = (store.map(|s| s.plugin_refs(name.as_deref()))).unwrap_or_default();
     // A schedule holds its plugin as an unfinished task does: its next
     // firing needs it.
-    for (digest, n) in schedules.map(|s| s.plugins()).unwrap_or_default() {
+    for (digest, n) in schedules.map(|s| s.plugins(only)).unwrap_or_default() {
         let entry = refs.entry(digest).or_default();
         entry.unfinished += n;
     }
     let durable = store.is_some_and(Store::is_durable);
-    for (digest, memory) in tasks.plugin_refs() {
+    for (digest, memory) in tasks.plugin_refs(only) {
         let entry = refs.entry(digest).or_default();
         entry.name = entry.name.take().or(memory.name);
         entry.unfinished = entry.unfinished.max(memory.unfinished);
@@ -256,7 +259,8 @@ pub(crate) fn refs(
 /// Who else holds plugins than tasks (one host's schedules): how many of
 /// them hold each.
 pub(crate) trait Holders {
-    fn plugins(&self) -> HashMap<Digest, u64>;
+    /// `only` those of that namespace.
+    fn plugins(&self, only: Option<&Ns>) -> HashMap<Digest, u64>;
 }
 
 /// What removing plugins reads and holds: the plugins, who uses them, and
@@ -287,7 +291,7 @@ pub(crate) fn remove(
         .admission
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let refs = refs(users.store, users.tasks, users.schedules);
+    let refs = refs(users.store, users.tasks, users.schedules, None);
     let rows = users.plugins.list(&refs);
     let chosen: Vec<PluginRow> = match prefix {
         Some(prefix) => {

@@ -310,10 +310,14 @@ impl Tasks {
 
     /// For each plugin the remembered tasks use: how many are live and how
     /// many finished.
-    pub(crate) fn plugin_refs(&self) -> HashMap<Digest, PluginRefs> {
+    pub(crate) fn plugin_refs(
+        &self,
+        only: Option<&crate::service::namespace::Ns>,
+    ) -> HashMap<Digest, PluginRefs> {
         let inner = self.lock();
         let mut refs: HashMap<Digest, PluginRefs> = HashMap::new();
-        for record in inner.by_id.values() {
+        let records = inner.by_id.values();
+        for record in records.filter(|r| only.is_none_or(|ns| ns.owns(&r.name))) {
             let entry = refs.entry(record.digest).or_default();
             entry.name.get_or_insert_with(|| record.plugin.clone());
             if record.outcome.get().is_some() {

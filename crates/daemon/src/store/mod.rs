@@ -752,16 +752,17 @@ impl Store {
 }
 
 impl Store {
-    /// For each plugin the stored tasks use, how many are unfinished and
-    /// how many finished (empty for the memory backend).
-    pub fn plugin_refs(&self) -> HashMap<Digest, PluginRefs> {
+    /// For each plugin the stored tasks use (`only` those of that
+    /// namespace: `""` the default one's), how many are unfinished and how
+    /// many finished (empty for the memory backend).
+    pub fn plugin_refs(&self, only: Option<&str>) -> HashMap<Digest, PluginRefs> {
         let Some(reader) = self.inner.reader.as_ref() else {
             return HashMap::new();
         };
         reader
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .plugin_refs()
+            .plugin_refs(only)
     }
 }
 

@@ -64,10 +64,7 @@ pub(super) async fn put_plugin(
             );
         }
     };
-    let backend = Backend::of(&http.daemon);
-    if backend.has_plugin(&digest).await {
-        return Json(json!({ "digest": digest.to_string(), "stored": false })).into_response();
-    }
+    // The bytes first: only who holds a plugin learns that it is stored.
     let actual = Digest::of(&body);
     if actual != digest {
         return error(
@@ -76,6 +73,10 @@ pub(super) async fn put_plugin(
                 "the body's SHA-256 is {actual}, not {digest}: upload the plugin's own bytes to its digest"
             ),
         );
+    }
+    let backend = Backend::of(&http.daemon);
+    if backend.has_plugin(&digest).await {
+        return Json(json!({ "digest": digest.to_string(), "stored": false })).into_response();
     }
     match backend.upload(digest, body.to_vec()).await {
         Ok(name) => Json(json!({ "digest": digest.to_string(), "name": name, "stored": true }))
@@ -595,8 +596,11 @@ pub(super) async fn logs(
 }
 
 /// `GET /api/plugins`: the rows of `host plugins ls --json`.
-pub(super) async fn plugins(State(http): State<Http>) -> Response {
-    let rows = Backend::of(&http.daemon).plugin_rows().await;
+pub(super) async fn plugins(
+    State(http): State<Http>,
+    Extension(view): Extension<View>,
+) -> Response {
+    let rows = Backend::within(&http.daemon, view).plugin_rows().await;
     Json(Value::Array(rows.iter().map(json::plugin_row).collect())).into_response()
 }
 

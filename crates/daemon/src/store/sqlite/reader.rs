@@ -112,13 +112,16 @@ impl Reader {
     }
 
     /// The newest finished tasks (without their logs), oldest first.
-    pub(in crate::store) fn plugin_refs(&self) -> HashMap<Digest, PluginRefs> {
+    pub(in crate::store) fn plugin_refs(&self, only: Option<&str>) -> HashMap<Digest, PluginRefs> {
         let read = || -> rusqlite::Result<HashMap<Digest, PluginRefs>> {
+            // A task's namespace is its name's part before the separator
+            // ('' for the default one's).
             let mut stmt = self.conn.prepare_cached(
                 "SELECT digest, max(plugin), sum(state <> 'finished'), sum(state = 'finished') \
-                 FROM tasks GROUP BY digest",
+                 FROM tasks WHERE ?1 IS NULL OR ?1 = CASE WHEN instr(name, char(31)) = 0 \
+                 THEN '' ELSE substr(name, 1, instr(name, char(31)) - 1) END GROUP BY digest",
             )?;
-            let rows = stmt.query_map([], |r| {
+            let rows = stmt.query_map([only], |r| {
                 Ok((
                     r.get::<_, Vec<u8>>(0)?,
                     r.get::<_, Option<String>>(1)?,
