@@ -192,7 +192,7 @@ fn nothing_of_another_namespace_answers_and_names_are_each_ones_own() {
 
 #[test]
 fn each_quota_refuses_naming_itself_and_leaves_other_namespaces_alone() {
-    let d = Daemon::start(&[]);
+    let d = Daemon::start(&["--http", "127.0.0.1:0"]);
     added(&d, &["waits", "--max-waiting", "1"]);
     added(&d, &["rated", "--max-submit-rate", "1"]);
     added(&d, &["small", "--memory-ceiling", "64MiB"]);
@@ -271,6 +271,18 @@ fn each_quota_refuses_naming_itself_and_leaves_other_namespaces_alone() {
         assert!(std::time::Instant::now() < deadline, "{rows:?}");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    // The metrics count each namespace's tasks under its label.
+    let metrics = http::Api::of(&d).get("/metrics");
+    assert_eq!(metrics.status, 200, "{}", metrics.body);
+    for (state, n) in [("running", 1), ("waiting", 2)] {
+        let series =
+            format!("taskhost_namespace_tasks{{namespace=\"capped\",state=\"{state}\"}} {n}");
+        assert!(
+            metrics.body.contains(&series),
+            "{series} in\n{}",
+            metrics.body
+        );
+    }
     let others = d.run(&["submit", &p("hello"), "--wait"]);
     assert_eq!(others.code, Some(0), "another namespace runs: {others:?}");
     for id in &ids {
@@ -336,6 +348,19 @@ fn a_teams_token_reaches_its_namespace_only_and_namespaces_survive_a_restart() {
     );
     assert_eq!(theirs.code, Some(0), "{theirs:?}");
     let port = http::http_port(&d);
+    // The event stream of alpha's token carries none of beta's events.
+    let mut events = http::open_stream(
+        port,
+        "/api/events",
+        &[("Authorization", "Bearer alpha-token")],
+    );
+    assert_eq!(events.status, 200);
+    let hidden = in_ns(
+        &d,
+        "beta",
+        &["submit", &p("hello"), "--name", "hidden-b", "--wait"],
+    );
+    assert_eq!(hidden.code, Some(0), "{hidden:?}");
     let remote = |token: &str, args: &[&str]| -> Finished {
         let token_file = dir.path().join(format!("{token}.file"));
         std::fs::write(&token_file, token).unwrap();
@@ -362,6 +387,16 @@ fn a_teams_token_reaches_its_namespace_only_and_namespaces_survive_a_restart() {
     let rows = json_rows(&remote("alpha-token", &["ps", "--all", "--json"]));
     let names: Vec<&str> = rows.iter().filter_map(|r| r["name"].as_str()).collect();
     assert_eq!(names, ["mine"]);
+    let mut seen = Vec::new();
+    while !seen.iter().any(|l: &String| l.contains("TaskFinished")) {
+        let line = events.line();
+        assert!(
+            !line.contains("hidden-b") && !line.contains("beta"),
+            "beta's event reached alpha's stream: {line}"
+        );
+        seen.push(line);
+    }
+    assert!(seen.iter().any(|l| l.contains("mine")), "{seen:?}");
     for args in [
         vec!["--namespace", "beta", "ps"],
         vec!["--namespace", "gamma", "ps"],
@@ -427,10 +462,10 @@ fn a_teams_token_reaches_its_namespace_only_and_namespaces_survive_a_restart() {
     );
     let mut all = names(&get("root-token", Some("*"), "/api/tasks?all=true"));
     all.sort();
-    assert_eq!(all, ["alpha/mine", "beta/theirs"]);
+    assert_eq!(all, ["alpha/mine", "beta/hidden-b", "beta/theirs"]);
     assert!(names(&get("root-token", None, "/api/tasks?all=true")).is_empty());
     let root = json_rows(&remote("root-token", &["-A", "ps", "--all", "--json"]));
-    assert_eq!(root.len(), 2, "{root:?}");
+    assert_eq!(root.len(), 3, "{root:?}");
 
     let out = d.run(&["shutdown"]);
     assert_eq!(out.code, Some(0), "{out:?}");
@@ -448,8 +483,9 @@ fn a_teams_token_reaches_its_namespace_only_and_namespaces_survive_a_restart() {
         .expect("alpha kept");
     assert_eq!(alpha["weight"], 3);
     let theirs = json_rows(&in_ns(&d, "beta", &["ps", "--all", "--json"]));
-    assert_eq!(theirs.len(), 1, "{theirs:?}");
-    assert_eq!(theirs[0]["name"], "theirs");
+    let mut names: Vec<&str> = theirs.iter().filter_map(|r| r["name"].as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["hidden-b", "theirs"], "{theirs:?}");
 }
 
 #[test]

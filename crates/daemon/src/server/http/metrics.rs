@@ -406,6 +406,7 @@ fn tasks_and_slots(enc: &mut DescriptorEncoder<'_>, d: &Daemon) -> Out {
         }] += 1;
     }
     let slots = d.controller.snapshot();
+    super::namespaces::metrics(enc, d, &tasks, &slots)?;
     let queued: usize = slots.iter().map(|s| s.queue_depth).sum();
     let mut by_state: Vec<(String, u64)> = [
         "queued",

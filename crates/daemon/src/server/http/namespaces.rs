@@ -1,6 +1,7 @@
 //! Owns the HTTP API's namespaces: `GET /api/namespaces` (the ones the
-//! token reaches, as `host ns ls --json`), and the operator's `PUT` and
-//! `DELETE /api/namespaces/{name}`, as `host ns add|set` and `rm`.
+//! token reaches, as `host ns ls --json`), the operator's `PUT` and
+//! `DELETE /api/namespaces/{name}`, as `host ns add|set` and `rm`, and
+//! the metrics with a `namespace` label.
 
 use axum::Extension;
 use axum::Json;
@@ -132,4 +133,57 @@ async fn verb_answer(
         Ok(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "not a row".into()),
         Err(answer) => failed(answer),
     }
+}
+
+/// `taskhost_namespace_tasks{namespace, state}`: each namespace's live
+/// tasks, queued behind a slot's owner, waiting (for a permit, a retry or
+/// their rate) and running, read now; one series per namespace the
+/// operator made (the label set is bounded by them).
+pub(super) fn metrics(
+    enc: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
+    d: &crate::backend::daemon::Daemon,
+    tasks: &[taskhost_core::supervisor::TaskInfo],
+    slots: &[taskhost_core::controller::SlotView],
+) -> super::metrics::Out {
+    use prometheus_client::encoding::EncodeMetric;
+    use prometheus_client::metrics::MetricType;
+    use prometheus_client::metrics::gauge::ConstGauge;
+    use taskhost_core::lifecycle::TaskState;
+
+    use crate::service::namespace::Ns;
+    const STATES: [&str; 3] = ["queued", "waiting", "running"];
+    let mut counts: std::collections::BTreeMap<(Ns, usize), u64> = d
+        .namespaces
+        .all()
+        .into_iter()
+        .flat_map(|(ns, _)| (0..STATES.len()).map(move |i| ((ns.clone(), i), 0)))
+        .collect();
+    let mut add = |key: &str, state: usize, n: u64| {
+        if let Some(count) = counts.get_mut(&(Ns::of(key), state)) {
+            *count += n;
+        }
+    };
+    for slot in slots {
+        add(&slot.key, 0, slot.queue_depth as u64);
+    }
+    for task in tasks {
+        let state = match task.phase {
+            TaskState::Running | TaskState::Stopping => 2,
+            TaskState::Waiting | TaskState::BackingOff | TaskState::Throttled => 1,
+            _ => continue,
+        };
+        add(&task.name, state, 1);
+    }
+    let mut family = enc.encode_descriptor(
+        "taskhost_namespace_tasks",
+        "Live tasks of each namespace by state: queued (behind a slot's owner), waiting (for a run permit, a retry or a rate) and running.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for ((ns, state), n) in counts {
+        let labels = [("namespace", ns.name()), ("state", STATES[state])];
+        let gauge = ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
+        gauge.encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
