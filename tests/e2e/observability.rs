@@ -2254,3 +2254,84 @@ fn the_dashboard_links_a_child_task_to_its_parent_in_chromium() {
     let out = daemon.run(&["cancel", &parent]);
     assert!(out.stderr.contains("canceled"), "{out:?}");
 }
+
+#[test]
+fn the_dashboard_shows_a_teams_namespace_and_lets_an_operator_switch_in_chromium() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "read alpha-view alpha\nadmin root-token *\n").unwrap();
+    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let daemon = Daemon::start(&[
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        tokens.to_str().unwrap(),
+    ]);
+    for ns in ["alpha", "beta"] {
+        assert_eq!(daemon.run(&["ns", "add", ns]).code, Some(0));
+        let name = format!("{ns}-fails");
+        let out = daemon.run(&[
+            "--namespace",
+            ns,
+            "submit",
+            &p("flaky"),
+            "--name",
+            &name,
+            "--param",
+            "fail_times=9",
+            "--wait",
+        ]);
+        assert_eq!(out.code, Some(1), "{out:?}");
+    }
+    let port = http_port(&daemon);
+    let browser = Chromium::launch();
+    let mut page = browser.page();
+    page.call("Page.enable", json!({}));
+    page.call("Runtime.enable", json!({}));
+    // Signs in with `token` on a fresh load (the tab forgets the last).
+    let open = |page: &mut Cdp, token: &str| {
+        page.call(
+            "Page.navigate",
+            json!({ "url": format!("http://127.0.0.1:{port}/") }),
+        );
+        page.wait_event("Page.loadEventFired");
+        page.wait_for(
+            "the token prompt",
+            "document.querySelector('#token-form').style.display === 'inline'",
+        );
+        page.click("#token-input");
+        page.call("Input.insertText", json!({ "text": token }));
+        page.click("#token-save");
+    };
+    let failed =
+        "[...document.querySelectorAll('#failed tbody tr')].map(r => r.innerText).join('|')";
+    // A team's token: its namespace shown, no switch, none of beta's.
+    open(&mut page, "alpha-view");
+    let team = &mut page;
+    team.wait_for(
+        "alpha's failed task",
+        &format!("({failed}).includes('alpha-fails')"),
+    );
+    assert!(!team.eval(failed).as_str().unwrap().contains("beta"));
+    assert_eq!(team.eval("$('#namespace').value"), json!("alpha"));
+    assert_eq!(team.eval("$('#namespace').disabled"), json!(true));
+    assert_eq!(team.eval("$('#namespace-pick').hidden"), json!(false));
+    // An operator's token switches between them.
+    page.eval("sessionStorage.clear()");
+    open(&mut page, "root-token");
+    let operator = &mut page;
+    operator.wait_for(
+        "the namespaces to pick from",
+        "document.querySelectorAll('#namespace option').length === 3",
+    );
+    assert_eq!(operator.eval("$('#namespace').disabled"), json!(false));
+    operator.eval(
+        "(() => { const s = $('#namespace'); s.value = 'beta'; \
+         s.dispatchEvent(new Event('change')); return true; })()",
+    );
+    operator.wait_for(
+        "beta's failed task",
+        &format!("({failed}).includes('beta-fails')"),
+    );
+    assert!(!operator.eval(failed).as_str().unwrap().contains("alpha"));
+}

@@ -1,8 +1,8 @@
 //! Owns the writes a node makes many of at once: attempt starts, ends and
-//! admissions. Each kind has one writer task per node that takes every
-//! request waiting and records them in one transaction of set-based
-//! statements (`unnest` of arrays), with one notification per batch: group
-//! commit, as the SQLite writer does. It decides nothing of its own: the
+//! admissions. Each kind has one writer task per node (admissions one per
+//! namespace) that takes every request waiting and records them in one
+//! transaction of set-based statements (`unnest` of arrays), with one
+//! notification per batch: group commit, as the SQLite writer does. It decides nothing of its own: the
 //! admission rules are `admission::decide`'s, applied in arrival order
 //! within the batch.
 //!
@@ -41,11 +41,22 @@ type StartJob = (TaskId, i64, u32, u64, Reply<Result<bool, StoreError>>);
 type FinishJob = (i64, Finished, Reply<Result<bool, StoreError>>);
 type AdmitJob = (Arc<Admission>, Reply<Result<Submitted, AdmitError>>);
 
-/// The node's writer tasks, one per kind of request.
+/// Starts a writer of admissions.
+type AdmitWriter = Box<dyn Fn() -> mpsc::UnboundedSender<AdmitJob> + Send + Sync>;
+
+/// The node's writer tasks, one per kind of request, and one of
+/// admissions per namespace.
 pub(crate) struct Writer {
     start: mpsc::UnboundedSender<StartJob>,
     finish: mpsc::UnboundedSender<FinishJob>,
+    /// The default namespace's admissions.
     admit: mpsc::UnboundedSender<AdmitJob>,
+    /// Each other namespace's, started at its first submission here: its
+    /// batches are transactions of their own (their slots are not
+    /// another's), so one namespace's flood of submissions does not queue
+    /// another's behind it.
+    admit_in: std::sync::Mutex<std::collections::HashMap<String, mpsc::UnboundedSender<AdmitJob>>>,
+    new_admit: AdmitWriter,
 }
 
 /// Runs `record` on every batch (of at most `max`) of the requests that
@@ -98,7 +109,17 @@ impl Writer {
             let (pg, held) = (p5.clone(), Arc::clone(&held));
             async move { admit_deferred(&pg, jobs, &held).await }
         });
+        let new_admit: AdmitWriter = Box::new(move || {
+            let (pg, slow, deferred) = (p3.clone(), slow_admissions.clone(), Arc::clone(&deferred));
+            writer(BATCH, move |jobs: Vec<AdmitJob>| {
+                let (pg, slow, deferred) = (pg.clone(), slow.clone(), Arc::clone(&deferred));
+                async move { admit_all(&pg, jobs, &slow, &deferred).await }
+            })
+        });
         Self {
+            admit: new_admit(),
+            admit_in: Default::default(),
+            new_admit,
             start: writer(BATCH, move |jobs: Vec<StartJob>| {
                 let pg = p1.clone();
                 async move {
@@ -126,11 +147,6 @@ impl Writer {
                     let result = retry(|| finished(&pg, &jobs, false)).await;
                     answer_ends(jobs, result, Some(&slow));
                 }
-            }),
-            admit: writer(BATCH, move |jobs: Vec<AdmitJob>| {
-                let (pg, slow, deferred) =
-                    (p3.clone(), slow_admissions.clone(), Arc::clone(&deferred));
-                async move { admit_all(&pg, jobs, &slow, &deferred).await }
             }),
         }
     }
@@ -166,7 +182,14 @@ impl Writer {
         a: Arc<Admission>,
     ) -> impl std::future::Future<Output = Result<Submitted, AdmitError>> + Send + 'static {
         let (tx, rx) = oneshot::channel();
-        let queued = self.admit.send((a, tx));
+        let queued = match a.request.namespace.clone() {
+            None => self.admit.send((a, tx)),
+            Some(ns) => {
+                let mut writers = (self.admit_in.lock()).unwrap_or_else(|e| e.into_inner());
+                let writer = writers.entry(ns).or_insert_with(|| (self.new_admit)());
+                writer.send((a, tx))
+            }
+        };
         async move {
             queued.map_err(|_| AdmitError::Store(gone()))?;
             rx.await.map_err(|_| AdmitError::Store(gone()))?
