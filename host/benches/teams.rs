@@ -67,6 +67,8 @@ impl Variant {
 struct Round {
     a_per_s: f64,
     b_ms: Vec<f64>,
+    /// B's submit → accepted (the reply), of the same submissions.
+    b_accept_ms: Vec<f64>,
 }
 
 /// The daemons of one run: one host, or a cluster's nodes and its
@@ -173,9 +175,9 @@ fn main() {
         for (variant, seen) in &mut results {
             let dir = tempfile::tempdir().unwrap();
             let r = rt.block_on(run(dir.path(), *variant, flood));
-            let b = summary(&r.b_ms);
+            let (b, accept) = (summary(&r.b_ms), summary(&r.b_accept_ms));
             println!(
-                "round {round} {:<14} A {:>7.0} tasks/s  B submit->start {b}",
+                "round {round} {:<14} A {:>7.0} tasks/s  B submit->start {b}  (accepted {accept})",
                 variant.label(),
                 r.a_per_s
             );
@@ -282,12 +284,16 @@ async fn run(dir: &Path, variant: Variant, flood: usize) -> Round {
     }
     let a_per_s = flood as f64 / started.elapsed().as_secs_f64();
     flooding.store(false, std::sync::atomic::Ordering::SeqCst);
-    let b_ms = match b_task {
+    let (b_ms, b_accept_ms) = match b_task {
         Some(task) => task.await.unwrap(),
-        None => Vec::new(),
+        None => Default::default(),
     };
     drop(daemons);
-    Round { a_per_s, b_ms }
+    Round {
+        a_per_s,
+        b_ms,
+        b_accept_ms,
+    }
 }
 
 /// B: one `hello` every 100 ms while A floods; each one's submit → start.
@@ -295,7 +301,7 @@ async fn neighbour(
     b: Client,
     hello: taskhost::runtime::Digest,
     flooding: Arc<std::sync::atomic::AtomicBool>,
-) -> Vec<f64> {
+) -> (Vec<f64>, Vec<f64>) {
     let mut events = b
         .request(Request::Events {
             follow: true,
@@ -318,11 +324,13 @@ async fn neighbour(
     });
     let mut sent = std::collections::HashMap::new();
     let mut latencies = Vec::new();
+    let mut accepts = Vec::new();
     let mut tick = tokio::time::interval(B_EVERY);
     while flooding.load(std::sync::atomic::Ordering::SeqCst) {
         tick.tick().await;
         let at = Instant::now();
         let submitted = b.submit(SubmitRequest::new(hello)).await.expect("B's");
+        accepts.push(at.elapsed().as_secs_f64() * 1e3);
         sent.insert(submitted.id, at);
         while let Ok((id, seen)) = rx.try_recv() {
             if let Some(at) = sent.remove(&id) {
@@ -339,7 +347,7 @@ async fn neighbour(
             latencies.push(seen.duration_since(at).as_secs_f64() * 1e3);
         }
     }
-    latencies
+    (latencies, accepts)
 }
 
 async fn client_in(socket: &Path, ns: Option<&str>) -> Client {

@@ -545,10 +545,11 @@ async fn listen_loop(daemon: Weak<Daemon>) {
         match cluster.pg.link().connect(Some(tx)).await {
             Ok(session) => {
                 let listen = format!(
-                    "LISTEN {}; LISTEN {}; LISTEN {}; LISTEN {}",
+                    "LISTEN {}; LISTEN {}; LISTEN {}; LISTEN {}; LISTEN {}",
                     postgres::READY,
                     postgres::STOP,
                     postgres::FINISHED,
+                    postgres::EVENTS,
                     crate::store::postgres::time::TIME
                 );
                 if let Err(err) = session.client.batch_execute(&listen).await {
@@ -571,6 +572,7 @@ async fn listen_loop(daemon: Weak<Daemon>) {
                             .filter_map(|id| id.parse::<u64>().ok().map(TaskId::from_u64));
                         match channel.as_str() {
                             postgres::READY => cluster.wake.notify_one(),
+                            postgres::EVENTS => cluster.events.notify_one(),
                             crate::store::postgres::time::TIME => cluster.time.notify_one(),
                             postgres::STOP => {
                                 for id in ids {

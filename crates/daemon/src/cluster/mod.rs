@@ -35,6 +35,10 @@ const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 const SHIP_DELAY: Duration = Duration::from_millis(50);
 /// Most events the feed reads in one statement.
 const FEED_BATCH: usize = 1_000;
+/// The least time between two reads of the feed.
+const FEED_GAP: Duration = Duration::from_millis(20);
+/// How long this node's events wait for others to ship with them.
+const EVENT_BATCH_WAIT: Duration = Duration::from_millis(50);
 
 /// The session timeouts of a node's connections: a statement, a lock
 /// wait and a transaction left idle (a frozen node's) each end within a
@@ -94,7 +98,7 @@ pub(crate) async fn event_loop(
         let Some(first) = lane.recv().await else {
             return;
         };
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(50);
+        let deadline = tokio::time::Instant::now() + EVENT_BATCH_WAIT;
         let mut next = Some(first);
         let Some(cluster) = cluster.upgrade() else {
             return;
@@ -216,9 +220,14 @@ async fn feed_loop(cluster: Weak<Cluster>) {
                 Err(err) => c.pg.outage().failed("reading the cluster's events", &err),
             },
         }
+        // Woken by a node's notification that it shipped events, reading
+        // at most every FEED_GAP; polled too, in case one was lost.
         let pause = c.settings.poll.min(Duration::from_millis(200));
-        drop(c);
-        tokio::time::sleep(pause).await;
+        tokio::time::sleep(FEED_GAP).await;
+        tokio::select! {
+            () = c.events.notified() => {}
+            () = tokio::time::sleep(pause.saturating_sub(FEED_GAP)) => {}
+        }
     }
 }
 

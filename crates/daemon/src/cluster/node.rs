@@ -39,6 +39,8 @@ pub(crate) struct Cluster {
     pub(crate) wake: Notify,
     /// Wakes the time loop (a due time may have changed).
     pub(crate) time: Notify,
+    /// Wakes the feed (a node shipped events).
+    pub(crate) events: Notify,
     /// Ids of tasks whose outcome was just recorded (from notifications, and
     /// from this node's own records).
     pub(crate) finished: broadcast::Sender<TaskId>,
@@ -127,6 +129,7 @@ impl Cluster {
                 node: AtomicI64::new(node),
                 wake: Notify::new(),
                 time: Notify::new(),
+                events: Notify::new(),
                 finished: broadcast::channel(4096).0,
                 waited: Mutex::default(),
                 feed: broadcast::channel(lane.max(1)).0,

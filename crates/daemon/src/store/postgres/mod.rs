@@ -78,6 +78,9 @@ pub(crate) const STOP: &str = "taskhost_stop";
 
 pub(crate) const FINISHED: &str = "taskhost_finished";
 
+/// New events were shipped: the nodes' feeds read them now.
+pub(crate) const EVENTS: &str = "taskhost_events";
+
 /// The database of a cluster; cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Pg {

@@ -106,16 +106,18 @@ impl Pg {
         Ok((lines, last))
     }
 
-    /// Ships a node's events.
+    /// Ships a node's events, and tells the nodes' feeds (once the
+    /// statement, and so the insert, has committed).
     pub(crate) async fn ship_events(&self, node: i64, events: &[Event]) -> Result<(), StoreError> {
         let encoded = events.iter().map(encode).collect::<Result<Vec<_>, _>>()?;
         let client = self.client().await?;
         exec(
             &client,
             "cannot ship events",
-            "INSERT INTO taskhost_events (node, event) \
-                 SELECT $1, e FROM unnest($2::bytea[]) WITH ORDINALITY AS u(e, n) ORDER BY n",
-            &[&node, &encoded],
+            "WITH shipped AS (INSERT INTO taskhost_events (node, event) \
+                 SELECT $1, e FROM unnest($2::bytea[]) WITH ORDINALITY AS u(e, n) ORDER BY n \
+                 RETURNING 1) SELECT pg_notify($3, '') FROM (SELECT 1 FROM shipped LIMIT 1) s",
+            &[&node, &encoded, &super::EVENTS],
         )
         .await?;
         Ok(())
