@@ -465,9 +465,12 @@ const ESCAPES: &str =
 /// [`ESCAPES`] as `host` shows them.
 const ESCAPES_SHOWN: &str =
     r"\x1b]52;c;aGk=\x07\x1b]0;pwned\x07\rhello-9 completed in 1 attempt \u{9b}31m\u{202e}drow";
-/// A task name that would retitle the window (a guest names its children).
+/// A task name that would retitle the window: `host run` takes it (and
+/// shows it as text); the daemon refuses it (names are printable text), so
+/// its verbs run the task as [`DAEMON_NAME`].
 const NAME: &str = "\x1b]0;named\x07job";
 const NAME_SHOWN: &str = r"\x1b]0;named\x07job";
+const DAEMON_NAME: &str = "named-job";
 
 /// Fails if the terminal received a byte of the guest's that acts on it:
 /// the guest's sequences are told by their payload, and the only escape
@@ -507,7 +510,7 @@ fn fails(i: usize) -> bool {
 /// The task flags of run `i`: even runs fail with [`ESCAPES`] (twice, so
 /// the first failure is also a live status line and the attempts are
 /// listed), odd ones answer them in a three-line output.
-fn escaping_task(chatty: &str, i: usize, hold_ms: &'static str) -> Vec<String> {
+fn escaping_task(chatty: &str, i: usize, hold_ms: &'static str, name: &str) -> Vec<String> {
     let mode = if fails(i) {
         "escapes=fail"
     } else {
@@ -522,7 +525,7 @@ fn escaping_task(chatty: &str, i: usize, hold_ms: &'static str) -> Vec<String> {
         "--param",
         hold_ms,
         "--name",
-        NAME,
+        name,
         "--restart",
         "on-failure",
         "--max-retries",
@@ -537,14 +540,14 @@ fn escaping_task(chatty: &str, i: usize, hold_ms: &'static str) -> Vec<String> {
 /// What `verb` showed for run `i` of [`escaping_task`]: nothing of the
 /// guest's acts on the terminal, and all of it is shown as text (the
 /// output's newlines as newlines).
-fn assert_shown(verb: &str, i: usize, out: &common::OnTerminal) {
+fn assert_shown(verb: &str, i: usize, out: &common::OnTerminal, name_shown: &str) {
     let text = out.text();
     let what = format!("{verb} (run {i})");
     assert_inert(&what, &text);
     let screen = out.screen();
     if fails(i) {
         assert_eq!(out.code, Some(1), "{what}: {text:?}");
-        let summary = format!("{NAME_SHOWN} failed after 2 attempts");
+        let summary = format!("{name_shown} failed after 2 attempts");
         assert!(
             screen
                 .iter()
@@ -559,7 +562,7 @@ fn assert_shown(verb: &str, i: usize, out: &common::OnTerminal) {
             at.is_some_and(|at| screen[at..].starts_with(&output.map(String::from))),
             "{what}: the output is not shown on its own three lines: {screen:#?}"
         );
-        let summary = format!("{NAME_SHOWN} completed in 1 attempt");
+        let summary = format!("{name_shown} completed in 1 attempt");
         assert!(
             screen.iter().any(|l| l.starts_with(&summary)),
             "{what}: no summary on a line of its own: {screen:#?}"
@@ -577,9 +580,9 @@ fn guest_escapes_reach_no_terminal_in_any_verb_at_any_timing() {
     };
     for i in 0..RUNS {
         let mut args = vec!["run".to_owned()];
-        args.extend(escaping_task(&chatty, i, "hold_ms=0"));
+        args.extend(escaping_task(&chatty, i, "hold_ms=0", NAME));
         let out = on_terminal(args);
-        assert_shown("host run", i, &out);
+        assert_shown("host run", i, &out, NAME_SHOWN);
         // The guest's stdout, stderr and log lines, as text.
         assert!(
             out.text().matches(ESCAPES_SHOWN).count() >= 3,
@@ -589,16 +592,27 @@ fn guest_escapes_reach_no_terminal_in_any_verb_at_any_timing() {
     }
 
     let d = Daemon::start(&["--store", "memory"]);
+    let mut args = vec!["submit".to_owned()];
+    args.extend(escaping_task(&chatty, 0, "hold_ms=0", NAME));
+    args.extend(["--socket", d.socket()].map(str::to_owned));
+    let refused = on_terminal(args);
+    assert_eq!(refused.code, Some(2), "{:?}", refused.text());
+    assert_inert("a refused name", &refused.text());
+    assert!(
+        refused.text().contains("holds a control character"),
+        "{:?}",
+        refused.text()
+    );
     // The live status line shows a failed attempt's reason when its event
     // comes before the outcome: the path that raced.
     let status = format!("attempt 1 failed: {ESCAPES_SHOWN}");
     let mut drawn = 0;
     for i in 0..RUNS {
         let mut args = vec!["submit".to_owned()];
-        args.extend(escaping_task(&chatty, i, "hold_ms=0"));
+        args.extend(escaping_task(&chatty, i, "hold_ms=0", DAEMON_NAME));
         args.extend(["--wait", "--socket", d.socket()].map(str::to_owned));
         let out = on_terminal(args);
-        assert_shown("host submit --wait", i, &out);
+        assert_shown("host submit --wait", i, &out, DAEMON_NAME);
         drawn += usize::from(out.text().contains(&status));
     }
     assert!(
@@ -608,11 +622,11 @@ fn guest_escapes_reach_no_terminal_in_any_verb_at_any_timing() {
     let mut ids = Vec::new();
     for i in 0..RUNS {
         // Held a little, so `wait` often sees the task run and fail.
-        let task = escaping_task(&chatty, i, "hold_ms=30");
+        let task = escaping_task(&chatty, i, "hold_ms=30", DAEMON_NAME);
         let task: Vec<&str> = task.iter().map(String::as_str).collect();
         let id = d.submit(&task);
         let args = ["wait", &id, "--socket", d.socket()].map(str::to_owned);
-        assert_shown("host wait", i, &on_terminal(args.to_vec()));
+        assert_shown("host wait", i, &on_terminal(args.to_vec()), DAEMON_NAME);
         ids.push(id);
     }
     for (i, id) in ids.iter().enumerate() {
@@ -636,7 +650,7 @@ fn guest_escapes_reach_no_terminal_in_any_verb_at_any_timing() {
         assert_eq!(out.code, Some(0), "{:?}", out.text());
         assert_inert(&format!("host events (run {i})"), &out.text());
         assert!(
-            out.text().contains(ESCAPES_SHOWN) && out.text().contains(NAME_SHOWN),
+            out.text().contains(ESCAPES_SHOWN) && out.text().contains(DAEMON_NAME),
             "host events shows the lines and names: {:?}",
             out.text()
         );
