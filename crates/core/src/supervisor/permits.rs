@@ -382,15 +382,7 @@ mod tests {
     async fn a_waiter_that_gives_up_in_a_group_leaves_no_trace() {
         let permits = Arc::new(Permits::new(1));
         let held = permits.acquire(0, None).await;
-        let gave_up = {
-            let permits = Arc::clone(&permits);
-            let group: Arc<str> = Arc::from("g");
-            tokio::spawn(async move {
-                let wait = permits.acquire(0, Some(&group));
-                let _ = tokio::time::timeout(std::time::Duration::from_millis(5), wait).await;
-            })
-        };
-        gave_up.await.unwrap();
+        give_up(&permits, "g").await;
         {
             let state = permits.lock();
             assert!(state.shares.lines.is_empty(), "{state:?}");
@@ -443,6 +435,17 @@ mod tests {
 
     /// Takes a permit in `group` without waiting (fails the test if it
     /// would wait).
+    /// A waiter in `group` that gives up after 5 ms, in a task of its own.
+    async fn give_up(permits: &Arc<Permits>, group: &str) {
+        let (permits, group) = (Arc::clone(permits), Arc::<str>::from(group));
+        tokio::spawn(async move {
+            let wait = permits.acquire(0, Some(&group));
+            let _ = tokio::time::timeout(std::time::Duration::from_millis(5), wait).await;
+        })
+        .await
+        .unwrap();
+    }
+
     async fn take(permits: &Arc<Permits>, group: &str) -> Permit {
         let group: Arc<str> = Arc::from(group);
         let mut acquire = Box::pin(permits.acquire(0, Some(&group)));
@@ -599,15 +602,7 @@ mod tests {
         let permits = Arc::new(Permits::new(2));
         permits.set_limit(Some("a"), Some(1));
         let a1 = take(&permits, "a").await;
-        let gave_up = {
-            let permits = Arc::clone(&permits);
-            let group: Arc<str> = Arc::from("a");
-            tokio::spawn(async move {
-                let wait = permits.acquire(0, Some(&group));
-                let _ = tokio::time::timeout(std::time::Duration::from_millis(5), wait).await;
-            })
-        };
-        gave_up.await.unwrap();
+        give_up(&permits, "a").await;
         {
             let state = permits.lock();
             assert!(state.shares.lines.is_empty(), "{state:?}");
