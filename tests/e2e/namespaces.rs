@@ -784,12 +784,6 @@ fn a_clusters_namespaces_are_every_nodes_and_keep_each_ones_own() {
         Some(0),
         "another namespace writes more: {fits:?}"
     );
-    let unheld = n1.run(&["ns", "set", "alpha", "--max-running", "2"]);
-    assert_eq!(
-        unheld.code,
-        Some(2),
-        "a cluster refuses what it does not hold: {unheld:?}"
-    );
     // Removal waits for the namespace to be empty.
     let rm = n2.run(&["ns", "rm", "beta"]);
     assert_eq!(rm.code, Some(3), "{rm:?}");
@@ -805,6 +799,90 @@ fn a_clusters_namespaces_are_every_nodes_and_keep_each_ones_own() {
         assert!(std::time::Instant::now() < deadline, "n1 still knows beta");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+}
+
+#[test]
+fn a_clusters_quotas_count_every_nodes_work() {
+    let pg = Postgres::start();
+    let n1 = steady_node(&pg, "n1", &[]);
+    let n2 = steady_node(&pg, "n2", &[]);
+    added(&n1, &["capped", "--max-running", "1"]);
+    added(&n1, &["rated", "--max-submit-rate", "1"]);
+    added(&n2, &["tree", "--max-descendants", "3"]);
+
+    // One of capped's tasks claimed at a time, whichever node took it.
+    let first = submit_in(
+        &n1,
+        "capped",
+        &[&p("sleeper"), "--name", "one", "--param", "ms=60000"],
+    );
+    running_in(&n1, "capped", "one");
+    let second = submit_in(
+        &n2,
+        "capped",
+        &[&p("sleeper"), "--name", "two", "--param", "ms=60000"],
+    );
+    // Both nodes claim work meanwhile: another namespace's is served.
+    for via in [&n1, &n2, &n1, &n2] {
+        let out = via.run(&["submit", &p("hello"), "--wait"]);
+        assert_eq!(out.code, Some(0), "{out:?}");
+    }
+    let rows = json_rows(&in_ns(&n2, "capped", &["ps", "--json"]));
+    let two = rows.iter().find(|r| r["name"] == "two").expect("two");
+    assert_ne!(two["state"], "running", "over max-running: {rows:?}");
+    let ls = json_rows(&n2.run(&["ns", "ls", "--json"]));
+    let capped = ls.iter().find(|r| r["name"] == "capped").expect("capped");
+    assert_eq!(capped["usage"]["max-running"], 1, "{capped}");
+    let out = n2.run(&["--namespace", "capped", "cancel", &first]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    running_in(&n1, "capped", "two");
+    let out = n1.run(&["--namespace", "capped", "cancel", &second]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+
+    // One bucket of submissions for both nodes: a burst of one.
+    let mut codes = Vec::new();
+    let mut refusal = String::new();
+    for via in [&n1, &n2] {
+        let out = in_ns(via, "rated", &["submit", &p("hello")]);
+        if out.code != Some(0) {
+            refusal = out.stderr.clone();
+        }
+        codes.push(out.code);
+    }
+    assert_eq!(codes, [Some(0), Some(3)], "{refusal}");
+    assert!(refusal.contains("max-submit-rate = 1"), "{refusal}");
+
+    // Five children against a quota of three unfinished descendants.
+    let out = in_ns(
+        &n1,
+        "tree",
+        &[
+            "submit",
+            &p("fanout"),
+            "--param",
+            "depth=1",
+            "--param",
+            "n=5",
+            "--param",
+            "ms=1000",
+            "--wait",
+            "--json",
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let json = out.json();
+    let counts: Value = serde_json::from_str(json["output"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        (&counts["tasks"], &counts["refused"]),
+        (&4.into(), &2.into()),
+        "{counts}"
+    );
+    let id = json["id"].to_string();
+    let logs = in_ns(&n2, "tree", &["logs", &id]);
+    assert!(
+        logs.stdout.contains("spawn refused") && logs.stdout.contains("max-descendants = 3"),
+        "{logs:?}"
+    );
 }
 
 #[test]

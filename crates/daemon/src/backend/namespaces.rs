@@ -37,7 +37,7 @@ pub(crate) fn set_namespace(daemon: &Daemon, ns: Ns, settings: Option<NamespaceS
     let weight = settings.as_ref().map_or(1, |s| s.weight);
     let group = ns.share();
     supervisor.set_share_weight(group.as_deref(), weight);
-    // One host's cap of running attempts (a cluster refuses the quota).
+    // One host's cap of running attempts (a cluster's claims hold it).
     let running = settings
         .as_ref()
         .and_then(|s| s.limit(Quota::Running))
@@ -72,18 +72,6 @@ impl Backend<'_> {
                     }
                 }
                 return Ok(Namespaced::Rows(rows));
-            }
-            NamespaceVerb::Add(name, change) | NamespaceVerb::Set(name, change)
-                if matches!(self.kind, Kind::Shared(_))
-                    && change
-                        .quotas
-                        .iter()
-                        .any(|(q, l)| *q == Quota::Running && l.is_some()) =>
-            {
-                return Err(ServiceError::Invalid(format!(
-                    "--max-running: a cluster does not hold it yet (each node runs what it \
-                     claims); namespace `{name}`'s share of the run permits follows its --weight"
-                )));
             }
             NamespaceVerb::Add(name, change) => {
                 let ns = Ns::named(Some(&name));
@@ -240,7 +228,23 @@ impl Backend<'_> {
                 "tasks accepted and not running",
             ));
         }
-        daemon.namespaces.take_submission(ns)
+        match (&self.kind, settings.limit(Quota::SubmitRate)) {
+            // A cluster's rate is every node's submissions'.
+            (Kind::Shared(shared), Some(rate)) => {
+                let pg = &shared.cluster.pg;
+                match pg.take_submission(ns.name(), rate).await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(over_quota(
+                        ns,
+                        Quota::SubmitRate,
+                        rate,
+                        "submissions per second",
+                    )),
+                    Err(err) => Err(ServiceError::Store(err)),
+                }
+            }
+            _ => daemon.namespaces.take_submission(ns),
+        }
     }
 
     /// A schedule verb with its names as the caller's namespace keys them,

@@ -33,8 +33,9 @@ use crate::cluster::{Cluster, Shipping, event_loop, record_end, ship_loop};
 use crate::service::intake;
 use crate::service::tasks::{Outcome, TaskLog, TaskRecord};
 use crate::store::postgres::outage::pause;
-use crate::store::postgres::{self, Claimed};
+use crate::store::postgres::{self, ClaimShare, Claimed};
 use crate::store::{Finished, now_ms};
+use crate::wire::protocol::Quota;
 
 /// Most tasks claimed in one statement.
 const CLAIM_BATCH: usize = 64;
@@ -121,9 +122,9 @@ struct ClaimShares {
 }
 
 impl ClaimShares {
-    /// Every namespace the node knows, with its pass and stride (the
-    /// default one's name is '').
-    fn order(&mut self, daemon: &Daemon) -> Vec<(String, f64, f64)> {
+    /// Every namespace the node knows, with its pass, stride and cap of
+    /// claimed tasks (the default one's name is '').
+    fn order(&mut self, daemon: &Daemon) -> Vec<ClaimShare> {
         let all = daemon.namespaces.all();
         let key =
             |ns: &crate::service::namespace::Ns| ns.share().as_deref().unwrap_or("").to_owned();
@@ -134,25 +135,30 @@ impl ClaimShares {
                 let stride = 1.0 / f64::from(settings.weight.max(1));
                 let floor = (self.top - BANK * stride).max(0.0);
                 let pass = *self.passes.entry(key(ns)).or_insert(floor);
-                (key(ns), pass, stride)
+                ClaimShare {
+                    ns: key(ns),
+                    pass,
+                    stride,
+                    max_running: settings.limit(Quota::Running),
+                }
             })
             .collect()
     }
 
     /// Counts what a claim took of each namespace.
-    fn took(&mut self, order: &[(String, f64, f64)], claimed: &[Claimed]) {
+    fn took(&mut self, order: &[ClaimShare], claimed: &[Claimed]) {
         for task in claimed {
             let name = task.request.namespace.as_deref().unwrap_or("");
-            if let Some((_, _, stride)) = order.iter().find(|o| o.0 == name) {
+            if let Some(share) = order.iter().find(|o| o.ns == name) {
                 let pass = self.passes.entry(name.to_owned()).or_insert(0.0);
-                *pass += stride;
+                *pass += share.stride;
                 self.top = self.top.max(*pass);
             }
         }
         // Time without ready work earns no burst later.
-        for (name, _, stride) in order {
-            if let Some(pass) = self.passes.get_mut(name) {
-                *pass = pass.max(self.top - BANK * stride);
+        for share in order {
+            if let Some(pass) = self.passes.get_mut(&share.ns) {
+                *pass = pass.max(self.top - BANK * share.stride);
             }
         }
     }

@@ -27,7 +27,7 @@ use crate::service::tasks::MAX_FINISHED;
 use crate::store::postgres::{Admission, AdmitError, Canceled};
 use crate::store::{self, StoreError};
 use crate::wire::protocol::{
-    EventFilter, ScheduleVerb, SlotRuleRow, SlotRuleVerb, SubmitRequest, Submitted, TaskRow,
+    EventFilter, Quota, ScheduleVerb, SlotRuleRow, SlotRuleVerb, SubmitRequest, Submitted, TaskRow,
     TaskState,
 };
 
@@ -401,6 +401,14 @@ async fn shared_submit(
         .map(|at| at.at(now))
         .filter(|due| *due > now)
         .map(|due| (due, daemon.config.max_delayed));
+    // A namespace's own bound on a spawn tree, when it is the lower one.
+    let ns = crate::service::namespace::Ns::named(request.namespace.as_deref());
+    let tree_quota = daemon
+        .namespaces
+        .settings(&ns)
+        .limit(Quota::Descendants)
+        .map(|q| usize::try_from(q).unwrap_or(usize::MAX))
+        .filter(|q| *q < daemon.config.max_descendants);
     let admission = Arc::new(Admission {
         names: crate::service::intake::names(&request, info),
         request,
@@ -408,7 +416,7 @@ async fn shared_submit(
         max_slot_queue: daemon.config.max_slot_queue,
         max_total_pending: daemon.config.max_total_pending,
         declared: Some(info.capacity),
-        max_descendants: daemon.config.max_descendants,
+        max_descendants: tree_quota.unwrap_or(daemon.config.max_descendants),
         due,
     });
     let keyed = admission
@@ -473,9 +481,18 @@ async fn shared_submit(
             ))),
             Err(AdmitError::Invalid(message)) => Err(ServiceError::Invalid(message)),
             Err(AdmitError::Conflict(message)) => Err(ServiceError::Conflict(message)),
-            Err(AdmitError::TreeFull { root, max }) => Err(ServiceError::Invalid(
-                crate::store::too_many_descendants(root, max),
-            )),
+            Err(AdmitError::TreeFull { root, max }) => {
+                Err(ServiceError::Invalid(match tree_quota {
+                    Some(quota) => crate::service::namespace::over_quota(
+                        &ns,
+                        Quota::Descendants,
+                        quota as u64,
+                        "unfinished descendants of one spawn tree",
+                    )
+                    .to_string(),
+                    None => crate::store::too_many_descendants(root, max),
+                }))
+            }
             Err(AdmitError::Store(err)) => Err(ServiceError::Internal(format!(
                 "the submission could not be stored, so it was not accepted: {err}"
             ))),

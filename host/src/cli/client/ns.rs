@@ -50,7 +50,7 @@ struct ChangeArgs {
     /// Its share of the run permits when --max-concurrent is the bottleneck, against the other namespaces' weights [default: 1].
     #[arg(long, value_name = "N")]
     weight: Option<u32>,
-    /// Attempts of its tasks running at once (holding a run permit); more wait for one of its own to end. One host's: a cluster refuses it [default: none].
+    /// Attempts of its tasks running at once (holding a run permit); more wait for one of its own to end. In a cluster: its tasks claimed by any node, between attempts too [default: none].
     #[arg(long, value_name = "N|none")]
     max_running: Option<Limit>,
     /// Tasks accepted and not running (queued, delayed, waiting for a permit or a retry); a submission over it is refused (exit 3) [default: none].

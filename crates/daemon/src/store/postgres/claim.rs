@@ -16,6 +16,21 @@ use crate::store::{Finished, Pause, StoreError, now_ms};
 
 use super::*;
 
+/// The advisory locks of the namespaces with a `--max-running`, each
+/// taken by a claim of their work (with `hashtext` of the name).
+const NAMESPACE_LOCK: i32 = 2;
+
+/// One namespace as a claim takes from it: its name ('' for the default
+/// one), its pass and stride (stride scheduling by weight), and its cap of
+/// claimed tasks.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ClaimShare {
+    pub ns: String,
+    pub pass: f64,
+    pub stride: f64,
+    pub max_running: Option<u64>,
+}
+
 /// The report of a task that ends now with `outcome`, from its row.
 pub(super) async fn report_of(
     tx: &deadpool_postgres::Transaction<'_>,
@@ -111,31 +126,42 @@ pub(super) async fn promote(
 impl Pg {
     /// Claims up to `n` ready tasks for `node` (a dead node claims nothing),
     /// each under a new fencing token, none of the `crowded` slots'. The
-    /// tasks come from the namespaces of `shares` (each its name, '' for
-    /// the default one, its pass and its stride): the k-th ready task of a
+    /// tasks come from the namespaces of `shares`: the k-th ready task of a
     /// namespace counts as its pass plus k strides, and the lowest counts
     /// are claimed, so a claim takes from each namespace with ready work
-    /// in proportion to its weight.
+    /// in proportion to its weight. A namespace with a `max_running` is
+    /// claimed from up to it, counting every node's claims of it under a
+    /// lock of the namespace (claims of such namespaces take turns).
     pub(crate) async fn claim(
         &self,
         node: i64,
         n: i64,
         crowded: &[String],
-        shares: &[(String, f64, f64)],
+        shares: &[ClaimShare],
     ) -> Result<Vec<Claimed>, StoreError> {
-        let client = self.client().await?;
-        let names: Vec<&str> = shares.iter().map(|s| s.0.as_str()).collect();
-        let passes: Vec<f64> = shares.iter().map(|s| s.1).collect();
-        let strides: Vec<f64> = shares.iter().map(|s| s.2).collect();
-        let rows = all(
-            &client,
-            "cannot claim work",
-            "WITH w AS (SELECT * FROM unnest($4::text[], $5::float8[], $6::float8[]) \
-                 AS w(ns, pass, stride)), \
+        let mut client = self.client().await?;
+        let names: Vec<&str> = shares.iter().map(|s| s.ns.as_str()).collect();
+        let passes: Vec<f64> = shares.iter().map(|s| s.pass).collect();
+        let strides: Vec<f64> = shares.iter().map(|s| s.stride).collect();
+        let caps: Vec<Option<i64>> = shares
+            .iter()
+            .map(|s| s.max_running.map(|m| i64::try_from(m).unwrap_or(i64::MAX)))
+            .collect();
+        let mut capped: Vec<&str> = shares
+            .iter()
+            .filter(|s| s.max_running.is_some())
+            .map(|s| s.ns.as_str())
+            .collect();
+        capped.sort_unstable();
+        let sql = "WITH w AS (SELECT * FROM unnest($4::text[], $5::float8[], $6::float8[], \
+                 $7::int8[]) AS w(ns, pass, stride, cap)), \
              c AS (SELECT x.id FROM w CROSS JOIN LATERAL ( \
                  SELECT y.id, row_number() OVER (ORDER BY y.priority DESC, y.id) AS r FROM ( \
                  SELECT id, priority FROM taskhost_tasks WHERE state = 'ready' AND ns = w.ns \
-                 AND slot <> ALL($3) ORDER BY priority DESC, id LIMIT $2 \
+                 AND slot <> ALL($3) ORDER BY priority DESC, id \
+                 LIMIT CASE WHEN w.cap IS NULL THEN $2 ELSE greatest(0, least($2, w.cap - \
+                 (SELECT count(*) FROM taskhost_tasks h WHERE h.ns = w.ns \
+                 AND h.state IN ('running', 'stopping')))) END \
                  FOR UPDATE SKIP LOCKED) y) x \
                  ORDER BY w.pass + x.r * w.stride, x.id LIMIT $2) \
                  UPDATE taskhost_tasks t SET state = 'running', node = $1, \
@@ -144,10 +170,28 @@ impl Pg {
                  RETURNING t.id, t.token, t.request, t.plugin, t.attempts, t.failures, \
                  t.resume_at_ms, t.submitted_ms, (SELECT version FROM taskhost_slot_rules_version), \
                  (SELECT count(*) FROM taskhost_nodes WHERE alive), \
-                 (SELECT count(*) FROM taskhost_nodes WHERE alive AND id < $1)",
-            &[&node, &n, &crowded, &names, &passes, &strides],
-        )
-        .await?;
+                 (SELECT count(*) FROM taskhost_nodes WHERE alive AND id < $1)";
+        let params: sql::Params<'_> = &[&node, &n, &crowded, &names, &passes, &strides, &caps];
+        let rows = if capped.is_empty() {
+            all(&client, "cannot claim work", sql, params).await?
+        } else {
+            // Each capped namespace's claims take turns: a claim counts
+            // what the others committed before it.
+            let tx = client
+                .transaction()
+                .await
+                .map_err(db("cannot start a transaction"))?;
+            exec(
+                &tx,
+                "cannot lock the namespaces",
+                "SELECT pg_advisory_xact_lock($1, hashtext(ns)) FROM unnest($2::text[]) AS ns",
+                &[&NAMESPACE_LOCK, &capped],
+            )
+            .await?;
+            let rows = all(&tx, "cannot claim work", sql, params).await?;
+            tx.commit().await.map_err(db("cannot commit a claim"))?;
+            rows
+        };
         // The local controller runs a slot's claimed tasks up to their
         // capacity, and starts them at its share of their rate: the node's
         // copy of the rules and its count of live nodes follow the

@@ -30,7 +30,7 @@
 //! | `time` | delayed submissions admitted when due, schedules fired once |
 //! | `debounce` | a debounced slot's one held submission, superseded by each newer one |
 //! | `kv` | guests' key-value state: writes fenced by the attempt's token, limits, the `host kv` reads |
-//! | `namespaces` | namespaces for every node, and what each uses, counted from the rows |
+//! | `namespaces` | namespaces for every node, what each uses, counted from the rows, and its submissions' rate |
 
 mod admit;
 pub(crate) mod batch;
@@ -66,6 +66,7 @@ use link::{Link, Session, Timeouts};
 
 use crate::store::{Retryable, retry};
 use admit::lock_slot_of;
+pub(crate) use claim::ClaimShare;
 use claim::{end_task, promote};
 use sql::{
     all, db, decode, decode_request, encode, exec, id_of, ms, next_id, one, opt, pool_err, sql_id,

@@ -103,4 +103,27 @@ impl Pg {
             schedules: n(2),
         })
     }
+
+    /// Takes one submission of namespace `name` from its rate of `rate`
+    /// per second (a burst of as many), for every node's submissions: one
+    /// bucket in the database, filled by the database's clock. False when
+    /// the bucket holds less than one.
+    pub(crate) async fn take_submission(&self, name: &str, rate: u64) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let rate = rate.max(1) as f64;
+        let took = opt(
+            &client,
+            "cannot count a namespace's submissions",
+            "WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8 AS ms) \
+             INSERT INTO taskhost_submit_rates AS r (ns, tokens, at_ms) \
+                 SELECT $1, $2::float8 - 1, ms FROM now \
+             ON CONFLICT (ns) DO UPDATE SET at_ms = excluded.at_ms, tokens = \
+                 least($2, r.tokens + greatest(0, excluded.at_ms - r.at_ms) * $2 / 1000.0) - 1 \
+             WHERE least($2, r.tokens + greatest(0, excluded.at_ms - r.at_ms) * $2 / 1000.0) >= 1 \
+             RETURNING 1",
+            &[&name, &rate],
+        )
+        .await?;
+        Ok(took.is_some())
+    }
 }

@@ -21,6 +21,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/postgres/0008_lineage.sql"),
     include_str!("../../../migrations/postgres/0009_slot_rules.sql"),
     include_str!("../../../migrations/postgres/0010_namespaces.sql"),
+    include_str!("../../../migrations/postgres/0011_namespace_quotas.sql"),
 ];
 
 /// The migration that added `parent` and `root`, filled from each row's
