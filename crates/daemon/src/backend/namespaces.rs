@@ -144,6 +144,16 @@ impl Backend<'_> {
         Ok(())
     }
 
+    /// Whether namespace `ns` exists: a cluster's other nodes may have
+    /// added it this second, so one this node does not know is read again.
+    pub(crate) async fn knows(&self, ns: &Ns) -> bool {
+        let namespaces = &self.daemon().namespaces;
+        if !namespaces.exists(ns) && self.refresh_namespaces().await.is_err() {
+            return false;
+        }
+        namespaces.exists(ns)
+    }
+
     /// What `ns` uses now of each counted quota.
     async fn usage(&self, ns: &Ns) -> Result<Vec<(Quota, u64)>, ServiceError> {
         let daemon = self.daemon();
@@ -194,7 +204,7 @@ impl Backend<'_> {
         request: &mut SubmitRequest,
     ) -> Result<(), ServiceError> {
         let daemon = self.daemon();
-        if !daemon.namespaces.exists(ns) {
+        if !self.knows(ns).await {
             return Err(namespace::unknown(ns.name()));
         }
         let settings = daemon.namespaces.settings(ns);

@@ -87,11 +87,7 @@ pub(crate) async fn handle(
     match request {
         Request::Enter(enter) => {
             let ns = Ns::named(enter.namespace.as_deref());
-            if !daemon.namespaces.exists(&ns) {
-                // A cluster's other nodes may have added it this second.
-                let _ = backend.refresh_namespaces().await;
-            }
-            let reached = session.credential.reaches(&ns) && daemon.namespaces.exists(&ns);
+            let reached = session.credential.reaches(&ns) && backend.knows(&ns).await;
             if !reached {
                 return reply.failed(namespace::unknown(ns.name())).await;
             }

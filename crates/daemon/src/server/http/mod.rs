@@ -524,6 +524,17 @@ async fn authorize(
     if credential.scope < needed {
         return api::error(StatusCode::FORBIDDEN, credential.scope.refusal(needed));
     }
+    let named = request
+        .headers()
+        .get("x-taskhost-namespace")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| crate::service::namespace::Ns::named(Some(v.trim())));
+    if let Some(ns) = named.filter(|_| credential.reach == Reach::Every) {
+        // A cluster's other nodes may have added it this second.
+        crate::backend::Backend::daemon_wide(&http.daemon)
+            .knows(&ns)
+            .await;
+    }
     let view = match view_of(&http, &credential, &request) {
         Ok(view) => view,
         Err(refused) => return *refused,
