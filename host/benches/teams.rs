@@ -69,6 +69,8 @@ struct Round {
     b_ms: Vec<f64>,
     /// B's submit → accepted (the reply), of the same submissions.
     b_accept_ms: Vec<f64>,
+    /// B's submit → the start as its node stamped it (`at_ms`).
+    b_began_ms: Vec<f64>,
 }
 
 /// The daemons of one run: one host, or a cluster's nodes and its
@@ -177,9 +179,11 @@ fn main() {
             let r = rt.block_on(run(dir.path(), *variant, flood));
             let (b, accept) = (summary(&r.b_ms), summary(&r.b_accept_ms));
             println!(
-                "round {round} {:<14} A {:>7.0} tasks/s  B submit->start {b}  (accepted {accept})",
+                "round {round} {:<14} A {:>7.0} tasks/s  B submit->start {b}  (accepted {accept}; \
+                 started on its node {})",
                 variant.label(),
-                r.a_per_s
+                r.a_per_s,
+                summary(&r.b_began_ms)
             );
             seen.push(r);
         }
@@ -238,6 +242,25 @@ async fn run(dir: &Path, variant: Variant, flood: usize) -> Round {
         .ensure_plugin(&std::fs::read(plugin_artifacts::HELLO).unwrap())
         .await
         .unwrap();
+    // Every node fetches and compiles an uploaded plugin ahead of its
+    // tasks: the flood starts once each has (a plugin's first task on a
+    // node would otherwise wait for its compile, here 130-400 ms).
+    for i in 0..nodes() {
+        for digest in [&sleeper, &hello] {
+            let file = dir
+                .join(format!("n{i}-state"))
+                .join("plugins")
+                .join(format!("{}.wasm", digest.hex()));
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !file.exists() {
+                assert!(
+                    Instant::now() < deadline,
+                    "node n{i} never fetched a plugin"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
     let mut a_clients = Vec::new();
     for socket in &daemons.sockets {
         a_clients.push(client_in(socket, a_ns).await);
@@ -284,7 +307,7 @@ async fn run(dir: &Path, variant: Variant, flood: usize) -> Round {
     }
     let a_per_s = flood as f64 / started.elapsed().as_secs_f64();
     flooding.store(false, std::sync::atomic::Ordering::SeqCst);
-    let (b_ms, b_accept_ms) = match b_task {
+    let (b_ms, b_accept_ms, b_began_ms) = match b_task {
         Some(task) => task.await.unwrap(),
         None => Default::default(),
     };
@@ -293,15 +316,17 @@ async fn run(dir: &Path, variant: Variant, flood: usize) -> Round {
         a_per_s,
         b_ms,
         b_accept_ms,
+        b_began_ms,
     }
 }
 
-/// B: one `hello` every 100 ms while A floods; each one's submit → start.
+/// B: one `hello` every 100 ms while A floods; each one's submit → start
+/// as seen, → accepted and → started as stamped by the node running it.
 async fn neighbour(
     b: Client,
     hello: taskhost::runtime::Digest,
     flooding: Arc<std::sync::atomic::AtomicBool>,
-) -> (Vec<f64>, Vec<f64>) {
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let mut events = b
         .request(Request::Events {
             follow: true,
@@ -318,36 +343,47 @@ async fn neighbour(
             if let Reply::Event(event) = reply
                 && let Some(id) = event.task_id
             {
-                let _ = tx.send((id, Instant::now()));
+                let _ = tx.send((id, Instant::now(), event.at_ms));
             }
         }
     });
     let mut sent = std::collections::HashMap::new();
     let mut latencies = Vec::new();
     let mut accepts = Vec::new();
+    let mut began = Vec::new();
+    let epoch_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+            * 1e3
+    };
     let mut tick = tokio::time::interval(B_EVERY);
     while flooding.load(std::sync::atomic::Ordering::SeqCst) {
         tick.tick().await;
-        let at = Instant::now();
+        let (at, wall) = (Instant::now(), epoch_ms());
         let submitted = b.submit(SubmitRequest::new(hello)).await.expect("B's");
         accepts.push(at.elapsed().as_secs_f64() * 1e3);
-        sent.insert(submitted.id, at);
-        while let Ok((id, seen)) = rx.try_recv() {
-            if let Some(at) = sent.remove(&id) {
+        sent.insert(submitted.id, (at, wall));
+        while let Ok((id, seen, at_ms)) = rx.try_recv() {
+            if let Some((at, wall)) = sent.remove(&id) {
                 latencies.push(seen.duration_since(at).as_secs_f64() * 1e3);
+                began.push(at_ms as f64 - wall);
             }
         }
     }
     // The last ones' starts.
     let deadline = Instant::now() + Duration::from_secs(60);
     while !sent.is_empty() && Instant::now() < deadline {
-        if let Ok(Some((id, seen))) = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await
-            && let Some(at) = sent.remove(&id)
+        if let Ok(Some((id, seen, at_ms))) =
+            tokio::time::timeout(Duration::from_secs(1), rx.recv()).await
+            && let Some((at, wall)) = sent.remove(&id)
         {
             latencies.push(seen.duration_since(at).as_secs_f64() * 1e3);
+            began.push(at_ms as f64 - wall);
         }
     }
-    (latencies, accepts)
+    (latencies, accepts, began)
 }
 
 async fn client_in(socket: &Path, ns: Option<&str>) -> Client {

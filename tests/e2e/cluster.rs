@@ -1067,6 +1067,31 @@ fn a_cancel_while_a_node_still_loads_the_plugin_is_not_lost() {
 }
 
 #[test]
+fn a_plugin_uploaded_through_one_node_is_fetched_by_the_others_ahead_of_its_tasks() {
+    let pg = Postgres::start();
+    let a = steady_node(&pg, "a", &[]);
+    let b = steady_node(&pg, "b", &[]);
+    // Held for an hour: no node claims it, yet b brings its plugin.
+    a.submit(&[&p("hello"), "--name", "later", "--delay", "1h"]);
+    let bytes = std::fs::read(common::plugin("hello")).expect("the hello plugin");
+    let hex: String = <sha2::Sha256 as sha2::Digest>::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let fetched = b
+        .dir
+        .path()
+        .join("state/plugins")
+        .join(format!("{hex}.wasm"));
+    let deadline = Instant::now() + LIMIT;
+    while !fetched.exists() {
+        assert!(Instant::now() < deadline, "b never fetched the plugin");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(std::fs::read(&fetched).unwrap(), bytes);
+}
+
+#[test]
 fn one_node_s_http_api_answers_for_the_cluster() {
     let pg = Postgres::start();
     // b runs the task (the only node when it is claimed); a, started

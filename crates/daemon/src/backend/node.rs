@@ -25,6 +25,7 @@ use taskhost_core::controller::{AdmissionPolicy, Submission};
 use taskhost_core::outcome::TaskOutcome;
 use taskhost_core::supervisor::{Event, EventKind, Resume, TaskId, TaskReport};
 use taskhost_core::units::format_duration;
+use taskhost_runtime::Digest;
 use taskhost_runtime::plugin_task::PluginTask;
 
 use crate::backend::daemon::{Daemon, RecordingGuard};
@@ -69,7 +70,9 @@ pub(crate) fn start(daemon: &Arc<Daemon>) {
         tokio::spawn(ship_loop(Arc::downgrade(cluster), lines));
     }
     if cluster.settings.notify {
-        tokio::spawn(listen_loop(Arc::downgrade(daemon)));
+        let (warm, uploaded) = tokio::sync::mpsc::channel(WARM_QUEUE);
+        tokio::spawn(listen_loop(Arc::downgrade(daemon), warm));
+        tokio::spawn(warm_loop(Arc::downgrade(daemon), uploaded));
     }
     tracing::info!(node = cluster.node(), name = %cluster.name, "joined the cluster");
 }
@@ -542,7 +545,26 @@ async fn lost_lease(daemon: &Arc<Daemon>, cluster: &Cluster, lost: i64, why: &st
     }
 }
 
-async fn listen_loop(daemon: Weak<Daemon>) {
+/// Plugins uploaded through any node that wait to be fetched and compiled
+/// here before a task of theirs is claimed (more are fetched at their
+/// first claim, as without notifications).
+const WARM_QUEUE: usize = 64;
+
+/// Fetches and compiles each plugin uploaded to the cluster, one at a
+/// time, so that this node's first claim of its tasks starts at once.
+async fn warm_loop(daemon: Weak<Daemon>, mut uploaded: tokio::sync::mpsc::Receiver<Digest>) {
+    while let Some(digest) = uploaded.recv().await {
+        let Some(d) = daemon.upgrade() else { return };
+        let Some(cluster) = d.cluster().cloned() else {
+            return;
+        };
+        if let Err(err) = cluster.ensure_plugin_for(&d.plugins, &digest, None).await {
+            tracing::debug!(%digest, "an uploaded plugin was not fetched ahead: {err}");
+        }
+    }
+}
+
+async fn listen_loop(daemon: Weak<Daemon>, warm: tokio::sync::mpsc::Sender<Digest>) {
     loop {
         let Some(cluster) = daemon.upgrade().and_then(|d| d.cluster().cloned()) else {
             return;
@@ -551,11 +573,12 @@ async fn listen_loop(daemon: Weak<Daemon>) {
         match cluster.pg.link().connect(Some(tx)).await {
             Ok(session) => {
                 let listen = format!(
-                    "LISTEN {}; LISTEN {}; LISTEN {}; LISTEN {}; LISTEN {}",
+                    "LISTEN {}; LISTEN {}; LISTEN {}; LISTEN {}; LISTEN {}; LISTEN {}",
                     postgres::READY,
                     postgres::STOP,
                     postgres::FINISHED,
                     postgres::EVENTS,
+                    postgres::PLUGINS,
                     crate::store::postgres::time::TIME
                 );
                 if let Err(err) = session.client.batch_execute(&listen).await {
@@ -580,6 +603,12 @@ async fn listen_loop(daemon: Weak<Daemon>) {
                             postgres::READY => cluster.wake.notify_one(),
                             postgres::EVENTS => cluster.events.notify_one(),
                             crate::store::postgres::time::TIME => cluster.time.notify_one(),
+                            postgres::PLUGINS => {
+                                if let Ok(digest) = payload.parse::<Digest>() {
+                                    // Full: fetched at its first claim.
+                                    let _ = warm.try_send(digest);
+                                }
+                            }
                             postgres::STOP => {
                                 for id in ids {
                                     cluster.stop_local(&d.controller, id);

@@ -38,7 +38,7 @@ const FEED_BATCH: usize = 1_000;
 /// The least time between two reads of the feed.
 const FEED_GAP: Duration = Duration::from_millis(20);
 /// How long this node's events wait for others to ship with them.
-const EVENT_BATCH_WAIT: Duration = Duration::from_millis(50);
+const EVENT_BATCH_WAIT: Duration = Duration::from_millis(25);
 
 /// The session timeouts of a node's connections: a statement, a lock
 /// wait and a transaction left idle (a frozen node's) each end within a

@@ -33,13 +33,22 @@ impl Pg {
         bytes: &[u8],
     ) -> Result<(), StoreError> {
         let client = self.client().await?;
+        // Every node is told (at the commit) to fetch it ahead of its tasks.
         exec(
             &client,
             "cannot store a plugin",
-            "INSERT INTO taskhost_plugins (digest, name, bytes, stored_ms) \
+            "WITH put AS (INSERT INTO taskhost_plugins (digest, name, bytes, stored_ms) \
                  VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT (digest) DO UPDATE SET stored_ms = excluded.stored_ms",
-            &[&&digest.0[..], &name, &bytes, &ms(now_ms())],
+                 ON CONFLICT (digest) DO UPDATE SET stored_ms = excluded.stored_ms RETURNING 1) \
+             SELECT pg_notify($5, $6) FROM put",
+            &[
+                &&digest.0[..],
+                &name,
+                &bytes,
+                &ms(now_ms()),
+                &super::PLUGINS,
+                &digest.to_string(),
+            ],
         )
         .await?;
         Ok(())

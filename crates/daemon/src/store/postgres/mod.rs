@@ -82,6 +82,10 @@ pub(crate) const FINISHED: &str = "taskhost_finished";
 /// New events were shipped: the nodes' feeds read them now.
 pub(crate) const EVENTS: &str = "taskhost_events";
 
+/// A plugin was uploaded (its digest): every node fetches and compiles it
+/// ahead of its tasks.
+pub(crate) const PLUGINS: &str = "taskhost_plugins";
+
 /// The database of a cluster; cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Pg {
