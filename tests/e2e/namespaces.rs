@@ -1077,17 +1077,30 @@ fn a_namespace_lists_the_plugins_its_own_tasks_use_with_its_own_counts() {
     std::fs::write(&tokens, "submit alpha-token alpha\nadmin root-token *\n").unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let d = Daemon::start(&[
+    let http = [
         "--http",
         "127.0.0.1:0",
         "--http-token-file",
         tokens.to_str().unwrap(),
-    ]);
-    added(&d, &["alpha"]);
-    added(&d, &["beta"]);
+    ];
+    let d = Daemon::start(&http);
+    plugins_listed(&d, &d);
+    let pg = Postgres::start();
+    let n1 = steady_node(&pg, "n1", &http);
+    let n2 = steady_node(&pg, "n2", &[]);
+    plugins_listed(&n1, &n2);
+}
+
+/// Alpha's tasks and the HTTP API through `d` (with the tokens
+/// `alpha-token` and `root-token`), beta's tasks and the listings through
+/// `b`.
+fn plugins_listed(d: &Daemon, b: &Daemon) {
+    added(d, &["alpha"]);
+    added(d, &["beta"]);
     let run = |ns: &str, plugin: &str| {
         let path = p(plugin);
-        let out = in_ns(&d, ns, &["submit", &path, "--param", "ms=1", "--wait"]);
+        let via = if ns == "beta" { b } else { d };
+        let out = in_ns(via, ns, &["submit", &path, "--param", "ms=1", "--wait"]);
         assert_eq!(out.code, Some(0), "{ns} {plugin}: {out:?}");
     };
     run("alpha", "hello");
@@ -1097,7 +1110,7 @@ fn a_namespace_lists_the_plugins_its_own_tasks_use_with_its_own_counts() {
     run("beta", "sleeper");
     // Stored by the operator, used by nobody: the default namespace's
     // listing shows it, as it did before namespaces.
-    let port = http::http_port(&d);
+    let port = http::http_port(d);
     let bytes = std::fs::read(common::plugin("chatty")).unwrap();
     let digest = {
         use sha2::Digest as _;
@@ -1128,7 +1141,7 @@ fn a_namespace_lists_the_plugins_its_own_tasks_use_with_its_own_counts() {
     let plugins = |args: &[&str]| {
         let mut all = args.to_vec();
         all.extend(["plugins", "ls", "--json"]);
-        listed(json_rows(&d.run(&all)))
+        listed(json_rows(&b.run(&all)))
     };
     let own = |name: &str, n: u64| (name.to_owned(), n);
     assert_eq!(

@@ -295,9 +295,29 @@ impl<'a> Backend<'a> {
     /// seeing every namespace, all of them; to a namespace, those its tasks
     /// and schedules use, with its own counts (the default namespace also
     /// sees those nobody uses, as before namespaces).
-    pub(crate) async fn plugin_rows(&self) -> Vec<crate::wire::protocol::PluginRow> {
+    pub(crate) async fn plugin_rows(
+        &self,
+    ) -> Result<Vec<crate::wire::protocol::PluginRow>, ServiceError> {
         let daemon = Arc::clone(self.daemon());
         let view = self.view.clone();
+        if let Kind::Shared(shared) = &self.kind {
+            // The cluster's plugins, counted from its database.
+            let only = (!view.all).then(|| view.acting.share().unwrap_or_default());
+            let rows = (shared.cluster.pg.plugin_rows(only.as_deref()).await)
+                .map_err(ServiceError::Store)?;
+            let unused_to_all = view.acting.is_default();
+            let runtime = daemon.plugins.runtime();
+            return Ok(rows
+                .into_iter()
+                .filter(|(row, anyone)| {
+                    view.all || row.unfinished + row.finished > 0 || (unused_to_all && !anyone)
+                })
+                .map(|(mut row, _)| {
+                    row.loaded = runtime.is_cached(&row.digest);
+                    row
+                })
+                .collect());
+        }
         tokio::task::spawn_blocking(move || {
             let users = daemon.plugin_users();
             let refs = |only| {
@@ -321,7 +341,7 @@ impl<'a> Backend<'a> {
                 .collect()
         })
         .await
-        .unwrap_or_default()
+        .map_err(|e| ServiceError::Internal(format!("the plugins could not be listed: {e}")))
     }
 
     /// The request a task was submitted with (resolved: its name, slot

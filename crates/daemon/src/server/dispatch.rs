@@ -181,10 +181,10 @@ pub(crate) async fn handle(
             Ok(rows) => send_pages(&reply, rows, Reply::Tasks).await,
             Err(e) => reply.failed(e).await,
         },
-        Request::Plugins => {
-            let rows = backend.plugin_rows().await;
-            send_pages(&reply, rows, Reply::Plugins).await;
-        }
+        Request::Plugins => match backend.plugin_rows().await {
+            Ok(rows) => send_pages(&reply, rows, Reply::Plugins).await,
+            Err(e) => reply.failed(e).await,
+        },
         Request::RemovePlugins { prefix } => remove_plugins(daemon, &backend, prefix, reply).await,
         Request::Slots => match backend.slots().await {
             Ok(slots) => send_pages(&reply, slots, Reply::Slots).await,

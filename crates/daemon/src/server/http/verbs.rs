@@ -600,8 +600,10 @@ pub(super) async fn plugins(
     State(http): State<Http>,
     Extension(view): Extension<View>,
 ) -> Response {
-    let rows = Backend::within(&http.daemon, view).plugin_rows().await;
-    Json(Value::Array(rows.iter().map(json::plugin_row).collect())).into_response()
+    match Backend::within(&http.daemon, view).plugin_rows().await {
+        Ok(rows) => Json(Value::Array(rows.iter().map(json::plugin_row).collect())).into_response(),
+        Err(e) => failed(e),
+    }
 }
 
 /// `DELETE /api/plugins/{digest prefix}`: as `host plugins rm` (refused

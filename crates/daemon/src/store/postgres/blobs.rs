@@ -1,5 +1,6 @@
 //! Owns plugins stored in the database by digest: stored once, fetched by
-//! the nodes that lack them, collected once no task refers to them.
+//! the nodes that lack them, listed with the tasks that use them, collected
+//! once no task refers to them.
 
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use deadpool_postgres::GenericClient;
 use taskhost_runtime::Digest;
 
 use crate::store::{StoreError, now_ms};
+use crate::wire::protocol::PluginRow;
 
 use super::*;
 
@@ -105,5 +107,55 @@ impl Pg {
         )
         .await?
         .map(|r| r.get(0)))
+    }
+
+    /// The cluster's stored plugins, oldest first, each with its tasks
+    /// (unfinished and retained finished ones) and schedules of namespace
+    /// `only` ('' the default one; `None` every namespace), and whether
+    /// anything of any namespace uses it.
+    pub(crate) async fn plugin_rows(
+        &self,
+        only: Option<&str>,
+    ) -> Result<Vec<(PluginRow, bool)>, StoreError> {
+        let client = self.client().await?;
+        let rows = all(
+            &client,
+            "cannot list the plugins",
+            "WITH used AS ( \
+                 SELECT digest, count(*) FILTER (WHERE state <> 'finished') AS unfinished, \
+                     count(*) FILTER (WHERE state = 'finished') AS finished \
+                 FROM taskhost_tasks WHERE $1::text IS NULL OR ns = $1 GROUP BY digest \
+                 UNION ALL \
+                 SELECT digest, count(*), 0 FROM taskhost_schedules WHERE $1::text IS NULL \
+                     OR CASE WHEN $1 = '' THEN strpos(name, chr(31)) = 0 \
+                         ELSE starts_with(name, $1 || chr(31)) END GROUP BY digest) \
+             SELECT p.digest, p.name, octet_length(p.bytes)::int8, p.stored_ms, \
+                 coalesce(sum(u.unfinished), 0)::int8, coalesce(sum(u.finished), 0)::int8, \
+                 EXISTS (SELECT 1 FROM taskhost_tasks t WHERE t.digest = p.digest) \
+                     OR EXISTS (SELECT 1 FROM taskhost_schedules s WHERE s.digest = p.digest) \
+             FROM taskhost_plugins p LEFT JOIN used u ON u.digest = p.digest \
+             GROUP BY p.digest ORDER BY p.stored_ms, p.digest",
+            &[&only],
+        )
+        .await?;
+        let n = |v: i64| v.max(0) as u64;
+        rows.iter()
+            .map(|row| {
+                let digest: &[u8] = row.get(0);
+                let digest = Digest(digest.try_into().map_err(|_| {
+                    StoreError::Failed("a stored plugin's digest is not 32 bytes".into())
+                })?);
+                let plugin = PluginRow {
+                    digest,
+                    name: row.get(1),
+                    bytes: n(row.get(2)),
+                    stored_ms: n(row.get(3)),
+                    unfinished: n(row.get(4)),
+                    finished: n(row.get(5)),
+                    loaded: false,
+                };
+                Ok((plugin, row.get(6)))
+            })
+            .collect()
     }
 }
