@@ -371,6 +371,36 @@ fn flow_rules_hold_across_three_nodes_with_one_killed_and_one_frozen() {
         ("rated", 6),
         ("deb", 1),
     ];
+    // Each shared slot filled at once, so that reaching its capacity does
+    // not hang on how fast a loaded machine submits the random ones.
+    let filling: Vec<_> = slots[1..4]
+        .iter()
+        .flat_map(|&(slot, capacity)| std::iter::repeat_n(slot, capacity))
+        .map(|slot| {
+            let args = [
+                "submit",
+                &p("sleeper"),
+                "--slot",
+                slot,
+                "--param",
+                "ms=1500",
+            ];
+            crate::common::host()
+                .args(a.args(&args))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn host")
+        })
+        .collect();
+    for child in filling {
+        let out = child.wait_with_output().expect("host submit");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let mut debounced = Vec::new();
     let total = 240;
     for i in 0..total {
