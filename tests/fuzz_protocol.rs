@@ -579,6 +579,13 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
             })),
         ),
         (
+            "submit-batch",
+            Request::SubmitBatch(vec![
+                SubmitRequest::new(Digest([0xab; 32])),
+                SubmitRequest::new(Digest([0xcd; 32])),
+            ]),
+        ),
+        (
             "schedule-add",
             Request::Schedule(ScheduleVerb::Add(Box::new(ScheduleSpec {
                 name: "nightly".into(),

@@ -63,8 +63,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use taskhost::daemon::protocol::{
-    Envelope, Hello, MAGIC, PROTOCOL_VERSION, Placement, Reply, Request, SubmitRequest, Submitted,
-    UPLOAD_CHUNK, Welcome, encode, read_frame, write_frame,
+    BatchItem, Envelope, Hello, MAGIC, MAX_BATCH, PROTOCOL_VERSION, Placement, Reply, Request,
+    SubmitRequest, Submitted, UPLOAD_CHUNK, Welcome, encode, read_frame, write_frame,
 };
 use taskhost::outcome::TaskOutcome;
 use taskhost::runtime::Digest;
@@ -88,9 +88,11 @@ const RESTART_QUEUED: usize = 10_000;
 fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     // TASKHOST_BENCH_ONLY_…=1 runs one scenario alone.
-    let only = ["RESTART", "COMPILES", "PARKED", "REMOTE", "GUESTS", "STATE"]
-        .into_iter()
-        .find(|s| std::env::var_os(format!("TASKHOST_BENCH_ONLY_{s}")).is_some());
+    let only = [
+        "RESTART", "COMPILES", "PARKED", "REMOTE", "GUESTS", "STATE", "BATCH",
+    ]
+    .into_iter()
+    .find(|s| std::env::var_os(format!("TASKHOST_BENCH_ONLY_{s}")).is_some());
     if let Some(scenario) = only {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -102,6 +104,7 @@ fn main() {
             "REMOTE" => rt.block_on(remote(dir.path())),
             "GUESTS" => rt.block_on(guest_attempts(dir.path())),
             "STATE" => rt.block_on(state(dir.path())),
+            "BATCH" => rt.block_on(batch(dir.path())),
             _ => rt.block_on(parked(dir.path())),
         }
         return;
@@ -311,6 +314,125 @@ fn main() {
     rt.block_on(guest_attempts(dir.path()));
     rt.block_on(state(dir.path()));
     rt.block_on(compiles(dir.path()));
+    rt.block_on(batch(dir.path()));
+}
+
+/// Batches per round of the batch scenario, of [`MAX_BATCH`] each.
+const BATCHES: usize = 20;
+
+/// Issue 53: intake of a SQLite daemon in batches of 1,000
+/// (`SubmitBatch`, as `host submit --batch` and `POST /api/tasks/batch`
+/// send them; two calls in flight on one connection) against single
+/// submissions from one pipelined client, the same number of tasks, rounds
+/// alternated in one run; each round's tasks acknowledged durably
+/// (acknowledged after the commit holding them) and then drained.
+async fn batch(dir: &Path) {
+    let host = Path::new(env!("CARGO_BIN_EXE_host"));
+    let socket = dir.join("batch.sock");
+    let mut child = start_daemon(
+        host,
+        &socket,
+        &dir.join("batch-state"),
+        "sqlite",
+        &["--worker-threads", "2"],
+    );
+    let hello = std::fs::read(plugin_artifacts::HELLO).expect("hello.wasm");
+    let digest = upload(&socket, &hello).await;
+    let total = BATCHES * MAX_BATCH;
+    batch_intake(&socket, digest, 2, None).await;
+    drain(&socket).await;
+    intake(&socket, digest, 1, 2_000).await;
+    drain(&socket).await;
+    // Each its own slot: every task starts as it is accepted, so intake
+    // shares the two cores with the running; one slot: they queue behind
+    // its owner, intake alone.
+    for (slot, what) in [
+        (None, "each its own slot"),
+        (Some("one"), "all queued in one slot"),
+    ] {
+        let (mut batched, mut single) = (Vec::new(), Vec::new());
+        for round in 1..=INTAKE_ROUNDS {
+            for first in [round % 2 == 0, round % 2 == 1] {
+                let rate = if first {
+                    batch_intake(&socket, digest, BATCHES, slot).await
+                } else {
+                    intake_into(&socket, digest, 1, total, slot).await
+                };
+                let drained = drain(&socket).await;
+                let which = if first {
+                    "batches of 1,000"
+                } else {
+                    "single submissions, 1 pipelined client"
+                };
+                println!(
+                    "  round {round}: sqlite, {what}: {which}: {rate:.0} tasks/s accepted durably (drained in {:.0} ms)",
+                    drained.as_secs_f64() * 1e3
+                );
+                if first {
+                    batched.push(rate)
+                } else {
+                    single.push(rate)
+                }
+            }
+        }
+        let (b, s) = (median(&batched), median(&single));
+        println!(
+            "sqlite, {what}: batch intake, {total} tasks in batches of {MAX_BATCH}: median {b:.0} tasks/s (min {:.0}); single submissions, 1 pipelined client: median {s:.0} /s; batch/single {:.2}x",
+            min(&batched),
+            b / s
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// `batches` calls of [`MAX_BATCH`] submissions on one connection, two in
+/// flight; tasks acknowledged per second (first write to last answer).
+async fn batch_intake(socket: &Path, digest: Digest, batches: usize, slot: Option<&str>) -> f64 {
+    let client = taskhost::daemon::Client::connect(socket).await.unwrap();
+    let requests = || -> Vec<SubmitRequest> {
+        (0..MAX_BATCH)
+            .map(|_| {
+                let mut request = SubmitRequest::new(digest);
+                request.input = b"hi".to_vec();
+                request.slot = slot.map(str::to_owned);
+                request
+            })
+            .collect()
+    };
+    let start = Instant::now();
+    let mut in_flight = std::collections::VecDeque::new();
+    let mut accepted = 0;
+    for _ in 0..batches {
+        if in_flight.len() == 2 {
+            accepted += batch_answer(in_flight.pop_front().unwrap()).await;
+        }
+        in_flight.push_back(
+            client
+                .request(Request::SubmitBatch(requests()))
+                .await
+                .unwrap(),
+        );
+    }
+    for replies in in_flight {
+        accepted += batch_answer(replies).await;
+    }
+    accepted as f64 / start.elapsed().as_secs_f64()
+}
+
+async fn batch_answer(mut replies: taskhost::daemon::Replies) -> usize {
+    match replies.next_reply().await.unwrap() {
+        Reply::SubmittedBatch(items) => {
+            for item in &items {
+                assert!(
+                    matches!(item, BatchItem::Submitted(s) if !matches!(s.placement, Placement::Rejected(_))),
+                    "{item:?}"
+                );
+            }
+            items.len()
+        }
+        other => panic!("unexpected reply {other:?}"),
+    }
 }
 
 /// Tasks per guest in the guest-attempts scenario, and the first ones left
@@ -590,7 +712,7 @@ async fn client_intake(clients: &[taskhost::daemon::Client], digest: Digest, tot
         handles.push(tokio::spawn(async move {
             let mut replies = Vec::with_capacity(per_client);
             for _ in 0..per_client {
-                replies.push(client.request(submit_request(digest)).await.expect("send"));
+                replies.push(client.request(submit_request(digest, None)).await.expect("send"));
             }
             for mut reply in replies {
                 match reply.next_reply().await.expect("reply") {
@@ -1090,15 +1212,27 @@ async fn upload_as(socket: &Path, digest: Digest, bytes: &[u8]) {
     }
 }
 
-fn submit_request(digest: Digest) -> Request {
+fn submit_request(digest: Digest, slot: Option<&str>) -> Request {
     let mut request = SubmitRequest::new(digest);
     request.input = b"hi".to_vec();
+    request.slot = slot.map(str::to_owned);
     Request::Submit(Box::new(request))
 }
 
 /// `total` submissions spread over `clients` pipelined connections; returns
 /// submissions acknowledged per second (first write to last reply).
 async fn intake(socket: &Path, digest: Digest, clients: usize, total: usize) -> f64 {
+    intake_into(socket, digest, clients, total, None).await
+}
+
+/// As [`intake`], every submission to `slot` (`None`: each its own).
+async fn intake_into(
+    socket: &Path,
+    digest: Digest,
+    clients: usize,
+    total: usize,
+    slot: Option<&str>,
+) -> f64 {
     let per_client = total / clients;
     let mut connections = Vec::new();
     for _ in 0..clients {
@@ -1108,7 +1242,7 @@ async fn intake(socket: &Path, digest: Digest, clients: usize, total: usize) -> 
         .map(|i| {
             encode(&Envelope {
                 id: i as u32 + 1,
-                body: submit_request(digest),
+                body: submit_request(digest, slot),
             })
             .unwrap()
         })
@@ -1195,7 +1329,7 @@ async fn latency(socket: &Path, digest: Digest, iterations: usize) -> Vec<f64> {
             id,
             placement: Placement::Running,
             ..
-        }) = call(&mut reader, &mut writer, submit_request(digest)).await
+        }) = call(&mut reader, &mut writer, submit_request(digest, None)).await
         else {
             panic!("the submission was not taken");
         };

@@ -52,6 +52,7 @@ mod wire;
 
 mod artifacts;
 mod bad_plugins;
+mod batch;
 mod children;
 mod cli_run;
 mod cluster;

@@ -47,15 +47,20 @@ pub fn usage(err: impl std::fmt::Display) -> anyhow::Error {
     ExitError::error(EXIT_USAGE, err.to_string())
 }
 
+/// The exit code of a daemon's refusal of this kind.
+pub fn kind_code(kind: ErrorKind) -> u8 {
+    match kind {
+        ErrorKind::Invalid | ErrorKind::NotFound => EXIT_USAGE,
+        ErrorKind::ShuttingDown | ErrorKind::Conflict | ErrorKind::OverQuota => EXIT_REJECTED,
+        ErrorKind::Internal | ErrorKind::Forbidden => EXIT_DAEMON,
+    }
+}
+
 /// A client error as an exit code: the daemon's own verdicts (invalid input,
 /// not found: 2; shutting down: 3), everything else about reaching it: 5.
 pub fn client(err: ClientError) -> anyhow::Error {
     let code = match &err {
-        ClientError::Daemon { kind, .. } => match kind {
-            ErrorKind::Invalid | ErrorKind::NotFound => EXIT_USAGE,
-            ErrorKind::ShuttingDown | ErrorKind::Conflict | ErrorKind::OverQuota => EXIT_REJECTED,
-            ErrorKind::Internal | ErrorKind::Forbidden => EXIT_DAEMON,
-        },
+        ClientError::Daemon { kind, .. } => kind_code(*kind),
         _ => EXIT_DAEMON,
     };
     ExitError::error(code, err.to_string())

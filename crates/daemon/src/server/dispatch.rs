@@ -23,7 +23,9 @@ use crate::service::kv::KvAnswer;
 use crate::service::namespace::{self, Ns, View};
 use crate::service::plugins;
 use crate::service::uploads::Uploads;
-use crate::wire::protocol::{ErrorKind, LIST_PAGE, Reply, Request, SubmitRequest};
+use crate::wire::protocol::{
+    BatchItem, ErrorKind, LIST_PAGE, Reply, Request, SubmitRequest, check_submission,
+};
 
 /// What one connection's requests share: its credential and the
 /// namespace it acts in, its uploads in progress, its acknowledgements
@@ -138,6 +140,10 @@ pub(crate) async fn handle(
             .await
         }
         Request::Submit(request) => submit(&backend, *request, reply, session).await,
+        Request::SubmitBatch(requests) => {
+            let items = submit_batch(&backend, requests).await;
+            reply.send(Reply::SubmittedBatch(items)).await;
+        }
         Request::Rerun(target) => rerun(&backend, target, reply, session).await,
         Request::Schedule(verb) => match backend.schedule(verb).await {
             Ok(Scheduled::Rows(rows)) => send_pages(&reply, rows, Reply::Schedules).await,
@@ -335,6 +341,40 @@ async fn submit(
         Ok(accepted) => answer(accepted, reply, session).await,
         Err(e) => reply.failed(e).await,
     }
+}
+
+/// Places a batch's submissions in order, each as a Submit alone (its
+/// checks, its key, the admission rules), then answers each once the
+/// accepted ones are durable: the store's writer commits what was queued
+/// together, so a batch takes one commit or few.
+pub(crate) async fn submit_batch(
+    backend: &Backend<'_>,
+    requests: Vec<SubmitRequest>,
+) -> Vec<BatchItem> {
+    let mut placed = Vec::with_capacity(requests.len());
+    for request in requests {
+        let answer = match check_submission(&request) {
+            Err(message) => Err(ServiceError::Invalid(message)),
+            Ok(()) => backend.submit(request).await,
+        };
+        placed.push(answer);
+    }
+    let mut items = Vec::with_capacity(placed.len());
+    for answer in placed {
+        let submitted = match answer {
+            Ok(Accepted::Now(submitted)) => Ok(submitted),
+            Ok(Accepted::Later(durable) | Accepted::Deciding(durable)) => durable.await,
+            Err(e) => Err(e),
+        };
+        items.push(match submitted {
+            Ok(submitted) => BatchItem::Submitted(submitted),
+            Err(e) => {
+                let (kind, message) = e.into();
+                BatchItem::Refused { kind, message }
+            }
+        });
+    }
+    items
 }
 
 /// Sends a submission's acknowledgement once it is durable (or decided).

@@ -109,9 +109,11 @@ impl Scope {
             | Request::Plugins
             | Request::Enter(_)
             | Request::Namespace(NamespaceVerb::List) => Scope::Read,
-            Request::Upload { .. } | Request::Submit(_) | Request::Wait(_) | Request::Rerun(_) => {
-                Scope::Submit
-            }
+            Request::Upload { .. }
+            | Request::Submit(_)
+            | Request::SubmitBatch(_)
+            | Request::Wait(_)
+            | Request::Rerun(_) => Scope::Submit,
             Request::Schedule(ScheduleVerb::List) | Request::SlotRule(SlotRuleVerb::List) => {
                 Scope::Read
             }

@@ -200,6 +200,29 @@ pub fn submitted(s: &crate::wire::protocol::Submitted) -> Value {
     value
 }
 
+/// One answer of a batch (`host submit --batch --json`, `POST
+/// /api/tasks/batch`): as [`submitted`], or `{"error", "kind"}` with the
+/// reason it was refused and its kind (`invalid`, `not_found`, `conflict`,
+/// `over_quota`, `shutting_down`, `forbidden`, `internal`).
+pub fn batch_item(item: &crate::wire::protocol::BatchItem) -> Value {
+    use crate::wire::protocol::{BatchItem, ErrorKind};
+    match item {
+        BatchItem::Submitted(s) => submitted(s),
+        BatchItem::Refused { kind, message } => {
+            let kind = match kind {
+                ErrorKind::Invalid => "invalid",
+                ErrorKind::NotFound => "not_found",
+                ErrorKind::ShuttingDown => "shutting_down",
+                ErrorKind::Internal => "internal",
+                ErrorKind::Forbidden => "forbidden",
+                ErrorKind::Conflict => "conflict",
+                ErrorKind::OverQuota => "over_quota",
+            };
+            json!({ "error": message, "kind": kind })
+        }
+    }
+}
+
 /// A schedule of `host schedule ls --json` (and of its other verbs).
 pub fn schedule(r: &crate::wire::protocol::ScheduleRow) -> Value {
     let time = |ms: Option<u64>| ms.map(crate::schedule::format_ms);

@@ -35,10 +35,10 @@ use taskhost_core::supervisor::{TaskRef, TaskReport};
 use taskhost_runtime::Digest;
 
 use crate::wire::protocol::{
-    Enter, Envelope, ErrorKind, FrameError, Hello, KvRow, KvTarget, KvVerb, MAGIC, NamespaceRow,
-    NamespaceVerb, PROTOCOL_VERSION, PluginRow, Reassembly, Reply, Request, ScheduleRow,
-    ScheduleVerb, SlotRuleRow, SlotRuleVerb, SubmitRequest, Submitted, TaskRow, UPLOAD_CHUNK,
-    Welcome, encode, read_frame, write_frame,
+    BatchItem, Enter, Envelope, ErrorKind, FrameError, Hello, KvRow, KvTarget, KvVerb, MAGIC,
+    NamespaceRow, NamespaceVerb, PROTOCOL_VERSION, PluginRow, Reassembly, Reply, Request,
+    ScheduleRow, ScheduleVerb, SlotRuleRow, SlotRuleVerb, SubmitRequest, Submitted, TaskRow,
+    UPLOAD_CHUNK, Welcome, encode, read_frame, write_frame,
 };
 
 /// Replies buffered per request before the connection's reader waits for
@@ -365,6 +365,19 @@ impl Client {
         match self.call(Request::Submit(Box::new(request))).await? {
             Reply::Submitted(submitted) => Ok(submitted),
             other => Err(self.unexpected("a submission", &other)),
+        }
+    }
+
+    /// Submits up to [`MAX_BATCH`](crate::protocol::MAX_BATCH) tasks in one
+    /// call: one answer per request, in order, once the accepted ones are
+    /// durable.
+    pub async fn submit_batch(
+        &self,
+        requests: Vec<SubmitRequest>,
+    ) -> Result<Vec<BatchItem>, ClientError> {
+        match self.call(Request::SubmitBatch(requests)).await? {
+            Reply::SubmittedBatch(items) => Ok(items),
+            other => Err(self.unexpected("a batch", &other)),
         }
     }
 

@@ -4,6 +4,7 @@
 //! | module | verbs |
 //! |---|---|
 //! | `submit` | `submit`, and the wait with live progress it shares with `wait` |
+//! | `batch` | `submit --batch`: a file of submissions, in calls of up to a batch each |
 //! | `tasks` | `wait`, `rerun`, `cancel`, `remove`, `ps`, `slots` |
 //! | `streams` | `events`, `logs` |
 //! | `schedule` | `schedule add`, `ls`, `rm`, `pause`, `resume`, `run` |
@@ -14,6 +15,7 @@
 //! | `plugins` | `plugins ls`, `plugins rm`, `plugins prune` |
 
 pub mod admin;
+pub mod batch;
 pub mod kv;
 pub mod ns;
 pub mod plugins;

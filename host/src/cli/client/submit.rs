@@ -45,10 +45,51 @@ pub struct SubmitArgs {
     /// Make the submission idempotent: the same KEY with the same request gives the task it first made (and, with --wait, its outcome) for the daemon's --idempotency-retention (default 24h), across restarts and cluster nodes; the same KEY with another request is refused (exit 3) naming that task.
     #[arg(long, value_name = "KEY")]
     idempotency_key: Option<String>,
+    /// Submit every task of FILE (`-`: standard input), one JSON object per line as `POST /api/tasks` takes it (`{"params": {"ms": "10"}, "slot": "a"}`; a line without "plugin" runs PLUGIN), in calls of up to 1,000: prints each one's id (or, with --json, its answer) in order, and each refusal with its line; exit 0 when every one was accepted, else the code of the first refusal. The task's settings come from its line, so the other task flags are refused with it.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["policy", "priority", "delay", "at", "wait", "idempotency_key"])]
+    pub batch: Option<PathBuf>,
     #[command(flatten)]
     raw: RawArg,
     #[command(flatten)]
     pub socket: SocketArg,
+}
+
+impl SubmitArgs {
+    /// The task's arguments.
+    pub fn task(&self) -> &TaskArgs {
+        &self.task
+    }
+
+    /// The first task flag given besides the plugin and --json (which
+    /// `--batch` takes from each line instead).
+    pub fn task_flag(&self) -> Option<&'static str> {
+        let t = &self.task;
+        let p = &self.policy_flags;
+        [
+            (t.name.is_some(), "--name"),
+            (t.slot.is_some(), "--slot"),
+            (!t.params.is_empty(), "--param"),
+            (t.input.is_some() || t.input_file.is_some(), "--input"),
+            (t.timeout.is_some(), "--timeout"),
+            (t.max_memory.is_some(), "--max-memory"),
+            (!t.dirs.is_empty(), "--dir"),
+            (!t.env.is_empty(), "--env"),
+            (
+                !t.secrets.is_empty() || !t.env_secrets.is_empty(),
+                "--secret",
+            ),
+            (!t.config_vars.is_empty(), "--config-var"),
+            (!t.kv.is_empty(), "--kv"),
+            (!t.allow_http.is_empty(), "--allow-http"),
+            (p.restart.is_some(), "--restart"),
+            (p.every.is_some(), "--every"),
+            (p.max_retries.is_some(), "--max-retries"),
+            (p.backoff.is_some(), "--backoff"),
+            (self.raw.raw, "--raw"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    }
 }
 
 /// `--at TIME`: RFC 3339, as ms since the Unix epoch.
@@ -153,6 +194,9 @@ impl Prepared {
 }
 
 pub async fn submit(args: SubmitArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
+    if let Some(file) = &args.batch {
+        return super::batch::submit_batch(&args, file, before_verb).await;
+    }
     let mut prepared = prepare(&args.task, &args.policy_flags, args.policy, args.priority)?;
     prepared.request.idempotency_key = args.idempotency_key.clone();
     prepared.request.not_before = match (args.delay, args.at) {

@@ -371,6 +371,11 @@ pub(crate) fn start(bound: Bound, daemon: &Arc<Daemon>) -> Server {
             "/api/tasks",
             post(verbs::submit).layer(DefaultBodyLimit::max(verbs::MAX_SUBMIT_BODY)),
         ),
+        (
+            "post",
+            "/api/tasks/batch",
+            post(verbs::submit_batch).layer(DefaultBodyLimit::max(verbs::MAX_BATCH_BODY)),
+        ),
         ("get", "/api/tasks/{task}/outcome", get(verbs::outcome)),
         ("post", "/api/tasks/{task}/rerun", post(verbs::rerun)),
         ("post", "/api/tasks/{task}/cancel", post(api::cancel)),

@@ -132,6 +132,12 @@ pub(super) const ROUTES: &[Route] = &[
         "Submit a task (an `Idempotency-Key` header makes it idempotent)",
     ),
     route(
+        "post",
+        "/api/tasks/batch",
+        Scope::Submit,
+        "Submit up to 1,000 tasks (`{\"tasks\": [...]}`, each a POST /api/tasks body): one answer per task, in order",
+    ),
+    route(
         "get",
         "/api/tasks/{task}/outcome",
         Scope::Submit,
@@ -280,6 +286,25 @@ pub(super) const SUBMIT_PROPERTIES: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// The schema of one submission's JSON (`POST /api/tasks`).
+fn submit_schema() -> Value {
+    let properties: Map<String, Value> = SUBMIT_PROPERTIES
+        .iter()
+        .map(|(name, kind, what)| {
+            (
+                (*name).to_owned(),
+                json!({ "type": kind, "description": what }),
+            )
+        })
+        .collect();
+    json!({
+        "type": "object",
+        "required": ["plugin"],
+        "additionalProperties": false,
+        "properties": properties,
+    })
+}
+
 /// The document.
 pub(super) fn document() -> Value {
     let mut paths = Map::new();
@@ -302,24 +327,25 @@ pub(super) fn document() -> Value {
         if !parameters.is_empty() {
             operation["parameters"] = Value::Array(parameters);
         }
-        if r.method == "post" && r.path == "/api/tasks" {
-            let properties: Map<String, Value> = SUBMIT_PROPERTIES
-                .iter()
-                .map(|(name, kind, what)| {
-                    (
-                        (*name).to_owned(),
-                        json!({ "type": kind, "description": what }),
-                    )
-                })
-                .collect();
+        if r.method == "post" && r.path == "/api/tasks/batch" {
             operation["requestBody"] = json!({
                 "required": true,
                 "content": { "application/json": { "schema": {
                     "type": "object",
-                    "required": ["plugin"],
+                    "required": ["tasks"],
                     "additionalProperties": false,
-                    "properties": properties,
+                    "properties": { "tasks": {
+                        "type": "array",
+                        "maxItems": crate::wire::protocol::MAX_BATCH,
+                        "items": submit_schema(),
+                    } },
                 } } },
+            });
+        }
+        if r.method == "post" && r.path == "/api/tasks" {
+            operation["requestBody"] = json!({
+                "required": true,
+                "content": { "application/json": { "schema": submit_schema() } },
             });
             operation["responses"]["201"] =
                 json!({ "description": "accepted: as `host submit --json`" });

@@ -15,15 +15,13 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use taskhost_core::admission::AdmissionPolicy;
-use taskhost_core::supervisor::{BackoffPolicy, RestartPolicy, TaskRef, TaskReport};
-use taskhost_core::units::{parse_duration, parse_size};
-use taskhost_runtime::{Digest, DirGrant, HttpAllow};
+use taskhost_core::supervisor::{TaskRef, TaskReport};
+use taskhost_core::units::parse_duration;
+use taskhost_runtime::Digest;
 
 use super::Http;
 use super::api::{error, failed};
@@ -35,8 +33,8 @@ use crate::service::json::{self, JsonResult};
 use crate::service::namespace::View;
 use crate::service::plugins;
 use crate::wire::protocol::{
-    MAX_SUBMIT_INPUT, MAX_WIRE_DURATION, NotBefore, Placement, Request, ScheduleSpec, ScheduleVerb,
-    SubmitRequest,
+    BatchItem, ErrorKind, MAX_BATCH, MAX_SUBMIT_INPUT, MAX_WIRE_DURATION, Placement, Request,
+    ScheduleSpec, ScheduleVerb, SubmitJson, SubmitRequest,
 };
 
 /// The largest plugin a `PUT /api/plugins/{sha256}` takes.
@@ -85,168 +83,6 @@ pub(super) async fn put_plugin(
     }
 }
 
-/// The JSON of `POST /api/tasks`: the flags of `host submit`, with the
-/// plugin named by its digest (upload it first).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct SubmitBody {
-    plugin: String,
-    name: Option<String>,
-    slot: Option<String>,
-    policy: Option<String>,
-    #[serde(default)]
-    params: std::collections::BTreeMap<String, String>,
-    /// The input as text.
-    input: Option<String>,
-    /// The input as base64 (for bytes that are not UTF-8).
-    input_base64: Option<String>,
-    restart: Option<String>,
-    every: Option<String>,
-    max_retries: Option<u32>,
-    backoff: Option<String>,
-    timeout: Option<String>,
-    max_memory: Option<Value>,
-    #[serde(default)]
-    dirs: Vec<String>,
-    #[serde(default)]
-    env: std::collections::BTreeMap<String, String>,
-    /// Variable → the daemon's secret whose value it gets.
-    #[serde(default)]
-    secrets: std::collections::BTreeMap<String, String>,
-    /// What `wasi:config/store` answers the guest.
-    #[serde(default)]
-    config: std::collections::BTreeMap<String, String>,
-    /// Shared key-value buckets the guest may open.
-    #[serde(default)]
-    kv: Vec<String>,
-    #[serde(default)]
-    allow_http: Vec<String>,
-    /// As the `Idempotency-Key` header.
-    idempotency_key: Option<String>,
-    /// Hold it this long after it is accepted (a duration), as `--delay`.
-    delay: Option<String>,
-    /// Hold it until this time (RFC 3339), as `--at`.
-    at: Option<String>,
-    /// Its attempts' priority for permits, as `--priority`.
-    priority: Option<i32>,
-}
-
-impl SubmitBody {
-    /// The request it stands for, or what is wrong (the CLI's wording).
-    fn request(self) -> Result<SubmitRequest, String> {
-        let digest: Digest = self
-            .plugin
-            .parse()
-            .map_err(|e| format!("plugin: `{}` is not a plugin digest ({e})", self.plugin))?;
-        let mut request = SubmitRequest::new(digest);
-        request.name = self.name;
-        request.slot = self.slot;
-        request.policy = self
-            .policy
-            .map(|p| {
-                p.parse::<AdmissionPolicy>()
-                    .map_err(|e| format!("policy: {e}"))
-            })
-            .transpose()?;
-        request.params = self.params.into_iter().collect();
-        request.input = match (self.input, self.input_base64) {
-            (Some(_), Some(_)) => return Err("give input or input_base64, not both".into()),
-            (Some(text), None) => text.into_bytes(),
-            (None, Some(b64)) => base64::engine::general_purpose::STANDARD
-                .decode(b64.as_bytes())
-                .map_err(|e| format!("input_base64: not base64 ({e})"))?,
-            (None, None) => Vec::new(),
-        };
-        let duration = |what: &str, text: Option<String>| {
-            text.map(|t| parse_duration(&t).map_err(|e| format!("{what}: {e}")))
-                .transpose()
-        };
-        let every = duration("every", self.every)?;
-        // As `host submit`'s flags: `every` implies always, `max_retries`
-        // on-failure.
-        let retries = self.max_retries.is_some();
-        request.restart = Some(match (self.restart.as_deref(), every) {
-            (Some("never" | "on-failure"), Some(_)) => {
-                return Err(
-                    "every reruns after success; it needs restart always (or no restart)".into(),
-                );
-            }
-            (Some("never"), None) if retries => {
-                return Err(
-                    "max_retries retries failed attempts, which restart never forbids: \
-                            drop restart (max_retries implies on-failure) or give on-failure or \
-                            always"
-                        .into(),
-                );
-            }
-            (Some("always") | None, Some(interval)) => RestartPolicy::Always { interval },
-            (Some("always"), None) => RestartPolicy::Always {
-                interval: Duration::ZERO,
-            },
-            (Some("on-failure"), None) => RestartPolicy::OnFailure,
-            (None, None) if retries => RestartPolicy::OnFailure,
-            (Some("never") | None, None) => RestartPolicy::Never,
-            (Some(other), _) => {
-                return Err(format!(
-                    "restart: `{other}` is not one of never, on-failure, always"
-                ));
-            }
-        });
-        request.max_retries = self.max_retries;
-        request.backoff = self
-            .backoff
-            .map(|b| {
-                b.parse::<BackoffPolicy>()
-                    .map_err(|e| format!("backoff: {e}"))
-            })
-            .transpose()?;
-        request.timeout = duration("timeout", self.timeout)?;
-        request.max_memory = match self.max_memory {
-            None | Some(Value::Null) => None,
-            Some(Value::Number(n)) => {
-                Some(n.as_u64().ok_or("max_memory: a whole number of bytes")?)
-            }
-            Some(Value::String(s)) => Some(parse_size(&s).map_err(|e| format!("max_memory: {e}"))?),
-            Some(_) => return Err("max_memory: bytes, or a size like \"64MiB\"".into()),
-        };
-        request.dirs = self
-            .dirs
-            .iter()
-            .map(|d| DirGrant::parse(d).map_err(|e| format!("dirs: {e}")))
-            .collect::<Result<_, _>>()?;
-        request.env = self.env.into_iter().collect();
-        request.config = self.config.into_iter().collect();
-        request.kv = self.kv;
-        request.secrets = self
-            .secrets
-            .into_iter()
-            .map(|(var, name)| {
-                taskhost_runtime::check_secret_name(&name)
-                    .map(|()| taskhost_runtime::SecretRef { var, name })
-                    .map_err(|e| format!("secrets: {e}"))
-            })
-            .collect::<Result<_, _>>()?;
-        request.allow_http = self
-            .allow_http
-            .iter()
-            .map(|h| HttpAllow::parse(h).map_err(|e| format!("allow_http: {e}")))
-            .collect::<Result<_, _>>()?;
-        request.idempotency_key = self.idempotency_key;
-        request.not_before = match (self.delay, self.at) {
-            (Some(_), Some(_)) => return Err("give delay or at, not both".into()),
-            (Some(delay), None) => Some(NotBefore::After(
-                parse_duration(&delay).map_err(|e| format!("delay: {e}"))?,
-            )),
-            (None, Some(at)) => Some(NotBefore::At(
-                crate::schedule::parse_rfc3339(&at).map_err(|e| format!("at: {e}"))?,
-            )),
-            (None, None) => None,
-        };
-        request.priority = self.priority.unwrap_or(0);
-        Ok(request)
-    }
-}
-
 /// The JSON of `POST /api/schedules`: the flags of `host schedule add`,
 /// with what each firing submits as `task` (the body of `POST /api/tasks`,
 /// without a name, delay or idempotency key).
@@ -257,7 +93,7 @@ pub(super) struct ScheduleBody {
     cron: String,
     tz: Option<String>,
     missed: Option<String>,
-    task: SubmitBody,
+    task: SubmitJson,
 }
 
 /// `GET /api/schedules`: the rows of `host schedule ls --json`.
@@ -292,7 +128,7 @@ pub(super) async fn add_schedule(
         Ok(m) => m.unwrap_or_default(),
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("missed: {e}")),
     };
-    let request = match body.task.request() {
+    let request = match body.task.request(None) {
         Ok(r) => r,
         Err(message) => return error(StatusCode::BAD_REQUEST, format!("task: {message}")),
     };
@@ -384,7 +220,7 @@ pub(super) async fn submit(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let body: SubmitBody = match serde_json::from_slice(&body) {
+    let body: SubmitJson = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("the task's JSON: {e}")),
     };
@@ -398,7 +234,7 @@ pub(super) async fn submit(
             );
         }
     };
-    let mut request = match body.request() {
+    let mut request = match body.request(None) {
         Ok(r) => r,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
@@ -420,6 +256,74 @@ pub(super) async fn submit(
         unreachable!("made as a Submit above")
     };
     place(&http, &view, *request).await
+}
+
+/// The largest `POST /api/tasks/batch` body.
+pub(super) const MAX_BATCH_BODY: usize = 16 << 20;
+
+/// The JSON of `POST /api/tasks/batch`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct BatchBody {
+    /// Each a body of `POST /api/tasks`.
+    tasks: Vec<Value>,
+}
+
+/// `POST /api/tasks/batch`: up to [`MAX_BATCH`] tasks, each as `POST
+/// /api/tasks` would take it alone; answers `{"items": [...]}`, one per
+/// task in order: where it went, or `{"error", "kind"}`.
+pub(super) async fn submit_batch(
+    State(http): State<Http>,
+    Extension(view): Extension<View>,
+    body: Bytes,
+) -> Response {
+    let body: BatchBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("the batch's JSON: {e} (it is {{\"tasks\": [task, ...]}})"),
+            );
+        }
+    };
+    if body.tasks.len() > MAX_BATCH {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "a batch of {} tasks is over the limit of {MAX_BATCH}: split it",
+                body.tasks.len()
+            ),
+        );
+    }
+    let read: Vec<Result<SubmitRequest, String>> = body
+        .tasks
+        .into_iter()
+        .enumerate()
+        .map(|(i, task)| {
+            serde_json::from_value::<SubmitJson>(task)
+                .map_err(|e| format!("task {i}: {e}"))
+                .and_then(|task| task.request(None))
+        })
+        .collect();
+    let requests = read
+        .iter()
+        .filter_map(|r| r.as_ref().ok().cloned())
+        .collect();
+    let backend = Backend::within(&http.daemon, view.clone());
+    let mut placed = dispatch::submit_batch(&backend, requests).await.into_iter();
+    let items: Vec<Value> = read
+        .into_iter()
+        .map(|r| match r {
+            Ok(_) => placed
+                .next()
+                .map_or(Value::Null, |item| json::batch_item(&item)),
+            Err(message) => json::batch_item(&BatchItem::Refused {
+                kind: ErrorKind::Invalid,
+                message,
+            }),
+        })
+        .collect();
+    Json(json!({ "items": items })).into_response()
 }
 
 /// `POST /api/tasks/{id|name}/rerun`: submits a new task with that task's
@@ -689,12 +593,12 @@ mod tests {
             body.insert((*name).to_owned(), value);
         }
         // Every documented property is taken (unknown ones are refused)...
-        let parsed: Result<SubmitBody, _> = serde_json::from_value(Value::Object(body.clone()));
+        let parsed: Result<SubmitJson, _> = serde_json::from_value(Value::Object(body.clone()));
         assert!(parsed.is_ok(), "{parsed:?}");
         // ...and every one taken is documented: serde lists the fields it
         // expects when it meets an unknown one.
         body.insert("undocumented".into(), json!(1));
-        let err = serde_json::from_value::<SubmitBody>(Value::Object(body))
+        let err = serde_json::from_value::<SubmitJson>(Value::Object(body))
             .unwrap_err()
             .to_string();
         let expected = err.split("expected one of").nth(1).expect("the field list");

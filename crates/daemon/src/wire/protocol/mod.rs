@@ -12,6 +12,7 @@
 //! |---|---|
 //! | `frame` | the handshake, the envelope, framing and its errors |
 //! | `submit` | a submission: its request, its delay, its checks, old stored forms, its answer |
+//! | `submit_json` | a submission as JSON (the API's body, a line of `host submit --batch`) |
 //! | `request` | what a client asks, event filters, the checks serde cannot make |
 //! | `reply` | what the daemon answers: error kinds, rows, output in parts |
 //! | `schedule` | the messages of `host schedule` |
@@ -31,6 +32,7 @@ mod request;
 mod schedule;
 mod slot;
 mod submit;
+mod submit_json;
 
 pub use frame::{Envelope, FrameError, Hello, Welcome, decode, encode, read_frame, write_frame};
 pub use kv::{KvRow, KvTarget, KvVerb};
@@ -39,14 +41,16 @@ pub use namespace::{
     NamespaceVerb, Quota, check_name as check_namespace_name,
 };
 pub(crate) use reply::Reassembly;
-pub use reply::{ErrorKind, PluginRow, Reply, TaskRow};
+pub use reply::{BatchItem, ErrorKind, PluginRow, Reply, TaskRow};
+pub(crate) use request::check_submission;
 pub use request::{EventFilter, Request};
 pub use schedule::{ScheduleRow, ScheduleSpec, ScheduleVerb};
 pub use slot::{SlotRuleRow, SlotRuleVerb};
 pub use submit::{MAX_IDEMPOTENCY_KEY, NotBefore, SubmitRequest, Submitted};
+pub use submit_json::SubmitJson;
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 17;
+pub const PROTOCOL_VERSION: u32 = 18;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).
@@ -55,6 +59,9 @@ pub const UPLOAD_CHUNK: usize = 1 << 20;
 pub const OUTPUT_CHUNK: usize = 1 << 20;
 /// Rows per page of [`Reply::Tasks`] and [`Reply::Slots`].
 pub const LIST_PAGE: usize = 1_000;
+/// The most submissions one batch carries (`host submit --batch` splits
+/// a longer file into calls of at most this many).
+pub const MAX_BATCH: usize = 1_000;
 /// The largest input one submission carries (the frame less room for the
 /// rest of the request).
 pub const MAX_SUBMIT_INPUT: usize = MAX_FRAME - (64 << 10);

@@ -108,6 +108,9 @@ pub enum Reply {
     },
     /// A submission was taken in.
     Submitted(Submitted),
+    /// The answer to a [`Request::SubmitBatch`](super::Request::SubmitBatch): one item per
+    /// submission, in order.
+    SubmittedBatch(Vec<BatchItem>),
     /// Part of the output of the [`Reply::Report`] that follows (sent when
     /// the output would not fit in one frame; the report then carries an
     /// empty output, and the parts, in order, are the whole of it).
@@ -165,6 +168,21 @@ pub enum Reply {
     Namespace(NamespaceRow),
     /// Done (a request with nothing more to say: [`Request::Enter`](super::Request::Enter)).
     Done,
+}
+
+/// One submission's answer in a batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum BatchItem {
+    /// Taken in and durable (or, with `existing`, the task its idempotency
+    /// key made before).
+    Submitted(Submitted),
+    /// Refused, as the same submission alone would have been.
+    Refused {
+        /// What kind of refusal (a single submission's exit code).
+        kind: ErrorKind,
+        /// One line for people.
+        message: String,
+    },
 }
 
 /// The kind of a failed request.

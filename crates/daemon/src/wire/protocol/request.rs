@@ -54,6 +54,12 @@ pub enum Request {
     },
     /// Submit a task.
     Submit(Box<SubmitRequest>),
+    /// Submit up to [`MAX_BATCH`](super::MAX_BATCH) tasks in one call,
+    /// each as a [`Request::Submit`] of its own (its checks, its idempotency
+    /// key, the admission rules), in order; answered with one
+    /// [`Reply::SubmittedBatch`](super::Reply::SubmittedBatch) once every
+    /// accepted one is durable.
+    SubmitBatch(Vec<SubmitRequest>),
     /// Wait for a task's final report.
     Wait(TaskRef),
     /// Submit a new task with the request of this one (as it was placed:
@@ -127,23 +133,18 @@ impl Request {
     /// sets nothing only the daemon sets.
     pub fn check(&self) -> Result<(), String> {
         match self {
-            Request::Submit(submit) => {
-                if submit.schedule.is_some() {
-                    return Err("a submission cannot name a schedule: schedules fire their \
-                                own (`host schedule add`)"
-                        .into());
+            Request::Submit(submit) => check_submission(submit),
+            Request::SubmitBatch(batch) => {
+                if batch.len() > super::MAX_BATCH {
+                    return Err(format!(
+                        "a batch of {} submissions is over the limit of {}: split it",
+                        batch.len(),
+                        super::MAX_BATCH
+                    ));
                 }
-                if submit.namespace.is_some() {
-                    return Err("a submission cannot name its namespace: it goes to the \
-                                connection's (`host --namespace NAME submit ...`)"
-                        .into());
-                }
-                if submit.parent.is_some() || submit.root.is_some() || submit.depth != 0 {
-                    return Err("a submission cannot name a parent: a task's children are \
-                                spawned by its plugin (taskhost:plugin/children)"
-                        .into());
-                }
-                check_submit(submit)
+                // Each item is checked on its own: a bad one is refused in
+                // its place, the others go on.
+                Ok(())
             }
             Request::Schedule(ScheduleVerb::Add(spec)) => {
                 if spec.request.parent.is_some()
@@ -192,4 +193,31 @@ impl Request {
             _ => Ok(()),
         }
     }
+}
+
+/// The checks of one submission a client sends (a Submit's, each item of a
+/// batch's): nothing only the daemon sets, durations and sizes in range.
+pub(crate) fn check_submission(submit: &SubmitRequest) -> Result<(), String> {
+    if submit.schedule.is_some() {
+        return Err(
+            "a submission cannot name a schedule: schedules fire their own \
+                    (`host schedule add`)"
+                .into(),
+        );
+    }
+    if submit.namespace.is_some() {
+        return Err(
+            "a submission cannot name its namespace: it goes to the connection's \
+                    (`host --namespace NAME submit ...`)"
+                .into(),
+        );
+    }
+    if submit.parent.is_some() || submit.root.is_some() || submit.depth != 0 {
+        return Err(
+            "a submission cannot name a parent: a task's children are spawned by \
+                    its plugin (taskhost:plugin/children)"
+                .into(),
+        );
+    }
+    check_submit(submit)
 }

@@ -1,0 +1,186 @@
+//! A submission as JSON: the body of `POST /api/tasks`, each item of
+//! `POST /api/tasks/batch` and each line of `host submit --batch`, read
+//! into a [`SubmitRequest`] with the CLI's wording for every mistake.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::Value;
+
+use taskhost_core::admission::AdmissionPolicy;
+use taskhost_core::supervisor::{BackoffPolicy, RestartPolicy};
+use taskhost_core::units::{parse_duration, parse_size};
+use taskhost_runtime::{Digest, DirGrant, HttpAllow};
+
+use super::{NotBefore, SubmitRequest};
+
+/// The JSON of `POST /api/tasks`: the flags of `host submit`, with the
+/// plugin named by its digest (upload it first).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitJson {
+    plugin: Option<String>,
+    name: Option<String>,
+    slot: Option<String>,
+    policy: Option<String>,
+    #[serde(default)]
+    params: std::collections::BTreeMap<String, String>,
+    /// The input as text.
+    input: Option<String>,
+    /// The input as base64 (for bytes that are not UTF-8).
+    input_base64: Option<String>,
+    restart: Option<String>,
+    every: Option<String>,
+    max_retries: Option<u32>,
+    backoff: Option<String>,
+    timeout: Option<String>,
+    max_memory: Option<Value>,
+    #[serde(default)]
+    dirs: Vec<String>,
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
+    /// Variable → the daemon's secret whose value it gets.
+    #[serde(default)]
+    secrets: std::collections::BTreeMap<String, String>,
+    /// What `wasi:config/store` answers the guest.
+    #[serde(default)]
+    config: std::collections::BTreeMap<String, String>,
+    /// Shared key-value buckets the guest may open.
+    #[serde(default)]
+    kv: Vec<String>,
+    #[serde(default)]
+    allow_http: Vec<String>,
+    /// As the `Idempotency-Key` header.
+    idempotency_key: Option<String>,
+    /// Hold it this long after it is accepted (a duration), as `--delay`.
+    delay: Option<String>,
+    /// Hold it until this time (RFC 3339), as `--at`.
+    at: Option<String>,
+    /// Its attempts' priority for permits, as `--priority`.
+    priority: Option<i32>,
+}
+
+impl SubmitJson {
+    /// The request it stands for, or what is wrong (the CLI's wording);
+    /// without a `plugin` of its own, `plugin` names its plugin.
+    pub fn request(self, plugin: Option<Digest>) -> Result<SubmitRequest, String> {
+        let digest: Digest = match (&self.plugin, plugin) {
+            (Some(text), _) => text
+                .parse()
+                .map_err(|e| format!("plugin: `{text}` is not a plugin digest ({e})"))?,
+            (None, Some(digest)) => digest,
+            (None, None) => {
+                return Err(
+                    "plugin: missing: give the SHA-256 of an uploaded plugin, in hex".into(),
+                );
+            }
+        };
+        let mut request = SubmitRequest::new(digest);
+        request.name = self.name;
+        request.slot = self.slot;
+        request.policy = self
+            .policy
+            .map(|p| {
+                p.parse::<AdmissionPolicy>()
+                    .map_err(|e| format!("policy: {e}"))
+            })
+            .transpose()?;
+        request.params = self.params.into_iter().collect();
+        request.input = match (self.input, self.input_base64) {
+            (Some(_), Some(_)) => return Err("give input or input_base64, not both".into()),
+            (Some(text), None) => text.into_bytes(),
+            (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+                .decode(b64.as_bytes())
+                .map_err(|e| format!("input_base64: not base64 ({e})"))?,
+            (None, None) => Vec::new(),
+        };
+        let duration = |what: &str, text: Option<String>| {
+            text.map(|t| parse_duration(&t).map_err(|e| format!("{what}: {e}")))
+                .transpose()
+        };
+        let every = duration("every", self.every)?;
+        // As `host submit`'s flags: `every` implies always, `max_retries`
+        // on-failure.
+        let retries = self.max_retries.is_some();
+        request.restart = Some(match (self.restart.as_deref(), every) {
+            (Some("never" | "on-failure"), Some(_)) => {
+                return Err(
+                    "every reruns after success; it needs restart always (or no restart)".into(),
+                );
+            }
+            (Some("never"), None) if retries => {
+                return Err(
+                    "max_retries retries failed attempts, which restart never forbids: \
+                            drop restart (max_retries implies on-failure) or give on-failure or \
+                            always"
+                        .into(),
+                );
+            }
+            (Some("always") | None, Some(interval)) => RestartPolicy::Always { interval },
+            (Some("always"), None) => RestartPolicy::Always {
+                interval: Duration::ZERO,
+            },
+            (Some("on-failure"), None) => RestartPolicy::OnFailure,
+            (None, None) if retries => RestartPolicy::OnFailure,
+            (Some("never") | None, None) => RestartPolicy::Never,
+            (Some(other), _) => {
+                return Err(format!(
+                    "restart: `{other}` is not one of never, on-failure, always"
+                ));
+            }
+        });
+        request.max_retries = self.max_retries;
+        request.backoff = self
+            .backoff
+            .map(|b| {
+                b.parse::<BackoffPolicy>()
+                    .map_err(|e| format!("backoff: {e}"))
+            })
+            .transpose()?;
+        request.timeout = duration("timeout", self.timeout)?;
+        request.max_memory = match self.max_memory {
+            None | Some(Value::Null) => None,
+            Some(Value::Number(n)) => {
+                Some(n.as_u64().ok_or("max_memory: a whole number of bytes")?)
+            }
+            Some(Value::String(s)) => Some(parse_size(&s).map_err(|e| format!("max_memory: {e}"))?),
+            Some(_) => return Err("max_memory: bytes, or a size like \"64MiB\"".into()),
+        };
+        request.dirs = self
+            .dirs
+            .iter()
+            .map(|d| DirGrant::parse(d).map_err(|e| format!("dirs: {e}")))
+            .collect::<Result<_, _>>()?;
+        request.env = self.env.into_iter().collect();
+        request.config = self.config.into_iter().collect();
+        request.kv = self.kv;
+        request.secrets = self
+            .secrets
+            .into_iter()
+            .map(|(var, name)| {
+                taskhost_runtime::check_secret_name(&name)
+                    .map(|()| taskhost_runtime::SecretRef { var, name })
+                    .map_err(|e| format!("secrets: {e}"))
+            })
+            .collect::<Result<_, _>>()?;
+        request.allow_http = self
+            .allow_http
+            .iter()
+            .map(|h| HttpAllow::parse(h).map_err(|e| format!("allow_http: {e}")))
+            .collect::<Result<_, _>>()?;
+        request.idempotency_key = self.idempotency_key;
+        request.not_before = match (self.delay, self.at) {
+            (Some(_), Some(_)) => return Err("give delay or at, not both".into()),
+            (Some(delay), None) => Some(NotBefore::After(
+                parse_duration(&delay).map_err(|e| format!("delay: {e}"))?,
+            )),
+            (None, Some(at)) => Some(NotBefore::At(
+                crate::schedule::parse_rfc3339(&at).map_err(|e| format!("at: {e}"))?,
+            )),
+            (None, None) => None,
+        };
+        request.priority = self.priority.unwrap_or(0);
+        Ok(request)
+    }
+}

@@ -1,0 +1,194 @@
+//! Batch submission through the real binary: `host submit --batch FILE`
+//! in calls of up to 1,000 with an answer per line in order, refusals in
+//! their place, every acknowledged task kept across a SIGKILL; flags and
+//! bad lines refused before their call is sent; `POST /api/tasks/batch`.
+
+use std::io::Write;
+
+use serde_json::{Value, json};
+
+use crate::daemon::{Daemon, p};
+use crate::http::Api;
+
+/// Writes `lines` to a file in `dir`; its path.
+fn jsonl(dir: &tempfile::TempDir, lines: &[String]) -> String {
+    let path = dir.path().join("tasks.jsonl");
+    let mut file = std::fs::File::create(&path).unwrap();
+    for line in lines {
+        writeln!(file, "{line}").unwrap();
+    }
+    path.display().to_string()
+}
+
+#[test]
+fn a_file_is_taken_in_calls_with_an_answer_per_line_and_kept_across_a_kill() {
+    let mut daemon = Daemon::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let total = 2_500;
+    let mut lines: Vec<String> = (0..total)
+        .map(|i| json!({ "slot": format!("s{}", i % 50), "input": format!("n{i}") }).to_string())
+        .collect();
+    // Refusals in their place, the first one a conflict (exit 3): the
+    // same key with another request; an unknown plugin; a key given twice
+    // with the same request (the same task).
+    lines[10] = json!({ "idempotency_key": "k", "input": "one" }).to_string();
+    lines[1_200] = json!({ "idempotency_key": "k", "input": "two" }).to_string();
+    lines[1_201] = json!({ "plugin": "0".repeat(64) }).to_string();
+    lines[2_400] = json!({ "idempotency_key": "k", "input": "one" }).to_string();
+    let file = jsonl(&dir, &lines);
+    let out = daemon.run(&["submit", &p("hello"), "--batch", &file]);
+    assert_eq!(out.code, Some(3), "the first refusal's code: {out:?}");
+    let ids: Vec<u64> = out.stdout.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(ids.len(), total - 2, "an id per accepted line");
+    // In the order of the lines: new ids rise; the repeated key answers
+    // with the task it made.
+    let keyed = ids[10];
+    assert_eq!(ids[2_398], keyed, "line 2,401 gives back line 11's task");
+    let mut new: Vec<u64> = ids.clone();
+    new.remove(2_398);
+    assert!(new.windows(2).all(|w| w[0] < w[1]), "ids in line order");
+    assert!(
+        out.stderr
+            .contains("line 1201: refused: idempotency key `k`")
+            && out
+                .stderr
+                .contains("line 1202: refused: the daemon does not know plugin")
+            && out.stderr.contains(
+                "submitted 2498 tasks (1 already submitted with their idempotency key), 2 refused"
+            ),
+        "{}",
+        out.stderr
+    );
+    // Everything acknowledged is kept across a SIGKILL.
+    let mut process = daemon.process.take().unwrap();
+    process.child.kill().unwrap();
+    let _ = process.child.wait();
+    daemon.restart(&[]);
+    // Once every one has run (a listing taken while tasks end may miss
+    // the ones ending between its live part and its stored part).
+    let deadline = std::time::Instant::now() + crate::daemon::LIMIT;
+    while !daemon.ps().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "tasks never ended");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let kept: std::collections::BTreeSet<u64> = daemon.ps_all_ids().into_iter().collect();
+    let lost: Vec<&u64> = new.iter().filter(|id| !kept.contains(id)).collect();
+    assert!(
+        lost.is_empty() && kept.len() == new.len(),
+        "{} of {} acknowledged tasks missing after a restart: {:?}",
+        lost.len(),
+        new.len(),
+        &lost[..lost.len().min(20)]
+    );
+    // And each runs: a line's input is its output.
+    let last = ids.last().unwrap().to_string();
+    let waited = daemon.run(&["wait", &last]);
+    assert_eq!(waited.code, Some(0), "{waited:?}");
+    assert_eq!(waited.stdout, format!("n{}", total - 1));
+}
+
+#[test]
+fn flags_and_bad_lines_are_refused_before_their_call_is_sent() {
+    let daemon = Daemon::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let good = json!({ "input": "x" }).to_string();
+    let file = jsonl(&dir, &[good.clone(), good.clone()]);
+    let flagged = daemon.run(&["submit", &p("hello"), "--batch", &file, "--slot", "a"]);
+    assert_eq!(flagged.code, Some(2), "{flagged:?}");
+    assert!(
+        flagged.stderr.contains("--slot does not go with --batch"),
+        "{}",
+        flagged.stderr
+    );
+    let waits = daemon.run(&["submit", &p("hello"), "--batch", &file, "--wait"]);
+    assert_eq!(waits.code, Some(2), "{waits:?}");
+    let file = jsonl(
+        &dir,
+        &[
+            good.clone(),
+            String::new(),
+            r#"{"timeout": "soon"}"#.into(),
+            good,
+        ],
+    );
+    let bad = daemon.run(&["submit", &p("hello"), "--batch", &file]);
+    assert_eq!(bad.code, Some(2), "{bad:?}");
+    assert!(
+        bad.stderr.contains(&format!("{file}:3: timeout:"))
+            && bad.stderr.contains("nothing from line 1 on was sent"),
+        "{}",
+        bad.stderr
+    );
+    assert!(
+        daemon.ps_all_ids().is_empty(),
+        "nothing of the file was sent"
+    );
+}
+
+#[test]
+fn the_json_api_takes_a_batch_with_an_answer_per_task_in_order() {
+    let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);
+    let api = Api::of(&daemon);
+    // The plugin by digest, uploaded through the socket.
+    daemon.submit(&[&p("hello"), "--input", "first"]);
+    let plugin: String = {
+        use sha2::Digest as _;
+        let bytes = std::fs::read(p("hello")).unwrap();
+        sha2::Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    let post = |body: &Value| {
+        api.request(
+            "POST",
+            "/api/tasks/batch",
+            &[("Content-Type", "application/json")],
+            &body.to_string(),
+        )
+    };
+    let answer = post(&json!({ "tasks": [
+        { "plugin": plugin, "input": "a", "slot": "x" },
+        { "plugin": plugin, "policy": "sometimes" },
+        { "input": "no plugin" },
+        { "plugin": plugin, "input": "b", "idempotency_key": "k" },
+        { "plugin": plugin, "input": "b", "idempotency_key": "k" },
+        { "plugin": plugin, "input": "c", "idempotency_key": "k" },
+    ] }));
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let items = answer.json()["items"].as_array().unwrap().clone();
+    assert_eq!(items.len(), 6, "{items:?}");
+    assert_eq!(items[0]["slot"], "x");
+    assert_eq!(items[0]["existing"], false);
+    assert_eq!(items[1]["kind"], "invalid", "{}", items[1]);
+    assert!(items[1]["error"].as_str().unwrap().contains("policy"));
+    assert_eq!(items[2]["kind"], "invalid", "{}", items[2]);
+    assert!(
+        items[2]["error"]
+            .as_str()
+            .unwrap()
+            .contains("plugin: missing")
+    );
+    assert_eq!(items[4]["id"], items[3]["id"], "the key's task");
+    assert_eq!(items[4]["existing"], true);
+    assert_eq!(items[5]["kind"], "conflict", "{}", items[5]);
+    assert!(
+        items[0]["id"].as_u64() < items[3]["id"].as_u64(),
+        "in order"
+    );
+    let waited = daemon.run(&["wait", &items[3]["id"].to_string()]);
+    assert_eq!(waited.stdout, "b");
+    // Over the limit, and not a batch: refused whole, nothing created.
+    let before = daemon.ps_all_ids().len();
+    let many: Vec<Value> = (0..1_001).map(|_| json!({ "plugin": plugin })).collect();
+    let over = post(&json!({ "tasks": many }));
+    assert_eq!(over.status, 400, "{}", over.body);
+    assert!(
+        over.body.contains("over the limit of 1000"),
+        "{}",
+        over.body
+    );
+    let not = post(&json!([{ "plugin": plugin }]));
+    assert_eq!(not.status, 400, "{}", not.body);
+    assert_eq!(daemon.ps_all_ids().len(), before);
+}
