@@ -33,8 +33,8 @@ use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestR
 use taskhost::controller::AdmissionPolicy;
 use taskhost::daemon::protocol::{
     Envelope, EventFilter, FrameError, Hello, KvTarget, KvVerb, MAGIC, MAX_FRAME, NotBefore,
-    PROTOCOL_VERSION, Reply, Request, ScheduleSpec, ScheduleVerb, SubmitRequest, Welcome, decode,
-    encode, read_frame,
+    PROTOCOL_VERSION, Reply, Request, ScheduleSpec, ScheduleVerb, SubmitRequest, TaskFilter,
+    TaskState, Welcome, decode, encode, read_frame,
 };
 use taskhost::daemon::schedule::Missed;
 use taskhost::runtime::{Digest, DirGrant};
@@ -577,6 +577,18 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
                 later.priority = -2;
                 later
             })),
+        ),
+        (
+            "cancel-matching",
+            Request::CancelMatching {
+                filter: TaskFilter {
+                    state: Some(TaskState::Queued),
+                    slot: Some("deploy-*".into()),
+                    name: None,
+                    plugin: Some("sleeper".into()),
+                },
+                dry_run: true,
+            },
         ),
         (
             "submit-batch",

@@ -712,7 +712,12 @@ async fn client_intake(clients: &[taskhost::daemon::Client], digest: Digest, tot
         handles.push(tokio::spawn(async move {
             let mut replies = Vec::with_capacity(per_client);
             for _ in 0..per_client {
-                replies.push(client.request(submit_request(digest, None)).await.expect("send"));
+                replies.push(
+                    client
+                        .request(submit_request(digest, None))
+                        .await
+                        .expect("send"),
+                );
             }
             for mut reply in replies {
                 match reply.next_reply().await.expect("reply") {

@@ -54,7 +54,7 @@ fn a_file_is_taken_in_calls_with_an_answer_per_line_and_kept_across_a_kill() {
                 .stderr
                 .contains("line 1202: refused: the daemon does not know plugin")
             && out.stderr.contains(
-                "submitted 2498 tasks (1 already submitted with their idempotency key), 2 refused"
+                "submitted 2498 tasks (1 already submitted with their idempotency key), 2 refused or rejected"
             ),
         "{}",
         out.stderr
@@ -122,6 +122,22 @@ fn flags_and_bad_lines_are_refused_before_their_call_is_sent() {
     assert!(
         daemon.ps_all_ids().is_empty(),
         "nothing of the file was sent"
+    );
+    // A submission the slot rejects at intake is told as `host submit`
+    // tells it, with its line, and counted apart from the accepted ones.
+    let busy = json!({ "slot": "busy", "params": { "ms": "60000" } }).to_string();
+    let dropped = json!({ "slot": "busy", "policy": "drop-if-running" }).to_string();
+    let file = jsonl(&dir, &[busy, dropped]);
+    let out = daemon.run(&["submit", &p("sleeper"), "--batch", &file]);
+    assert_eq!(out.code, Some(3), "{out:?}");
+    assert_eq!(out.stdout.lines().count(), 1, "{out:?}");
+    assert!(
+        out.stderr.contains("line 2: sleeper-2 (id 2) rejected:")
+            && out
+                .stderr
+                .contains("submitted 1 tasks, 1 refused or rejected"),
+        "{}",
+        out.stderr
     );
 }
 
@@ -191,4 +207,47 @@ fn the_json_api_takes_a_batch_with_an_answer_per_task_in_order() {
     let not = post(&json!([{ "plugin": plugin }]));
     assert_eq!(not.status, 400, "{}", not.body);
     assert_eq!(daemon.ps_all_ids().len(), before);
+}
+
+#[test]
+fn cancel_by_filter_stops_each_matching_task_once_and_a_dry_run_none() {
+    let daemon = Daemon::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let lines: Vec<String> = (0..300)
+        .map(|i| json!({ "slot": format!("q{}", i % 3), "params": { "ms": "60000" } }).to_string())
+        .collect();
+    let file = jsonl(&dir, &lines);
+    let out = daemon.run(&["submit", &p("sleeper"), "--batch", &file]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let filter = ["--filter", "state=queued,slot=q1"];
+    let dry = daemon.run(&[&["cancel", "--dry-run"][..], &filter].concat());
+    assert_eq!(dry.code, Some(0), "{dry:?}");
+    let listed: Vec<u64> = dry.stdout.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(listed.len(), 99, "{dry:?}");
+    assert!(dry.stderr.contains("99 live tasks match"), "{}", dry.stderr);
+    assert_eq!(daemon.ps().len(), 300, "a dry run stops nothing");
+    let done = daemon.run(&[&["cancel", "--json"][..], &filter].concat());
+    assert_eq!(done.code, Some(0), "{done:?}");
+    let answer: Value = serde_json::from_str(&done.stdout).unwrap();
+    assert_eq!(answer["matched"], 99, "{answer}");
+    assert_eq!(answer["stopped"], 99, "{answer}");
+    // Each of them ended, once; the others are untouched.
+    for id in &listed {
+        let waited = daemon.run(&["wait", &id.to_string(), "--json"]);
+        // Queued work is removed, as `host cancel ID` removes it.
+        assert_eq!(waited.code, Some(3), "{waited:?}");
+        let report: Value = serde_json::from_str(&waited.stdout).unwrap();
+        assert_eq!(report["rejection"], "RemovedFromQueue", "{report}");
+    }
+    let live = daemon.ps();
+    assert_eq!(live.len(), 201);
+    assert!(
+        live.iter()
+            .all(|r| r["slot"] != "q1" || r["state"] == "running")
+    );
+    let again = daemon.run(&[&["cancel"][..], &filter].concat());
+    assert!(again.stderr.contains("0 live tasks matched"), "{again:?}");
+    let bad = daemon.run(&["cancel", "--filter", "colour=red"]);
+    assert_eq!(bad.code, Some(2), "{bad:?}");
+    assert!(bad.stderr.contains("not a key"), "{}", bad.stderr);
 }

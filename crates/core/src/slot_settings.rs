@@ -487,6 +487,12 @@ fn scoped(text: &str) -> (Option<&str>, &str) {
     }
 }
 
+/// Whether `text` matches the glob `pattern` (`*` any run, `?` one
+/// character), as a slot rule's pattern matches a slot's name.
+pub fn glob_matches(pattern: &str, text: &str) -> bool {
+    matches(pattern.as_bytes(), text.as_bytes())
+}
+
 fn is_glob(pattern: &str) -> bool {
     pattern.contains(['*', '?'])
 }

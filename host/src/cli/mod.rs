@@ -126,12 +126,14 @@ enum Command {
         after_long_help = "EXAMPLES:\n  host wait 42\n  host wait nap --json\n  host wait nap --raw   # on a terminal too, the output's bytes as they are"
     )]
     Wait(client::tasks::WaitArgs),
-    /// Stop a task (queued work is removed) and wait until it has ended.
-    #[command(after_long_help = "EXAMPLES:\n  host cancel nap\n  host cancel 42 --json")]
-    Cancel(client::tasks::TargetArgs),
+    /// Stop a task (queued work is removed) and wait until it has ended; with --filter, every live task that matches.
+    #[command(
+        after_long_help = "EXAMPLES:\n  host cancel nap\n  host cancel 42 --json\n  host cancel --filter state=queued,slot='deploy-*' --dry-run\n  host cancel --filter state=queued,slot='deploy-*'"
+    )]
+    Cancel(client::tasks::StopArgs),
     /// Ask a task to stop (queued work is removed) without waiting.
     #[command(after_long_help = "EXAMPLES:\n  host remove nap")]
-    Remove(client::tasks::TargetArgs),
+    Remove(client::tasks::StopArgs),
     /// List the daemon's live tasks, queued ones included (--all: finished ones too).
     #[command(after_long_help = "EXAMPLES:\n  host ps\n  host ps --all --json")]
     Ps(client::tasks::PsArgs),

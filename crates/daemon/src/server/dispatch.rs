@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use taskhost_core::supervisor::TaskRef;
+use taskhost_core::supervisor::{TaskId, TaskRef};
 use taskhost_runtime::Digest;
 
 use crate::backend::daemon::Daemon;
@@ -24,7 +24,7 @@ use crate::service::namespace::{self, Ns, View};
 use crate::service::plugins;
 use crate::service::uploads::Uploads;
 use crate::wire::protocol::{
-    BatchItem, ErrorKind, LIST_PAGE, Reply, Request, SubmitRequest, check_submission,
+    BatchItem, ErrorKind, LIST_PAGE, Reply, Request, SubmitRequest, TaskFilter, check_submission,
 };
 
 /// What one connection's requests share: its credential and the
@@ -183,6 +183,14 @@ pub(crate) async fn handle(
             Err(e) => reply.failed(e).await,
         },
         Request::Cancel { target, wait } => cancel(&backend, target, wait, reply).await,
+        Request::CancelMatching { filter, dry_run } => {
+            match cancel_matching(&backend, &filter, dry_run).await {
+                Ok(matched) => {
+                    reply.send(matched).await;
+                }
+                Err(e) => reply.failed(e).await,
+            }
+        }
         Request::List { all } => match backend.rows(all).await {
             Ok(rows) => send_pages(&reply, rows, Reply::Tasks).await,
             Err(e) => reply.failed(e).await,
@@ -341,6 +349,40 @@ async fn submit(
         Ok(accepted) => answer(accepted, reply, session).await,
         Err(e) => reply.failed(e).await,
     }
+}
+
+/// Stops every live task `filter` admits, each as one Cancel would (its
+/// stop claimed once, whoever asks), without waiting for their ends; with
+/// `dry_run`, only counts them.
+pub(crate) async fn cancel_matching(
+    backend: &Backend<'_>,
+    filter: &TaskFilter,
+    dry_run: bool,
+) -> Result<Reply, ServiceError> {
+    let mut ids: Vec<TaskId> = backend
+        .rows(false)
+        .await?
+        .iter()
+        .filter(|row| filter.admits(row))
+        .map(|row| row.id)
+        .collect();
+    ids.sort_unstable_by(|a, b| b.cmp(a));
+    let mut stopped = 0;
+    if !dry_run {
+        for id in &ids {
+            // One that ended meanwhile is not found, or not claimed.
+            if let Ok(found) = backend.find(&TaskRef::Id(*id)).await
+                && let Ok(true) = backend.stop(&found).await
+            {
+                stopped += 1;
+            }
+        }
+    }
+    Ok(Reply::Matched {
+        count: ids.len() as u64,
+        ids: ids.into_iter().take(LIST_PAGE).collect(),
+        stopped,
+    })
 }
 
 /// Places a batch's submissions in order, each as a Submit alone (its

@@ -121,6 +121,7 @@ impl Scope {
             Request::Kv(KvVerb::Remove(..)) => Scope::Admin,
             Request::Schedule(ScheduleVerb::Add(_) | ScheduleVerb::Run(_)) => Scope::Submit,
             Request::Cancel { .. }
+            | Request::CancelMatching { .. }
             | Request::Shutdown { .. }
             | Request::RemovePlugins { .. }
             | Request::SlotRule(SlotRuleVerb::Set(_) | SlotRuleVerb::Unset(_))

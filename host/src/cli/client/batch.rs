@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use taskhost::daemon::Replies;
 use taskhost::daemon::protocol::{
-    BatchItem, MAX_BATCH, MAX_FRAME, Reply, Request, SubmitJson, SubmitRequest,
+    BatchItem, MAX_BATCH, MAX_FRAME, Placement, Reply, Request, SubmitJson, SubmitRequest,
 };
 use taskhost::runtime::Digest;
 
@@ -157,6 +157,20 @@ async fn answer(
         }
         match item {
             BatchItem::Submitted(s) => {
+                if let Placement::Rejected(outcome) = &s.placement {
+                    // Rejected at intake (a full queue, a busy slot under
+                    // drop-if-running): its final outcome, as `host submit`
+                    // says it.
+                    tally.refused += 1;
+                    tally.code.get_or_insert(exit::outcome_code(outcome));
+                    say(&format!(
+                        "line {line}: {} (id {}) rejected: {}",
+                        s.name,
+                        s.id,
+                        outcome.reason().unwrap_or("rejected")
+                    ));
+                    continue;
+                }
                 tally.accepted += 1;
                 tally.existing += usize::from(s.existing);
                 if !json {
@@ -179,7 +193,7 @@ fn summary(tally: &Tally) {
         n => format!(" ({n} already submitted with their idempotency key)"),
     };
     say(&format!(
-        "submitted {} tasks{existing}, {} refused",
+        "submitted {} tasks{existing}, {} refused or rejected",
         tally.accepted, tally.refused
     ));
 }

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use taskhost::daemon::json;
-use taskhost::daemon::protocol::{Reply, Request};
+use taskhost::daemon::protocol::{Reply, Request, TaskFilter};
+use taskhost::lifecycle::TaskState;
 use taskhost::supervisor::TaskRef;
 use taskhost::units::format_duration;
 
@@ -79,12 +80,100 @@ pub async fn wait(args: WaitArgs, before_verb: Option<PathBuf>) -> anyhow::Resul
 }
 
 /// `cancel` (waits for the end) and `remove` (does not).
+#[derive(Debug, Args)]
+pub struct StopArgs {
+    /// The task: its id, or its name (a name means the live task holding it, else the newest finished one).
+    #[arg(
+        value_name = "ID|NAME",
+        required_unless_present = "filter",
+        conflicts_with = "filter"
+    )]
+    target: Option<String>,
+    /// Every live task that matches instead of one, each stopped as it would be alone (queued work removed) without waiting for their ends: state=STATE (as `host ps` shows it: queued, running, waiting, ...), slot=GLOB, name=GLOB (`*` any run, `?` one character), plugin=NAME; repeat it or separate with commas, all must hold. Prints how many it stopped.
+    #[arg(long, value_name = "KEY=VALUE", value_delimiter = ',')]
+    filter: Vec<String>,
+    /// With --filter: stop nothing, print the ids that match (the newest 1,000) and their count.
+    #[arg(long, requires = "filter")]
+    dry_run: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    pub socket: SocketArg,
+}
+
+/// `--filter KEY=VALUE,...` read into a filter.
+fn task_filter(conditions: &[String]) -> anyhow::Result<TaskFilter> {
+    let mut filter = TaskFilter::default();
+    for condition in conditions {
+        let Some((key, value)) = condition.split_once('=') else {
+            return Err(exit::usage(format!(
+                "--filter `{condition}`: give KEY=VALUE, KEY one of state, slot, name, plugin"
+            )));
+        };
+        let value = value.to_owned();
+        match key {
+            "state" => {
+                filter.state = Some(TaskState::parse(&value).ok_or_else(|| {
+                    exit::usage(format!(
+                        "--filter state=`{value}`: not a state; `host ps` shows queued, running, \
+                         waiting, backoff, throttled, stopping, finishing"
+                    ))
+                })?)
+            }
+            "slot" => filter.slot = Some(value),
+            "name" => filter.name = Some(value),
+            "plugin" => filter.plugin = Some(value),
+            other => {
+                return Err(exit::usage(format!(
+                    "--filter `{other}`: not a key; give state, slot, name or plugin"
+                )));
+            }
+        }
+    }
+    Ok(filter)
+}
+
 pub async fn cancel(
-    args: TargetArgs,
+    args: StopArgs,
     wait: bool,
     before_verb: Option<PathBuf>,
 ) -> anyhow::Result<u8> {
     let client = super::connect(&args.socket, before_verb.as_deref()).await?;
+    let Some(target) = args.target.clone() else {
+        let filter = task_filter(&args.filter)?;
+        let dry_run = args.dry_run;
+        let Reply::Matched {
+            count,
+            ids,
+            stopped,
+        } = client
+            .call(Request::CancelMatching { filter, dry_run })
+            .await
+            .map_err(exit::client)?
+        else {
+            return Err(ExitError::error(
+                EXIT_DAEMON,
+                "the daemon answered a cancel by filter with something else",
+            ));
+        };
+        if args.json {
+            print_json(&serde_json::json!({ "matched": count, "ids": ids, "stopped": stopped }));
+        } else if dry_run {
+            for id in &ids {
+                println!("{id}");
+            }
+            say(&format!("{count} live tasks match; --dry-run stopped none"));
+        } else {
+            say(&format!("{count} live tasks matched; stopped {stopped}"));
+        }
+        return Ok(0);
+    };
+    let args = TargetArgs {
+        target,
+        json: args.json,
+        socket: args.socket,
+    };
     let target = TaskRef::parse(&args.target);
     let Reply::Canceled { claimed, report } = client
         .call(Request::Cancel { target, wait })

@@ -127,6 +127,16 @@ pub enum Reply {
     },
     /// A page of `host ps`.
     Tasks(Vec<TaskRow>),
+    /// The answer to [`Request::CancelMatching`](super::Request::CancelMatching).
+    Matched {
+        /// How many live tasks passed the filter.
+        count: u64,
+        /// The first [`LIST_PAGE`](super::LIST_PAGE) of them, newest first.
+        ids: Vec<TaskId>,
+        /// How many of them this call stopped (0 for a dry run; one
+        /// already stopping is counted by whoever stopped it).
+        stopped: u64,
+    },
     /// A page of `host slots`.
     Slots(Vec<SlotView>),
     /// A page of `host plugins ls`.

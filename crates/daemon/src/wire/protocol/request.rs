@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use taskhost_core::lifecycle::TaskState;
 use taskhost_core::slot_settings;
 use taskhost_core::supervisor::{Event, EventKind, TaskRef};
 use taskhost_runtime::Digest;
@@ -31,6 +32,40 @@ impl EventFilter {
             Some(TaskRef::Name(name)) => event.name.as_deref() == Some(name.as_str()),
         };
         task && (self.kinds.is_empty() || self.kinds.contains(&event.kind))
+    }
+}
+
+/// Which live tasks a bulk verb acts on (`host cancel --filter`): each
+/// condition given holds of each one, as `host ps` shows it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TaskFilter {
+    /// Its state (`queued`, `running`, `waiting`, ...).
+    pub state: Option<TaskState>,
+    /// Its slot: a name, or a glob (`*` any run, `?` one character).
+    pub slot: Option<String>,
+    /// Its name: a name, or a glob.
+    pub name: Option<String>,
+    /// Its plugin's name.
+    pub plugin: Option<String>,
+}
+
+impl TaskFilter {
+    /// Whether `row` passes.
+    pub fn admits(&self, row: &super::TaskRow) -> bool {
+        let glob = |pattern: &Option<String>, text: &str| {
+            pattern
+                .as_deref()
+                .is_none_or(|p| slot_settings::glob_matches(p, text))
+        };
+        self.state.is_none_or(|s| row.state.shown() == s)
+            && glob(&self.slot, &row.slot)
+            && glob(&self.name, &row.name)
+            && self.plugin.as_deref().is_none_or(|p| row.plugin == p)
+    }
+
+    /// Whether it names no condition (it would match every task).
+    pub fn is_empty(&self) -> bool {
+        self == &TaskFilter::default()
     }
 }
 
@@ -71,6 +106,16 @@ pub enum Request {
         target: TaskRef,
         /// Wait for the logical end.
         wait: bool,
+    },
+    /// Stop every live task that passes the filter (queued work is
+    /// removed), each as [`Request::Cancel`] would one, without waiting;
+    /// with `dry_run`, only count them. Answered with
+    /// [`Reply::Matched`](super::Reply::Matched).
+    CancelMatching {
+        /// Which tasks (at least one condition).
+        filter: TaskFilter,
+        /// Count and list them, stop none.
+        dry_run: bool,
     },
     /// Live tasks (queued ones included); with `all`, recently finished ones
     /// too. Answered with pages of [`Reply::Tasks`](super::Reply::Tasks), then [`Reply::End`](super::Reply::End).
@@ -172,6 +217,11 @@ impl Request {
                 check_submit(&spec.request)
             }
             Request::Shutdown { grace, .. } => duration("the grace", *grace),
+            Request::CancelMatching { filter, .. } if filter.is_empty() => Err(
+                "a filter needs at least one condition (state, slot, name or plugin): an empty \
+                 one would stop every task"
+                    .into(),
+            ),
             Request::SlotRule(SlotRuleVerb::Set(row)) => {
                 slot_settings::check_pattern(&row.pattern)?;
                 row.settings.check()
