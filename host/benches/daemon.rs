@@ -64,7 +64,8 @@ use std::time::{Duration, Instant};
 
 use taskhost::daemon::protocol::{
     BatchItem, Envelope, Hello, MAGIC, MAX_BATCH, PROTOCOL_VERSION, Placement, Reply, Request,
-    SubmitRequest, Submitted, UPLOAD_CHUNK, Welcome, encode, read_frame, write_frame,
+    SubmitRequest, Submitted, TaskFilter, TaskState, UPLOAD_CHUNK, Welcome, encode, read_frame,
+    write_frame,
 };
 use taskhost::outcome::TaskOutcome;
 use taskhost::runtime::Digest;
@@ -382,6 +383,56 @@ async fn batch(dir: &Path) {
             b / s
         );
     }
+    // Bulk cancel: 100,000 tasks queued behind one running owner (a
+    // sleeper), then one CancelMatching of the queued ones, timed to its
+    // answer (every one removed from its queue by then).
+    let client = taskhost::daemon::Client::connect(&socket).await.unwrap();
+    let sleeper = std::fs::read(plugin_artifacts::SLEEPER).expect("sleeper.wasm");
+    let sleeper = upload(&socket, &sleeper).await;
+    let mut took = Vec::new();
+    for round in 1..=3 {
+        let mut owner = SubmitRequest::new(sleeper);
+        owner.slot = Some("bulk".into());
+        owner.params = vec![("ms".into(), "600000".into())];
+        client.submit(owner).await.unwrap();
+        batch_intake(&socket, digest, 100, Some("bulk")).await;
+        let filter = TaskFilter {
+            state: Some(TaskState::Queued),
+            ..TaskFilter::default()
+        };
+        let start = Instant::now();
+        let reply = client
+            .call(Request::CancelMatching {
+                filter,
+                dry_run: false,
+            })
+            .await
+            .unwrap();
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        let Reply::Matched { count, stopped, .. } = reply else {
+            panic!("unexpected reply {reply:?}")
+        };
+        assert_eq!((count, stopped), (100_000, 100_000));
+        println!("  round {round}: sqlite: cancel by filter of {count} queued tasks: {ms:.0} ms");
+        took.push(ms);
+        let owner = TaskFilter {
+            slot: Some("bulk".into()),
+            ..TaskFilter::default()
+        };
+        client
+            .call(Request::CancelMatching {
+                filter: owner,
+                dry_run: false,
+            })
+            .await
+            .unwrap();
+        drain(&socket).await;
+    }
+    println!(
+        "sqlite: cancel by filter of 100,000 queued tasks: median {:.0} ms (max {:.0})",
+        median(&took),
+        max(&took)
+    );
     let _ = child.kill();
     let _ = child.wait();
 }

@@ -369,7 +369,8 @@ pub(crate) async fn cancel_matching(
     ids.sort_unstable_by(|a, b| b.cmp(a));
     let mut stopped = 0;
     if !dry_run {
-        for id in &ids {
+        // Oldest first: each is then near the head of its slot's queue.
+        for id in ids.iter().rev() {
             // One that ended meanwhile is not found, or not claimed.
             if let Ok(found) = backend.find(&TaskRef::Id(*id)).await
                 && let Ok(true) = backend.stop(&found).await
