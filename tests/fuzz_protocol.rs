@@ -37,6 +37,7 @@ use taskhost::daemon::protocol::{
     TaskState, Welcome, decode, encode, read_frame,
 };
 use taskhost::daemon::schedule::Missed;
+use taskhost::outcome::OutcomeKind;
 use taskhost::runtime::{Digest, DirGrant};
 use taskhost::supervisor::{BackoffPolicy, EventKind, Jitter, RestartPolicy, TaskId, TaskRef};
 
@@ -586,8 +587,19 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
                     slot: Some("deploy-*".into()),
                     name: None,
                     plugin: Some("sleeper".into()),
+                    outcome: None,
                 },
                 dry_run: true,
+            },
+        ),
+        (
+            "rerun-matching",
+            Request::RerunMatching {
+                filter: TaskFilter {
+                    outcome: Some(OutcomeKind::Failed),
+                    ..TaskFilter::default()
+                },
+                dry_run: false,
             },
         ),
         (

@@ -409,10 +409,10 @@ async fn batch(dir: &Path) {
             .await
             .unwrap();
         let ms = start.elapsed().as_secs_f64() * 1e3;
-        let Reply::Matched { count, stopped, .. } = reply else {
+        let Reply::Matched { count, acted, .. } = reply else {
             panic!("unexpected reply {reply:?}")
         };
-        assert_eq!((count, stopped), (100_000, 100_000));
+        assert_eq!((count, acted), (100_000, 100_000));
         println!("  round {round}: sqlite: cancel by filter of {count} queued tasks: {ms:.0} ms");
         took.push(ms);
         let owner = TaskFilter {

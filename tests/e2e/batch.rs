@@ -211,7 +211,7 @@ fn the_json_api_takes_a_batch_with_an_answer_per_task_in_order() {
 
 #[test]
 fn cancel_by_filter_stops_each_matching_task_once_and_a_dry_run_none() {
-    let daemon = Daemon::start(&[]);
+    let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);
     let dir = tempfile::tempdir().unwrap();
     let lines: Vec<String> = (0..300)
         .map(|i| json!({ "slot": format!("q{}", i % 3), "params": { "ms": "60000" } }).to_string())
@@ -230,7 +230,7 @@ fn cancel_by_filter_stops_each_matching_task_once_and_a_dry_run_none() {
     assert_eq!(done.code, Some(0), "{done:?}");
     let answer: Value = serde_json::from_str(&done.stdout).unwrap();
     assert_eq!(answer["matched"], 99, "{answer}");
-    assert_eq!(answer["stopped"], 99, "{answer}");
+    assert_eq!(answer["acted"], 99, "{answer}");
     // Each of them ended, once; the others are untouched.
     for id in &listed {
         let waited = daemon.run(&["wait", &id.to_string(), "--json"]);
@@ -245,9 +245,96 @@ fn cancel_by_filter_stops_each_matching_task_once_and_a_dry_run_none() {
         live.iter()
             .all(|r| r["slot"] != "q1" || r["state"] == "running")
     );
+    // The same over the JSON API.
+    let api = Api::of(&daemon);
+    let post = |body: Value| {
+        api.request(
+            "POST",
+            "/api/tasks/cancel",
+            &[("Content-Type", "application/json")],
+            &body.to_string(),
+        )
+    };
+    let dry = post(json!({ "state": "queued", "slot": "q2", "dry_run": true }));
+    assert_eq!(dry.status, 200, "{}", dry.body);
+    assert_eq!(dry.json()["matched"], 99, "{}", dry.body);
+    assert_eq!(dry.json()["acted"], 0, "{}", dry.body);
+    let empty = post(json!({}));
+    assert_eq!(empty.status, 400, "{}", empty.body);
+    let unknown = post(json!({ "colour": "red" }));
+    assert_eq!(unknown.status, 400, "{}", unknown.body);
+    let done = post(json!({ "state": "queued", "slot": "q2" }));
+    assert_eq!(done.json()["acted"], 99, "{}", done.body);
+    assert_eq!(daemon.ps().len(), 102);
     let again = daemon.run(&[&["cancel"][..], &filter].concat());
-    assert!(again.stderr.contains("0 live tasks matched"), "{again:?}");
+    assert!(
+        again.stderr.contains("0 live tasks matched; stopped 0"),
+        "{again:?}"
+    );
     let bad = daemon.run(&["cancel", "--filter", "colour=red"]);
     assert_eq!(bad.code, Some(2), "{bad:?}");
     assert!(bad.stderr.contains("not a key"), "{}", bad.stderr);
+}
+
+/// Waits until the daemon holds no live task.
+fn drained(daemon: &Daemon) {
+    let deadline = std::time::Instant::now() + crate::daemon::LIMIT;
+    while !daemon.ps().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "tasks never ended");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn rerun_by_filter_submits_every_failed_task_again_in_one_call() {
+    let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);
+    let dir = tempfile::tempdir().unwrap();
+    let failing: Vec<String> = (0..5_000)
+        .map(|i| json!({ "slot": format!("f{}", i % 100) }).to_string())
+        .collect();
+    let out = daemon.run(&["submit", &p("flaky"), "--batch", &jsonl(&dir, &failing)]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let passing: Vec<String> = (0..100)
+        .map(|i| json!({ "input": format!("{i}") }).to_string())
+        .collect();
+    let out = daemon.run(&["submit", &p("hello"), "--batch", &jsonl(&dir, &passing)]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    drained(&daemon);
+    let dry = daemon.run(&["rerun", "--filter", "outcome=failed", "--dry-run"]);
+    assert_eq!(dry.code, Some(0), "{dry:?}");
+    assert!(
+        dry.stderr.contains("5000 finished tasks match"),
+        "{}",
+        dry.stderr
+    );
+    assert_eq!(dry.stdout.lines().count(), 1_000, "the newest 1,000 listed");
+    let before = daemon.ps_all_ids().len();
+    assert_eq!(before, 5_100, "a dry run submits nothing");
+    let done = daemon.run(&["rerun", "--filter", "outcome=failed,plugin=flaky", "--json"]);
+    assert_eq!(done.code, Some(0), "{done:?}");
+    let answer: Value = serde_json::from_str(&done.stdout).unwrap();
+    assert_eq!(answer["matched"], 5_000, "{answer}");
+    assert_eq!(answer["acted"], 5_000, "{answer}");
+    drained(&daemon);
+    // Each ran again (and failed again): the newest 5,000 tasks are flaky's.
+    let mut ids = daemon.ps_all_ids();
+    ids.truncate(5_000);
+    assert!(ids.iter().all(|id| *id > 5_100), "new tasks");
+    let completed = daemon.run(&["rerun", "--filter", "outcome=completed", "--dry-run"]);
+    assert!(
+        completed.stderr.contains("100 finished tasks match"),
+        "{}",
+        completed.stderr
+    );
+    let api = Api::of(&daemon);
+    let dry = api.request(
+        "POST",
+        "/api/tasks/rerun",
+        &[("Content-Type", "application/json")],
+        &json!({ "outcome": "completed", "plugin": "hello", "dry_run": true }).to_string(),
+    );
+    assert_eq!(dry.status, 200, "{}", dry.body);
+    assert_eq!(dry.json()["matched"], 100, "{}", dry.body);
+    let bad = daemon.run(&["rerun", "--filter", "outcome=sideways"]);
+    assert_eq!(bad.code, Some(2), "{bad:?}");
 }

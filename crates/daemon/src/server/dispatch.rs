@@ -10,12 +10,13 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use taskhost_core::supervisor::{TaskId, TaskRef};
+use taskhost_core::supervisor::TaskRef;
 use taskhost_runtime::Digest;
 
 use crate::backend::daemon::Daemon;
 use crate::backend::submit::Accepted;
 use crate::backend::{Backend, Item, Items, Namespaced, Scheduled, SlotRuled};
+use crate::server::bulk;
 use crate::server::connection::{Later, Replier};
 use crate::server::scope::{Credential, Reach};
 use crate::service::error::ServiceError;
@@ -23,9 +24,7 @@ use crate::service::kv::KvAnswer;
 use crate::service::namespace::{self, Ns, View};
 use crate::service::plugins;
 use crate::service::uploads::Uploads;
-use crate::wire::protocol::{
-    BatchItem, ErrorKind, LIST_PAGE, Reply, Request, SubmitRequest, TaskFilter, check_submission,
-};
+use crate::wire::protocol::{ErrorKind, LIST_PAGE, Reply, Request, SubmitRequest};
 
 /// What one connection's requests share: its credential and the
 /// namespace it acts in, its uploads in progress, its acknowledgements
@@ -141,10 +140,18 @@ pub(crate) async fn handle(
         }
         Request::Submit(request) => submit(&backend, *request, reply, session).await,
         Request::SubmitBatch(requests) => {
-            let items = submit_batch(&backend, requests).await;
+            let items = bulk::submit_batch(&backend, requests).await;
             reply.send(Reply::SubmittedBatch(items)).await;
         }
         Request::Rerun(target) => rerun(&backend, target, reply, session).await,
+        Request::RerunMatching { filter, dry_run } => {
+            match bulk::rerun_matching(&backend, &filter, dry_run).await {
+                Ok(matched) => {
+                    reply.send(matched).await;
+                }
+                Err(e) => reply.failed(e).await,
+            }
+        }
         Request::Schedule(verb) => match backend.schedule(verb).await {
             Ok(Scheduled::Rows(rows)) => send_pages(&reply, rows, Reply::Schedules).await,
             Ok(Scheduled::Row(row)) => {
@@ -184,7 +191,7 @@ pub(crate) async fn handle(
         },
         Request::Cancel { target, wait } => cancel(&backend, target, wait, reply).await,
         Request::CancelMatching { filter, dry_run } => {
-            match cancel_matching(&backend, &filter, dry_run).await {
+            match bulk::cancel_matching(&backend, &filter, dry_run).await {
                 Ok(matched) => {
                     reply.send(matched).await;
                 }
@@ -349,75 +356,6 @@ async fn submit(
         Ok(accepted) => answer(accepted, reply, session).await,
         Err(e) => reply.failed(e).await,
     }
-}
-
-/// Stops every live task `filter` admits, each as one Cancel would (its
-/// stop claimed once, whoever asks), without waiting for their ends; with
-/// `dry_run`, only counts them.
-pub(crate) async fn cancel_matching(
-    backend: &Backend<'_>,
-    filter: &TaskFilter,
-    dry_run: bool,
-) -> Result<Reply, ServiceError> {
-    let mut ids: Vec<TaskId> = backend
-        .rows(false)
-        .await?
-        .iter()
-        .filter(|row| filter.admits(row))
-        .map(|row| row.id)
-        .collect();
-    ids.sort_unstable_by(|a, b| b.cmp(a));
-    let mut stopped = 0;
-    if !dry_run {
-        // Oldest first: each is then near the head of its slot's queue.
-        for id in ids.iter().rev() {
-            // One that ended meanwhile is not found, or not claimed.
-            if let Ok(found) = backend.find(&TaskRef::Id(*id)).await
-                && let Ok(true) = backend.stop(&found).await
-            {
-                stopped += 1;
-            }
-        }
-    }
-    Ok(Reply::Matched {
-        count: ids.len() as u64,
-        ids: ids.into_iter().take(LIST_PAGE).collect(),
-        stopped,
-    })
-}
-
-/// Places a batch's submissions in order, each as a Submit alone (its
-/// checks, its key, the admission rules), then answers each once the
-/// accepted ones are durable: the store's writer commits what was queued
-/// together, so a batch takes one commit or few.
-pub(crate) async fn submit_batch(
-    backend: &Backend<'_>,
-    requests: Vec<SubmitRequest>,
-) -> Vec<BatchItem> {
-    let mut placed = Vec::with_capacity(requests.len());
-    for request in requests {
-        let answer = match check_submission(&request) {
-            Err(message) => Err(ServiceError::Invalid(message)),
-            Ok(()) => backend.submit(request).await,
-        };
-        placed.push(answer);
-    }
-    let mut items = Vec::with_capacity(placed.len());
-    for answer in placed {
-        let submitted = match answer {
-            Ok(Accepted::Now(submitted)) => Ok(submitted),
-            Ok(Accepted::Later(durable) | Accepted::Deciding(durable)) => durable.await,
-            Err(e) => Err(e),
-        };
-        items.push(match submitted {
-            Ok(submitted) => BatchItem::Submitted(submitted),
-            Err(e) => {
-                let (kind, message) = e.into();
-                BatchItem::Refused { kind, message }
-            }
-        });
-    }
-    items
 }
 
 /// Sends a submission's acknowledgement once it is durable (or decided).

@@ -112,6 +112,7 @@ impl Scope {
             Request::Upload { .. }
             | Request::Submit(_)
             | Request::SubmitBatch(_)
+            | Request::RerunMatching { .. }
             | Request::Wait(_)
             | Request::Rerun(_) => Scope::Submit,
             Request::Schedule(ScheduleVerb::List) | Request::SlotRule(SlotRuleVerb::List) => {

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `submit` | `submit`, and the wait with live progress it shares with `wait` |
 //! | `batch` | `submit --batch`: a file of submissions, in calls of up to a batch each |
+//! | `bulk` | `cancel`, `remove` and `rerun` by `--filter`, with `--dry-run` |
 //! | `tasks` | `wait`, `rerun`, `cancel`, `remove`, `ps`, `slots` |
 //! | `streams` | `events`, `logs` |
 //! | `schedule` | `schedule add`, `ls`, `rm`, `pause`, `resume`, `run` |
@@ -16,6 +17,7 @@
 
 pub mod admin;
 pub mod batch;
+pub mod bulk;
 pub mod kv;
 pub mod ns;
 pub mod plugins;

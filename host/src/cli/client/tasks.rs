@@ -5,8 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use taskhost::daemon::json;
-use taskhost::daemon::protocol::{Reply, Request, TaskFilter};
-use taskhost::lifecycle::TaskState;
+use taskhost::daemon::protocol::{Reply, Request};
 use taskhost::supervisor::TaskRef;
 use taskhost::units::format_duration;
 
@@ -39,8 +38,23 @@ pub struct WaitArgs {
 #[derive(Debug, Args)]
 pub struct RerunArgs {
     /// The task whose request to submit again: its id, or its name.
-    #[arg(value_name = "ID|NAME")]
-    target: String,
+    #[arg(
+        value_name = "ID|NAME",
+        required_unless_present = "filter",
+        conflicts_with = "filter"
+    )]
+    target: Option<String>,
+    /// Every finished task that matches instead of one (of those `host ps --all` lists), each submitted again as it would be alone, in one call: outcome=OUTCOME (failed, fatal, canceled, force-aborted, panicked, rejected, completed), slot=GLOB, name=GLOB, plugin=NAME; repeat it or separate with commas, all must hold. Prints how many it submitted.
+    #[arg(
+        long,
+        value_name = "KEY=VALUE",
+        value_delimiter = ',',
+        conflicts_with = "wait"
+    )]
+    filter: Vec<String>,
+    /// With --filter: submit nothing, print the ids that match (the newest 1,000) and their count.
+    #[arg(long, requires = "filter")]
+    dry_run: bool,
     /// Wait for the new task's final outcome and print it (exit code by outcome).
     #[arg(long)]
     wait: bool,
@@ -56,8 +70,16 @@ pub struct RerunArgs {
 /// `host rerun`: a new task with the request of a finished (or any) one.
 pub async fn rerun(args: RerunArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
     let client = super::connect(&args.socket, before_verb.as_deref()).await?;
+    let Some(target) = &args.target else {
+        let filter = super::bulk::task_filter(&args.filter)?;
+        let request = Request::RerunMatching {
+            filter,
+            dry_run: args.dry_run,
+        };
+        return super::bulk::by_filter(&client, request, args.dry_run, args.json).await;
+    };
     let submitted = client
-        .rerun(TaskRef::parse(&args.target))
+        .rerun(TaskRef::parse(target))
         .await
         .map_err(exit::client)?;
     let shown = Shown {
@@ -102,38 +124,6 @@ pub struct StopArgs {
     pub socket: SocketArg,
 }
 
-/// `--filter KEY=VALUE,...` read into a filter.
-fn task_filter(conditions: &[String]) -> anyhow::Result<TaskFilter> {
-    let mut filter = TaskFilter::default();
-    for condition in conditions {
-        let Some((key, value)) = condition.split_once('=') else {
-            return Err(exit::usage(format!(
-                "--filter `{condition}`: give KEY=VALUE, KEY one of state, slot, name, plugin"
-            )));
-        };
-        let value = value.to_owned();
-        match key {
-            "state" => {
-                filter.state = Some(TaskState::parse(&value).ok_or_else(|| {
-                    exit::usage(format!(
-                        "--filter state=`{value}`: not a state; `host ps` shows queued, running, \
-                         waiting, backoff, throttled, stopping, finishing"
-                    ))
-                })?)
-            }
-            "slot" => filter.slot = Some(value),
-            "name" => filter.name = Some(value),
-            "plugin" => filter.plugin = Some(value),
-            other => {
-                return Err(exit::usage(format!(
-                    "--filter `{other}`: not a key; give state, slot, name or plugin"
-                )));
-            }
-        }
-    }
-    Ok(filter)
-}
-
 pub async fn cancel(
     args: StopArgs,
     wait: bool,
@@ -141,33 +131,12 @@ pub async fn cancel(
 ) -> anyhow::Result<u8> {
     let client = super::connect(&args.socket, before_verb.as_deref()).await?;
     let Some(target) = args.target.clone() else {
-        let filter = task_filter(&args.filter)?;
-        let dry_run = args.dry_run;
-        let Reply::Matched {
-            count,
-            ids,
-            stopped,
-        } = client
-            .call(Request::CancelMatching { filter, dry_run })
-            .await
-            .map_err(exit::client)?
-        else {
-            return Err(ExitError::error(
-                EXIT_DAEMON,
-                "the daemon answered a cancel by filter with something else",
-            ));
+        let filter = super::bulk::task_filter(&args.filter)?;
+        let request = Request::CancelMatching {
+            filter,
+            dry_run: args.dry_run,
         };
-        if args.json {
-            print_json(&serde_json::json!({ "matched": count, "ids": ids, "stopped": stopped }));
-        } else if dry_run {
-            for id in &ids {
-                println!("{id}");
-            }
-            say(&format!("{count} live tasks match; --dry-run stopped none"));
-        } else {
-            say(&format!("{count} live tasks matched; stopped {stopped}"));
-        }
-        return Ok(0);
+        return super::bulk::by_filter(&client, request, args.dry_run, args.json).await;
     };
     let args = TargetArgs {
         target,

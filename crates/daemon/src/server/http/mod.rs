@@ -29,6 +29,7 @@
 //! | `wire.rs` | `/api/wire`: the daemon's own protocol over an upgraded connection |
 //! | `api.rs` | the reads (tasks, a task, slots), cancel, remove, the event stream |
 //! | `verbs.rs` | upload, submit, the outcome's long poll, logs, plugins, version, shutdown |
+//! | `bulk.rs` | cancel and rerun by filter |
 //! | `slot_rules.rs` | the slot rules' routes, in the caller's namespace |
 //! | `namespaces.rs` | the namespaces a token reaches; the operator's changes of them |
 //! | `metrics.rs` | `/metrics`: counters from the event bus, gauges at scrape time |
@@ -36,6 +37,7 @@
 //! | `dashboard.html` | the page at `/` (embedded, no build step) |
 
 mod api;
+mod bulk;
 mod conn;
 mod hosts;
 mod metrics;
@@ -377,6 +379,8 @@ pub(crate) fn start(bound: Bound, daemon: &Arc<Daemon>) -> Server {
             post(verbs::submit_batch).layer(DefaultBodyLimit::max(verbs::MAX_BATCH_BODY)),
         ),
         ("get", "/api/tasks/{task}/outcome", get(verbs::outcome)),
+        ("post", "/api/tasks/cancel", post(bulk::cancel)),
+        ("post", "/api/tasks/rerun", post(bulk::rerun)),
         ("post", "/api/tasks/{task}/rerun", post(verbs::rerun)),
         ("post", "/api/tasks/{task}/cancel", post(api::cancel)),
         ("post", "/api/tasks/{task}/remove", post(api::remove)),

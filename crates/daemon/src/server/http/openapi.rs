@@ -138,6 +138,18 @@ pub(super) const ROUTES: &[Route] = &[
         "Submit up to 1,000 tasks (`{\"tasks\": [...]}`, each a POST /api/tasks body): one answer per task, in order",
     ),
     route(
+        "post",
+        "/api/tasks/cancel",
+        Scope::Admin,
+        "Stop every live task that matches (`{\"state\", \"slot\", \"name\", \"plugin\", \"dry_run\"}`), as `host cancel --filter --json`",
+    ),
+    route(
+        "post",
+        "/api/tasks/rerun",
+        Scope::Submit,
+        "Submit again every finished task that matches (`{\"outcome\", \"slot\", \"name\", \"plugin\", \"dry_run\"}`), as `host rerun --filter --json`",
+    ),
+    route(
         "get",
         "/api/tasks/{task}/outcome",
         Scope::Submit,

@@ -27,7 +27,7 @@ use super::Http;
 use super::api::{error, failed};
 use crate::backend::submit::Accepted;
 use crate::backend::{Backend, Item, Scheduled};
-use crate::server::dispatch;
+use crate::server::{bulk, dispatch};
 use crate::service::error::ServiceError;
 use crate::service::json::{self, JsonResult};
 use crate::service::namespace::View;
@@ -310,7 +310,7 @@ pub(super) async fn submit_batch(
         .filter_map(|r| r.as_ref().ok().cloned())
         .collect();
     let backend = Backend::within(&http.daemon, view.clone());
-    let mut placed = dispatch::submit_batch(&backend, requests).await.into_iter();
+    let mut placed = bulk::submit_batch(&backend, requests).await.into_iter();
     let items: Vec<Value> = read
         .into_iter()
         .map(|r| match r {

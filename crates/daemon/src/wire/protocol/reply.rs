@@ -127,15 +127,17 @@ pub enum Reply {
     },
     /// A page of `host ps`.
     Tasks(Vec<TaskRow>),
-    /// The answer to [`Request::CancelMatching`](super::Request::CancelMatching).
+    /// The answer to [`Request::CancelMatching`](super::Request::CancelMatching) and
+    /// [`Request::RerunMatching`](super::Request::RerunMatching).
     Matched {
         /// How many live tasks passed the filter.
         count: u64,
         /// The first [`LIST_PAGE`](super::LIST_PAGE) of them, newest first.
         ids: Vec<TaskId>,
-        /// How many of them this call stopped (0 for a dry run; one
-        /// already stopping is counted by whoever stopped it).
-        stopped: u64,
+        /// How many of them this call stopped or submitted again (0 for
+        /// a dry run; one already stopping is counted by whoever stopped
+        /// it).
+        acted: u64,
     },
     /// A page of `host slots`.
     Slots(Vec<SlotView>),

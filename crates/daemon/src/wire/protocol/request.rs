@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use taskhost_core::lifecycle::TaskState;
+use taskhost_core::outcome::OutcomeKind;
 use taskhost_core::slot_settings;
 use taskhost_core::supervisor::{Event, EventKind, TaskRef};
 use taskhost_runtime::Digest;
@@ -47,6 +48,8 @@ pub struct TaskFilter {
     pub name: Option<String>,
     /// Its plugin's name.
     pub plugin: Option<String>,
+    /// How it ended (`failed`, `canceled`, ...): finished tasks only.
+    pub outcome: Option<OutcomeKind>,
 }
 
 impl TaskFilter {
@@ -61,6 +64,7 @@ impl TaskFilter {
             && glob(&self.slot, &row.slot)
             && glob(&self.name, &row.name)
             && self.plugin.as_deref().is_none_or(|p| row.plugin == p)
+            && self.outcome.is_none_or(|o| row.outcome == Some(o))
     }
 
     /// Whether it names no condition (it would match every task).
@@ -115,6 +119,16 @@ pub enum Request {
         /// Which tasks (at least one condition).
         filter: TaskFilter,
         /// Count and list them, stop none.
+        dry_run: bool,
+    },
+    /// Submit again the request of every finished task (of those `host
+    /// ps --all` lists) that passes the filter, each as [`Request::Rerun`]
+    /// would its id, in one batch; with `dry_run`, only count them.
+    /// Answered with [`Reply::Matched`](super::Reply::Matched).
+    RerunMatching {
+        /// Which tasks (at least one condition).
+        filter: TaskFilter,
+        /// Count and list them, submit none.
         dry_run: bool,
     },
     /// Live tasks (queued ones included); with `all`, recently finished ones
@@ -217,11 +231,15 @@ impl Request {
                 check_submit(&spec.request)
             }
             Request::Shutdown { grace, .. } => duration("the grace", *grace),
-            Request::CancelMatching { filter, .. } if filter.is_empty() => Err(
-                "a filter needs at least one condition (state, slot, name or plugin): an empty \
-                 one would stop every task"
-                    .into(),
-            ),
+            Request::CancelMatching { filter, .. } | Request::RerunMatching { filter, .. }
+                if filter.is_empty() =>
+            {
+                Err(
+                    "a filter needs at least one condition (state, slot, name, plugin or \
+                     outcome): an empty one would act on every task"
+                        .into(),
+                )
+            }
             Request::SlotRule(SlotRuleVerb::Set(row)) => {
                 slot_settings::check_pattern(&row.pattern)?;
                 row.settings.check()

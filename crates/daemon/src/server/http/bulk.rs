@@ -1,0 +1,122 @@
+//! Owns the verbs by filter over HTTP: `POST /api/tasks/cancel` and `POST
+//! /api/tasks/rerun`, as `host cancel --filter` and `host rerun --filter`,
+//! calling what the socket's requests call.
+
+use axum::Extension;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+
+use taskhost_core::lifecycle::TaskState;
+use taskhost_core::outcome::OutcomeKind;
+
+use super::Http;
+use super::api::{error, failed};
+use crate::backend::Backend;
+use crate::server::bulk;
+use crate::service::namespace::View;
+use crate::wire::protocol::{Reply, TaskFilter};
+
+/// The JSON of a verb by filter: each condition given must hold.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilterBody {
+    state: Option<String>,
+    slot: Option<String>,
+    name: Option<String>,
+    plugin: Option<String>,
+    outcome: Option<String>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+impl FilterBody {
+    fn filter(self) -> Result<(TaskFilter, bool), String> {
+        let state = match self.state {
+            None => None,
+            Some(word) => Some(
+                TaskState::parse(&word).ok_or(format!("state: `{word}` is not a task state"))?,
+            ),
+        };
+        let outcome = match self.outcome {
+            None => None,
+            Some(word) => Some(
+                OutcomeKind::from_word(&word)
+                    .ok_or(format!("outcome: `{word}` is not an outcome"))?,
+            ),
+        };
+        let filter = TaskFilter {
+            state,
+            slot: self.slot,
+            name: self.name,
+            plugin: self.plugin,
+            outcome,
+        };
+        if filter.is_empty() {
+            return Err(
+                "give at least one of state, slot, name, plugin, outcome: an empty \
+                        filter would act on every task"
+                    .into(),
+            );
+        }
+        Ok((filter, self.dry_run))
+    }
+}
+
+/// Which verb.
+#[derive(Clone, Copy)]
+enum Verb {
+    Cancel,
+    Rerun,
+}
+
+/// `POST /api/tasks/cancel`: stops every live task that matches, as `host
+/// cancel --filter`; answers `{"matched", "ids", "acted"}`.
+pub(super) async fn cancel(
+    State(http): State<Http>,
+    Extension(view): Extension<View>,
+    body: Bytes,
+) -> Response {
+    by_filter(&http, view, &body, Verb::Cancel).await
+}
+
+/// `POST /api/tasks/rerun`: submits again every finished task that
+/// matches, as `host rerun --filter`; answers as `POST /api/tasks/cancel`.
+pub(super) async fn rerun(
+    State(http): State<Http>,
+    Extension(view): Extension<View>,
+    body: Bytes,
+) -> Response {
+    by_filter(&http, view, &body, Verb::Rerun).await
+}
+
+async fn by_filter(http: &Http, view: View, body: &[u8], verb: Verb) -> Response {
+    let parsed: Result<FilterBody, String> = if body.is_empty() {
+        Ok(FilterBody::default())
+    } else {
+        serde_json::from_slice(body).map_err(|e| format!("the filter's JSON: {e}"))
+    };
+    let (filter, dry_run) = match parsed.and_then(FilterBody::filter) {
+        Ok(f) => f,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    let backend = Backend::within(&http.daemon, view);
+    let answer = match verb {
+        Verb::Cancel => bulk::cancel_matching(&backend, &filter, dry_run).await,
+        Verb::Rerun => bulk::rerun_matching(&backend, &filter, dry_run).await,
+    };
+    match answer {
+        Ok(Reply::Matched { count, ids, acted }) => {
+            Json(json!({ "matched": count, "ids": ids, "acted": acted })).into_response()
+        }
+        Ok(_) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "a verb by filter answered something else".into(),
+        ),
+        Err(e) => failed(e),
+    }
+}
