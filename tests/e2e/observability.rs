@@ -1540,10 +1540,14 @@ fn a_loopback_listener_without_a_token_file_makes_its_own_token() {
         rows.as_array().unwrap().iter().any(|r| r["name"] == "nap"),
         "{rows}"
     );
-    // Still only JSON POSTs: a form cannot stop it.
-    let form = api.request("POST", &format!("/api/tasks/{id}/remove"), &[], "");
+    // Still only JSON POSTs: a form (which always names its type, even
+    // empty) cannot stop it; a POST with neither a body nor a type can.
+    let form_type = ("Content-Type", "application/x-www-form-urlencoded");
+    let form = api.request("POST", &format!("/api/tasks/{id}/remove"), &[form_type], "");
     assert_eq!(form.status, 415, "{form:?}");
-    let answer = api.post(&format!("/api/tasks/{id}/remove"));
+    let typed = api.request("POST", &format!("/api/tasks/{id}/remove"), &[], "x");
+    assert_eq!(typed.status, 415, "a body without a type: {typed:?}");
+    let answer = api.request("POST", &format!("/api/tasks/{id}/remove"), &[], "");
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(answer.json(), json!({ "claimed": true, "report": null }));
     let out = daemon.run(&["wait", &id, "--json"]);

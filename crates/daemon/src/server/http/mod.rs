@@ -12,7 +12,8 @@
 //! (`--http-token-file`, required for a non-loopback address) or, on a
 //! loopback address without one, the daemon's own in `<state
 //! dir>/http-token` (`token.rs`), whose dashboard URL the log gives. A
-//! `POST` must say `Content-Type: application/json`. Connections and event
+//! `POST` with a body must say `Content-Type: application/json` (one with
+//! neither a body nor a type is taken). Connections and event
 //! streams are capped (at the connection cap, the connection idle the
 //! longest is closed for a new one), and a client has
 //! `http_header_timeout` to send a request's header (`conn.rs`).
@@ -551,10 +552,13 @@ async fn authorize(
     request.extensions_mut().insert(credential.scope);
     request.extensions_mut().insert(view.clone());
     request.extensions_mut().insert(credential);
-    if request.method() == axum::http::Method::POST && !is_json(request.headers()) {
+    if request.method() == axum::http::Method::POST
+        && !is_json(request.headers())
+        && !is_bare(request.headers())
+    {
         return api::error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "send `Content-Type: application/json` with a POST".into(),
+            "send `Content-Type: application/json` with a POST that has a body".into(),
         );
     }
     let answer = conn::serving(request, next).await;
@@ -636,6 +640,16 @@ async fn shown(view: &View, answer: Response) -> Response {
     let mut parts = parts;
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, axum::body::Body::from(text))
+}
+
+/// A request with no body and no `Content-Type` (a form always sends one).
+fn is_bare(headers: &HeaderMap) -> bool {
+    let empty = headers
+        .get(header::CONTENT_LENGTH)
+        .is_none_or(|len| len.as_bytes() == b"0");
+    empty
+        && !headers.contains_key(header::CONTENT_TYPE)
+        && !headers.contains_key(header::TRANSFER_ENCODING)
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
