@@ -34,7 +34,7 @@ use taskhost::controller::AdmissionPolicy;
 use taskhost::daemon::protocol::{
     Envelope, EventFilter, FrameError, Hello, KvTarget, KvVerb, MAGIC, MAX_FRAME, NotBefore,
     PROTOCOL_VERSION, Reply, Request, ScheduleSpec, ScheduleVerb, SubmitRequest, TaskFilter,
-    TaskState, Welcome, decode, encode, read_frame,
+    TaskPage, TaskState, Welcome, decode, encode, read_frame,
 };
 use taskhost::daemon::schedule::Missed;
 use taskhost::outcome::OutcomeKind;
@@ -591,6 +591,18 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
                 },
                 dry_run: true,
             },
+        ),
+        (
+            "page",
+            Request::Page(TaskPage {
+                all: true,
+                filter: TaskFilter {
+                    outcome: Some(OutcomeKind::Failed),
+                    ..TaskFilter::default()
+                },
+                before: Some(TaskId::from_u64(1_234)),
+                limit: Some(20),
+            }),
         ),
         (
             "rerun-matching",

@@ -1,7 +1,8 @@
 //! Batch submission through the real binary: `host submit --batch FILE`
 //! in calls of up to 1,000 with an answer per line in order, refusals in
 //! their place, every acknowledged task kept across a SIGKILL; flags and
-//! bad lines refused before their call is sent; `POST /api/tasks/batch`.
+//! bad lines refused before their call is sent; `POST /api/tasks/batch`;
+//! cancel and rerun by filter with dry runs; `ps` paged by a cursor.
 
 use std::io::Write;
 
@@ -337,4 +338,82 @@ fn rerun_by_filter_submits_every_failed_task_again_in_one_call() {
     assert_eq!(dry.json()["matched"], 100, "{}", dry.body);
     let bad = daemon.run(&["rerun", "--filter", "outcome=sideways"]);
     assert_eq!(bad.code, Some(2), "{bad:?}");
+}
+
+#[test]
+fn ps_pages_through_a_filtered_list_newest_first_by_cursor() {
+    let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);
+    let dir = tempfile::tempdir().unwrap();
+    let passing: Vec<String> = (0..300)
+        .map(|i| json!({ "slot": format!("{}{}", ["a", "b"][i % 2], i % 10) }).to_string())
+        .collect();
+    let out = daemon.run(&["submit", &p("hello"), "--batch", &jsonl(&dir, &passing)]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let failing: Vec<String> = (0..50)
+        .map(|i| json!({ "slot": format!("f{i}") }).to_string())
+        .collect();
+    let out = daemon.run(&["submit", &p("flaky"), "--batch", &jsonl(&dir, &failing)]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let failed_ids: Vec<u64> = out.stdout.lines().map(|l| l.parse().unwrap()).collect();
+    drained(&daemon);
+    // Pages of 20 by cursor: 20, 20, 10, then none; newest first, each
+    // failed task once.
+    let mut seen = Vec::new();
+    let mut before: Option<u64> = None;
+    for expected in [20, 20, 10, 0] {
+        let mut args = vec![
+            "ps",
+            "--all",
+            "--filter",
+            "outcome=failed",
+            "--limit",
+            "20",
+            "--json",
+        ];
+        let cursor = before.map(|b| b.to_string());
+        if let Some(cursor) = &cursor {
+            args.extend(["--before", cursor.as_str()]);
+        }
+        let out = daemon.run(&args);
+        assert_eq!(out.code, Some(0), "{out:?}");
+        let rows: Vec<Value> = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(rows.len(), expected, "{before:?}: {}", out.stdout);
+        let ids: Vec<u64> = rows.iter().map(|r| r["id"].as_u64().unwrap()).collect();
+        assert!(ids.windows(2).all(|w| w[0] > w[1]), "newest first: {ids:?}");
+        assert!(
+            rows.iter().all(|r| r["plugin"] == "flaky"),
+            "{}",
+            out.stdout
+        );
+        before = ids.last().copied();
+        seen.extend(ids);
+    }
+    seen.sort_unstable();
+    let mut want = failed_ids.clone();
+    want.sort_unstable();
+    assert_eq!(seen, want, "every failed task once");
+    // The table says where the next page starts.
+    let table = daemon.run(&["ps", "--all", "--filter", "slot=a*", "--limit", "5"]);
+    assert!(
+        table.stderr.contains("more may follow: --before"),
+        "{}",
+        table.stderr
+    );
+    let globbed = daemon.run(&["ps", "--all", "--filter", "slot=a*", "--json"]);
+    let rows: Vec<Value> = serde_json::from_str(&globbed.stdout).unwrap();
+    assert_eq!(rows.len(), 150, "slots a0..a8");
+    // The same over the JSON API.
+    let api = Api::of(&daemon);
+    let first = api.get("/api/tasks?all=true&outcome=failed&limit=20");
+    assert_eq!(first.status, 200, "{}", first.body);
+    let first = first.json();
+    assert_eq!(first.as_array().unwrap().len(), 20);
+    let last = first[19]["id"].as_u64().unwrap();
+    let next = api
+        .get(&format!("/api/tasks?outcome=failed&limit=20&before={last}"))
+        .json();
+    assert_eq!(next.as_array().unwrap().len(), 20);
+    assert!(next[0]["id"].as_u64().unwrap() < last);
+    let bad = api.get("/api/tasks?state=sideways");
+    assert_eq!(bad.status, 400, "{}", bad.body);
 }

@@ -8,7 +8,8 @@ use crate::backend::Backend;
 use crate::backend::submit::Accepted;
 use crate::service::error::ServiceError;
 use crate::wire::protocol::{
-    BatchItem, LIST_PAGE, Reply, SubmitRequest, TaskFilter, TaskState, check_submission,
+    BatchItem, LIST_PAGE, Reply, SubmitRequest, TaskFilter, TaskPage, TaskRow, TaskState,
+    check_submission,
 };
 
 /// Stops every live task `filter` admits, each as one Cancel would (its
@@ -78,6 +79,27 @@ pub(crate) async fn submit_batch(
         });
     }
     items
+}
+
+/// One page of the tasks `page` asks for: the ones its filter admits,
+/// newest first, older than its cursor, at most its limit.
+pub(crate) async fn page(
+    backend: &Backend<'_>,
+    page: &TaskPage,
+) -> Result<Vec<TaskRow>, ServiceError> {
+    let all = page.all || page.filter.outcome.is_some();
+    let mut rows: Vec<TaskRow> = backend
+        .rows(all)
+        .await?
+        .into_iter()
+        .filter(|row| page.before.is_none_or(|before| row.id < before))
+        .filter(|row| page.filter.admits(row))
+        .collect();
+    rows.sort_unstable_by_key(|row| std::cmp::Reverse(row.id));
+    if let Some(limit) = page.limit {
+        rows.truncate(limit as usize);
+    }
+    Ok(rows)
 }
 
 /// Submits again the request of every finished task `filter` admits

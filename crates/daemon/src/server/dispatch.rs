@@ -198,6 +198,10 @@ pub(crate) async fn handle(
                 Err(e) => reply.failed(e).await,
             }
         }
+        Request::Page(page) => match bulk::page(&backend, &page).await {
+            Ok(rows) => send_pages(&reply, rows, Reply::Tasks).await,
+            Err(e) => reply.failed(e).await,
+        },
         Request::List { all } => match backend.rows(all).await {
             Ok(rows) => send_pages(&reply, rows, Reply::Tasks).await,
             Err(e) => reply.failed(e).await,

@@ -103,6 +103,7 @@ impl Scope {
         match request {
             Request::HasPlugin(_)
             | Request::List { .. }
+            | Request::Page(_)
             | Request::Slots
             | Request::Events { .. }
             | Request::Logs { .. }

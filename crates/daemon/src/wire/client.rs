@@ -37,8 +37,8 @@ use taskhost_runtime::Digest;
 use crate::wire::protocol::{
     BatchItem, Enter, Envelope, ErrorKind, FrameError, Hello, KvRow, KvTarget, KvVerb, MAGIC,
     NamespaceRow, NamespaceVerb, PROTOCOL_VERSION, PluginRow, Reassembly, Reply, Request,
-    ScheduleRow, ScheduleVerb, SlotRuleRow, SlotRuleVerb, SubmitRequest, Submitted, TaskRow,
-    UPLOAD_CHUNK, Welcome, encode, read_frame, write_frame,
+    ScheduleRow, ScheduleVerb, SlotRuleRow, SlotRuleVerb, SubmitRequest, Submitted, TaskPage,
+    TaskRow, UPLOAD_CHUNK, Welcome, encode, read_frame, write_frame,
 };
 
 /// Replies buffered per request before the connection's reader waits for
@@ -395,6 +395,15 @@ impl Client {
             Reply::Report(report) => Ok(report),
             other => Err(self.unexpected("a wait", &other)),
         }
+    }
+
+    /// A page of the daemon's tasks, newest first ([`TaskPage`]).
+    pub async fn page(&self, page: TaskPage) -> Result<Vec<TaskRow>, ClientError> {
+        self.pages(Request::Page(page), "ps", |reply| match reply {
+            Reply::Tasks(page) => Ok(page),
+            other => Err(Box::new(other)),
+        })
+        .await
     }
 
     /// The daemon's tasks (with `all`, recently finished ones too).

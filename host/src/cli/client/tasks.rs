@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use taskhost::daemon::json;
-use taskhost::daemon::protocol::{Reply, Request};
-use taskhost::supervisor::TaskRef;
+use taskhost::daemon::protocol::{Reply, Request, TaskPage};
+use taskhost::supervisor::{TaskId, TaskRef};
 use taskhost::units::format_duration;
 
 use super::super::args::{RawArg, SocketArg};
@@ -176,6 +176,15 @@ pub struct PsArgs {
     /// Also list recently finished tasks (the daemon remembers the last 10,000).
     #[arg(long, short)]
     all: bool,
+    /// Only the tasks that match, newest first: state=STATE, slot=GLOB, name=GLOB (`*` any run, `?` one character), plugin=NAME, outcome=OUTCOME (finished ones: failed, canceled, ...); repeat it or separate with commas, all must hold.
+    #[arg(long, value_name = "KEY=VALUE", value_delimiter = ',')]
+    filter: Vec<String>,
+    /// At most N tasks, newest first; the last one's id is the --before of the next page.
+    #[arg(long, value_name = "N")]
+    limit: Option<u32>,
+    /// Only tasks older than this id (the cursor: the last id of the page before), newest first.
+    #[arg(long, value_name = "ID")]
+    before: Option<u64>,
     /// Print JSON: one array of rows.
     #[arg(long)]
     json: bool,
@@ -185,13 +194,32 @@ pub struct PsArgs {
 
 pub async fn ps(args: PsArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
     let client = super::connect(&args.socket, before_verb.as_deref()).await?;
-    let tasks = client.list(args.all).await.map_err(exit::client)?;
+    let paged = !args.filter.is_empty() || args.limit.is_some() || args.before.is_some();
+    let tasks = if paged {
+        let page = TaskPage {
+            all: args.all,
+            filter: super::bulk::task_filter(&args.filter)?,
+            before: args.before.map(TaskId::from_u64),
+            limit: args.limit,
+        };
+        client.page(page).await.map_err(exit::client)?
+    } else {
+        client.list(args.all).await.map_err(exit::client)?
+    };
+    if let (Some(limit), Some(last)) = (args.limit, tasks.last())
+        && tasks.len() == limit as usize
+        && !args.json
+    {
+        say(&format!("more may follow: --before {}", last.id));
+    }
     if args.json {
         let rows: Vec<_> = tasks.iter().map(json::task_row).collect();
         print_json(&rows);
         return Ok(0);
     }
-    if tasks.is_empty() && !args.all {
+    if tasks.is_empty() && paged {
+        eprintln!("no task matches");
+    } else if tasks.is_empty() && !args.all {
         eprintln!("no live tasks (finished ones: host ps --all)");
     }
     let clustered = tasks.iter().any(|t| t.node.is_some());

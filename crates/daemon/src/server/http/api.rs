@@ -17,14 +17,16 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 
+use taskhost_core::lifecycle::TaskState;
 use taskhost_core::logline::LogLine;
-use taskhost_core::supervisor::{Event, TaskRef, TaskReport};
+use taskhost_core::outcome::OutcomeKind;
+use taskhost_core::supervisor::{Event, TaskId, TaskRef, TaskReport};
 
 use super::Http;
 use crate::backend::{Backend, Item, Items, SlotRuled};
 use crate::service::json::{self, JsonResult};
 use crate::service::namespace::View;
-use crate::wire::protocol::{ErrorKind, EventFilter, SlotRuleVerb};
+use crate::wire::protocol::{ErrorKind, EventFilter, SlotRuleVerb, TaskFilter, TaskPage};
 
 /// An error answer: `{"error": message}`.
 pub(super) fn error(status: StatusCode, message: String) -> Response {
@@ -35,18 +37,76 @@ pub(super) fn error(status: StatusCode, message: String) -> Response {
 pub(super) struct TasksQuery {
     #[serde(default)]
     all: bool,
+    state: Option<String>,
+    slot: Option<String>,
+    name: Option<String>,
+    plugin: Option<String>,
+    outcome: Option<String>,
+    limit: Option<u32>,
+    before: Option<u64>,
 }
 
-/// `GET /api/tasks[?all=true]`: the rows of `host ps --json` (`--all`).
+impl TasksQuery {
+    /// The page it asks for, when it asks for one (a filter, a limit or a
+    /// cursor); the words checked.
+    fn page(self) -> Result<Option<TaskPage>, String> {
+        let paged = self.state.is_some()
+            || self.slot.is_some()
+            || self.name.is_some()
+            || self.plugin.is_some()
+            || self.outcome.is_some()
+            || self.limit.is_some()
+            || self.before.is_some();
+        if !paged {
+            return Ok(None);
+        }
+        let state = match self.state {
+            None => None,
+            Some(w) => {
+                Some(TaskState::parse(&w).ok_or(format!("state: `{w}` is not a task state"))?)
+            }
+        };
+        let outcome = match self.outcome {
+            None => None,
+            Some(w) => Some(
+                OutcomeKind::from_word(&w).ok_or(format!("outcome: `{w}` is not an outcome"))?,
+            ),
+        };
+        let before = self.before.map(TaskId::from_u64);
+        Ok(Some(TaskPage {
+            all: self.all,
+            filter: TaskFilter {
+                state,
+                slot: self.slot,
+                name: self.name,
+                plugin: self.plugin,
+                outcome,
+            },
+            before,
+            limit: self.limit,
+        }))
+    }
+}
+
+/// `GET /api/tasks[?all=true]`: the rows of `host ps --json` (`--all`);
+/// with a filter (`state`, `slot`, `name`, `plugin`, `outcome`), `limit` or
+/// `before` (an id: the cursor), one page of them, newest first.
 pub(super) async fn tasks(
     State(http): State<Http>,
     Extension(view): Extension<View>,
     Query(q): Query<TasksQuery>,
 ) -> Response {
-    match Backend::within(&http.daemon, view.clone())
-        .rows(q.all)
-        .await
-    {
+    let all = q.all;
+    let page = match q.page() {
+        Ok(page) => page,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    let backend = Backend::within(&http.daemon, view.clone());
+    let rows = match &page {
+        Some(page) => crate::server::bulk::page(&backend, page).await,
+        None => backend.rows(all).await,
+    };
+    match rows {
         Ok(rows) => Json(Value::Array(rows.iter().map(json::task_row).collect())).into_response(),
         Err(answer) => failed(answer),
     }

@@ -39,7 +39,7 @@ pub(super) const ROUTES: &[Route] = &[
         "get",
         "/api/tasks",
         Scope::Read,
-        "The rows of `host ps --json` (`?all=true`: with finished ones)",
+        "The rows of `host ps --json` (`?all=true`: with finished ones; `state`, `slot`, `name`, `plugin`, `outcome`, `limit`, `before`: a page of those that match, newest first)",
     ),
     route(
         "get",

@@ -43,7 +43,7 @@ pub use namespace::{
 pub(crate) use reply::Reassembly;
 pub use reply::{BatchItem, ErrorKind, PluginRow, Reply, TaskRow};
 pub(crate) use request::check_submission;
-pub use request::{EventFilter, Request, TaskFilter};
+pub use request::{EventFilter, Request, TaskFilter, TaskPage};
 pub use schedule::{ScheduleRow, ScheduleSpec, ScheduleVerb};
 pub use slot::{SlotRuleRow, SlotRuleVerb};
 pub use submit::{MAX_IDEMPOTENCY_KEY, NotBefore, SubmitRequest, Submitted};

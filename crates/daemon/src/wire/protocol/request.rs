@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use taskhost_core::lifecycle::TaskState;
 use taskhost_core::outcome::OutcomeKind;
 use taskhost_core::slot_settings;
-use taskhost_core::supervisor::{Event, EventKind, TaskRef};
+use taskhost_core::supervisor::{Event, EventKind, TaskId, TaskRef};
 use taskhost_runtime::Digest;
 
 use super::namespace::{Enter, NamespaceVerb, check_name};
@@ -73,6 +73,23 @@ impl TaskFilter {
     }
 }
 
+/// One page of a filtered task list (`host ps --filter --limit
+/// --before`, `GET /api/tasks?...`): the tasks that pass the filter,
+/// newest first, older than `before`, at most `limit`; the next page is
+/// the one before the last id of this one.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TaskPage {
+    /// Finished ones too (as `host ps --all`; implied by an `outcome`).
+    pub all: bool,
+    /// Which tasks (none: every one).
+    pub filter: TaskFilter,
+    /// Only tasks with a smaller id (the cursor: the last id of the page
+    /// before).
+    pub before: Option<TaskId>,
+    /// At most this many (none: every one).
+    pub limit: Option<u32>,
+}
+
 /// What a client asks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Request {
@@ -131,6 +148,9 @@ pub enum Request {
         /// Count and list them, submit none.
         dry_run: bool,
     },
+    /// A page of tasks: pages of [`Reply::Tasks`](super::Reply::Tasks)
+    /// (newest first), then [`Reply::End`](super::Reply::End).
+    Page(TaskPage),
     /// Live tasks (queued ones included); with `all`, recently finished ones
     /// too. Answered with pages of [`Reply::Tasks`](super::Reply::Tasks), then [`Reply::End`](super::Reply::End).
     List {
