@@ -21,6 +21,12 @@
 //!   `fanout` spawning 100 children one after another; p50 and p99 timed
 //!   in the guest, as the daemon bench's state scenario does.
 //!
+//! - batch intake on one node (issue 53): 20,000 `hello` tasks, each its
+//!   own slot, as 20 `SubmitBatch` calls of 1,000 (two in flight) against
+//!   as many single submissions from one pipelined client, rounds
+//!   alternated; tasks acknowledged (after the commit deciding them) per
+//!   second, each round drained before the next.
+//!
 //! - rate accuracy (only when named, `-- rate-accuracy`; a minute): one
 //!   slot at 1,000 starts/s with a burst of 10 on three nodes, fed more
 //!   than that through all three; the starts the database recorded over a
@@ -44,7 +50,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use taskhost::daemon::Client;
-use taskhost::daemon::protocol::{Placement, Reply, Request, SubmitRequest};
+use taskhost::daemon::protocol::{BatchItem, MAX_BATCH, Placement, Reply, Request, SubmitRequest};
 use taskhost::supervisor::TaskRef;
 
 /// Submissions of the throughput scenario (`TASKHOST_BENCH_TASKS` to change).
@@ -196,6 +202,9 @@ fn main() {
         for nodes in 1..=3 {
             throughput(&rt, nodes);
         }
+    }
+    if run("batch") {
+        batch(&rt);
     }
     if run("latency") {
         latencies(&rt);
@@ -731,4 +740,118 @@ fn takeover(rt: &tokio::runtime::Runtime) {
          renewed every {RENEW})",
         killed.elapsed().as_secs_f64() * 1000.0
     );
+}
+
+/// Rounds of the batch scenario, and its tasks per round.
+const BATCH_ROUNDS: usize = 3;
+const BATCH_TASKS: usize = 20_000;
+
+/// Batch intake on one node against single submissions (see the module
+/// docs).
+fn batch(rt: &tokio::runtime::Runtime) {
+    let pg = postgres::Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), &pg, "n1");
+    let hello = std::fs::read(plugin_artifacts::HELLO).expect("hello");
+    let unfinished = || {
+        pg.psql(
+            "SELECT (SELECT count(*) FROM taskhost_tasks WHERE state = 'queued') \
+             + (SELECT count(*) FROM taskhost_tasks WHERE state = 'ready') \
+             + (SELECT count(*) FROM taskhost_tasks WHERE state IN ('running', 'stopping'))",
+        )
+    };
+    let drain = || {
+        while unfinished().trim() != "0" {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let client = rt.block_on(Client::connect(&node.socket)).expect("connect");
+    let digest = rt.block_on(client.ensure_plugin(&hello)).expect("upload");
+    let one = || {
+        let mut request = SubmitRequest::new(digest);
+        request.input = b"hi".to_vec();
+        request
+    };
+    let batched = |calls: usize| {
+        rt.block_on(async {
+            let started = Instant::now();
+            let mut in_flight = std::collections::VecDeque::new();
+            let mut accepted = 0;
+            let answer = |mut replies: taskhost::daemon::Replies| async move {
+                match replies.next().await {
+                    Some(Reply::SubmittedBatch(items)) => items
+                        .iter()
+                        .filter(|i| matches!(i, BatchItem::Submitted(_)))
+                        .count(),
+                    other => panic!("batch: {other:?}"),
+                }
+            };
+            for _ in 0..calls {
+                if in_flight.len() == 2 {
+                    accepted += answer(in_flight.pop_front().unwrap()).await;
+                }
+                let requests = (0..MAX_BATCH).map(|_| one()).collect();
+                in_flight.push_back(
+                    client
+                        .request(Request::SubmitBatch(requests))
+                        .await
+                        .unwrap(),
+                );
+            }
+            for replies in in_flight {
+                accepted += answer(replies).await;
+            }
+            accepted as f64 / started.elapsed().as_secs_f64()
+        })
+    };
+    let single = |count: usize| {
+        rt.block_on(async {
+            let started = Instant::now();
+            let mut pending = Vec::with_capacity(count);
+            for _ in 0..count {
+                pending.push(
+                    client
+                        .request(Request::Submit(Box::new(one())))
+                        .await
+                        .unwrap(),
+                );
+            }
+            for mut replies in pending {
+                assert!(matches!(replies.next().await, Some(Reply::Submitted(_))));
+            }
+            count as f64 / started.elapsed().as_secs_f64()
+        })
+    };
+    // Warm: compiled, pools filled.
+    batched(2);
+    single(2_000);
+    drain();
+    let (mut b, mut s1) = (Vec::new(), Vec::new());
+    for round in 1..=BATCH_ROUNDS {
+        for first in [round % 2 == 0, round % 2 == 1] {
+            let rate = if first {
+                batched(BATCH_TASKS / MAX_BATCH)
+            } else {
+                single(BATCH_TASKS)
+            };
+            drain();
+            let which = if first {
+                "batches of 1,000"
+            } else {
+                "single submissions"
+            };
+            println!("  round {round}: one node: {which}: {rate:.0} tasks/s accepted");
+            if first { b.push(rate) } else { s1.push(rate) }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (mb, ms) = (median(&mut b), median(&mut s1));
+    println!(
+        "batch intake, one node, {BATCH_TASKS} tasks each its own slot: batches of {MAX_BATCH} median {mb:.0} tasks/s; single submissions, 1 pipelined client: median {ms:.0} /s; batch/single {:.2}x",
+        mb / ms
+    );
+    drop(node);
 }
