@@ -3,8 +3,6 @@
 
 use taskhost::daemon::Client;
 use taskhost::daemon::protocol::{Reply, Request, TaskFilter};
-use taskhost::lifecycle::TaskState;
-use taskhost::outcome::OutcomeKind;
 
 use super::super::exit::{self, EXIT_DAEMON, ExitError};
 use super::super::report::{print_json, say};
@@ -19,33 +17,9 @@ pub fn task_filter(conditions: &[String]) -> anyhow::Result<TaskFilter> {
                  outcome"
             )));
         };
-        let value = value.to_owned();
-        match key {
-            "state" => {
-                filter.state = Some(TaskState::parse(&value).ok_or_else(|| {
-                    exit::usage(format!(
-                        "--filter state=`{value}`: not a state; `host ps` shows queued, running, \
-                         waiting, backoff, throttled, stopping, finishing"
-                    ))
-                })?)
-            }
-            "outcome" => {
-                filter.outcome = Some(OutcomeKind::from_word(&value).ok_or_else(|| {
-                    exit::usage(format!(
-                        "--filter outcome=`{value}`: not an outcome; give completed, failed, \
-                         fatal, canceled, force-aborted, panicked or rejected"
-                    ))
-                })?)
-            }
-            "slot" => filter.slot = Some(value),
-            "name" => filter.name = Some(value),
-            "plugin" => filter.plugin = Some(value),
-            other => {
-                return Err(exit::usage(format!(
-                    "--filter `{other}`: not a key; give state, slot, name, plugin or outcome"
-                )));
-            }
-        }
+        filter
+            .set(key, value)
+            .map_err(|e| exit::usage(format!("--filter: {e}")))?;
     }
     Ok(filter)
 }

@@ -17,9 +17,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 
-use taskhost_core::lifecycle::TaskState;
 use taskhost_core::logline::LogLine;
-use taskhost_core::outcome::OutcomeKind;
 use taskhost_core::supervisor::{Event, TaskId, TaskRef, TaskReport};
 
 use super::Http;
@@ -60,29 +58,22 @@ impl TasksQuery {
         if !paged {
             return Ok(None);
         }
-        let state = match self.state {
-            None => None,
-            Some(w) => {
-                Some(TaskState::parse(&w).ok_or(format!("state: `{w}` is not a task state"))?)
+        let mut filter = TaskFilter::default();
+        for (key, value) in [
+            ("state", self.state),
+            ("slot", self.slot),
+            ("name", self.name),
+            ("plugin", self.plugin),
+            ("outcome", self.outcome),
+        ] {
+            if let Some(value) = value {
+                filter.set(key, &value)?;
             }
-        };
-        let outcome = match self.outcome {
-            None => None,
-            Some(w) => Some(
-                OutcomeKind::from_word(&w).ok_or(format!("outcome: `{w}` is not an outcome"))?,
-            ),
-        };
-        let before = self.before.map(TaskId::from_u64);
+        }
         Ok(Some(TaskPage {
             all: self.all,
-            filter: TaskFilter {
-                state,
-                slot: self.slot,
-                name: self.name,
-                plugin: self.plugin,
-                outcome,
-            },
-            before,
+            filter,
+            before: self.before.map(TaskId::from_u64),
             limit: self.limit,
         }))
     }

@@ -11,9 +11,6 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
-use taskhost_core::lifecycle::TaskState;
-use taskhost_core::outcome::OutcomeKind;
-
 use super::Http;
 use super::api::{error, failed};
 use crate::backend::Backend;
@@ -36,26 +33,18 @@ struct FilterBody {
 
 impl FilterBody {
     fn filter(self) -> Result<(TaskFilter, bool), String> {
-        let state = match self.state {
-            None => None,
-            Some(word) => Some(
-                TaskState::parse(&word).ok_or(format!("state: `{word}` is not a task state"))?,
-            ),
-        };
-        let outcome = match self.outcome {
-            None => None,
-            Some(word) => Some(
-                OutcomeKind::from_word(&word)
-                    .ok_or(format!("outcome: `{word}` is not an outcome"))?,
-            ),
-        };
-        let filter = TaskFilter {
-            state,
-            slot: self.slot,
-            name: self.name,
-            plugin: self.plugin,
-            outcome,
-        };
+        let mut filter = TaskFilter::default();
+        for (key, value) in [
+            ("state", self.state),
+            ("slot", self.slot),
+            ("name", self.name),
+            ("plugin", self.plugin),
+            ("outcome", self.outcome),
+        ] {
+            if let Some(value) = value {
+                filter.set(key, &value)?;
+            }
+        }
         if filter.is_empty() {
             return Err(
                 "give at least one of state, slot, name, plugin, outcome: an empty \

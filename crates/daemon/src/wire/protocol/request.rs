@@ -67,6 +67,39 @@ impl TaskFilter {
             && self.outcome.is_none_or(|o| row.outcome == Some(o))
     }
 
+    /// Sets the condition `key` (`state`, `slot`, `name`, `plugin`,
+    /// `outcome`) to `value`, the words of `host ps`; what is wrong
+    /// otherwise, naming the key.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        match key {
+            "state" => {
+                self.state = Some(TaskState::parse(value).ok_or_else(|| {
+                    format!(
+                        "state `{value}` is not a state; `host ps` shows queued, running, \
+                         waiting, backoff, throttled, stopping, finishing, finished"
+                    )
+                })?)
+            }
+            "outcome" => {
+                self.outcome = Some(OutcomeKind::from_word(value).ok_or_else(|| {
+                    format!(
+                        "outcome `{value}` is not an outcome; give completed, failed, fatal, \
+                         canceled, force-aborted, panicked or rejected"
+                    )
+                })?)
+            }
+            "slot" => self.slot = Some(value.to_owned()),
+            "name" => self.name = Some(value.to_owned()),
+            "plugin" => self.plugin = Some(value.to_owned()),
+            other => {
+                return Err(format!(
+                    "`{other}` is not a key; give state, slot, name, plugin or outcome"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether it names no condition (it would match every task).
     pub fn is_empty(&self) -> bool {
         self == &TaskFilter::default()
