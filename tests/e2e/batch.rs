@@ -164,36 +164,45 @@ fn the_json_api_takes_a_batch_with_an_answer_per_task_in_order() {
             &body.to_string(),
         )
     };
+    // A task the document refuses (a word it does not know, no plugin)
+    // refuses the batch, naming it; nothing is created.
+    let before = daemon.ps_all_ids().len();
+    for (bad, said) in [
+        (json!({ "plugin": plugin, "policy": "sometimes" }), "policy"),
+        (json!({ "input": "no plugin" }), "plugin: missing"),
+    ] {
+        let refused = post(&json!({ "tasks": [{ "plugin": plugin, "input": "a" }, bad] }));
+        assert_eq!(refused.status, 400, "{}", refused.body);
+        assert!(
+            refused.body.contains("task 1 of the batch"),
+            "{}",
+            refused.body
+        );
+        assert!(refused.body.contains(said), "{}", refused.body);
+    }
+    assert_eq!(daemon.ps_all_ids().len(), before);
+    // The daemon's own refusals are answered per task, in order.
     let answer = post(&json!({ "tasks": [
         { "plugin": plugin, "input": "a", "slot": "x" },
-        { "plugin": plugin, "policy": "sometimes" },
-        { "input": "no plugin" },
+        { "plugin": "0".repeat(64) },
         { "plugin": plugin, "input": "b", "idempotency_key": "k" },
         { "plugin": plugin, "input": "b", "idempotency_key": "k" },
         { "plugin": plugin, "input": "c", "idempotency_key": "k" },
     ] }));
     assert_eq!(answer.status, 200, "{}", answer.body);
     let items = answer.json()["items"].as_array().unwrap().clone();
-    assert_eq!(items.len(), 6, "{items:?}");
+    assert_eq!(items.len(), 5, "{items:?}");
     assert_eq!(items[0]["slot"], "x");
     assert_eq!(items[0]["existing"], false);
-    assert_eq!(items[1]["kind"], "invalid", "{}", items[1]);
-    assert!(items[1]["error"].as_str().unwrap().contains("policy"));
-    assert_eq!(items[2]["kind"], "invalid", "{}", items[2]);
+    assert_eq!(items[1]["kind"], "not_found", "{}", items[1]);
+    assert_eq!(items[3]["id"], items[2]["id"], "the key's task");
+    assert_eq!(items[3]["existing"], true);
+    assert_eq!(items[4]["kind"], "conflict", "{}", items[4]);
     assert!(
-        items[2]["error"]
-            .as_str()
-            .unwrap()
-            .contains("plugin: missing")
-    );
-    assert_eq!(items[4]["id"], items[3]["id"], "the key's task");
-    assert_eq!(items[4]["existing"], true);
-    assert_eq!(items[5]["kind"], "conflict", "{}", items[5]);
-    assert!(
-        items[0]["id"].as_u64() < items[3]["id"].as_u64(),
+        items[0]["id"].as_u64() < items[2]["id"].as_u64(),
         "in order"
     );
-    let waited = daemon.run(&["wait", &items[3]["id"].to_string()]);
+    let waited = daemon.run(&["wait", &items[2]["id"].to_string()]);
     assert_eq!(waited.stdout, "b");
     // Over the limit, and not a batch: refused whole, nothing created.
     let before = daemon.ps_all_ids().len();

@@ -67,7 +67,7 @@ impl std::str::FromStr for AdmissionPolicy {
 }
 
 /// The state of a slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum SlotState {
     /// No owner (slots are forgotten when idle with an empty queue).

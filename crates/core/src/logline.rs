@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Where a line came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Stream {
     /// The guest's stdout.
@@ -19,7 +19,19 @@ pub enum Stream {
 }
 
 /// Severity of a structured log line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum LogLevel {
     /// Very detailed.
@@ -49,7 +61,7 @@ impl std::fmt::Display for Stream {
 }
 
 /// One line a task wrote, as kept in its log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LogLine {
     /// The attempt that wrote it (1-based).
     pub attempt: u32,

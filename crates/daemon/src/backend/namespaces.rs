@@ -87,7 +87,7 @@ impl Backend<'_> {
         let old = namespaces.all().into_iter().find(|(n, _)| *n == ns);
         if settings.is_none() {
             if ns.is_default() {
-                return Err(ServiceError::Invalid(format!(
+                return Err(ServiceError::Conflict(format!(
                     "the namespace `{DEFAULT_NAMESPACE}` is always there: change its quotas \
                      with `host ns set {DEFAULT_NAMESPACE}`"
                 )));

@@ -177,8 +177,10 @@ impl View {
             // The namespace's name is the run of name characters just
             // before the separator.
             let start = before
-                .rfind(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'))
-                .map_or(0, |i| i + 1);
+                .char_indices()
+                .rev()
+                .find(|(_, c)| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
+                .map_or(0, |(i, c)| i + c.len_utf8());
             out.push_str(&before[..start]);
             let ns = &before[start..];
             let own = self.acting.0.as_deref() == Some(ns);
@@ -402,6 +404,22 @@ mod tests {
         assert!(!Ns::named(Some("alph")).owns(&key));
         assert_eq!(Ns::of(&key), alpha);
         assert_eq!(bare(&key), "db");
+    }
+
+    #[test]
+    fn a_separator_after_a_wide_character_is_shown_without_a_panic() {
+        // Found by schemathesis: a task name of the client's own with the
+        // separator after a two-byte character.
+        let all = View {
+            acting: Ns::default(),
+            all: true,
+        };
+        let text = "no task with `\u{c2}\u{ec}\u{b0}.\u{8e}\u{83}\u{1f}x`";
+        assert_eq!(
+            all.text(text),
+            "no task with `\u{c2}\u{ec}\u{b0}.\u{8e}\u{83}/x`"
+        );
+        assert_eq!(all.text_with("\u{e9}\\u001fx", "\\u001f"), "\u{e9}/x");
     }
 
     #[test]

@@ -151,7 +151,8 @@ async fn answer(
     };
     for (item, line) in items.iter().zip(lines) {
         if json {
-            let mut value = taskhost::daemon::json::batch_item(item);
+            let mut value =
+                serde_json::to_value(taskhost::daemon::json::batch_item(item)).unwrap_or_default();
             value["line"] = (*line).into();
             print_json(&value);
         }

@@ -14,33 +14,67 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::OwnedSemaphorePermit;
 
-use taskhost_core::logline::LogLine;
-use taskhost_core::supervisor::{Event, TaskId, TaskRef, TaskReport};
+use taskhost_core::supervisor::{Event, TaskId, TaskRef};
 
 use super::Http;
+use super::answers::{ErrorJson, TaskDetailJson};
 use crate::backend::{Backend, Item, Items, SlotRuled};
 use crate::service::json::{self, JsonResult};
 use crate::service::namespace::View;
 use crate::wire::protocol::{ErrorKind, EventFilter, SlotRuleVerb, TaskFilter, TaskPage};
 
-/// An error answer: `{"error": message}`.
-pub(super) fn error(status: StatusCode, message: String) -> Response {
-    (status, Json(json!({ "error": message }))).into_response()
+/// Reads a JSON body as `T`. A number with a zero fraction (`2.0`) is
+/// taken where a whole number is (JSON Schema counts it as an integer).
+pub(super) fn read_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> serde_json::Result<T> {
+    let mut value: serde_json::Value = serde_json::from_slice(body)?;
+    whole_numbers(&mut value);
+    serde_json::from_value(value)
 }
 
-#[derive(Debug, Deserialize)]
+fn whole_numbers(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            let f = n.as_f64().unwrap_or(f64::NAN);
+            if f.fract() == 0.0 && (-9.0e15..=9.0e15).contains(&f) {
+                *value = Value::from(f as i64);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(whole_numbers),
+        Value::Object(fields) => fields.values_mut().for_each(whole_numbers),
+        _ => {}
+    }
+}
+
+/// An error answer: `{"error": message}`.
+pub(super) fn error(status: StatusCode, message: String) -> Response {
+    (status, Json(ErrorJson { error: message })).into_response()
+}
+
+/// The query of `GET /api/tasks`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub(super) struct TasksQuery {
+    /// With finished tasks (as `host ps --all`; implied by `outcome`).
     #[serde(default)]
     all: bool,
+    /// Only tasks in this state: `queued`, `waiting`, `running`, `stopping` or `finished`.
+    #[schemars(extend("enum" = ["queued", "running", "waiting", "backing-off", "throttled", "stopping", "finishing", "finished"]))]
     state: Option<String>,
+    /// Only tasks whose slot matches this glob (`*`, `?`).
     slot: Option<String>,
+    /// Only tasks whose name matches this glob.
     name: Option<String>,
+    /// Only tasks of this plugin (its name, or the start of its SHA-256).
     plugin: Option<String>,
+    /// Only finished tasks that ended so.
+    #[schemars(extend("enum" = crate::service::json::OUTCOMES))]
     outcome: Option<String>,
+    /// At most this many, newest first.
     limit: Option<u32>,
+    /// Only tasks with a smaller id: the last id of the page before.
     before: Option<u64>,
 }
 
@@ -98,7 +132,7 @@ pub(super) async fn tasks(
         None => backend.rows(all).await,
     };
     match rows {
-        Ok(rows) => Json(Value::Array(rows.iter().map(json::task_row).collect())).into_response(),
+        Ok(rows) => Json(rows.iter().map(json::task_row).collect::<Vec<_>>()).into_response(),
         Err(answer) => failed(answer),
     }
 }
@@ -118,7 +152,7 @@ pub(super) async fn slots(State(http): State<Http>, Extension(view): Extension<V
                 _ => Default::default(),
             };
             let slots = slots.iter().map(|s| json::slot_with_rule(s, &rules));
-            Json(Value::Array(slots.collect())).into_response()
+            Json(slots.collect::<Vec<_>>()).into_response()
         }
         Err(answer) => failed(answer),
     }
@@ -139,44 +173,19 @@ pub(super) async fn task(
         Err(answer) => return failed(answer),
     };
     match backend.detail(found).await {
-        Ok(d) => Json(detail(
-            json!({ "id": d.id, "name": d.name, "slot": d.slot, "plugin": d.plugin }),
-            d.row.as_ref().map(json::task_row),
-            d.report.as_deref(),
-            &d.log,
-        ))
+        Ok(d) => Json(TaskDetailJson {
+            id: d.id.get(),
+            name: d.name.to_string(),
+            slot: d.slot.to_string(),
+            plugin: d.plugin.to_string(),
+            row: d.row.as_ref().map(json::task_row),
+            outcome: d.report.as_deref().map(JsonResult::new),
+            attempts: TaskDetailJson::attempts(d.report.as_deref()),
+            log: &d.log,
+        })
         .into_response(),
         Err(answer) => failed(answer),
     }
-}
-
-fn detail(
-    mut head: Value,
-    row: Option<Value>,
-    report: Option<&TaskReport>,
-    log: &[LogLine],
-) -> Value {
-    let attempts: Vec<Value> = report
-        .map(|r| {
-            r.history
-                .iter()
-                .map(|a| json!({ "attempt": a.attempt, "result": a.result, "duration_ms": a.duration.as_millis() as u64 }))
-                .collect()
-        })
-        .unwrap_or_default();
-    if let Value::Object(fields) = &mut head {
-        fields.insert("row".into(), row.unwrap_or(Value::Null));
-        fields.insert(
-            "outcome".into(),
-            report.map_or(Value::Null, |r| JsonResult::new(r).to_value()),
-        );
-        fields.insert("attempts".into(), Value::Array(attempts));
-        fields.insert(
-            "log".into(),
-            serde_json::to_value(log).unwrap_or(Value::Array(Vec::new())),
-        );
-    }
-    head
 }
 
 /// `POST /api/tasks/{id|name}/cancel`: stops the task (queued work is
@@ -219,7 +228,8 @@ async fn stop(http: &Http, view: &View, task: &str, wait: bool) -> Response {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// The query of `GET /api/events`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub(super) struct EventsQuery {
     /// Only this task's events (id or name).
     task: Option<String>,

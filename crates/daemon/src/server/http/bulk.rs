@@ -9,9 +9,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::json;
 
 use super::Http;
+use super::answers::MatchedJson;
 use super::api::{error, failed};
 use crate::backend::Backend;
 use crate::server::bulk;
@@ -19,14 +19,29 @@ use crate::service::namespace::View;
 use crate::wire::protocol::{Reply, TaskFilter};
 
 /// The JSON of a verb by filter: each condition given must hold.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct FilterBody {
+#[schemars(extend("anyOf" = [
+    { "required": ["state"], "properties": { "state": { "type": "string" } } },
+    { "required": ["slot"], "properties": { "slot": { "type": "string" } } },
+    { "required": ["name"], "properties": { "name": { "type": "string" } } },
+    { "required": ["plugin"], "properties": { "plugin": { "type": "string" } } },
+    { "required": ["outcome"], "properties": { "outcome": { "type": "string" } } },
+]))]
+pub(super) struct FilterBody {
+    /// Tasks in this state (cancel: `queued`, `waiting`, `running`, `stopping`).
+    #[schemars(extend("enum" = ["queued", "running", "waiting", "backing-off", "throttled", "stopping", "finishing", "finished", null]))]
     state: Option<String>,
+    /// Tasks whose slot matches this glob (`*`, `?`).
     slot: Option<String>,
+    /// Tasks whose name matches this glob.
     name: Option<String>,
+    /// Tasks of this plugin (its name, or the start of its SHA-256).
     plugin: Option<String>,
+    /// Finished tasks that ended so (rerun).
+    #[schemars(extend("enum" = [ "completed", "failed", "fatal", "canceled", "force-aborted", "panicked", "rejected", null ]))]
     outcome: Option<String>,
+    /// Only count them and list the newest ids; act on none.
     #[serde(default)]
     dry_run: bool,
 }
@@ -87,7 +102,7 @@ async fn by_filter(http: &Http, view: View, body: &[u8], verb: Verb) -> Response
     let parsed: Result<FilterBody, String> = if body.is_empty() {
         Ok(FilterBody::default())
     } else {
-        serde_json::from_slice(body).map_err(|e| format!("the filter's JSON: {e}"))
+        super::api::read_json(body).map_err(|e| format!("the filter's JSON: {e}"))
     };
     let (filter, dry_run) = match parsed.and_then(FilterBody::filter) {
         Ok(f) => f,
@@ -99,9 +114,12 @@ async fn by_filter(http: &Http, view: View, body: &[u8], verb: Verb) -> Response
         Verb::Rerun => bulk::rerun_matching(&backend, &filter, dry_run).await,
     };
     match answer {
-        Ok(Reply::Matched { count, ids, acted }) => {
-            Json(json!({ "matched": count, "ids": ids, "acted": acted })).into_response()
-        }
+        Ok(Reply::Matched { count, ids, acted }) => Json(MatchedJson {
+            matched: count,
+            ids: ids.iter().map(|id| id.get()).collect(),
+            acted,
+        })
+        .into_response(),
         Ok(_) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "a verb by filter answered something else".into(),

@@ -28,6 +28,7 @@
 //! | `tls.rs` | `--tls-cert`/`--tls-key`: the acceptor, reloads on SIGHUP or a changed file |
 //! | `token.rs` | the bearer tokens and their scopes: the operator's file, or the daemon's own |
 //! | `wire.rs` | `/api/wire`: the daemon's own protocol over an upgraded connection |
+//! | `answers.rs` | the answers only the API gives, as types |
 //! | `api.rs` | the reads (tasks, a task, slots), cancel, remove, the event stream |
 //! | `verbs.rs` | upload, submit, the outcome's long poll, logs, plugins, version, shutdown |
 //! | `bulk.rs` | cancel and rerun by filter |
@@ -37,6 +38,7 @@
 //! | `slot_metrics.rs` | `/metrics` of flow control per slot: throttled, superseded, rate budgets |
 //! | `dashboard.html` | the page at `/` (embedded, no build step) |
 
+mod answers;
 mod api;
 mod bulk;
 mod conn;
@@ -561,11 +563,32 @@ async fn authorize(
             "send `Content-Type: application/json` with a POST that has a body".into(),
         );
     }
-    let answer = conn::serving(request, next).await;
+    let answer = as_json_error(conn::serving(request, next).await).await;
     if view == View::default() {
         return answer;
     }
     shown(&view, answer).await
+}
+
+/// An error of axum's own extractors (a query, a path, a body over its
+/// limit) is plain text: it goes out as `{"error": text}`, as every other
+/// error does.
+async fn as_json_error(answer: Response) -> Response {
+    let plain = answer
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|h| h.to_str().ok())
+        .is_some_and(|h| h.starts_with("text/plain"));
+    if !answer.status().is_client_error() || !plain {
+        return answer;
+    }
+    let status = answer.status();
+    // Bounded: axum's rejections are one short sentence.
+    let text = axum::body::to_bytes(answer.into_body(), 64 << 10)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    api::error(status, text)
 }
 
 /// The namespace a request acts in: its token's, or for a token of every
@@ -574,11 +597,11 @@ async fn authorize(
 /// exist, is not found; the operator's routes (shutdown, plugin removal)
 /// need a token of every namespace.
 fn view_of(http: &Http, credential: &Credential, request: &Request) -> Result<View, Box<Response>> {
+    // Not trimmed: ` alpha` names no namespace. Empty is absent.
     let asked = request
         .headers()
         .get("x-taskhost-namespace")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
+        .map(|v| v.to_str().unwrap_or("\u{fffd}"))
         .filter(|v| !v.is_empty());
     let path = request.uri().path();
     // The metrics count every namespace's work: the operator's.

@@ -10,7 +10,6 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::Value;
 
 use super::Http;
 use super::api::{error, failed};
@@ -31,24 +30,34 @@ pub(super) async fn namespaces(
         .await
     {
         Ok(Namespaced::Rows(rows)) => {
-            Json(Value::Array(rows.iter().map(json::namespace).collect())).into_response()
+            Json(rows.iter().map(json::namespace).collect::<Vec<_>>()).into_response()
         }
         Ok(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "not a list".into()),
         Err(answer) => failed(answer),
     }
 }
 
+/// A secret's name (`taskhost_runtime::check_secret_name`).
+pub(super) const SECRET_NAME: &str = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$";
+
 /// The body of `PUT /api/namespaces/{name}`: what `host ns add|set`
 /// changes; a quota by its key, `null` to make it unlimited.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct NamespaceBody {
+    /// Its weight in the fair share.
     weight: Option<u32>,
+    /// Quotas by key; null makes one unlimited.
     #[serde(default)]
+    #[schemars(extend("propertyNames" = { "enum": crate::wire::protocol::Quota::KEYS }))]
     quotas: std::collections::BTreeMap<String, Option<u64>>,
+    /// Secrets its tasks may use from now on.
     #[serde(default)]
+    #[schemars(inner(regex(pattern = SECRET_NAME)))]
     allow_secrets: Vec<String>,
+    /// Secrets its tasks may no longer use.
     #[serde(default)]
+    #[schemars(inner(regex(pattern = SECRET_NAME)))]
     deny_secrets: Vec<String>,
 }
 
@@ -63,7 +72,7 @@ pub(super) async fn put_namespace(
     let body: NamespaceBody = if body.is_empty() {
         NamespaceBody::default()
     } else {
-        match serde_json::from_slice(&body) {
+        match super::api::read_json(&body) {
             Ok(b) => b,
             Err(e) => {
                 return error(

@@ -9,7 +9,6 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::Value;
 
 use taskhost_core::slot_settings::SlotSettings;
 use taskhost_core::units::parse_duration;
@@ -21,25 +20,52 @@ use crate::service::json;
 use crate::service::namespace::View;
 use crate::wire::protocol::{Request, SlotRuleRow, SlotRuleVerb};
 
+/// A duration a slot rule takes: more than zero, at most a day.
+const SHORT_DURATION: &str = r"^[1-9][0-9]{0,3}(ms|s|m)$";
+
 /// The body of `PUT /api/slot-rules`: as `host slot set`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("dependentSchemas" = {
+    "burst": { "required": ["rate"], "properties": { "rate": { "type": "string" } } },
+    "max_wait": { "required": ["debounce"], "properties": { "debounce": { "type": "string" } } },
+}))]
 pub(super) struct SlotRuleBody {
+    /// The slots it covers: a key, or a glob (`db/*`).
+    #[schemars(
+        length(min = 1, max = 512),
+        regex(pattern = r"^[^\x00-\x1f\x7f-\x9f]*$")
+    )]
     pattern: String,
+    /// Owners at once.
+    #[schemars(range(min = 1, max = 100_000))]
     capacity: Option<u32>,
+    /// Submissions waiting at most.
     max_queue: Option<usize>,
-    /// A duration, as `--debounce` takes it.
+    /// A duration, as `--debounce` takes it (more than zero, at most a day).
+    #[schemars(regex(pattern = SHORT_DURATION))]
     debounce: Option<String>,
+    /// The longest a debounced submission waits (a duration, with
+    /// `debounce` and at least it).
+    #[schemars(regex(pattern = SHORT_DURATION))]
     max_wait: Option<String>,
-    /// STARTS/PERIOD, as `--rate` takes it.
+    /// STARTS/PERIOD, as `--rate` takes it (such as `100/s`, `5/10s`).
+    #[schemars(regex(pattern = r"^[1-9][0-9]{0,5}/([1-9][0-9]{0,3}(ms|s|m)|s|m)$"))]
     rate: Option<String>,
+    /// Starts allowed at once above the rate (with `rate`).
+    #[schemars(range(max = 100_000))]
     burst: Option<u32>,
 }
 
 /// The pattern of `DELETE /api/slot-rules?pattern=P`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct PatternQuery {
+    /// The rule's pattern.
+    #[schemars(
+        length(min = 1, max = 512),
+        regex(pattern = r"^[^\x00-\x1f\x7f-\x9f]*$")
+    )]
     pattern: String,
 }
 
@@ -58,7 +84,7 @@ pub(super) async fn set_slot_rule(
     Extension(view): Extension<View>,
     body: Bytes,
 ) -> Response {
-    let body: SlotRuleBody = match serde_json::from_slice(&body) {
+    let body: SlotRuleBody = match super::api::read_json(&body) {
         Ok(b) => b,
         Err(e) => {
             return error(
@@ -118,7 +144,7 @@ async fn slot_rule_verb(http: &Http, view: &View, verb: SlotRuleVerb) -> Respons
         .await
     {
         Ok(SlotRuled::Rows(rows)) => {
-            Json(Value::Array(rows.iter().map(json::slot_rule).collect())).into_response()
+            Json(rows.iter().map(json::slot_rule).collect::<Vec<_>>()).into_response()
         }
         Ok(SlotRuled::Row(row)) => Json(json::slot_rule(&row)).into_response(),
         Err(answer) => failed(answer),

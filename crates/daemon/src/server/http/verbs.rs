@@ -24,6 +24,7 @@ use taskhost_core::units::parse_duration;
 use taskhost_runtime::Digest;
 
 use super::Http;
+use super::answers::{PendingJson, StoredJson, VersionJson};
 use super::api::{error, failed};
 use crate::backend::submit::Accepted;
 use crate::backend::{Backend, Item, Scheduled};
@@ -33,8 +34,8 @@ use crate::service::json::{self, JsonResult};
 use crate::service::namespace::View;
 use crate::service::plugins;
 use crate::wire::protocol::{
-    BatchItem, ErrorKind, MAX_BATCH, MAX_SUBMIT_INPUT, MAX_WIRE_DURATION, Placement, Request,
-    ScheduleSpec, ScheduleVerb, SubmitJson, SubmitRequest,
+    MAX_BATCH, MAX_SUBMIT_INPUT, MAX_WIRE_DURATION, Placement, Request, ScheduleSpec, ScheduleVerb,
+    SubmitJson, SubmitRequest,
 };
 
 /// The largest plugin a `PUT /api/plugins/{sha256}` takes.
@@ -74,11 +75,20 @@ pub(super) async fn put_plugin(
     }
     let backend = Backend::of(&http.daemon);
     if backend.has_plugin(&digest).await {
-        return Json(json!({ "digest": digest.to_string(), "stored": false })).into_response();
+        return Json(StoredJson {
+            digest: digest.to_string(),
+            name: None,
+            stored: false,
+        })
+        .into_response();
     }
     match backend.upload(digest, body.to_vec()).await {
-        Ok(name) => Json(json!({ "digest": digest.to_string(), "name": name, "stored": true }))
-            .into_response(),
+        Ok(name) => Json(StoredJson {
+            digest: digest.to_string(),
+            name: Some(name),
+            stored: true,
+        })
+        .into_response(),
         Err(answer) => failed(answer),
     }
 }
@@ -86,14 +96,66 @@ pub(super) async fn put_plugin(
 /// The JSON of `POST /api/schedules`: the flags of `host schedule add`,
 /// with what each firing submits as `task` (the body of `POST /api/tasks`,
 /// without a name, delay or idempotency key).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ScheduleBody {
+    /// Its name: letters, digits, `-`, `_`, `.` or `/`, not all digits.
+    #[schemars(length(min = 1, max = crate::schedule::MAX_NAME), regex(pattern = SCHEDULE_NAME))]
     name: String,
+    /// When it fires: 5 cron fields (minute hour day-of-month month
+    /// day-of-week), 6 with seconds first, or a name such as `@hourly`.
+    /// The pattern covers numbers, `*`, ranges, lists and steps, with the
+    /// days every month has; names of months and days are taken too.
+    #[schemars(regex(pattern = CRON))]
     cron: String,
+    /// Its time zone, a name of the IANA database (default UTC).
+    #[schemars(schema_with = "time_zone")]
     tz: Option<String>,
+    /// What a firing missed while the daemon was down does: `skip` it, or
+    /// fire `once` for all of them.
+    #[schemars(extend("enum" = ["skip", "once", null]))]
     missed: Option<String>,
+    /// What each firing submits: the body of POST /api/tasks without a
+    /// name, delay, time or idempotency key.
+    #[schemars(schema_with = "scheduled_task")]
     task: SubmitJson,
+}
+
+/// A schedule's name (`schedule::check_name`): not all digits.
+pub(super) const SCHEDULE_NAME: &str = "^[A-Za-z0-9._/-]*[A-Za-z._/-][A-Za-z0-9._/-]*$";
+
+/// A cron expression the daemon takes (see [`ScheduleBody::cron`]).
+const CRON: &str = concat!(
+    r"^(@(yearly|annually|monthly|weekly|daily|hourly)|",
+    r"((\*|[1-5]?[0-9](-[1-5]?[0-9])?)(/[1-9][0-9]?)?(,(\*|[1-5]?[0-9](-[1-5]?[0-9])?)(/[1-9][0-9]?)?)* )?",
+    r"(\*|[1-5]?[0-9](-[1-5]?[0-9])?)(/[1-9][0-9]?)?(,(\*|[1-5]?[0-9](-[1-5]?[0-9])?)(/[1-9][0-9]?)?)* ",
+    r"(\*|(1?[0-9]|2[0-3])(-(1?[0-9]|2[0-3]))?)(/[1-9][0-9]?)?(,(\*|(1?[0-9]|2[0-3])(-(1?[0-9]|2[0-3]))?)(/[1-9][0-9]?)?)* ",
+    r"(\*|([1-9]|1[0-9]|2[0-8])(-([1-9]|1[0-9]|2[0-8]))?)(/[1-9][0-9]?)?(,(\*|([1-9]|1[0-9]|2[0-8])(-([1-9]|1[0-9]|2[0-8]))?)(/[1-9][0-9]?)?)* ",
+    r"(\*|([1-9]|1[0-2])(-([1-9]|1[0-2]))?)(/[1-9][0-9]?)?(,(\*|([1-9]|1[0-2])(-([1-9]|1[0-2]))?)(/[1-9][0-9]?)?)* ",
+    r"(\*|[0-6](-[0-6])?)(/[1-6])?(,(\*|[0-6](-[0-6])?)(/[1-6])?)*)$",
+);
+
+/// `tz`: a zone of the database the daemon reads zones from.
+fn time_zone(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut zones: Vec<String> = jiff::tz::db()
+        .available()
+        .map(|name| name.to_string())
+        .collect();
+    zones.sort();
+    zones.dedup();
+    schemars::json_schema!({ "type": ["string", "null"], "enum": zones.into_iter().map(serde_json::Value::from).chain([serde_json::Value::Null]).collect::<Vec<_>>() })
+}
+
+/// `task`: the body of POST /api/tasks without what a firing sets itself.
+fn scheduled_task(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    use schemars::JsonSchema as _;
+    let mut schema = SubmitJson::json_schema(generator);
+    if let Some(properties) = schema.get_mut("properties").and_then(Value::as_object_mut) {
+        for taken in ["name", "delay", "at", "idempotency_key"] {
+            properties.remove(taken);
+        }
+    }
+    schema
 }
 
 /// `GET /api/schedules`: the rows of `host schedule ls --json`.
@@ -106,7 +168,7 @@ pub(super) async fn schedules(
         .await
     {
         Ok(Scheduled::Rows(rows)) => {
-            Json(Value::Array(rows.iter().map(json::schedule).collect())).into_response()
+            Json(rows.iter().map(json::schedule).collect::<Vec<_>>()).into_response()
         }
         Ok(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "not a list".into()),
         Err(answer) => failed(answer),
@@ -120,7 +182,7 @@ pub(super) async fn add_schedule(
     Extension(view): Extension<View>,
     body: Bytes,
 ) -> Response {
-    let body: ScheduleBody = match serde_json::from_slice(&body) {
+    let body: ScheduleBody = match super::api::read_json(&body) {
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("the schedule's JSON: {e}")),
     };
@@ -220,7 +282,7 @@ pub(super) async fn submit(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let body: SubmitJson = match serde_json::from_slice(&body) {
+    let body: SubmitJson = match super::api::read_json(&body) {
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("the task's JSON: {e}")),
     };
@@ -262,10 +324,11 @@ pub(super) async fn submit(
 pub(super) const MAX_BATCH_BODY: usize = 16 << 20;
 
 /// The JSON of `POST /api/tasks/batch`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct BatchBody {
     /// Each a body of `POST /api/tasks`.
+    #[schemars(with = "Vec<SubmitJson>", length(max = MAX_BATCH))]
     tasks: Vec<Value>,
 }
 
@@ -277,7 +340,7 @@ pub(super) async fn submit_batch(
     Extension(view): Extension<View>,
     body: Bytes,
 ) -> Response {
-    let body: BatchBody = match serde_json::from_slice(&body) {
+    let body: BatchBody = match super::api::read_json(&body) {
         Ok(b) => b,
         Err(e) => {
             return error(
@@ -295,35 +358,35 @@ pub(super) async fn submit_batch(
             ),
         );
     }
-    let read: Vec<Result<SubmitRequest, String>> = body
-        .tasks
-        .into_iter()
-        .enumerate()
-        .map(|(i, task)| {
-            serde_json::from_value::<SubmitJson>(task)
-                .map_err(|e| format!("task {i}: {e}"))
-                .and_then(|task| task.request(None))
-        })
-        .collect();
-    let requests = read
-        .iter()
-        .filter_map(|r| r.as_ref().ok().cloned())
-        .collect();
+    // A task the document would refuse (its form: a type, a word, a
+    // duration, a missing plugin) refuses the whole batch, naming it, and
+    // nothing is created; the daemon's own refusals (an unknown plugin, a
+    // quota, a key given with another request) are answered per task.
+    let mut requests = Vec::with_capacity(body.tasks.len());
+    for (i, task) in body.tasks.into_iter().enumerate() {
+        let read = serde_json::from_value::<SubmitJson>(task)
+            .map_err(|e| e.to_string())
+            .and_then(|task| task.request(None))
+            .and_then(|request| {
+                crate::wire::protocol::check_submission(&request).map(|()| request)
+            });
+        match read {
+            Ok(request) => requests.push(request),
+            Err(message) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("task {i} of the batch: {message} (no task was submitted)"),
+                );
+            }
+        }
+    }
     let backend = Backend::within(&http.daemon, view.clone());
-    let mut placed = bulk::submit_batch(&backend, requests).await.into_iter();
-    let items: Vec<Value> = read
-        .into_iter()
-        .map(|r| match r {
-            Ok(_) => placed
-                .next()
-                .map_or(Value::Null, |item| json::batch_item(&item)),
-            Err(message) => json::batch_item(&BatchItem::Refused {
-                kind: ErrorKind::Invalid,
-                message,
-            }),
-        })
+    let items = bulk::submit_batch(&backend, requests)
+        .await
+        .iter()
+        .map(json::batch_item)
         .collect();
-    Json(json!({ "items": items })).into_response()
+    Json(json::BatchJson { items }).into_response()
 }
 
 /// `POST /api/tasks/{id|name}/rerun`: submits a new task with that task's
@@ -365,9 +428,8 @@ async fn answer(accepted: Accepted) -> Response {
     };
     match submitted {
         Ok(s) => {
-            let mut answer = json::submitted(&s);
-            if let Placement::Rejected(outcome) = &s.placement {
-                let report = TaskReport {
+            let rejected = match &s.placement {
+                Placement::Rejected(outcome) => Some(TaskReport {
                     id: s.id,
                     name: s.name.as_str().into(),
                     slot: s.slot.as_str().into(),
@@ -375,9 +437,11 @@ async fn answer(accepted: Accepted) -> Response {
                     attempts: 0,
                     history: Vec::new(),
                     duration: Duration::ZERO,
-                };
-                answer["outcome"] = JsonResult::new(&report).to_value();
-            }
+                }),
+                _ => None,
+            };
+            let mut answer = json::submitted(&s);
+            answer.outcome = rejected.as_ref().map(JsonResult::new);
             let status = if s.existing {
                 StatusCode::OK
             } else {
@@ -389,9 +453,11 @@ async fn answer(accepted: Accepted) -> Response {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// The query of `GET /api/tasks/{task}/outcome`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub(super) struct WaitQuery {
     /// How long to wait for the outcome, e.g. `30s`.
+    #[schemars(regex(pattern = crate::wire::protocol::DURATION))]
     wait: Option<String>,
 }
 
@@ -417,18 +483,23 @@ pub(super) async fn outcome(
     let id = found.id();
     let waited = tokio::time::timeout(patience, backend.outcome(&found)).await;
     match waited {
-        Ok(Ok(report)) => Json(JsonResult::new(&report).to_value()).into_response(),
+        Ok(Ok(report)) => Json(JsonResult::new(&report)).into_response(),
         Ok(Err(answer)) => failed(answer),
         Err(_) => (
             StatusCode::ACCEPTED,
-            Json(json!({ "id": id, "outcome": Value::Null })),
+            Json(PendingJson {
+                id: id.get(),
+                outcome: None,
+            }),
         )
             .into_response(),
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// The query of `GET /api/tasks/{task}/logs`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub(super) struct LogsQuery {
+    /// Stream the lines as server-sent events until the task ends.
     #[serde(default)]
     follow: bool,
 }
@@ -505,7 +576,7 @@ pub(super) async fn plugins(
     Extension(view): Extension<View>,
 ) -> Response {
     match Backend::within(&http.daemon, view).plugin_rows().await {
-        Ok(rows) => Json(Value::Array(rows.iter().map(json::plugin_row).collect())).into_response(),
+        Ok(rows) => Json(rows.iter().map(json::plugin_row).collect::<Vec<_>>()).into_response(),
         Err(e) => failed(e),
     }
 }
@@ -523,24 +594,28 @@ pub(super) async fn remove_plugin(
     .await
     .unwrap_or_else(|e| Err(ServiceError::Internal(e.to_string())));
     match removed {
-        Ok(rows) => Json(Value::Array(rows.iter().map(json::plugin_row).collect())).into_response(),
+        Ok(rows) => Json(rows.iter().map(json::plugin_row).collect::<Vec<_>>()).into_response(),
         Err(answer) => failed(answer),
     }
 }
 
 /// `GET /api/version`: the daemon's build and protocol versions.
 pub(super) async fn version() -> Response {
-    Json(json!({
-        "daemon": env!("CARGO_PKG_VERSION"),
-        "protocol": crate::wire::protocol::PROTOCOL_VERSION,
-    }))
+    Json(VersionJson {
+        daemon: env!("CARGO_PKG_VERSION"),
+        protocol: crate::wire::protocol::PROTOCOL_VERSION,
+    })
     .into_response()
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// The body of `POST /api/shutdown`.
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ShutdownBody {
+    /// How long running tasks get to stop before they are force-aborted.
+    #[schemars(regex(pattern = crate::wire::protocol::DURATION))]
     grace: Option<String>,
+    /// End the unfinished work now instead of keeping it for the next start.
     #[serde(default)]
     cancel_all: bool,
 }
@@ -552,7 +627,7 @@ pub(super) async fn shutdown(State(http): State<Http>, body: Bytes) -> Response 
     let body: ShutdownBody = if body.is_empty() {
         ShutdownBody::default()
     } else {
-        match serde_json::from_slice(&body) {
+        match super::api::read_json(&body) {
             Ok(b) => b,
             Err(e) => return error(StatusCode::BAD_REQUEST, format!("the shutdown's JSON: {e}")),
         }
@@ -578,19 +653,24 @@ mod tests {
 
     #[test]
     fn the_documented_submit_properties_are_exactly_the_ones_taken() {
-        let documented: Vec<&str> = super::super::openapi::SUBMIT_PROPERTIES
-            .iter()
-            .map(|(n, _, _)| *n)
-            .collect();
+        let document = super::super::openapi::document();
+        let schema = &document["components"]["schemas"]["SubmitJson"];
+        let properties = schema["properties"].as_object().expect("its properties");
+        let documented: Vec<&str> = properties.keys().map(String::as_str).collect();
         let mut body = serde_json::Map::new();
-        for (name, kind, _) in super::super::openapi::SUBMIT_PROPERTIES {
-            let value = match *kind {
-                "string" => json!("x"),
+        for (name, property) in properties {
+            let kind = property["type"]
+                .as_str()
+                .or_else(|| property["type"][0].as_str())
+                .unwrap_or("object");
+            let value = match kind {
+                "string" if name == "plugin" => json!("0".repeat(64)),
+                "string" => json!("1s"),
                 "integer" => json!(1),
                 "object" => json!({}),
                 _ => json!([]),
             };
-            body.insert((*name).to_owned(), value);
+            body.insert(name.clone(), value);
         }
         // Every documented property is taken (unknown ones are refused)...
         let parsed: Result<SubmitJson, _> = serde_json::from_value(Value::Object(body.clone()));
@@ -602,7 +682,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         let expected = err.split("expected one of").nth(1).expect("the field list");
-        let taken: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+        let mut taken: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+        taken.sort_unstable();
+        let mut documented = documented;
+        documented.sort_unstable();
         assert_eq!(taken, documented);
     }
 }

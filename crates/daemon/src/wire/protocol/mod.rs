@@ -47,7 +47,7 @@ pub use request::{EventFilter, Request, TaskFilter, TaskPage};
 pub use schedule::{ScheduleRow, ScheduleSpec, ScheduleVerb};
 pub use slot::{SlotRuleRow, SlotRuleVerb};
 pub use submit::{MAX_IDEMPOTENCY_KEY, NotBefore, SubmitRequest, Submitted};
-pub use submit_json::SubmitJson;
+pub use submit_json::{DURATION, SubmitJson};
 
 /// The protocol version; both sides must agree.
 pub const PROTOCOL_VERSION: u32 = 18;

@@ -56,6 +56,17 @@ impl Quota {
         Quota::Descendants,
     ];
 
+    /// Every quota's key, in the order of [`Quota::ALL`].
+    pub const KEYS: [&'static str; 7] = [
+        "max-running",
+        "max-waiting",
+        "max-schedules",
+        "max-kv-bytes",
+        "max-submit-rate",
+        "memory-ceiling",
+        "max-descendants",
+    ];
+
     /// Its name: the TOML key and, after `--`, the flag.
     pub fn key(self) -> &'static str {
         match self {
@@ -211,5 +222,16 @@ impl From<crate::config::NamespaceEntry> for NamespaceSettings {
             quotas,
             secrets,
         }
+    }
+}
+
+#[cfg(test)]
+mod keys_tests {
+    use super::Quota;
+
+    #[test]
+    fn the_keys_are_every_quotas_key_in_order() {
+        let keys: Vec<&str> = Quota::ALL.iter().map(|q| q.key()).collect();
+        assert_eq!(keys, Quota::KEYS);
     }
 }

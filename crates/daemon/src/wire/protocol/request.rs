@@ -76,7 +76,7 @@ impl TaskFilter {
                 self.state = Some(TaskState::parse(value).ok_or_else(|| {
                     format!(
                         "state `{value}` is not a state; `host ps` shows queued, running, \
-                         waiting, backoff, throttled, stopping, finishing, finished"
+                         waiting, backing-off, throttled, stopping, finishing, finished"
                     )
                 })?)
             }

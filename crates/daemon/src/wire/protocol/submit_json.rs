@@ -17,31 +17,62 @@ use super::{NotBefore, SubmitRequest};
 
 /// The JSON of `POST /api/tasks`: the flags of `host submit`, with the
 /// plugin named by its digest (upload it first).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("dependentSchemas" = {
+    "input": { "not": { "required": ["input_base64"] } },
+    "delay": { "not": { "required": ["at"] } },
+    "every": { "properties": { "restart": { "enum": ["always", null] } } },
+    "max_retries": { "properties": { "restart": { "enum": ["on-failure", "always", null] } } },
+}))]
 pub struct SubmitJson {
+    /// The plugin's SHA-256 (hex, optionally `sha256:`); upload it first.
+    /// (A line of `host submit --batch` may leave it out: its PLUGIN.)
+    #[schemars(with = "String", regex(pattern = r"^(sha256:)?[0-9a-f]{64}$"))]
     plugin: Option<String>,
+    /// The task's name.
     name: Option<String>,
+    /// Its slot (default: the plugin's resource, else the name).
     slot: Option<String>,
+    /// `queue`, `replace` or `drop-if-running`.
+    #[schemars(extend("enum" = ["queue", "replace", "drop-if-running", null]))]
     policy: Option<String>,
+    /// Template and guest parameters.
     #[serde(default)]
     params: std::collections::BTreeMap<String, String>,
     /// The input as text.
     input: Option<String>,
     /// The input as base64 (for bytes that are not UTF-8).
     input_base64: Option<String>,
+    /// `never`, `on-failure` or `always`.
+    #[schemars(extend("enum" = ["never", "on-failure", "always", null]))]
     restart: Option<String>,
+    /// Run it again this long after a success (a duration such as `30s`).
+    #[schemars(regex(pattern = DURATION))]
     every: Option<String>,
+    /// Give up after this many retries (implies restart on-failure; not
+    /// with never).
     max_retries: Option<u32>,
+    /// FIRST,MAX,FACTOR,JITTER, such as `100ms,10s,2,0.1`.
     backoff: Option<String>,
+    /// Per attempt (a duration such as `30s`).
+    #[schemars(regex(pattern = DURATION))]
     timeout: Option<String>,
+    /// Bytes, or a size like `64MiB`.
+    #[schemars(with = "Option<Size>")]
     max_memory: Option<Value>,
+    /// HOST::GUEST[:ro] grants, on the daemon's machine.
     #[serde(default)]
     dirs: Vec<String>,
+    /// Environment variables for the guest.
     #[serde(default)]
     env: std::collections::BTreeMap<String, String>,
     /// Variable → the daemon's secret whose value it gets.
     #[serde(default)]
+    #[schemars(extend("additionalProperties" = {
+        "type": "string",
+        "pattern": "^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$",
+    }))]
     secrets: std::collections::BTreeMap<String, String>,
     /// What `wasi:config/store` answers the guest.
     #[serde(default)]
@@ -49,16 +80,32 @@ pub struct SubmitJson {
     /// Shared key-value buckets the guest may open.
     #[serde(default)]
     kv: Vec<String>,
+    /// `[http://]HOST[:PORT]` the guest may call.
     #[serde(default)]
     allow_http: Vec<String>,
     /// As the `Idempotency-Key` header.
     idempotency_key: Option<String>,
     /// Hold it this long after it is accepted (a duration), as `--delay`.
+    #[schemars(regex(pattern = DURATION))]
     delay: Option<String>,
     /// Hold it until this time (RFC 3339), as `--at`.
     at: Option<String>,
     /// Its attempts' priority for permits, as `--priority`.
     priority: Option<i32>,
+}
+
+/// A duration as the CLI takes it: a number and a unit.
+pub const DURATION: &str = r"^[0-9]{1,6}(ms|s|m|h)$";
+
+/// A size: bytes, or a number and a unit.
+#[derive(schemars::JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum Size {
+    /// Bytes, at least 64KiB.
+    Bytes(#[schemars(range(min = 65_536))] u64),
+    /// A size like `64MiB`.
+    Text(#[schemars(regex(pattern = r"^[1-9][0-9]{0,4}(MiB|GiB)$"))] String),
 }
 
 impl SubmitJson {
