@@ -462,10 +462,10 @@ pub fn check_pattern(pattern: &str) -> Result<(), String> {
     if pattern.is_empty() {
         return Err("a slot pattern must not be empty (name a slot, or use `*` for all)".into());
     }
-    if pattern.len() > MAX_PATTERN {
+    let length = pattern.chars().count();
+    if length > MAX_PATTERN {
         return Err(format!(
-            "a slot pattern may be {MAX_PATTERN} bytes at the most (this one is {})",
-            pattern.len()
+            "a slot pattern may be {MAX_PATTERN} characters at the most (this one is {length})"
         ));
     }
     if pattern.chars().any(char::is_control) {

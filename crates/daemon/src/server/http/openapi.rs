@@ -316,7 +316,7 @@ pub(super) const ROUTES: &[Route] = &[
         "/api/tasks",
         Scope::Submit,
         "submitTask",
-        "Submit a task (an `Idempotency-Key` header makes it idempotent)",
+        "Submit a task (`idempotency_key`, or an `Idempotency-Key` header, makes it idempotent)",
         SUBMITTED,
     )
     .taking(Takes::Json(of::<SubmitJson>, false)),
@@ -665,15 +665,6 @@ pub(super) fn document() -> Value {
             "description": "with a token of every namespace: act in this namespace (`*`: every one)",
             "schema": { "type": "string", "pattern": "^([a-z0-9][a-z0-9-]{0,62}|\\*)?$" },
         }));
-        if r.id == "submitTask" {
-            parameters.push(json!({
-                "name": "Idempotency-Key",
-                "in": "header",
-                "required": false,
-                "description": "the same key with the same request answers the task it made",
-                "schema": { "type": "string", "pattern": "^[!-~]{1,200}$" },
-            }));
-        }
         let mut operation = json!({
             "operationId": r.id,
             "summary": r.summary,

@@ -104,8 +104,9 @@ pub(super) struct ScheduleBody {
     name: String,
     /// When it fires: 5 cron fields (minute hour day-of-month month
     /// day-of-week), 6 with seconds first, or a name such as `@hourly`.
-    /// The pattern covers numbers, `*`, ranges, lists and steps, with the
-    /// days every month has; names of months and days are taken too.
+    /// The pattern covers `*`, `*/STEP` and lists of numbers, with the
+    /// days every month has; ranges, steps of ranges and names are taken
+    /// too.
     #[schemars(regex(pattern = CRON))]
     cron: String,
     /// Its time zone, a name of the IANA database (default UTC).
@@ -126,13 +127,13 @@ pub(super) const SCHEDULE_NAME: &str = "^[A-Za-z0-9._/-]*[A-Za-z._/-][A-Za-z0-9.
 
 /// A cron expression the daemon takes (see [`ScheduleBody::cron`]).
 const CRON: &str = concat!(
-    r"^(@(yearly|annually|monthly|weekly|daily|hourly)|",
-    r"((\*|[1-5]?[0-9](-[1-5]?[0-9])?)(/[1-9][0-9]?)?(,(\*|[1-5]?[0-9](-[1-5]?[0-9])?)(/[1-9][0-9]?)?)* )?",
-    r"(\*|[1-5]?[0-9](-[1-5]?[0-9])?)(/[1-9][0-9]?)?(,(\*|[1-5]?[0-9](-[1-5]?[0-9])?)(/[1-9][0-9]?)?)* ",
-    r"(\*|(1?[0-9]|2[0-3])(-(1?[0-9]|2[0-3]))?)(/[1-9][0-9]?)?(,(\*|(1?[0-9]|2[0-3])(-(1?[0-9]|2[0-3]))?)(/[1-9][0-9]?)?)* ",
-    r"(\*|([1-9]|1[0-9]|2[0-8])(-([1-9]|1[0-9]|2[0-8]))?)(/[1-9][0-9]?)?(,(\*|([1-9]|1[0-9]|2[0-8])(-([1-9]|1[0-9]|2[0-8]))?)(/[1-9][0-9]?)?)* ",
-    r"(\*|([1-9]|1[0-2])(-([1-9]|1[0-2]))?)(/[1-9][0-9]?)?(,(\*|([1-9]|1[0-2])(-([1-9]|1[0-2]))?)(/[1-9][0-9]?)?)* ",
-    r"(\*|[0-6](-[0-6])?)(/[1-6])?(,(\*|[0-6](-[0-6])?)(/[1-6])?)*)$",
+    r"^(@(yearly|annually|monthly|weekly|daily|hourly)|(",
+    r"(\*(/([1-9]|[1-5][0-9]))?|([1-5]?[0-9])(,([1-5]?[0-9]))*) )?",
+    r"(\*(/([1-9]|[1-5][0-9]))?|([1-5]?[0-9])(,([1-5]?[0-9]))*) ",
+    r"(\*(/([1-9]|1[0-9]|2[0-3]))?|(1?[0-9]|2[0-3])(,(1?[0-9]|2[0-3]))*) ",
+    r"(\*(/([1-9]|1[0-9]|2[0-8]))?|([1-9]|1[0-9]|2[0-8])(,([1-9]|1[0-9]|2[0-8]))*) ",
+    r"(\*(/([1-9]|1[0-2]))?|([1-9]|1[0-2])(,([1-9]|1[0-2]))*) ",
+    r"(\*(/[1-6])?|[0-6](,[0-6])*))$",
 );
 
 /// `tz`: a zone of the database the daemon reads zones from.

@@ -223,10 +223,12 @@ pub(super) fn check_submit(submit: &SubmitRequest) -> Result<(), String> {
         None => {}
     }
     if let Some(key) = &submit.idempotency_key
-        && (key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY || key.chars().any(char::is_control))
+        && (key.is_empty()
+            || key.chars().count() > MAX_IDEMPOTENCY_KEY
+            || key.chars().any(char::is_control))
     {
         return Err(format!(
-            "the idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY} bytes of printable text"
+            "the idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY} characters of printable text"
         ));
     }
     if let Some(RestartPolicy::Always { interval }) = submit.restart {

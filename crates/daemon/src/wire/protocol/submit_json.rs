@@ -43,6 +43,7 @@ pub struct SubmitJson {
     /// The input as text.
     input: Option<String>,
     /// The input as base64 (for bytes that are not UTF-8).
+    #[schemars(regex(pattern = r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"))]
     input_base64: Option<String>,
     /// `never`, `on-failure` or `always`.
     #[schemars(extend("enum" = ["never", "on-failure", "always", null]))]
@@ -53,7 +54,11 @@ pub struct SubmitJson {
     /// Give up after this many retries (implies restart on-failure; not
     /// with never).
     max_retries: Option<u32>,
-    /// FIRST,MAX,FACTOR,JITTER, such as `100ms,10s,2,0.1`.
+    /// FIRST,MAX,FACTOR,JITTER, such as `100ms,10s,2,equal` (the pattern
+    /// covers a first delay under a second and a longest of seconds).
+    #[schemars(regex(
+        pattern = r"^[1-9][0-9]{0,2}ms,[1-9][0-9]{0,2}s,[1-9],(none|full|equal|decorrelated)$"
+    ))]
     backoff: Option<String>,
     /// Per attempt (a duration such as `30s`).
     #[schemars(regex(pattern = DURATION))]
@@ -63,6 +68,7 @@ pub struct SubmitJson {
     max_memory: Option<Value>,
     /// HOST::GUEST[:ro] grants, on the daemon's machine.
     #[serde(default)]
+    #[schemars(inner(regex(pattern = r"^[^:]+::[^:]+(:ro|:rw)?$")))]
     dirs: Vec<String>,
     /// Environment variables for the guest.
     #[serde(default)]
@@ -79,23 +85,45 @@ pub struct SubmitJson {
     config: std::collections::BTreeMap<String, String>,
     /// Shared key-value buckets the guest may open.
     #[serde(default)]
+    #[schemars(inner(regex(pattern = r"^[A-Za-z0-9_./-]{1,128}$")))]
     kv: Vec<String>,
-    /// `[http://]HOST[:PORT]` the guest may call.
+    /// `[http://]HOST[:PORT]` the guest may call (the pattern covers
+    /// lowercase names; addresses and `*.DOMAIN` are taken too).
     #[serde(default)]
+    #[schemars(inner(regex(
+        pattern = r"^(https?://)?[a-z][a-z0-9]{0,30}(\.[a-z][a-z0-9]{0,30}){0,3}(:[1-9][0-9]{0,3})?$"
+    )))]
     allow_http: Vec<String>,
-    /// As the `Idempotency-Key` header.
+    /// The same key with the same request answers the task it made (over
+    /// HTTP, the `Idempotency-Key` header may carry it instead): 1 to 256
+    /// characters of printable text.
+    #[schemars(
+        length(min = 1, max = 256),
+        regex(pattern = r"^[^\x00-\x1f\x7f-\x9f]*$")
+    )]
     idempotency_key: Option<String>,
     /// Hold it this long after it is accepted (a duration), as `--delay`.
     #[schemars(regex(pattern = DURATION))]
     delay: Option<String>,
-    /// Hold it until this time (RFC 3339), as `--at`.
+    /// Hold it until this time (RFC 3339, at most ten years ahead), as
+    /// `--at`. The pattern covers times until 2035 with a `Z` or an offset.
+    #[schemars(regex(
+        pattern = r"^20([0-2][0-9]|3[0-5])-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,3})?(Z|[+-](0[0-9]|1[0-3]):[0-5][0-9])$"
+    ))]
     at: Option<String>,
     /// Its attempts' priority for permits, as `--priority`.
     priority: Option<i32>,
 }
 
+/// Standard base64 that takes a last symbol with bits to spare (`QR==`
+/// for `QQ==`), as most decoders do.
+const LENIENT: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    base64::engine::GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true),
+);
+
 /// A duration as the CLI takes it: a number and a unit.
-pub const DURATION: &str = r"^[0-9]{1,6}(ms|s|m|h)$";
+pub const DURATION: &str = r"^[0-9]{1,4}(ms|s|m|h)$";
 
 /// A size: bytes, or a number and a unit.
 #[derive(schemars::JsonSchema)]
@@ -137,7 +165,7 @@ impl SubmitJson {
         request.input = match (self.input, self.input_base64) {
             (Some(_), Some(_)) => return Err("give input or input_base64, not both".into()),
             (Some(text), None) => text.into_bytes(),
-            (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+            (None, Some(b64)) => LENIENT
                 .decode(b64.as_bytes())
                 .map_err(|e| format!("input_base64: not base64 ({e})"))?,
             (None, None) => Vec::new(),
@@ -201,6 +229,9 @@ impl SubmitJson {
             .collect::<Result<_, _>>()?;
         request.env = self.env.into_iter().collect();
         request.config = self.config.into_iter().collect();
+        for bucket in &self.kv {
+            taskhost_runtime::kv::check_bucket_name(bucket).map_err(|e| format!("kv: {e}"))?;
+        }
         request.kv = self.kv;
         request.secrets = self
             .secrets
