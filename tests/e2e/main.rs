@@ -1,7 +1,8 @@
 //! The end-to-end tests: the real `host` binary with the real plugins, real
 //! daemons on sockets in temporary directories, and the real components the
 //! tests start themselves (a throwaway PostgreSQL, local HTTP servers on
-//! 127.0.0.1, headless Chromium, componentize-py and componentize-js). One
+//! 127.0.0.1, headless Chromium, componentize-py and componentize-js,
+//! schemathesis, openapi-python-client and openapi-typescript). One
 //! test binary, so the suite links wasmtime a few times instead of once per
 //! file; `cargo test -p taskhost-tests --test e2e <module>::` runs one
 //! file's tests, against the `host` already built (`common::host_bin`).
@@ -25,6 +26,7 @@
 //! | `flow` | flow control on slots: rules, capacity against each policy, the capacity invariant across kills |
 //! | `namespaces` | namespaces on one host and on a cluster: isolation of every verb, each quota, a team's token, buckets, secrets, spawn trees, a restart |
 //! | `remote` | `host --remote`, tokens with scopes, TLS, the JSON API's verbs |
+//! | `openapi` | the JSON API's OpenAPI document: schemathesis against the daemon, a generated Python client and TypeScript types driving it (`tests/clients/`) |
 //! | `observability` | `--http`: metrics, the JSON API, the dashboard in Chromium |
 //! | `traces` | OpenTelemetry traces to a collector in the test |
 //! | `trust` | trust boundaries: private files, peers checked, one daemon per store |
@@ -33,12 +35,15 @@
 //! | `scaffold` | `host new` → build → `host run` |
 //!
 //! The helpers: `common` (the binary, plugins, line readers), `daemon` (a
-//! daemon in a temporary directory), `http` (a minimal HTTP client),
+//! daemon in a temporary directory), `generated` (the checks of clients
+//! generated from the OpenAPI document), `http` (a minimal HTTP client),
 //! `postgres` (a throwaway server), `wire` (the protocol's client).
 
 mod common;
 #[path = "common/daemon.rs"]
 mod daemon;
+#[path = "common/generated.rs"]
+mod generated;
 #[path = "common/http.rs"]
 mod http;
 #[path = "../../crates/core/tests/controller/invariants.rs"]
@@ -68,6 +73,7 @@ mod guests;
 mod kv;
 mod namespaces;
 mod observability;
+mod openapi;
 mod outbound_http;
 mod regressions;
 mod remote;

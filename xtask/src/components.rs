@@ -18,6 +18,12 @@ const COMPONENTIZE_PY: &str = "0.25.1";
 const COMPONENTIZE_JS: &str = "0.23.0";
 /// `plugins/guests/build.sh` refuses older Node.js releases.
 const NODE_MAJOR: u32 = 20;
+/// The schemathesis release `tests/e2e/openapi.rs` runs against the live
+/// daemon's OpenAPI document.
+const SCHEMATHESIS: &str = "4.32.5";
+/// The openapi-python-client release `tests/e2e/openapi.rs` generates the
+/// Python client of the JSON API with.
+const OPENAPI_PYTHON_CLIENT: &str = "0.29.1";
 
 /// Whether system-wide installs may happen.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -53,26 +59,47 @@ struct Missing {
 enum Install {
     /// Debian packages, installed with `apt-get`.
     Apt(&'static [&'static str]),
-    /// componentize-py from PyPI.
-    Pip,
-    /// componentize-js from the npm registry, by the checked-in lock file.
-    NpmCi,
+    /// A pinned package from PyPI (`name==version`), installed with pip:
+    /// componentize-py, schemathesis, openapi-python-client.
+    Pip(String),
+    /// An npm project's packages (componentize-js in `plugins/guests/js`,
+    /// openapi-typescript and TypeScript in `tests/clients/ts`) from the
+    /// npm registry, by its checked-in lock file: `npm ci` in that folder.
+    NpmCi(PathBuf),
+}
+
+/// The npm projects whose packages the tests use, each with its checked-in
+/// lock file.
+struct Projects {
+    /// `plugins/guests/js`: componentize-js.
+    js: PathBuf,
+    /// `tests/clients/ts`: openapi-typescript, TypeScript, openapi-fetch.
+    ts: PathBuf,
+}
+
+impl Projects {
+    fn of(root: &Path) -> Self {
+        Self {
+            js: root.join("plugins/guests/js"),
+            ts: root.join("tests/clients/ts"),
+        }
+    }
 }
 
 /// Checks every component; installs the missing ones if allowed. Returns a
 /// `PATH` for the tests when an install put programs somewhere not on it.
 pub fn ensure(root: &Path, permission: Permission) -> Result<Option<OsString>, Failure> {
-    let js = root.join("plugins/guests/js");
-    let missing = check(&js);
+    let projects = Projects::of(root);
+    let missing = check(&projects);
     if missing.is_empty() {
         return Ok(None);
     }
     let system: Vec<&Missing> = missing
         .iter()
-        .filter(|m| !matches!(m.install, Install::NpmCi))
+        .filter(|m| !matches!(m.install, Install::NpmCi(_)))
         .collect();
     if permission == Permission::Refused && !system.is_empty() {
-        return Err(Failure::missing(refusal(&missing, &js)));
+        return Err(Failure::missing(refusal(&missing)));
     }
 
     let root_user = is_root();
@@ -89,40 +116,40 @@ pub fn ensure(root: &Path, permission: Permission) -> Result<Option<OsString>, F
         apt_install(&apt, root_user)?;
     }
     // After apt: pip and npm may just have been installed.
-    if missing.iter().any(|m| matches!(m.install, Install::Pip)) {
-        pip_install(root_user)?;
+    let specs = pip_specs(&missing);
+    if !specs.is_empty() {
+        pip_install(&specs, root_user)?;
     }
     let path = user_bin_path();
-    if check(&js)
-        .iter()
-        .any(|m| matches!(m.install, Install::NpmCi))
-    {
-        run(
-            Command::new("npm")
-                .args(["ci", "--no-audit", "--no-fund"])
-                .current_dir(&js),
-            &format!("(cd {} && npm ci --no-audit --no-fund)", js.display()),
-        )?;
+    for m in check(&projects) {
+        if let Install::NpmCi(dir) = &m.install {
+            run(
+                Command::new("npm")
+                    .args(["ci", "--no-audit", "--no-fund"])
+                    .current_dir(dir),
+                &format!("(cd {} && npm ci --no-audit --no-fund)", dir.display()),
+            )?;
+        }
     }
 
-    let still = check_with_path(&js, path.as_deref());
+    let still = check_with_path(&projects, path.as_deref());
     if !still.is_empty() {
         let list: Vec<String> = still.iter().map(|m| format!("  - {}", m.what)).collect();
         return Err(Failure::missing(format!(
             "after installing, these are still missing:\n{}\n\n{}",
             list.join("\n"),
-            refusal(&still, &js)
+            refusal(&still)
         )));
     }
     Ok(path)
 }
 
-fn check(js: &Path) -> Vec<Missing> {
-    check_with_path(js, None)
+fn check(projects: &Projects) -> Vec<Missing> {
+    check_with_path(projects, None)
 }
 
 /// Every check, with `path` as the programs' search path when given.
-fn check_with_path(js: &Path, path: Option<&std::ffi::OsStr>) -> Vec<Missing> {
+fn check_with_path(projects: &Projects, path: Option<&std::ffi::OsStr>) -> Vec<Missing> {
     let search: Vec<PathBuf> = match path {
         Some(p) => std::env::split_paths(p).collect(),
         None => std::env::var_os("PATH")
@@ -179,20 +206,11 @@ fn check_with_path(js: &Path, path: Option<&std::ffi::OsStr>) -> Vec<Missing> {
         .is_ok_and(|s| s.success());
     if !pip {
         missing.push(Missing {
-            what: "python3 with pip (componentize-py comes from PyPI)".into(),
+            what: "python3 with pip (componentize-py, schemathesis and openapi-python-client come from PyPI)".into(),
             install: Install::Apt(&["python3", "python3-pip"]),
         });
     }
-    let py_version = on_path("componentize-py").and_then(|p| version_line(&p, &["--version"]));
-    if py_version.as_deref() != Some(&format!("componentize-py {COMPONENTIZE_PY}")) {
-        missing.push(Missing {
-            what: format!(
-                "componentize-py {COMPONENTIZE_PY} (the Python guests; found: {})",
-                py_version.as_deref().unwrap_or("none")
-            ),
-            install: Install::Pip,
-        });
-    }
+    missing.extend(check_pypi(&on_path));
     let node = on_path("node").and_then(|p| version_line(&p, &["--version"]));
     let node_major = node.as_deref().and_then(|v| {
         v.trim_start_matches('v')
@@ -204,18 +222,92 @@ fn check_with_path(js: &Path, path: Option<&std::ffi::OsStr>) -> Vec<Missing> {
     if node_major.is_none_or(|m| m < NODE_MAJOR) || on_path("npm").is_none() {
         missing.push(Missing {
             what: format!(
-                "Node.js {NODE_MAJOR} or newer with npm (the JavaScript guests; found: {})",
+                "Node.js {NODE_MAJOR} or newer with npm (the JavaScript guests, the TypeScript client; found: {})",
                 node.as_deref().unwrap_or("none")
             ),
             install: Install::Apt(&["nodejs", "npm"]),
         });
-    } else if js_version(js).as_deref() != Some(COMPONENTIZE_JS) {
+    } else {
+        missing.extend(check_npm_projects(projects));
+    }
+    missing
+}
+
+/// The PyPI tools, each by the first line of its `--version`.
+fn check_pypi(on_path: &dyn Fn(&str) -> Option<PathBuf>) -> Vec<Missing> {
+    let mut missing = Vec::new();
+    let pypi = [
+        (
+            "componentize-py",
+            COMPONENTIZE_PY,
+            format!("componentize-py {COMPONENTIZE_PY}"),
+            "the Python guests",
+        ),
+        (
+            "schemathesis",
+            SCHEMATHESIS,
+            format!("schemathesis, version {SCHEMATHESIS}"),
+            "tests/e2e/openapi.rs runs it against the live API",
+        ),
+        (
+            "openapi-python-client",
+            OPENAPI_PYTHON_CLIENT,
+            format!("openapi-python-client version: {OPENAPI_PYTHON_CLIENT}"),
+            "tests/e2e/openapi.rs generates the Python client with it",
+        ),
+    ];
+    for (name, version, expected, why) in pypi {
+        let found = on_path(name).and_then(|p| version_line(&p, &["--version"]));
+        if found.as_deref() != Some(expected.as_str()) {
+            missing.push(Missing {
+                what: format!(
+                    "{name} {version} ({why}; found: {})",
+                    found.as_deref().unwrap_or("none")
+                ),
+                install: Install::Pip(format!("{name}=={version}")),
+            });
+        }
+    }
+    missing
+}
+
+/// The npm projects' packages, each at the version its package.json (and
+/// lock file) pins.
+fn check_npm_projects(projects: &Projects) -> Vec<Missing> {
+    let mut missing = Vec::new();
+    let js = &projects.js;
+    if package_version(js, "@bytecodealliance/componentize-js").as_deref() != Some(COMPONENTIZE_JS)
+    {
         missing.push(Missing {
             what: format!(
                 "componentize-js {COMPONENTIZE_JS} in {}/node_modules (the JavaScript guests)",
                 js.display()
             ),
-            install: Install::NpmCi,
+            install: Install::NpmCi(js.clone()),
+        });
+    }
+    // openapi-typescript, TypeScript, openapi-fetch and Node.js's types,
+    // each at the version its package.json pins.
+    let ts = &projects.ts;
+    let pins = pinned_dev_dependencies(ts);
+    let wrong: Vec<String> = pins
+        .iter()
+        .filter(|(name, want)| package_version(ts, name).as_deref() != Some(want.as_str()))
+        .map(|(name, want)| format!("{name} {want}"))
+        .collect();
+    if pins.is_empty() || !wrong.is_empty() {
+        missing.push(Missing {
+            what: format!(
+                "{} in {}/node_modules (tests/e2e/openapi.rs generates, compiles and \
+                 runs the TypeScript client with them)",
+                if wrong.is_empty() {
+                    "the packages pinned in package.json".to_owned()
+                } else {
+                    wrong.join(", ")
+                },
+                ts.display()
+            ),
+            install: Install::NpmCi(ts.clone()),
         });
     }
     missing
@@ -235,12 +327,36 @@ fn postgres_installed(search: &[PathBuf]) -> bool {
         })
 }
 
-/// The installed componentize-js version, read from its package.json.
-fn js_version(js: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(
-        js.join("node_modules/@bytecodealliance/componentize-js/package.json"),
-    )
-    .ok()?;
+/// The `devDependencies` of the npm project `dir`'s package.json, each
+/// pinned to one version: `(name, version)`. Empty when it cannot be read.
+fn pinned_dev_dependencies(dir: &Path) -> Vec<(String, String)> {
+    let Ok(text) = std::fs::read_to_string(dir.join("package.json")) else {
+        return Vec::new();
+    };
+    // `"devDependencies": { "name": "1.2.3", ... }`: no braces inside.
+    let Some(at) = text.find("\"devDependencies\"") else {
+        return Vec::new();
+    };
+    let rest = &text[at..];
+    let (Some(open), Some(close)) = (rest.find('{'), rest.find('}')) else {
+        return Vec::new();
+    };
+    let strings: Vec<&str> = rest[open + 1..close]
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .collect();
+    strings
+        .chunks_exact(2)
+        .map(|pair| (pair[0].to_owned(), pair[1].to_owned()))
+        .collect()
+}
+
+/// The version of the package `name` installed in the npm project `dir`,
+/// read from its package.json.
+fn package_version(dir: &Path, name: &str) -> Option<String> {
+    let text =
+        std::fs::read_to_string(dir.join("node_modules").join(name).join("package.json")).ok()?;
     // `"version": "0.23.0"`: the first such key is the package's own.
     let at = text.find("\"version\"")?;
     let rest = &text[at + "\"version\"".len()..];
@@ -265,8 +381,19 @@ fn version_line(program: &Path, args: &[&str]) -> Option<String> {
     })
 }
 
+/// The pinned PyPI packages (`name==version`) of the missing components.
+fn pip_specs(missing: &[Missing]) -> Vec<&str> {
+    missing
+        .iter()
+        .filter_map(|m| match &m.install {
+            Install::Pip(spec) => Some(spec.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// What is missing and the commands that install it.
-fn refusal(missing: &[Missing], js: &Path) -> String {
+fn refusal(missing: &[Missing]) -> String {
     let mut text = String::from("the tests start these for real, and they are missing:\n");
     for m in missing {
         text.push_str(&format!("  - {}\n", m.what));
@@ -288,14 +415,18 @@ fn refusal(missing: &[Missing], js: &Path) -> String {
             apt.join(" ")
         ));
     }
-    if missing.iter().any(|m| matches!(m.install, Install::Pip)) {
+    let specs = pip_specs(missing);
+    if !specs.is_empty() {
         let user = if is_root() { "" } else { " --user" };
         text.push_str(&format!(
-            "  python3 -m pip install{user} componentize-py=={COMPONENTIZE_PY}\n"
+            "  python3 -m pip install{user} {}\n",
+            specs.join(" ")
         ));
     }
-    if missing.iter().any(|m| matches!(m.install, Install::NpmCi)) {
-        text.push_str(&format!("  (cd {} && npm ci)\n", js.display()));
+    for m in missing {
+        if let Install::NpmCi(dir) = &m.install {
+            text.push_str(&format!("  (cd {} && npm ci)\n", dir.display()));
+        }
     }
     text.push_str(
         "or let this command install them: `cargo xtask test --install` (apt-get through sudo \
@@ -330,13 +461,13 @@ fn apt_install(packages: &[&str], root_user: bool) -> Result<(), Failure> {
     run(&mut install, &shown)
 }
 
-fn pip_install(root_user: bool) -> Result<(), Failure> {
-    let spec = format!("componentize-py=={COMPONENTIZE_PY}");
+/// Installs these pinned PyPI packages with one pip call.
+fn pip_install(specs: &[&str], root_user: bool) -> Result<(), Failure> {
     let mut args = vec!["-m", "pip", "install", "-q"];
     if !root_user {
         args.push("--user");
     }
-    args.push(&spec);
+    args.extend_from_slice(specs);
     let shown = format!("python3 {}", args.join(" "));
     if run(Command::new("python3").args(&args), &shown).is_ok() {
         return Ok(());
@@ -348,8 +479,8 @@ fn pip_install(root_user: bool) -> Result<(), Failure> {
     run(Command::new("python3").args(&args), &shown)
 }
 
-/// `PATH` with pip's per-user script directory added, when it exists and
-/// is not on it already.
+/// `PATH` with pip's per-user script directory added, when it holds one of
+/// the PyPI tools and is not on it already.
 fn user_bin_path() -> Option<OsString> {
     let out = Command::new("python3")
         .args(["-m", "site", "--user-base"])
@@ -357,7 +488,8 @@ fn user_bin_path() -> Option<OsString> {
         .ok()?;
     let base = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     let bin = base.join("bin");
-    if !bin.join("componentize-py").is_file() {
+    let scripts = ["componentize-py", "schemathesis", "openapi-python-client"];
+    if !scripts.iter().any(|s| bin.join(s).is_file()) {
         return None;
     }
     let path = std::env::var_os("PATH").unwrap_or_default();

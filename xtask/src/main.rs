@@ -32,6 +32,7 @@ commands:
                        and run the `hello` plugin (`cargo demo` is this)
   test [-- ARGS]       check every component the tests start (wasm target,
                        PostgreSQL, Chromium, componentize-py, componentize-js,
+                       schemathesis, openapi-python-client, openapi-typescript,
                        /usr/bin/time, setpriv), install what is missing when
                        allowed, then run `cargo test --workspace --no-fail-fast
                        ARGS`, which reports every failing test binary

@@ -127,7 +127,8 @@ fn a_target_added_by_rustup_lets_the_main_job_go_on() {
 #[test]
 fn missing_test_components_are_listed_with_their_install_commands_before_compiling() {
     let m = Machine::new(true);
-    // No python3, node, npm, setpriv or componentize-py on this PATH.
+    // No python3, node, npm, setpriv, componentize-py, schemathesis or
+    // openapi-python-client on this PATH.
     let (out, took) = m.xtask(&["test", "--no-install"]);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
@@ -136,9 +137,12 @@ fn missing_test_components_are_listed_with_their_install_commands_before_compili
         "setpriv",
         "python3 with pip",
         "componentize-py 0.25.1",
+        "schemathesis 4.32.5",
+        "openapi-python-client 0.29.1",
         "Node.js 20 or newer with npm",
         "apt-get install -y",
-        "python3 -m pip install",
+        // One pip call for the three (`--user` before them when not root).
+        "componentize-py==0.25.1 schemathesis==4.32.5 openapi-python-client==0.29.1",
         "cargo xtask test --install",
     ] {
         assert!(err.contains(what), "{what:?} missing from: {err}");

@@ -32,6 +32,29 @@ fn of<T: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
     generator.subschema_for::<T>()
 }
 
+/// The schema of this document's own top level.
+fn document_schema(_: &mut SchemaGenerator) -> Schema {
+    let object = json!({ "type": "object", "additionalProperties": true });
+    schemars::json_schema!({
+        "type": "object",
+        "required": ["openapi", "info", "paths", "components"],
+        "properties": {
+            "openapi": { "type": "string", "description": "the OpenAPI version, 3.1.0" },
+            "info": {
+                "type": "object",
+                "required": ["title", "version"],
+                "properties": {
+                    "title": { "type": "string" },
+                    "version": { "type": "string", "description": "the daemon's build" },
+                    "description": { "type": "string" },
+                },
+            },
+            "paths": { "type": "object", "additionalProperties": object.clone() },
+            "components": { "type": "object", "additionalProperties": object },
+        },
+    })
+}
+
 /// What a route takes in its body.
 #[derive(Clone, Copy)]
 pub(super) enum Takes {
@@ -158,7 +181,7 @@ pub(super) const ROUTES: &[Route] = &[
         Scope::Read,
         "openapi",
         "This document",
-        &[ok("the document", of::<Map<String, Value>>)],
+        &[ok("the document", document_schema)],
     )
     .fixed(),
     route(
