@@ -64,8 +64,8 @@ use std::time::{Duration, Instant};
 
 use taskhost::daemon::protocol::{
     BatchItem, Envelope, Hello, MAGIC, MAX_BATCH, PROTOCOL_VERSION, Placement, Reply, Request,
-    SubmitRequest, Submitted, TaskFilter, TaskState, UPLOAD_CHUNK, Welcome, encode, read_frame,
-    write_frame,
+    SubmitRequest, Submitted, TaskFilter, TaskPage, TaskState, UPLOAD_CHUNK, Welcome, encode,
+    read_frame, write_frame,
 };
 use taskhost::outcome::TaskOutcome;
 use taskhost::runtime::Digest;
@@ -90,7 +90,7 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     // TASKHOST_BENCH_ONLY_…=1 runs one scenario alone.
     let only = [
-        "RESTART", "COMPILES", "PARKED", "REMOTE", "GUESTS", "STATE", "BATCH",
+        "RESTART", "COMPILES", "PARKED", "REMOTE", "GUESTS", "STATE", "BATCH", "PAGES",
     ]
     .into_iter()
     .find(|s| std::env::var_os(format!("TASKHOST_BENCH_ONLY_{s}")).is_some());
@@ -106,6 +106,7 @@ fn main() {
             "GUESTS" => rt.block_on(guest_attempts(dir.path())),
             "STATE" => rt.block_on(state(dir.path())),
             "BATCH" => rt.block_on(batch(dir.path())),
+            "PAGES" => rt.block_on(pages(dir.path())),
             _ => rt.block_on(parked(dir.path())),
         }
         return;
@@ -435,6 +436,98 @@ async fn batch(dir: &Path) {
     );
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Finished tasks kept in the pages scenario (TASKHOST_BENCH_PAGES_TASKS
+/// to change it).
+const PAGES_TASKS: usize = 1_000_000;
+
+/// Issue 53: the first page of `ps --all` (50 rows, newest first) with a
+/// million finished tasks kept, by the daemon's protocol and by the `host`
+/// binary, while the daemon remembers them and after a restart (the store
+/// alone); with TASKHOST_BENCH_BASELINE_HOST=PATH, that build's daemon
+/// filled and timed the same way in the same run.
+async fn pages(dir: &Path) {
+    let tasks: usize = std::env::var("TASKHOST_BENCH_PAGES_TASKS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(PAGES_TASKS);
+    let mut hosts = vec![(
+        "this build".to_owned(),
+        std::path::PathBuf::from(env!("CARGO_BIN_EXE_host")),
+    )];
+    if let Some(base) = std::env::var_os("TASKHOST_BENCH_BASELINE_HOST") {
+        hosts.push(("baseline".to_owned(), base.into()));
+    }
+    let hello = std::fs::read(plugin_artifacts::HELLO).expect("hello.wasm");
+    for (n, (which, host)) in hosts.into_iter().enumerate() {
+        let socket = dir.join(format!("pages-{n}.sock"));
+        let state = dir.join(format!("pages-{n}-state"));
+        let kept = tasks.to_string();
+        let flags = [
+            "--worker-threads",
+            "2",
+            "--retain-finished",
+            kept.as_str(),
+            "--retain-bytes",
+            "8GiB",
+        ];
+        let mut child = start_daemon(&host, &socket, &state, "sqlite", &flags);
+        let digest = upload(&socket, &hello).await;
+        let start = Instant::now();
+        let mut left = tasks;
+        while left > 0 {
+            let batches = (left / MAX_BATCH).clamp(1, 100);
+            batch_intake(&socket, digest, batches, None).await;
+            drain(&socket).await;
+            left = left.saturating_sub(batches * MAX_BATCH);
+        }
+        println!(
+            "  {which}: {tasks} tasks run and finished in {:.0} s",
+            start.elapsed().as_secs_f64()
+        );
+        for when in ["remembered", "after a restart"] {
+            if when == "after a restart" {
+                let _ = child.kill();
+                let _ = child.wait();
+                child = start_daemon(&host, &socket, &state, "sqlite", &flags);
+            }
+            let client = taskhost::daemon::Client::connect(&socket).await.unwrap();
+            let page = TaskPage {
+                all: true,
+                filter: TaskFilter::default(),
+                before: None,
+                limit: Some(50),
+            };
+            let mut wire = Vec::new();
+            for _ in 0..20 {
+                let start = Instant::now();
+                let rows = client.page(page.clone()).await.unwrap();
+                wire.push(start.elapsed().as_secs_f64() * 1e3);
+                assert_eq!(rows.len(), 50);
+            }
+            let mut cli = Vec::new();
+            for _ in 0..10 {
+                let start = Instant::now();
+                let out = Command::new(&host)
+                    .args(["ps", "--all", "--limit", "50", "--socket"])
+                    .arg(&socket)
+                    .output()
+                    .expect("host ps");
+                cli.push(start.elapsed().as_secs_f64() * 1e3);
+                assert!(out.status.success(), "{out:?}");
+            }
+            println!(
+                "{which}, sqlite, {tasks} finished tasks {when}: first page of ps --all (50 rows): protocol median {:.1} ms (max {:.1}); `host ps --all --limit 50` median {:.1} ms (max {:.1})",
+                median(&wire),
+                max(&wire),
+                median(&cli),
+                max(&cli)
+            );
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
 
 /// `batches` calls of [`MAX_BATCH`] submissions on one connection, two in

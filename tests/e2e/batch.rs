@@ -349,6 +349,81 @@ fn rerun_by_filter_submits_every_failed_task_again_in_one_call() {
     assert_eq!(bad.code, Some(2), "{bad:?}");
 }
 
+/// Every page of `ps --all` by cursor (`extra` more flags), newest first:
+/// the ids in page order.
+fn all_pages(daemon: &Daemon, limit: usize, extra: &[&str]) -> Vec<u64> {
+    let mut seen: Vec<u64> = Vec::new();
+    loop {
+        let limit_text = limit.to_string();
+        let mut args = vec!["ps", "--all", "--json", "--limit", limit_text.as_str()];
+        args.extend_from_slice(extra);
+        let cursor = seen.last().map(u64::to_string);
+        if let Some(cursor) = &cursor {
+            args.extend(["--before", cursor.as_str()]);
+        }
+        let out = daemon.run(&args);
+        assert_eq!(out.code, Some(0), "{out:?}");
+        let rows: Vec<Value> = serde_json::from_str(&out.stdout).unwrap();
+        assert!(rows.len() <= limit, "{}", rows.len());
+        if rows.is_empty() {
+            return seen;
+        }
+        seen.extend(rows.iter().map(|r| r["id"].as_u64().unwrap()));
+        assert!(seen.len() <= 10_000, "the pages never end");
+    }
+}
+
+#[test]
+fn pages_of_finished_tasks_join_the_store_and_memory_without_a_gap() {
+    let mut daemon = Daemon::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let lines = |n: usize, slot: &str| -> Vec<String> {
+        (0..n)
+            .map(|i| json!({ "slot": format!("{slot}{}", i % 7) }).to_string())
+            .collect()
+    };
+    let out = daemon.run(&[
+        "submit",
+        &p("hello"),
+        "--batch",
+        &jsonl(&dir, &lines(300, "old")),
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    drained(&daemon);
+    // After a restart the daemon remembers none of them: the store does.
+    daemon.kill_9();
+    daemon.restart(&[]);
+    let out = daemon.run(&[
+        "submit",
+        &p("hello"),
+        "--batch",
+        &jsonl(&dir, &lines(40, "new")),
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    drained(&daemon);
+    let mut every = daemon.ps_all_ids();
+    every.sort_unstable_by(|a, b| b.cmp(a));
+    assert_eq!(every.len(), 340, "{every:?}");
+    for limit in [1, 7, 50, 500] {
+        let pages = all_pages(&daemon, limit, &[]);
+        assert_eq!(
+            pages, every,
+            "pages of {limit}: each task once, newest first"
+        );
+    }
+    // A filter across both: the slots `old3` and `new3`.
+    let mut threes: Vec<u64> = every.clone();
+    let rows = daemon.run(&["ps", "--all", "--json"]);
+    let rows: Vec<Value> = serde_json::from_str(&rows.stdout).unwrap();
+    threes.retain(|id| {
+        rows.iter()
+            .any(|r| r["id"].as_u64() == Some(*id) && r["slot"].as_str().unwrap().ends_with('3'))
+    });
+    assert!(threes.len() > 40, "{}", threes.len());
+    let pages = all_pages(&daemon, 9, &["--filter", "slot=*3"]);
+    assert_eq!(pages, threes);
+}
+
 #[test]
 fn ps_pages_through_a_filtered_list_newest_first_by_cursor() {
     let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);

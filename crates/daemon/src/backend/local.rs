@@ -22,8 +22,8 @@ use crate::service::keys::Keys;
 use crate::service::tasks::{MAX_FINISHED, TaskRecord};
 use crate::store::{self, Store};
 use crate::wire::protocol::{
-    EventFilter, NotBefore, ScheduleVerb, SlotRuleRow, SlotRuleVerb, SubmitRequest, TaskRow,
-    TaskState,
+    EventFilter, NotBefore, ScheduleVerb, SlotRuleRow, SlotRuleVerb, SubmitRequest, TaskPage,
+    TaskRow, TaskState,
 };
 
 /// One host: the daemon and what it keeps itself.
@@ -198,6 +198,21 @@ impl Local<'_> {
             .unwrap_or_default()
     }
 
+    /// One page with a limit (see [`local_page`]).
+    pub(super) async fn page(
+        &self,
+        page: TaskPage,
+        limit: usize,
+        view: crate::service::namespace::View,
+    ) -> Vec<TaskRow> {
+        let (daemon, store) = (Arc::clone(self.daemon), Store::clone(&self.host.store));
+        tokio::task::spawn_blocking(move || {
+            local_page(&daemon, &store, &page, limit, &|name| view.sees(name))
+        })
+        .await
+        .unwrap_or_default()
+    }
+
     /// Streams this host's events into `tx`.
     pub(super) fn events(&self, tx: mpsc::Sender<Item>, follow: bool, filter: EventFilter) {
         // Subscribe before copying the history (in order: events of
@@ -298,26 +313,9 @@ fn local_rows(daemon: &Daemon, store: &Store, all: bool) -> Vec<TaskRow> {
             daemon
                 .tasks
                 .finished_records()
-                .into_iter()
+                .iter()
                 .filter(|r| !live.contains(&r.id))
-                .filter_map(|r| {
-                    let report = r.outcome.get()?;
-                    Some(TaskRow {
-                        id: r.id,
-                        name: r.name,
-                        slot: r.slot,
-                        state: TaskState::Finished,
-                        attempts: report.attempts,
-                        age: r.submitted.elapsed(),
-                        progress: None,
-                        plugin: r.plugin,
-                        outcome: Some(report.outcome.kind()),
-                        node: None,
-                        due_ms: None,
-                        schedule: r.request.as_ref().and_then(|q| q.schedule.clone()),
-                        parent: r.request.as_ref().and_then(|q| q.parent),
-                    })
-                }),
+                .filter_map(finished_row),
         );
         // Finished before this run of the daemon: from the store.
         let known: std::collections::HashSet<_> = rows.iter().map(|r| r.id).collect();
@@ -328,24 +326,113 @@ fn local_rows(daemon: &Daemon, store: &Store, all: bool) -> Vec<TaskRow> {
                 .filter(|f| {
                     !known.contains(&f.report.id) && daemon.tasks.get(f.report.id).is_none()
                 })
-                .map(|f| TaskRow {
-                    id: f.report.id,
-                    name: f.report.name.to_string(),
-                    slot: f.report.slot.to_string(),
-                    state: TaskState::Finished,
-                    attempts: f.report.attempts,
-                    age: Duration::from_millis(now.saturating_sub(f.submitted_ms)),
-                    progress: None,
-                    plugin: f.plugin,
-                    outcome: Some(f.report.outcome.kind()),
-                    node: None,
-                    due_ms: None,
-                    schedule: None,
-                    parent: f.parent,
-                }),
+                .map(|f| stored_row(f, now)),
         );
     }
     rows.sort_by_key(|r| r.id);
+    rows
+}
+
+/// The row of a finished task this daemon remembers.
+fn finished_row(r: &TaskRecord) -> Option<TaskRow> {
+    let report = r.outcome.get()?;
+    Some(TaskRow {
+        id: r.id,
+        name: r.name.clone(),
+        slot: r.slot.clone(),
+        state: TaskState::Finished,
+        attempts: report.attempts,
+        age: r.submitted.elapsed(),
+        progress: None,
+        plugin: r.plugin.clone(),
+        outcome: Some(report.outcome.kind()),
+        node: None,
+        due_ms: None,
+        schedule: r.request.as_ref().and_then(|q| q.schedule.clone()),
+        parent: r.request.as_ref().and_then(|q| q.parent),
+    })
+}
+
+/// The row of a finished task as the store keeps it.
+fn stored_row(f: store::Finished, now: u64) -> TaskRow {
+    TaskRow {
+        id: f.report.id,
+        name: f.report.name.to_string(),
+        slot: f.report.slot.to_string(),
+        state: TaskState::Finished,
+        attempts: f.report.attempts,
+        age: Duration::from_millis(now.saturating_sub(f.submitted_ms)),
+        progress: None,
+        plugin: f.plugin,
+        outcome: Some(f.report.outcome.kind()),
+        node: None,
+        due_ms: None,
+        schedule: None,
+        parent: f.parent,
+    }
+}
+
+/// The store's rows read at a time while filling a page.
+const PAGE_CHUNK: usize = 512;
+
+/// One page of `page` with a limit: the live tasks and, with finished
+/// ones, those this daemon remembers (by id, newest first) and those the
+/// store keeps, read newest first only as far as the page needs; `sees`
+/// keeps the caller's namespace.
+fn local_page(
+    daemon: &Daemon,
+    store: &Store,
+    page: &TaskPage,
+    limit: usize,
+    sees: &dyn Fn(&str) -> bool,
+) -> Vec<TaskRow> {
+    let before = page.before.unwrap_or(TaskId::from_u64(u64::MAX));
+    let wanted = |row: &TaskRow| row.id < before && sees(&row.name) && page.filter.admits(row);
+    let live_rows = local_rows(daemon, store, false);
+    let live: std::collections::HashSet<TaskId> = live_rows.iter().map(|r| r.id).collect();
+    let mut rows: Vec<TaskRow> = live_rows.into_iter().filter(|r| wanted(r)).collect();
+    if page.all || page.filter.outcome.is_some() {
+        rows.extend(daemon.tasks.finished_page(before, limit, |r| {
+            let row = finished_row(r).filter(|row| !live.contains(&row.id))?;
+            wanted(&row).then_some(row)
+        }));
+        rows.sort_unstable_by_key(|r| std::cmp::Reverse(r.id));
+        // A stored row at or below the page's last one cannot enter it.
+        let floor = rows
+            .get(limit.saturating_sub(1))
+            .filter(|_| rows.len() >= limit);
+        let floor = floor.map_or(0, |r| r.id.get());
+        let now = store::now_ms();
+        let mut cursor = before.get();
+        let mut stored = Vec::new();
+        'chunks: while stored.len() < limit && cursor > floor + 1 {
+            let chunk = store.finished_before(cursor, PAGE_CHUNK);
+            let full = chunk.len() == PAGE_CHUNK;
+            for f in chunk {
+                let id = f.report.id;
+                cursor = id.get();
+                if id.get() <= floor {
+                    break 'chunks;
+                }
+                if live.contains(&id) || daemon.tasks.get(id).is_some() {
+                    continue;
+                }
+                let row = stored_row(f, now);
+                if wanted(&row) {
+                    stored.push(row);
+                    if stored.len() == limit {
+                        break 'chunks;
+                    }
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        rows.extend(stored);
+    }
+    rows.sort_unstable_by_key(|r| std::cmp::Reverse(r.id));
+    rows.truncate(limit);
     rows
 }
 

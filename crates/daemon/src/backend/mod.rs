@@ -415,6 +415,32 @@ impl<'a> Backend<'a> {
         Ok(rows)
     }
 
+    /// One page of `page` when it has a limit: on one host read as far as
+    /// the page needs (the store by its key), in a cluster from its rows.
+    pub(crate) async fn page(
+        &self,
+        page: &crate::wire::protocol::TaskPage,
+    ) -> Result<Vec<TaskRow>, ServiceError> {
+        let all = page.all || page.filter.outcome.is_some();
+        if let (Some(limit), Kind::Local(local)) = (page.limit, &self.kind) {
+            return Ok(local
+                .page(page.clone(), limit as usize, self.view.clone())
+                .await);
+        }
+        let mut rows: Vec<TaskRow> = self
+            .rows(all)
+            .await?
+            .into_iter()
+            .filter(|row| page.before.is_none_or(|before| row.id < before))
+            .filter(|row| page.filter.admits(row))
+            .collect();
+        rows.sort_unstable_by_key(|row| std::cmp::Reverse(row.id));
+        if let Some(limit) = page.limit {
+            rows.truncate(limit as usize);
+        }
+        Ok(rows)
+    }
+
     /// A verb on the operator's slot rules (`host slot …`).
     pub(crate) async fn slot_rule(&self, verb: SlotRuleVerb) -> Result<SlotRuled, ServiceError> {
         let verb = self.keyed_slot_rule(verb);

@@ -87,19 +87,7 @@ pub(crate) async fn page(
     backend: &Backend<'_>,
     page: &TaskPage,
 ) -> Result<Vec<TaskRow>, ServiceError> {
-    let all = page.all || page.filter.outcome.is_some();
-    let mut rows: Vec<TaskRow> = backend
-        .rows(all)
-        .await?
-        .into_iter()
-        .filter(|row| page.before.is_none_or(|before| row.id < before))
-        .filter(|row| page.filter.admits(row))
-        .collect();
-    rows.sort_unstable_by_key(|row| std::cmp::Reverse(row.id));
-    if let Some(limit) = page.limit {
-        rows.truncate(limit as usize);
-    }
-    Ok(rows)
+    backend.page(page).await
 }
 
 /// Submits again the request of every finished task `filter` admits

@@ -223,6 +223,8 @@ struct Inner {
     by_id: HashMap<TaskId, TaskRecord, foldhash::fast::RandomState>,
     /// Finished tasks, oldest first, with the bytes each holds.
     finished: VecDeque<(TaskId, u64)>,
+    /// The same ids in their order, for pages newest first.
+    finished_ids: std::collections::BTreeSet<TaskId>,
     /// The sum of `finished`'s bytes.
     finished_bytes: u64,
 }
@@ -252,6 +254,7 @@ impl Tasks {
         let mut inner = self.lock();
         let bytes = inner.by_id.get(&id).map_or(0, TaskRecord::bytes);
         inner.finished.push_back((id, bytes));
+        inner.finished_ids.insert(id);
         inner.finished_bytes += bytes;
         while inner.finished.len() > self.max_finished.max(1)
             || (inner.finished.len() > 1 && inner.finished_bytes > self.max_bytes)
@@ -260,6 +263,7 @@ impl Tasks {
                 break;
             };
             inner.finished_bytes -= bytes;
+            inner.finished_ids.remove(&old);
             inner.by_id.remove(&old);
         }
     }
@@ -296,6 +300,26 @@ impl Tasks {
             .values()
             .filter(|r| r.placed && r.outcome.get().is_none() && ns.owns(&r.name))
             .count() as u64
+    }
+
+    /// Up to `limit` of the finished records still remembered with an id
+    /// below `before`, newest first, each made into what `keep` makes of
+    /// it (`None`: not wanted).
+    pub(crate) fn finished_page<T>(
+        &self,
+        before: TaskId,
+        limit: usize,
+        mut keep: impl FnMut(&TaskRecord) -> Option<T>,
+    ) -> Vec<T> {
+        let inner = self.lock();
+        inner
+            .finished_ids
+            .range(..before)
+            .rev()
+            .filter_map(|id| inner.by_id.get(id))
+            .filter_map(&mut keep)
+            .take(limit)
+            .collect()
     }
 
     /// The finished records still remembered, oldest first.

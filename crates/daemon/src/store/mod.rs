@@ -739,6 +739,18 @@ impl Store {
             .finished_by_name(name)
     }
 
+    /// Up to `limit` finished tasks with an id below `before`, newest
+    /// first (empty for the memory backend).
+    pub fn finished_before(&self, before: u64, limit: usize) -> Vec<Finished> {
+        let Some(reader) = self.inner.reader.as_ref() else {
+            return Vec::new();
+        };
+        reader
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .finished_before(before, limit)
+    }
+
     /// The newest finished tasks (at most `limit`), oldest first.
     pub fn finished_recent(&self, limit: usize) -> Vec<Finished> {
         let Some(reader) = self.inner.reader.as_ref() else {

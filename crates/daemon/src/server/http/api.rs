@@ -92,18 +92,13 @@ impl TasksQuery {
         if !paged {
             return Ok(None);
         }
-        let mut filter = TaskFilter::default();
-        for (key, value) in [
+        let filter = TaskFilter::of([
             ("state", self.state),
             ("slot", self.slot),
             ("name", self.name),
             ("plugin", self.plugin),
             ("outcome", self.outcome),
-        ] {
-            if let Some(value) = value {
-                filter.set(key, &value)?;
-            }
-        }
+        ])?;
         Ok(Some(TaskPage {
             all: self.all,
             filter,

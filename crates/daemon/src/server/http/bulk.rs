@@ -48,18 +48,13 @@ pub(super) struct FilterBody {
 
 impl FilterBody {
     fn filter(self) -> Result<(TaskFilter, bool), String> {
-        let mut filter = TaskFilter::default();
-        for (key, value) in [
+        let filter = TaskFilter::of([
             ("state", self.state),
             ("slot", self.slot),
             ("name", self.name),
             ("plugin", self.plugin),
             ("outcome", self.outcome),
-        ] {
-            if let Some(value) = value {
-                filter.set(key, &value)?;
-            }
-        }
+        ])?;
         if filter.is_empty() {
             return Err(
                 "give at least one of state, slot, name, plugin, outcome: an empty \

@@ -152,6 +152,31 @@ impl Reader {
         })
     }
 
+    /// Up to `limit` finished tasks with an id below `before`, newest
+    /// (highest id) first: one page, read by the key's order.
+    pub(in crate::store) fn finished_before(&self, before: u64, limit: usize) -> Vec<Finished> {
+        let rows = self
+            .conn
+            .prepare_cached(
+                "SELECT plugin, report, NULL, submitted_ms, finished_ms, parent FROM tasks \
+                 WHERE id < ?1 AND state = 'finished' ORDER BY id DESC LIMIT ?2",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_map(
+                    params![before.min(i64::MAX as u64) as i64, limit as i64],
+                    finished_row,
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()
+            });
+        match rows {
+            Ok(rows) => rows.into_iter().filter_map(decode_finished).collect(),
+            Err(e) => {
+                tracing::warn!("cannot read the store: {e}");
+                Vec::new()
+            }
+        }
+    }
+
     pub(in crate::store) fn finished_recent(&self, limit: usize) -> Vec<Finished> {
         let mut out = self.finished(
             "SELECT plugin, report, NULL, submitted_ms, finished_ms, parent FROM tasks \

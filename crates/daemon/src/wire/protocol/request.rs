@@ -67,6 +67,20 @@ impl TaskFilter {
             && self.outcome.is_none_or(|o| row.outcome == Some(o))
     }
 
+    /// The filter of the conditions given, each a key of
+    /// [`TaskFilter::set`] with its value when there is one.
+    pub fn of<'a>(
+        conditions: impl IntoIterator<Item = (&'a str, Option<String>)>,
+    ) -> Result<Self, String> {
+        let mut filter = Self::default();
+        for (key, value) in conditions {
+            if let Some(value) = value {
+                filter.set(key, &value)?;
+            }
+        }
+        Ok(filter)
+    }
+
     /// Sets the condition `key` (`state`, `slot`, `name`, `plugin`,
     /// `outcome`) to `value`, the words of `host ps`; what is wrong
     /// otherwise, naming the key.
