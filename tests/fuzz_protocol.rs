@@ -588,6 +588,8 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
                     name: None,
                     plugin: Some("sleeper".into()),
                     outcome: None,
+                    since_ms: Some(1_796_000_000_000),
+                    until_ms: Some(1_796_000_600_000),
                 },
                 dry_run: true,
             },

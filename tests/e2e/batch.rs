@@ -424,6 +424,84 @@ fn pages_of_finished_tasks_join_the_store_and_memory_without_a_gap() {
     assert_eq!(pages, threes);
 }
 
+/// `ms` since the Unix epoch as RFC 3339 (by coreutils' `date`).
+fn rfc3339(ms: u128) -> String {
+    let out = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%S.%3NZ", "-d"])
+        .arg(format!("@{}.{:03}", ms / 1000, ms % 1000))
+        .output()
+        .expect("date");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+#[test]
+fn a_time_range_picks_the_tasks_submitted_in_it() {
+    let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);
+    let dir = tempfile::tempdir().unwrap();
+    let lines = |slot: &str| -> Vec<String> {
+        (0..20)
+            .map(|i| json!({ "slot": format!("{slot}{i}") }).to_string())
+            .collect()
+    };
+    let out = daemon.run(&[
+        "submit",
+        &p("hello"),
+        "--batch",
+        &jsonl(&dir, &lines("early")),
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let early: Vec<u64> = out.stdout.lines().map(|l| l.parse().unwrap()).collect();
+    let after_early = now_ms();
+    drained(&daemon);
+    let before_late = now_ms();
+    let out = daemon.run(&[
+        "submit",
+        &p("hello"),
+        "--batch",
+        &jsonl(&dir, &lines("late")),
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let late: Vec<u64> = out.stdout.lines().map(|l| l.parse().unwrap()).collect();
+    drained(&daemon);
+    // Between the two, as far from each as draining the first took.
+    let between = rfc3339((after_early + before_late) / 2);
+    let ids = |filter: &str| -> Vec<u64> {
+        let out = daemon.run(&["ps", "--all", "--json", "--filter", filter]);
+        assert_eq!(out.code, Some(0), "{out:?}");
+        let rows: Vec<Value> = serde_json::from_str(&out.stdout).unwrap();
+        let mut ids: Vec<u64> = rows.iter().map(|r| r["id"].as_u64().unwrap()).collect();
+        ids.sort_unstable();
+        ids
+    };
+    assert_eq!(ids(&format!("since={between}")), late);
+    assert_eq!(ids(&format!("until={between}")), early);
+    assert_eq!(ids(&format!("since={between},slot=late1*")).len(), 11);
+    assert_eq!(ids("since=1h").len(), 40, "a duration ago");
+    let bad = daemon.run(&["ps", "--all", "--filter", "since=yesterday"]);
+    assert_eq!(bad.code, Some(2), "{bad:?}");
+    assert!(bad.stderr.contains("since:"), "{}", bad.stderr);
+    // The API's list and a rerun by filter take the same words.
+    let api = Api::of(&daemon);
+    let listed = api.get(&format!("/api/tasks?all=true&until={between}&limit=100"));
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    assert_eq!(listed.json().as_array().unwrap().len(), 20);
+    let rerun = api.request(
+        "POST",
+        "/api/tasks/rerun",
+        &[("Content-Type", "application/json")],
+        &json!({ "outcome": "completed", "until": between, "dry_run": true }).to_string(),
+    );
+    assert_eq!(rerun.status, 200, "{}", rerun.body);
+    assert_eq!(rerun.json()["matched"], 20, "{}", rerun.body);
+}
+
 #[test]
 fn ps_pages_through_a_filtered_list_newest_first_by_cursor() {
     let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);

@@ -44,7 +44,7 @@ pub struct RerunArgs {
         conflicts_with = "filter"
     )]
     target: Option<String>,
-    /// Every finished task that matches instead of one (of those `host ps --all` lists), each submitted again as it would be alone, in one call: outcome=OUTCOME (failed, fatal, canceled, force-aborted, panicked, rejected, completed), slot=GLOB, name=GLOB, plugin=NAME; repeat it or separate with commas, all must hold. Prints how many it submitted.
+    /// Every finished task that matches instead of one (of those `host ps --all` lists), each submitted again as it would be alone, in one call: outcome=OUTCOME (failed, fatal, canceled, force-aborted, panicked, rejected, completed), slot=GLOB, name=GLOB, plugin=NAME, since=TIME and until=TIME (submitted in that range: RFC 3339, or a duration ago such as 2h); repeat it or separate with commas, all must hold. Prints how many it submitted.
     #[arg(
         long,
         value_name = "KEY=VALUE",
@@ -111,7 +111,7 @@ pub struct StopArgs {
         conflicts_with = "filter"
     )]
     target: Option<String>,
-    /// Every live task that matches instead of one, each stopped as it would be alone (queued work removed) without waiting for their ends: state=STATE (as `host ps` shows it: queued, running, waiting, ...), slot=GLOB, name=GLOB (`*` any run, `?` one character), plugin=NAME; repeat it or separate with commas, all must hold. Prints how many it stopped.
+    /// Every live task that matches instead of one, each stopped as it would be alone (queued work removed) without waiting for their ends: state=STATE (as `host ps` shows it: queued, running, waiting, ...), slot=GLOB, name=GLOB (`*` any run, `?` one character), plugin=NAME, since=TIME and until=TIME (submitted in that range: RFC 3339, or a duration ago such as 2h); repeat it or separate with commas, all must hold. Prints how many it stopped.
     #[arg(long, value_name = "KEY=VALUE", value_delimiter = ',')]
     filter: Vec<String>,
     /// With --filter: stop nothing, print the ids that match (the newest 1,000) and their count.
@@ -176,7 +176,7 @@ pub struct PsArgs {
     /// Also list recently finished tasks (the daemon remembers the last 10,000).
     #[arg(long, short)]
     all: bool,
-    /// Only the tasks that match, newest first: state=STATE, slot=GLOB, name=GLOB (`*` any run, `?` one character), plugin=NAME, outcome=OUTCOME (finished ones: failed, canceled, ...); repeat it or separate with commas, all must hold.
+    /// Only the tasks that match, newest first: state=STATE, slot=GLOB, name=GLOB (`*` any run, `?` one character), plugin=NAME, outcome=OUTCOME (finished ones: failed, canceled, ...), since=TIME and until=TIME (submitted in that range: RFC 3339, or a duration ago such as 2h); repeat it or separate with commas, all must hold.
     #[arg(long, value_name = "KEY=VALUE", value_delimiter = ',')]
     filter: Vec<String>,
     /// At most N tasks, newest first; the last one's id is the --before of the next page.

@@ -72,6 +72,13 @@ pub(super) struct TasksQuery {
     /// Only finished tasks that ended so.
     #[schemars(extend("enum" = crate::service::json::OUTCOMES))]
     outcome: Option<String>,
+    /// Only tasks submitted at or after this time: RFC 3339, or a
+    /// duration ago (`2h`).
+    #[schemars(regex(pattern = crate::server::http::bulk::TIME))]
+    since: Option<String>,
+    /// Only tasks submitted before this time, written as `since`.
+    #[schemars(regex(pattern = crate::server::http::bulk::TIME))]
+    until: Option<String>,
     /// At most this many, newest first.
     limit: Option<u32>,
     /// Only tasks with a smaller id: the last id of the page before.
@@ -87,6 +94,8 @@ impl TasksQuery {
             || self.name.is_some()
             || self.plugin.is_some()
             || self.outcome.is_some()
+            || self.since.is_some()
+            || self.until.is_some()
             || self.limit.is_some()
             || self.before.is_some();
         if !paged {
@@ -98,6 +107,8 @@ impl TasksQuery {
             ("name", self.name),
             ("plugin", self.plugin),
             ("outcome", self.outcome),
+            ("since", self.since),
+            ("until", self.until),
         ])?;
         Ok(Some(TaskPage {
             all: self.all,

@@ -18,6 +18,11 @@ use crate::server::bulk;
 use crate::service::namespace::View;
 use crate::wire::protocol::{Reply, TaskFilter};
 
+/// A filter's time as the schema says it: a duration ago, or an RFC 3339
+/// time until 2035 with a `Z` or an offset (other RFC 3339 times are taken
+/// too).
+pub(super) const TIME: &str = r"^([0-9]{1,4}(ms|s|m|h)|20([0-2][0-9]|3[0-5])-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,3})?(Z|[+-](0[0-9]|1[0-3]):[0-5][0-9]))$";
+
 /// The JSON of a verb by filter: each condition given must hold.
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -27,6 +32,8 @@ use crate::wire::protocol::{Reply, TaskFilter};
     { "required": ["name"], "properties": { "name": { "type": "string" } } },
     { "required": ["plugin"], "properties": { "plugin": { "type": "string" } } },
     { "required": ["outcome"], "properties": { "outcome": { "type": "string" } } },
+    { "required": ["since"], "properties": { "since": { "type": "string" } } },
+    { "required": ["until"], "properties": { "until": { "type": "string" } } },
 ]))]
 pub(super) struct FilterBody {
     /// Tasks in this state (cancel: `queued`, `waiting`, `running`, `stopping`).
@@ -41,6 +48,13 @@ pub(super) struct FilterBody {
     /// Finished tasks that ended so (rerun).
     #[schemars(extend("enum" = [ "completed", "failed", "fatal", "canceled", "force-aborted", "panicked", "rejected", null ]))]
     outcome: Option<String>,
+    /// Tasks submitted at or after this time: RFC 3339, or a duration ago
+    /// (`2h`).
+    #[schemars(regex(pattern = TIME))]
+    since: Option<String>,
+    /// Tasks submitted before this time, written as `since`.
+    #[schemars(regex(pattern = TIME))]
+    until: Option<String>,
     /// Only count them and list the newest ids; act on none.
     #[serde(default)]
     dry_run: bool,
@@ -54,11 +68,13 @@ impl FilterBody {
             ("name", self.name),
             ("plugin", self.plugin),
             ("outcome", self.outcome),
+            ("since", self.since),
+            ("until", self.until),
         ])?;
         if filter.is_empty() {
             return Err(
-                "give at least one of state, slot, name, plugin, outcome: an empty \
-                        filter would act on every task"
+                "give at least one of state, slot, name, plugin, outcome, since, until: \
+                        an empty filter would act on every task"
                     .into(),
             );
         }

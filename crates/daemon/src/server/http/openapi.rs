@@ -189,7 +189,7 @@ pub(super) const ROUTES: &[Route] = &[
         "/api/tasks",
         Scope::Read,
         "listTasks",
-        "The rows of `host ps --json` (`all`: with finished ones; `state`, `slot`, `name`, `plugin`, `outcome`, `limit`, `before`: a page of those that match, newest first; the last id of a page is the next page's `before`)",
+        "The rows of `host ps --json` (`all`: with finished ones; `state`, `slot`, `name`, `plugin`, `outcome`, `since`, `until`, `limit`, `before`: a page of those that match, newest first; the last id of a page is the next page's `before`)",
         &[ok("the rows", of::<Vec<TaskRowJson>>)],
     )
     .query(of::<api::TasksQuery>),

@@ -50,7 +50,7 @@ pub use submit::{MAX_IDEMPOTENCY_KEY, NotBefore, SubmitRequest, Submitted};
 pub use submit_json::{DURATION, SubmitJson};
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 18;
+pub const PROTOCOL_VERSION: u32 = 19;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).

@@ -50,6 +50,10 @@ pub struct TaskFilter {
     pub plugin: Option<String>,
     /// How it ended (`failed`, `canceled`, ...): finished tasks only.
     pub outcome: Option<OutcomeKind>,
+    /// Submitted at or after this time (ms since the Unix epoch).
+    pub since_ms: Option<u64>,
+    /// Submitted before this time (ms since the Unix epoch).
+    pub until_ms: Option<u64>,
 }
 
 impl TaskFilter {
@@ -60,7 +64,10 @@ impl TaskFilter {
                 .as_deref()
                 .is_none_or(|p| slot_settings::glob_matches(p, text))
         };
+        let submitted = || crate::schedule::now_ms().saturating_sub(row.age.as_millis() as u64);
         self.state.is_none_or(|s| row.state.shown() == s)
+            && self.since_ms.is_none_or(|since| submitted() >= since)
+            && self.until_ms.is_none_or(|until| submitted() < until)
             && glob(&self.slot, &row.slot)
             && glob(&self.name, &row.name)
             && self.plugin.as_deref().is_none_or(|p| row.plugin == p)
@@ -82,7 +89,8 @@ impl TaskFilter {
     }
 
     /// Sets the condition `key` (`state`, `slot`, `name`, `plugin`,
-    /// `outcome`) to `value`, the words of `host ps`; what is wrong
+    /// `outcome`, `since`, `until`) to `value`, the words of `host ps`
+    /// (a time is RFC 3339, or a duration ago such as `2h`); what is wrong
     /// otherwise, naming the key.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
         match key {
@@ -105,9 +113,12 @@ impl TaskFilter {
             "slot" => self.slot = Some(value.to_owned()),
             "name" => self.name = Some(value.to_owned()),
             "plugin" => self.plugin = Some(value.to_owned()),
+            "since" => self.since_ms = Some(time_of(key, value)?),
+            "until" => self.until_ms = Some(time_of(key, value)?),
             other => {
                 return Err(format!(
-                    "`{other}` is not a key; give state, slot, name, plugin or outcome"
+                    "`{other}` is not a key; give state, slot, name, plugin, outcome, since \
+                     or until"
                 ));
             }
         }
@@ -118,6 +129,21 @@ impl TaskFilter {
     pub fn is_empty(&self) -> bool {
         self == &TaskFilter::default()
     }
+}
+
+/// A filter's time: RFC 3339, or a duration before now (`90m`: an hour
+/// and a half ago), as ms since the Unix epoch.
+fn time_of(key: &str, value: &str) -> Result<u64, String> {
+    // A duration has its unit here (a bare `0` is no time).
+    let duration = value.trim() != "0";
+    if let Some(ago) = duration
+        .then(|| taskhost_core::units::parse_duration(value).ok())
+        .flatten()
+    {
+        return Ok(crate::schedule::now_ms().saturating_sub(ago.as_millis() as u64));
+    }
+    crate::schedule::parse_rfc3339(value)
+        .map_err(|e| format!("{key}: {e}; or give a duration before now, such as 2h"))
 }
 
 /// One page of a filtered task list (`host ps --filter --limit
@@ -302,8 +328,8 @@ impl Request {
                 if filter.is_empty() =>
             {
                 Err(
-                    "a filter needs at least one condition (state, slot, name, plugin or \
-                     outcome): an empty one would act on every task"
+                    "a filter needs at least one condition (state, slot, name, plugin, \
+                     outcome, since or until): an empty one would act on every task"
                         .into(),
                 )
             }
