@@ -1164,6 +1164,63 @@ fn the_dashboard_asks_for_an_operator_token_once_and_reruns_a_failed_task_in_chr
 }
 
 #[test]
+fn the_dashboard_pages_the_failed_view_and_reruns_every_failed_task_in_chromium() {
+    let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);
+    let url = dashboard_url(&daemon);
+    // 17 failed tasks (one attempt each) and one that completed.
+    for i in 0..17 {
+        let name = format!("shaky-{i:02}");
+        let out = daemon.run(&[
+            "submit",
+            &p("flaky"),
+            "--name",
+            &name,
+            "--param",
+            "fail_times=9",
+            "--wait",
+        ]);
+        assert_eq!(out.code, Some(1), "{out:?}");
+    }
+    let out = daemon.run(&["submit", &p("hello"), "--input", "fine", "--wait"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let browser = Chromium::launch();
+    let mut page = browser.page();
+    page.call("Page.enable", json!({}));
+    page.call("Runtime.enable", json!({}));
+    page.call("Page.navigate", json!({ "url": url }));
+    page.wait_event("Page.loadEventFired");
+    let rows = "document.querySelectorAll('#failed tbody tr[data-task-id]')";
+    // The newest 15, then the 2 older ones, then the newest again.
+    page.wait_for(
+        "the newest page of failed tasks",
+        &format!("{rows}.length === 15 && {rows}[0].innerText.includes('shaky-16') && !document.querySelector('#failed-older').disabled"),
+    );
+    page.click("#failed-older");
+    page.wait_for(
+        "the older page",
+        &format!("{rows}.length === 2 && {rows}[1].innerText.includes('shaky-00') && document.querySelector('#failed-older').disabled"),
+    );
+    page.click("#failed-newer");
+    page.wait_for(
+        "the newest page again",
+        &format!("{rows}.length === 15 && {rows}[0].innerText.includes('shaky-16')"),
+    );
+    // Rerun all: the first click counts, the second submits each once.
+    page.click("#failed-rerun-all");
+    page.wait_for(
+        "the count of every failed task",
+        "document.querySelector('#failed-rerun-all').innerText === 'Rerun 17 tasks'",
+    );
+    assert_eq!(daemon.ps_all_ids().len(), 18, "a count submits nothing");
+    page.click("#failed-rerun-all");
+    page.wait_for(
+        "the notice of the rerun",
+        "document.body.innerText.includes('17 failed tasks submitted again')",
+    );
+    assert_eq!(daemon.ps_all_ids().len(), 35, "each failed task once more");
+}
+
+#[test]
 fn the_dashboard_shows_a_running_task_and_cancels_it_in_chromium() {
     // No token file: the daemon's own token, in the URL it logs.
     let daemon = Daemon::start(&["--http", "127.0.0.1:0"]);
