@@ -264,7 +264,14 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        panic!("`{name}` never became {state}: ps shows {:?}", self.ps());
+        // How the others ended, for a task that never came (its parent's
+        // outcome, say).
+        let all = self.run(&["ps", "--all", "--json"]);
+        panic!(
+            "`{name}` never became {state}: ps shows {:?}; ps --all: {}",
+            self.ps(),
+            all.stdout
+        );
     }
 
     /// Submits without waiting; returns the id.
