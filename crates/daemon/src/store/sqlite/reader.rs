@@ -36,9 +36,9 @@ impl Reader {
     }
 
     /// The finished tasks `sql` selects (its columns as [`FinishedRow`]).
-    fn finished(&self, sql: &str, param: &dyn rusqlite::ToSql) -> Vec<Finished> {
+    fn finished(&self, sql: &str, params: &[&dyn rusqlite::ToSql]) -> Vec<Finished> {
         let rows = self.conn.prepare_cached(sql).and_then(|mut stmt| {
-            stmt.query_map([param], finished_row)?
+            stmt.query_map(params, finished_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()
         });
         match rows {
@@ -97,7 +97,7 @@ impl Reader {
         self.finished(
             "SELECT plugin, report, log, submitted_ms, finished_ms, parent FROM tasks \
              WHERE id = ?1 AND state = 'finished'",
-            &(id.get() as i64),
+            &[&(id.get() as i64)],
         )
         .pop()
     }
@@ -106,12 +106,13 @@ impl Reader {
         self.finished(
             "SELECT plugin, report, log, submitted_ms, finished_ms, parent FROM tasks \
              WHERE name = ?1 AND state = 'finished' ORDER BY id DESC LIMIT 1",
-            &name,
+            &[&name],
         )
         .pop()
     }
 
-    /// The newest finished tasks (without their logs), oldest first.
+    /// For each plugin the stored tasks use (`only` those of that
+    /// namespace), how many are unfinished and how many finished.
     pub(in crate::store) fn plugin_refs(&self, only: Option<&str>) -> HashMap<Digest, PluginRefs> {
         let read = || -> rusqlite::Result<HashMap<Digest, PluginRefs>> {
             // A task's namespace is its name's part before the separator
@@ -155,33 +156,19 @@ impl Reader {
     /// Up to `limit` finished tasks with an id below `before`, newest
     /// (highest id) first: one page, read by the key's order.
     pub(in crate::store) fn finished_before(&self, before: u64, limit: usize) -> Vec<Finished> {
-        let rows = self
-            .conn
-            .prepare_cached(
-                "SELECT plugin, report, NULL, submitted_ms, finished_ms, parent FROM tasks \
-                 WHERE id < ?1 AND state = 'finished' ORDER BY id DESC LIMIT ?2",
-            )
-            .and_then(|mut stmt| {
-                stmt.query_map(
-                    params![before.min(i64::MAX as u64) as i64, limit as i64],
-                    finished_row,
-                )?
-                .collect::<rusqlite::Result<Vec<_>>>()
-            });
-        match rows {
-            Ok(rows) => rows.into_iter().filter_map(decode_finished).collect(),
-            Err(e) => {
-                tracing::warn!("cannot read the store: {e}");
-                Vec::new()
-            }
-        }
+        self.finished(
+            "SELECT plugin, report, NULL, submitted_ms, finished_ms, parent FROM tasks \
+             WHERE id < ?1 AND state = 'finished' ORDER BY id DESC LIMIT ?2",
+            &[&(before.min(i64::MAX as u64) as i64), &(limit as i64)],
+        )
     }
 
+    /// The newest finished tasks (without their logs), oldest first.
     pub(in crate::store) fn finished_recent(&self, limit: usize) -> Vec<Finished> {
         let mut out = self.finished(
             "SELECT plugin, report, NULL, submitted_ms, finished_ms, parent FROM tasks \
              WHERE state = 'finished' ORDER BY finished_ms DESC, id DESC LIMIT ?1",
-            &(limit as i64),
+            &[&(limit as i64)],
         );
         out.reverse();
         out
