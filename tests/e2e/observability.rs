@@ -926,6 +926,16 @@ impl Chromium {
     }
 
     /// A DevTools session on the browser's first page.
+    /// A page with its events on, at `url` once it has loaded.
+    fn open(&self, url: &str) -> Cdp {
+        let mut page = self.page();
+        page.call("Page.enable", json!({}));
+        page.call("Runtime.enable", json!({}));
+        page.call("Page.navigate", json!({ "url": url }));
+        page.wait_event("Page.loadEventFired");
+        page
+    }
+
     fn page(&self) -> Cdp {
         let deadline = Instant::now() + LIMIT;
         let url = loop {
@@ -1112,14 +1122,7 @@ fn the_dashboard_asks_for_an_operator_token_once_and_reruns_a_failed_task_in_chr
     let failed_id = daemon.ps_all_ids();
 
     let browser = Chromium::launch();
-    let mut page = browser.page();
-    page.call("Page.enable", json!({}));
-    page.call("Runtime.enable", json!({}));
-    page.call(
-        "Page.navigate",
-        json!({ "url": format!("http://127.0.0.1:{port}/") }),
-    );
-    page.wait_event("Page.loadEventFired");
+    let mut page = browser.open(&format!("http://127.0.0.1:{port}/"));
     // Asked once; kept for the tab.
     page.wait_for(
         "the token prompt",
@@ -1184,11 +1187,7 @@ fn the_dashboard_pages_the_failed_view_and_reruns_every_failed_task_in_chromium(
     let out = daemon.run(&["submit", &p("hello"), "--input", "fine", "--wait"]);
     assert_eq!(out.code, Some(0), "{out:?}");
     let browser = Chromium::launch();
-    let mut page = browser.page();
-    page.call("Page.enable", json!({}));
-    page.call("Runtime.enable", json!({}));
-    page.call("Page.navigate", json!({ "url": url }));
-    page.wait_event("Page.loadEventFired");
+    let mut page = browser.open(&url);
     let rows = "document.querySelectorAll('#failed tbody tr[data-task-id]')";
     // The newest 15, then the 2 older ones, then the newest again.
     page.wait_for(
@@ -2223,11 +2222,7 @@ fn the_api_and_the_dashboard_show_and_drive_schedules_in_chromium() {
     assert_eq!(later.json()["state"], "waiting");
 
     let browser = Chromium::launch();
-    let mut page = browser.page();
-    page.call("Page.enable", json!({}));
-    page.call("Runtime.enable", json!({}));
-    page.call("Page.navigate", json!({ "url": url }));
-    page.wait_event("Page.loadEventFired");
+    let mut page = browser.open(&url);
     let row = "#schedules tr[data-schedule=\"daily-hi\"]";
     page.wait_for(
         "the schedule's row",
@@ -2299,11 +2294,7 @@ fn the_dashboard_links_a_child_task_to_its_parent_in_chromium() {
     ]);
     daemon.wait_until_state("fan.child-1", "running");
     let browser = Chromium::launch();
-    let mut page = browser.page();
-    page.call("Page.enable", json!({}));
-    page.call("Runtime.enable", json!({}));
-    page.call("Page.navigate", json!({ "url": url }));
-    page.wait_event("Page.loadEventFired");
+    let mut page = browser.open(&url);
     page.wait_for(
         "the children's parent link",
         &format!(
