@@ -22,7 +22,8 @@
 //!   in the guest, as the daemon bench's state scenario does.
 //!
 //! - batch intake on one node (issue 53): 20,000 `hello` tasks, each its
-//!   own slot, as 20 `SubmitBatch` calls of 1,000 (two in flight) against
+//!   own slot (run as accepted) and all in one slot (queued: intake
+//!   alone), as 20 `SubmitBatch` calls of 1,000 (two in flight) against
 //!   as many single submissions from one pipelined client, rounds
 //!   alternated; tasks acknowledged (after the commit deciding them) per
 //!   second, each round drained before the next.
@@ -40,7 +41,10 @@
 //! `TASKHOST_BENCH_PG_PROFILE=1` the throughput and rate-accuracy runs also
 //! print the database's statements (pg_stat_statements): calls and time per
 //! task (rate accuracy: every 10 s with `TASKHOST_BENCH_RATE_DEBUG`, which
-//! also prints the slot's owners, the dead rows and starts per 5 s).
+//! also prints the slot's owners, the dead rows and starts per 5 s), and
+//! the batch scenario after each round of batches.
+//! `TASKHOST_BENCH_BATCH_SHAPES=one` (or `each`) runs only that shape of
+//! the batch scenario.
 
 #[path = "../../tests/e2e/common/postgres.rs"]
 mod postgres;
@@ -50,7 +54,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use taskhost::daemon::Client;
-use taskhost::daemon::protocol::{BatchItem, MAX_BATCH, Placement, Reply, Request, SubmitRequest};
+use taskhost::daemon::protocol::{
+    BatchItem, MAX_BATCH, Placement, Reply, Request, SubmitRequest, TaskFilter, TaskState,
+};
 use taskhost::supervisor::TaskRef;
 
 /// Submissions of the throughput scenario (`TASKHOST_BENCH_TASKS` to change).
@@ -749,7 +755,13 @@ const BATCH_TASKS: usize = 20_000;
 /// Batch intake on one node against single submissions (see the module
 /// docs).
 fn batch(rt: &tokio::runtime::Runtime) {
-    let pg = postgres::Postgres::start();
+    let pg = if profiling() {
+        postgres::Postgres::start_with_settings(
+            "-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all",
+        )
+    } else {
+        postgres::Postgres::start()
+    };
     let dir = tempfile::tempdir().unwrap();
     let node = start_node(dir.path(), &pg, "n1");
     let hello = std::fs::read(plugin_artifacts::HELLO).expect("hello");
@@ -767,12 +779,13 @@ fn batch(rt: &tokio::runtime::Runtime) {
     };
     let client = rt.block_on(Client::connect(&node.socket)).expect("connect");
     let digest = rt.block_on(client.ensure_plugin(&hello)).expect("upload");
-    let one = || {
+    let one = |slot: Option<&str>| {
         let mut request = SubmitRequest::new(digest);
         request.input = b"hi".to_vec();
+        request.slot = slot.map(str::to_owned);
         request
     };
-    let batched = |calls: usize| {
+    let batched = |calls: usize, slot: Option<&str>| {
         rt.block_on(async {
             let started = Instant::now();
             let mut in_flight = std::collections::VecDeque::new();
@@ -790,7 +803,7 @@ fn batch(rt: &tokio::runtime::Runtime) {
                 if in_flight.len() == 2 {
                     accepted += answer(in_flight.pop_front().unwrap()).await;
                 }
-                let requests = (0..MAX_BATCH).map(|_| one()).collect();
+                let requests = (0..MAX_BATCH).map(|_| one(slot)).collect();
                 in_flight.push_back(
                     client
                         .request(Request::SubmitBatch(requests))
@@ -804,14 +817,14 @@ fn batch(rt: &tokio::runtime::Runtime) {
             accepted as f64 / started.elapsed().as_secs_f64()
         })
     };
-    let single = |count: usize| {
+    let single = |count: usize, slot: Option<&str>| {
         rt.block_on(async {
             let started = Instant::now();
             let mut pending = Vec::with_capacity(count);
             for _ in 0..count {
                 pending.push(
                     client
-                        .request(Request::Submit(Box::new(one())))
+                        .request(Request::Submit(Box::new(one(slot))))
                         .await
                         .unwrap(),
                 );
@@ -823,35 +836,80 @@ fn batch(rt: &tokio::runtime::Runtime) {
         })
     };
     // Warm: compiled, pools filled.
-    batched(2);
-    single(2_000);
+    batched(2, None);
+    single(2_000, None);
     drain();
-    let (mut b, mut s1) = (Vec::new(), Vec::new());
-    for round in 1..=BATCH_ROUNDS {
-        for first in [round % 2 == 0, round % 2 == 1] {
-            let rate = if first {
-                batched(BATCH_TASKS / MAX_BATCH)
-            } else {
-                single(BATCH_TASKS)
-            };
-            drain();
-            let which = if first {
-                "batches of 1,000"
-            } else {
-                "single submissions"
-            };
-            println!("  round {round}: one node: {which}: {rate:.0} tasks/s accepted");
-            if first { b.push(rate) } else { s1.push(rate) }
-        }
-    }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let (mb, ms) = (median(&mut b), median(&mut s1));
-    println!(
-        "batch intake, one node, {BATCH_TASKS} tasks each its own slot: batches of {MAX_BATCH} median {mb:.0} tasks/s; single submissions, 1 pipelined client: median {ms:.0} /s; batch/single {:.2}x",
-        mb / ms
-    );
+    // Each its own slot: every task is claimed and runs as it is
+    // accepted, on the same cores; one slot: they queue behind its
+    // owner, intake alone.
+    if profiling() {
+        pg.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+    }
+    let shapes = std::env::var("TASKHOST_BENCH_BATCH_SHAPES").unwrap_or_default();
+    for (slot, what) in [
+        (None, "each its own slot"),
+        (Some("one"), "all queued in one slot"),
+    ] {
+        let short = if slot.is_some() { "one" } else { "each" };
+        if !shapes.is_empty() && !shapes.split(',').any(|s| s == short) {
+            continue;
+        }
+        let (mut b, mut s1) = (Vec::new(), Vec::new());
+        for round in 1..=BATCH_ROUNDS {
+            for first in [round % 2 == 0, round % 2 == 1] {
+                let cpu = || (cpu_of(&postgres_pids(&pg)), cpu_of(&[node.child.id()]));
+                let (db_before, node_before) = cpu();
+                let rate = if first {
+                    if profiling() {
+                        pg.psql("SELECT pg_stat_statements_reset()");
+                    }
+                    let rate = batched(BATCH_TASKS / MAX_BATCH, slot);
+                    if profiling() {
+                        print_profile(&pg, BATCH_TASKS);
+                    }
+                    rate
+                } else {
+                    single(BATCH_TASKS, slot)
+                };
+                let (db_after, node_after) = cpu();
+                let per_k = |secs: f64| secs * 1e6 / BATCH_TASKS as f64;
+                let (db_ms, node_ms) =
+                    (per_k(db_after - db_before), per_k(node_after - node_before));
+                if slot.is_some() {
+                    // The queue is not run through: canceled at once.
+                    let filter = TaskFilter {
+                        state: Some(TaskState::Queued),
+                        ..TaskFilter::default()
+                    };
+                    let cancel = Request::CancelMatching {
+                        filter,
+                        dry_run: false,
+                    };
+                    rt.block_on(client.call(cancel)).expect("cancel the queue");
+                }
+                drain();
+                let which = if first {
+                    "batches of 1,000"
+                } else {
+                    "single submissions"
+                };
+                println!(
+                    "  round {round}: one node, {what}: {which}: {rate:.0} tasks/s accepted \
+                     (CPU per 1,000: database {db_ms:.0} ms, node {node_ms:.0} ms)"
+                );
+                if first { b.push(rate) } else { s1.push(rate) }
+            }
+        }
+        let (mb, ms) = (median(&mut b), median(&mut s1));
+        println!(
+            "batch intake, one node, {BATCH_TASKS} tasks, {what}: batches of {MAX_BATCH} median {mb:.0} tasks/s (min {:.0}); single submissions, 1 pipelined client: median {ms:.0} /s; batch/single {:.2}x",
+            b[0],
+            mb / ms
+        );
+    }
     drop(node);
 }

@@ -415,17 +415,23 @@ impl<'a> Backend<'a> {
         Ok(rows)
     }
 
-    /// One page of `page` when it has a limit: on one host read as far as
-    /// the page needs (the store by its key), in a cluster from its rows.
+    /// One page of `page`; with a limit read as far as the page needs: on
+    /// one host the store by its key, in a cluster the database's.
     pub(crate) async fn page(
         &self,
         page: &crate::wire::protocol::TaskPage,
     ) -> Result<Vec<TaskRow>, ServiceError> {
         let all = page.all || page.filter.outcome.is_some();
-        if let (Some(limit), Kind::Local(local)) = (page.limit, &self.kind) {
-            return Ok(local
-                .page(page.clone(), limit as usize, self.view.clone())
-                .await);
+        match (page.limit, &self.kind) {
+            (Some(limit), Kind::Local(local)) => {
+                return Ok(local
+                    .page(page.clone(), limit as usize, self.view.clone())
+                    .await);
+            }
+            (Some(limit), Kind::Shared(shared)) => {
+                return self.shared_page(shared, page, limit as usize).await;
+            }
+            (None, _) => {}
         }
         let mut rows: Vec<TaskRow> = self
             .rows(all)
@@ -438,6 +444,49 @@ impl<'a> Backend<'a> {
         if let Some(limit) = page.limit {
             rows.truncate(limit as usize);
         }
+        Ok(rows)
+    }
+
+    /// A cluster's page: its live tasks, then its finished ones read
+    /// newest first in chunks until the page is full (or none is left).
+    async fn shared_page(
+        &self,
+        shared: &Shared<'_>,
+        page: &crate::wire::protocol::TaskPage,
+        limit: usize,
+    ) -> Result<Vec<TaskRow>, ServiceError> {
+        const CHUNK: usize = 1_000;
+        let admits = |row: &TaskRow| {
+            page.before.is_none_or(|before| row.id < before) && page.filter.admits(row)
+        };
+        let mut rows: Vec<TaskRow> = self.rows(false).await?;
+        rows.retain(admits);
+        if page.all || page.filter.outcome.is_some() {
+            let (mut cursor, mut found) = (page.before, 0);
+            while found < limit {
+                let chunk = shared.finished_before(cursor, CHUNK).await?;
+                let more = chunk.len() == CHUNK;
+                cursor = chunk.last().map(|row| row.id);
+                for row in chunk {
+                    if self.view.sees(&row.name) && admits(&row) {
+                        found += 1;
+                        rows.push(row);
+                    }
+                }
+                if !more {
+                    break;
+                }
+            }
+        }
+        // A task that finished between the two reads is kept as finished.
+        rows.sort_unstable_by_key(|row| {
+            (
+                std::cmp::Reverse(row.id),
+                row.state != crate::wire::protocol::TaskState::Finished,
+            )
+        });
+        rows.dedup_by_key(|row| row.id);
+        rows.truncate(limit);
         Ok(rows)
     }
 

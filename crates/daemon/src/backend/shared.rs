@@ -181,6 +181,16 @@ impl Shared<'_> {
         Ok(rows)
     }
 
+    /// Finished tasks below `before`, newest first, at most `limit`.
+    pub(super) async fn finished_before(
+        &self,
+        before: Option<TaskId>,
+        limit: usize,
+    ) -> Result<Vec<TaskRow>, ServiceError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        (self.cluster.pg.finished_before(before, limit).await).map_err(internal)
+    }
+
     /// Streams a task's lines into `tx`: live from this node's memory if
     /// it runs here, else from the database.
     pub(super) fn log(&self, tx: mpsc::Sender<Item>, id: TaskId, finished: bool, follow: bool) {

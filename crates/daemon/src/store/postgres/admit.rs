@@ -14,16 +14,17 @@ use taskhost_core::supervisor::TaskId;
 use crate::store::StoreError;
 use crate::wire::protocol::{Placement, Submitted};
 
-use super::place::{self, NewRow, SLOT_COLUMNS, SLOT_JOINS, SlotNow, decide};
+use super::place::{self, NewRow, SLOT_JOINS, SlotNow, decide, slot_columns};
 use super::*;
 
 /// Reads a slot for a decision: a live holder of the name (`$2`) in
-/// another slot, then `SLOT_COLUMNS`.
+/// another slot, then `slot_columns` (the node's `max_slot_queue` in `$3`).
 static READ_SLOT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT (SELECT id FROM taskhost_tasks WHERE name = $2 AND slot <> $1 \
-             AND state IN ('ready', 'running', 'stopping') LIMIT 1), {SLOT_COLUMNS} \
-         FROM taskhost_slots sl {SLOT_JOINS} WHERE sl.slot = $1"
+             AND state IN ('ready', 'running', 'stopping') LIMIT 1), {} \
+         FROM taskhost_slots sl {SLOT_JOINS} WHERE sl.slot = $1",
+        slot_columns("$3")
     )
 });
 
@@ -234,8 +235,15 @@ impl Pg {
         .await?;
         let (mut now, pending, holder) = loop {
             // Everything the rules read, in one round trip: a live holder
-            // of the name elsewhere, then `SLOT_COLUMNS`.
-            let row = one(tx, "cannot read the slot", &READ_SLOT, &[&slot, &name]).await?;
+            // of the name elsewhere, then `slot_columns`.
+            let bound = i64::try_from(a.max_slot_queue).unwrap_or(i64::MAX);
+            let row = one(
+                tx,
+                "cannot read the slot",
+                &READ_SLOT,
+                &[&slot, &name, &bound],
+            )
+            .await?;
             let (now, pending, version) = SlotNow::from_row(&row);
             if !self
                 .catch_up(tx, version, std::slice::from_ref(&slot))

@@ -28,7 +28,10 @@ pub(super) struct SlotNow {
     /// Its oldest owner, and its oldest not being stopped.
     pub first: Option<TaskId>,
     pub oldest_running: Option<TaskId>,
+    /// Its queue's length, or (below its bound, see [`slot_columns`])
+    /// the span of its positions, and whether it was counted.
     pub queued: usize,
+    pub queued_counted: bool,
     pub last_pos: Option<i64>,
     /// The head of its queue, with its position.
     pub head: Option<(TaskId, i64)>,
@@ -49,26 +52,41 @@ pub(super) struct SlotNow {
 
 /// The columns both slot reads select, from the second on (`SlotNow`'s,
 /// then the cluster's queued tasks and the rules' version); the first is
-/// the read's own. `$1` is the slot (`s.slot` in a batch's read).
-pub(super) const SLOT_COLUMNS: &str = "o.n, f.id, r.id, q.n, q.last, h.id, h.pos, \
-     sl.capacity, sl.max_queue, sl.declared, sl.debounce_ms, sl.max_wait_ms, \
-     (SELECT count(*) FROM taskhost_tasks WHERE state = 'queued'), \
-     (SELECT version FROM taskhost_slot_rules_version)";
+/// the read's own. `bound` is the parameter holding the node's
+/// `max_slot_queue`. The queue's length is counted only when it could
+/// reach its bound: below it, the span of its positions stands in (queued
+/// positions are distinct, so the span is never less than the count, and
+/// both are 0 for an empty queue); the last column says whether it was
+/// counted.
+pub(super) fn slot_columns(bound: &str) -> String {
+    format!(
+        "o.n, f.id, r.id, \
+         CASE WHEN h.pos IS NULL THEN 0 \
+             WHEN q.last - h.pos + 1 < coalesce(sl.max_queue, {bound}::int8) THEN q.last - h.pos + 1 \
+             ELSE (SELECT count(*) FROM taskhost_tasks WHERE slot = sl.slot AND state = 'queued') END, \
+         q.last, h.id, h.pos, \
+         sl.capacity, sl.max_queue, sl.declared, sl.debounce_ms, sl.max_wait_ms, \
+         (SELECT count(*) FROM taskhost_tasks WHERE state = 'queued'), \
+         (SELECT version FROM taskhost_slot_rules_version), \
+         h.pos IS NULL OR q.last - h.pos + 1 >= coalesce(sl.max_queue, {bound}::int8)"
+    )
+}
 
-/// What the slot reads join, for the slot in `sl.slot`.
+/// What the slot reads join, for the slot in `sl.slot`: its owners, and
+/// its queue's first and last entries in the queue index's order.
 pub(super) const SLOT_JOINS: &str = "LEFT JOIN LATERAL (SELECT count(*) AS n FROM taskhost_tasks \
          WHERE slot = sl.slot AND state IN ('ready', 'running', 'stopping')) o ON TRUE \
      LEFT JOIN LATERAL (SELECT id FROM taskhost_tasks WHERE slot = sl.slot \
          AND state IN ('ready', 'running', 'stopping') ORDER BY pos, id LIMIT 1) f ON TRUE \
      LEFT JOIN LATERAL (SELECT id FROM taskhost_tasks WHERE slot = sl.slot \
          AND state IN ('ready', 'running') ORDER BY pos, id LIMIT 1) r ON TRUE \
-     LEFT JOIN LATERAL (SELECT count(*) AS n, max(pos) AS last FROM taskhost_tasks \
-         WHERE slot = sl.slot AND state = 'queued') q ON TRUE \
+     LEFT JOIN LATERAL (SELECT pos AS last FROM taskhost_tasks \
+         WHERE slot = sl.slot AND state = 'queued' ORDER BY pos DESC, id DESC LIMIT 1) q ON TRUE \
      LEFT JOIN LATERAL (SELECT id, pos FROM taskhost_tasks WHERE slot = sl.slot AND state = 'queued' \
          ORDER BY pos, id LIMIT 1) h ON TRUE";
 
 impl SlotNow {
-    /// The slot from a row of [`SLOT_COLUMNS`] (from column 1); with the
+    /// The slot from a row of [`slot_columns`] (from column 1); with the
     /// cluster's queued tasks and the rules' version the row was read at.
     pub(super) fn from_row(row: &tokio_postgres::Row) -> (Self, usize, i64) {
         let now = Self {
@@ -88,6 +106,7 @@ impl SlotNow {
             debounce_ms: row.get(11),
             max_wait_ms: row.get(12),
             stale: false,
+            queued_counted: row.get(15),
         };
         let pending = row.get::<_, i64>(13).max(0) as usize;
         (now, pending, row.get(14))

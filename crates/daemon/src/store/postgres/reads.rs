@@ -162,31 +162,34 @@ impl Pg {
                 &[&recent],
             )
             .await?;
-            rows.extend(finished.iter().map(|r| {
-                TaskRow {
-                    id: id_of(r.get(0)),
-                    name: r.get(1),
-                    slot: r.get(2),
-                    state: TaskState::Finished,
-                    attempts: r.get::<_, i32>(3).max(0) as u32,
-                    age: Duration::from_millis(
-                        now.saturating_sub(r.get::<_, i64>(4).max(0) as u64),
-                    ),
-                    progress: None,
-                    plugin: r.get(5),
-                    outcome: r
-                        .get::<_, Option<String>>(6)
-                        .as_deref()
-                        .and_then(OutcomeKind::from_word),
-                    node: None,
-                    due_ms: None,
-                    schedule: r.get(7),
-                    parent: r.get::<_, Option<i64>>(8).map(|p| p.max(0) as u64),
-                }
-            }));
+            rows.extend(finished.iter().map(|r| finished_row(r, now)));
             rows.sort_by_key(|r| r.id);
         }
         Ok(rows)
+    }
+
+    /// Finished tasks with an id below `before` (any without), newest
+    /// first, at most `limit`: the primary key read backwards, as far as
+    /// the page needs.
+    pub(crate) async fn finished_before(
+        &self,
+        before: Option<TaskId>,
+        limit: i64,
+    ) -> Result<Vec<TaskRow>, StoreError> {
+        let client = self.client().await?;
+        let now = now_ms();
+        let before = before.map_or(i64::MAX, sql_id);
+        Ok(all(
+            &client,
+            "cannot list finished tasks",
+            "SELECT id, name, slot, attempts, submitted_ms, plugin, outcome, schedule, parent \
+                 FROM taskhost_tasks WHERE state = 'finished' AND id < $1 ORDER BY id DESC LIMIT $2",
+            &[&before, &limit],
+        )
+        .await?
+        .iter()
+        .map(|r| finished_row(r, now))
+        .collect())
     }
 
     /// `host slots`: each slot with an owner or a queue.
@@ -233,5 +236,28 @@ impl Pg {
             }
         }
         Ok(slots)
+    }
+}
+
+/// A finished task's `ps` row from its columns (id, name, slot, attempts,
+/// submitted_ms, plugin, outcome, schedule, parent), its age at `now`.
+fn finished_row(r: &tokio_postgres::Row, now: u64) -> TaskRow {
+    TaskRow {
+        id: id_of(r.get(0)),
+        name: r.get(1),
+        slot: r.get(2),
+        state: TaskState::Finished,
+        attempts: r.get::<_, i32>(3).max(0) as u32,
+        age: Duration::from_millis(now.saturating_sub(r.get::<_, i64>(4).max(0) as u64)),
+        progress: None,
+        plugin: r.get(5),
+        outcome: r
+            .get::<_, Option<String>>(6)
+            .as_deref()
+            .and_then(OutcomeKind::from_word),
+        node: None,
+        due_ms: None,
+        schedule: r.get(7),
+        parent: r.get::<_, Option<i64>>(8).map(|p| p.max(0) as u64),
     }
 }

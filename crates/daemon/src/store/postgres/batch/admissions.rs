@@ -11,11 +11,12 @@ use tokio::sync::mpsc;
 
 use taskhost_core::admission::{AdmissionPolicy, Decision};
 use taskhost_core::lifecycle::TaskState;
+use taskhost_core::outcome::RejectionKind;
 
 use super::{AdmitJob, Reply, gone, notify_ids};
 use crate::store::StoreError;
 use crate::store::postgres::place::{
-    NewRow, SLOT_COLUMNS, SLOT_JOINS, SlotNow, decide, insert, write_declared,
+    NewRow, SLOT_JOINS, SlotNow, decide, insert, slot_columns, write_declared,
 };
 use crate::store::postgres::rules::RowSettings;
 use crate::store::postgres::{Admission, AdmitError, FINISHED, Pg, all, db, exec, id_of, retry};
@@ -237,7 +238,12 @@ async fn decide_in(
 ) -> Result<Vec<(usize, i64, Names)>, StoreError> {
     keep_plugins(&tx, admissions, results, named).await?;
     let (locked, later) = lock_slots(pg, &tx, ids, named, slots.waiting, slots.wait).await?;
-    let mut batch = read_slots(pg, &tx, &locked, named).await?;
+    let bound = admissions
+        .iter()
+        .map(|a| i64::try_from(a.max_slot_queue).unwrap_or(i64::MAX))
+        .min()
+        .unwrap_or(i64::MAX);
+    let mut batch = read_slots(pg, &tx, (&locked, bound), named).await?;
     for (i, a) in admissions.iter().enumerate() {
         let Some(names) = named[i].take() else {
             continue;
@@ -345,11 +351,13 @@ async fn lock_slots(
     Ok((slots, later))
 }
 
-/// Reads the locked `slots`: `SLOT_COLUMNS` after each slot's name.
+/// Reads the locked `slots`: `slot_columns` after each slot's name (the
+/// node's `max_slot_queue` in `$2`).
 static READ_SLOTS: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT sl.slot, {SLOT_COLUMNS} FROM unnest($1::text[]) AS u(slot) \
-             JOIN taskhost_slots sl ON sl.slot = u.slot {SLOT_JOINS}"
+        "SELECT sl.slot, {} FROM unnest($1::text[]) AS u(slot) \
+             JOIN taskhost_slots sl ON sl.slot = u.slot {SLOT_JOINS}",
+        slot_columns("$2")
     )
 });
 
@@ -358,13 +366,17 @@ static READ_SLOTS: LazyLock<String> = LazyLock::new(|| {
 async fn read_slots(
     pg: &Pg,
     tx: &deadpool_postgres::Transaction<'_>,
-    slots: &[String],
+    (slots, bound): (&[String], i64),
     named: &[Option<Names>],
 ) -> Result<Batch, StoreError> {
     let mut batch = Batch::default();
+    if slots.is_empty() {
+        // Every slot was left to the writer that waits for locks.
+        return Ok(batch);
+    }
     loop {
         let mut version = None;
-        for row in all(tx, "cannot read the slots", &READ_SLOTS, &[&slots]).await? {
+        for row in all(tx, "cannot read the slots", &READ_SLOTS, &[&slots, &bound]).await? {
             let (now, pending, read_at) = SlotNow::from_row(&row);
             batch.pending = pending;
             version = Some(read_at);
@@ -443,8 +455,24 @@ impl Batch {
         // admission's: each supersedes the one held before it.
         let decision = (holder.is_some() || (!now.stale && now.debounce_ms.is_none()))
             .then(|| decide(a, names, now, holder, self.pending));
+        // A full queue whose length was not counted (the span of its
+        // positions stood in) is counted by the single admission's read.
+        let uncounted = |d: &Decision| {
+            matches!(
+                d,
+                Decision::Reject {
+                    kind: RejectionKind::QueueFull,
+                    ..
+                }
+            ) && !now.queued_counted
+        };
         let decision = match decision {
-            Some(Decision::Replace { .. }) | None => {
+            Some(Decision::Replace { .. }) | None => None,
+            Some(d) if uncounted(&d) => None,
+            Some(d) => Some(d),
+        };
+        let decision = match decision {
+            None => {
                 insert(tx, std::mem::take(&mut self.rows)).await?;
                 now.stale = true;
                 // The single admission writes what its plugin declares.

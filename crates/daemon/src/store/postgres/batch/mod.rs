@@ -31,6 +31,11 @@ use starts::started;
 
 /// Most requests of one kind recorded in one transaction.
 const BATCH: usize = 256;
+/// Most admissions decided in one transaction: two batch calls' worth,
+/// so that a call's items (sent one after the other) are decided
+/// together and the slots' reads (which count the cluster's queue) are
+/// made once for them.
+const ADMIT_BATCH: usize = 2 * crate::wire::protocol::MAX_BATCH;
 /// Longest notification payload (the server's limit is 8,000 bytes).
 const PAYLOAD: usize = 7_000;
 
@@ -105,13 +110,13 @@ impl Writer {
         });
         let deferred: Deferred = Arc::default();
         let held = Arc::clone(&deferred);
-        let slow_admissions = writer(BATCH, move |jobs: Vec<DeferredJob>| {
+        let slow_admissions = writer(ADMIT_BATCH, move |jobs: Vec<DeferredJob>| {
             let (pg, held) = (p5.clone(), Arc::clone(&held));
             async move { admit_deferred(&pg, jobs, &held).await }
         });
         let new_admit: AdmitWriter = Box::new(move || {
             let (pg, slow, deferred) = (p3.clone(), slow_admissions.clone(), Arc::clone(&deferred));
-            writer(BATCH, move |jobs: Vec<AdmitJob>| {
+            writer(ADMIT_BATCH, move |jobs: Vec<AdmitJob>| {
                 let (pg, slow, deferred) = (pg.clone(), slow.clone(), Arc::clone(&deferred));
                 async move { admit_all(&pg, jobs, &slow, &deferred).await }
             })
