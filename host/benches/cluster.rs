@@ -28,12 +28,18 @@
 //!   alternated; tasks acknowledged (after the commit deciding them) per
 //!   second, each round drained before the next.
 //!
+//! - pages (issue 53): a node whose database keeps 1,000,000 finished
+//!   tasks (one `hello` run through the node, its row copied in SQL), the
+//!   whole `host` process timed 20 times for `ps --all --limit 50` (the
+//!   first page), a page from the middle, `ps`, `slots` and `ns ls`:
+//!   medians and maxima.
+//!
 //! - rate accuracy (only when named, `-- rate-accuracy`; a minute): one
 //!   slot at 1,000 starts/s with a burst of 10 on three nodes, fed more
 //!   than that through all three; the starts the database recorded over a
 //!   minute against the rate's, and the most in any second.
 //!
-//! Run with `cargo bench -p taskhost --bench cluster [-- throughput|latency|takeover|state]`
+//! Run with `cargo bench -p taskhost --bench cluster [-- throughput|latency|takeover|state|batch|pages]`
 //! (`TASKHOST_BENCH_HOST=PATH` runs another build's `host` as the nodes;
 //! `TASKHOST_BENCH_SLOT_RULES=1` sets, before the throughput runs, a slot
 //! rule that every slot matches and none reaches)
@@ -220,6 +226,9 @@ fn main() {
     }
     if run("state") {
         state(&rt);
+    }
+    if run("pages") {
+        pages();
     }
     // A minute long: only when asked by name.
     if wanted.iter().any(|w| "rate-accuracy".contains(w.as_str())) {
@@ -912,4 +921,75 @@ fn batch(rt: &tokio::runtime::Runtime) {
         );
     }
     drop(node);
+}
+
+/// Finished tasks the pages scenario keeps.
+const KEPT: u64 = 1_000_000;
+
+/// `host` verbs on a node whose database keeps [`KEPT`] finished tasks.
+fn pages() {
+    let pg = postgres::Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node_with(dir.path(), &pg, "n1", &["--retain-finished", "2000000"]);
+    let host = |args: &[&str]| {
+        let out = Command::new(host_binary())
+            .arg("--socket")
+            .arg(&node.socket)
+            .args(args)
+            .output()
+            .expect("run host");
+        assert!(out.status.success(), "host {args:?}: {out:?}");
+    };
+    host(&["submit", plugin_artifacts::HELLO, "--wait", "--input", "x"]);
+    // Every column but the generated ones, the id, name and slot from
+    // the series: the million rows are copies of that one finished task.
+    let columns = pg.psql(
+        "SELECT string_agg(column_name, ',' ORDER BY ordinal_position) \
+         FROM information_schema.columns \
+         WHERE table_name = 'taskhost_tasks' AND is_generated = 'NEVER'",
+    );
+    let columns = columns.trim();
+    let values: Vec<&str> = columns
+        .split(',')
+        .map(|c| match c {
+            "id" => "g",
+            "name" | "slot" => "'hello-' || g",
+            other => other,
+        })
+        .collect();
+    let filled = Instant::now();
+    pg.psql(&format!(
+        "INSERT INTO taskhost_tasks ({columns}) SELECT {} FROM taskhost_tasks, \
+         generate_series(1000, {}) g WHERE id = 1",
+        values.join(","),
+        999 + KEPT
+    ));
+    pg.psql("VACUUM ANALYZE taskhost_tasks");
+    println!(
+        "  {KEPT} finished tasks copied in {:.1} s",
+        filled.elapsed().as_secs_f64()
+    );
+    let middle = (KEPT / 2).to_string();
+    for args in [
+        &["ps", "--all", "--limit", "50"][..],
+        &["ps", "--all", "--limit", "50", "--before", &middle],
+        &["ps"],
+        &["slots"],
+        &["ns", "ls"],
+    ] {
+        let mut ms: Vec<f64> = (0..20)
+            .map(|_| {
+                let start = Instant::now();
+                host(args);
+                start.elapsed().as_secs_f64() * 1000.0
+            })
+            .collect();
+        ms.sort_by(f64::total_cmp);
+        println!(
+            "pages, {KEPT} finished tasks kept: host {}: median {:.1} ms (max {:.1})",
+            args.join(" "),
+            percentile(&ms, 0.5),
+            ms[ms.len() - 1]
+        );
+    }
 }

@@ -643,6 +643,15 @@ fn a_cluster_node_pages_past_the_newest_ten_thousand_finished_tasks() {
     let pg = crate::postgres::Postgres::start();
     let node = crate::cluster::steady_node(&pg, "n1", &["--retain-finished", "20000"]);
     let dir = tempfile::tempdir().unwrap();
+    // Three failures older than every `hello`: a filter by outcome reads
+    // past all of them.
+    let failing: Vec<String> = (0..3)
+        .map(|i| json!({ "slot": format!("f{i}") }).to_string())
+        .collect();
+    let out = node.run(&["submit", &p("flaky"), "--batch", &jsonl(&dir, &failing)]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let mut failed: Vec<u64> = out.stdout.lines().map(|l| l.parse().unwrap()).collect();
+    failed.reverse();
     let lines: Vec<String> = (0..10_050)
         .map(|i| json!({ "input": format!("n{i}") }).to_string())
         .collect();
@@ -652,16 +661,20 @@ fn a_cluster_node_pages_past_the_newest_ten_thousand_finished_tasks() {
     every.sort_unstable_by(|a, b| b.cmp(a));
     assert_eq!(every.len(), 10_050);
     drained(&node);
-    assert_eq!(all_pages(&node, 1_000, &[]), every);
+    let mut kept = every.clone();
+    kept.extend(&failed);
+    assert_eq!(all_pages(&node, 1_000, &[]), kept);
+    assert_eq!(all_pages(&node, 2, &["--filter", "outcome=failed"]), failed);
     let older = every[10_000].to_string();
     let out = node.run(&[
         "ps", "--all", "--json", "--limit", "100", "--before", &older,
     ]);
     let rows: Vec<Value> = serde_json::from_str(&out.stdout).unwrap();
-    assert_eq!(rows.len(), 49, "{}", out.stdout);
-    assert!(
-        rows.iter().all(|r| r["outcome"] == "completed"),
-        "{}",
-        out.stdout
-    );
+    let outcomes: Vec<&str> = rows
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap())
+        .collect();
+    let mut expected = vec!["completed"; 49];
+    expected.extend(["failed"; 3]);
+    assert_eq!(outcomes, expected, "{}", out.stdout);
 }

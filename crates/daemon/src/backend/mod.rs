@@ -455,7 +455,9 @@ impl<'a> Backend<'a> {
         page: &crate::wire::protocol::TaskPage,
         limit: usize,
     ) -> Result<Vec<TaskRow>, ServiceError> {
-        const CHUNK: usize = 1_000;
+        // Chunks grow from 1,000 to 64,000 rows: a first page takes one,
+        // a filter that matches few finished tasks a few round trips.
+        let mut chunk_size = 1_000;
         let admits = |row: &TaskRow| {
             page.before.is_none_or(|before| row.id < before) && page.filter.admits(row)
         };
@@ -464,11 +466,13 @@ impl<'a> Backend<'a> {
         if page.all || page.filter.outcome.is_some() {
             let (mut cursor, mut found) = (page.before, 0);
             while found < limit {
-                let chunk = shared.finished_before(cursor, CHUNK).await?;
-                let more = chunk.len() == CHUNK;
+                let chunk = shared
+                    .finished_before(cursor, page.filter.outcome, chunk_size)
+                    .await?;
+                let more = chunk.len() == chunk_size;
                 cursor = chunk.last().map(|row| row.id);
                 for row in chunk {
-                    if self.view.sees(&row.name) && admits(&row) {
+                    if found < limit && self.view.sees(&row.name) && admits(&row) {
                         found += 1;
                         rows.push(row);
                     }
@@ -476,6 +480,7 @@ impl<'a> Backend<'a> {
                 if !more {
                     break;
                 }
+                chunk_size = (chunk_size * 4).min(64_000);
             }
         }
         // A task that finished between the two reads is kept as finished.

@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::sync::{broadcast, mpsc};
 
+use taskhost_core::outcome::OutcomeKind;
 use taskhost_core::supervisor::{Event, TaskId, TaskRef, TaskReport};
 use taskhost_runtime::Digest;
 
@@ -185,10 +186,16 @@ impl Shared<'_> {
     pub(super) async fn finished_before(
         &self,
         before: Option<TaskId>,
+        outcome: Option<OutcomeKind>,
         limit: usize,
     ) -> Result<Vec<TaskRow>, ServiceError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        (self.cluster.pg.finished_before(before, limit).await).map_err(internal)
+        (self
+            .cluster
+            .pg
+            .finished_before(before, outcome, limit)
+            .await)
+            .map_err(internal)
     }
 
     /// Streams a task's lines into `tx`: live from this node's memory if

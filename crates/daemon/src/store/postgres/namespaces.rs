@@ -91,7 +91,8 @@ impl Pg {
             "SELECT count(*) FILTER (WHERE state IN ('running', 'stopping')), count(*), \
              (SELECT count(*) FROM taskhost_schedules WHERE CASE WHEN $1::text IS NULL \
                 THEN strpos(name, chr(31)) = 0 ELSE starts_with(name, $1) END) \
-             FROM taskhost_tasks WHERE state <> 'finished' AND CASE WHEN $1::text IS NULL \
+             FROM taskhost_tasks WHERE (state = 'queued' OR state = 'delayed' \
+                OR state IN ('ready', 'running', 'stopping')) AND CASE WHEN $1::text IS NULL \
                 THEN strpos(name, chr(31)) = 0 ELSE starts_with(name, $1) END",
             &[&prefix],
         )

@@ -114,13 +114,16 @@ impl Pg {
     ) -> Result<Vec<TaskRow>, StoreError> {
         let client = self.client().await?;
         let now = now_ms();
+        // The unfinished states one by one, each read from its partial
+        // index: `state <> 'finished'` reads every task kept.
         let mut rows: Vec<TaskRow> = all(
             &client,
             "cannot list tasks",
             "SELECT t.id, t.name, t.slot, t.state, t.attempts, t.submitted_ms, t.plugin, n.name, \
                  t.resume_at_ms, t.due_ms, t.schedule, t.parent FROM taskhost_tasks t \
                  LEFT JOIN taskhost_nodes n ON n.id = t.node \
-                 WHERE t.state <> 'finished' ORDER BY t.id",
+                 WHERE t.state = 'queued' OR t.state = 'delayed' \
+                    OR t.state IN ('ready', 'running', 'stopping') ORDER BY t.id",
             &[],
         )
         .await?
@@ -168,23 +171,26 @@ impl Pg {
         Ok(rows)
     }
 
-    /// Finished tasks with an id below `before` (any without), newest
-    /// first, at most `limit`: the primary key read backwards, as far as
-    /// the page needs.
+    /// Finished tasks with an id below `before` (any without) and, if
+    /// given, that `outcome`, newest first, at most `limit`: the primary
+    /// key read backwards, as far as the page needs.
     pub(crate) async fn finished_before(
         &self,
         before: Option<TaskId>,
+        outcome: Option<OutcomeKind>,
         limit: i64,
     ) -> Result<Vec<TaskRow>, StoreError> {
         let client = self.client().await?;
         let now = now_ms();
         let before = before.map_or(i64::MAX, sql_id);
+        let outcome = outcome.map(OutcomeKind::as_str);
         Ok(all(
             &client,
             "cannot list finished tasks",
             "SELECT id, name, slot, attempts, submitted_ms, plugin, outcome, schedule, parent \
-                 FROM taskhost_tasks WHERE state = 'finished' AND id < $1 ORDER BY id DESC LIMIT $2",
-            &[&before, &limit],
+                 FROM taskhost_tasks WHERE state = 'finished' AND id < $1 \
+                 AND ($2::text IS NULL OR outcome = $2) ORDER BY id DESC LIMIT $3",
+            &[&before, &outcome, &limit],
         )
         .await?
         .iter()
@@ -200,7 +206,7 @@ impl Pg {
             "cannot list slots",
             "SELECT t.slot, t.id, t.state, coalesce(s.capacity, s.declared, 1) FROM taskhost_tasks t \
                  JOIN taskhost_slots s ON s.slot = t.slot \
-                 WHERE t.state IN ('queued', 'ready', 'running', 'stopping') \
+                 WHERE t.state = 'queued' OR t.state IN ('ready', 'running', 'stopping') \
                  ORDER BY t.slot, t.state = 'queued', t.pos, t.id",
             &[],
         )
