@@ -50,7 +50,7 @@
 //! also prints the slot's owners, the dead rows and starts per 5 s), and
 //! the batch scenario after each round of batches.
 //! `TASKHOST_BENCH_BATCH_SHAPES=one` (or `each`) runs only that shape of
-//! the batch scenario.
+//! the batch scenario, `TASKHOST_BENCH_BATCH_ROUNDS=N` N rounds of it.
 
 #[path = "../../tests/e2e/common/postgres.rs"]
 mod postgres;
@@ -868,7 +868,11 @@ fn batch(rt: &tokio::runtime::Runtime) {
             continue;
         }
         let (mut b, mut s1) = (Vec::new(), Vec::new());
-        for round in 1..=BATCH_ROUNDS {
+        let rounds: usize = std::env::var("TASKHOST_BENCH_BATCH_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(BATCH_ROUNDS);
+        for round in 1..=rounds {
             for first in [round % 2 == 0, round % 2 == 1] {
                 let cpu = || (cpu_of(&postgres_pids(&pg)), cpu_of(&[node.child.id()]));
                 let (db_before, node_before) = cpu();
@@ -898,7 +902,14 @@ fn batch(rt: &tokio::runtime::Runtime) {
                         filter,
                         dry_run: false,
                     };
-                    rt.block_on(client.call(cancel)).expect("cancel the queue");
+                    let start = Instant::now();
+                    let reply = rt.block_on(client.call(cancel)).expect("cancel the queue");
+                    let ms = start.elapsed().as_secs_f64() * 1000.0;
+                    if let Reply::Matched { count, acted, .. } = reply {
+                        println!(
+                            "  round {round}: one CancelMatching stopped {acted} of {count} queued tasks in {ms:.0} ms"
+                        );
+                    }
                 }
                 drain();
                 let which = if first {

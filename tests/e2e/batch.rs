@@ -678,3 +678,81 @@ fn a_cluster_node_pages_past_the_newest_ten_thousand_finished_tasks() {
     expected.extend(["failed"; 3]);
     assert_eq!(outcomes, expected, "{}", out.stdout);
 }
+
+/// On a cluster node a cancel by filter ends a long queue in a few
+/// transactions, each task once, as `host cancel ID` would: a waiter
+/// started before sees its task removed, and the tasks outside the filter
+/// are untouched.
+#[test]
+fn a_cluster_node_cancels_a_long_queue_by_filter_each_task_once() {
+    let pg = crate::postgres::Postgres::start();
+    let node = crate::cluster::steady_node(&pg, "n1", &["--max-slot-queue", "5000"]);
+    let dir = tempfile::tempdir().unwrap();
+    let sleeper = p("sleeper");
+    node.submit(&[
+        &sleeper[..],
+        "--name",
+        "owner",
+        "--slot",
+        "q",
+        "--param",
+        "ms=600000",
+    ]);
+    node.wait_until_state("owner", "running");
+    let lines: Vec<String> = (0..2_500)
+        .map(|i| {
+            let slot = if i % 500 == 0 { "r" } else { "q" };
+            json!({ "slot": slot, "params": { "ms": "600000" } }).to_string()
+        })
+        .collect();
+    let out = node.run(&["submit", &sleeper, "--batch", &jsonl(&dir, &lines)]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let ids: Vec<String> = out.stdout.lines().map(str::to_owned).collect();
+    let in_r: Vec<&String> = ids.iter().step_by(500).collect();
+    let in_q: Vec<&String> = ids.iter().filter(|id| !in_r.contains(id)).collect();
+    let waiter = node.spawn(&["wait", in_q[1_000], "--json"]);
+    let filter = ["--filter", "state=queued,slot=q"];
+    let done = node.run(&[&["cancel", "--json"][..], &filter].concat());
+    assert_eq!(done.code, Some(0), "{done:?}");
+    let answer: Value = serde_json::from_str(&done.stdout).unwrap();
+    assert_eq!(
+        (&answer["matched"], &answer["acted"]),
+        (&json!(2_495), &json!(2_495))
+    );
+    let (_, waited) = waiter.finish(crate::daemon::LIMIT);
+    assert_eq!(waited.code, Some(3), "{waited:?}");
+    let report: Value = serde_json::from_str(&waited.stdout).unwrap();
+    assert_eq!(report["rejection"], "RemovedFromQueue", "{report}");
+    let rejected = node.run(&[
+        "ps",
+        "--all",
+        "--json",
+        "--filter",
+        "outcome=rejected",
+        "--limit",
+        "5000",
+    ]);
+    let mut removed: Vec<u64> = serde_json::from_str::<Vec<Value>>(&rejected.stdout)
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_u64().unwrap())
+        .collect();
+    removed.sort_unstable();
+    let mut expected: Vec<u64> = in_q.iter().map(|id| id.parse().unwrap()).collect();
+    expected.sort_unstable();
+    assert_eq!(removed, expected, "each queued task of q removed once");
+    let live = node.ps();
+    let mut names: Vec<&str> = live.iter().map(|r| r["slot"].as_str().unwrap()).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [vec!["q"], vec!["r"; in_r.len()]].concat(),
+        "{live:?}"
+    );
+    let again = node.run(&[&["cancel"][..], &filter].concat());
+    assert!(
+        again.stderr.contains("0 live tasks matched; stopped 0"),
+        "{}",
+        again.stderr
+    );
+}

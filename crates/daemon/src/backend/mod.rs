@@ -405,6 +405,36 @@ impl<'a> Backend<'a> {
         }
     }
 
+    /// Stops each task of `rows` as [`Backend::stop`] would (its stop
+    /// claimed once), oldest first; on a cluster node the queued ones in a
+    /// few transactions. How many this call stopped.
+    pub(crate) async fn stop_all(&self, rows: &[TaskRow]) -> Result<u64, ServiceError> {
+        let mut ids: Vec<TaskId> = rows.iter().map(|row| row.id).collect();
+        ids.sort_unstable();
+        let mut stopped = 0;
+        if let Kind::Shared(shared) = &self.kind {
+            let queued: Vec<TaskId> = rows
+                .iter()
+                .filter(|row| row.state == crate::wire::protocol::TaskState::Queued)
+                .map(|row| row.id)
+                .collect();
+            let ended: std::collections::HashSet<TaskId> =
+                shared.cancel_queued(&queued).await?.into_iter().collect();
+            stopped = ended.len() as u64;
+            ids.retain(|id| !ended.contains(id));
+        }
+        // Oldest first: each is then near the head of its slot's queue.
+        for id in ids {
+            // One that ended meanwhile is not found, or not claimed.
+            if let Ok(found) = self.find(&TaskRef::Id(id)).await
+                && let Ok(true) = self.stop(&found).await
+            {
+                stopped += 1;
+            }
+        }
+        Ok(stopped)
+    }
+
     /// The rows of `host ps` (with `all`, `host ps --all`), by id.
     pub(crate) async fn rows(&self, all: bool) -> Result<Vec<TaskRow>, ServiceError> {
         let mut rows = match &self.kind {

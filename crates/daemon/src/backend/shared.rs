@@ -154,6 +154,12 @@ impl Shared<'_> {
         }
     }
 
+    /// Ends the tasks of `ids` still queued, in a few transactions; the
+    /// ids it ended.
+    pub(super) async fn cancel_queued(&self, ids: &[TaskId]) -> Result<Vec<TaskId>, ServiceError> {
+        self.cluster.pg.cancel_queued(ids).await.map_err(internal)
+    }
+
     /// The cluster's `ps` rows, with the exact phase and progress of the
     /// tasks running here.
     pub(super) async fn rows(&self, all: bool) -> Result<Vec<TaskRow>, ServiceError> {

@@ -20,26 +20,15 @@ pub(crate) async fn cancel_matching(
     filter: &TaskFilter,
     dry_run: bool,
 ) -> Result<Reply, ServiceError> {
-    let mut ids: Vec<TaskId> = backend
-        .rows(false)
-        .await?
-        .iter()
-        .filter(|row| filter.admits(row))
-        .map(|row| row.id)
-        .collect();
+    let mut rows: Vec<TaskRow> = backend.rows(false).await?;
+    rows.retain(|row| filter.admits(row));
+    let stopped = if dry_run {
+        0
+    } else {
+        backend.stop_all(&rows).await?
+    };
+    let mut ids: Vec<TaskId> = rows.iter().map(|row| row.id).collect();
     ids.sort_unstable_by(|a, b| b.cmp(a));
-    let mut stopped = 0;
-    if !dry_run {
-        // Oldest first: each is then near the head of its slot's queue.
-        for id in ids.iter().rev() {
-            // One that ended meanwhile is not found, or not claimed.
-            if let Ok(found) = backend.find(&TaskRef::Id(*id)).await
-                && let Ok(true) = backend.stop(&found).await
-            {
-                stopped += 1;
-            }
-        }
-    }
     Ok(Reply::Matched {
         count: ids.len() as u64,
         ids: ids.into_iter().take(LIST_PAGE).collect(),

@@ -11,8 +11,10 @@
 //! | `starts` | a batch of attempt starts under their claims' tokens |
 //! | `ends` | a batch of ends: claims checked, attempts closed, reports recorded, the freed slots' next admitted |
 //! | `admissions` | a batch of admissions decided in arrival order; those whose slot another transaction holds, one at a time |
+//! | `cancels` | a bulk cancel's queued tasks, ended in transactions of 1,000 |
 
 mod admissions;
+mod cancels;
 mod ends;
 mod starts;
 
