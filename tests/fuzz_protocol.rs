@@ -503,6 +503,9 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
     }];
     submit.config = vec![("region".into(), "eu".into())];
     submit.kv = vec!["counters".into()];
+    let mut command = SubmitRequest::new(Digest([0xcd; 32]));
+    command.args = vec!["--minimize".into(), "-".into(), String::new()];
+    command.input = b"{\"a\": 1}".to_vec();
     let valid = vec![
         ("has-plugin", Request::HasPlugin(Digest([1; 32]))),
         (
@@ -515,6 +518,7 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
             },
         ),
         ("submit", Request::Submit(Box::new(submit))),
+        ("submit-command", Request::Submit(Box::new(command))),
         ("wait-id", Request::Wait(TaskRef::Id(TaskId::from_u64(42)))),
         ("wait-name", Request::Wait(TaskRef::Name("deploy-1".into()))),
         (

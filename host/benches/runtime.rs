@@ -79,6 +79,7 @@ async fn instantiate_and_run(plugin: &Path, allocator: AllocatorChoice) -> Vec<f
             slot: "hello-1".into(),
             attempt: 1,
             params: Vec::new(),
+            args: Vec::new(),
         }),
         input: Arc::from(&b"hi"[..]),
         sandbox: Arc::new(Sandbox::default()),

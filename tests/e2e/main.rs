@@ -31,6 +31,7 @@
 //! | `traces` | OpenTelemetry traces to a collector in the test |
 //! | `trust` | trust boundaries: private files, peers checked, one daemon per store |
 //! | `guests` | Python and JavaScript guests |
+//! | `commands` | WASI command components as tasks: programs from crates.io against their native builds, arguments, input, exits, a force-abort |
 //! | `docs` | every shell block of the documents |
 //! | `scaffold` | `host new` → build → `host run` |
 //!
@@ -62,6 +63,7 @@ mod children;
 mod cli_run;
 mod cluster;
 mod cluster_flow;
+mod commands;
 mod crashes;
 mod docs;
 mod durability;

@@ -23,6 +23,7 @@ use super::bindings::{
     taskhost::plugin::types,
 };
 use super::children::{ChildAccess, ChildHandle, Parking};
+use super::contract::ComponentKind;
 use super::digest::Digest;
 use super::facts::{AttemptFacts, StopSignals};
 use super::failure::{AttemptError, describe_trap, error_chain, is_pool_full, join, pool_full};
@@ -30,9 +31,10 @@ use super::host_calls::HostCtx;
 use super::http::{HttpHooks, OwnAddresses};
 use super::kv::{KvAccess, KvHandle};
 use super::limits::{GuestLimits, LimitHits, Limited};
-use super::output::{Capture, CapturedStream, GuestSink};
+use super::output::{Capture, CapturedStream, CommandStdout, GuestSink};
+use super::plugin::Entry;
 use super::reaper::Reaper;
-use super::sandbox::Sandbox;
+use super::sandbox::{CommandArgs, Sandbox};
 use super::secrets::Secrets;
 use taskhost_core::logline::{LogLevel, Stream};
 use taskhost_core::units::format_size;
@@ -249,6 +251,9 @@ pub(crate) struct AttemptEnv {
 static NO_CONFIG: std::sync::LazyLock<Arc<WasiConfigVariables>> =
     std::sync::LazyLock::new(Arc::default);
 
+/// A new attempt's store, its capture, and a command's standard output.
+pub(crate) type NewStore = (Store<AttemptState>, Arc<Capture>, Option<CommandStdout>);
+
 /// Creates the store of one attempt with its limits, WASI context and epoch
 /// behaviour: every tick yields to Tokio (so a spinning guest never starves
 /// the runtime) unless the attempt was aborted, in which case it traps.
@@ -257,8 +262,9 @@ pub(crate) fn new_store(
     env: &AttemptEnv,
     request: &AttemptRequest,
     plugin: Option<Digest>,
+    kind: ComponentKind,
     signals: &StopSignals,
-) -> Result<(Store<AttemptState>, Arc<Capture>), AttemptError> {
+) -> Result<NewStore, AttemptError> {
     let sandbox = &request.sandbox;
     let facts = Arc::clone(&request.facts);
     let sink = Arc::clone(&request.sink);
@@ -274,16 +280,33 @@ pub(crate) fn new_store(
         _ => None,
     };
     let capture = Capture::new(sink);
-    let wasi = sandbox
-        .wasi_ctx(
-            CapturedStream::new(&capture, Stream::Stdout),
-            CapturedStream::new(&capture, Stream::Stderr),
+    let stderr = CapturedStream::new(&capture, Stream::Stderr);
+    // A command's standard output is its task's output, its standard input
+    // the task's input; a plugin's stdout is a log stream.
+    let command_out =
+        (kind == ComponentKind::Command).then(|| CommandStdout::new(MAX_OUTPUT_BYTES));
+    let wasi = match &command_out {
+        Some(out) => sandbox.wasi_ctx(
+            out.clone(),
+            stderr,
             &env.secrets,
-        )
-        .map_err(|e| AttemptError::Fatal {
-            reason: e.to_string(),
-            exit_code: None,
-        })?;
+            Some(CommandArgs {
+                program: &facts.name,
+                args: &facts.args,
+                stdin: &request.input,
+            }),
+        ),
+        None => sandbox.wasi_ctx(
+            CapturedStream::new(&capture, Stream::Stdout),
+            stderr,
+            &env.secrets,
+            None,
+        ),
+    }
+    .map_err(|e| AttemptError::Fatal {
+        reason: e.to_string(),
+        exit_code: None,
+    })?;
     let limits = env.limits;
     let kv = KvAccess {
         backend: env.kv.as_ref().map(|h| Arc::clone(&h.0)),
@@ -369,15 +392,17 @@ pub(crate) fn new_store(
             Box::pin(tokio::task::yield_now()),
         ))
     });
-    Ok((store, capture))
+    Ok((store, capture, command_out))
 }
 
 /// An instantiated attempt, ready to call `run`. Dropping it drops the
 /// instance.
 pub struct PreparedAttempt {
     store: Store<AttemptState>,
-    instance: bindings::TaskPlugin,
+    instance: Instance,
     capture: Arc<Capture>,
+    /// A command's standard output (none for a plugin).
+    stdout: Option<CommandStdout>,
     signals: StopSignals,
     reaper: Arc<Reaper>,
 }
@@ -388,20 +413,36 @@ impl std::fmt::Debug for PreparedAttempt {
     }
 }
 
+/// An instance of either kind of component.
+enum Instance {
+    Plugin(bindings::TaskPlugin),
+    Command(wasmtime_wasi::p2::bindings::Command),
+}
+
 /// Instantiates `pre` in `store`: the instance creation step of an attempt,
 /// before its timeout starts.
 pub(crate) async fn instantiate(
-    pre: &bindings::TaskPluginPre<AttemptState>,
-    mut store: Store<AttemptState>,
-    capture: Arc<Capture>,
+    pre: &Entry,
+    (mut store, capture, stdout): NewStore,
     signals: &StopSignals,
     reaper: &Arc<Reaper>,
 ) -> Result<PreparedAttempt, AttemptError> {
-    match pre.instantiate_async(&mut store).await {
+    let instance = match pre {
+        Entry::Plugin(pre) => pre
+            .instantiate_async(&mut store)
+            .await
+            .map(Instance::Plugin),
+        Entry::Command(pre) => pre
+            .instantiate_async(&mut store)
+            .await
+            .map(Instance::Command),
+    };
+    match instance {
         Ok(instance) => Ok(PreparedAttempt {
             store,
             instance,
             capture,
+            stdout,
             signals: signals.clone(),
             reaper: Arc::clone(reaper),
         }),
@@ -480,7 +521,13 @@ impl PreparedAttempt {
         mut self,
         input: &[u8],
     ) -> (Result<Vec<u8>, AttemptError>, Option<StoppedInstance>) {
-        let result = self.instance.call_run(&mut self.store, input).await;
+        let result = match &self.instance {
+            Instance::Plugin(instance) => instance.call_run(&mut self.store, input).await,
+            Instance::Command(instance) => {
+                let ran = instance.wasi_cli_run().call_run(&mut self.store).await;
+                command_result(ran, self.stdout.as_ref(), self.signals.is_aborted())
+            }
+        };
         self.capture.finish();
         let memory_note = self.store.data_mut().limits_note(result.as_ref().err());
         let remains = if self.signals.cancel.is_cancelled() {
@@ -520,4 +567,43 @@ impl PreparedAttempt {
         };
         (result, remains)
     }
+}
+
+/// A command's end in the words of a plugin's `run`: returning `Ok` or
+/// exiting with 0 gives its standard output; returning `Err` or exiting
+/// with another status fails the attempt (retryable) with that exit code;
+/// writing past the output limit fails it saying so; a trap stays a trap.
+fn command_result(
+    ran: wasmtime::Result<Result<(), ()>>,
+    stdout: Option<&CommandStdout>,
+    aborted: bool,
+) -> wasmtime::Result<Result<Vec<u8>, types::TaskError>> {
+    let fail = |reason: String, exit_code: Option<i32>| {
+        Ok(Err(types::TaskError::Fail(types::Failure {
+            reason,
+            exit_code,
+        })))
+    };
+    let output = stdout.map_or(Some(Vec::new()), CommandStdout::take);
+    if output.is_none() && !aborted {
+        return fail(
+            format!(
+                "the command wrote more than {} to standard output, the limit of a task's output",
+                format_size(MAX_OUTPUT_BYTES as u64)
+            ),
+            None,
+        );
+    }
+    let code = match ran {
+        Ok(Ok(())) => 0,
+        Ok(Err(())) => 1,
+        Err(err) => match err.downcast_ref::<wasmtime_wasi::I32Exit>() {
+            Some(exit) => exit.0,
+            None => return Err(err),
+        },
+    };
+    if code != 0 {
+        return fail(format!("the command exited with status {code}"), Some(code));
+    }
+    Ok(Ok(output.unwrap_or_default()))
 }

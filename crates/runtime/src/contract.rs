@@ -248,6 +248,32 @@ pub struct PluginInfo {
     /// (`taskhost:plugin/slots`, since WIT 0.1.2); an operator's rule wins.
     #[serde(default)]
     pub capacity: Option<u32>,
+    /// Which kind of component it is: a task plugin of our world, or a
+    /// WASI command run as a task.
+    #[serde(default)]
+    pub kind: ComponentKind,
+}
+
+/// Which kind of component a plugin is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ComponentKind {
+    /// A task plugin: exports `describe` and `run` of our WIT package.
+    #[default]
+    Plugin,
+    /// A WASI command (exports `wasi:cli/run`): arguments from the
+    /// submission, standard input from its input, standard output as the
+    /// task's output, standard error as its log, exit code 0 completed.
+    Command,
+}
+
+impl std::fmt::Display for ComponentKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Plugin => "task plugin",
+            Self::Command => "WASI command",
+        })
+    }
 }
 
 impl From<types::Policy> for DefaultPolicy {

@@ -24,6 +24,9 @@ pub struct AttemptFacts {
     pub attempt: u32,
     /// The submission's params, in order.
     pub params: Vec<(String, String)>,
+    /// A WASI command's arguments after its name (`--arg`), in order;
+    /// a task plugin has none.
+    pub args: Vec<String>,
 }
 
 /// How the outside world stops an attempt.

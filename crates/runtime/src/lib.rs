@@ -69,7 +69,9 @@ mod ticker;
 
 pub use attempt::{AttemptRequest, MAX_OUTPUT_BYTES, PreparedAttempt, StoppedInstance};
 pub use config::{RuntimeConfig, SLOW_COMPILE, SlowCompile, default_cache_dir};
-pub use contract::{Capability, DefaultPolicy, PluginInfo, ResourceTemplate, TemplateError};
+pub use contract::{
+    Capability, ComponentKind, DefaultPolicy, PluginInfo, ResourceTemplate, TemplateError,
+};
 pub use digest::{Digest, digest_of};
 pub use engine::{Allocator, AllocatorChoice, DEFAULT_POOL_INSTANCES, POOL_RESERVE, PoolReset};
 pub use facts::{AttemptFacts, StopSignals};

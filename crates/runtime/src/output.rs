@@ -198,6 +198,103 @@ impl IsTerminal for CapturedStream {
     }
 }
 
+/// A WASI command's standard output: the task's output, kept whole up to
+/// `limit` bytes. A write past it fails the guest's stream and is
+/// remembered, so the attempt fails saying so instead of cutting the output.
+#[derive(Clone)]
+pub(crate) struct CommandStdout {
+    limit: usize,
+    state: Arc<Mutex<(Vec<u8>, bool)>>,
+}
+
+impl CommandStdout {
+    pub(crate) fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            state: Arc::default(),
+        }
+    }
+
+    /// What was written, or `None` when a write went past the limit.
+    pub(crate) fn take(&self) -> Option<Vec<u8>> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        (!state.1).then(|| std::mem::take(&mut state.0))
+    }
+}
+
+impl IsTerminal for CommandStdout {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for CommandStdout {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for CommandStdout {
+    async fn ready(&mut self) {}
+}
+
+impl OutputStream for CommandStdout {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.1 || state.0.len() + bytes.len() > self.limit {
+            state.1 = true;
+            state.0 = Vec::new();
+            return Err(wasmtime_wasi::p2::StreamError::LastOperationFailed(
+                wasmtime::format_err!("standard output is over its limit"),
+            ));
+        }
+        state.0.extend_from_slice(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(64 * 1024)
+    }
+}
+
+impl tokio::io::AsyncWrite for CommandStdout {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let mut this = self.get_mut().clone();
+        std::task::Poll::Ready(
+            OutputStream::write(&mut this, Bytes::copy_from_slice(buf))
+                .map(|()| buf.len())
+                .map_err(|_| std::io::Error::other("standard output is over its limit")),
+        )
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
 impl StdoutStream for CapturedStream {
     fn p2_stream(&self) -> Box<dyn OutputStream> {
         Box::new(self.clone())

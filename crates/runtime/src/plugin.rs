@@ -14,7 +14,7 @@ use wasmtime::component::Component;
 
 use super::attempt::{self, AttemptEnv, AttemptState};
 use super::bindings::{self, WIT_PACKAGE, WIT_VERSION, taskhost::plugin::types};
-use super::contract::{Capability, PluginInfo, ResourceTemplate};
+use super::contract::{Capability, ComponentKind, PluginInfo, ResourceTemplate};
 use super::digest::Digest;
 use super::facts::{AttemptFacts, StopSignals};
 use super::failure::{describe_trap, error_chain};
@@ -93,7 +93,25 @@ pub struct Plugin {
     size: usize,
     compiled: usize,
     info: PluginInfo,
-    pre: bindings::TaskPluginPre<AttemptState>,
+    pre: Entry,
+}
+
+/// A linked component of either kind, ready to instantiate.
+pub(crate) enum Entry {
+    /// A task plugin of our world.
+    Plugin(bindings::TaskPluginPre<AttemptState>),
+    /// A WASI command (`wasi:cli/run`).
+    Command(wasmtime_wasi::p2::bindings::CommandPre<AttemptState>),
+}
+
+impl Entry {
+    /// The compiled component.
+    pub(crate) fn component(&self) -> &Component {
+        match self {
+            Self::Plugin(pre) => pre.instance_pre().component(),
+            Self::Command(pre) => pre.instance_pre().component(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Plugin {
@@ -109,13 +127,8 @@ impl std::fmt::Debug for Plugin {
 
 impl Plugin {
     /// A plugin of this linked component and what its `describe` said.
-    pub(crate) fn new(
-        digest: Digest,
-        size: usize,
-        info: PluginInfo,
-        pre: bindings::TaskPluginPre<AttemptState>,
-    ) -> Self {
-        let image = pre.instance_pre().component().image_range();
+    pub(crate) fn new(digest: Digest, size: usize, info: PluginInfo, pre: Entry) -> Self {
+        let image = pre.component().image_range();
         Self {
             digest,
             size,
@@ -147,7 +160,7 @@ impl Plugin {
         &self.info
     }
 
-    pub(crate) fn pre(&self) -> &bindings::TaskPluginPre<AttemptState> {
+    pub(crate) fn pre(&self) -> &Entry {
         &self.pre
     }
 }
@@ -323,23 +336,41 @@ fn is_wasi_02(version: &str) -> bool {
         .is_some_and(|patch| !patch.is_empty() && patch.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// Checks, before compiling, that a component exports `describe` and `run`
-/// and imports only what this host links: our package at [`WIT_VERSION`]
-/// and WASI 0.2. Reading the names takes a millisecond; finding the same
-/// at instantiation would take a compile of seconds for a large component.
-pub(crate) fn check_world(origin: &str, bytes: &[u8]) -> Result<(), LoadError> {
+/// Which kind of component these exports make: a task plugin (`describe`
+/// and `run`), else a WASI command (`wasi:cli/run` of WASI 0.2), else
+/// none, told with the fix.
+fn kind_of(exports: &[String]) -> Result<ComponentKind, String> {
+    if exports.iter().any(|e| e == "run") && exports.iter().any(|e| e == "describe") {
+        return Ok(ComponentKind::Plugin);
+    }
+    let command = exports.iter().any(|e| {
+        e.split_once('@')
+            .is_some_and(|(path, version)| path == "wasi:cli/run" && is_wasi_02(version))
+    });
+    if command {
+        return Ok(ComponentKind::Command);
+    }
+    Err(format!(
+        "it exports [{}] but a task plugin exports `describe` and `run` of {WIT_PACKAGE} \
+         (build it with the taskhost-guest SDK or against the `task-plugin` world of wit/), \
+         and a WASI command exports `wasi:cli/run` of WASI 0.2 (what \
+         `cargo build --target wasm32-wasip2` makes of a `main`)",
+        exports.join(", ")
+    ))
+}
+
+/// Checks, before compiling, that a component is a task plugin (exports
+/// `describe` and `run`) or a WASI command (exports `wasi:cli/run`), and
+/// imports only what this host links: our package at [`WIT_VERSION`] and
+/// WASI 0.2. Reading the names takes a millisecond; finding the same at
+/// instantiation would take a compile of seconds for a large component.
+pub(crate) fn check_world(origin: &str, bytes: &[u8]) -> Result<ComponentKind, LoadError> {
     let (imports, exports) = import_export_names(origin, bytes)?;
     let wrong_world = |why: String| LoadError::WrongWorld {
         origin: origin.to_owned(),
         why,
     };
-    if !exports.iter().any(|e| e == "run") || !exports.iter().any(|e| e == "describe") {
-        return Err(wrong_world(format!(
-            "it exports [{}] but a task plugin exports `describe` and `run` of {WIT_PACKAGE}; \
-             build it with the taskhost-guest SDK or against the `task-plugin` world of wit/",
-            exports.join(", ")
-        )));
-    }
+    let kind = kind_of(&exports).map_err(wrong_world)?;
     let mut unknown = Vec::new();
     for import in &imports {
         let (path, version) = import.split_once('@').unwrap_or((import, ""));
@@ -386,7 +417,7 @@ pub(crate) fn check_world(origin: &str, bytes: &[u8]) -> Result<(), LoadError> {
         }
     }
     if unknown.is_empty() {
-        return Ok(());
+        return Ok(kind);
     }
     let mut why = format!(
         "it imports {} that this host does not provide; it provides the `host` interface \
@@ -416,7 +447,7 @@ pub(crate) fn compile(
     linker: &wasmtime::component::Linker<AttemptState>,
     origin: &str,
     bytes: &[u8],
-) -> Result<bindings::TaskPluginPre<AttemptState>, LoadError> {
+) -> Result<Entry, LoadError> {
     check_header(origin, bytes)?;
     check_world(origin, bytes)?;
     let component = Component::new(engine, bytes).map_err(|e| LoadError::Invalid {
@@ -434,7 +465,7 @@ pub(crate) fn prepare(
     linker: &wasmtime::component::Linker<AttemptState>,
     origin: &str,
     component: &Component,
-) -> Result<bindings::TaskPluginPre<AttemptState>, LoadError> {
+) -> Result<Entry, LoadError> {
     let wrong_world = |why: String| LoadError::WrongWorld {
         origin: origin.to_owned(),
         why,
@@ -446,25 +477,49 @@ pub(crate) fn prepare(
         .collect();
     // `check_world` has read the same names from the bytes; this is the
     // compiler's view of them, kept as a second line of defence.
-    if !exports.iter().any(|e| e == "run") || !exports.iter().any(|e| e == "describe") {
-        return Err(wrong_world(format!(
-            "it exports [{}] but a task plugin exports `describe` and `run` of {WIT_PACKAGE}; \
-             build it with the taskhost-guest SDK or against the `task-plugin` world of wit/",
-            exports.join(", ")
-        )));
-    }
+    let kind = kind_of(&exports).map_err(wrong_world)?;
     let instance_pre = linker.instantiate_pre(component).map_err(|e| {
         wrong_world(format!(
             "it needs an import this host does not provide: {}",
             error_chain(&e)
         ))
     })?;
-    bindings::TaskPluginPre::new(instance_pre).map_err(|e| {
-        wrong_world(format!(
-            "its exports do not match {WIT_PACKAGE}: {}",
-            error_chain(&e)
-        ))
-    })
+    match kind {
+        ComponentKind::Plugin => bindings::TaskPluginPre::new(instance_pre)
+            .map(Entry::Plugin)
+            .map_err(|e| {
+                wrong_world(format!(
+                    "its exports do not match {WIT_PACKAGE}: {}",
+                    error_chain(&e)
+                ))
+            }),
+        ComponentKind::Command => wasmtime_wasi::p2::bindings::CommandPre::new(instance_pre)
+            .map(Entry::Command)
+            .map_err(|e| {
+                wrong_world(format!(
+                    "its `wasi:cli/run` does not match WASI 0.2's: {}",
+                    error_chain(&e)
+                ))
+            }),
+    }
+}
+
+/// What a WASI command is said to be: it has no `describe`, so it is named
+/// `command` (its tasks `command-<id>` unless the submission names them),
+/// with no resource (its slot is its task's name unless the submission
+/// names one), the queue policy and no declared capabilities (its grants
+/// are the submission's alone).
+pub(crate) fn command_info() -> PluginInfo {
+    PluginInfo {
+        name: "command".to_owned(),
+        version: String::new(),
+        description: "a WASI command run as a task".to_owned(),
+        resource: None,
+        default_policy: Default::default(),
+        capabilities: Vec::new(),
+        capacity: None,
+        kind: ComponentKind::Command,
+    }
 }
 
 /// Calls `describe` in a fresh, tightly limited instance and validates the
@@ -475,8 +530,14 @@ pub(crate) async fn describe(
     origin: &str,
     digest: Digest,
     size: usize,
-    pre: bindings::TaskPluginPre<AttemptState>,
+    pre: Entry,
 ) -> Result<Plugin, LoadError> {
+    let pre = match pre {
+        Entry::Plugin(pre) => pre,
+        // The same answer whoever compiled it first (a file's name is not
+        // the daemon's to know): `command`.
+        Entry::Command(_) => return Ok(Plugin::new(digest, size, command_info(), pre)),
+    };
     let bad = |why: String| LoadError::BadDescribe {
         origin: origin.to_owned(),
         why,
@@ -493,8 +554,9 @@ pub(crate) async fn describe(
         sink: Arc::new(NullSink),
         parking: None,
     };
-    let (mut store, capture) = attempt::new_store(engine, env, &request, None, &signals)
-        .map_err(|e| bad(e.to_string()))?;
+    let (mut store, capture, _) =
+        attempt::new_store(engine, env, &request, None, ComponentKind::Plugin, &signals)
+            .map_err(|e| bad(e.to_string()))?;
     let call = async {
         let instance = pre.instantiate_async(&mut store).await?;
         instance.call_describe(&mut store).await
@@ -527,7 +589,7 @@ pub(crate) async fn describe(
         }
         info.capacity = Some(capacity);
     }
-    Ok(Plugin::new(digest, size, info, pre))
+    Ok(Plugin::new(digest, size, info, Entry::Plugin(pre)))
 }
 
 fn validate_info(raw: types::PluginInfo) -> Result<PluginInfo, String> {
@@ -592,12 +654,29 @@ fn validate_info(raw: types::PluginInfo) -> Result<PluginInfo, String> {
         default_policy: raw.default_policy.into(),
         capabilities,
         capacity: None,
+        kind: ComponentKind::Plugin,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tells_a_plugin_from_a_command() {
+        let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            kind_of(&names(&["describe", "run"])),
+            Ok(ComponentKind::Plugin)
+        );
+        assert_eq!(
+            kind_of(&names(&["wasi:cli/run@0.2.3"])),
+            Ok(ComponentKind::Command)
+        );
+        let refused = kind_of(&names(&["wasi:cli/run@0.3.0", "run"])).unwrap_err();
+        assert!(refused.contains("wasi:cli/run"), "{refused}");
+        assert!(kind_of(&names(&["wasi:cli/run"])).is_err());
+    }
 
     #[test]
     fn recognises_headers() {

@@ -46,6 +46,7 @@ pub struct PluginTask {
     plugin: Arc<Plugin>,
     input: Arc<[u8]>,
     params: Arc<[(String, String)]>,
+    args: Arc<[String]>,
     sandbox: Arc<Sandbox>,
     sink: Option<Arc<dyn LineSink>>,
 }
@@ -67,6 +68,7 @@ impl PluginTask {
             plugin: Arc::clone(plugin),
             input: Arc::from(&[][..]),
             params: Arc::from(Vec::new()),
+            args: Arc::from(Vec::new()),
             sandbox: Arc::new(Sandbox::default()),
             sink: None,
         }
@@ -82,6 +84,13 @@ impl PluginTask {
     /// from), in order.
     pub fn params(mut self, params: Vec<(String, String)>) -> Self {
         self.params = params.into();
+        self
+    }
+
+    /// A WASI command's arguments after its name (`argv[1..]`), in order;
+    /// a task plugin reads none.
+    pub fn args(mut self, args: Vec<String>) -> Self {
+        self.args = args.into();
         self
     }
 
@@ -118,6 +127,7 @@ impl TaskBody for PluginTask {
             slot: ctx.slot().to_string(),
             attempt: ctx.attempt(),
             params: task.params.to_vec(),
+            args: task.args.to_vec(),
         });
         let sink = Arc::new(ContextSink {
             ctx,

@@ -356,7 +356,7 @@ impl Runtime {
                 if let (Ok(plugin), Some(artifacts)) = (&plugin, &self.artifacts) {
                     let (artifacts, plugin) = (Arc::clone(artifacts), Arc::clone(plugin));
                     let _ = tokio::task::spawn_blocking(move || {
-                        let component = plugin.pre().instance_pre().component();
+                        let component = plugin.pre().component();
                         artifacts.store(&digest, plugin.size(), component, plugin.info());
                     })
                     .await;
@@ -480,14 +480,15 @@ impl Runtime {
         request: &AttemptRequest,
         signals: &StopSignals,
     ) -> Result<PreparedAttempt, AttemptError> {
-        let (store, capture) = attempt::new_store(
+        let store = attempt::new_store(
             &self.engine,
             &self.env,
             request,
             Some(plugin.digest()),
+            plugin.info().kind,
             signals,
         )?;
-        attempt::instantiate(plugin.pre(), store, capture, signals, &self.reaper).await
+        attempt::instantiate(plugin.pre(), store, signals, &self.reaper).await
     }
 
     /// Runs one attempt in a fresh instance. Returns when the instance is

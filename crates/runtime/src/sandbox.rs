@@ -97,6 +97,14 @@ impl Default for Sandbox {
     }
 }
 
+/// What a WASI command's context adds: its arguments (`program` first, as
+/// `argv[0]`) and its standard input.
+pub(crate) struct CommandArgs<'a> {
+    pub(crate) program: &'a str,
+    pub(crate) args: &'a [String],
+    pub(crate) stdin: &'a [u8],
+}
+
 impl Sandbox {
     /// Checks that every host directory exists, so a typo fails at
     /// submission instead of in every attempt.
@@ -178,6 +186,7 @@ impl Sandbox {
         stdout: impl wasmtime_wasi::cli::StdoutStream + 'static,
         stderr: impl wasmtime_wasi::cli::StdoutStream + 'static,
         secrets: &Secrets,
+        command: Option<CommandArgs<'_>>,
     ) -> Result<WasiCtx, GrantError> {
         let mut builder = WasiCtxBuilder::new();
         builder
@@ -186,6 +195,13 @@ impl Sandbox {
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false);
+        if let Some(command) = command {
+            builder.arg(command.program).args(command.args).stdin(
+                wasmtime_wasi::p2::pipe::MemoryInputPipe::new(bytes::Bytes::copy_from_slice(
+                    command.stdin,
+                )),
+            );
+        }
         for (k, v) in &self.env {
             builder.env(k, v);
         }

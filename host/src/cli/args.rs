@@ -148,6 +148,12 @@ pub struct TaskArgs {
     /// A parameter for the plugin, and for its resource template (repeatable).
     #[arg(long = "param", value_name = "K=V")]
     pub params: Vec<String>,
+    /// An argument for a WASI command component (repeatable, in order), after its name; the arguments after `--` follow. A task plugin takes --param instead.
+    #[arg(long = "arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub args: Vec<String>,
+    /// Arguments for a WASI command component, after the --arg ones: `host submit fmt.wasm -- --indent 2`.
+    #[arg(last = true, value_name = "ARGS")]
+    pub trailing: Vec<String>,
     /// Input bytes for the plugin, as text.
     #[arg(long, value_name = "TEXT", conflicts_with = "input_file")]
     pub input: Option<String>,
@@ -187,6 +193,11 @@ pub struct TaskArgs {
 }
 
 impl TaskArgs {
+    /// A command's arguments: each `--arg`, then those after `--`.
+    pub fn command_args(&self) -> Vec<String> {
+        self.args.iter().chain(&self.trailing).cloned().collect()
+    }
+
     /// The `--param` pairs, in order.
     pub fn params(&self) -> anyhow::Result<Vec<(String, String)>> {
         self.params

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use serde_json::json;
-use taskhost::runtime::Runtime;
+use taskhost::runtime::{ComponentKind, Runtime};
 use taskhost::units::format_size;
 
 use super::args::CacheArgs;
@@ -35,6 +35,10 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<u8> {
         .unwrap_or_default();
     if args.json {
         let value = json!({
+            "kind": match info.kind {
+                ComponentKind::Plugin => "plugin",
+                ComponentKind::Command => "command",
+            },
             "name": info.name,
             "version": info.version,
             "description": info.description,
@@ -69,7 +73,15 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<u8> {
             .collect::<Vec<_>>()
             .join(", ")
     };
+    let kind = match info.kind {
+        ComponentKind::Plugin => "task plugin (exports describe and run of taskhost:plugin)",
+        ComponentKind::Command => {
+            "WASI command (exports wasi:cli/run): --arg and `-- ARGS` are its arguments, \
+             --input its standard input, its standard output the task's output"
+        }
+    };
     let rows = [
+        ("kind", kind.to_owned()),
         ("name", info.name.clone()),
         ("version", info.version.clone()),
         ("description", info.description.clone()),

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use clap::Args;
 use taskhost::plugin_task::{PluginTask, resolve_slot};
-use taskhost::runtime::{GuestLimits, KvLimits, MemoryKv, Runtime, Sandbox, Secrets};
+use taskhost::runtime::{
+    ComponentKind, GuestLimits, KvLimits, MemoryKv, Runtime, Sandbox, Secrets,
+};
 use taskhost::supervisor::{Event, EventKind, Received, Supervisor, TaskId, TaskSpec};
 use taskhost::units::{format_duration, parse_duration};
 use tokio::signal::unix::{SignalKind, signal};
@@ -66,6 +68,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
         )));
     let runtime = Arc::new(Runtime::new(&config)?);
     let plugin = runtime.load_file(&task.plugin).await.map_err(usage)?;
+    let command_args = task.command_args();
+    if !command_args.is_empty() && plugin.info().kind != ComponentKind::Command {
+        return Err(usage(format!(
+            "`{}` is a task plugin, which takes no arguments: give it --param K=V (arguments, \
+             --arg and `-- ARGS`, are for WASI commands)",
+            task.plugin.display()
+        )));
+    }
     sandbox
         .check_capabilities(&plugin.info().capabilities)
         .map_err(usage)?;
@@ -92,6 +102,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let body = PluginTask::new(&runtime, &plugin)
         .input(input)
         .params(params)
+        .args(command_args)
         .sandbox(sandbox);
     let spec = policies.apply(TaskSpec::from_defaults(name.clone(), body).with_slot(slot));
 

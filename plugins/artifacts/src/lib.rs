@@ -35,7 +35,8 @@
 //! | `sandbox-probe` | tries file `read`/`write`, env `var`, TCP `port`; returns a JSON report |
 //! | `deploy` | resource `deploy/{env}`, policy replace; sleeps `ms` (default 50), then POSTs JSON to `endpoint` (needs `--allow-http`; non-2xx fails): `deployed to <env>`; without `endpoint` a dry run |
 //! | `http-get` | declares `network`; fetches `url` (or the input), `method`, `max_redirects`, `timeout_ms`; logs `requesting METHOD URL`; `HTTP <status>` and the body |
-//! | `not-a-task` | a `wasi:cli/command` program, not a plugin: the host must refuse it |
+//! | `not-a-task` | a component of another world (exports `example:other/greeter`), neither a plugin nor a command: the host must refuse it |
+//! | `command-probe` | a WASI command (a plain `main`), by its first argument: `echo ARGS` (argv and stdin to stdout), `exit N`, `spin` (forever), `flood MIB` (to stdout), `cat PATH`, `env NAME` |
 //! | `describe-trap` | `describe()` panics: the host must refuse it at load |
 //! | `describe-spin` | `describe()` busy-loops forever: refused after the describe time limit |
 //! | `describe-huge` | `describe()` returns a 1 MiB name and 100,000 capabilities: refused, naming the limit |
@@ -109,6 +110,7 @@ mod tests {
     fn every_plugin_is_a_component() {
         let expected = [
             "chatty",
+            "command-probe",
             "counter",
             "deploy",
             "describe-huge",
@@ -154,7 +156,7 @@ mod tests {
 
     #[test]
     #[should_panic(
-        expected = "no plugin called `nope`; the plugins are: chatty, counter, deploy, describe-huge"
+        expected = "no plugin called `nope`; the plugins are: chatty, command-probe, counter, deploy"
     )]
     fn path_panics_for_unknown_names() {
         path("nope");

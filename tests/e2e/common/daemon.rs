@@ -166,9 +166,12 @@ impl Daemon {
         self.process.as_ref().expect("running").child.id()
     }
 
+    /// `args` with `--socket` (before a `--`, whose words after it are a
+    /// command's arguments).
     pub fn args<'a>(&'a self, args: &[&'a str]) -> Vec<&'a str> {
         let mut all = args.to_vec();
-        all.extend(["--socket", self.socket()]);
+        let at = all.iter().position(|a| *a == "--").unwrap_or(all.len());
+        all.splice(at..at, ["--socket", self.socket()]);
         all
     }
 

@@ -698,6 +698,7 @@ async fn run_claimed(daemon: Arc<Daemon>, cluster: Arc<Cluster>, task: Claimed) 
     let task = PluginTask::new(daemon.plugins.runtime(), &plugin)
         .input(std::mem::take(&mut request.input))
         .params(std::mem::take(&mut request.params))
+        .args(std::mem::take(&mut request.args))
         .sandbox(sandbox)
         .sink(Arc::new(Shipping {
             log: Arc::clone(&log),

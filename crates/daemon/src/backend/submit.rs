@@ -590,6 +590,7 @@ fn body_of(
     let plugin_task = PluginTask::new(daemon.plugins.runtime(), plugin)
         .input(std::mem::take(&mut request.input))
         .params(std::mem::take(&mut request.params))
+        .args(std::mem::take(&mut request.args))
         .sandbox(sandbox)
         .sink(Arc::clone(log) as _);
     match journal {

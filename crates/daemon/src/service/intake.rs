@@ -13,7 +13,7 @@ use taskhost_core::units::format_size;
 use taskhost_runtime::plugin_task::resolve_slot;
 
 use crate::service::namespace::{Ns, bare};
-use taskhost_runtime::{DirGrant, HttpAllow, PluginInfo};
+use taskhost_runtime::{ComponentKind, DirGrant, HttpAllow, PluginInfo};
 
 use crate::config::DirAllow;
 use crate::store::postgres::Names;
@@ -158,6 +158,13 @@ pub(crate) fn naming(
     info: &PluginInfo,
     id: TaskId,
 ) -> Result<(String, String, AdmissionPolicy), String> {
+    if !request.args.is_empty() && info.kind != ComponentKind::Command {
+        return Err(format!(
+            "`{}` is a task plugin, which takes no arguments: give it --param K=V (arguments, \
+             --arg and `-- ARGS`, are for WASI commands)",
+            info.name
+        ));
+    }
     // A schedule's name is its namespace's key.
     let schedule = request.schedule.as_deref().map(bare);
     let name = request.name.clone().unwrap_or_else(|| {

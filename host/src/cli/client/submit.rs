@@ -69,6 +69,7 @@ impl SubmitArgs {
             (t.name.is_some(), "--name"),
             (t.slot.is_some(), "--slot"),
             (!t.params.is_empty(), "--param"),
+            (!t.args.is_empty() || !t.trailing.is_empty(), "--arg"),
             (t.input.is_some() || t.input_file.is_some(), "--input"),
             (t.timeout.is_some(), "--timeout"),
             (t.max_memory.is_some(), "--max-memory"),
@@ -149,6 +150,7 @@ pub fn prepare(
     request.slot = task.slot.clone();
     request.policy = policy;
     request.params = params;
+    request.args = task.command_args();
     request.input = input;
     request.restart = Some(policies.restart);
     request.max_retries = policies.max_retries;

@@ -46,11 +46,13 @@ pub(crate) use request::check_submission;
 pub use request::{EventFilter, Request, TaskFilter, TaskPage};
 pub use schedule::{ScheduleRow, ScheduleSpec, ScheduleVerb};
 pub use slot::{SlotRuleRow, SlotRuleVerb};
-pub use submit::{MAX_IDEMPOTENCY_KEY, NotBefore, SubmitRequest, Submitted};
+pub use submit::{
+    MAX_ARGS, MAX_ARGS_BYTES, MAX_IDEMPOTENCY_KEY, NotBefore, SubmitRequest, Submitted,
+};
 pub use submit_json::{DURATION, SubmitJson};
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 19;
+pub const PROTOCOL_VERSION: u32 = 20;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).

@@ -87,6 +87,9 @@ pub struct SubmitRequest {
     /// The namespace it belongs to (`None`: the default one): set by the
     /// daemon from the connection, never by a client.
     pub namespace: Option<String>,
+    /// A WASI command's arguments after its name (`--arg`, `-- ARGS`), in
+    /// order; a task plugin takes none.
+    pub args: Vec<String>,
 }
 
 /// When a delayed submission may enter its slot.
@@ -111,8 +114,13 @@ impl NotBefore {
 
 /// Fields added to [`SubmitRequest`] since protocol 4 (`allow_http`,
 /// `idempotency_key`, `not_before`, `priority`, `schedule`, `secrets`,
-/// `config`, `kv`, `parent`, `root`, `depth`, `namespace`).
-const ADDED_FIELDS: usize = 12;
+/// `config`, `kv`, `parent`, `root`, `depth`, `namespace`, `args`).
+const ADDED_FIELDS: usize = 13;
+
+/// Most arguments a WASI command's submission carries.
+pub const MAX_ARGS: usize = 4096;
+/// Most bytes of all a submission's command arguments together.
+pub const MAX_ARGS_BYTES: usize = 256 << 10;
 
 /// The longest idempotency key taken, in bytes.
 pub const MAX_IDEMPOTENCY_KEY: usize = 256;
@@ -126,7 +134,7 @@ impl SubmitRequest {
     /// idempotency key before 7, no delay, priority or schedule before 8, no
     /// secrets before 9, no config values before 10, no shared buckets
     /// before 11, no parent before 12, no root or depth before 13, no
-    /// namespace before 17).
+    /// namespace before 17, no command arguments before 20).
     pub fn decode_stored(bytes: &[u8]) -> Result<Self, postcard::Error> {
         decode_padded(bytes)
     }
@@ -159,6 +167,7 @@ impl SubmitRequest {
             root: None,
             depth: 0,
             namespace: None,
+            args: Vec::new(),
         }
     }
 
@@ -229,6 +238,15 @@ pub(super) fn check_submit(submit: &SubmitRequest) -> Result<(), String> {
     {
         return Err(format!(
             "the idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY} characters of printable text"
+        ));
+    }
+    let arg_bytes: usize = submit.args.iter().map(String::len).sum();
+    if submit.args.len() > MAX_ARGS || arg_bytes > MAX_ARGS_BYTES {
+        return Err(format!(
+            "the command's arguments are {} ({arg_bytes} bytes); a submission carries at most \
+             {MAX_ARGS} arguments of {MAX_ARGS_BYTES} bytes together (give a larger list as \
+             the input, or in a granted directory)",
+            submit.args.len()
         ));
     }
     if let Some(RestartPolicy::Always { interval }) = submit.restart {

@@ -113,6 +113,11 @@ pub struct SubmitJson {
     at: Option<String>,
     /// Its attempts' priority for permits, as `--priority`.
     priority: Option<i32>,
+    /// A WASI command's arguments after its name, in order, as `--arg`
+    /// (a task plugin takes none: it reads `params`).
+    #[serde(default)]
+    #[schemars(length(max = 4096))]
+    args: Vec<String>,
 }
 
 /// Standard base64 that takes a last symbol with bits to spare (`QR==`
@@ -247,6 +252,7 @@ impl SubmitJson {
             .iter()
             .map(|h| HttpAllow::parse(h).map_err(|e| format!("allow_http: {e}")))
             .collect::<Result<_, _>>()?;
+        request.args = self.args;
         request.idempotency_key = self.idempotency_key;
         request.not_before = match (self.delay, self.at) {
             (Some(_), Some(_)) => return Err("give delay or at, not both".into()),
