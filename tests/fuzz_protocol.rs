@@ -32,9 +32,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 use taskhost::controller::AdmissionPolicy;
 use taskhost::daemon::protocol::{
-    Envelope, EventFilter, FrameError, Hello, KvTarget, KvVerb, MAGIC, MAX_FRAME, NotBefore,
-    PROTOCOL_VERSION, Reply, Request, ScheduleSpec, ScheduleVerb, SubmitRequest, TaskFilter,
-    TaskPage, TaskState, Welcome, decode, encode, read_frame,
+    DeploymentVerb, Envelope, EventFilter, FrameError, Hello, KvTarget, KvVerb, MAGIC, MAX_FRAME,
+    NotBefore, PROTOCOL_VERSION, Reply, Request, ScheduleSpec, ScheduleVerb, SubmitRequest,
+    TaskFilter, TaskPage, TaskState, Welcome, decode, encode, read_frame,
 };
 use taskhost::daemon::schedule::Missed;
 use taskhost::outcome::OutcomeKind;
@@ -506,6 +506,8 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
     let mut command = SubmitRequest::new(Digest([0xcd; 32]));
     command.args = vec!["--minimize".into(), "-".into(), String::new()];
     command.input = b"{\"a\": 1}".to_vec();
+    let mut by_name = SubmitRequest::new(Digest([0; 32]));
+    by_name.deployment = Some("resize@1.4.0".into());
     let valid = vec![
         ("has-plugin", Request::HasPlugin(Digest([1; 32]))),
         (
@@ -519,6 +521,22 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
         ),
         ("submit", Request::Submit(Box::new(submit))),
         ("submit-command", Request::Submit(Box::new(command))),
+        ("submit-deployment", Request::Submit(Box::new(by_name))),
+        (
+            "deploy",
+            Request::Deployment(DeploymentVerb::Deploy {
+                digest: Digest([0xef; 32]),
+                name: Some("resize".into()),
+                version: Some("1.4.0".into()),
+            }),
+        ),
+        (
+            "rollback",
+            Request::Deployment(DeploymentVerb::Rollback {
+                name: "resize".into(),
+                to: None,
+            }),
+        ),
         ("wait-id", Request::Wait(TaskRef::Id(TaskId::from_u64(42)))),
         ("wait-name", Request::Wait(TaskRef::Name("deploy-1".into()))),
         (

@@ -31,6 +31,7 @@
 //! | `traces` | OpenTelemetry traces to a collector in the test |
 //! | `trust` | trust boundaries: private files, peers checked, one daemon per store |
 //! | `guests` | Python and JavaScript guests |
+//! | `deployments` | named deployments on one host: deploy, submit by name, versions kept through deploys and rollbacks, schedules following a name, removal refused while in use, a restart |
 //! | `commands` | WASI command components as tasks: programs from crates.io against their native builds, arguments, input, exits, a force-abort |
 //! | `docs` | every shell block of the documents |
 //! | `scaffold` | `host new` → build → `host run` |
@@ -65,6 +66,7 @@ mod cluster;
 mod cluster_flow;
 mod commands;
 mod crashes;
+mod deployments;
 mod docs;
 mod durability;
 mod exhaustion;

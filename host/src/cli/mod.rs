@@ -163,6 +163,25 @@ enum Command {
     /// Add, change, remove or list namespaces: several teams on one daemon, each with its own tasks, slots and schedules, its quotas and its share of the run permits.
     #[command(subcommand_required = true)]
     Ns(client::ns::NsArgs),
+    /// Deploy a plugin by name and version: it becomes the name's current version, which `host submit NAME` runs.
+    ///
+    /// The name and version are the plugin's declared ones unless --name
+    /// and --version say otherwise. Tasks keep the version they were
+    /// submitted with through later deploys and rollbacks; a schedule of
+    /// NAME follows its current version at each firing.
+    #[command(
+        disable_version_flag = true,
+        after_long_help = "EXAMPLES:\n  host deploy resize.wasm\n  host deploy build/resize.wasm --name resize --version 1.4.0\n  host submit resize --param w=200\n  host submit resize@1.3.2"
+    )]
+    Deploy(client::deploy::DeployArgs),
+    /// List deployments, show one's history, or remove a version.
+    #[command(subcommand_required = true)]
+    Deployments(client::deploy::DeploymentsArgs),
+    /// Make an earlier version of a deployment current again (a deploy of that version: recorded, instant).
+    #[command(
+        after_long_help = "EXAMPLES:\n  host rollback resize\n  host rollback resize --to 1.3.2"
+    )]
+    Rollback(client::deploy::RollbackArgs),
     /// List the plugins the daemon stores, or remove the ones no task needs.
     #[command(
         after_long_help = "EXAMPLES:\n  host plugins ls\n  host plugins rm 3f9a1c\n  host plugins prune"
@@ -285,6 +304,9 @@ pub fn main() -> ExitCode {
             Command::Slots(args) => client::tasks::slots(args, socket).await,
             Command::Schedule(args) => client::schedule::schedule(args, socket).await,
             Command::Plugins(args) => client::plugins::plugins(args, socket).await,
+            Command::Deploy(args) => client::deploy::deploy(args, socket).await,
+            Command::Deployments(args) => client::deploy::deployments(args, socket).await,
+            Command::Rollback(args) => client::deploy::rollback(args, socket).await,
             Command::Kv(args) => client::kv::kv(args, socket).await,
             Command::Slot(args) => client::slot::slot(args, socket).await,
             Command::Ns(args) => client::ns::ns(args, socket).await,

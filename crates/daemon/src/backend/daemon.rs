@@ -100,7 +100,7 @@ impl Daemon {
             plugins: &self.plugins,
             store: self.local_store(),
             tasks: &self.tasks,
-            schedules: self.one_host().map(|host| &host.schedules as _),
+            schedules: self.one_host().map(|host| &**host as _),
             admission: &self.admission,
         }
     }

@@ -3,6 +3,7 @@
 //! a cluster keeps in its database): its store (SQLite or memory) and its
 //! controller decide, and its memory of submissions answers first.
 
+use crate::service::deployments::Deployments;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,12 +44,42 @@ pub(crate) struct OneHost {
     /// Held by a slot-rule verb from its change to the controller's, so
     /// the store's order of rules is the controller's.
     pub(crate) rules_turn: tokio::sync::Mutex<()>,
+    /// The named deployments, as the store's events make them.
+    pub(crate) deployments: std::sync::Mutex<Deployments>,
+    /// Held by a deployment verb from its decision to its change in
+    /// memory, so that two verbs on one name never decide on the same
+    /// state.
+    pub(crate) deploying: tokio::sync::Mutex<()>,
+}
+
+/// What holds plugins on one host besides its tasks: its schedules and
+/// the versions it keeps deployed (a plugin is never collected while one
+/// of them needs it).
+impl crate::service::plugins::Holders for OneHost {
+    fn plugins(
+        &self,
+        only: Option<&crate::service::namespace::Ns>,
+    ) -> std::collections::HashMap<taskhost_runtime::Digest, u64> {
+        let mut held = self.schedules.plugins(only);
+        let deployments = self
+            .deployments
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for digest in deployments.digests(|key| only.is_none_or(|ns| ns.owns(key))) {
+            *held.entry(digest).or_default() += 1;
+        }
+        held
+    }
 }
 
 impl OneHost {
-    /// A store's, with no schedule yet and no key placed.
+    /// A store's, with no schedule yet and no key placed; its deployments
+    /// as the store kept them.
     pub(crate) fn new(store: Store, key_retention: Duration, kv: Arc<MemoryKv>) -> Self {
+        let deployments = Deployments::from_events(store.take_deployments());
         Self {
+            deployments: std::sync::Mutex::new(deployments),
+            deploying: tokio::sync::Mutex::new(()),
             store,
             schedules: Schedules::default(),
             keys: Keys::new(key_retention),
@@ -267,7 +298,8 @@ fn local_rows(daemon: &Daemon, store: &Store, all: bool) -> Vec<TaskRow> {
                 attempts: t.attempts,
                 age: record.as_ref().map_or(t.age, |r| r.submitted.elapsed()),
                 progress: t.progress,
-                plugin: t.body,
+                // A deployment's `NAME@VERSION`, else the plugin's name.
+                plugin: record.as_ref().map_or(t.body, |r| r.plugin.clone()),
                 outcome: None,
                 node: None,
                 // A throttled task's next start.
@@ -293,7 +325,7 @@ fn local_rows(daemon: &Daemon, store: &Store, all: bool) -> Vec<TaskRow> {
             attempts: 0,
             age: q.age,
             progress: None,
-            plugin: q.body,
+            plugin: record.as_ref().map_or(q.body, |r| r.plugin.clone()),
             outcome: None,
             node: None,
             // The time it was given (exact), else from the controller.

@@ -17,6 +17,7 @@
 //! | file | owns |
 //! |---|---|
 //! | `local` | one host's bodies of the verbs: its store, its controller |
+//! | `deployments` | named deployments on one host: the verbs, a submission's name resolved to its digest |
 //! | `namespaces` | `host ns`, a submission's quotas, the namespace's keys of the names a verb carries |
 //! | `shared` | a cluster node's bodies of the verbs: the database, this node's part |
 //! | `daemon` | what the connections share: the assembly of one daemon's parts, the outcomes still to record |
@@ -30,6 +31,7 @@
 
 pub(crate) mod children;
 pub(crate) mod daemon;
+pub(crate) mod deployments;
 mod local;
 mod namespaces;
 pub(crate) mod node;
@@ -248,6 +250,9 @@ impl<'a> Backend<'a> {
     ) -> Result<Accepted, ServiceError> {
         let ns = &self.view.acting;
         request.namespace = ns.as_request();
+        if request.deployment.is_some() && matches!(self.kind, Kind::Shared(_)) {
+            return Err(deployments::on_cluster());
+        }
         if !ns.is_default() {
             self.within_quotas(ns, &mut request).await?;
         }

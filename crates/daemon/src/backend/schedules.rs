@@ -580,13 +580,27 @@ pub(crate) async fn prepare(
     let zone = CronZone::parse(&spec.cron, spec.tz.as_deref()).map_err(invalid)?;
     let mut request = spec.request.clone();
     request.schedule = Some(spec.name.clone());
+    // A deployment by name is checked in the version of now; each firing
+    // takes the version of its time.
+    if request.deployment.is_some() {
+        let host = daemon
+            .one_host()
+            .ok_or_else(crate::backend::deployments::on_cluster)?;
+        crate::backend::deployments::resolve(host, &mut request)?;
+        spec.request.plugin = request.plugin;
+    }
     let (plugin, _) = crate::backend::submit::check(daemon, &request).await?;
     let info = plugin.info();
     let (_, slot, policy) =
         crate::service::intake::naming(&request, info, TaskId::from_u64(1)).map_err(invalid)?;
     spec.request.slot = Some(slot);
     spec.request.policy = Some(policy);
-    Ok((spec, info.name.clone(), zone))
+    let shown = spec
+        .request
+        .deployment
+        .clone()
+        .unwrap_or_else(|| info.name.clone());
+    Ok((spec, shown, zone))
 }
 
 /// `host schedule ls`: every schedule, by name, with how its last firing's

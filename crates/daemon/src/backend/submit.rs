@@ -274,8 +274,14 @@ pub(crate) async fn place(
 ) -> Result<(Submitted, Ticket), ServiceError> {
     let store = &host.store;
     let invalid = |m: String| ServiceError::Invalid(m);
+    crate::backend::deployments::resolve(host, &mut request)?;
     let (plugin, sandbox) = check(daemon, &request).await?;
     let info = plugin.info();
+    // What `ps` shows: the deployment's `NAME@VERSION`, else the plugin's.
+    let shown = request
+        .deployment
+        .clone()
+        .unwrap_or_else(|| info.name.clone());
 
     // From here to the decision, one submission at a time.
     let admission = daemon
@@ -334,7 +340,7 @@ pub(crate) async fn place(
             id,
             name: name.clone(),
             slot: slot.clone(),
-            plugin: info.name.clone(),
+            plugin: shown.clone(),
             request: Arc::clone(&resolved),
             submitted_ms,
             started,
@@ -376,7 +382,7 @@ pub(crate) async fn place(
         id,
         name: name.clone(),
         slot: slot.clone(),
-        plugin: info.name.clone(),
+        plugin: shown.clone(),
         digest: request.plugin,
         outcome: outcome.clone(),
         log: Arc::clone(&log),
@@ -395,7 +401,7 @@ pub(crate) async fn place(
             root,
             log,
             outcome,
-            plugin: info.name.clone(),
+            plugin: shown,
             submitted_ms,
             // A firing whose commit fails was not made (the next start
             // catches it up, as it would after a crash): its task is

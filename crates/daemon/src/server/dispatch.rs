@@ -116,6 +116,12 @@ pub(crate) async fn handle(
                 Err(e) => reply.failed(e).await,
             }
         }
+        Request::Deployment(verb) => match backend.deployment(verb).await {
+            Ok(rows) => {
+                reply.send(Reply::Deployments(rows)).await;
+            }
+            Err(e) => reply.failed(e).await,
+        },
         Request::HasPlugin(digest) => {
             reply
                 .send(Reply::HasPlugin(backend.has_plugin(&digest).await))

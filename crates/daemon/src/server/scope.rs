@@ -6,7 +6,9 @@
 
 use crate::service::namespace::Ns;
 pub use crate::service::namespace::Reach;
-use crate::wire::protocol::{KvVerb, NamespaceVerb, Request, ScheduleVerb, SlotRuleVerb};
+use crate::wire::protocol::{
+    DeploymentVerb, KvVerb, NamespaceVerb, Request, ScheduleVerb, SlotRuleVerb,
+};
 
 /// What a connection or an HTTP request may do: its scope, in the
 /// namespaces it reaches.
@@ -109,7 +111,8 @@ impl Scope {
             | Request::Logs { .. }
             | Request::Plugins
             | Request::Enter(_)
-            | Request::Namespace(NamespaceVerb::List) => Scope::Read,
+            | Request::Namespace(NamespaceVerb::List)
+            | Request::Deployment(DeploymentVerb::List | DeploymentVerb::History(_)) => Scope::Read,
             Request::Upload { .. }
             | Request::Submit(_)
             | Request::SubmitBatch(_)
@@ -128,6 +131,7 @@ impl Scope {
             | Request::RemovePlugins { .. }
             | Request::SlotRule(SlotRuleVerb::Set(_) | SlotRuleVerb::Unset(_))
             | Request::Namespace(_)
+            | Request::Deployment(_)
             | Request::Schedule(
                 ScheduleVerb::Remove(_) | ScheduleVerb::Pause(_) | ScheduleVerb::Resume(_),
             ) => Scope::Admin,

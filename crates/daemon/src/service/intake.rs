@@ -167,8 +167,10 @@ pub(crate) fn naming(
     }
     // A schedule's name is its namespace's key.
     let schedule = request.schedule.as_deref().map(bare);
+    // A deployment's tasks are named after it.
+    let deployed = (request.deployment.as_deref()).map(|d| d.split_once('@').map_or(d, |(n, _)| n));
     let name = request.name.clone().unwrap_or_else(|| {
-        let prefix = schedule.unwrap_or(&info.name);
+        let prefix = schedule.or(deployed).unwrap_or(&info.name);
         format!("{prefix}-{id}")
     });
     // A schedule's firings share the schedule's slot unless told

@@ -13,9 +13,11 @@
 //! | `tasks` | what the daemon remembers of submissions (waiters, logs, names) |
 //! | `history` | recent events, bridged to the daemon's log |
 //! | `kv` | one host's key-value state: the buckets in memory, each write kept by the store first; `host kv` |
+//! | `deployments` | named deployments on one host: each name's versions, its current one, the history; a submission's `NAME[@VERSION]` to a digest |
 //! | `namespace` | namespaces: the keys that tell their objects apart, what a connection sees, their weights and quotas |
 //! | `json` | the JSON forms shared by the CLI's `--json` and the HTTP API |
 
+pub mod deployments;
 pub(crate) mod error;
 pub(crate) mod history;
 pub(crate) mod intake;

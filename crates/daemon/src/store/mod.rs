@@ -42,7 +42,7 @@ use taskhost_core::logline::LogLine;
 use taskhost_core::supervisor::{TaskId, TaskReport};
 use taskhost_runtime::Digest;
 
-use super::protocol::{NamespaceSettings, ScheduleSpec, SubmitRequest};
+use super::protocol::{DeploymentEvent, NamespaceSettings, ScheduleSpec, SubmitRequest};
 use crate::schedule::FireKind;
 use taskhost_core::slot_settings::SlotSettings;
 
@@ -387,6 +387,8 @@ enum Op {
         pattern: String,
         settings: Option<SlotSettings>,
     },
+    /// A deployment's deploy, rollback or removal.
+    Deployment(DeploymentEvent),
     /// A namespace set (`settings`) or removed (`None`).
     Namespace {
         name: String,
@@ -434,6 +436,9 @@ struct Inner {
     namespaces: Mutex<Vec<(String, NamespaceSettings)>>,
     /// Each slot's latest attempt start read at open, taken once likewise.
     last_starts: Mutex<Vec<(String, u64)>>,
+    /// The deployments' events read at open, oldest first, taken once
+    /// likewise.
+    deployments: Mutex<Vec<DeploymentEvent>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -468,6 +473,7 @@ impl Store {
                         slot_rules: Mutex::default(),
                         namespaces: Mutex::default(),
                         last_starts: Mutex::default(),
+                        deployments: Mutex::default(),
                     }),
                 },
                 Vec::new(),
@@ -483,6 +489,7 @@ impl Store {
                     slot_rules,
                     namespaces,
                     last_starts,
+                    deployments,
                 } = sqlite::open(path, retention)?;
                 let (tx, rx) = mpsc::channel();
                 let pending = Arc::new(AtomicUsize::new(0));
@@ -506,6 +513,7 @@ impl Store {
                             slot_rules: Mutex::new(slot_rules),
                             namespaces: Mutex::new(namespaces),
                             last_starts: Mutex::new(last_starts),
+                            deployments: Mutex::new(deployments),
                         }),
                     },
                     unfinished,
@@ -649,6 +657,22 @@ impl Store {
     pub fn namespace(&self, name: &str, settings: Option<NamespaceSettings>) -> Ticket {
         let name = name.to_owned();
         self.write(Op::Namespace { name, settings }, true)
+    }
+
+    /// Records a deployment's event.
+    pub fn deployment(&self, event: DeploymentEvent) -> Ticket {
+        self.write(Op::Deployment(event), true)
+    }
+
+    /// The deployments' events the store held when it was opened, oldest
+    /// first (once; later calls get none).
+    pub fn take_deployments(&self) -> Vec<DeploymentEvent> {
+        let mut events = self
+            .inner
+            .deployments
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        std::mem::take(&mut *events)
     }
 
     /// The namespaces the store held when it was opened (once; later

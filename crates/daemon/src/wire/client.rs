@@ -461,6 +461,18 @@ impl Client {
         }
     }
 
+    /// `host deploy`, `host deployments ls|history|rm` and `host rollback`:
+    /// the rows the verb answers (what it made current, or the list).
+    pub async fn deployment(
+        &self,
+        verb: crate::wire::protocol::DeploymentVerb,
+    ) -> Result<Vec<crate::wire::protocol::DeploymentRow>, ClientError> {
+        match self.call(Request::Deployment(verb)).await? {
+            Reply::Deployments(rows) => Ok(rows),
+            other => Err(self.unexpected("a deployment verb", &other)),
+        }
+    }
+
     /// Every namespace this connection reaches, with its use.
     pub async fn namespaces(&self) -> Result<Vec<NamespaceRow>, ClientError> {
         let list = Request::Namespace(NamespaceVerb::List);

@@ -14,10 +14,12 @@
 //! | `ns` | `ns add`, `set`, `rm`, `ls`: namespaces and their quotas |
 //! | `admin` | `shutdown` |
 //! | `plugins` | `plugins ls`, `plugins rm`, `plugins prune` |
+//! | `deploy` | `deploy`, `deployments ls`, `history`, `rm`, `rollback`: plugins by name and version |
 
 pub mod admin;
 pub mod batch;
 pub mod bulk;
+pub mod deploy;
 pub mod kv;
 pub mod ns;
 pub mod plugins;

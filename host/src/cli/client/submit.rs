@@ -98,6 +98,18 @@ fn parse_at(text: &str) -> Result<u64, String> {
     taskhost::daemon::schedule::parse_rfc3339(text)
 }
 
+/// The deployment a PLUGIN argument names: a reference (`NAME`,
+/// `NAME@VERSION`, `NAME@sha256:…`) that is not a file here.
+pub fn deployment_of(plugin: &std::path::Path) -> Option<String> {
+    let text = plugin.to_str()?;
+    if plugin.exists() || text.ends_with(".wasm") {
+        return None;
+    }
+    taskhost::daemon::protocol::Reference::parse(text)
+        .ok()
+        .map(|_| text.to_owned())
+}
+
 /// A submission read from the task flags, with its plugin's bytes.
 pub struct Prepared {
     /// The plugin file as the user named it.
@@ -128,9 +140,18 @@ pub fn prepare(
     }
     let policies = policy_flags.resolve(task.timeout)?;
     let shown = task.plugin.display().to_string();
-    let bytes = std::fs::read(&task.plugin)
-        .map_err(|e| usage(format!("cannot read plugin `{shown}`: {e}")))?;
-    taskhost::runtime::check_header(&shown, &bytes).map_err(usage)?;
+    // `NAME`, `NAME@VERSION` or `NAME@sha256:…` that is no file: a
+    // deployment, which the daemon resolves.
+    let deployment = deployment_of(&task.plugin);
+    let bytes = match &deployment {
+        Some(_) => Vec::new(),
+        None => {
+            let bytes = std::fs::read(&task.plugin)
+                .map_err(|e| usage(format!("cannot read plugin `{shown}`: {e}")))?;
+            taskhost::runtime::check_header(&shown, &bytes).map_err(usage)?;
+            bytes
+        }
+    };
     let dirs = sandbox
         .dirs
         .iter()
@@ -145,7 +166,12 @@ pub fn prepare(
             Ok(grant)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut request = SubmitRequest::new(taskhost::runtime::Digest::of(&bytes));
+    let mut request = SubmitRequest::new(match &deployment {
+        // The daemon sets it from the deployment.
+        Some(_) => taskhost::runtime::Digest([0; 32]),
+        None => taskhost::runtime::Digest::of(&bytes),
+    });
+    request.deployment = deployment;
     request.name = task.name.clone();
     request.slot = task.slot.clone();
     request.policy = policy;
@@ -185,8 +211,11 @@ impl Prepared {
         }
     }
 
-    /// Uploads the plugin unless the daemon has it.
+    /// Uploads the plugin unless the daemon has it (a deployment is there).
     pub async fn upload(&self, client: &Client) -> anyhow::Result<()> {
+        if self.request.deployment.is_some() {
+            return Ok(());
+        }
         client
             .ensure_plugin(&self.bytes)
             .await

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, params};
 
-use crate::protocol::{NamespaceSettings, ScheduleSpec, SubmitRequest};
+use crate::protocol::{DeploymentEvent, EventWhat, NamespaceSettings, ScheduleSpec, SubmitRequest};
 use taskhost_core::lifecycle::TaskState;
 use taskhost_core::slot_settings::{Rate, SlotSettings};
 use taskhost_core::supervisor::TaskId;
@@ -37,6 +37,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/0009_slot_rate.sql"),
     include_str!("../../../migrations/0010_last_start.sql"),
     include_str!("../../../migrations/0011_namespaces.sql"),
+    include_str!("../../../migrations/0012_deployments.sql"),
 ];
 
 /// The migration that added `parent` and `root`, filled from each row's
@@ -134,6 +135,7 @@ pub(super) fn open(path: &Path, retention: Retention) -> Result<Opened, StoreErr
     let slot_rules = read_slot_rules(&conn).map_err(|e| err(path, "cannot read it", e))?;
     let last_starts = read_last_starts(&conn).map_err(|e| err(path, "cannot read it", e))?;
     let namespaces = read_namespaces(&conn).map_err(|e| err(path, "cannot read it", e))?;
+    let deployments = read_deployments(&conn).map_err(|e| err(path, "cannot read it", e))?;
     let reader = Reader::new(connect(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -153,7 +155,49 @@ pub(super) fn open(path: &Path, retention: Retention) -> Result<Opened, StoreErr
         slot_rules,
         namespaces,
         last_starts,
+        deployments,
     })
+}
+
+/// The deployments' events, oldest first; one a newer version wrote that
+/// this one cannot read is left out, said in the log.
+fn read_deployments(conn: &Connection) -> rusqlite::Result<Vec<DeploymentEvent>> {
+    let mut stmt =
+        conn.prepare("SELECT name, version, digest, at_ms, what FROM deployments ORDER BY seq")?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, Vec<u8>>(2)?,
+            r.get::<_, i64>(3)?,
+            r.get::<_, String>(4)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (name, version, digest, at_ms, what) = row?;
+        let what = match what.as_str() {
+            "deploy" => EventWhat::Deploy,
+            "rollback" => EventWhat::Rollback,
+            "remove" => EventWhat::Remove,
+            other => {
+                tracing::warn!("a deployment event of `{name}` is left out: `{other}` is unknown");
+                continue;
+            }
+        };
+        let Ok(digest) = <[u8; 32]>::try_from(digest.as_slice()) else {
+            tracing::warn!("a deployment event of `{name}` is left out: its digest is damaged");
+            continue;
+        };
+        out.push(DeploymentEvent {
+            name,
+            version,
+            digest: taskhost_runtime::Digest(digest),
+            at_ms: at_ms as u64,
+            what,
+        });
+    }
+    Ok(out)
 }
 
 /// The namespaces; one a newer version wrote that this one cannot read is
@@ -257,6 +301,8 @@ pub(super) struct Opened {
     pub namespaces: Vec<(String, NamespaceSettings)>,
     /// Each slot's latest recorded attempt start (ms since the epoch).
     pub last_starts: Vec<(String, u64)>,
+    /// The deployments' events, oldest first.
+    pub deployments: Vec<DeploymentEvent>,
 }
 
 fn read_schedules(conn: &Connection) -> rusqlite::Result<Vec<StoredSchedule>> {

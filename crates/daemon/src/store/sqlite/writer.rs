@@ -251,7 +251,8 @@ fn fold_starts(batch: &[Write]) -> (Vec<u32>, Vec<bool>) {
             | Op::ScheduleRemoved(_)
             | Op::Kv { .. }
             | Op::SlotRule { .. }
-            | Op::Namespace { .. } => {}
+            | Op::Namespace { .. }
+            | Op::Deployment(_) => {}
         }
     }
     (started, folded)
@@ -330,6 +331,19 @@ fn apply_op(tx: &rusqlite::Transaction<'_>, op: &Op, started: u32) -> rusqlite::
                     .execute(params![name])?;
             }
         },
+        Op::Deployment(event) => {
+            tx.prepare_cached(
+                "INSERT INTO deployments (name, version, digest, at_ms, what) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![
+                event.name,
+                event.version,
+                &event.digest.0[..],
+                event.at_ms as i64,
+                event.what.word(),
+            ])?;
+        }
         Op::ScheduleRemoved(name) => {
             tx.prepare_cached("DELETE FROM schedules WHERE name = ?1")?
                 .execute(params![name])?;

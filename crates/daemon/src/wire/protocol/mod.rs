@@ -19,11 +19,13 @@
 //! | `kv` | the messages of `host kv` |
 //! | `slot` | the messages of `host slot`: the operator's rules of slots |
 //! | `namespace` | the messages of namespaces: the one a connection acts in, `host ns` |
+//! | `deployment` | the messages of named deployments: `host deploy`, `host deployments`, `host rollback` |
 
 use std::time::Duration;
 
 pub use taskhost_core::lifecycle::{Placement, TaskState};
 
+mod deployment;
 mod frame;
 mod kv;
 mod namespace;
@@ -34,6 +36,10 @@ mod slot;
 mod submit;
 mod submit_json;
 
+pub use deployment::{
+    DeploymentEvent, DeploymentRow, DeploymentVerb, EventWhat, Pick, Reference,
+    check_name as check_deployment_name, check_version,
+};
 pub use frame::{Envelope, FrameError, Hello, Welcome, decode, encode, read_frame, write_frame};
 pub use kv::{KvRow, KvTarget, KvVerb};
 pub use namespace::{
@@ -52,7 +58,7 @@ pub use submit::{
 pub use submit_json::{DURATION, SubmitJson};
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 20;
+pub const PROTOCOL_VERSION: u32 = 21;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).

@@ -178,6 +178,9 @@ pub enum Reply {
     Namespaces(Vec<NamespaceRow>),
     /// One namespace, as a verb left it (or removed it).
     Namespace(NamespaceRow),
+    /// Deployments: each name's current version (`host deployments ls`),
+    /// one name's events (`history`), or what a verb made current.
+    Deployments(Vec<super::DeploymentRow>),
     /// Done (a request with nothing more to say: [`Request::Enter`](super::Request::Enter)).
     Done,
 }

@@ -276,6 +276,9 @@ pub enum Request {
     Enter(Enter),
     /// A verb on namespaces (`host ns …`).
     Namespace(NamespaceVerb),
+    /// A verb on named deployments (`host deploy`, `host deployments …`,
+    /// `host rollback`).
+    Deployment(super::DeploymentVerb),
 }
 
 impl Request {
@@ -351,9 +354,33 @@ impl Request {
                 ..
             })
             | Request::Namespace(NamespaceVerb::Remove(name)) => check_name(name),
+            Request::Deployment(verb) => check_deployment(verb),
             _ => Ok(()),
         }
     }
+}
+
+/// A deployment verb's names and versions, as the service reads them.
+fn check_deployment(verb: &super::DeploymentVerb) -> Result<(), String> {
+    use super::DeploymentVerb as V;
+    use super::deployment::{check_name, check_version};
+    match verb {
+        V::Deploy { name, version, .. } => {
+            name.as_deref().map(check_name).transpose()?;
+            version.as_deref().map(check_version).transpose()?;
+        }
+        V::List => {}
+        V::History(name) => check_name(name)?,
+        V::Rollback { name, to } => {
+            check_name(name)?;
+            to.as_deref().map(check_version).transpose()?;
+        }
+        V::Remove { name, version } => {
+            check_name(name)?;
+            check_version(version)?;
+        }
+    }
+    Ok(())
 }
 
 /// The checks of one submission a client sends (a Submit's, each item of a

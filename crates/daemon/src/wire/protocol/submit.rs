@@ -90,6 +90,12 @@ pub struct SubmitRequest {
     /// A WASI command's arguments after its name (`--arg`, `-- ARGS`), in
     /// order; a task plugin takes none.
     pub args: Vec<String>,
+    /// A named deployment to run instead of `plugin` (`host submit NAME`,
+    /// `NAME@VERSION`, `NAME@sha256:…`): the daemon sets `plugin` to its
+    /// digest at intake and this to `NAME@VERSION`, so the task keeps that
+    /// version whatever is deployed later; a schedule's stays as given,
+    /// so each firing takes the name's version of then.
+    pub deployment: Option<String>,
 }
 
 /// When a delayed submission may enter its slot.
@@ -114,8 +120,9 @@ impl NotBefore {
 
 /// Fields added to [`SubmitRequest`] since protocol 4 (`allow_http`,
 /// `idempotency_key`, `not_before`, `priority`, `schedule`, `secrets`,
-/// `config`, `kv`, `parent`, `root`, `depth`, `namespace`, `args`).
-const ADDED_FIELDS: usize = 13;
+/// `config`, `kv`, `parent`, `root`, `depth`, `namespace`, `args`,
+/// `deployment`).
+const ADDED_FIELDS: usize = 14;
 
 /// Most arguments a WASI command's submission carries.
 pub const MAX_ARGS: usize = 4096;
@@ -134,7 +141,8 @@ impl SubmitRequest {
     /// idempotency key before 7, no delay, priority or schedule before 8, no
     /// secrets before 9, no config values before 10, no shared buckets
     /// before 11, no parent before 12, no root or depth before 13, no
-    /// namespace before 17, no command arguments before 20).
+    /// namespace before 17, no command arguments before 20, no deployment
+    /// before 21).
     pub fn decode_stored(bytes: &[u8]) -> Result<Self, postcard::Error> {
         decode_padded(bytes)
     }
@@ -168,6 +176,7 @@ impl SubmitRequest {
             depth: 0,
             namespace: None,
             args: Vec::new(),
+            deployment: None,
         }
     }
 

@@ -118,6 +118,10 @@ pub struct SubmitJson {
     #[serde(default)]
     #[schemars(length(max = 4096))]
     args: Vec<String>,
+    /// A named deployment to run instead of `plugin`: `NAME`, `NAME@VERSION`
+    /// or `NAME@sha256:HEX` (`host deploy` made it).
+    #[schemars(regex(pattern = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}(@[!-?A-~]{1,128})?$"))]
+    deployment: Option<String>,
 }
 
 /// Standard base64 that takes a last symbol with bits to spare (`QR==`
@@ -146,6 +150,11 @@ impl SubmitJson {
     /// without a `plugin` of its own, `plugin` names its plugin.
     pub fn request(self, plugin: Option<Digest>) -> Result<SubmitRequest, String> {
         let digest: Digest = match (&self.plugin, plugin) {
+            (Some(_), _) if self.deployment.is_some() => {
+                return Err("give plugin or deployment, not both".into());
+            }
+            // The daemon sets it from the deployment at intake.
+            (None, _) if self.deployment.is_some() => Digest([0; 32]),
             (Some(text), _) => text
                 .parse()
                 .map_err(|e| format!("plugin: `{text}` is not a plugin digest ({e})"))?,
@@ -253,6 +262,10 @@ impl SubmitJson {
             .map(|h| HttpAllow::parse(h).map_err(|e| format!("allow_http: {e}")))
             .collect::<Result<_, _>>()?;
         request.args = self.args;
+        if let Some(text) = &self.deployment {
+            super::Reference::parse(text).map_err(|e| format!("deployment: {e}"))?;
+        }
+        request.deployment = self.deployment;
         request.idempotency_key = self.idempotency_key;
         request.not_before = match (self.delay, self.at) {
             (Some(_), Some(_)) => return Err("give delay or at, not both".into()),

@@ -1,0 +1,269 @@
+//! Named deployments on one host: `host deploy` by name and version,
+//! `host submit NAME` (and `NAME@VERSION`, `NAME@sha256:…`), tasks that keep
+//! their version through a deploy and a rollback, a schedule that follows
+//! its name, a version's removal refused while it is in use, the history
+//! kept across a restart, the JSON API's `deployment`, and a cluster node
+//! that says it does not keep deployments.
+
+use crate::{cluster, common, daemon, http, postgres};
+
+use serde_json::Value;
+
+use common::Finished;
+use daemon::{Daemon, p};
+
+fn ok(out: Finished) -> Finished {
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    out
+}
+
+fn rows(out: Finished) -> Vec<Value> {
+    let out = ok(out);
+    serde_json::from_str::<Value>(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn current(d: &Daemon, name: &str) -> String {
+    rows(d.run(&["deployments", "ls", "--json"]))
+        .into_iter()
+        .find(|r| r["name"] == name)
+        .map(|r| r["version"].as_str().unwrap().to_owned())
+        .unwrap_or_else(|| panic!("no deployment {name}"))
+}
+
+#[test]
+fn tasks_keep_their_version_through_a_deploy_and_a_rollback() {
+    let mut d = Daemon::start(&[]);
+    // `worker` 1 is the sleeper, 2 is hello: each output says which ran.
+    ok(d.run(&[
+        "deploy",
+        &p("sleeper"),
+        "--name",
+        "worker",
+        "--version",
+        "1",
+    ]));
+    assert_eq!(current(&d, "worker"), "1");
+    // One task of version 1 runs, another queues behind it in one slot.
+    let running = d.submit(&["worker", "--slot", "w", "--param", "ms=1500"]);
+    d.wait_until_state(&format!("worker-{running}"), "running");
+    let queued = d.submit(&["worker", "--slot", "w", "--param", "ms=10"]);
+    // Version 2 is deployed while they run and wait.
+    let out = ok(d.run(&["deploy", &p("hello"), "--name", "worker", "--version", "2"]));
+    assert!(out.stderr.contains("worker@2 is current"), "{}", out.stderr);
+    let fresh = d.submit(&["worker", "--input", "new"]);
+    // Removing version 1 is refused while its tasks are unfinished, naming them.
+    let refused = d.run(&["deployments", "rm", "worker", "1"]);
+    assert_eq!(refused.code, Some(3), "{refused:?}");
+    assert!(
+        refused.stderr.contains("is still used by unfinished tasks")
+            && refused.stderr.contains(&format!("id {queued}")),
+        "{}",
+        refused.stderr
+    );
+    // Each ends on the version it was submitted with.
+    let first = ok(d.run(&["wait", &running, "--json"])).json();
+    assert_eq!(first["output"], "slept 1500 ms", "{first}");
+    let second = ok(d.run(&["wait", &queued, "--json"])).json();
+    assert_eq!(second["output"], "slept 10 ms", "{second}");
+    let third = ok(d.run(&["wait", &fresh, "--json"])).json();
+    assert_eq!(third["output"], "new", "{third}");
+    let ps = rows(d.run(&["ps", "--all", "--json"]));
+    let plugin_of = |id: &str| {
+        ps.iter()
+            .find(|r| r["id"].as_u64().map(|n| n.to_string()).as_deref() == Some(id))
+            .map(|r| r["plugin"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(plugin_of(&queued).as_deref(), Some("worker@1"), "{ps:?}");
+    assert_eq!(plugin_of(&fresh).as_deref(), Some("worker@2"), "{ps:?}");
+    // A rollback is a deploy of the earlier version: recorded, at once.
+    let out = ok(d.run(&["rollback", "worker"]));
+    assert!(
+        out.stderr.contains("worker@1 is current again"),
+        "{}",
+        out.stderr
+    );
+    let out = ok(d.run(&["submit", "worker", "--param", "ms=5", "--wait"]));
+    assert_eq!(out.stdout, "slept 5 ms");
+    // By version and by digest.
+    let out = ok(d.run(&["submit", "worker@2", "--input", "two", "--wait"]));
+    assert_eq!(out.stdout, "two");
+    let hello = std::fs::read(p("hello")).unwrap();
+    let digest = {
+        use sha2::Digest as _;
+        format!("{:x}", sha2::Sha256::digest(&hello))
+    };
+    let by_digest = format!("worker@sha256:{digest}");
+    let out = ok(d.run(&["submit", &by_digest, "--input", "d", "--wait"]));
+    assert_eq!(out.stdout, "d");
+    // Unknown names and versions are told with the fix.
+    let out = d.run(&["submit", "nobody", "--wait"]);
+    assert_ne!(out.code, Some(0));
+    assert!(
+        out.stderr.contains("no deployment named `nobody`"),
+        "{}",
+        out.stderr
+    );
+    let out = d.run(&["submit", "worker@9", "--wait"]);
+    assert!(
+        out.stderr.contains("has no version 9; its versions: 1, 2"),
+        "{}",
+        out.stderr
+    );
+    // A version keeps its bytes.
+    let out = d.run(&[
+        "deploy",
+        &p("sleeper"),
+        "--name",
+        "worker",
+        "--version",
+        "2",
+    ]);
+    assert_eq!(out.code, Some(3), "{out:?}");
+    assert!(
+        out.stderr.contains("a version's bytes never change"),
+        "{}",
+        out.stderr
+    );
+    // The current version is never removed; another one, once unused, is.
+    let out = d.run(&["deployments", "rm", "worker", "1"]);
+    assert!(
+        out.stderr.contains("is the current version"),
+        "{}",
+        out.stderr
+    );
+    ok(d.run(&["deployments", "rm", "worker", "2"]));
+    let history = rows(d.run(&["deployments", "history", "worker", "--json"]));
+    let what: Vec<(&str, &str)> = history
+        .iter()
+        .map(|r| (r["what"].as_str().unwrap(), r["version"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        what,
+        [
+            ("remove", "2"),
+            ("rollback", "1"),
+            ("deploy", "2"),
+            ("deploy", "1")
+        ]
+    );
+    // All of it is kept across a SIGKILL and a restart.
+    d.kill_9();
+    d.restart(&[]);
+    assert_eq!(current(&d, "worker"), "1");
+    assert_eq!(
+        rows(d.run(&["deployments", "history", "worker", "--json"])).len(),
+        4
+    );
+    let out = ok(d.run(&["submit", "worker", "--param", "ms=1", "--wait"]));
+    assert_eq!(out.stdout, "slept 1 ms");
+    // A deployed version holds its plugin as a task does: pruning keeps
+    // one no task has used yet.
+    ok(d.run(&["deploy", &p("chatty"), "--name", "quiet", "--version", "1"]));
+    ok(d.run(&["plugins", "prune"]));
+    let out = ok(d.run(&["submit", "quiet", "--param", "lines=1", "--wait"]));
+    assert_eq!(out.stdout, "chatty done");
+}
+
+#[test]
+fn a_schedule_follows_its_names_current_version() {
+    let d = Daemon::start(&[]);
+    ok(d.run(&["deploy", &p("hello"), "--name", "greet", "--version", "1"]));
+    ok(d.run(&[
+        "schedule",
+        "add",
+        "tick",
+        "--cron",
+        "0 0 1 1 *",
+        "greet",
+        "--input",
+        "from v1",
+    ]));
+    ok(d.run(&[
+        "schedule",
+        "add",
+        "pinned",
+        "--cron",
+        "0 0 1 1 *",
+        "greet@1",
+        "--input",
+        "pinned",
+    ]));
+    let first = ok(d.run(&["schedule", "run", "tick", "--wait", "--json"])).json();
+    assert_eq!(first["output"], "from v1", "{first}");
+    // Version 2 (the sleeper) is what the next firing runs.
+    ok(d.run(&["deploy", &p("sleeper"), "--name", "greet", "--version", "2"]));
+    let second = ok(d.run(&["schedule", "run", "tick", "--wait", "--json"])).json();
+    assert!(
+        second["output"].as_str().unwrap().starts_with("slept"),
+        "{second}"
+    );
+    // A pinned schedule keeps its version, which is then in use.
+    let pinned = ok(d.run(&["schedule", "run", "pinned", "--wait", "--json"])).json();
+    assert_eq!(pinned["output"], "pinned", "{pinned}");
+    let out = d.run(&["deployments", "rm", "greet", "1"]);
+    assert!(out.stderr.contains("schedules pinned"), "{}", out.stderr);
+    ok(d.run(&["schedule", "rm", "pinned"]));
+    ok(d.run(&["deployments", "rm", "greet", "1"]));
+}
+
+#[test]
+fn the_json_api_submits_by_deployment_and_a_cluster_node_refuses_them() {
+    let d = Daemon::start(&["--http", "127.0.0.1:0"]);
+    let api = http::Api::of(&d);
+    ok(d.run(&["deploy", &p("hello"), "--name", "echo", "--version", "1.0"]));
+    let body = serde_json::json!({"deployment": "echo", "name": "api-echo", "input": "x"});
+    let answer = api.request(
+        "POST",
+        "/api/tasks",
+        &[("Content-Type", "application/json")],
+        &body.to_string(),
+    );
+    assert_eq!(answer.status, 201, "{answer:?}");
+    let out = ok(d.run(&["wait", "api-echo"]));
+    assert_eq!(out.stdout, "x");
+    let body = serde_json::json!({"deployment": "missing"});
+    let answer = api.request(
+        "POST",
+        "/api/tasks",
+        &[("Content-Type", "application/json")],
+        &body.to_string(),
+    );
+    assert_eq!(answer.status, 404, "{answer:?}");
+    // A WASI command names itself only by --name.
+    let out = d.run(&["deploy", &p("command-probe")]);
+    assert!(out.stderr.contains("declares no name"), "{}", out.stderr);
+    ok(d.run(&[
+        "deploy",
+        &p("command-probe"),
+        "--name",
+        "probe",
+        "--version",
+        "1",
+    ]));
+    let out = ok(d.run(&["submit", "probe", "--wait", "--", "echo", "x"]));
+    assert!(
+        out.stdout.starts_with("probe-") && out.stdout.ends_with("\nx\n"),
+        "named after the deployment: {:?}",
+        out.stdout
+    );
+
+    let pg = postgres::Postgres::start();
+    let node = cluster::node(&pg, "n1", &[]);
+    let out = node.run(&["deploy", &p("hello"), "--name", "echo", "--version", "1"]);
+    assert_ne!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stderr.contains("a cluster node does not have them yet"),
+        "{}",
+        out.stderr
+    );
+    let out = node.run(&["submit", "echo", "--wait"]);
+    assert!(
+        out.stderr.contains("a cluster node does not have them yet"),
+        "{}",
+        out.stderr
+    );
+}
