@@ -1,9 +1,9 @@
-//! Named deployments on one host: `host deploy` by name and version,
+//! Named deployments: `host deploy` by name and version,
 //! `host submit NAME` (and `NAME@VERSION`, `NAME@sha256:…`), tasks that keep
 //! their version through a deploy and a rollback, a schedule that follows
 //! its name, a version's removal refused while it is in use, the history
-//! kept across a restart, the JSON API's `deployment`, and a cluster node
-//! that says it does not keep deployments.
+//! kept across a restart, the JSON API's `plugin` naming one, and the same across
+//! two nodes of a cluster.
 
 use crate::{cluster, common, daemon, http, postgres};
 
@@ -211,11 +211,11 @@ fn a_schedule_follows_its_names_current_version() {
 }
 
 #[test]
-fn the_json_api_submits_by_deployment_and_a_cluster_node_refuses_them() {
+fn the_json_api_and_a_wasi_command_take_deployments() {
     let d = Daemon::start(&["--http", "127.0.0.1:0"]);
     let api = http::Api::of(&d);
     ok(d.run(&["deploy", &p("hello"), "--name", "echo", "--version", "1.0"]));
-    let body = serde_json::json!({"deployment": "echo", "name": "api-echo", "input": "x"});
+    let body = serde_json::json!({"plugin": "echo", "name": "api-echo", "input": "x"});
     let answer = api.request(
         "POST",
         "/api/tasks",
@@ -225,7 +225,7 @@ fn the_json_api_submits_by_deployment_and_a_cluster_node_refuses_them() {
     assert_eq!(answer.status, 201, "{answer:?}");
     let out = ok(d.run(&["wait", "api-echo"]));
     assert_eq!(out.stdout, "x");
-    let body = serde_json::json!({"deployment": "missing"});
+    let body = serde_json::json!({"plugin": "missing@1.0"});
     let answer = api.request(
         "POST",
         "/api/tasks",
@@ -250,19 +250,60 @@ fn the_json_api_submits_by_deployment_and_a_cluster_node_refuses_them() {
         "named after the deployment: {:?}",
         out.stdout
     );
+}
 
+#[test]
+fn a_deployment_is_the_same_on_every_node_of_a_cluster() {
     let pg = postgres::Postgres::start();
-    let node = cluster::node(&pg, "n1", &[]);
-    let out = node.run(&["deploy", &p("hello"), "--name", "echo", "--version", "1"]);
+    let one = cluster::node(&pg, "n1", &[]);
+    let two = cluster::node(&pg, "n2", &[]);
+    ok(one.run(&[
+        "deploy",
+        &p("sleeper"),
+        "--name",
+        "worker",
+        "--version",
+        "1",
+    ]));
+    // The other node answers the same version as soon as deploy returned.
+    assert_eq!(current(&two, "worker"), "1");
+    let running = two.submit(&["worker", "--slot", "w", "--param", "ms=1500"]);
+    cluster::wait_until(&two, &format!("worker-{running}"), "running", None);
+    let queued = one.submit(&["worker", "--slot", "w", "--param", "ms=10"]);
+    ok(two.run(&["deploy", &p("hello"), "--name", "worker", "--version", "2"]));
+    assert_eq!(current(&one, "worker"), "2");
+    let refused = one.run(&["deployments", "rm", "worker", "1"]);
+    assert_eq!(refused.code, Some(3), "{refused:?}");
+    assert!(
+        refused.stderr.contains(&format!("id {queued}")),
+        "{}",
+        refused.stderr
+    );
+    let fresh = one.submit(&["worker", "--input", "new"]);
+    let first = ok(one.run(&["wait", &running, "--json"])).json();
+    assert_eq!(first["output"], "slept 1500 ms", "{first}");
+    let second = ok(two.run(&["wait", &queued, "--json"])).json();
+    assert_eq!(second["output"], "slept 10 ms", "{second}");
+    let third = ok(two.run(&["wait", &fresh, "--json"])).json();
+    assert_eq!(third["output"], "new", "{third}");
+    // A rollback on one node is the other's current version at once.
+    ok(two.run(&["rollback", "worker"]));
+    assert_eq!(current(&one, "worker"), "1");
+    let out = ok(one.run(&["submit", "worker", "--param", "ms=3", "--wait"]));
+    assert_eq!(out.stdout, "slept 3 ms");
+    let history = rows(one.run(&["deployments", "history", "worker", "--json"]));
+    assert_eq!(history.len(), 3, "{history:?}");
+    ok(two.run(&["deployments", "rm", "worker", "2"]));
+    // A deployed version holds its plugin in the database: pruning keeps it.
+    ok(one.run(&["deploy", &p("chatty"), "--name", "quiet", "--version", "1"]));
+    ok(two.run(&["plugins", "prune"]));
+    let out = ok(two.run(&["submit", "quiet", "--param", "lines=1", "--wait"]));
+    assert_eq!(out.stdout, "chatty done");
+    // A cluster's schedules take files, saying so.
+    let out = one.run(&["schedule", "add", "tick", "--cron", "0 0 1 1 *", "worker"]);
     assert_ne!(out.code, Some(0), "{out:?}");
     assert!(
-        out.stderr.contains("a cluster node does not have them yet"),
-        "{}",
-        out.stderr
-    );
-    let out = node.run(&["submit", "echo", "--wait"]);
-    assert!(
-        out.stderr.contains("a cluster node does not have them yet"),
+        out.stderr.contains("not a deployment, yet"),
         "{}",
         out.stderr
     );

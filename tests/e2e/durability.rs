@@ -250,6 +250,7 @@ fn a_store_from_an_older_version_is_migrated_and_its_work_resumed() {
          DROP TABLE kv; \
          DROP TABLE slot_rules; \
          DROP TABLE namespaces; \
+         DROP TABLE deployments; \
          ALTER TABLE tasks DROP COLUMN resume_at_ms; \
          ALTER TABLE tasks DROP COLUMN failures; \
          ALTER TABLE tasks DROP COLUMN parent; \
@@ -272,7 +273,7 @@ fn a_store_from_an_older_version_is_migrated_and_its_work_resumed() {
         .unwrap()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 11, "every migration is applied");
+    assert_eq!(version, 12, "every migration is applied");
     // The children's links, filled from their requests by the migration.
     let out = d.run(&["ps", "--all", "--json"]);
     let linked = out

@@ -250,9 +250,8 @@ impl<'a> Backend<'a> {
     ) -> Result<Accepted, ServiceError> {
         let ns = &self.view.acting;
         request.namespace = ns.as_request();
-        if request.deployment.is_some() && matches!(self.kind, Kind::Shared(_)) {
-            return Err(deployments::on_cluster());
-        }
+        // One host resolves it as it places the task.
+        self.resolve_shared(&mut request).await?;
         if !ns.is_default() {
             self.within_quotas(ns, &mut request).await?;
         }

@@ -434,8 +434,11 @@ async fn shared_submit(
         .filter(|q| *q < daemon.config.max_descendants);
     let admission = Arc::new(Admission {
         names: crate::service::intake::names(&request, info),
+        plugin: request
+            .deployment
+            .clone()
+            .unwrap_or_else(|| info.name.clone()),
         request,
-        plugin: info.name.clone(),
         max_slot_queue: daemon.config.max_slot_queue,
         max_total_pending: daemon.config.max_total_pending,
         declared: Some(info.capacity),

@@ -58,6 +58,9 @@ pub(crate) async fn verb(
     let now = now_ms();
     Ok(match verb {
         ScheduleVerb::Add(spec) => {
+            if spec.request.deployment.is_some() {
+                return Err(crate::backend::deployments::on_cluster());
+            }
             cluster
                 .ensure_plugin(&daemon.plugins, &spec.request.plugin)
                 .await?;

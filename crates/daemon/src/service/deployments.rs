@@ -16,7 +16,7 @@ use crate::wire::protocol::{DeploymentEvent, DeploymentRow, EventWhat};
 pub use crate::wire::protocol::{Pick, Reference};
 
 /// Every name's events, in the order they happened.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Deployments {
     by_name: BTreeMap<String, Vec<DeploymentEvent>>,
 }

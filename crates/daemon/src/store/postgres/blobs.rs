@@ -84,7 +84,11 @@ impl Pg {
                 "cannot collect a plugin",
                 "DELETE FROM taskhost_plugins WHERE digest = $1 AND NOT EXISTS \
                      (SELECT 1 FROM taskhost_tasks WHERE digest = $1) AND NOT EXISTS \
-                     (SELECT 1 FROM taskhost_schedules WHERE digest = $1)",
+                     (SELECT 1 FROM taskhost_schedules WHERE digest = $1) AND NOT EXISTS \
+                     (SELECT 1 FROM taskhost_deployments d WHERE d.digest = $1 \
+                      AND d.what <> 'remove' AND NOT EXISTS \
+                      (SELECT 1 FROM taskhost_deployments r WHERE r.name = d.name \
+                       AND r.version = d.version AND r.what = 'remove' AND r.seq > d.seq))",
                 &[&digest],
             )
             .await?;

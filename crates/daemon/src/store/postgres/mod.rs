@@ -30,6 +30,7 @@
 //! | `time` | delayed submissions admitted when due, schedules fired once |
 //! | `debounce` | a debounced slot's one held submission, superseded by each newer one |
 //! | `kv` | guests' key-value state: writes fenced by the attempt's token, limits, the `host kv` reads |
+//! | `deployments` | named deployments for every node: their events, each appended after the newest its verb read |
 //! | `namespaces` | namespaces for every node, what each uses, counted from the rows, and its submissions' rate |
 
 mod admit;
@@ -37,6 +38,7 @@ pub(crate) mod batch;
 mod blobs;
 mod claim;
 mod debounce;
+pub(crate) mod deployments;
 pub(crate) mod kv;
 mod lease;
 pub(crate) mod link;

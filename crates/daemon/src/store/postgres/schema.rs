@@ -23,6 +23,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/postgres/0010_namespaces.sql"),
     include_str!("../../../migrations/postgres/0011_namespace_quotas.sql"),
     include_str!("../../../migrations/postgres/0012_queue_order.sql"),
+    include_str!("../../../migrations/postgres/0013_deployments.sql"),
 ];
 
 /// The migration that added `parent` and `root`, filled from each row's

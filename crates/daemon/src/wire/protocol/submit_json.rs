@@ -26,9 +26,18 @@ use super::{NotBefore, SubmitRequest};
     "max_retries": { "properties": { "restart": { "enum": ["on-failure", "always", null] } } },
 }))]
 pub struct SubmitJson {
-    /// The plugin's SHA-256 (hex, optionally `sha256:`); upload it first.
-    /// (A line of `host submit --batch` may leave it out: its PLUGIN.)
-    #[schemars(with = "String", regex(pattern = r"^(sha256:)?[0-9a-f]{64}$"))]
+    /// The plugin's SHA-256 (hex, optionally `sha256:`; upload it first),
+    /// or a deployment `host deploy` made: `NAME`, `NAME@VERSION` or
+    /// `NAME@sha256:HEX` (a name of 64 hex digits reads as a digest; the
+    /// pattern covers versions of letters, digits and `._+-`, and any
+    /// printable version without spaces or `@` is taken). (A line of
+    /// `host submit --batch` may leave it out: its PLUGIN.)
+    #[schemars(
+        with = "String",
+        regex(
+            pattern = r"^((sha256:)?[0-9a-f]{64}|[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}(@(sha256:[0-9a-f]{64}|[A-Za-z0-9_.+-]{1,128}))?)$"
+        )
+    )]
     plugin: Option<String>,
     /// The task's name.
     name: Option<String>,
@@ -118,10 +127,6 @@ pub struct SubmitJson {
     #[serde(default)]
     #[schemars(length(max = 4096))]
     args: Vec<String>,
-    /// A named deployment to run instead of `plugin`: `NAME`, `NAME@VERSION`
-    /// or `NAME@sha256:HEX` (`host deploy` made it).
-    #[schemars(regex(pattern = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}(@[!-?A-~]{1,128})?$"))]
-    deployment: Option<String>,
 }
 
 /// Standard base64 that takes a last symbol with bits to spare (`QR==`
@@ -149,15 +154,24 @@ impl SubmitJson {
     /// The request it stands for, or what is wrong (the CLI's wording);
     /// without a `plugin` of its own, `plugin` names its plugin.
     pub fn request(self, plugin: Option<Digest>) -> Result<SubmitRequest, String> {
+        let mut deployment = None;
         let digest: Digest = match (&self.plugin, plugin) {
-            (Some(_), _) if self.deployment.is_some() => {
-                return Err("give plugin or deployment, not both".into());
-            }
-            // The daemon sets it from the deployment at intake.
-            (None, _) if self.deployment.is_some() => Digest([0; 32]),
-            (Some(text), _) => text
-                .parse()
-                .map_err(|e| format!("plugin: `{text}` is not a plugin digest ({e})"))?,
+            (Some(text), _) => match text.parse() {
+                Ok(digest) => digest,
+                Err(e) => match super::Reference::parse(text) {
+                    // The daemon sets the digest from the deployment.
+                    Ok(_) if !text.starts_with("sha256:") => {
+                        deployment = Some(text.clone());
+                        Digest([0; 32])
+                    }
+                    _ => {
+                        return Err(format!(
+                            "plugin: `{text}` is neither a plugin digest ({e}) nor a \
+                             deployment (NAME, NAME@VERSION, NAME@sha256:HEX)"
+                        ));
+                    }
+                },
+            },
             (None, Some(digest)) => digest,
             (None, None) => {
                 return Err(
@@ -262,10 +276,7 @@ impl SubmitJson {
             .map(|h| HttpAllow::parse(h).map_err(|e| format!("allow_http: {e}")))
             .collect::<Result<_, _>>()?;
         request.args = self.args;
-        if let Some(text) = &self.deployment {
-            super::Reference::parse(text).map_err(|e| format!("deployment: {e}"))?;
-        }
-        request.deployment = self.deployment;
+        request.deployment = deployment;
         request.idempotency_key = self.idempotency_key;
         request.not_before = match (self.delay, self.at) {
             (Some(_), Some(_)) => return Err("give delay or at, not both".into()),
