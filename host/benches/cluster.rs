@@ -34,12 +34,18 @@
 //!   first page), a page from the middle, `ps`, `slots` and `ns ls`:
 //!   medians and maxima.
 //!
+//! - deploy (issue 54): on three nodes, a new version of `hello` (other
+//!   bytes) uploaded and deployed through node 1 until its first task,
+//!   submitted by name through node 3, has its output; then on one node,
+//!   2,000 `hello` submitted by name against by digest until every
+//!   outcome, rounds alternated.
+//!
 //! - rate accuracy (only when named, `-- rate-accuracy`; a minute): one
 //!   slot at 1,000 starts/s with a burst of 10 on three nodes, fed more
 //!   than that through all three; the starts the database recorded over a
 //!   minute against the rate's, and the most in any second.
 //!
-//! Run with `cargo bench -p taskhost --bench cluster [-- throughput|latency|takeover|state|batch|pages]`
+//! Run with `cargo bench -p taskhost --bench cluster [-- throughput|latency|takeover|state|batch|pages|deploy]`
 //! (`TASKHOST_BENCH_HOST=PATH` runs another build's `host` as the nodes;
 //! `TASKHOST_BENCH_SLOT_RULES=1` sets, before the throughput runs, a slot
 //! rule that every slot matches and none reaches)
@@ -61,8 +67,10 @@ use std::time::{Duration, Instant};
 
 use taskhost::daemon::Client;
 use taskhost::daemon::protocol::{
-    BatchItem, MAX_BATCH, Placement, Reply, Request, SubmitRequest, TaskFilter, TaskState,
+    BatchItem, DeploymentVerb, MAX_BATCH, Placement, Reply, Request, SubmitRequest, TaskFilter,
+    TaskState,
 };
+use taskhost::runtime::Digest;
 use taskhost::supervisor::TaskRef;
 
 /// Submissions of the throughput scenario (`TASKHOST_BENCH_TASKS` to change).
@@ -229,6 +237,9 @@ fn main() {
     }
     if run("pages") {
         pages();
+    }
+    if run("deploy") {
+        deploy(&rt);
     }
     // A minute long: only when asked by name.
     if wanted.iter().any(|w| "rate-accuracy".contains(w.as_str())) {
@@ -1003,4 +1014,144 @@ fn pages() {
             ms[ms.len() - 1]
         );
     }
+}
+
+/// Rounds of the deploy scenario, and its submissions per shape and round
+/// in the by-name against by-digest part.
+const DEPLOY_ROUNDS: usize = 5;
+const BY_NAME_TASKS: usize = 2_000;
+const BY_NAME_ROUNDS: usize = 5;
+
+/// `hello` with a custom section naming `round` at its end: other bytes,
+/// so another digest that each node fetches and compiles, the same code.
+fn hello_variant(hello: &[u8], round: usize) -> Vec<u8> {
+    let name = b"taskhost-bench-round";
+    let payload = round.to_string();
+    let mut body = vec![name.len() as u8];
+    body.extend_from_slice(name);
+    body.extend_from_slice(payload.as_bytes());
+    let mut bytes = hello.to_vec();
+    bytes.push(0); // a custom section
+    bytes.push(body.len() as u8);
+    bytes.extend_from_slice(&body);
+    bytes
+}
+
+/// Issue 54: on three nodes, a new version deployed through node 1 until
+/// its first task, submitted by name through node 3, has its output (the
+/// node fetching and compiling the new plugin included); then on one node,
+/// `hello` submitted by name against by digest, rounds alternated.
+fn deploy(rt: &tokio::runtime::Runtime) {
+    let pg = postgres::Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let nodes: Vec<Node> = (1..=3)
+        .map(|i| start_node(dir.path(), &pg, &format!("n{i}")))
+        .collect();
+    let hello = std::fs::read(plugin_artifacts::HELLO).expect("hello");
+    let (first, last) = (nodes[0].socket.clone(), nodes[2].socket.clone());
+    let mut took = Vec::new();
+    rt.block_on(async {
+        let one = Client::connect(&first).await.expect("connect");
+        let three = Client::connect(&last).await.expect("connect");
+        for round in 0..=DEPLOY_ROUNDS {
+            let bytes = hello_variant(&hello, round);
+            let started = Instant::now();
+            let digest = one.ensure_plugin(&bytes).await.expect("upload");
+            one.deployment(DeploymentVerb::Deploy {
+                digest,
+                name: Some("bench".into()),
+                version: Some(round.to_string()),
+            })
+            .await
+            .expect("deploy");
+            let mut request = SubmitRequest::new(Digest([0; 32]));
+            request.deployment = Some("bench".into());
+            request.input = round.to_string().into_bytes();
+            let id = three.submit(request).await.expect("submit").id;
+            let report = three.wait(TaskRef::Id(id)).await.expect("wait");
+            assert_eq!(
+                report.outcome,
+                taskhost::outcome::TaskOutcome::Completed {
+                    output: round.to_string().into_bytes()
+                }
+            );
+            // Round 0 only puts the name there.
+            if round > 0 {
+                took.push(started.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+    });
+    let rounds: Vec<String> = took.iter().map(|ms| format!("{ms:.0}")).collect();
+    took.sort_by(f64::total_cmp);
+    println!(
+        "deploy → first task on the new version, three nodes: median {:.0} ms, max {:.0} ms \
+         ({DEPLOY_ROUNDS} rounds: upload and deploy through node 1, submit by name and wait \
+         through node 3; each: {} ms)",
+        percentile(&took, 0.5),
+        took.last().copied().unwrap_or_default(),
+        rounds.join(", ")
+    );
+    drop(nodes);
+    // By name against by digest, on one node.
+    let pg = postgres::Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), &pg, "n1");
+    let (mut by_name, mut by_digest) = (Vec::new(), Vec::new());
+    rt.block_on(async {
+        let client = Client::connect(&node.socket).await.expect("connect");
+        let digest = client.ensure_plugin(&hello).await.expect("upload");
+        client
+            .deployment(DeploymentVerb::Deploy {
+                digest,
+                name: Some("bench".into()),
+                version: Some("1".into()),
+            })
+            .await
+            .expect("deploy");
+        for round in 0..2 + 2 * BY_NAME_ROUNDS {
+            let named = round % 2 == 1;
+            let started = Instant::now();
+            let mut pending = Vec::new();
+            for _ in 0..BY_NAME_TASKS {
+                let mut request = SubmitRequest::new(digest);
+                if named {
+                    request.plugin = Digest([0; 32]);
+                    request.deployment = Some("bench".into());
+                }
+                pending.push(
+                    client
+                        .request(Request::Submit(Box::new(request)))
+                        .await
+                        .expect("submit"),
+                );
+            }
+            let mut ids = Vec::new();
+            for mut replies in pending {
+                match replies.next().await {
+                    Some(Reply::Submitted(s)) => ids.push(s.id),
+                    other => panic!("submit: {other:?}"),
+                }
+            }
+            for id in ids {
+                client.wait(TaskRef::Id(id)).await.expect("wait");
+            }
+            let rate = BY_NAME_TASKS as f64 / started.elapsed().as_secs_f64();
+            if round >= 2 {
+                if named {
+                    by_name.push(rate);
+                } else {
+                    by_digest.push(rate);
+                }
+            }
+        }
+    });
+    by_name.sort_by(f64::total_cmp);
+    by_digest.sort_by(f64::total_cmp);
+    let (name, digest) = (percentile(&by_name, 0.5), percentile(&by_digest, 0.5));
+    println!(
+        "submit → outcome of {BY_NAME_TASKS} hello, one node: by name {name:.0} tasks/s, by digest \
+         {digest:.0} tasks/s (by name {:.3}x; medians of {BY_NAME_ROUNDS} rounds each, \
+         alternated, after a warm-up pair)",
+        name / digest
+    );
 }

@@ -7,15 +7,21 @@
 //! newest it read (deciding again when another node was first), so every
 //! node answers the same version once a verb has returned.
 
-use std::sync::PoisonError;
+use std::sync::{Arc, PoisonError};
+use std::time::Instant;
 
 use crate::backend::local::OneHost;
 use crate::backend::{Backend, Kind};
+use crate::cluster::node::DEPLOYMENTS_FRESH;
 use crate::service::deployments::{Deployments, Reference};
 use crate::service::error::ServiceError;
 use crate::service::namespace::Ns;
 use crate::wire::protocol::{DeploymentEvent, DeploymentRow, DeploymentVerb, SubmitRequest};
 use taskhost_runtime::ComponentKind;
+
+/// Most names a cluster node keeps resolutions of; past it, the stale
+/// ones go.
+const CACHED_NAMES: usize = 4096;
 
 /// How often a cluster node decides again when other nodes keep changing
 /// the same deployment first.
@@ -76,13 +82,38 @@ impl Backend<'_> {
         };
         let reference = Reference::parse(text).map_err(ServiceError::Invalid)?;
         let key = Ns::named(request.namespace.as_deref()).key(&reference.name);
-        let read = shared
-            .cluster
-            .pg
-            .deployment_events(Some(&key))
-            .await
-            .map_err(ServiceError::Store)?;
-        resolve_in(&Deployments::from_events(read.events), request)
+        let cluster = shared.cluster;
+        let fresh = {
+            let cache = cluster
+                .deployments
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            cache
+                .get(&key)
+                .filter(|(read, _)| read.elapsed() < DEPLOYMENTS_FRESH)
+                .map(|(_, deployments)| Arc::clone(deployments))
+        };
+        let deployments = match fresh {
+            Some(deployments) => deployments,
+            None => {
+                // Timed from before the read: a read that saw an older
+                // state expires before a deploy after it answers.
+                let started = Instant::now();
+                let read = (cluster.pg.deployment_events(Some(&key)).await)
+                    .map_err(ServiceError::Store)?;
+                let deployments = Arc::new(Deployments::from_events(read.events));
+                let mut cache = cluster
+                    .deployments
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if cache.len() >= CACHED_NAMES {
+                    cache.retain(|_, (read, _)| read.elapsed() < DEPLOYMENTS_FRESH);
+                }
+                cache.insert(key, (started, Arc::clone(&deployments)));
+                deployments
+            }
+        };
+        resolve_in(&deployments, request)
     }
 
     /// The deployments a verb decides on: one host's (a copy), or the
@@ -131,12 +162,21 @@ impl Backend<'_> {
                 })
             }
             .map_err(|e| e.to_string()),
-            Kind::Shared(shared) => shared
-                .cluster
-                .pg
-                .append_deployment(event, newest)
-                .await
-                .map_err(|e| e.to_string()),
+            Kind::Shared(shared) => {
+                let appended = shared.cluster.pg.append_deployment(event, newest).await;
+                if let Ok(true) = appended {
+                    // Every node's resolution read before this is stale
+                    // by then (see `Cluster::deployments`).
+                    shared
+                        .cluster
+                        .deployments
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .remove(&event.name);
+                    tokio::time::sleep(DEPLOYMENTS_FRESH).await;
+                }
+                appended.map_err(|e| e.to_string())
+            }
         };
         stored
             .map_err(|e| ServiceError::Internal(format!("the deployment could not be stored: {e}")))

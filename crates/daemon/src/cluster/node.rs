@@ -86,7 +86,17 @@ pub(crate) struct Cluster {
     /// Lines of running tasks on their way to the database.
     pub(crate) ship: tokio::sync::mpsc::Sender<(TaskId, i64, LogLine)>,
     pub(crate) shipped: Mutex<Option<tokio::sync::mpsc::Receiver<(TaskId, i64, LogLine)>>>,
+    /// Deployments' events by name, each as read from the database and
+    /// when that read started: submissions by name resolve from it for
+    /// [`DEPLOYMENTS_FRESH`], and a deploy answers only after that long,
+    /// so no node resolves to a version older than the last answered.
+    pub(crate) deployments:
+        Mutex<HashMap<String, (Instant, Arc<crate::service::deployments::Deployments>)>>,
 }
+
+/// How long a node resolves submissions by name from the events it read
+/// (see [`Cluster::deployments`]).
+pub(crate) const DEPLOYMENTS_FRESH: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Cluster {
     /// Joins the cluster: registers this node.
@@ -143,6 +153,7 @@ impl Cluster {
                 renewed: Mutex::new(registering),
                 rejoin: tokio::sync::Mutex::new(()),
                 rejoining: AtomicBool::new(false),
+                deployments: Mutex::default(),
                 taking_over: AtomicBool::new(false),
                 fetching: tokio::sync::Mutex::new(()),
             }
