@@ -640,7 +640,11 @@ fn a_plain_http_client_uploads_submits_and_long_polls_the_outcome() {
             format!(r#"{{"plugin":"{digest}","colour":"red"}}"#),
             "colour",
         ),
-        (r#"{"plugin":"abc"}"#.to_owned(), "not a plugin digest"),
+        // (A name is a deployment's: `abc` is one that is not there, 404.)
+        (
+            r#"{"plugin":"sha256:abc"}"#.to_owned(),
+            "neither a plugin digest",
+        ),
         (
             format!(r#"{{"plugin":"{digest}","max_retries":3,"restart":"never"}}"#),
             "max_retries",
