@@ -537,6 +537,13 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
                 to: None,
             }),
         ),
+        (
+            "download",
+            Request::Download {
+                digest: Digest([0xef; 32]),
+                offset: 1 << 20,
+            },
+        ),
         ("wait-id", Request::Wait(TaskRef::Id(TaskId::from_u64(42)))),
         ("wait-name", Request::Wait(TaskRef::Name("deploy-1".into()))),
         (

@@ -32,6 +32,7 @@
 //! | `trust` | trust boundaries: private files, peers checked, one daemon per store |
 //! | `guests` | Python and JavaScript guests |
 //! | `deployments` | named deployments on one host: deploy, submit by name, versions kept through deploys and rollbacks, schedules following a name, removal refused while in use, a restart |
+//! | `oci` | plugins through a real OCI registry with TLS and basic auth: push a file and a deployment, deploy by tag and digest; a wrong digest, tampered bytes, no credentials, an unknown CA and a registry that is down refused |
 //! | `commands` | WASI command components as tasks: programs from crates.io against their native builds, arguments, input, exits, a force-abort |
 //! | `docs` | every shell block of the documents |
 //! | `scaffold` | `host new` → build → `host run` |
@@ -39,7 +40,7 @@
 //! The helpers: `common` (the binary, plugins, line readers), `daemon` (a
 //! daemon in a temporary directory), `generated` (the checks of clients
 //! generated from the OpenAPI document), `http` (a minimal HTTP client),
-//! `postgres` (a throwaway server), `wire` (the protocol's client).
+//! `postgres` (a throwaway server), `registry` (a throwaway OCI registry), `wire` (the protocol's client).
 
 mod common;
 #[path = "common/daemon.rs"]
@@ -54,6 +55,8 @@ mod invariants;
 mod partition;
 #[path = "common/postgres.rs"]
 mod postgres;
+#[path = "common/registry.rs"]
+mod registry;
 #[path = "common/wire.rs"]
 mod wire;
 
@@ -77,6 +80,7 @@ mod guests;
 mod kv;
 mod namespaces;
 mod observability;
+mod oci;
 mod openapi;
 mod outbound_http;
 mod regressions;

@@ -182,6 +182,19 @@ fn check_with_path(projects: &Projects, path: Option<&std::ffi::OsStr>) -> Vec<M
             install: Install::Apt(&["strace"]),
         });
     }
+    if !Path::new("/usr/bin/docker-registry").is_file() {
+        missing.push(Missing {
+            what: "docker-registry (the OCI tests push to and deploy from a real registry)".into(),
+            install: Install::Apt(&["docker-registry"]),
+        });
+    }
+    if on_path("htpasswd").is_none() {
+        missing.push(Missing {
+            what: "htpasswd (apache2-utils: the OCI tests' registry checks basic auth with it)"
+                .into(),
+            install: Install::Apt(&["apache2-utils"]),
+        });
+    }
     if !postgres_installed(&search) {
         missing.push(Missing {
             what: "the PostgreSQL server (initdb, pg_ctl: the cluster tests start a throwaway one)"

@@ -16,8 +16,11 @@ use crate::cluster::node::DEPLOYMENTS_FRESH;
 use crate::service::deployments::{Deployments, Reference};
 use crate::service::error::ServiceError;
 use crate::service::namespace::Ns;
-use crate::wire::protocol::{DeploymentEvent, DeploymentRow, DeploymentVerb, SubmitRequest};
-use taskhost_runtime::ComponentKind;
+use crate::service::plugins::plugin_path;
+use crate::wire::protocol::{
+    DeploymentEvent, DeploymentRow, DeploymentVerb, SubmitRequest, UPLOAD_CHUNK,
+};
+use taskhost_runtime::{ComponentKind, Digest};
 
 /// Most names a cluster node keeps resolutions of; past it, the stale
 /// ones go.
@@ -365,5 +368,50 @@ impl Backend<'_> {
              schedules) first",
             what.join(" and ")
         )))
+    }
+}
+
+impl Backend<'_> {
+    /// Up to [`UPLOAD_CHUNK`] bytes of a stored plugin from `offset`, with
+    /// its whole length: `host push` of a deployment. A cluster node
+    /// without the plugin reads it from the database.
+    pub(crate) async fn plugin_chunk(
+        &self,
+        digest: &Digest,
+        offset: u64,
+    ) -> Result<(u64, Vec<u8>), ServiceError> {
+        let daemon = match &self.kind {
+            Kind::Local(local) => &local.daemon,
+            Kind::Shared(shared) => &shared.daemon,
+        };
+        let path = plugin_path(&daemon.config.state_dir, digest);
+        let bytes = match tokio::fs::read(&path).await {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let held = match &self.kind {
+                    Kind::Local(_) => None,
+                    Kind::Shared(shared) => shared
+                        .cluster
+                        .pg
+                        .plugin_bytes(digest)
+                        .await
+                        .map_err(ServiceError::Store)?,
+                };
+                held.ok_or_else(|| {
+                    ServiceError::NotFound(format!(
+                        "no plugin {digest} here: `host plugins` lists the stored ones"
+                    ))
+                })?
+            }
+            Err(e) => {
+                return Err(ServiceError::Internal(format!(
+                    "cannot read plugin {digest}: {e}"
+                )));
+            }
+        };
+        let total = bytes.len() as u64;
+        let start = usize::try_from(offset.min(total)).unwrap_or(bytes.len());
+        let end = bytes.len().min(start + UPLOAD_CHUNK);
+        Ok((total, bytes[start..end].to_vec()))
     }
 }

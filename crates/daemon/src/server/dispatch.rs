@@ -122,6 +122,12 @@ pub(crate) async fn handle(
             }
             Err(e) => reply.failed(e).await,
         },
+        Request::Download { digest, offset } => match backend.plugin_chunk(&digest, offset).await {
+            Ok((total, data)) => {
+                reply.send(Reply::PluginChunk { total, data }).await;
+            }
+            Err(e) => reply.failed(e).await,
+        },
         Request::HasPlugin(digest) => {
             reply
                 .send(Reply::HasPlugin(backend.has_plugin(&digest).await))

@@ -104,6 +104,7 @@ impl Scope {
     pub fn needed(request: &Request) -> Scope {
         match request {
             Request::HasPlugin(_)
+            | Request::Download { .. }
             | Request::List { .. }
             | Request::Page(_)
             | Request::Slots

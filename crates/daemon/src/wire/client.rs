@@ -473,6 +473,31 @@ impl Client {
         }
     }
 
+    /// A stored plugin's bytes, chunk by chunk; checked against `digest`.
+    pub async fn download(&self, digest: Digest) -> Result<Vec<u8>, ClientError> {
+        let mut bytes = Vec::new();
+        loop {
+            let offset = bytes.len() as u64;
+            match self.call(Request::Download { digest, offset }).await? {
+                Reply::PluginChunk { total, data } => {
+                    let done = data.is_empty() || offset + data.len() as u64 >= total;
+                    bytes.extend_from_slice(&data);
+                    if done {
+                        break;
+                    }
+                }
+                other => return Err(self.unexpected("a plugin download", &other)),
+            }
+        }
+        if Digest::of(&bytes) != digest {
+            return Err(ClientError::Protocol {
+                socket: self.inner.socket.clone(),
+                message: format!("it sent plugin {digest} with other bytes"),
+            });
+        }
+        Ok(bytes)
+    }
+
     /// Every namespace this connection reaches, with its use.
     pub async fn namespaces(&self) -> Result<Vec<NamespaceRow>, ClientError> {
         let list = Request::Namespace(NamespaceVerb::List);

@@ -2,10 +2,14 @@
 //! plugins deployed by name and version, each name's current version
 //! what `host submit NAME` runs.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
-use taskhost::daemon::protocol::{DeploymentRow, DeploymentVerb};
+use taskhost::daemon::Client;
+use taskhost::daemon::protocol::{DeploymentRow, DeploymentVerb, EventWhat};
+use taskhost::runtime::Digest;
+
+use super::oci::{self, RegistryArgs};
 
 use super::super::args::SocketArg;
 use super::super::exit::{self, usage};
@@ -14,9 +18,9 @@ use super::print_table;
 
 #[derive(Debug, Args)]
 pub struct DeployArgs {
-    /// The plugin to deploy: a WebAssembly component file (.wasm), uploaded unless the daemon has it.
+    /// The plugin to deploy: a WebAssembly component file (.wasm), or one in an OCI registry (oci://REGISTRY/REPOSITORY:TAG or @sha256:DIGEST), uploaded unless the daemon has it.
     #[arg(value_name = "PLUGIN")]
-    plugin: PathBuf,
+    plugin: String,
     /// The deployment's name [default: the plugin's declared name; a WASI command needs one].
     #[arg(long)]
     name: Option<String>,
@@ -26,6 +30,22 @@ pub struct DeployArgs {
     /// Print JSON: the deployment as it is now.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    registry: RegistryArgs,
+    #[command(flatten)]
+    socket: SocketArg,
+}
+
+#[derive(Debug, Args)]
+pub struct PushArgs {
+    /// What to publish: a deployment (NAME, its current version, or NAME@VERSION) or a WebAssembly component file (.wasm).
+    #[arg(value_name = "SOURCE")]
+    source: String,
+    /// Where: oci://REGISTRY/REPOSITORY:TAG.
+    #[arg(value_name = "DESTINATION")]
+    destination: String,
+    #[command(flatten)]
+    registry: RegistryArgs,
     #[command(flatten)]
     socket: SocketArg,
 }
@@ -102,10 +122,14 @@ struct RemoveArgs {
 }
 
 pub async fn deploy(args: DeployArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
-    let shown = args.plugin.display().to_string();
-    let bytes = std::fs::read(&args.plugin)
-        .map_err(|e| usage(format!("cannot read plugin `{shown}`: {e}")))?;
-    taskhost::runtime::check_header(&shown, &bytes).map_err(usage)?;
+    let shown = args.plugin.as_str();
+    let bytes = match oci::reference(shown) {
+        Some(reference) => oci::pull(&args.registry, &reference?).await?,
+        None => {
+            std::fs::read(shown).map_err(|e| usage(format!("cannot read plugin `{shown}`: {e}")))?
+        }
+    };
+    taskhost::runtime::check_header(shown, &bytes).map_err(usage)?;
     let client = super::connect(&args.socket, before_verb.as_deref()).await?;
     let digest = client.ensure_plugin(&bytes).await.map_err(exit::client)?;
     let verb = DeploymentVerb::Deploy {
@@ -125,6 +149,64 @@ pub async fn deploy(args: DeployArgs, before_verb: Option<PathBuf>) -> anyhow::R
         }
     }
     Ok(0)
+}
+
+pub async fn push(args: PushArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
+    let destination = oci::reference(&args.destination).ok_or_else(|| {
+        usage(format!(
+            "`{}` is not a registry reference: give oci://REGISTRY/REPOSITORY:TAG",
+            args.destination
+        ))
+    })??;
+    let source = args.source.as_str();
+    let file = Path::new(source);
+    let bytes = if source.ends_with(".wasm") || file.is_file() {
+        std::fs::read(file).map_err(|e| usage(format!("cannot read plugin `{source}`: {e}")))?
+    } else {
+        let client = super::connect(&args.socket, before_verb.as_deref()).await?;
+        let digest = deployed_digest(&client, source).await?;
+        client.download(digest).await.map_err(exit::client)?
+    };
+    taskhost::runtime::check_header(source, &bytes).map_err(usage)?;
+    let digest = oci::push(&args.registry, &destination, bytes).await?;
+    say(&format!("pushed {source} to {}@{digest}", args.destination));
+    Ok(0)
+}
+
+/// The digest of deployment `NAME` (its current version) or
+/// `NAME@VERSION`.
+async fn deployed_digest(client: &Client, source: &str) -> anyhow::Result<Digest> {
+    let (name, version) = match source.split_once('@') {
+        Some((name, version)) => (name, Some(version)),
+        None => (source, None),
+    };
+    let not_found = |what: String| {
+        exit::ExitError::error(
+            exit::EXIT_USAGE,
+            format!("{what}: `host deployments ls` lists the deployments (or give a .wasm file)"),
+        )
+    };
+    let Some(version) = version else {
+        let rows = client
+            .deployment(DeploymentVerb::List)
+            .await
+            .map_err(exit::client)?;
+        return rows
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| r.digest)
+            .ok_or_else(|| not_found(format!("no deployment `{name}` and no file of that name")));
+    };
+    let rows = client
+        .deployment(DeploymentVerb::History(name.to_owned()))
+        .await
+        .map_err(exit::client)?;
+    match rows.iter().find(|r| r.version == version) {
+        Some(row) if row.what != EventWhat::Remove => Ok(row.digest),
+        _ => Err(not_found(format!(
+            "deployment `{name}` has no version {version}"
+        ))),
+    }
 }
 
 pub async fn rollback(args: RollbackArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {

@@ -14,7 +14,8 @@
 //! | `ns` | `ns add`, `set`, `rm`, `ls`: namespaces and their quotas |
 //! | `admin` | `shutdown` |
 //! | `plugins` | `plugins ls`, `plugins rm`, `plugins prune` |
-//! | `deploy` | `deploy`, `deployments ls`, `history`, `rm`, `rollback`: plugins by name and version |
+//! | `deploy` | `deploy`, `deployments ls`, `history`, `rm`, `rollback`, `push`: plugins by name and version |
+//! | `oci` | pulls from and pushes to OCI registries: references, credentials, TLS, digests checked |
 
 pub mod admin;
 pub mod batch;
@@ -22,6 +23,7 @@ pub mod bulk;
 pub mod deploy;
 pub mod kv;
 pub mod ns;
+pub mod oci;
 pub mod plugins;
 pub mod schedule;
 pub mod slot;

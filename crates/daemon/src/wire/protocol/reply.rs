@@ -181,6 +181,16 @@ pub enum Reply {
     /// Deployments: each name's current version (`host deployments ls`),
     /// one name's events (`history`), or what a verb made current.
     Deployments(Vec<super::DeploymentRow>),
+    /// Bytes of a plugin from the offset a
+    /// [`Request::Download`](super::Request::Download) asked, with the
+    /// plugin's whole length (no bytes: the offset is its end).
+    PluginChunk {
+        /// The plugin's length in bytes.
+        total: u64,
+        /// The bytes.
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
     /// Done (a request with nothing more to say: [`Request::Enter`](super::Request::Enter)).
     Done,
 }

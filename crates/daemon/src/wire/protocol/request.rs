@@ -279,6 +279,15 @@ pub enum Request {
     /// A verb on named deployments (`host deploy`, `host deployments …`,
     /// `host rollback`).
     Deployment(super::DeploymentVerb),
+    /// Up to [`UPLOAD_CHUNK`](super::UPLOAD_CHUNK) bytes of a stored
+    /// plugin from `offset` (`host push` of a deployment); answered with
+    /// [`Reply::PluginChunk`](super::Reply::PluginChunk).
+    Download {
+        /// The plugin.
+        digest: Digest,
+        /// Where the chunk starts.
+        offset: u64,
+    },
 }
 
 impl Request {
