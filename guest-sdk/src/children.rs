@@ -74,7 +74,9 @@ impl Spec {
         self
     }
 
-    /// Another plugin the daemon stores, by its digest (sha256, hex).
+    /// Another plugin: one the daemon stores, by its digest (sha256, hex),
+    /// or a deployment, `NAME`, `NAME@VERSION` or `NAME@sha256:HEX`
+    /// (`host deploy`), whose version the daemon picks at the spawn.
     pub fn plugin(mut self, digest: impl Into<String>) -> Self {
         self.plugin = Some(digest.into());
         self

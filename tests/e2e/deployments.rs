@@ -211,6 +211,56 @@ fn a_schedule_follows_its_names_current_version() {
 }
 
 #[test]
+fn children_are_spawned_by_deployment() {
+    let d = Daemon::start(&[]);
+    ok(d.run(&["deploy", &p("hello"), "--name", "echo", "--version", "1"]));
+    // Each child of `echo` answers its input, `i`: 0 + 1 + 2.
+    let done = ok(d.run(&[
+        "submit",
+        &p("fanout"),
+        "--param",
+        "child=echo",
+        "--wait",
+        "--json",
+    ]))
+    .json();
+    let output: Value = serde_json::from_str(done["output"].as_str().unwrap()).unwrap();
+    assert_eq!(output["sum"], 3, "{output}");
+    let ps = rows(d.run(&["ps", "--all", "--json"]));
+    let children: Vec<_> = ps.iter().filter(|r| r["plugin"] == "echo@1").collect();
+    assert_eq!(children.len(), 3, "{ps:?}");
+    // An idempotency key holds the request as given: the same submission
+    // of the name after a deploy is the task it first made.
+    let keyed = ["echo", "--idempotency-key", "k1", "--input", "once"];
+    let first = d.submit(&keyed);
+    // A pinned version, and one that is not there.
+    ok(d.run(&["deploy", &p("sleeper"), "--name", "echo", "--version", "2"]));
+    assert_eq!(d.submit(&keyed), first);
+    let done = ok(d.run(&[
+        "submit",
+        &p("fanout"),
+        "--param",
+        "child=echo@1",
+        "--param",
+        "n=2",
+        "--wait",
+        "--json",
+    ]))
+    .json();
+    assert!(
+        done["output"].as_str().unwrap().contains("\"sum\":1"),
+        "{done}"
+    );
+    let out = d.run(&["submit", &p("fanout"), "--param", "child=echo@9", "--wait"]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("cannot start a child: deployment `echo` has no version 9"),
+        "{out:?}"
+    );
+}
+
+#[test]
 fn the_json_api_and_a_wasi_command_take_deployments() {
     let d = Daemon::start(&["--http", "127.0.0.1:0"]);
     let api = http::Api::of(&d);
@@ -299,12 +349,63 @@ fn a_deployment_is_the_same_on_every_node_of_a_cluster() {
     ok(two.run(&["plugins", "prune"]));
     let out = ok(two.run(&["submit", "quiet", "--param", "lines=1", "--wait"]));
     assert_eq!(out.stdout, "chatty done");
-    // A cluster's schedules take files, saying so.
-    let out = one.run(&["schedule", "add", "tick", "--cron", "0 0 1 1 *", "worker"]);
-    assert_ne!(out.code, Some(0), "{out:?}");
+    // A schedule of the name follows it on every node; one of a version
+    // keeps it, and holds it against removal.
+    for (name, plugin) in [("tick", "worker"), ("pinned", "worker@1")] {
+        ok(one.run(&[
+            "schedule",
+            "add",
+            name,
+            "--cron",
+            "0 0 1 1 *",
+            plugin,
+            "--param",
+            "ms=1",
+            "--input",
+            "fired",
+        ]));
+    }
+    let out = ok(two.run(&["schedule", "run", "tick", "--wait"]));
+    assert_eq!(out.stdout, "slept 1 ms");
+    ok(one.run(&["deploy", &p("hello"), "--name", "worker", "--version", "3"]));
+    let out = ok(two.run(&["schedule", "run", "tick", "--wait"]));
+    assert_eq!(out.stdout, "fired");
+    let out = ok(one.run(&["schedule", "run", "pinned", "--wait"]));
+    assert_eq!(out.stdout, "slept 1 ms");
+    let refused = two.run(&["deployments", "rm", "worker", "1"]);
+    assert_eq!(refused.code, Some(3), "{refused:?}");
     assert!(
-        out.stderr.contains("not a deployment, yet"),
+        refused.stderr.contains("schedules pinned"),
         "{}",
-        out.stderr
+        refused.stderr
     );
+    ok(two.run(&["schedule", "rm", "pinned"]));
+    ok(two.run(&["deployments", "rm", "worker", "1"]));
+    // Children by deployment, on a node that never saw the deploy.
+    let done = ok(two.run(&[
+        "submit",
+        &p("fanout"),
+        "--param",
+        "child=worker",
+        "--wait",
+        "--json",
+    ]))
+    .json();
+    assert!(
+        done["output"].as_str().unwrap().contains("\"sum\":3"),
+        "{done}"
+    );
+    // An idempotency key holds the request as given: the same submission
+    // of the name after a deploy is the task it first made.
+    let keyed = ["worker", "--idempotency-key", "k1", "--input", "once"];
+    let first = one.submit(&keyed);
+    ok(two.run(&[
+        "deploy",
+        &p("sleeper"),
+        "--name",
+        "worker",
+        "--version",
+        "4",
+    ]));
+    assert_eq!(two.submit(&keyed), first);
 }

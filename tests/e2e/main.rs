@@ -31,7 +31,7 @@
 //! | `traces` | OpenTelemetry traces to a collector in the test |
 //! | `trust` | trust boundaries: private files, peers checked, one daemon per store |
 //! | `guests` | Python and JavaScript guests |
-//! | `deployments` | named deployments on one host: deploy, submit by name, versions kept through deploys and rollbacks, schedules following a name, removal refused while in use, a restart |
+//! | `deployments` | named deployments on one host and a cluster: deploy, submit by name, versions kept through deploys and rollbacks, schedules following a name, children by name, removal refused while in use, a restart |
 //! | `oci` | plugins through a real OCI registry with TLS and basic auth: push a file and a deployment, deploy by tag and digest; a wrong digest, tampered bytes, no credentials, an unknown CA and a registry that is down refused |
 //! | `commands` | WASI command components as tasks: programs from crates.io against their native builds, arguments, input, exits, a force-abort |
 //! | `docs` | every shell block of the documents |

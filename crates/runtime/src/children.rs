@@ -28,8 +28,11 @@ pub const MAX_CHILD_KEY: usize = 128;
 pub struct ChildSpec {
     /// Its key among its parent's children.
     pub key: String,
-    /// Its plugin (`None`: the parent's).
+    /// Its plugin (`None`: the parent's, or the deployment's).
     pub plugin: Option<Digest>,
+    /// A deployment, `NAME[@VERSION|@sha256:HEX]`, the daemon resolves to
+    /// its plugin at intake.
+    pub deployment: Option<String>,
     /// Its name (`None`: `<parent>.<key>`).
     pub name: Option<String>,
     /// Its slot (`None`: its plugin's resource, else its name).
@@ -167,16 +170,19 @@ pub fn check_key(key: &str) -> Result<(), String> {
 /// Turns the guest's spec into ours, or says what is wrong.
 pub(crate) fn spec(spec: children::ChildSpec) -> Result<ChildSpec, String> {
     check_key(&spec.key)?;
-    let plugin = spec
-        .plugin
-        .map(|p| {
-            p.parse::<Digest>()
-                .map_err(|e| format!("plugin `{p}` is not a plugin digest: {e}"))
-        })
-        .transpose()?;
+    // A digest names a stored plugin; any other text a deployment, which
+    // the daemon checks as it resolves it.
+    let (plugin, deployment) = match spec.plugin {
+        None => (None, None),
+        Some(text) => match text.parse::<Digest>() {
+            Ok(digest) => (Some(digest), None),
+            Err(_) => (None, Some(text)),
+        },
+    };
     Ok(ChildSpec {
         key: spec.key,
         plugin,
+        deployment,
         name: spec.name,
         slot: spec.slot,
         params: spec.params,

@@ -3,7 +3,9 @@
 //! child `i` answers `i*i` after sleeping `ms` (cancellably).
 //!
 //! Params: `n` (default 3); `ms` (default 0): each child's sleep; `slot`:
-//! each child's slot (default: its own); `i` (set on children): makes this
+//! each child's slot (default: its own); `child`: children of that plugin
+//! (a digest or a deployment) instead, each given `i` as its input (so
+//! `hello` children sum to `0+1+…`); `i` (set on children): makes this
 //! instance the child `i`. `bench` (default 0):
 //! instead, spawn this many children one after another, each answering the
 //! wall-clock time it started, and answer the spawn call's and the
@@ -56,6 +58,11 @@ impl Task for Fanout {
             let mut spec = children::Spec::new()
                 .param("i", i.to_string())
                 .param("ms", ms.to_string());
+            // `child`: children of that plugin (a digest or a deployment),
+            // each given `i` as its input.
+            if let Some(child) = ctx.param("child") {
+                spec = spec.plugin(child).input(i.to_string());
+            }
             // `slot`: every child in that slot, one after another.
             if let Some(slot) = ctx.param("slot") {
                 spec = spec.slot(slot);

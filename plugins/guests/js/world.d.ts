@@ -257,8 +257,9 @@ declare module 'taskhost:plugin/children@0.1.2' {
      */
     key: string,
     /**
-     * The plugin, by the digest (sha256, hex) of one the daemon stores;
-     * none: the parent's own plugin.
+     * The plugin, by the digest (sha256, hex) of one the daemon stores,
+     * or a deployment (`NAME`, `NAME@VERSION`, `NAME@sha256:HEX`),
+     * resolved at the spawn; none: the parent's own plugin.
      */
     plugin?: string,
     /**

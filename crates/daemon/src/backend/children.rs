@@ -66,6 +66,8 @@ impl Children {
 fn request(parent: &Parent, spec: ChildSpec) -> SubmitRequest {
     let grants = &parent.sandbox;
     let mut request = SubmitRequest::new(spec.plugin.unwrap_or(parent.plugin));
+    // Resolved to its version's digest where every submission's is.
+    request.deployment = spec.deployment;
     request.name = Some(
         spec.name
             .unwrap_or_else(|| format!("{}.{}", bare(&parent.name), spec.key)),

@@ -12,11 +12,12 @@ use std::time::Instant;
 
 use crate::backend::local::OneHost;
 use crate::backend::{Backend, Kind};
-use crate::cluster::node::DEPLOYMENTS_FRESH;
+use crate::cluster::node::{Cluster, DEPLOYMENTS_FRESH};
 use crate::service::deployments::{Deployments, Reference};
 use crate::service::error::ServiceError;
 use crate::service::namespace::Ns;
 use crate::service::plugins::plugin_path;
+use crate::store::postgres::time::Resolve;
 use crate::wire::protocol::{
     DeploymentEvent, DeploymentRow, DeploymentVerb, SubmitRequest, UPLOAD_CHUNK,
 };
@@ -29,15 +30,6 @@ const CACHED_NAMES: usize = 4096;
 /// How often a cluster node decides again when other nodes keep changing
 /// the same deployment first.
 const TRIES: usize = 8;
-
-/// The refusal of a schedule of a deployment on a cluster.
-pub(crate) fn on_cluster() -> ServiceError {
-    ServiceError::Invalid(
-        "a cluster's schedules take a plugin file (or digest), not a deployment, yet: give \
-         the file"
-            .into(),
-    )
-}
 
 /// Turns a submission's deployment into its plugin with `deployments`:
 /// `plugin` becomes the digest of the version picked, and `deployment`
@@ -67,6 +59,65 @@ pub(crate) fn resolve(host: &OneHost, request: &mut SubmitRequest) -> Result<(),
     resolve_in(&deployments, request)
 }
 
+/// [`resolve_in`] with a cluster's deployments: the name's events read
+/// from the database, at most [`DEPLOYMENTS_FRESH`] before.
+pub(crate) async fn resolve_on(
+    cluster: &Cluster,
+    request: &mut SubmitRequest,
+) -> Result<(), ServiceError> {
+    let Some(text) = &request.deployment else {
+        return Ok(());
+    };
+    let reference = Reference::parse(text).map_err(ServiceError::Invalid)?;
+    let key = Ns::named(request.namespace.as_deref()).key(&reference.name);
+    let fresh = {
+        let cache = cluster
+            .deployments
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        cache
+            .get(&key)
+            .filter(|(read, _)| read.elapsed() < DEPLOYMENTS_FRESH)
+            .map(|(_, deployments)| Arc::clone(deployments))
+    };
+    let deployments = match fresh {
+        Some(deployments) => deployments,
+        None => {
+            // Timed from before the read: a read that saw an older
+            // state expires before a deploy after it answers.
+            let started = Instant::now();
+            let read =
+                (cluster.pg.deployment_events(Some(&key)).await).map_err(ServiceError::Store)?;
+            let deployments = Arc::new(Deployments::from_events(read.events));
+            let mut cache = cluster
+                .deployments
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if cache.len() >= CACHED_NAMES {
+                cache.retain(|_, (read, _)| read.elapsed() < DEPLOYMENTS_FRESH);
+            }
+            cache.insert(key, (started, Arc::clone(&deployments)));
+            deployments
+        }
+    };
+    resolve_in(&deployments, request)
+}
+
+/// A cluster's schedule firings' resolution of their deployments, for the
+/// store's firing transactions.
+pub(crate) fn resolver(cluster: &Arc<Cluster>) -> Box<Resolve> {
+    let cluster = Arc::clone(cluster);
+    Box::new(move |mut request: SubmitRequest| {
+        let cluster = Arc::clone(&cluster);
+        Box::pin(async move {
+            resolve_on(&cluster, &mut request)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(request)
+        })
+    })
+}
+
 /// What a verb decided: rows to answer at once, or an event to keep.
 enum Decided {
     Rows(Vec<DeploymentRow>),
@@ -80,43 +131,10 @@ impl Backend<'_> {
         &self,
         request: &mut SubmitRequest,
     ) -> Result<(), ServiceError> {
-        let (Kind::Shared(shared), Some(text)) = (&self.kind, &request.deployment) else {
-            return Ok(());
-        };
-        let reference = Reference::parse(text).map_err(ServiceError::Invalid)?;
-        let key = Ns::named(request.namespace.as_deref()).key(&reference.name);
-        let cluster = shared.cluster;
-        let fresh = {
-            let cache = cluster
-                .deployments
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            cache
-                .get(&key)
-                .filter(|(read, _)| read.elapsed() < DEPLOYMENTS_FRESH)
-                .map(|(_, deployments)| Arc::clone(deployments))
-        };
-        let deployments = match fresh {
-            Some(deployments) => deployments,
-            None => {
-                // Timed from before the read: a read that saw an older
-                // state expires before a deploy after it answers.
-                let started = Instant::now();
-                let read = (cluster.pg.deployment_events(Some(&key)).await)
-                    .map_err(ServiceError::Store)?;
-                let deployments = Arc::new(Deployments::from_events(read.events));
-                let mut cache = cluster
-                    .deployments
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                if cache.len() >= CACHED_NAMES {
-                    cache.retain(|_, (read, _)| read.elapsed() < DEPLOYMENTS_FRESH);
-                }
-                cache.insert(key, (started, Arc::clone(&deployments)));
-                deployments
-            }
-        };
-        resolve_in(&deployments, request)
+        match &self.kind {
+            Kind::Shared(shared) => resolve_on(shared.cluster, request).await,
+            Kind::Local(_) => Ok(()),
+        }
     }
 
     /// The deployments a verb decides on: one host's (a copy), or the
@@ -334,7 +352,7 @@ impl Backend<'_> {
     }
 
     /// Refuses the removal of `shown` (`NAME@VERSION`) while an unfinished
-    /// task or one host's schedule uses it, naming them.
+    /// task or a schedule pinned to it uses it, naming them.
     async fn unused(&self, shown: &str) -> Result<(), ServiceError> {
         let view = &self.view;
         let users: Vec<String> = self
@@ -351,7 +369,12 @@ impl Backend<'_> {
                 .filter(|s| view.sees(&s.name) && s.plugin == shown)
                 .map(|s| view.show(&s.name))
                 .collect(),
-            Kind::Shared(_) => Vec::new(),
+            Kind::Shared(shared) => (shared.cluster.pg.schedules().await)
+                .map_err(ServiceError::Store)?
+                .into_iter()
+                .filter(|(s, _)| view.sees(&s.spec.name) && s.plugin == shown)
+                .map(|(s, _)| view.show(&s.spec.name))
+                .collect(),
         };
         if users.is_empty() && schedules.is_empty() {
             return Ok(());

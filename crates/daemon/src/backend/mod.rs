@@ -250,14 +250,20 @@ impl<'a> Backend<'a> {
     ) -> Result<Accepted, ServiceError> {
         let ns = &self.view.acting;
         request.namespace = ns.as_request();
-        // One host resolves it as it places the task.
-        self.resolve_shared(&mut request).await?;
         if !ns.is_default() {
             self.within_quotas(ns, &mut request).await?;
         }
         match &self.kind {
+            // One host resolves a deployment as it places the task.
             Kind::Local(local) => local.submit(request).await,
-            Kind::Shared(shared) => shared.submit(request).await,
+            Kind::Shared(shared) => {
+                // An idempotency key holds the request as given, as on one
+                // host: a retry naming a deployment is the same request
+                // whichever version is current by then.
+                let given = (request.idempotency_key.as_ref()).map(|_| request.fingerprint());
+                self.resolve_shared(&mut request).await?;
+                shared.submit(request, given).await
+            }
         }
     }
 

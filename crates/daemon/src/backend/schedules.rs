@@ -582,10 +582,10 @@ pub(crate) async fn prepare(
     request.schedule = Some(spec.name.clone());
     // A deployment by name is checked in the version of now; each firing
     // takes the version of its time.
-    if request.deployment.is_some() {
-        let host = daemon
-            .one_host()
-            .ok_or_else(crate::backend::deployments::on_cluster)?;
+    // (A cluster node resolved it before: `spec.request.plugin`.)
+    if request.deployment.is_some()
+        && let Some(host) = daemon.one_host()
+    {
         crate::backend::deployments::resolve(host, &mut request)?;
         spec.request.plugin = request.plugin;
     }

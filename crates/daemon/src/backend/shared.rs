@@ -98,8 +98,14 @@ impl Shared<'_> {
     }
 
     /// Queues one submission for the database's decision.
-    pub(super) async fn submit(&self, request: SubmitRequest) -> Result<Accepted, ServiceError> {
-        shared_submit(self.daemon, self.cluster, request).await
+    /// Places one submission; `given` is the fingerprint of the request as
+    /// it came, before its deployment was resolved.
+    pub(super) async fn submit(
+        &self,
+        request: SubmitRequest,
+        given: Option<[u8; 32]>,
+    ) -> Result<Accepted, ServiceError> {
+        shared_submit(self.daemon, self.cluster, request, given).await
     }
 
     /// A schedule verb on the database's schedules.
@@ -410,6 +416,7 @@ async fn shared_submit(
     daemon: &Arc<Daemon>,
     cluster: &Arc<Cluster>,
     request: SubmitRequest,
+    given: Option<[u8; 32]>,
 ) -> Result<Accepted, ServiceError> {
     let plugin = cluster
         .ensure_plugin(&daemon.plugins, &request.plugin)
@@ -445,11 +452,12 @@ async fn shared_submit(
         max_descendants: tree_quota.unwrap_or(daemon.config.max_descendants),
         due,
     });
-    let keyed = admission
-        .request
-        .idempotency_key
-        .clone()
-        .map(|key| (key, admission.request.fingerprint()));
+    let keyed = admission.request.idempotency_key.clone().map(|key| {
+        (
+            key,
+            given.unwrap_or_else(|| admission.request.fingerprint()),
+        )
+    });
     let since = keys::cutoff_ms(daemon.config.idempotency_retention) as i64;
     let decide = {
         let (cluster, admission) = (Arc::clone(cluster), Arc::clone(&admission));

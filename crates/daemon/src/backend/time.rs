@@ -41,6 +41,7 @@ fn failure(name: &str, err: ScheduleError) -> Failure {
         ScheduleError::PluginGone => ServiceError::NotFound(
             "the cluster no longer holds the schedule's plugin; upload it again".into(),
         ),
+        ScheduleError::Unresolved(why) => ServiceError::NotFound(why),
         ScheduleError::Store(e) => ServiceError::Store(e),
     }
 }
@@ -57,9 +58,13 @@ pub(crate) async fn verb(
 ) -> Result<Scheduled, Failure> {
     let now = now_ms();
     Ok(match verb {
-        ScheduleVerb::Add(spec) => {
+        ScheduleVerb::Add(mut spec) => {
+            // A deployment is checked in its version of now; each firing
+            // takes the version of its time.
             if spec.request.deployment.is_some() {
-                return Err(crate::backend::deployments::on_cluster());
+                let mut now = spec.request.clone();
+                crate::backend::deployments::resolve_on(cluster, &mut now).await?;
+                spec.request.plugin = now.plugin;
             }
             cluster
                 .ensure_plugin(&daemon.plugins, &spec.request.plugin)
@@ -103,7 +108,12 @@ pub(crate) async fn verb(
         ScheduleVerb::Run(name) => {
             let placed = cluster
                 .pg
-                .schedule_run(&name, now, bounds(daemon))
+                .schedule_run(
+                    &name,
+                    now,
+                    bounds(daemon),
+                    &*crate::backend::deployments::resolver(cluster),
+                )
                 .await
                 .map_err(|e| failure(&name, e))?;
             let submitted = placed.submitted.clone();
@@ -120,9 +130,10 @@ async fn pause(
     name: &str,
     paused: bool,
 ) -> Result<crate::wire::protocol::ScheduleRow, Failure> {
+    let resolve = crate::backend::deployments::resolver(cluster);
     let (stored, placed) = cluster
         .pg
-        .schedule_pause(name, paused, now_ms(), bounds(daemon))
+        .schedule_pause(name, paused, now_ms(), bounds(daemon), &*resolve)
         .await
         .map_err(|e| failure(name, e))?;
     if let Some(placed) = placed {
@@ -217,6 +228,7 @@ pub(crate) async fn time_loop(daemon: Weak<Daemon>) {
             continue;
         }
         let mut did = 0;
+        let resolve = crate::backend::deployments::resolver(&cluster);
         match cluster.pg.place_due(now, bounds(&d)).await {
             Ok(placed) => {
                 did += placed.len();
@@ -229,7 +241,7 @@ pub(crate) async fn time_loop(daemon: Weak<Daemon>) {
         }
         match cluster
             .pg
-            .fire_due(now, cluster.settings.lease, bounds(&d))
+            .fire_due(now, cluster.settings.lease, bounds(&d), &*resolve)
             .await
         {
             Ok(done) => {

@@ -53,6 +53,13 @@ pub(crate) struct Bounds {
     pub max_total_pending: usize,
 }
 
+/// Turns a firing's deployment (`NAME[@VERSION]`) into its version's
+/// plugin, with `deployment` then `NAME@VERSION`: the backend's rules,
+/// given by the caller of a firing.
+pub(crate) type Resolve = dyn Fn(SubmitRequest) -> futures::future::BoxFuture<'static, Result<SubmitRequest, String>>
+    + Send
+    + Sync;
+
 /// A schedule verb's refusal.
 pub(crate) enum ScheduleError {
     /// No schedule by that name.
@@ -61,6 +68,8 @@ pub(crate) enum ScheduleError {
     Exists,
     /// The cluster no longer holds its plugin.
     PluginGone,
+    /// Its deployment names no version now (why).
+    Unresolved(String),
     /// The cluster holds this many schedules already.
     Full(usize),
     /// The database failed.
@@ -456,8 +465,9 @@ impl Pg {
         paused: bool,
         now_ms: u64,
         bounds: Bounds,
+        resolve: &Resolve,
     ) -> Result<(StoredSchedule, Option<Placed>), ScheduleError> {
-        retry(|| self.schedule_pause_once(name, paused, now_ms, bounds)).await
+        retry(|| self.schedule_pause_once(name, paused, now_ms, bounds, resolve)).await
     }
 
     async fn schedule_pause_once(
@@ -466,6 +476,7 @@ impl Pg {
         paused: bool,
         now_ms: u64,
         bounds: Bounds,
+        resolve: &Resolve,
     ) -> Result<(StoredSchedule, Option<Placed>), ScheduleError> {
         let mut client = self.client().await?;
         let tx = client
@@ -483,7 +494,7 @@ impl Pg {
                 // What passed while it was paused is missed.
                 let missed = stored.spec.missed;
                 placed = self
-                    .fire_in(&tx, &mut stored, now_ms, Some(missed), bounds)
+                    .fire_in(&tx, &mut stored, now_ms, Some(missed), bounds, resolve)
                     .await?
                     .0;
             }
@@ -514,6 +525,7 @@ impl Pg {
         name: &str,
         now_ms: u64,
         bounds: Bounds,
+        resolve: &Resolve,
     ) -> Result<Placed, ScheduleError> {
         let mut client = self.client().await?;
         let tx = client
@@ -521,7 +533,7 @@ impl Pg {
             .await
             .map_err(db("cannot start a transaction"))?;
         let stored = lock_schedule(&tx, name).await?;
-        let submitted = self.admit_firing(&tx, &stored, now_ms, bounds).await?;
+        let submitted = (self.admit_firing(&tx, &stored, now_ms, bounds, resolve)).await?;
         exec(
             &tx,
             "cannot update the schedule",
@@ -548,8 +560,9 @@ impl Pg {
         now_ms: u64,
         missed_after: std::time::Duration,
         bounds: Bounds,
+        resolve: &Resolve,
     ) -> Result<Fired, StoreError> {
-        super::retry(|| self.fire_due_once(now_ms, missed_after, bounds)).await
+        super::retry(|| self.fire_due_once(now_ms, missed_after, bounds, resolve)).await
     }
 
     async fn fire_due_once(
@@ -557,6 +570,7 @@ impl Pg {
         now_ms: u64,
         missed_after: std::time::Duration,
         bounds: Bounds,
+        resolve: &Resolve,
     ) -> Result<Fired, StoreError> {
         let mut client = self.client().await?;
         let tx = client
@@ -581,7 +595,8 @@ impl Pg {
                     .then_some(stored.spec.missed)
             });
             let before = stored.last_fire_ms;
-            match self.fire_in(&tx, &mut stored, now_ms, missed, bounds).await {
+            let fired = self.fire_in(&tx, &mut stored, now_ms, missed, bounds, resolve);
+            match fired.await {
                 Ok((placed, passed)) => {
                     done.passed += passed;
                     match placed {
@@ -593,6 +608,14 @@ impl Pg {
                     }
                 }
                 Err(ScheduleError::Store(e)) => return Err(e),
+                Err(ScheduleError::Unresolved(why)) => {
+                    tracing::warn!(
+                        schedule = %stored.spec.name,
+                        "schedule `{}` cannot fire: {why}",
+                        stored.spec.name
+                    );
+                    stored.last_fire_ms = before;
+                }
                 Err(_) => {
                     // Its plugin was collected: it cannot fire; it goes on
                     // to its next firing, and says why in the log.
@@ -632,6 +655,7 @@ impl Pg {
         now_ms: u64,
         missed: Option<Missed>,
         bounds: Bounds,
+        resolve: &Resolve,
     ) -> Result<(Option<Placed>, u64), ScheduleError> {
         let Some(next) = stored.next_ms else {
             return Ok((None, 0));
@@ -643,7 +667,7 @@ impl Pg {
         let Some((due_ms, kind)) = decision.fire else {
             return Ok((None, decision.passed));
         };
-        let submitted = self.admit_firing(tx, stored, due_ms, bounds).await?;
+        let submitted = (self.admit_firing(tx, stored, due_ms, bounds, resolve)).await?;
         stored.last_fire_ms = Some(due_ms);
         stored.last_task = Some(submitted.id);
         let placed = Placed {
@@ -661,11 +685,18 @@ impl Pg {
         stored: &StoredSchedule,
         due_ms: u64,
         bounds: Bounds,
+        resolve: &Resolve,
     ) -> Result<Submitted, ScheduleError> {
         let mut request = stored.spec.request.clone();
         request.schedule = Some(stored.spec.name.clone());
         request.not_before = Some(NotBefore::At(due_ms));
-        let admission = resolved(request, stored.plugin.clone(), bounds);
+        let mut plugin = stored.plugin.clone();
+        // A schedule of a deployment fires its version of now.
+        if request.deployment.is_some() {
+            request = resolve(request).await.map_err(ScheduleError::Unresolved)?;
+            plugin = request.deployment.clone().unwrap_or(plugin);
+        }
+        let admission = resolved(request, plugin, bounds);
         let id: i64 = next_id(tx).await?;
         let names = (admission.names)(id_of(id))
             .map_err(|e| ScheduleError::Store(StoreError::Failed(e)))?;
