@@ -283,6 +283,54 @@ fn the_json_api_and_a_wasi_command_take_deployments() {
         &body.to_string(),
     );
     assert_eq!(answer.status, 404, "{answer:?}");
+    // The verbs as routes, in the CLI's JSON shapes.
+    let json = [("Content-Type", "application/json")];
+    let sleeper = format!(
+        "{}",
+        taskhost::runtime::Digest::of(&std::fs::read(p("sleeper")).unwrap())
+    );
+    let unknown = api.request("POST", "/api/deployments", &json, r#"{"plugin": "00"}"#);
+    assert_eq!(unknown.status, 400, "{unknown:?}");
+    // POST /api/deployments takes a stored plugin: deploying `spare`
+    // stores the sleeper.
+    ok(d.run(&["deploy", &p("sleeper"), "--name", "spare", "--version", "0"]));
+    let body = serde_json::json!({"plugin": sleeper, "name": "echo", "version": "2.0"});
+    let deployed = api.request("POST", "/api/deployments", &json, &body.to_string());
+    assert_eq!(deployed.status, 200, "{deployed:?}");
+    assert_eq!(deployed.json()[0]["version"], "2.0", "{deployed:?}");
+    assert_eq!(current(&d, "echo"), "2.0");
+    let listed = api.request("GET", "/api/deployments", &[], "");
+    assert_eq!(listed.status, 200, "{listed:?}");
+    let echo = listed
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "echo")
+        .cloned();
+    assert_eq!(echo.unwrap()["versions"], 2, "{listed:?}");
+    let back = api.request("POST", "/api/deployments/echo/rollback", &json, "");
+    assert_eq!(back.status, 200, "{back:?}");
+    assert_eq!(back.json()[0]["what"], "rollback", "{back:?}");
+    assert_eq!(current(&d, "echo"), "1.0");
+    let history = api.request("GET", "/api/deployments/echo", &[], "");
+    let words: Vec<_> = history
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["what"].clone())
+        .collect();
+    assert_eq!(words, ["rollback", "deploy", "deploy"], "{history:?}");
+    let current_one = api.request("DELETE", "/api/deployments/echo?version=1.0", &[], "");
+    assert_eq!(current_one.status, 409, "{current_one:?}");
+    let removed = api.request("DELETE", "/api/deployments/echo?version=2.0", &[], "");
+    assert_eq!(removed.status, 200, "{removed:?}");
+    assert_eq!(
+        api.request("GET", "/api/deployments/nothing", &[], "")
+            .status,
+        404
+    );
     // A WASI command names itself only by --name.
     let out = d.run(&["deploy", &p("command-probe")]);
     assert!(out.stderr.contains("declares no name"), "{}", out.stderr);

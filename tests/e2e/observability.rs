@@ -2387,3 +2387,73 @@ fn the_dashboard_shows_a_teams_namespace_and_lets_an_operator_switch_in_chromium
     );
     assert!(!operator.eval(failed).as_str().unwrap().contains("alpha"));
 }
+
+#[test]
+fn the_dashboard_shows_deployments_and_an_operator_rolls_one_back_in_chromium() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "read viewer-token\nadmin ops-token\n").unwrap();
+    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let daemon = Daemon::start(&[
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        tokens.to_str().unwrap(),
+    ]);
+    let port = http_port(&daemon);
+    for (plugin, version) in [("hello", "1"), ("sleeper", "2")] {
+        let out = daemon.run(&[
+            "deploy",
+            &p(plugin),
+            "--name",
+            "greet",
+            "--version",
+            version,
+        ]);
+        assert_eq!(out.code, Some(0), "{out:?}");
+    }
+    let browser = Chromium::launch();
+    let mut page = browser.open(&format!("http://127.0.0.1:{port}/"));
+    let token = |page: &mut Cdp, token: &str| {
+        page.wait_for(
+            "the token prompt",
+            "document.querySelector('#token-form').style.display === 'inline'",
+        );
+        page.click("#token-input");
+        page.call("Input.insertText", json!({ "text": token }));
+        page.click("#token-save");
+    };
+    token(&mut page, "viewer-token");
+    let row = "#deployments tr[data-deployment=\"greet\"]";
+    page.wait_for(
+        "the deployment's row",
+        &format!("(() => {{ const r = document.querySelector('{row}'); return r && r.children[1].innerText === '2' && r.children[5].innerText === '2'; }})()"),
+    );
+    page.click(&format!("{row} button[data-action=\"history\"]"));
+    page.wait_for(
+        "its history",
+        "!document.querySelector('#deployment-history').hidden && document.querySelectorAll('#history tbody tr').length === 2",
+    );
+    // A reader's token cannot roll back: the page asks for an operator's,
+    // then rolls back with it.
+    page.click("#history button[data-action=\"rollback-to\"][data-version=\"1\"]");
+    page.wait_for(
+        "the notice asking for an operator's token",
+        "document.querySelector('#notice-text').innerText.includes(\"operator's token\")",
+    );
+    let current = || daemon.run(&["deployments", "ls", "--json"]).json()[0]["version"].clone();
+    assert_eq!(current(), "2");
+    token(&mut page, "ops-token");
+    page.wait_for(
+        "the rollback in the row",
+        &format!("(() => {{ const r = document.querySelector('{row}'); return r && r.children[1].innerText === '1' && r.children[3].innerText === 'rollback'; }})()"),
+    );
+    page.wait_for(
+        "the rollback in the history",
+        "document.querySelectorAll('#history tbody tr').length === 3",
+    );
+    page.screenshot("dashboard-deployments.png");
+    assert_eq!(current(), "1");
+    let done = daemon.run(&["submit", "greet", "--input", "back", "--wait"]);
+    assert_eq!(done.stdout, "back", "{done:?}");
+}

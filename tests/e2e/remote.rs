@@ -883,7 +883,8 @@ fn the_openapi_document_names_every_route_with_the_scope_it_enforces() {
         let concrete = path
             .replace("{task}", "1")
             .replace("{digest}", &"0".repeat(64))
-            .replace("{schedule}", "nightly");
+            .replace("{schedule}", "nightly")
+            .replace("{deployment}", "worker");
         for (method, operation) in methods.as_object().unwrap() {
             let method = method.to_uppercase();
             let json = [("Content-Type", "application/json")];

@@ -4,7 +4,7 @@
 //! the API's OpenAPI document is derived from them (`JsonSchema`), so the
 //! three cannot drift.
 
-use crate::wire::protocol::{NamespaceRow, Quota, SlotRuleRow};
+use crate::wire::protocol::{DeploymentRow, NamespaceRow, Quota, SlotRuleRow};
 use base64::Engine as _;
 use schemars::JsonSchema;
 use serde::Serialize;
@@ -243,6 +243,39 @@ pub fn slot_rule(row: &SlotRuleRow) -> SlotRuleJson {
         max_wait_ms: row.settings.max_wait.map(|d| d.as_millis() as u64),
         rate: row.settings.rate.map(|r| r.to_string()),
         burst: row.settings.burst,
+    }
+}
+
+/// A deployment row as `host deployments ls|history --json` and
+/// `/api/deployments` show it.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct DeploymentJson {
+    /// The deployment's name.
+    pub name: String,
+    /// The version.
+    pub version: String,
+    /// The version's plugin, `sha256:HEX`.
+    pub digest: String,
+    /// When it became current (a list) or happened (a history), ms since
+    /// the Unix epoch.
+    pub at_ms: u64,
+    /// What made it current, or what happened.
+    #[schemars(extend("enum" = ["deploy", "rollback", "remove"]))]
+    pub what: &'static str,
+    /// How many versions the name keeps (a list; 0 in a history).
+    pub versions: usize,
+}
+
+/// A deployment row as `host deployments ls --json` and `/api/deployments`
+/// show it.
+pub fn deployment(row: &DeploymentRow) -> DeploymentJson {
+    DeploymentJson {
+        name: row.name.clone(),
+        version: row.version.clone(),
+        digest: row.digest.to_string(),
+        at_ms: row.at_ms,
+        what: row.what.word(),
+        versions: row.versions,
     }
 }
 

@@ -262,16 +262,7 @@ fn print_rows(rows: &[DeploymentRow], as_json: bool) {
     if as_json {
         let rows: Vec<_> = rows
             .iter()
-            .map(|r| {
-                serde_json::json!({
-                    "name": r.name,
-                    "version": r.version,
-                    "digest": r.digest.to_string(),
-                    "at_ms": r.at_ms,
-                    "what": r.what.word(),
-                    "versions": r.versions,
-                })
-            })
+            .map(taskhost::daemon::json::deployment)
             .collect();
         print_json(&rows);
         return;

@@ -33,6 +33,7 @@
 //! | `verbs.rs` | upload, submit, the outcome's long poll, logs, plugins, version, shutdown |
 //! | `bulk.rs` | cancel and rerun by filter |
 //! | `slot_rules.rs` | the slot rules' routes, in the caller's namespace |
+//! | `deployments.rs` | named deployments' routes (list, history, deploy, rollback, removal), in the caller's namespace |
 //! | `namespaces.rs` | the namespaces a token reaches; the operator's changes of them |
 //! | `metrics.rs` | `/metrics`: counters from the event bus, gauges at scrape time |
 //! | `slot_metrics.rs` | `/metrics` of flow control per slot: throttled, superseded, rate budgets |
@@ -42,6 +43,7 @@ mod answers;
 mod api;
 mod bulk;
 mod conn;
+mod deployments;
 mod hosts;
 mod metrics;
 mod namespaces;
@@ -418,6 +420,23 @@ pub(crate) fn start(bound: Bound, daemon: &Arc<Daemon>) -> Server {
             "post",
             "/api/schedules/{schedule}/run",
             post(verbs::run_schedule),
+        ),
+        ("get", "/api/deployments", get(deployments::deployments)),
+        ("post", "/api/deployments", post(deployments::deploy)),
+        (
+            "get",
+            "/api/deployments/{deployment}",
+            get(deployments::history),
+        ),
+        (
+            "delete",
+            "/api/deployments/{deployment}",
+            delete(deployments::remove),
+        ),
+        (
+            "post",
+            "/api/deployments/{deployment}/rollback",
+            post(deployments::rollback),
         ),
     ] {
         let scope = openapi::scope(method, path);

@@ -15,11 +15,11 @@ use serde_json::{Map, Value, json};
 use super::answers::{
     ErrorJson, MatchedJson, PendingJson, StoredJson, TaskDetailJson, VersionJson,
 };
-use super::{api, bulk, namespaces, slot_rules, verbs};
+use super::{api, bulk, deployments, namespaces, slot_rules, verbs};
 use crate::server::scope::Scope;
 use crate::service::json::{
-    BatchJson, CanceledJson, JsonResult, NamespaceJson, PluginRowJson, ScheduleJson, ShutdownJson,
-    SlotJson, SlotRuleJson, SubmittedJson, TaskRowJson,
+    BatchJson, CanceledJson, DeploymentJson, JsonResult, NamespaceJson, PluginRowJson,
+    ScheduleJson, ShutdownJson, SlotJson, SlotRuleJson, SubmittedJson, TaskRowJson,
 };
 use crate::wire::protocol::SubmitJson;
 use taskhost_core::logline::LogLine;
@@ -483,6 +483,49 @@ pub(super) const ROUTES: &[Route] = &[
         "Fire a schedule once now; answered as POST /api/tasks",
         SUBMITTED,
     ),
+    route(
+        "get",
+        "/api/deployments",
+        Scope::Read,
+        "listDeployments",
+        "Each deployment's current version, as `host deployments ls --json`",
+        &[ok("the deployments", of::<Vec<DeploymentJson>>)],
+    ),
+    route(
+        "post",
+        "/api/deployments",
+        Scope::Admin,
+        "deploy",
+        "Deploy a stored plugin by name and version, as `host deploy --json`",
+        &[ok("the version now current", of::<Vec<DeploymentJson>>)],
+    )
+    .taking(Takes::Json(of::<deployments::DeployBody>, false)),
+    route(
+        "get",
+        "/api/deployments/{deployment}",
+        Scope::Read,
+        "deploymentHistory",
+        "A deployment's deploys, rollbacks and removals, newest first, as `host deployments history --json`",
+        &[ok("its events", of::<Vec<DeploymentJson>>)],
+    ),
+    route(
+        "delete",
+        "/api/deployments/{deployment}",
+        Scope::Admin,
+        "removeDeploymentVersion",
+        "Remove a version, as `host deployments rm --json`: refused for the current one and while a task or schedule uses it",
+        &[ok("the removal", of::<Vec<DeploymentJson>>)],
+    )
+    .query(of::<deployments::VersionQuery>),
+    route(
+        "post",
+        "/api/deployments/{deployment}/rollback",
+        Scope::Admin,
+        "rollback",
+        "Make an earlier version current again, as `host rollback --json`",
+        &[ok("the version now current", of::<Vec<DeploymentJson>>)],
+    )
+    .taking(Takes::Json(of::<deployments::RollbackBody>, true)),
 ];
 
 /// The scope a route needs, by method and path as [`ROUTES`] writes them.
@@ -507,6 +550,10 @@ fn path_parameter(name: &str, method: &str) -> Value {
         ("name", _) => (
             json!({ "type": "string", "pattern": "^[a-z0-9][a-z0-9-]{0,62}$" }),
             "a namespace's name",
+        ),
+        ("deployment", _) => (
+            json!({ "type": "string", "pattern": deployments::DEPLOYMENT_NAME }),
+            "a deployment's name",
         ),
         ("schedule", _) => (
             json!({
@@ -673,7 +720,7 @@ pub(super) fn document() -> Value {
                 json!({ "description": what, "content": { "application/json": { "schema": error } } }),
             );
         }
-        let mut parameters: Vec<Value> = ["task", "digest", "schedule", "name"]
+        let mut parameters: Vec<Value> = ["task", "digest", "schedule", "name", "deployment"]
             .iter()
             .filter(|p| r.path.contains(&format!("{{{p}}}")))
             .map(|p| path_parameter(p, r.method))
