@@ -242,6 +242,10 @@ enum Command {
 /// Parses the command line, runs the verb, returns the process exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // reqwest's rustls (the OTLP exporter's client, the registry verbs'
+    // through oci-client) takes the process's crypto provider: ring's, the
+    // one the listener and the guests' outbound HTTP use.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let json_logs =
         matches!(&cli.command, Command::Serve(a) if a.log_format == serve::LogFormat::Json);
     let default_level = if matches!(cli.command, Command::Serve(_)) {

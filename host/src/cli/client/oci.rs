@@ -62,9 +62,7 @@ pub fn reference(text: &str) -> Option<anyhow::Result<Reference>> {
 
 /// A client and credentials for `reference`'s registry.
 fn connect(args: &RegistryArgs, reference: &Reference) -> anyhow::Result<(Client, RegistryAuth)> {
-    // reqwest's rustls takes the process's provider: the ring one that
-    // the daemon's listener and the guests' outbound HTTP use.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    // (reqwest's rustls takes the provider `cli::main` installed.)
     let mut config = ClientConfig {
         connect_timeout: Some(PATIENCE),
         read_timeout: Some(PATIENCE),
