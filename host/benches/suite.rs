@@ -25,11 +25,14 @@
 //!   the native bodies; for ours also the event sequence, in an extra
 //!   untimed round that yields after every submission, so that most
 //!   replacements are admitted and then retired by the next);
-//! - attempt against wasmtime's floor (ours only): the closed loop of
-//!   `hello` (b) beside instantiate + call + drop of an empty component
-//!   that imports nothing, on the runtime's own engine (f), rounds
-//!   interleaved; `--callgrind floor|attempt` runs either loop alone for
-//!   callgrind (see [`callgrind`]);
+//! - attempt against wasmtime's floors (ours only): the closed loop of
+//!   `hello` (b) beside (f') what any embedder pays to run `hello` with
+//!   wasmtime itself (pre-linked with wasmtime-wasi's imports, the smallest
+//!   WASI context, `run` called, the store dropped: `common/fair_floor.rs`)
+//!   and, for reference, (f) instantiate + call + drop of an empty
+//!   component that imports nothing, all on the runtime's own engine,
+//!   rounds interleaved; `--callgrind floor|fair|attempt` runs one loop
+//!   alone for callgrind (see [`callgrind`]);
 //! - cancel → outcome of a parked cooperative task (ours only): 200 parked
 //!   tasks, then `cancel` of each in turn, timed until the outcome;
 //! - force-abort of a `spin` plugin (ours only) with 4 other spinners
@@ -64,8 +67,15 @@
 //! `rate-accuracy`, a minute long, run only when named:
 //! `cargo bench -p taskhost --bench suite -- rate-accuracy`).
 
+#[path = "common/fair_floor.rs"]
+mod fair_floor;
 #[path = "common/guests.rs"]
 mod guests;
+
+/// The `host` binary's allocator (host/src/main.rs), so that both sides and
+/// the floors pay what `host` pays for memory.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use std::future::Future;
 use std::num::NonZeroUsize;
@@ -1426,6 +1436,12 @@ fn empty_component(runtime: &Runtime) -> wasmtime::component::InstancePre<()> {
         .expect("the empty component links")
 }
 
+/// The fair floor: `hello` as any embedder runs it, on the runtime's engine.
+fn fair_floor_of(runtime: &Runtime) -> fair_floor::FairFloor {
+    let wasm = std::fs::read(plugin_artifacts::path("hello")).expect("hello is built");
+    fair_floor::FairFloor::new(runtime.engine(), &wasm)
+}
+
 /// One floor iteration: a store, the instance, `run`, and the drop.
 async fn floor_once(engine: &wasmtime::Engine, pre: &wasmtime::component::InstancePre<()>) {
     let mut store = wasmtime::Store::new(engine, ());
@@ -1455,6 +1471,21 @@ fn floor(
     let sides = harnesses(rt, &[Side::Plugin], plugins);
     let pre = Arc::new(empty_component(&plugins.runtime));
     let engine = plugins.runtime.engine().clone();
+    let fair = Arc::new(fair_floor_of(&plugins.runtime));
+    let fair_round = |round: usize| {
+        let fair = Arc::clone(&fair);
+        async move {
+            let iterations = if round == 0 { 200 } else { LOOP_ITERATIONS };
+            let mut samples = Vec::with_capacity(iterations);
+            for _ in 0..iterations {
+                let started = Instant::now();
+                let output = fair.once(b"hi").await;
+                samples.push(started.elapsed().as_secs_f64() * 1e6);
+                assert_eq!(output, b"hi");
+            }
+            samples
+        }
+    };
     let floor_round = |round: usize| {
         let (pre, engine) = (Arc::clone(&pre), engine.clone());
         async move {
@@ -1469,28 +1500,28 @@ fn floor(
         }
     };
     drive(rt, "floor", floor_round(0));
+    drive(rt, "floor", fair_round(0));
     drive(rt, "floor", closed_loop_round(sides[0].1.clone(), 0));
-    let (mut base, mut ours) = (Vec::new(), Vec::new());
+    let (mut base, mut fair_samples, mut ours) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=ROUNDS {
-        if round % 2 == 0 {
-            base.extend(drive(rt, "floor", floor_round(round)));
-            ours.extend(drive(
-                rt,
-                "floor",
-                closed_loop_round(sides[0].1.clone(), round),
-            ));
-        } else {
-            ours.extend(drive(
-                rt,
-                "floor",
-                closed_loop_round(sides[0].1.clone(), round),
-            ));
-            base.extend(drive(rt, "floor", floor_round(round)));
+        // The three loops in a rotating order, round by round.
+        for turn in 0..3 {
+            match (round + turn) % 3 {
+                0 => base.extend(drive(rt, "floor", floor_round(round))),
+                1 => fair_samples.extend(drive(rt, "floor", fair_round(round))),
+                _ => ours.extend(drive(
+                    rt,
+                    "floor",
+                    closed_loop_round(sides[0].1.clone(), round),
+                )),
+            }
         }
     }
     let scenario = "attempt against wasmtime's floor";
     let side = "(f) wasmtime: instantiate + call + drop, empty component";
     table.latency(scenario, flavour, side, &base, "µs", None);
+    let side = "(f') wasmtime + WASI: hello instantiated, run, dropped";
+    table.latency(scenario, flavour, side, &fair_samples, "µs", None);
     table.latency(
         scenario,
         flavour,
@@ -1499,11 +1530,11 @@ fn floor(
         "µs",
         None,
     );
-    let ratio = median(&ours) / median(&base);
+    let ratio = median(&ours) / median(&fair_samples);
     table.row(Row {
         scenario: scenario.into(),
         flavour: flavour.into(),
-        side: "(b)/(f) median".into(),
+        side: "(b)/(f') median".into(),
         median: format!("{ratio:.2}x"),
         unit: "ratio".into(),
         target: Some(Check {
@@ -1512,18 +1543,27 @@ fn floor(
         }),
         ..Row::default()
     });
+    let ratio = median(&ours) / median(&base);
+    table.row(Row {
+        scenario: scenario.into(),
+        flavour: flavour.into(),
+        side: "(b)/(f) median, for reference".into(),
+        median: format!("{ratio:.2}x"),
+        unit: "ratio".into(),
+        ..Row::default()
+    });
     shutdown_all(rt, sides);
 }
 
 /// Iterations of each loop under callgrind.
 const CALLGRIND_ITERATIONS: usize = 2_000;
 
-/// `--callgrind floor|attempt`: runs one of the floor scenario's loops on a
+/// `--callgrind floor|fair|attempt`: runs one of the floor scenario's loops on a
 /// current-thread runtime, `CALLGRIND_ITERATIONS` times, inside a function
 /// of its own, so that callgrind counts only that function's instructions:
 /// `valgrind --tool=callgrind --collect-atstart=no
 /// --toggle-collect='*measured_floor*' <suite binary> --callgrind floor`
-/// (and `*measured_attempts*` with `attempt`). BENCHMARKS.md has the
+/// (and `*measured_fair*` with `fair`, `*measured_attempts*` with `attempt`). BENCHMARKS.md has the
 /// figures, per iteration.
 fn callgrind(which: &str) {
     let rt = Flavour::Current.runtime();
@@ -1542,6 +1582,15 @@ fn callgrind(which: &str) {
             });
             measured_floor(&rt, &engine, &pre);
         }
+        "fair" => {
+            let fair = fair_floor_of(&plugins.runtime);
+            rt.block_on(async {
+                for _ in 0..200 {
+                    fair.once(b"hi").await;
+                }
+            });
+            measured_fair(&rt, &fair);
+        }
         "attempt" => {
             let harness = {
                 let _guard = rt.enter();
@@ -1551,7 +1600,7 @@ fn callgrind(which: &str) {
             measured_attempts(&rt, &harness);
             rt.block_on(harness.shutdown());
         }
-        other => panic!("--callgrind takes floor or attempt, not {other:?}"),
+        other => panic!("--callgrind takes floor, fair or attempt, not {other:?}"),
     }
     println!("{CALLGRIND_ITERATIONS} iterations of {which}");
 }
@@ -1565,6 +1614,15 @@ fn measured_floor(
     rt.block_on(async {
         for _ in 0..CALLGRIND_ITERATIONS {
             floor_once(engine, pre).await;
+        }
+    });
+}
+
+#[inline(never)]
+fn measured_fair(rt: &tokio::runtime::Runtime, fair: &fair_floor::FairFloor) {
+    rt.block_on(async {
+        for _ in 0..CALLGRIND_ITERATIONS {
+            fair.once(b"hi").await;
         }
     });
 }

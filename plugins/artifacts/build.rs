@@ -13,10 +13,14 @@ use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime};
 
 const WASM_TARGET: &str = "wasm32-wasip2";
 
 fn main() {
+    // Cargo records the run's start a little before this; a margin keeps
+    // the copies' times before it.
+    let started = SystemTime::now() - Duration::from_secs(2);
     let manifest_dir =
         PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let root = manifest_dir
@@ -50,7 +54,7 @@ fn main() {
         rerun_if_changed(&artifact.package_dir.join("Cargo.toml"));
         rerun_if_changed(&artifact.package_dir.join("src"));
         let dest = copy_dir.join(format!("{}.wasm", artifact.name));
-        copy_if_changed(&artifact.wasm, &dest);
+        copy_if_changed(&artifact.wasm, &dest, started);
         // Rerun (and copy again) if someone deletes or edits the copy.
         rerun_if_changed(&dest);
         plugins.push((artifact.name.clone(), dest));
@@ -263,9 +267,13 @@ fn build_plugins(plugins_dir: &Path, target_dir: &Path) -> Vec<Artifact> {
 
 /// Copies `from` to `to` unless `to` already has the same contents; writes
 /// through a temporary file so readers never see a partial component, and
-/// gives the copy the source's modification time so that tracking the copy
-/// with `rerun-if-changed` does not rerun this script on every build.
-fn copy_if_changed(from: &Path, to: &Path) {
+/// gives the copy the source's modification time, or `started` when the
+/// source is newer (the nested build made it during this run), so that
+/// tracking the copy with `rerun-if-changed` does not rerun this script on
+/// the next build: cargo reruns it for a path newer than the run's start,
+/// and every crate that depends on this one would compile again (a minute
+/// of a cold `.ci/run`).
+fn copy_if_changed(from: &Path, to: &Path, started: SystemTime) {
     let bytes = fs::read(from).unwrap_or_else(|e| panic!("cannot read {}: {e}", from.display()));
     if fs::read(to).is_ok_and(|old| old == bytes) {
         return;
@@ -276,7 +284,7 @@ fn copy_if_changed(from: &Path, to: &Path) {
         let _ = fs::File::options()
             .write(true)
             .open(&tmp)
-            .and_then(|f| f.set_modified(modified));
+            .and_then(|f| f.set_modified(modified.min(started)));
     }
     fs::rename(&tmp, to)
         .unwrap_or_else(|e| panic!("cannot move {} to {}: {e}", tmp.display(), to.display()));
