@@ -40,10 +40,9 @@ commands:
   setup                the checks and installs of `test`, without the tests
   lint                 the target check, then clippy with -D warnings on every
                        target of the workspace: `cargo test --workspace
-                       --no-run` with clippy-driver as the workspace's
-                       compiler (what `cargo clippy` runs), so the tests
-                       reuse the build, and each bench with `cargo rustc
-                       --bench NAME -- --emit=metadata` the same way
+                       --all-targets --no-run` with clippy-driver as the
+                       workspace's compiler (what `cargo clippy` runs), so the
+                       tests reuse the build
 
 options of test and setup:
   --install            install missing components even when not root (apt-get
@@ -166,104 +165,17 @@ fn demo(root: &std::path::Path) -> Result<ExitCode, Failure> {
 fn lint(root: &std::path::Path) -> Result<ExitCode, Failure> {
     // The plugins' build script runs under clippy too, and needs the target.
     target::ensure()?;
-    // What the tests build (libraries, binaries, tests, examples), built.
+    // Every target built (the benches too: linting one alone with `cargo
+    // rustc --emit=metadata` resolves the features of its package only, and
+    // compiled a dozen dependencies again, slower than building them all).
     let mut cmd = cargo();
     linted(&mut cmd, root, true)?;
     let status = cmd
         .current_dir(root)
-        .args(["test", "--workspace", "--no-run"])
+        .args(["test", "--workspace", "--all-targets", "--no-run"])
         .status()
         .map_err(|e| Failure::missing(format!("cannot run cargo: {e}")))?;
-    if !status.success() {
-        return Ok(exit_code(status));
-    }
-    // The benches, linted without code generation (`--emit=metadata`) on
-    // the libraries just built: building them would take minutes that no
-    // test needs.
-    for (package, bench) in benches(root)? {
-        let mut cmd = cargo();
-        linted(&mut cmd, root, true)?;
-        let status = cmd
-            .current_dir(root)
-            .args([
-                "rustc",
-                "-p",
-                &package,
-                "--bench",
-                &bench,
-                "--profile",
-                "test",
-            ])
-            .args(["--", "--emit=metadata"])
-            .status()
-            .map_err(|e| Failure::missing(format!("cannot run cargo: {e}")))?;
-        if !status.success() {
-            return Ok(exit_code(status));
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Every bench target of the workspace, as (package, bench), read from
-/// `cargo metadata` (its targets' JSON, without a JSON library: a bench's
-/// object names its `name` and `src_path`; the package is the one whose
-/// manifest is nearest above that path).
-fn benches(root: &std::path::Path) -> Result<Vec<(String, String)>, Failure> {
-    let out = cargo()
-        .current_dir(root)
-        .args(["metadata", "--no-deps", "--format-version", "1"])
-        .output()
-        .map_err(|e| Failure::missing(format!("cannot run cargo metadata: {e}")))?;
-    if !out.status.success() {
-        return Err(Failure::missing(format!(
-            "cargo metadata failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let field = |object: &str, key: &str| -> Option<String> {
-        let start = object.find(&format!("\"{key}\":\""))? + key.len() + 4;
-        let len = object[start..].find('"')?;
-        Some(object[start..start + len].to_owned())
-    };
-    let mut found = Vec::new();
-    for object in text.split("{\"kind\":[\"bench\"]").skip(1) {
-        let object = object.split('}').next().unwrap_or_default();
-        let (Some(name), Some(src)) = (field(object, "name"), field(object, "src_path")) else {
-            return Err(Failure::missing(
-                "cannot read a bench target in cargo metadata",
-            ));
-        };
-        found.push((package_of(std::path::Path::new(&src))?, name));
-    }
-    Ok(found)
-}
-
-/// The name of the package whose manifest is nearest above `path`.
-fn package_of(path: &std::path::Path) -> Result<String, Failure> {
-    for dir in path.ancestors().skip(1) {
-        let Ok(manifest) = std::fs::read_to_string(dir.join("Cargo.toml")) else {
-            continue;
-        };
-        let Some(package) = manifest.split("[package]").nth(1) else {
-            continue;
-        };
-        let name = package.lines().find_map(|line| {
-            let value = line
-                .trim()
-                .strip_prefix("name")?
-                .trim_start()
-                .strip_prefix('=')?;
-            Some(value.trim().trim_matches('"').to_owned())
-        });
-        if let Some(name) = name {
-            return Ok(name);
-        }
-    }
-    Err(Failure::missing(format!(
-        "no package manifest above {}",
-        path.display()
-    )))
+    Ok(exit_code(status))
 }
 
 /// Makes `cmd`'s builds compile the workspace's crates with clippy-driver
