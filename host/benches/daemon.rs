@@ -45,6 +45,10 @@
 //! guest, each call timed there; `fanout` spawning 300 children one after
 //! another, each answering the wall-clock time it started: p50 and p99 of
 //! the spawn call and of spawn → start);
+//! `TASKHOST_BENCH_ONLY_HISTORY=1` only the history scenario (SQLite
+//! daemons keeping a million finished tasks and keeping none, side by
+//! side: resident memory, intake and latency empty and full, the first
+//! page, the restart after SIGKILL; `TASKHOST_BENCH_HISTORY_TASKS=N`);
 //! `TASKHOST_BENCH_ONLY_COMPILES=1` only the compile scenario
 //! (`TASKHOST_BENCH_LARGE=PATH` names another large component for it);
 //! `TASKHOST_BENCH_SLOT_RULES=1` adds both stores with a slot rule that
@@ -90,7 +94,7 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     // TASKHOST_BENCH_ONLY_…=1 runs one scenario alone.
     let only = [
-        "RESTART", "COMPILES", "PARKED", "REMOTE", "GUESTS", "STATE", "BATCH", "PAGES",
+        "RESTART", "COMPILES", "PARKED", "REMOTE", "GUESTS", "STATE", "BATCH", "PAGES", "HISTORY",
     ]
     .into_iter()
     .find(|s| std::env::var_os(format!("TASKHOST_BENCH_ONLY_{s}")).is_some());
@@ -107,6 +111,7 @@ fn main() {
             "STATE" => rt.block_on(state(dir.path())),
             "BATCH" => rt.block_on(batch(dir.path())),
             "PAGES" => rt.block_on(pages(dir.path())),
+            "HISTORY" => rt.block_on(history(dir.path())),
             _ => rt.block_on(parked(dir.path())),
         }
         return;
@@ -528,6 +533,124 @@ async fn pages(dir: &Path) {
         let _ = child.kill();
         let _ = child.wait();
     }
+}
+
+/// Finished tasks kept in the history scenario (TASKHOST_BENCH_HISTORY_TASKS
+/// to change it).
+const HISTORY_TASKS: usize = 1_000_000;
+
+/// Issue 56, target 2: what a million finished tasks cost a SQLite daemon
+/// that keeps them (`--retain-finished` a million) against the same daemon
+/// fed the same work keeping none (`--retain-finished 1`), and with
+/// TASKHOST_BENCH_BASELINE_HOST=PATH another build keeping them: resident
+/// memory empty (after warm-up) and full; 8-client intake of `SUBMISSIONS`
+/// and closed-loop submit → outcome, empty and full (medians of 3 rounds);
+/// the first page of `ps --all` (50 rows, 20 times); the restart after
+/// SIGKILL until it accepts, and its memory then.
+async fn history(dir: &Path) {
+    let tasks: usize = std::env::var("TASKHOST_BENCH_HISTORY_TASKS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(HISTORY_TASKS);
+    let this = PathBuf::from(env!("CARGO_BIN_EXE_host"));
+    let mut daemons = vec![
+        ("this build, kept", this.clone(), tasks),
+        ("this build, none kept", this, 1),
+    ];
+    if let Some(base) = std::env::var_os("TASKHOST_BENCH_BASELINE_HOST") {
+        daemons.push(("baseline, kept", base.into(), tasks));
+    }
+    let hello = std::fs::read(plugin_artifacts::HELLO).expect("hello.wasm");
+    for (n, (which, host, keep)) in daemons.into_iter().enumerate() {
+        let socket = dir.join(format!("history-{n}.sock"));
+        let state = dir.join(format!("history-{n}-state"));
+        let keep = keep.to_string();
+        let flags = [
+            "--worker-threads",
+            "2",
+            "--retain-finished",
+            keep.as_str(),
+            "--retain-bytes",
+            "8GiB",
+        ];
+        let mut child = start_daemon(&host, &socket, &state, "sqlite", &flags);
+        let digest = upload(&socket, &hello).await;
+        // Warm-up, then the empty daemon's figures.
+        intake(&socket, digest, CLIENTS, SUBMISSIONS).await;
+        drain(&socket).await;
+        let empty = history_round(&socket, digest).await;
+        let rss_empty = rss_kib(child.id());
+        let start = Instant::now();
+        let mut left = tasks;
+        while left > 0 {
+            let batches = (left / MAX_BATCH).clamp(1, 100);
+            batch_intake(&socket, digest, batches, None).await;
+            drain(&socket).await;
+            left = left.saturating_sub(batches * MAX_BATCH);
+        }
+        let filled = start.elapsed();
+        let rss_full = rss_kib(child.id());
+        let full = history_round(&socket, digest).await;
+        let client = taskhost::daemon::Client::connect(&socket).await.unwrap();
+        let page = TaskPage {
+            all: true,
+            filter: TaskFilter::default(),
+            before: None,
+            limit: Some(50),
+        };
+        let mut pages = Vec::new();
+        for _ in 0..20 {
+            let start = Instant::now();
+            let rows = client.page(page.clone()).await.unwrap();
+            pages.push(start.elapsed().as_secs_f64() * 1e3);
+            assert!(!rows.is_empty());
+        }
+        drop(client);
+        let _ = child.kill();
+        let _ = child.wait();
+        let start = Instant::now();
+        child = start_daemon(&host, &socket, &state, "sqlite", &flags);
+        let restarted = start.elapsed();
+        let client = taskhost::daemon::Client::connect(&socket).await.unwrap();
+        assert!(!client.page(page).await.unwrap().is_empty());
+        let rss_restarted = rss_kib(child.id());
+        println!(
+            "history: {which}, {tasks} hello run in {:.0} s: RSS {:.0} MiB empty, {:.0} MiB full (+{:.0}), {:.0} MiB after a restart; \
+             intake {:.0} /s empty, {:.0} /s full ({:.2}x); submit → outcome p50 {:.0} µs empty, {:.0} µs full ({:.2}x); \
+             first page of ps --all {:.1} ms (max {:.1}); restart after SIGKILL {:.0} ms",
+            filled.as_secs_f64(),
+            rss_empty as f64 / 1024.0,
+            rss_full as f64 / 1024.0,
+            (rss_full as f64 - rss_empty as f64) / 1024.0,
+            rss_restarted as f64 / 1024.0,
+            empty.0,
+            full.0,
+            full.0 / empty.0,
+            empty.1,
+            full.1,
+            full.1 / empty.1,
+            median(&pages),
+            max(&pages),
+            restarted.as_secs_f64() * 1e3,
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Three rounds of 8-client intake and of closed-loop latency (each
+/// drained): the median intake (tasks/s) and the median of the rounds'
+/// median latencies (µs).
+async fn history_round(socket: &Path, digest: Digest) -> (f64, f64) {
+    let (mut rates, mut p50s) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        rates.push(intake(socket, digest, CLIENTS, SUBMISSIONS).await);
+        drain(socket).await;
+        let mut samples = latency(socket, digest, LATENCY_ITERATIONS).await;
+        samples.sort_by(f64::total_cmp);
+        p50s.push(quantile(&samples, 0.5));
+    }
+    (median(&rates), median(&p50s))
 }
 
 /// `batches` calls of [`MAX_BATCH`] submissions on one connection, two in

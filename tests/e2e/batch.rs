@@ -424,6 +424,49 @@ fn pages_of_finished_tasks_join_the_store_and_memory_without_a_gap() {
     assert_eq!(pages, threes);
 }
 
+#[test]
+fn a_durable_daemon_reads_finished_tasks_past_its_memory_from_the_store() {
+    // The daemon keeps the newest 1,000 finished tasks in memory as well;
+    // the older ones of this same run are read from the store.
+    let daemon = Daemon::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines: Vec<String> = (0..1_500)
+        .map(|i| json!({ "slot": format!("m{}", i % 100), "input": format!("n{i}") }).to_string())
+        .collect();
+    lines[0] = json!({ "name": "eldest", "input": "first words" }).to_string();
+    let out = daemon.run(&["submit", &p("hello"), "--batch", &jsonl(&dir, &lines)]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let ids: Vec<u64> = out.stdout.lines().map(|l| l.parse().unwrap()).collect();
+    drained(&daemon);
+    let eldest = ids[0].to_string();
+    for target in [eldest.as_str(), "eldest"] {
+        let wait = daemon.run(&["wait", target]);
+        assert_eq!(wait.code, Some(0), "{wait:?}");
+        assert_eq!(wait.stdout, "first words", "{target}");
+    }
+    let logs = daemon.run(&["logs", &eldest]);
+    assert_eq!(logs.code, Some(0), "{logs:?}");
+    assert!(logs.stdout.contains("hello: got 11 bytes"), "{logs:?}");
+    let mut every = daemon.ps_all_ids();
+    every.sort_unstable();
+    assert_eq!(every, ids, "ps --all lists every one");
+    let page = daemon.run(&[
+        "ps",
+        "--all",
+        "--json",
+        "--limit",
+        "3",
+        "--before",
+        &ids[2].to_string(),
+    ]);
+    let rows: Vec<Value> = serde_json::from_str(&page.stdout).unwrap();
+    let paged: Vec<u64> = rows.iter().map(|r| r["id"].as_u64().unwrap()).collect();
+    assert_eq!(paged, [ids[1], ids[0]], "{}", page.stdout);
+    let rerun = daemon.run(&["rerun", &eldest, "--wait"]);
+    assert_eq!(rerun.code, Some(0), "{rerun:?}");
+    assert!(rerun.stdout.contains("first words"), "{rerun:?}");
+}
+
 /// `ms` since the Unix epoch as RFC 3339 (by coreutils' `date`).
 fn rfc3339(ms: u128) -> String {
     let out = std::process::Command::new("date")

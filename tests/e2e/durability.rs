@@ -251,6 +251,8 @@ fn a_store_from_an_older_version_is_migrated_and_its_work_resumed() {
          DROP TABLE slot_rules; \
          DROP TABLE namespaces; \
          DROP TABLE deployments; \
+         DROP TABLE plugin_uses; \
+         DELETE FROM meta WHERE key <> 'next_id'; \
          ALTER TABLE tasks DROP COLUMN resume_at_ms; \
          ALTER TABLE tasks DROP COLUMN failures; \
          ALTER TABLE tasks DROP COLUMN parent; \
@@ -273,7 +275,7 @@ fn a_store_from_an_older_version_is_migrated_and_its_work_resumed() {
         .unwrap()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 12, "every migration is applied");
+    assert_eq!(version, 13, "every migration is applied");
     // The children's links, filled from their requests by the migration.
     let out = d.run(&["ps", "--all", "--json"]);
     let linked = out
@@ -284,6 +286,24 @@ fn a_store_from_an_older_version_is_migrated_and_its_work_resumed() {
         .filter(|r| r["parent"].as_u64() == Some(parent))
         .count();
     assert_eq!(linked, 2, "{out:?}");
+    // Each plugin's finished users, counted by migration 13 and kept since,
+    // are the finished tasks that ran it.
+    let tasks = out.json();
+    let plugins = d.plugins();
+    assert!(plugins.len() >= 2, "{plugins:?}");
+    for plugin in plugins {
+        let finished = tasks
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["plugin"] == plugin["name"] && r["state"] == "finished")
+            .count();
+        assert_eq!(
+            plugin["finished"].as_u64(),
+            Some(finished as u64),
+            "{plugin}"
+        );
+    }
 }
 
 #[test]

@@ -313,11 +313,8 @@ async fn poll_loop(daemon: Weak<Daemon>) {
         if last_prune.elapsed() >= PRUNE_EVERY {
             last_prune = Instant::now();
             let config = &d.config;
-            let retention = (
-                config.retain_finished,
-                config.retain_for,
-                config.retain_bytes,
-            );
+            let (finished, bytes) = config.retention();
+            let retention = (finished, config.retain_for, bytes);
             if let Err(err) = cluster.pg.prune(retention).await {
                 cluster.pg.outage().failed("applying retention", &err);
             }

@@ -42,8 +42,18 @@ pub use settings::{
 /// the supervisor's 60 s default: an interactive daemon should stop fast).
 pub const DEFAULT_DAEMON_GRACE: Duration = Duration::from_secs(10);
 
-/// The default of [`DaemonConfig::retain_bytes`]: 256 MiB.
-pub const DEFAULT_RETAIN_BYTES: u64 = 256 << 20;
+/// The default of [`DaemonConfig::retain_bytes`] with a durable store
+/// (SQLite or PostgreSQL), where history costs disk: 4 GiB, a bound for a
+/// week of work (finished tasks are kept [`DaemonConfig::retain_for`]).
+pub const DEFAULT_RETAIN_BYTES: u64 = 4 << 30;
+/// The default of [`DaemonConfig::retain_finished`] with a durable store:
+/// a week at about 8 tasks a second.
+pub const DEFAULT_RETAIN_FINISHED: usize = 5_000_000;
+/// The defaults with the memory store, where history is the process's
+/// memory: the newest 10,000 finished tasks, 256 MiB.
+pub const MEMORY_RETAIN_FINISHED: usize = 10_000;
+/// See [`MEMORY_RETAIN_FINISHED`].
+pub const MEMORY_RETAIN_BYTES: u64 = 256 << 20;
 
 /// How long an idempotency key gives back its task by default: a day.
 pub const DEFAULT_IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(24 * 3600);
@@ -122,13 +132,15 @@ pub struct DaemonConfig {
     /// Where accepted work is kept: `sqlite` (a file under the state
     /// directory), `sqlite:PATH` or `memory`.
     pub store: String,
-    /// Most finished tasks whose reports and logs are kept.
-    pub retain_finished: usize,
+    /// Most finished tasks whose reports and logs are kept (`None`: the
+    /// store's default, see [`DaemonConfig::retention`]).
+    pub retain_finished: Option<usize>,
     /// How long finished tasks' reports and logs are kept.
     pub retain_for: Duration,
     /// Most bytes of finished tasks' outputs and logs kept, in memory and
-    /// in the store each (the oldest go first).
-    pub retain_bytes: u64,
+    /// in the store each (the oldest go first; `None`: the store's
+    /// default).
+    pub retain_bytes: Option<u64>,
     /// How long a stored plugin no task uses is kept before it is collected.
     pub keep_unused_plugins: Duration,
     /// Most bytes of compiled plugins kept in memory (by compiled image size).
@@ -223,6 +235,24 @@ pub fn default_worker_threads() -> usize {
 }
 
 impl DaemonConfig {
+    /// The most finished tasks kept and their bytes: as set, else the
+    /// defaults of the store (a week's bounds with a durable store, the
+    /// newest 10,000 with the memory store).
+    pub fn retention(&self) -> (usize, u64) {
+        let memory = self.store == "memory";
+        let finished = self.retain_finished.unwrap_or(if memory {
+            MEMORY_RETAIN_FINISHED
+        } else {
+            DEFAULT_RETAIN_FINISHED
+        });
+        let bytes = self.retain_bytes.unwrap_or(if memory {
+            MEMORY_RETAIN_BYTES
+        } else {
+            DEFAULT_RETAIN_BYTES
+        });
+        (finished, bytes)
+    }
+
     /// Defaults with this state directory.
     pub fn with_state_dir(state_dir: PathBuf) -> Self {
         Self {
@@ -247,9 +277,9 @@ impl DaemonConfig {
             pool_instances: None,
             event_lane_capacity: 4096,
             store: "sqlite".into(),
-            retain_finished: 10_000,
+            retain_finished: None,
             retain_for: Duration::from_secs(7 * 24 * 3600),
-            retain_bytes: DEFAULT_RETAIN_BYTES,
+            retain_bytes: None,
             keep_unused_plugins: Duration::from_secs(3600),
             worker_threads: default_worker_threads(),
             plugin_cache: 256 << 20,

@@ -105,10 +105,10 @@ pub struct Settings {
     /// Where accepted work is kept: `sqlite` (a file under the state directory; survives a crash), `sqlite:PATH`, `postgres://USER@HOST/DB` (cluster mode: every node with the same database shares the slots; see docs/cluster.md), or `memory` (lost when the daemon stops) [default: sqlite].
     #[arg(long, value_name = "STORE")]
     pub store: Option<String>,
-    /// Most finished tasks whose reports and logs are kept [default: 10000].
+    /// Most finished tasks whose reports and logs are kept; with a durable store the daemon's memory holds only the newest 1,000 and the store the rest [default: 5000000, with --store memory 10000].
     #[arg(long, value_name = "N")]
     pub retain_finished: Option<usize>,
-    /// Most bytes of finished tasks' outputs and logs kept, in memory and in the store each; past it the oldest finished tasks are forgotten first, as past --retain-finished [default: 256MiB].
+    /// Most bytes of finished tasks' outputs and logs kept; past it the oldest finished tasks are forgotten first, as past --retain-finished [default: 4GiB, with --store memory 256MiB].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     #[serde(default, deserialize_with = "file::size")]
     pub retain_bytes: Option<u64>,
@@ -341,8 +341,8 @@ impl Settings {
         set(&mut c.event_lane_capacity, self.event_lane_capacity);
         set(&mut c.epoch_tick, self.epoch_tick);
         set(&mut c.store, self.store);
-        set(&mut c.retain_finished, self.retain_finished);
-        set(&mut c.retain_bytes, self.retain_bytes);
+        set_some(&mut c.retain_finished, self.retain_finished);
+        set_some(&mut c.retain_bytes, self.retain_bytes);
         set(&mut c.retain_for, self.retain_for);
         set(&mut c.keep_unused_plugins, self.keep_unused_plugins);
         set(&mut c.plugin_cache, self.plugin_cache);

@@ -109,7 +109,7 @@ pub async fn serve(
         config: settings,
         plugins: Plugins::new(Arc::clone(&runtime), config.state_dir.clone()),
         controller,
-        tasks: Tasks::new(config.retain_finished, config.retain_bytes),
+        tasks: Tasks::retaining(storage.is_durable(), config.retention()),
         history,
         storage,
         admission: Mutex::new(()),
@@ -363,9 +363,9 @@ async fn open_storage(
         }
         local => {
             let retention = Retention {
-                max_finished: config.retain_finished,
+                max_finished: config.retention().0,
                 max_age: config.retain_for,
-                max_bytes: config.retain_bytes,
+                max_bytes: config.retention().1,
                 key_age: config.idempotency_retention,
             };
             let (store, unfinished) = Store::open(local, retention).map_err(|e| fail(&e))?;
@@ -433,11 +433,19 @@ async fn start_work(
         }
         // A rate-limited slot starts nothing until a period after the
         // latest start the store recorded (the budget before the restart
-        // is not known).
+        // is not known). A start longer ago than the longest rate's
+        // period holds nothing, so only those since are read.
         let now = (tokio::time::Instant::now(), crate::store::now_ms());
-        let last: Vec<(String, tokio::time::Instant)> = host
-            .store
-            .take_last_starts()
+        let rules = daemon.controller.slot_rules().rules();
+        let longest = rules
+            .iter()
+            .filter_map(|(_, s)| s.rate.map(|r| r.per))
+            .max();
+        let starts = longest.map_or_else(Vec::new, |per| {
+            host.store
+                .last_starts(now.1.saturating_sub(per.as_millis() as u64))
+        });
+        let last: Vec<(String, tokio::time::Instant)> = starts
             .into_iter()
             .filter_map(|(slot, ms)| {
                 let ago = std::time::Duration::from_millis(now.1.saturating_sub(ms));

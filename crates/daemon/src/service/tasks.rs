@@ -29,6 +29,12 @@ pub const MAX_LOG_LINES: usize = 2_000;
 pub const MAX_LOG_BYTES: usize = 1 << 20;
 /// Finished tasks listed for `ps --all` at most.
 pub const MAX_FINISHED: usize = 10_000;
+/// Finished tasks a daemon with a durable store also keeps in memory, the
+/// newest (its store keeps all it retains, and answers for the rest), so
+/// history costs disk and not memory.
+pub const RECENT_FINISHED: usize = 1_000;
+/// The bytes of outputs, logs and inputs those recent ones hold at most.
+pub const RECENT_BYTES: u64 = 64 << 20;
 
 /// Lines buffered per live follower before it is told it fell behind.
 const LIVE_BUFFER: usize = 256;
@@ -214,7 +220,7 @@ pub(crate) struct Tasks {
 
 impl Default for Tasks {
     fn default() -> Self {
-        Self::new(MAX_FINISHED, crate::config::DEFAULT_RETAIN_BYTES)
+        Self::new(MAX_FINISHED, crate::config::MEMORY_RETAIN_BYTES)
     }
 }
 
@@ -241,6 +247,20 @@ impl Tasks {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The memory of a daemon whose store retains `max_finished` finished
+    /// tasks holding `max_bytes`: all of them with the memory store, the
+    /// newest [`RECENT_FINISHED`] (of [`RECENT_BYTES`]) with a durable one.
+    pub(crate) fn retaining(durable: bool, (max_finished, max_bytes): (usize, u64)) -> Self {
+        if durable {
+            Self::new(
+                max_finished.min(RECENT_FINISHED),
+                max_bytes.min(RECENT_BYTES),
+            )
+        } else {
+            Self::new(max_finished, max_bytes)
+        }
     }
 
     /// Remembers a submission.

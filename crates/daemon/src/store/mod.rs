@@ -97,7 +97,7 @@ pub struct Retention {
 impl Default for Retention {
     fn default() -> Self {
         Self {
-            max_finished: 10_000,
+            max_finished: super::config::DEFAULT_RETAIN_FINISHED,
             max_age: Duration::from_secs(7 * 24 * 3600),
             max_bytes: super::config::DEFAULT_RETAIN_BYTES,
             key_age: super::config::DEFAULT_IDEMPOTENCY_RETENTION,
@@ -434,8 +434,6 @@ struct Inner {
     slot_rules: Mutex<Vec<(String, SlotSettings)>>,
     /// The namespaces read at open, taken once likewise.
     namespaces: Mutex<Vec<(String, NamespaceSettings)>>,
-    /// Each slot's latest attempt start read at open, taken once likewise.
-    last_starts: Mutex<Vec<(String, u64)>>,
     /// The deployments' events read at open, oldest first, taken once
     /// likewise.
     deployments: Mutex<Vec<DeploymentEvent>>,
@@ -472,7 +470,6 @@ impl Store {
                         kv: Mutex::default(),
                         slot_rules: Mutex::default(),
                         namespaces: Mutex::default(),
-                        last_starts: Mutex::default(),
                         deployments: Mutex::default(),
                     }),
                 },
@@ -488,7 +485,6 @@ impl Store {
                     kv,
                     slot_rules,
                     namespaces,
-                    last_starts,
                     deployments,
                 } = sqlite::open(path, retention)?;
                 let (tx, rx) = mpsc::channel();
@@ -512,7 +508,6 @@ impl Store {
                             kv: Mutex::new(kv),
                             slot_rules: Mutex::new(slot_rules),
                             namespaces: Mutex::new(namespaces),
-                            last_starts: Mutex::new(last_starts),
                             deployments: Mutex::new(deployments),
                         }),
                     },
@@ -686,15 +681,16 @@ impl Store {
         std::mem::take(&mut *namespaces)
     }
 
-    /// Each slot's latest attempt start (ms since the epoch) the store
-    /// held when it was opened (once; later calls get none).
-    pub fn take_last_starts(&self) -> Vec<(String, u64)> {
-        let mut starts = self
-            .inner
-            .last_starts
+    /// Each slot's latest attempt start (ms since the epoch) at or after
+    /// `since_ms` (none with the memory backend).
+    pub fn last_starts(&self, since_ms: u64) -> Vec<(String, u64)> {
+        let Some(reader) = self.inner.reader.as_ref() else {
+            return Vec::new();
+        };
+        reader
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        std::mem::take(&mut *starts)
+            .unwrap_or_else(PoisonError::into_inner)
+            .last_starts(since_ms)
     }
 
     /// Resolves once every write made before it is committed.

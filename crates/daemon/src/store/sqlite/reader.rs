@@ -111,16 +111,40 @@ impl Reader {
         .pop()
     }
 
+    /// Each slot's latest attempt start (ms since the epoch) at or after
+    /// `since_ms`: from the unfinished tasks and those finished since, each
+    /// read by its index (a task started then finished then too).
+    pub(in crate::store) fn last_starts(&self, since_ms: u64) -> Vec<(String, u64)> {
+        let read = || -> rusqlite::Result<Vec<(String, u64)>> {
+            let mut stmt = self.conn.prepare_cached(
+                "SELECT slot, max(s) FROM ( \
+                 SELECT slot, started_ms AS s FROM tasks \
+                 WHERE state <> 'finished' AND started_ms >= ?1 \
+                 UNION ALL SELECT slot, started_ms FROM tasks \
+                 WHERE state = 'finished' AND finished_ms >= ?1 AND started_ms >= ?1) \
+                 GROUP BY slot",
+            )?;
+            let rows = stmt.query_map([since_ms as i64], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
+            })?;
+            rows.collect()
+        };
+        read().unwrap_or_else(|e| {
+            tracing::warn!("cannot read the slots' latest starts: {e}");
+            Vec::new()
+        })
+    }
+
     /// For each plugin the stored tasks use (`only` those of that
     /// namespace), how many are unfinished and how many finished.
     pub(in crate::store) fn plugin_refs(&self, only: Option<&str>) -> HashMap<Digest, PluginRefs> {
         let read = || -> rusqlite::Result<HashMap<Digest, PluginRefs>> {
-            // A task's namespace is its name's part before the separator
-            // ('' for the default one's).
+            // The counts the writer keeps per plugin and namespace (a
+            // task's namespace is its name's part before the separator,
+            // '' for the default one's).
             let mut stmt = self.conn.prepare_cached(
-                "SELECT digest, max(plugin), sum(state <> 'finished'), sum(state = 'finished') \
-                 FROM tasks WHERE ?1 IS NULL OR ?1 = CASE WHEN instr(name, char(31)) = 0 \
-                 THEN '' ELSE substr(name, 1, instr(name, char(31)) - 1) END GROUP BY digest",
+                "SELECT digest, max(nullif(plugin, '')), sum(unfinished), sum(finished) \
+                 FROM plugin_uses WHERE ?1 IS NULL OR ns = ?1 GROUP BY digest",
             )?;
             let rows = stmt.query_map([only], |r| {
                 Ok((

@@ -14,6 +14,7 @@ use rusqlite::{Connection, params};
 use taskhost_core::lifecycle::TaskState;
 use taskhost_core::supervisor::TaskId;
 
+use super::counts::{Changes, Kept};
 use super::err;
 use crate::store::{NewTask, Op, Retention, StoreError, Write, digest_bytes, now_ms};
 
@@ -22,6 +23,9 @@ const MAX_BATCH: usize = 4096;
 
 /// How often retention runs (at most).
 const PRUNE_EVERY: Duration = Duration::from_secs(5);
+
+/// Finished rows retention deletes in one transaction at most.
+const PRUNE_CHUNK: usize = 1024;
 
 /// A write the database refused, with the fix when the disk is full.
 fn write_failed(path: &Path, e: rusqlite::Error) -> StoreError {
@@ -70,20 +74,29 @@ pub(in crate::store) struct Writer {
     /// eighth of the byte bound, retention runs at once, so the store
     /// overshoots its bound by that much at most.
     finished_since_prune: u64,
+    /// The finished rows kept and their bytes, as committed.
+    kept: Kept,
 }
 
 impl Writer {
     /// The writer of the database `conn` at `path`, whose next task id is
     /// above `next_id`.
-    pub(super) fn new(conn: Connection, path: PathBuf, retention: Retention, next_id: u64) -> Self {
-        Self {
+    pub(super) fn new(
+        conn: Connection,
+        path: PathBuf,
+        retention: Retention,
+        next_id: u64,
+    ) -> rusqlite::Result<Self> {
+        let kept = Kept::read(&conn)?;
+        Ok(Self {
             conn,
             path,
             retention,
             next_id,
             last_prune: Some(Instant::now()),
             finished_since_prune: 0,
-        }
+            kept,
+        })
     }
 
     /// Applies writes until every sender is gone: whatever is waiting when
@@ -154,6 +167,7 @@ impl Writer {
         let (started, folded) = fold_starts(batch);
         let tx = self.conn.transaction()?;
         let mut next_id = self.next_id;
+        let mut changes = Changes::default();
         for (i, write) in batch.iter().enumerate() {
             if folded[i] {
                 continue;
@@ -161,14 +175,16 @@ impl Writer {
             if let Op::Submit(task) = &write.op {
                 next_id = next_id.max(task.id.get() + 1);
             }
-            self.finished_since_prune += apply_op(&tx, &write.op, started[i])?;
+            self.finished_since_prune += apply_op(&tx, &write.op, started[i], &mut changes)?;
         }
         if next_id != self.next_id {
             tx.prepare_cached("UPDATE meta SET value = max(value, ?1) WHERE key = 'next_id'")?
                 .execute(params![next_id as i64])?;
         }
+        changes.write(&tx)?;
         tx.commit()?;
         self.next_id = next_id;
+        changes.apply_to(&mut self.kept);
         Ok(())
     }
     /// Folds the write-ahead log into the database file and empties it.
@@ -185,26 +201,58 @@ impl Writer {
         }
     }
 
-    /// Deletes finished tasks beyond the retention bounds.
+    /// Deletes finished tasks beyond the retention bounds: the oldest
+    /// first (by when they finished), while they are too old or the rows
+    /// kept are more than `max_finished` or hold more than `max_bytes`.
+    /// It reads the oldest rows by the finished index and the counts the
+    /// writer keeps, never every row.
     pub(super) fn prune(&mut self) -> rusqlite::Result<()> {
         let cutoff = now_ms().saturating_sub(self.retention.max_age.as_millis() as u64);
-        // Too old, beyond the newest `max_finished`, or beyond the newest
-        // rows whose sizes add up to `max_bytes`.
-        let deleted = self.conn.execute(
-            "DELETE FROM tasks WHERE state = 'finished' AND (finished_ms < ?1 OR id IN \
-             (SELECT id FROM (SELECT id, \
-                row_number() OVER newest AS n, \
-                sum(length(request) + coalesce(length(report), 0) + coalesce(length(log), 0)) \
-                  OVER newest AS bytes \
-              FROM tasks WHERE state = 'finished' \
-              WINDOW newest AS (ORDER BY finished_ms DESC, id DESC)) \
-              WHERE n > ?2 OR bytes > ?3))",
-            params![
-                cutoff as i64,
-                self.retention.max_finished as i64,
-                i64::try_from(self.retention.max_bytes).unwrap_or(i64::MAX)
-            ],
-        )?;
+        let mut deleted = 0;
+        loop {
+            let tx = self.conn.transaction()?;
+            let mut changes = Changes::default();
+            let (mut rows, mut bytes) = (self.kept.rows, self.kept.bytes);
+            let mut victims = Vec::new();
+            {
+                let mut oldest = tx.prepare_cached(
+                    "SELECT id, finished_ms, digest, name, \
+                     length(request) + coalesce(length(report), 0) + coalesce(length(log), 0) \
+                     FROM tasks WHERE state = 'finished' ORDER BY finished_ms, id LIMIT ?1",
+                )?;
+                let mut found = oldest.query(params![PRUNE_CHUNK as i64])?;
+                while let Some(row) = found.next()? {
+                    let finished_ms = row.get::<_, Option<i64>>(1)?.unwrap_or(0).max(0) as u64;
+                    let over = finished_ms < cutoff
+                        || rows > self.retention.max_finished as u64
+                        || bytes > self.retention.max_bytes;
+                    if !over {
+                        break;
+                    }
+                    let size = row.get::<_, i64>(4)?.max(0) as u64;
+                    let digest: Vec<u8> = row.get(2)?;
+                    let name: String = row.get(3)?;
+                    changes.deleted(&digest, &name, size);
+                    rows = rows.saturating_sub(1);
+                    bytes = bytes.saturating_sub(size);
+                    victims.push(row.get::<_, i64>(0)?);
+                }
+            }
+            if victims.is_empty() {
+                break;
+            }
+            for id in &victims {
+                tx.prepare_cached("DELETE FROM tasks WHERE id = ?1")?
+                    .execute(params![id])?;
+            }
+            changes.write(&tx)?;
+            tx.commit()?;
+            changes.apply_to(&mut self.kept);
+            deleted += victims.len();
+            if victims.len() < PRUNE_CHUNK {
+                break;
+            }
+        }
         if deleted > 0 {
             tracing::debug!(path = %self.path.display(), deleted, "store retention");
         }
@@ -261,9 +309,14 @@ fn fold_starts(batch: &[Write]) -> (Vec<u32>, Vec<bool>) {
 /// Applies one write in `tx`; `started`: the attempt a submission's row
 /// starts at, folded in from a later write (0: as the submission says).
 /// Returns the bytes of reports and logs it wrote.
-fn apply_op(tx: &rusqlite::Transaction<'_>, op: &Op, started: u32) -> rusqlite::Result<u64> {
+fn apply_op(
+    tx: &rusqlite::Transaction<'_>,
+    op: &Op,
+    started: u32,
+    changes: &mut Changes,
+) -> rusqlite::Result<u64> {
     match op {
-        Op::Submit(task) => insert_task(tx, task, started)?,
+        Op::Submit(task) => insert_task(tx, task, started, changes)?,
         Op::Schedule(schedule) => {
             let spec = postcard::to_allocvec(&schedule.spec)
                 .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
@@ -384,18 +437,28 @@ fn apply_op(tx: &rusqlite::Transaction<'_>, op: &Op, started: u32) -> rusqlite::
                 .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
             let log = postcard::to_allocvec(&finished.log)
                 .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
-            tx.prepare_cached(
+            // A task ends once: a second end of it changes nothing.
+            let mut update = tx.prepare_cached(
                 "UPDATE tasks SET state = 'finished', attempts = ?2, finished_ms = ?3, \
-                 report = ?4, log = ?5 WHERE id = ?1",
-            )?
-            .execute(params![
+                 report = ?4, log = ?5 WHERE id = ?1 AND state <> 'finished' \
+                 RETURNING digest, name, length(request)",
+            )?;
+            let mut ended = update.query(params![
                 finished.report.id.get() as i64,
                 finished.report.attempts,
                 finished.finished_ms as i64,
                 report,
                 log
             ])?;
-            return Ok((report.len() + log.len()) as u64);
+            if let Some(row) = ended.next()? {
+                let digest: Vec<u8> = row.get(0)?;
+                let name: String = row.get(1)?;
+                let request = row.get::<_, i64>(2)?.max(0) as u64;
+                let written = (report.len() + log.len()) as u64;
+                changes.finished(&digest, &name, request + written);
+                return Ok(written);
+            }
+            return Ok(0);
         }
     }
     Ok(0)
@@ -408,6 +471,7 @@ fn insert_task(
     tx: &rusqlite::Transaction<'_>,
     task: &NewTask,
     started: u32,
+    changes: &mut Changes,
 ) -> rusqlite::Result<()> {
     let attempts = started.max(u32::from(task.started));
     let request = postcard::to_allocvec(&*task.request)
@@ -433,6 +497,7 @@ fn insert_task(
         task.submitted_ms as i64,
         (attempts > 0).then(|| now_ms() as i64),
     ])?;
+    changes.submitted(digest_bytes(&task.request.plugin), &task.name, &task.plugin);
     // A child's place in its tree: its own statement, so
     // that the rows nobody spawned cost what they did.
     if let Some(parent) = task.request.parent {
