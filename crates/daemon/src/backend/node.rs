@@ -42,6 +42,9 @@ use crate::wire::protocol::Quota;
 const CLAIM_BATCH: usize = 64;
 /// How often retention runs on each node.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
+/// How often a node also applies the count and byte bounds of retention,
+/// which read every finished task (age alone reads only the old ones).
+const BOUNDS_EVERY: Duration = Duration::from_secs(600);
 /// Orphaned tasks taken over per lease round.
 const TAKEOVER_BATCH: i64 = 1_000;
 
@@ -281,6 +284,7 @@ async fn claim_loop(daemon: Weak<Daemon>) {
 
 async fn poll_loop(daemon: Weak<Daemon>) {
     let mut last_prune = Instant::now();
+    let mut last_bounds: Option<Instant> = None;
     loop {
         let Some(cluster) = daemon.upgrade().and_then(|d| d.cluster().cloned()) else {
             return;
@@ -315,7 +319,11 @@ async fn poll_loop(daemon: Weak<Daemon>) {
             let config = &d.config;
             let (finished, bytes) = config.retention();
             let retention = (finished, config.retain_for, bytes);
-            if let Err(err) = cluster.pg.prune(retention).await {
+            let bounds = last_bounds.is_none_or(|at| at.elapsed() >= BOUNDS_EVERY);
+            if bounds {
+                last_bounds = Some(Instant::now());
+            }
+            if let Err(err) = cluster.pg.prune(retention, bounds).await {
                 cluster.pg.outage().failed("applying retention", &err);
             }
             match cluster

@@ -158,19 +158,23 @@ impl Pg {
     }
 
     /// Deletes finished tasks beyond the retention bounds (and their
-    /// attempts).
+    /// attempts): those older than `max_age` (read by the finished index),
+    /// and with `bounds` those beyond the newest `max_finished` or
+    /// `max_bytes` too (a window over every finished task).
     pub(crate) async fn prune(
         &self,
         (max_finished, max_age, max_bytes): (usize, Duration, u64),
+        bounds: bool,
     ) -> Result<u64, StoreError> {
         let client = self.client().await?;
         let cutoff = ms(now_ms().saturating_sub(max_age.as_millis() as u64));
-        let keep = i64::try_from(max_finished).unwrap_or(i64::MAX);
-        let bytes = i64::try_from(max_bytes).unwrap_or(i64::MAX);
-        let n = exec(
-            &client,
-            "cannot apply retention",
-            "WITH gone AS (DELETE FROM taskhost_tasks WHERE state = 'finished' AND \
+        let n = if bounds {
+            let keep = i64::try_from(max_finished).unwrap_or(i64::MAX);
+            let bytes = i64::try_from(max_bytes).unwrap_or(i64::MAX);
+            exec(
+                &client,
+                "cannot apply retention",
+                "WITH gone AS (DELETE FROM taskhost_tasks WHERE state = 'finished' AND \
                  (finished_ms < $1 OR id IN (SELECT id FROM (SELECT id, \
                  row_number() OVER newest AS n, \
                  sum(length(request) + coalesce(length(report), 0) + coalesce(length(log), 0)) \
@@ -179,9 +183,21 @@ impl Pg {
                  WHERE n > $2 OR bytes > $3)) RETURNING id), \
                  lines AS (DELETE FROM taskhost_logs WHERE task_id IN (SELECT id FROM gone)) \
                  DELETE FROM taskhost_attempts WHERE task_id IN (SELECT id FROM gone)",
-            &[&cutoff, &keep, &bytes],
-        )
-        .await?;
+                &[&cutoff, &keep, &bytes],
+            )
+            .await?
+        } else {
+            exec(
+                &client,
+                "cannot apply retention",
+                "WITH gone AS (DELETE FROM taskhost_tasks WHERE state = 'finished' AND \
+                 finished_ms < $1 RETURNING id), \
+                 lines AS (DELETE FROM taskhost_logs WHERE task_id IN (SELECT id FROM gone)) \
+                 DELETE FROM taskhost_attempts WHERE task_id IN (SELECT id FROM gone)",
+                &[&cutoff],
+            )
+            .await?
+        };
         exec(
             &client,
             "cannot prune events",
