@@ -453,10 +453,7 @@ const PAGES_TASKS: usize = 1_000_000;
 /// alone); with TASKHOST_BENCH_BASELINE_HOST=PATH, that build's daemon
 /// filled and timed the same way in the same run.
 async fn pages(dir: &Path) {
-    let tasks: usize = std::env::var("TASKHOST_BENCH_PAGES_TASKS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(PAGES_TASKS);
+    let tasks = env_count("TASKHOST_BENCH_PAGES_TASKS", PAGES_TASKS);
     let mut hosts = vec![(
         "this build".to_owned(),
         std::path::PathBuf::from(env!("CARGO_BIN_EXE_host")),
@@ -480,13 +477,7 @@ async fn pages(dir: &Path) {
         let mut child = start_daemon(&host, &socket, &state, "sqlite", &flags);
         let digest = upload(&socket, &hello).await;
         let start = Instant::now();
-        let mut left = tasks;
-        while left > 0 {
-            let batches = (left / MAX_BATCH).clamp(1, 100);
-            batch_intake(&socket, digest, batches, None).await;
-            drain(&socket).await;
-            left = left.saturating_sub(batches * MAX_BATCH);
-        }
+        fill(&socket, digest, tasks).await;
         println!(
             "  {which}: {tasks} tasks run and finished in {:.0} s",
             start.elapsed().as_secs_f64()
@@ -497,20 +488,7 @@ async fn pages(dir: &Path) {
                 let _ = child.wait();
                 child = start_daemon(&host, &socket, &state, "sqlite", &flags);
             }
-            let client = taskhost::daemon::Client::connect(&socket).await.unwrap();
-            let page = TaskPage {
-                all: true,
-                filter: TaskFilter::default(),
-                before: None,
-                limit: Some(50),
-            };
-            let mut wire = Vec::new();
-            for _ in 0..20 {
-                let start = Instant::now();
-                let rows = client.page(page.clone()).await.unwrap();
-                wire.push(start.elapsed().as_secs_f64() * 1e3);
-                assert_eq!(rows.len(), 50);
-            }
+            let wire = first_pages(&socket, 50).await;
             let mut cli = Vec::new();
             for _ in 0..10 {
                 let start = Instant::now();
@@ -548,10 +526,7 @@ const HISTORY_TASKS: usize = 1_000_000;
 /// the first page of `ps --all` (50 rows, 20 times); the restart after
 /// SIGKILL until it accepts, and its memory then.
 async fn history(dir: &Path) {
-    let tasks: usize = std::env::var("TASKHOST_BENCH_HISTORY_TASKS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(HISTORY_TASKS);
+    let tasks = env_count("TASKHOST_BENCH_HISTORY_TASKS", HISTORY_TASKS);
     let this = PathBuf::from(env!("CARGO_BIN_EXE_host"));
     let mut daemons = vec![
         ("this build, kept", this.clone(), tasks),
@@ -581,38 +556,17 @@ async fn history(dir: &Path) {
         let empty = history_round(&socket, digest).await;
         let rss_empty = rss_kib(child.id());
         let start = Instant::now();
-        let mut left = tasks;
-        while left > 0 {
-            let batches = (left / MAX_BATCH).clamp(1, 100);
-            batch_intake(&socket, digest, batches, None).await;
-            drain(&socket).await;
-            left = left.saturating_sub(batches * MAX_BATCH);
-        }
+        fill(&socket, digest, tasks).await;
         let filled = start.elapsed();
         let rss_full = rss_kib(child.id());
         let full = history_round(&socket, digest).await;
-        let client = taskhost::daemon::Client::connect(&socket).await.unwrap();
-        let page = TaskPage {
-            all: true,
-            filter: TaskFilter::default(),
-            before: None,
-            limit: Some(50),
-        };
-        let mut pages = Vec::new();
-        for _ in 0..20 {
-            let start = Instant::now();
-            let rows = client.page(page.clone()).await.unwrap();
-            pages.push(start.elapsed().as_secs_f64() * 1e3);
-            assert!(!rows.is_empty());
-        }
-        drop(client);
+        let pages = first_pages(&socket, 1).await;
         let _ = child.kill();
         let _ = child.wait();
         let start = Instant::now();
         child = start_daemon(&host, &socket, &state, "sqlite", &flags);
         let restarted = start.elapsed();
-        let client = taskhost::daemon::Client::connect(&socket).await.unwrap();
-        assert!(!client.page(page).await.unwrap().is_empty());
+        first_pages(&socket, 1).await;
         let rss_restarted = rss_kib(child.id());
         println!(
             "history: {which}, {tasks} hello run in {:.0} s: RSS {:.0} MiB empty, {:.0} MiB full (+{:.0}), {:.0} MiB after a restart; \
@@ -651,6 +605,46 @@ async fn history_round(socket: &Path, digest: Digest) -> (f64, f64) {
         p50s.push(quantile(&samples, 0.5));
     }
     (median(&rates), median(&p50s))
+}
+
+/// A count from the environment variable `name`, else `default`.
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Runs `tasks` `hello`s to their end: batches of [`MAX_BATCH`], 100
+/// calls at a time, each hundred drained.
+async fn fill(socket: &Path, digest: Digest, tasks: usize) {
+    let mut left = tasks;
+    while left > 0 {
+        let batches = (left / MAX_BATCH).clamp(1, 100);
+        batch_intake(socket, digest, batches, None).await;
+        drain(socket).await;
+        left = left.saturating_sub(batches * MAX_BATCH);
+    }
+}
+
+/// The first page of `ps --all` (50 rows) by the protocol, 20 times, each
+/// of at least `rows` rows: the times in ms.
+async fn first_pages(socket: &Path, rows: usize) -> Vec<f64> {
+    let client = taskhost::daemon::Client::connect(socket).await.unwrap();
+    let page = TaskPage {
+        all: true,
+        filter: TaskFilter::default(),
+        before: None,
+        limit: Some(50),
+    };
+    let mut took = Vec::new();
+    for _ in 0..20 {
+        let start = Instant::now();
+        let got = client.page(page.clone()).await.unwrap();
+        took.push(start.elapsed().as_secs_f64() * 1e3);
+        assert!(got.len() >= rows, "{} rows", got.len());
+    }
+    took
 }
 
 /// `batches` calls of [`MAX_BATCH`] submissions on one connection, two in
