@@ -428,7 +428,7 @@ fn pages_of_finished_tasks_join_the_store_and_memory_without_a_gap() {
 fn a_durable_daemon_reads_finished_tasks_past_its_memory_from_the_store() {
     // The daemon keeps the newest 1,000 finished tasks in memory as well;
     // the older ones of this same run are read from the store.
-    let daemon = Daemon::start(&[]);
+    let mut daemon = Daemon::start(&[]);
     let dir = tempfile::tempdir().unwrap();
     let mut lines: Vec<String> = (0..1_500)
         .map(|i| json!({ "slot": format!("m{}", i % 100), "input": format!("n{i}") }).to_string())
@@ -465,6 +465,16 @@ fn a_durable_daemon_reads_finished_tasks_past_its_memory_from_the_store() {
     let rerun = daemon.run(&["rerun", &eldest, "--wait"]);
     assert_eq!(rerun.code, Some(0), "{rerun:?}");
     assert!(rerun.stdout.contains("first words"), "{rerun:?}");
+    // A lowered bound applies at the next start: the 1,491 oldest of the
+    // 1,501 go in two passes of retention, and the counts it keeps follow.
+    daemon.kill_9();
+    daemon.restart(&["--retain-finished", "10"]);
+    let kept = daemon.ps_all_ids();
+    assert_eq!(kept.len(), 10, "{kept:?}");
+    let hello = daemon.plugins();
+    assert_eq!(hello.len(), 1, "{hello:?}");
+    assert_eq!(hello[0]["finished"], 10, "{hello:?}");
+    assert_eq!(hello[0]["unfinished"], 0, "{hello:?}");
 }
 
 /// `ms` since the Unix epoch as RFC 3339 (by coreutils' `date`).
