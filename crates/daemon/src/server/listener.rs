@@ -362,10 +362,11 @@ async fn open_storage(
             Ok((Storage::Shared(cluster), Vec::new()))
         }
         local => {
+            let (max_finished, max_bytes) = config.retention();
             let retention = Retention {
-                max_finished: config.retention().0,
+                max_finished,
                 max_age: config.retain_for,
-                max_bytes: config.retention().1,
+                max_bytes,
                 key_age: config.idempotency_retention,
             };
             let (store, unfinished) = Store::open(local, retention).map_err(|e| fail(&e))?;

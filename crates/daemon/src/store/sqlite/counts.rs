@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use rusqlite::{Connection, Transaction, params};
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use taskhost_core::slot_settings::SCOPE_SEPARATOR;
 
@@ -31,11 +31,7 @@ impl Kept {
         let value = |key: &str| -> rusqlite::Result<u64> {
             let v: Option<i64> = conn
                 .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
-                .map(Some)
-                .or_else(|e| match e {
-                    rusqlite::Error::QueryReturnedNoRows => Ok(None),
-                    e => Err(e),
-                })?;
+                .optional()?;
             Ok(v.unwrap_or(0).max(0) as u64)
         };
         Ok(Self {
