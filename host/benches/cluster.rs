@@ -49,7 +49,9 @@
 //! (`TASKHOST_BENCH_HOST=PATH` runs another build's `host` as the nodes;
 //! `TASKHOST_BENCH_SLOT_RULES=1` sets, before the throughput runs, a slot
 //! rule that every slot matches and none reaches)
-//! (the scenarios whose names contain an argument; all without one). With
+//! (the scenarios whose names contain an argument; all without one).
+//! `TASKHOST_BENCH_NODES=1,3` runs the throughput scenario with those
+//! numbers of nodes (1, 2 and 3 by default). With
 //! `TASKHOST_BENCH_PG_PROFILE=1` the throughput and rate-accuracy runs also
 //! print the database's statements (pg_stat_statements): calls and time per
 //! task (rate accuracy: every 10 s with `TASKHOST_BENCH_RATE_DEBUG`, which
@@ -219,7 +221,8 @@ fn main() {
         .collect();
     let run = |name: &str| wanted.is_empty() || wanted.iter().any(|w| name.contains(w.as_str()));
     if run("throughput") {
-        for nodes in 1..=3 {
+        let counts = std::env::var("TASKHOST_BENCH_NODES").unwrap_or_else(|_| "1,2,3".into());
+        for nodes in counts.split(',').filter_map(|n| n.trim().parse().ok()) {
             throughput(&rt, nodes);
         }
     }
@@ -467,30 +470,45 @@ fn profiling() -> bool {
     std::env::var_os("TASKHOST_BENCH_PG_PROFILE").is_some_and(|v| v == "1")
 }
 
-/// The statements the database ran most time on, per task.
+/// The statements the database ran most time on, per task: calls, time,
+/// rows and buffers touched (shared blocks hit or read, dirtied).
 fn print_profile(pg: &postgres::Postgres, tasks: usize) {
     let rows = pg.psql(
-        "SELECT calls, round(total_exec_time::numeric, 1), round(mean_exec_time::numeric * 1000, 1), \
-         regexp_replace(left(query, 110), '\\s+', ' ', 'g') FROM pg_stat_statements \
+        "SELECT calls, round(total_exec_time::numeric, 1), rows, \
+         shared_blks_hit + shared_blks_read, shared_blks_dirtied, wal_records, \
+         regexp_replace(left(query, 90), '\\s+', ' ', 'g') FROM pg_stat_statements \
          WHERE query NOT LIKE '%pg_stat_statements%' ORDER BY total_exec_time DESC LIMIT 25",
     );
-    let total = pg
-        .psql("SELECT sum(calls), round(sum(total_exec_time)::numeric, 1) FROM pg_stat_statements");
+    let total = pg.psql(
+        "SELECT sum(calls), round(sum(total_exec_time)::numeric, 1), \
+         sum(shared_blks_hit + shared_blks_read), sum(wal_records) FROM pg_stat_statements",
+    );
     println!(
-        "  database profile ({tasks} tasks): calls, total ms, mean µs, statement; all: {}",
+        "  database profile ({tasks} tasks; all: calls|ms|buffers|WAL records {}); per task: \
+         calls, ms, rows, buffers, dirtied, WAL records; statement",
         total.trim()
     );
+    let tables = pg.psql(
+        "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables \
+         WHERE n_tup_ins + n_tup_upd + n_tup_del > 0 ORDER BY relname",
+    );
+    println!(
+        "  tables (inserted, updated, of them HOT, deleted): {}",
+        tables.trim().replace('\n', "; ")
+    );
+    let per = |v: &str| v.parse::<f64>().unwrap_or(0.0) / tasks as f64;
     for row in rows.lines() {
-        let f: Vec<&str> = row.splitn(4, '|').collect();
-        if f.len() == 4 {
-            let calls: f64 = f[0].parse().unwrap_or(0.0);
+        let f: Vec<&str> = row.splitn(7, '|').collect();
+        if f.len() == 7 {
             println!(
-                "  {:>7} ({:>5.2}/task) {:>8} ms {:>8} µs  {}",
-                f[0],
-                calls / tasks as f64,
-                f[1],
-                f[2],
-                f[3]
+                "  {:>5.2} {:>6.3} {:>5.2} {:>6.1} {:>5.2} {:>5.1}  {}",
+                per(f[0]),
+                per(f[1]),
+                per(f[2]),
+                per(f[3]),
+                per(f[4]),
+                per(f[5]),
+                f[6]
             );
         }
     }

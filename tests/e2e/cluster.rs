@@ -1302,6 +1302,13 @@ fn logs_are_shown_by_every_node() {
     // ends, with its lines.
     b.submit(&[&p("sleeper"), "--name", "nap", "--param", "ms=1500"]);
     let row = wait_until(&a, "nap", "running", None);
+    // Its first attempt is counted once its start is recorded (in the
+    // attempt's row alone, not the task's).
+    let deadline = Instant::now() + LIMIT;
+    while wait_until(&a, "nap", "running", None)["attempts"] != 1 {
+        assert!(Instant::now() < deadline, "nap never showed its attempt");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let other = nodes
         .iter()
         .find(|(name, _)| row["node"] != *name)
@@ -1325,6 +1332,33 @@ fn logs_are_shown_by_every_node() {
             out.stdout
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+    // Events shipped in many batches read back through the other node in
+    // order, each task's end among them.
+    let ids: Vec<String> = (0..24)
+        .map(|_| {
+            let id = b.submit(&[&p("hello")]);
+            assert_eq!(b.run(&["wait", &id]).code, Some(0));
+            id
+        })
+        .collect();
+    let out = a.run(&["events", "--json"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let events: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("an event"))
+        .collect();
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    for id in &ids {
+        assert!(
+            events
+                .iter()
+                .any(|e| e["kind"] == "TaskFinished" && e["task_id"].as_u64() == id.parse().ok()),
+            "no end of {id} in {}",
+            out.stdout
+        );
     }
 }
 

@@ -40,7 +40,11 @@ pub(super) async fn report_of(
     let row = one(
         tx,
         "cannot read a task",
-        "SELECT name, slot, attempts FROM taskhost_tasks WHERE id = $1",
+        concat!(
+            "SELECT t.name, t.slot, ",
+            attempts_started!(),
+            " FROM taskhost_tasks t WHERE t.id = $1"
+        ),
         &[&sql_id(id)],
     )
     .await?;
@@ -221,9 +225,13 @@ impl Pg {
         let rows = all(
             &client,
             "cannot read this node's claims",
-            "SELECT id, token, request, plugin, attempts, failures, resume_at_ms, submitted_ms \
-                 FROM taskhost_tasks WHERE node = $1 AND state IN ('running', 'stopping') \
-                 AND id <> ALL($2) ORDER BY priority DESC, id",
+            concat!(
+                "SELECT t.id, t.token, t.request, t.plugin, ",
+                attempts_started!(),
+                ", t.failures, t.resume_at_ms, t.submitted_ms FROM taskhost_tasks t \
+                 WHERE t.node = $1 AND t.state IN ('running', 'stopping') \
+                 AND t.id <> ALL($2) ORDER BY t.priority DESC, t.id"
+            ),
             &[&node, &held],
         )
         .await?;

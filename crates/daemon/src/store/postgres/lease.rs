@@ -182,10 +182,14 @@ impl Pg {
                 let Some(row) = opt(
                     tx,
                     "cannot read an orphaned task",
-                    "SELECT t.state, t.request, t.plugin, t.attempts, t.failures, t.resume_at_ms, \
-                         t.submitted_ms, t.name FROM taskhost_tasks t JOIN taskhost_nodes n ON n.id = t.node \
+                    concat!(
+                        "SELECT t.state, t.request, t.plugin, ",
+                        attempts_started!(),
+                        ", t.failures, t.resume_at_ms, t.submitted_ms, t.name \
+                         FROM taskhost_tasks t JOIN taskhost_nodes n ON n.id = t.node \
                          WHERE t.id = $1 AND t.state IN ('running', 'stopping') AND NOT n.alive \
-                         FOR UPDATE OF t",
+                         FOR UPDATE OF t"
+                    ),
                     &[&sql_id(id)],
                 )
                 .await?

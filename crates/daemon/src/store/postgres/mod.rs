@@ -33,6 +33,18 @@
 //! | `deployments` | named deployments for every node: their events, each appended after the newest its verb read |
 //! | `namespaces` | namespaces for every node, what each uses, counted from the rows, and its submissions' rate |
 
+/// SQL for how many attempts a task (aliased `t`) has started: a first
+/// attempt's start is recorded in `taskhost_attempts` alone (the task's row
+/// is not written again for it), so an unfinished task's count is the
+/// greater of its row's and its newest attempt's.
+macro_rules! attempts_started {
+    () => {
+        "CASE WHEN t.state IN ('running', 'stopping') THEN greatest(t.attempts, \
+         (SELECT coalesce(max(a.attempt), 0) FROM taskhost_attempts a WHERE a.task_id = t.id)) \
+         ELSE t.attempts END"
+    };
+}
+
 mod admit;
 pub(crate) mod batch;
 mod blobs;

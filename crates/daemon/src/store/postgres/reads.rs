@@ -119,11 +119,15 @@ impl Pg {
         let mut rows: Vec<TaskRow> = all(
             &client,
             "cannot list tasks",
-            "SELECT t.id, t.name, t.slot, t.state, t.attempts, t.submitted_ms, t.plugin, n.name, \
+            concat!(
+                "SELECT t.id, t.name, t.slot, t.state, ",
+                attempts_started!(),
+                ", t.submitted_ms, t.plugin, n.name, \
                  t.resume_at_ms, t.due_ms, t.schedule, t.parent FROM taskhost_tasks t \
                  LEFT JOIN taskhost_nodes n ON n.id = t.node \
                  WHERE t.state = 'queued' OR t.state = 'delayed' \
-                    OR t.state IN ('ready', 'running', 'stopping') ORDER BY t.id",
+                    OR t.state IN ('ready', 'running', 'stopping') ORDER BY t.id"
+            ),
             &[],
         )
         .await?

@@ -24,6 +24,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/postgres/0011_namespace_quotas.sql"),
     include_str!("../../../migrations/postgres/0012_queue_order.sql"),
     include_str!("../../../migrations/postgres/0013_deployments.sql"),
+    include_str!("../../../migrations/postgres/0014_event_batches.sql"),
+    include_str!("../../../migrations/postgres/0015_fewer_indexes.sql"),
 ];
 
 /// The migration that added `parent` and `root`, filled from each row's

@@ -15,6 +15,32 @@ use super::*;
 /// Events kept in the database (each node prunes beyond it).
 pub(crate) const EVENTS_KEPT: i64 = 100_000;
 
+/// Most events in one row of `taskhost_events`.
+const EVENTS_PER_ROW: usize = 1_000;
+
+/// An event's seq is its row's seq times this, plus its place in the row.
+const SEQ_SPAN: i64 = 1_024;
+
+/// Rows of events read by one statement.
+const ROWS_AT_ONCE: i64 = 16;
+
+/// The events of a row of `taskhost_events` (seq, n, event), each with
+/// its seq: a list of `n` events, or one shipped before rows held lists
+/// (`n` = 0).
+fn row_events(row: &tokio_postgres::Row) -> Result<Vec<Event>, StoreError> {
+    let seq: i64 = row.get(0);
+    let bytes: &[u8] = row.get(2);
+    let mut events = if row.get::<_, i32>(1) == 0 {
+        vec![decode_event(bytes)?]
+    } else {
+        decode::<Vec<Event>>(bytes)?
+    };
+    for (i, event) in events.iter_mut().enumerate() {
+        event.seq = (seq * SEQ_SPAN + i as i64).max(0) as u64;
+    }
+    Ok(events)
+}
+
 /// Locks the slot of task `id` (the row lock every decision in a slot
 /// takes first); returns the slot, None for an unknown task.
 /// An event as a node shipped it: one shipped before `Event::parent`
@@ -106,55 +132,101 @@ impl Pg {
         Ok((lines, last))
     }
 
-    /// Ships a node's events, and tells the nodes' feeds (once the
-    /// statement, and so the insert, has committed).
+    /// Ships a node's events, one row for each [`EVENTS_PER_ROW`] of them,
+    /// and tells the nodes' feeds (once the statement, and so the insert,
+    /// has committed).
     pub(crate) async fn ship_events(&self, node: i64, events: &[Event]) -> Result<(), StoreError> {
-        let encoded = events.iter().map(encode).collect::<Result<Vec<_>, _>>()?;
+        let mut rows = Vec::new();
+        let mut counts = Vec::new();
+        for chunk in events.chunks(EVENTS_PER_ROW) {
+            rows.push(encode(&chunk)?);
+            counts.push(chunk.len() as i32);
+        }
         let client = self.client().await?;
         exec(
             &client,
             "cannot ship events",
-            "WITH shipped AS (INSERT INTO taskhost_events (node, event) \
-                 SELECT $1, e FROM unnest($2::bytea[]) WITH ORDINALITY AS u(e, n) ORDER BY n \
-                 RETURNING 1) SELECT pg_notify($3, '') FROM (SELECT 1 FROM shipped LIMIT 1) s",
-            &[&node, &encoded, &super::EVENTS],
+            "WITH shipped AS (INSERT INTO taskhost_events (node, event, n) \
+                 SELECT $1, e, c FROM unnest($2::bytea[], $3::int4[]) WITH ORDINALITY \
+                 AS u(e, c, i) ORDER BY i RETURNING 1) \
+                 SELECT pg_notify($4, '') FROM (SELECT 1 FROM shipped LIMIT 1) s",
+            &[&node, &rows, &counts, &super::EVENTS],
         )
         .await?;
         Ok(())
     }
 
     /// The cluster's events after seq `after` (None: the newest `limit`),
-    /// oldest first, each with the database's seq.
+    /// at most `limit`, oldest first, each with its seq (its row's seq
+    /// times [`SEQ_SPAN`] plus its place in the row).
     pub(crate) async fn events(
         &self,
         after: Option<i64>,
         limit: i64,
     ) -> Result<Vec<Event>, StoreError> {
+        let limit = usize::try_from(limit).unwrap_or(0);
         let client = self.client().await?;
-        let rows = if let Some(after) = after {
-            client
-                .query(
-                    "SELECT seq, event FROM taskhost_events WHERE seq > $1 ORDER BY seq LIMIT $2",
-                    &[&after, &limit],
+        let Some(after) = after else {
+            // The newest rows, a few at a time, until they hold `limit`.
+            let mut rows = Vec::new();
+            let mut held = 0;
+            let mut below = i64::MAX;
+            while held < limit {
+                let more = all(
+                    &client,
+                    "cannot read events",
+                    "SELECT seq, n, event FROM taskhost_events WHERE seq < $1 \
+                     ORDER BY seq DESC LIMIT $2",
+                    &[&below, &ROWS_AT_ONCE],
                 )
-                .await
-        } else {
-            client
-                .query(
-                    "SELECT seq, event FROM (SELECT seq, event FROM taskhost_events \
-                     ORDER BY seq DESC LIMIT $1) e ORDER BY seq",
-                    &[&limit],
-                )
-                .await
+                .await?;
+                for row in &more {
+                    below = row.get(0);
+                    held += usize::try_from(row.get::<_, i32>(1)).unwrap_or(0).max(1);
+                    rows.push(row_events(row)?);
+                }
+                if (more.len() as i64) < ROWS_AT_ONCE {
+                    break;
+                }
+            }
+            let mut events: Vec<Event> = rows.into_iter().rev().flatten().collect();
+            let extra = events.len().saturating_sub(limit);
+            events.drain(..extra);
+            return Ok(events);
+        };
+        let mut events = Vec::new();
+        let mut from = after.div_euclid(SEQ_SPAN);
+        let mut first = true;
+        while events.len() < limit {
+            let rows = all(
+                &client,
+                "cannot read events",
+                if first {
+                    "SELECT seq, n, event FROM taskhost_events WHERE seq >= $1 \
+                     ORDER BY seq LIMIT $2"
+                } else {
+                    "SELECT seq, n, event FROM taskhost_events WHERE seq > $1 \
+                     ORDER BY seq LIMIT $2"
+                },
+                &[&from, &ROWS_AT_ONCE],
+            )
+            .await?;
+            first = false;
+            for row in &rows {
+                from = row.get(0);
+                let room = limit - events.len();
+                events.extend(
+                    row_events(row)?
+                        .into_iter()
+                        .filter(|e| e.seq as i64 > after)
+                        .take(room),
+                );
+            }
+            if (rows.len() as i64) < ROWS_AT_ONCE {
+                break;
+            }
         }
-        .map_err(db("cannot read events"))?;
-        rows.iter()
-            .map(|r| {
-                let mut event = decode_event(r.get::<_, &[u8]>(1))?;
-                event.seq = r.get::<_, i64>(0).max(0) as u64;
-                Ok(event)
-            })
-            .collect()
+        Ok(events)
     }
 
     /// Deletes finished tasks beyond the retention bounds (and their
@@ -198,10 +270,13 @@ impl Pg {
             )
             .await?
         };
+        // The rows older than the newest that hold EVENTS_KEPT events.
         exec(
             &client,
             "cannot prune events",
-            "DELETE FROM taskhost_events WHERE seq <= (SELECT max(seq) FROM taskhost_events) - $1",
+            "DELETE FROM taskhost_events WHERE seq < (SELECT seq FROM (SELECT seq, \
+             sum(greatest(n, 1)) OVER (ORDER BY seq DESC) AS held FROM taskhost_events) e \
+             WHERE held >= $1 ORDER BY seq DESC LIMIT 1)",
             &[&EVENTS_KEPT],
         )
         .await?;

@@ -41,21 +41,30 @@ pub(super) async fn started(
 
 const START_WHAT: &str = "cannot record an attempt";
 
-/// Attempt starts: the tasks' rows under their tokens, and a row each.
+/// Attempt starts: the tasks' rows locked under their tokens, and a row
+/// each. A first attempt leaves the task's row as it is (no new version
+/// of it, nor of its index entries): `attempts_started!` counts it from
+/// its attempt's row. A later one writes its count, and clears the pause.
 const START: &str = "WITH u AS (SELECT * FROM unnest($1::int8[], $2::int8[], $3::int4[], \
      $4::int8[]) AS u(id, token, attempt, at)), \
-     t AS (UPDATE taskhost_tasks t SET attempts = u.attempt, resume_at_ms = NULL FROM u \
-           WHERE t.id = u.id AND t.token = u.token AND t.state IN ('running', 'stopping') \
-           RETURNING t.id, t.token, u.attempt, t.slot, t.node, u.at) \
+     c AS (SELECT t.id, t.token, u.attempt, t.slot, t.node, u.at, \
+           (u.attempt > 1 OR t.attempts > 0 OR t.resume_at_ms IS NOT NULL) AS written \
+           FROM taskhost_tasks t JOIN u ON t.id = u.id AND t.token = u.token \
+           WHERE t.state IN ('running', 'stopping') FOR NO KEY UPDATE OF t), \
+     w AS (UPDATE taskhost_tasks t SET attempts = c.attempt, resume_at_ms = NULL FROM c \
+           WHERE t.id = c.id AND c.written) \
      INSERT INTO taskhost_attempts (task_id, attempt, token, slot, node, started_ms) \
-     SELECT id, attempt, token, slot, node, at FROM t RETURNING task_id";
+     SELECT id, attempt, token, slot, node, at FROM c RETURNING task_id";
 
 /// [`START`], where some of the rows may be there already.
 const START_AGAIN: &str = "WITH u AS (SELECT * FROM unnest($1::int8[], $2::int8[], $3::int4[], \
      $4::int8[]) AS u(id, token, attempt, at)), \
-     t AS (UPDATE taskhost_tasks t SET attempts = u.attempt, resume_at_ms = NULL FROM u \
-           WHERE t.id = u.id AND t.token = u.token AND t.state IN ('running', 'stopping') \
-           RETURNING t.id, t.token, u.attempt, t.slot, t.node, u.at), \
+     c AS (SELECT t.id, t.token, u.attempt, t.slot, t.node, u.at, \
+           (u.attempt > 1 OR t.attempts > 0 OR t.resume_at_ms IS NOT NULL) AS written \
+           FROM taskhost_tasks t JOIN u ON t.id = u.id AND t.token = u.token \
+           WHERE t.state IN ('running', 'stopping') FOR NO KEY UPDATE OF t), \
+     w AS (UPDATE taskhost_tasks t SET attempts = c.attempt, resume_at_ms = NULL FROM c \
+           WHERE t.id = c.id AND c.written), \
      i AS (INSERT INTO taskhost_attempts (task_id, attempt, token, slot, node, started_ms) \
-           SELECT id, attempt, token, slot, node, at FROM t ON CONFLICT DO NOTHING) \
-     SELECT id FROM t";
+           SELECT id, attempt, token, slot, node, at FROM c ON CONFLICT DO NOTHING) \
+     SELECT id FROM c";
