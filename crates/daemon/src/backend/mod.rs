@@ -27,6 +27,7 @@
 //! | `recovery` | rebuilding the controller from the store at start |
 //! | `schedules` | one host's schedules: their table, the firing loop, the verbs |
 //! | `node` | a cluster node's loops: claims, lease and takeover, fencing, notifications, polling |
+//! | `shares` | a cluster node's fair share of its claims between namespaces, by weight |
 //! | `time` | a cluster's schedule verbs; the loop that places delayed submissions and fires schedules when due |
 
 pub(crate) mod children;
@@ -39,6 +40,7 @@ pub(crate) mod record;
 pub(crate) mod recovery;
 pub(crate) mod schedules;
 mod shared;
+mod shares;
 pub(crate) mod submit;
 pub(crate) mod time;
 

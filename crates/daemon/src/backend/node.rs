@@ -29,14 +29,14 @@ use taskhost_runtime::Digest;
 use taskhost_runtime::plugin_task::PluginTask;
 
 use crate::backend::daemon::{Daemon, RecordingGuard};
+use crate::backend::shares::ClaimShares;
 use crate::backend::{record, submit, time};
 use crate::cluster::{Cluster, Shipping, event_loop, record_end, ship_loop};
 use crate::service::intake;
 use crate::service::tasks::{Outcome, TaskLog, TaskRecord};
 use crate::store::postgres::outage::pause;
-use crate::store::postgres::{self, ClaimShare, Claimed};
+use crate::store::postgres::{self, Claimed};
 use crate::store::{Finished, now_ms};
-use crate::wire::protocol::Quota;
 
 /// Most tasks claimed in one statement.
 const CLAIM_BATCH: usize = 64;
@@ -71,6 +71,14 @@ pub(crate) fn start(daemon: &Arc<Daemon>) {
         .take()
     {
         tokio::spawn(ship_loop(Arc::downgrade(cluster), lines));
+    }
+    if let Some(tasks) = cluster
+        .directed
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+    {
+        tokio::spawn(direct_loop(Arc::downgrade(daemon), tasks));
     }
     if cluster.settings.notify {
         let (warm, uploaded) = tokio::sync::mpsc::channel(WARM_QUEUE);
@@ -107,66 +115,6 @@ fn hold_rates(daemon: &Weak<Daemon>) {
     {
         let learnt = tokio::time::Instant::now() + cluster.settings.renew * 2;
         d.controller.hold_rates(learnt);
-    }
-}
-
-/// How many claims a namespace with no ready work may bank, in its own
-/// strides: one that comes back takes at most about this many before the
-/// others' turn.
-const BANK: f64 = 8.0;
-
-/// This node's fair share of its claims between namespaces: each one's
-/// pass (stride scheduling over the tasks this node claimed of it), so
-/// that a claim takes from the namespaces with ready work in proportion
-/// to their weights. Each node keeps its own: each is fair, so their sum
-/// is.
-#[derive(Default)]
-struct ClaimShares {
-    passes: std::collections::HashMap<String, f64>,
-    /// The highest pass a claim reached.
-    top: f64,
-}
-
-impl ClaimShares {
-    /// Every namespace the node knows, with its pass, stride and cap of
-    /// claimed tasks (the default one's name is '').
-    fn order(&mut self, daemon: &Daemon) -> Vec<ClaimShare> {
-        let all = daemon.namespaces.all();
-        let key =
-            |ns: &crate::service::namespace::Ns| ns.share().as_deref().unwrap_or("").to_owned();
-        self.passes
-            .retain(|name, _| all.iter().any(|(ns, _)| key(ns) == *name));
-        all.iter()
-            .map(|(ns, settings)| {
-                let stride = 1.0 / f64::from(settings.weight.max(1));
-                let floor = (self.top - BANK * stride).max(0.0);
-                let pass = *self.passes.entry(key(ns)).or_insert(floor);
-                ClaimShare {
-                    ns: key(ns),
-                    pass,
-                    stride,
-                    max_running: settings.limit(Quota::Running),
-                }
-            })
-            .collect()
-    }
-
-    /// Counts what a claim took of each namespace.
-    fn took(&mut self, order: &[ClaimShare], claimed: &[Claimed]) {
-        for task in claimed {
-            let name = task.request.namespace.as_deref().unwrap_or("");
-            if let Some(share) = order.iter().find(|o| o.ns == name) {
-                let pass = self.passes.entry(name.to_owned()).or_insert(0.0);
-                *pass += share.stride;
-                self.top = self.top.max(*pass);
-            }
-        }
-        // Time without ready work earns no burst later.
-        for share in order {
-            if let Some(pass) = self.passes.get_mut(&share.ns) {
-                *pass = pass.max(self.top - BANK * share.stride);
-            }
-        }
     }
 }
 
@@ -211,6 +159,7 @@ async fn claim_loop(daemon: Weak<Daemon>) {
         if cluster.closing.load(Ordering::SeqCst) {
             return;
         }
+        unsure |= cluster.recheck.swap(false, Ordering::SeqCst);
         if unsure && !cluster.rejoining.load(Ordering::SeqCst) {
             let held: Vec<TaskId> = cluster.claims().keys().copied().collect();
             match cluster.pg.claimed_by(cluster.node(), &held).await {
@@ -231,10 +180,16 @@ async fn claim_loop(daemon: Weak<Daemon>) {
                     .failed("reading this node's claims", &err),
             }
         }
-        let room = if unsure { 0 } else { cluster.room() };
+        // The room is held while the claim runs: an admission that
+        // claims what it inserts takes only what is left.
+        let held = if unsure {
+            0
+        } else {
+            cluster.reserve(CLAIM_BATCH)
+        };
         let mut again = false;
-        if room > 0 {
-            let batch = room.min(CLAIM_BATCH);
+        if held > 0 {
+            let batch = held;
             // Not the tasks of a slot whose share of a rate this node has
             // a period's worth of starts waiting for: other nodes start them.
             let crowded = d.controller.crowded_slots();
@@ -257,14 +212,18 @@ async fn claim_loop(daemon: Weak<Daemon>) {
                         d.controller.set_slot_rules(rules);
                     }
                     again = claimed.len() == batch;
-                    for task in claimed {
+                    for task in &claimed {
                         // Counted at once; a compile of its plugin does not
                         // hold up the next claims.
                         cluster.claims().insert(task.id, task.token);
+                    }
+                    cluster.unreserve(held);
+                    for task in claimed {
                         tokio::spawn(run_claimed(Arc::clone(&d), Arc::clone(&cluster), task));
                     }
                 }
                 Err(err) => {
+                    cluster.unreserve(held);
                     unsure |= err.is_unreachable();
                     cluster.pg.outage().failed("claiming work", &err);
                 }
@@ -279,6 +238,26 @@ async fn claim_loop(daemon: Weak<Daemon>) {
             () = woken => {}
             () = tokio::time::sleep(cluster.settings.poll) => {}
         }
+    }
+}
+
+/// Runs the tasks this node's admissions claimed at their insert (only
+/// while the cluster has no slot rules: the controller's copy follows
+/// the rules the admission read first).
+async fn direct_loop(
+    daemon: Weak<Daemon>,
+    mut tasks: tokio::sync::mpsc::UnboundedReceiver<crate::store::postgres::Claimed>,
+) {
+    let mut rules_seen = (0, (1, 0));
+    while let Some(task) = tasks.recv().await {
+        let Some(d) = daemon.upgrade() else { return };
+        let Some(cluster) = d.cluster().cloned() else {
+            return;
+        };
+        if let Some(rules) = cluster.pg.rules_since(&mut rules_seen) {
+            d.controller.set_slot_rules(rules);
+        }
+        tokio::spawn(run_claimed(Arc::clone(&d), cluster, task));
     }
 }
 

@@ -433,9 +433,8 @@ async fn shared_submit(
         .map(|due| (due, daemon.config.max_delayed));
     // A namespace's own bound on a spawn tree, when it is the lower one.
     let ns = crate::service::namespace::Ns::named(request.namespace.as_deref());
-    let tree_quota = daemon
-        .namespaces
-        .settings(&ns)
+    let ns_settings = daemon.namespaces.settings(&ns);
+    let tree_quota = ns_settings
         .limit(Quota::Descendants)
         .map(|q| usize::try_from(q).unwrap_or(usize::MAX))
         .filter(|q| *q < daemon.config.max_descendants);
@@ -451,6 +450,8 @@ async fn shared_submit(
         declared: Some(info.capacity),
         max_descendants: tree_quota.unwrap_or(daemon.config.max_descendants),
         due,
+        // A bound on a namespace's running tasks is counted by the claims.
+        claim_here: ns_settings.limit(Quota::Running).is_none(),
     });
     let keyed = admission.request.idempotency_key.clone().map(|key| {
         (

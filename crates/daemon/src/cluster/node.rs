@@ -4,7 +4,7 @@
 //! that wake them.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -18,7 +18,7 @@ use taskhost_runtime::{Digest, Plugin};
 use crate::config::ClusterSettings;
 use crate::service::error::ServiceError;
 use crate::service::plugins::Plugins;
-use crate::store::postgres::Pg;
+use crate::store::postgres::{Claimed, Pg};
 use crate::store::{Finished, StoreError};
 
 /// Lines waiting to be shipped to the database; beyond it, lines are not
@@ -92,6 +92,15 @@ pub(crate) struct Cluster {
     /// so no node resolves to a version older than the last answered.
     pub(crate) deployments:
         Mutex<HashMap<String, (Instant, Arc<crate::service::deployments::Deployments>)>>,
+    /// Room held for claims on their way (a claim's statement, or an
+    /// admission that claims what it inserts); counted under `claims`.
+    pub(crate) reserved: AtomicUsize,
+    /// Tasks this node's admissions claimed at their insert, to run.
+    pub(crate) direct: tokio::sync::mpsc::UnboundedSender<Claimed>,
+    pub(crate) directed: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Claimed>>>,
+    /// Set when a commit that claimed tasks went unanswered: the claim
+    /// loop reads this node's claims back.
+    pub(crate) recheck: AtomicBool,
 }
 
 /// How long a node resolves submissions by name from the events it read
@@ -119,12 +128,27 @@ impl Cluster {
         let registering = Instant::now();
         let node = pg.register_node(&name, capacity, settings.lease).await?;
         let (ship, shipped) = tokio::sync::mpsc::channel(SHIP_QUEUE);
+        let (direct, directed) = tokio::sync::mpsc::unbounded_channel();
         Ok(Arc::new_cyclic(|me: &std::sync::Weak<Self>| {
-            let (room, wake) = (me.clone(), me.clone());
+            let (room, wake, id) = (me.clone(), me.clone(), me.clone());
+            let (reserve, claimed, unsure) = (me.clone(), me.clone(), me.clone());
             pg.set_node(crate::store::postgres::NodeHooks {
                 room: Box::new(move || room.upgrade().map_or(0, |c| c.room())),
                 wake: Box::new(move || {
                     if let Some(c) = wake.upgrade() {
+                        c.wake.notify_one();
+                    }
+                }),
+                id: Box::new(move || id.upgrade().map_or(0, |c| c.node())),
+                reserve: Box::new(move |n| reserve.upgrade().map_or(0, |c| c.reserve(n))),
+                claimed: Box::new(move |tasks, held| {
+                    if let Some(c) = claimed.upgrade() {
+                        c.claimed_here(tasks, held);
+                    }
+                }),
+                unsure: Box::new(move || {
+                    if let Some(c) = unsure.upgrade() {
+                        c.recheck.store(true, Ordering::SeqCst);
                         c.wake.notify_one();
                     }
                 }),
@@ -156,6 +180,10 @@ impl Cluster {
                 deployments: Mutex::default(),
                 taking_over: AtomicBool::new(false),
                 fetching: tokio::sync::Mutex::new(()),
+                reserved: AtomicUsize::new(0),
+                direct,
+                directed: Mutex::new(Some(directed)),
+                recheck: AtomicBool::new(false),
             }
         }))
     }
@@ -227,10 +255,44 @@ impl Cluster {
 
     /// How many more tasks this node would claim now.
     pub(crate) fn room(&self) -> usize {
+        self.room_in(&self.claims())
+    }
+
+    fn room_in(&self, claims: &HashMap<TaskId, i64>) -> usize {
         if self.closing.load(Ordering::SeqCst) || self.rejoining.load(Ordering::SeqCst) {
             return 0;
         }
-        self.capacity.saturating_sub(self.claims().len())
+        self.capacity
+            .saturating_sub(claims.len() + self.reserved.load(Ordering::SeqCst))
+    }
+
+    /// Holds up to `n` of this node's room for claims on their way; how
+    /// many it holds (freed by [`Cluster::unreserve`], or by the claims).
+    pub(crate) fn reserve(&self, n: usize) -> usize {
+        let claims = self.claims();
+        let held = n.min(self.room_in(&claims));
+        self.reserved.fetch_add(held, Ordering::SeqCst);
+        held
+    }
+
+    pub(crate) fn unreserve(&self, held: usize) {
+        let _claims = self.claims();
+        self.reserved.fetch_sub(held, Ordering::SeqCst);
+    }
+
+    /// Counts the tasks an admission claimed at their insert as this
+    /// node's, frees the room `held` for them, and hands them to be run.
+    fn claimed_here(&self, tasks: Vec<Claimed>, held: usize) {
+        {
+            let mut claims = self.claims();
+            for task in &tasks {
+                claims.insert(task.id, task.token);
+            }
+            self.reserved.fetch_sub(held, Ordering::SeqCst);
+        }
+        for task in tasks {
+            let _ = self.direct.send(task);
+        }
     }
 
     /// Stops claiming (a graceful stop).

@@ -131,6 +131,17 @@ pub(crate) struct NodeHooks {
     pub room: Box<dyn Fn() -> usize + Send + Sync>,
     /// Wakes the node's claims (after a commit that made work ready).
     pub wake: Box<dyn Fn() + Send + Sync>,
+    /// The node's id in the database.
+    pub id: Box<dyn Fn() -> i64 + Send + Sync>,
+    /// Holds up to this many of the node's room for tasks an admission
+    /// claims at their insert; how many it holds.
+    pub reserve: Box<dyn Fn(usize) -> usize + Send + Sync>,
+    /// Hands the tasks an admission claimed to the node (their claims
+    /// counted first), then frees the room held (the second argument).
+    pub claimed: Box<dyn Fn(Vec<Claimed>, usize) + Send + Sync>,
+    /// A commit that claimed tasks went unanswered: the node reads its
+    /// claims back before it claims again.
+    pub unsure: Box<dyn Fn() + Send + Sync>,
 }
 
 impl std::fmt::Debug for Pg {
@@ -159,6 +170,9 @@ pub(crate) struct Admission {
     /// Held until this time (ms since the Unix epoch), within this bound of
     /// delayed submissions: it is recorded as delayed, not admitted.
     pub due: Option<(u64, usize)>,
+    /// Whether the node that admits it may claim it in the same
+    /// transaction (its namespace has no bound on running tasks).
+    pub claim_here: bool,
 }
 
 /// How a submission is named once the database has given it an id.

@@ -16,7 +16,9 @@ use taskhost_core::outcome::{RejectionKind, TaskOutcome};
 use taskhost_core::supervisor::{TaskId, TaskReport};
 
 use super::claim::{end_task, never_ran_row, report_of};
-use super::{Admission, Pg, STOP, encode, exec, id_of, ms, one, sql_id};
+use super::{
+    Admission, Claimed, Pg, STOP, all, decode_request, encode, exec, id_of, ms, one, sql_id,
+};
 use crate::store::{StoreError, now_ms};
 use crate::wire::protocol::{NotBefore, Placement};
 
@@ -334,6 +336,11 @@ pub(super) struct NewRow {
     outcome: Option<&'static str>,
     report: Option<Vec<u8>>,
     log: Option<Vec<u8>>,
+    /// Whether the node admitting it may claim it at once.
+    claimable: bool,
+    /// Claimed at its insert by this node (its id): inserted running,
+    /// with a fencing token.
+    claim: Option<i64>,
 }
 
 impl NewRow {
@@ -387,17 +394,47 @@ impl NewRow {
             outcome,
             report,
             log,
+            claimable: a.claim_here,
+            claim: None,
+        })
+    }
+
+    /// Whether this node may claim the row at its insert: admitted to its
+    /// slot, of a submission that allows it.
+    pub(super) fn claimable(&self) -> bool {
+        self.claimable && self.state == TaskState::Ready
+    }
+
+    pub(super) fn priority(&self) -> i32 {
+        self.priority
+    }
+
+    /// Inserts the row claimed by `node`; returns the task as its claim
+    /// will read (its token once the insert has given it one).
+    pub(super) fn claim_by(&mut self, node: i64) -> Result<Claimed, StoreError> {
+        self.claim = Some(node);
+        self.state = TaskState::Running;
+        Ok(Claimed {
+            id: id_of(self.id),
+            token: 0,
+            request: decode_request(&self.request)?,
+            plugin: self.plugin.clone(),
+            attempts: 0,
+            failures: 0,
+            resume_at_ms: None,
+            submitted_ms: now_ms(),
         })
     }
 }
 
-/// Inserts decided rows in one statement.
+/// Inserts decided rows in one statement; returns the fencing tokens of
+/// those claimed at their insert (id, token).
 pub(super) async fn insert(
     tx: &deadpool_postgres::Transaction<'_>,
     rows: Vec<NewRow>,
-) -> Result<(), StoreError> {
+) -> Result<Vec<(i64, i64)>, StoreError> {
     if rows.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let now = ms(now_ms());
     let n = rows.len();
@@ -418,7 +455,9 @@ pub(super) async fn insert(
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut priorities, mut schedules) = (Vec::new(), Vec::new());
     let (mut dues, mut parents, mut roots) = (Vec::new(), Vec::new(), Vec::new());
+    let mut nodes = Vec::with_capacity(n);
     for r in rows {
+        nodes.push(r.claim);
         ids.push(r.id);
         names.push(r.name);
         slots.push(r.slot);
@@ -438,21 +477,25 @@ pub(super) async fn insert(
         reports.push(r.report);
         logs.push(r.log);
     }
-    exec(
+    let claimed = all(
         tx,
         "cannot record the submissions",
-        "INSERT INTO taskhost_tasks (id, name, slot, plugin, digest, request, state, pos, placed, \
-             submitted_ms, outcome, report, log, finished_ms, priority, schedule, due_ms, parent, \
-             root) \
+        "WITH i AS (INSERT INTO taskhost_tasks (id, name, slot, plugin, digest, request, state, \
+             pos, placed, submitted_ms, outcome, report, log, finished_ms, priority, schedule, \
+             due_ms, parent, root, node, token) \
          SELECT id, name, slot, plugin, digest, request, state, \
-             CASE WHEN state = 'ready' THEN nextval('taskhost_owner_seq') ELSE pos END, placed, $10, \
-             outcome, report, log, finished_ms, priority, schedule, due_ms, parent, root \
+             CASE WHEN state IN ('ready', 'running') THEN nextval('taskhost_owner_seq') \
+             ELSE pos END, placed, $10, \
+             outcome, report, log, finished_ms, priority, schedule, due_ms, parent, root, node, \
+             CASE WHEN node IS NOT NULL THEN nextval('taskhost_fence') END \
              FROM unnest($1::int8[], $2::text[], $3::text[], \
              $4::text[], $5::bytea[], $6::bytea[], $7::text[], $8::int8[], $9::bool[], $11::text[], \
              $12::bytea[], $13::bytea[], $14::int8[], $15::int4[], $16::text[], $17::int8[], \
-             $18::int8[], $19::int8[]) \
+             $18::int8[], $19::int8[], $20::int8[]) \
              AS u(id, name, slot, plugin, digest, request, state, pos, placed, outcome, report, \
-             log, finished_ms, priority, schedule, due_ms, parent, root) ORDER BY id",
+             log, finished_ms, priority, schedule, due_ms, parent, root, node) ORDER BY id \
+             RETURNING id, token) \
+         SELECT id, token FROM i WHERE token IS NOT NULL",
         &[
             &ids,
             &names,
@@ -473,10 +516,11 @@ pub(super) async fn insert(
             &dues,
             &parents,
             &roots,
+            &nodes,
         ],
     )
     .await?;
-    Ok(())
+    Ok(claimed.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
 /// Records the decision about a row that is there already (a delayed

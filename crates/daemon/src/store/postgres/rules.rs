@@ -157,6 +157,11 @@ impl Pg {
         self.rules.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether this node's copy of the cluster's slot rules holds any.
+    pub(super) fn has_rules(&self) -> bool {
+        !self.copy().rules.is_empty()
+    }
+
     /// The settings this node resolves for a slot whose row it creates.
     pub(super) fn settings_for(&self, slot: &str) -> RowSettings {
         RowSettings::of(&self.copy().rules.for_slot(slot))

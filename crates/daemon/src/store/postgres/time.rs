@@ -112,6 +112,8 @@ fn resolved(request: SubmitRequest, plugin: String, bounds: Bounds) -> Admission
         // Delayed work and firings are nobody's children.
         max_descendants: usize::MAX,
         due: None,
+        // Claimed as work that came due is: by whichever node has room.
+        claim_here: false,
     }
 }
 

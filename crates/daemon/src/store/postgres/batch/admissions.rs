@@ -19,7 +19,10 @@ use crate::store::postgres::place::{
     NewRow, SLOT_JOINS, SlotNow, decide, insert, slot_columns, write_declared,
 };
 use crate::store::postgres::rules::RowSettings;
-use crate::store::postgres::{Admission, AdmitError, FINISHED, Pg, all, db, exec, id_of, retry};
+use crate::store::postgres::{
+    Admission, AdmitError, Claimed, FINISHED, NodeHooks, Pg, all, db, exec, id_of, one, retry,
+    sql_id,
+};
 use crate::wire::protocol::{Placement, Submitted};
 
 /// Slots with admissions waiting in the writer that waits for locks, with
@@ -250,17 +253,112 @@ async fn decide_in(
         };
         results[i] = Some(batch.admit(pg, &tx, a, ids[i], names).await?);
     }
-    insert(&tx, batch.rows).await?;
+    let mut here = claim_at_insert(pg, &tx, &mut batch).await?;
+    let tokens: HashMap<i64, i64> = insert(&tx, batch.rows).await?.into_iter().collect();
     write_declared(&tx, batch.now.iter_mut().map(|(s, n)| (s.as_str(), n))).await?;
     let claim_here = pg.announce_ready(&tx, batch.ready).await?;
     notify_ids(pg, &tx, FINISHED, &batch.rejected).await?;
-    tx.commit()
-        .await
-        .map_err(db("cannot commit the submissions"))?;
+    if let Err(e) = tx.commit().await {
+        if let Some(here) = &here
+            && !here.tasks.is_empty()
+        {
+            (here.hooks.unsure)();
+        }
+        return Err(db("cannot commit the submissions")(e));
+    }
+    if let Some(here) = here.as_mut() {
+        here.hand_over(&tokens);
+    }
     if claim_here {
         pg.claim_here();
     }
     Ok(later)
+}
+
+/// Ready rows of a batch that the admitting node claims in the same
+/// insert, and the room it holds for them (freed if they are not handed
+/// over).
+struct Here<'p> {
+    hooks: &'p NodeHooks,
+    held: usize,
+    tasks: Vec<Claimed>,
+}
+
+impl Here<'_> {
+    /// Hands the claimed tasks, with the tokens their insert gave them,
+    /// to the node.
+    fn hand_over(&mut self, tokens: &HashMap<i64, i64>) {
+        let mut tasks = std::mem::take(&mut self.tasks);
+        tasks.retain_mut(|task| {
+            tokens
+                .get(&sql_id(task.id))
+                .map(|token| task.token = *token)
+                .is_some()
+        });
+        (self.hooks.claimed)(tasks, std::mem::take(&mut self.held));
+    }
+}
+
+impl Drop for Here<'_> {
+    fn drop(&mut self) {
+        if self.held > 0 {
+            (self.hooks.claimed)(Vec::new(), self.held);
+        }
+    }
+}
+
+/// Claims, for this node, ready rows of the batch that it has room for,
+/// when nothing else waits for a claim: no ready task in the cluster (so
+/// priorities and namespaces' shares are not passed over), no slot rules
+/// (whose rates the claims share out) and this node alive. Those rows are
+/// inserted running under a fencing token each, without the new version
+/// of each row a claim makes.
+async fn claim_at_insert<'p>(
+    pg: &'p Pg,
+    tx: &deadpool_postgres::Transaction<'_>,
+    batch: &mut Batch,
+) -> Result<Option<Here<'p>>, StoreError> {
+    let Some(hooks) = pg.node.get() else {
+        return Ok(None);
+    };
+    let mut wanted: Vec<usize> = (0..batch.rows.len())
+        .filter(|i| batch.rows[*i].claimable())
+        .collect();
+    if wanted.is_empty() || pg.has_rules() {
+        return Ok(None);
+    }
+    let held = (hooks.reserve)(wanted.len());
+    let mut here = Here {
+        hooks,
+        held,
+        tasks: Vec::new(),
+    };
+    if held == 0 {
+        return Ok(None);
+    }
+    let node = (hooks.id)();
+    let free = one(
+        tx,
+        "cannot look for ready work",
+        "SELECT coalesce((SELECT alive FROM taskhost_nodes WHERE id = $1), false) \
+         AND NOT EXISTS (SELECT 1 FROM taskhost_tasks WHERE state = 'ready')",
+        &[&node],
+    )
+    .await?;
+    if !free.get::<_, bool>(0) {
+        return Ok(None);
+    }
+    wanted.sort_by_key(|i| {
+        (
+            std::cmp::Reverse(batch.rows[*i].priority()),
+            batch.rows[*i].id,
+        )
+    });
+    for &i in wanted.iter().take(held) {
+        here.tasks.push(batch.rows[i].claim_by(node)?);
+    }
+    batch.ready -= here.tasks.len();
+    Ok(Some(here))
 }
 
 /// Keeps the batch's plugins while its transaction runs (collection locks
