@@ -22,7 +22,7 @@ use taskhost::runtime::{
     Sandbox, StopSignals,
 };
 use taskhost::supervisor::{
-    BackoffPolicy, Jitter, RestartPolicy, ShutdownReport, Supervisor, TaskSpec,
+    BackoffPolicy, EventKind, Jitter, RestartPolicy, ShutdownReport, Supervisor, TaskSpec,
 };
 use wire::params;
 
@@ -232,6 +232,7 @@ async fn a_full_instance_pool_admits_work_later_and_never_crashes() {
         log.contains("running at most 16 attempts at once"),
         "the daemon says it lowered max_concurrent: {log}"
     );
+    let events = wire::follow_events(&d.socket).await;
     let conn = wire::connect(&d.socket).await;
     let digest = wire::upload_plugin(&conn, "sleeper").await;
     let mut waits = Vec::new();
@@ -242,9 +243,9 @@ async fn a_full_instance_pool_admits_work_later_and_never_crashes() {
         assert_eq!(submitted.placement, Placement::Running);
         waits.push(submitted.id);
     }
-    // While they run: never more than 16 running, the rest wait for a permit.
-    let mut most = 0;
-    let mut saw_waiting = false;
+    // While they run: never more than 16 running, in any listing and in
+    // the events (below), and the rest wait for a permit.
+    let (mut listed, mut saw_waiting) = (0, false);
     let deadline = Instant::now() + LIMIT;
     loop {
         let rows = conn.list(false).await.expect("ps");
@@ -252,7 +253,7 @@ async fn a_full_instance_pool_admits_work_later_and_never_crashes() {
             .iter()
             .filter(|r| r.state == TaskState::Running)
             .count();
-        most = most.max(running);
+        listed = listed.max(running);
         saw_waiting |= rows.iter().any(|r| r.state == TaskState::Waiting);
         if rows.is_empty() {
             break;
@@ -260,7 +261,7 @@ async fn a_full_instance_pool_admits_work_later_and_never_crashes() {
         assert!(Instant::now() < deadline, "the sleepers never finished");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(most <= 16, "{most} attempts ran at once in a pool for 16");
+    assert!(listed <= 16, "ps listed {listed} running in a pool for 16");
     assert!(saw_waiting, "work beyond the pool waited for a permit");
     let waiter = wire::connect(&d.socket).await;
     for id in waits {
@@ -272,6 +273,28 @@ async fn a_full_instance_pool_admits_work_later_and_never_crashes() {
         );
     }
     d.assert_served("after-a-full-pool");
+    let out = d.run(&["shutdown"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    // An attempt holds its permit from its start event to its end event.
+    let (mut now, mut most, mut starts) = (0i32, 0, 0);
+    for e in events.await.expect("the event follower") {
+        match e.kind {
+            EventKind::AttemptStarting => {
+                starts += 1;
+                now += 1;
+            }
+            EventKind::AttemptSucceeded
+            | EventKind::AttemptFailed
+            | EventKind::AttemptTimedOut
+            | EventKind::AttemptCanceled => now -= 1,
+            _ => continue,
+        }
+        most = most.max(now);
+    }
+    assert_eq!(starts, 49, "48 sleepers and one hello, an attempt each");
+    assert_eq!(now, 0, "every attempt ended");
+    assert!(most <= 16, "{most} attempts ran at once in a pool for 16");
+    assert!(most >= 8, "the pool was used: at most {most} at once");
 }
 
 /// Under an address-space limit that leaves room for a dozen instances,

@@ -94,11 +94,25 @@ struct Remains {
 }
 
 /// Keeps `permit` with the leftovers in `remains`, or releases it now if
-/// there are none.
-fn keep(remains: &mut Option<Box<Remains>>, leftovers: Leftovers, permit: Option<Permit>) {
-    if let Some(teardown) = leftovers {
-        *remains = Some(Box::new(Remains { teardown, permit }));
+/// there are none: then the task is shown finishing first, so that no
+/// listing sees more attempts running than there are permits.
+fn keep(
+    entry: &TaskEntry,
+    remains: &mut Option<Box<Remains>>,
+    leftovers: Leftovers,
+    permit: Option<Permit>,
+) {
+    match leftovers {
+        Some(teardown) => *remains = Some(Box::new(Remains { teardown, permit })),
+        None => release(entry, TaskState::Finishing, permit),
     }
+}
+
+/// Shows the task in `phase`, then gives its permit back: in that order,
+/// so that no listing sees more attempts running than there are permits.
+fn release(entry: &TaskEntry, phase: TaskState, permit: Option<Permit>) {
+    entry.set_phase(phase);
+    drop(permit);
 }
 
 /// Calls `teardown` with `then`. A panic in it is a host bug that must not
@@ -184,7 +198,7 @@ impl Actor {
                 let then = AfterTeardown::new(move || {
                     // The controller may admit the slot's next task here.
                     let _inside = runtime.as_ref().map(tokio::runtime::Handle::enter);
-                    drop(permit);
+                    release(&entry, TaskState::Finishing, permit);
                     complete_physically(shared, entry, on_gone);
                 });
                 tear_down(teardown, then);
@@ -240,8 +254,8 @@ impl Actor {
                     None => Some(budget.next_start(Instant::now())),
                 };
                 if let Some(next) = refused {
-                    drop(permit);
                     entry.set_throttled(next);
+                    drop(permit);
                     if in_line.is_none() {
                         in_line = Some(budget.join_line());
                         let mut event =
@@ -269,7 +283,10 @@ impl Actor {
             }
             let attempt = entry.count_attempt();
             story.attempts = attempt;
-            entry.set_phase(TaskState::Running);
+            {
+                let _starting = self.shared.permits.as_ref().map(|p| p.starting());
+                entry.set_phase(TaskState::Running);
+            }
             let mut starting = self.base_event(EventKind::AttemptStarting, attempt);
             if let Some(due) = self.policies.due.filter(|_| story.first_start.is_none()) {
                 let late = Instant::now().saturating_duration_since(due);
@@ -305,7 +322,7 @@ impl Actor {
                 AttemptEnd::Stopped(leftovers, permit) => {
                     story.record(attempt, "canceled".into(), took);
                     self.event(EventKind::AttemptCanceled, attempt);
-                    keep(remains, leftovers, permit);
+                    keep(entry, remains, leftovers, permit);
                     return TaskOutcome::Canceled;
                 }
                 AttemptEnd::Done(Ok(output), leftovers, permit) => {
@@ -314,7 +331,7 @@ impl Actor {
                     match self.policies.restart {
                         RestartPolicy::Always { interval } => {
                             finish_physically(leftovers).await;
-                            drop(permit);
+                            release(entry, TaskState::BackingOff, permit);
                             streak = 0;
                             let delay = interval.max(Duration::from_millis(1));
                             if !self
@@ -326,7 +343,7 @@ impl Actor {
                             continue;
                         }
                         RestartPolicy::Never | RestartPolicy::OnFailure => {
-                            keep(remains, leftovers, permit);
+                            keep(entry, remains, leftovers, permit);
                             return TaskOutcome::Completed { output };
                         }
                     }
@@ -337,20 +354,23 @@ impl Actor {
             let (reason, exit_code) = match self.failed(story, attempt, &error, took) {
                 Ok(failure) => failure,
                 Err(outcome) => {
-                    keep(remains, leftovers, permit);
+                    keep(entry, remains, leftovers, permit);
                     return outcome;
                 }
             };
             if self.policies.restart == RestartPolicy::Never {
-                keep(remains, leftovers, permit);
+                keep(entry, remains, leftovers, permit);
                 return TaskOutcome::Failed { reason, exit_code };
             }
             finish_physically(leftovers).await;
-            drop(permit);
             streak += 1;
-            if let Some(max) = self.policies.max_retries
-                && streak > max
-            {
+            let spent = self.policies.max_retries.filter(|max| streak > *max);
+            let next = match spent {
+                Some(_) => TaskState::Finishing,
+                None => TaskState::BackingOff,
+            };
+            release(entry, next, permit);
+            if let Some(max) = spent {
                 let reason = format!(
                     "retry limit reached: {streak} consecutive failed attempts (max retries {max}); last error: {reason}"
                 );

@@ -171,11 +171,7 @@ impl AttemptContext {
         if self.cancel.is_cancelled() {
             return false;
         }
-        let parked = self.entry.park(permits);
-        if parked {
-            self.entry.set_phase(crate::lifecycle::TaskState::Waiting);
-        }
-        parked
+        self.entry.park(permits)
     }
 
     /// Ends [`AttemptContext::park`]: waits for a permit again, in the
@@ -199,6 +195,7 @@ impl AttemptContext {
         let back = permit.is_some();
         self.entry.unparked(permit);
         if back && !self.cancel.is_cancelled() {
+            let _starting = permits.starting();
             self.entry.set_phase(crate::lifecycle::TaskState::Running);
         }
     }

@@ -570,6 +570,7 @@ impl Supervisor {
 
     /// The registered tasks, by id.
     pub fn list(&self) -> Vec<TaskInfo> {
+        let _no_starts = self.shared.permits.as_ref().map(|p| p.no_starts());
         self.shared.registry.list()
     }
 

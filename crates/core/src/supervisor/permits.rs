@@ -12,11 +12,12 @@
 //! the next, and a group whose last waiter left keeps only its pass, and
 //! that only while it is ahead of the virtual time. It also counts the
 //! attempts that gave their permit back while they wait (parked): they hold
-//! an instance but no permit.
+//! an instance but no permit. And it keeps a listing's count of running
+//! attempts within the limit: no attempt starts while one is read.
 
 use std::cmp::Reverse;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tokio::sync::oneshot;
 
@@ -28,6 +29,12 @@ pub(crate) struct Permits {
     state: Mutex<State>,
     /// Attempts parked: their permit given back while they wait.
     parked: AtomicUsize,
+    /// Held shared while an attempt is shown running on its new permit,
+    /// and alone while a listing reads the tasks' phases. An attempt is
+    /// shown off running before its permit goes back, so a listing sees
+    /// no more running than there are permits, though it reads its rows
+    /// one by one.
+    starts: RwLock<()>,
 }
 
 #[derive(Debug, Default)]
@@ -74,7 +81,18 @@ impl Permits {
                 ..State::default()
             }),
             parked: AtomicUsize::new(0),
+            starts: RwLock::new(()),
         }
+    }
+
+    /// Held while an attempt that got a permit is shown running.
+    pub(crate) fn starting(&self) -> RwLockReadGuard<'_, ()> {
+        self.starts.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Held while a listing reads the tasks' phases: no attempt starts.
+    pub(crate) fn no_starts(&self) -> RwLockWriteGuard<'_, ()> {
+        self.starts.write().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Attempts parked right now.

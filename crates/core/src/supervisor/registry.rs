@@ -266,6 +266,8 @@ impl TaskEntry {
         permits.count_parked(true);
         attempt.parked = Some(Arc::clone(permits));
         drop(running);
+        // Shown waiting before another attempt can run on the permit.
+        self.set_phase(TaskState::Waiting);
         // To the first waiter, outside the entry's lock.
         drop(permit);
         true

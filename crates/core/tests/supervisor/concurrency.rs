@@ -5,12 +5,60 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use taskhost_core::lifecycle::TaskState;
 use taskhost_core::supervisor::EventKind as K;
 use taskhost_runtime::prelude::*;
 
 use crate::common_sup::{Fixture, NATIVE_LIMIT, WASM_LIMIT, load, ms, params, runtime, within};
 
 const LIMIT: usize = 4;
+
+/// A listing taken as an attempt starts shows no more attempts running
+/// than there are permits: a task is shown finishing, backing off or
+/// waiting before its permit goes to the next. On two worker threads, so
+/// that the next attempt starts while the last one's task winds down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_never_shows_more_running_than_permits() {
+    const TASKS: usize = 400;
+    let sup = Supervisor::builder().max_concurrent(2).build();
+    let most = Arc::new(AtomicUsize::new(0));
+    let waiters: Vec<TaskWaiter> = (0..TASKS)
+        .map(|i| {
+            let (list, most) = (sup.clone(), Arc::clone(&most));
+            let body = native(move |ctx| {
+                let (list, most) = (list.clone(), Arc::clone(&most));
+                async move {
+                    let running = list
+                        .list()
+                        .iter()
+                        .filter(|t| t.phase == TaskState::Running)
+                        .count();
+                    most.fetch_max(running, Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    match (i % 3, ctx.attempt()) {
+                        (0, 1) | (1, _) => Err(TaskError::Fail {
+                            reason: "once more".into(),
+                            exit_code: None,
+                        }),
+                        _ => Ok(Vec::new()),
+                    }
+                }
+            });
+            // Fails once and backs off, fails for good, or completes.
+            sup.add(match i % 3 {
+                0 => TaskSpec::restartable(format!("retried-{i}"), body)
+                    .with_max_retries(Some(1))
+                    .with_backoff(BackoffPolicy::constant(ms(1))),
+                _ => TaskSpec::once(format!("once-{i}"), body),
+            })
+        })
+        .collect();
+    for w in waiters {
+        within(NATIVE_LIMIT, "a listing task", w.wait()).await;
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= 2, "a listing showed {most} running for 2 permits");
+}
 
 #[tokio::test(start_paused = true)]
 async fn at_most_max_concurrent_native_bodies_run_at_once() {
