@@ -143,7 +143,8 @@ fn build(lang: Lang) -> Result<PathBuf, String> {
 }
 
 /// The components of both languages, built once per test process (the two
-/// languages in parallel).
+/// languages in parallel) and compiled into the shared cache, so tests
+/// running side by side load them instead of each compiling the same one.
 fn built() -> &'static [Result<PathBuf, String>; 2] {
     static BUILT: OnceLock<[Result<PathBuf, String>; 2]> = OnceLock::new();
     BUILT.get_or_init(|| {
@@ -152,7 +153,29 @@ fn built() -> &'static [Result<PathBuf, String>; 2] {
         let js = js
             .join()
             .unwrap_or_else(|_| Err("the JavaScript build panicked".into()));
-        [python, js]
+        let built = [python, js];
+        for example in ["hello", "long", "fanout"] {
+            // Both languages at a time: each compile uses both cores.
+            let running: Vec<_> = [(Lang::Python, &built[0]), (Lang::Js, &built[1])]
+                .into_iter()
+                .filter_map(|(lang, dir)| {
+                    let path = dir.as_ref().ok()?;
+                    let path = path.join(format!("{}-{example}.wasm", lang.prefix()));
+                    common::host()
+                        .arg("inspect")
+                        .arg(path)
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null())
+                        .spawn()
+                        .ok()
+                })
+                .collect();
+            // A component that fails to compile fails the tests that use it.
+            for mut child in running {
+                let _ = child.wait();
+            }
+        }
+        built
     })
 }
 
