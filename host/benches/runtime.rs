@@ -85,6 +85,7 @@ async fn instantiate_and_run(plugin: &Path, allocator: AllocatorChoice) -> Vec<f
         sandbox: Arc::new(Sandbox::default()),
         sink: Arc::new(NullSink),
         parking: None,
+        record: None,
     };
     let signals = StopSignals::default();
     // Warm up the pool slots and caches.

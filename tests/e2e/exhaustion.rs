@@ -380,6 +380,7 @@ async fn an_attempt_that_finds_the_pool_full_fails_retryably_and_runs_later() {
         sandbox: Arc::new(Sandbox::default()),
         sink: Arc::new(NullSink),
         parking: None,
+        record: None,
     };
     let signals = StopSignals::default();
     let mut held = Vec::new();

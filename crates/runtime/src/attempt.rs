@@ -34,6 +34,8 @@ use super::limits::{GuestLimits, LimitHits, Limited};
 use super::output::{Capture, CapturedStream, CommandStdout, GuestSink};
 use super::plugin::Entry;
 use super::reaper::Reaper;
+use super::record::tape::{Replaying, Tape, TapedKv};
+use super::record::{AttemptRecorder, DigestingSink, RecordSettings, RecordStart, RecordedSecret};
 use super::sandbox::{CommandArgs, Sandbox};
 use super::secrets::Secrets;
 use taskhost_core::logline::{LogLevel, Stream};
@@ -58,6 +60,8 @@ pub struct AttemptRequest {
     /// How the attempt gives its concurrency permit back while its guest
     /// waits for a child (none: it keeps it; `PluginTask` sets it).
     pub parking: Option<Arc<dyn Parking>>,
+    /// Whether and where the attempt is recorded (none: it is not).
+    pub record: Option<RecordSettings>,
 }
 
 /// The data of one attempt's store.
@@ -75,6 +79,8 @@ pub(crate) struct AttemptState {
     config: Arc<WasiConfigVariables>,
     /// The buckets `wasi:keyvalue` may open.
     kv: KvAccess,
+    /// The attempt's record, while it is being recorded.
+    recorder: Option<AttemptRecorder>,
 }
 
 impl AttemptState {
@@ -247,6 +253,76 @@ pub(crate) struct AttemptEnv {
     pub(crate) children: Option<ChildHandle>,
 }
 
+/// What an attempt replayed from its record starts with.
+pub(crate) struct ReplaySetup {
+    /// The tape of recorded answers.
+    pub(crate) replaying: Arc<Replaying>,
+    /// The recorded seed of its random numbers.
+    pub(crate) seed: [u8; 32],
+    /// Whether the recorded attempt had a key-value store.
+    pub(crate) kv: bool,
+}
+
+/// A key-value backend through `tape` (`inner` none: a replay's).
+fn taped_kv(
+    tape: &Tape,
+    inner: Option<Arc<dyn super::kv::KvBackend>>,
+) -> Arc<dyn super::kv::KvBackend> {
+    Arc::new(TapedKv {
+        tape: tape.clone(),
+        inner,
+    })
+}
+
+/// The start of a record of the attempt `request` asks for.
+fn record_start(
+    env: &AttemptEnv,
+    request: &AttemptRequest,
+    plugin: Digest,
+    source: &str,
+    kind: ComponentKind,
+    seed: [u8; 32],
+) -> RecordStart {
+    let sandbox = &request.sandbox;
+    let facts = &request.facts;
+    let secrets = sandbox
+        .secrets
+        .iter()
+        .map(|s| RecordedSecret {
+            var: s.var.clone(),
+            name: s.name.clone(),
+            digest: super::record::format::sha256(
+                env.secrets.resolve(&s.name).unwrap_or_default().as_bytes(),
+            ),
+        })
+        .collect();
+    let started_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    RecordStart {
+        plugin,
+        source: source.to_owned(),
+        command: kind == ComponentKind::Command,
+        task_id: facts.task_id,
+        name: facts.name.clone(),
+        slot: facts.slot.clone(),
+        attempt: facts.attempt,
+        params: facts.params.clone(),
+        args: facts.args.clone(),
+        input: request.input.to_vec(),
+        env: sandbox.env.clone(),
+        secrets,
+        config: env.config.iter().chain(&sandbox.config).cloned().collect(),
+        kv: sandbox.kv.clone(),
+        kv_store: env.kv.is_some(),
+        dirs: sandbox.dirs.iter().map(|d| d.guest.clone()).collect(),
+        http: !sandbox.http.is_empty(),
+        max_memory: sandbox.max_memory,
+        seed,
+        started_unix_ms,
+    }
+}
+
 /// The `wasi:config` store of the attempts that have no values, shared.
 static NO_CONFIG: std::sync::LazyLock<Arc<WasiConfigVariables>> =
     std::sync::LazyLock::new(Arc::default);
@@ -264,10 +340,38 @@ pub(crate) fn new_store(
     plugin: Option<Digest>,
     kind: ComponentKind,
     signals: &StopSignals,
+    replay: Option<&ReplaySetup>,
 ) -> Result<NewStore, AttemptError> {
     let sandbox = &request.sandbox;
     let facts = Arc::clone(&request.facts);
-    let sink = Arc::clone(&request.sink);
+    let mut sink = Arc::clone(&request.sink);
+    let mut recorder = None;
+    let (tape, seed) = match (replay, &request.record, plugin) {
+        (Some(replay), _, _) => (Tape::Replay(Arc::clone(&replay.replaying)), replay.seed),
+        (None, Some(settings), Some(plugin)) => {
+            let seed = super::record::fresh_seed();
+            let recording = super::record::tape::Recording::new(settings.budget);
+            let lines = DigestingSink::new(sink);
+            sink = Arc::clone(&lines) as Arc<dyn GuestSink>;
+            recorder = Some(AttemptRecorder {
+                start: Some(record_start(
+                    env,
+                    request,
+                    plugin,
+                    &settings.source,
+                    kind,
+                    seed,
+                )),
+                recording: Arc::clone(&recording),
+                lines,
+                started: std::time::Instant::now(),
+                sink: Arc::clone(&settings.sink),
+            });
+            (Tape::Record(recording), seed)
+        }
+        _ => (Tape::Off, [0; 32]),
+    };
+    let taped = tape.is_on().then_some((&tape, seed));
     let parking = request.parking.clone();
     let children = match (&env.children, plugin) {
         (Some(handle), Some(plugin)) => Some(ChildAccess {
@@ -295,12 +399,14 @@ pub(crate) fn new_store(
                 args: &facts.args,
                 stdin: &request.input,
             }),
+            taped,
         ),
         None => sandbox.wasi_ctx(
             CapturedStream::new(&capture, Stream::Stdout),
             stderr,
             &env.secrets,
             None,
+            taped,
         ),
     }
     .map_err(|e| AttemptError::Fatal {
@@ -308,8 +414,15 @@ pub(crate) fn new_store(
         exit_code: None,
     })?;
     let limits = env.limits;
+    let mut backend = env.kv.as_ref().map(|h| Arc::clone(&h.0));
+    // A replay's store is its record; a recorded attempt's answers are kept.
+    if let Some(replay) = replay {
+        backend = replay.kv.then(|| taped_kv(&tape, None));
+    } else if tape.is_on() {
+        backend = backend.map(|inner| taped_kv(&tape, Some(inner)));
+    }
     let kv = KvAccess {
-        backend: env.kv.as_ref().map(|h| Arc::clone(&h.0)),
+        backend,
         task: facts.task_id,
         facts: Arc::clone(&facts),
         sandbox: Arc::clone(sandbox),
@@ -333,6 +446,7 @@ pub(crate) fn new_store(
             signals.cancel.clone(),
             Arc::clone(&capture),
             children,
+            tape.clone(),
         ),
         http,
         http_hooks: HttpHooks::new(
@@ -349,6 +463,7 @@ pub(crate) fn new_store(
         } else {
             Arc::new(env.config.iter().chain(&sandbox.config).cloned().collect())
         },
+        recorder,
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limiter);
@@ -363,8 +478,13 @@ pub(crate) fn new_store(
     // a whole tick each; otherwise it runs on until the next tick.
     let mut resuming = false;
     let mut fired_at_yield = 0;
+    // A replayed guest stopped at a host call traps at its next check.
+    let replaying = match &tape {
+        Tape::Replay(replaying) => Some(Arc::clone(replaying)),
+        _ => None,
+    };
     store.epoch_deadline_callback(move |mut cx| {
-        if abort.load(Ordering::Relaxed) {
+        if abort.load(Ordering::Relaxed) || replaying.as_ref().is_some_and(|r| r.stopped()) {
             return Ok(UpdateDeadline::Interrupt);
         }
         let fired = super::ticker::ABORTS_FIRED.load(Ordering::Relaxed);
@@ -529,6 +649,7 @@ impl PreparedAttempt {
             }
         };
         self.capture.finish();
+        let mut recorder = self.store.data_mut().recorder.take();
         let memory_note = self.store.data_mut().limits_note(result.as_ref().err());
         let remains = if self.signals.cancel.is_cancelled() {
             Some(StoppedInstance {
@@ -565,6 +686,9 @@ impl PreparedAttempt {
                 exit_code: None,
             }),
         };
+        if let Some(recorder) = &mut recorder {
+            recorder.finish(&result);
+        }
         (result, remains)
     }
 }

@@ -7,9 +7,9 @@ wasmtime::component::bindgen!({
     path: "../../wit",
     world: "task-plugin",
     imports: {
-        "taskhost:plugin/host.sleep": async,
-        "taskhost:plugin/children.spawn": async,
-        "taskhost:plugin/children.wait": async,
+        "taskhost:plugin/host.sleep": async | trappable,
+        "taskhost:plugin/children.spawn": async | trappable,
+        "taskhost:plugin/children.wait": async | trappable,
         default: trappable,
     },
     exports: { default: async },

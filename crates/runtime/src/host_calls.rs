@@ -18,6 +18,8 @@ use super::bindings::taskhost::plugin::{children, host, slots, types};
 use super::children::ChildAccess;
 use super::facts::AttemptFacts;
 use super::output::Capture;
+use super::record::format::{Answer, Ask, ChildEnd, WaitFailure, sha256};
+use super::record::tape::{Tape, wrong_answer};
 use taskhost_core::logline::LogLevel;
 
 /// What the host functions of one attempt need.
@@ -34,6 +36,8 @@ pub(crate) struct HostCtx {
     /// The capacity the guest declared (`slots.declare-capacity`; read
     /// after `describe`, ignored after `run`).
     declared_capacity: Option<u32>,
+    /// Records or replays the answers that could differ between runs.
+    tape: Tape,
 }
 
 impl HostCtx {
@@ -44,6 +48,7 @@ impl HostCtx {
         cancel: CancellationToken,
         capture: Arc<Capture>,
         children: Option<ChildAccess>,
+        tape: Tape,
     ) -> Self {
         Self {
             facts,
@@ -52,6 +57,7 @@ impl HostCtx {
             woke: false,
             children,
             declared_capacity: None,
+            tape,
         }
     }
 
@@ -97,7 +103,92 @@ impl slots::Host for HostCtx {
 }
 
 impl children::Host for HostCtx {
-    async fn spawn(&mut self, spec: children::ChildSpec) -> Result<u64, String> {
+    async fn spawn(&mut self, spec: children::ChildSpec) -> wasmtime::Result<Result<u64, String>> {
+        let ask = spawn_ask(&spec);
+        let tape = self.tape.clone();
+        match tape
+            .call_async(|| ask, async {
+                Answer::Spawned(self.spawn_now(spec).await)
+            })
+            .await?
+        {
+            Answer::Spawned(spawned) => Ok(spawned),
+            other => Err(wrong_answer(&other)),
+        }
+    }
+
+    async fn wait(
+        &mut self,
+        id: u64,
+    ) -> wasmtime::Result<Result<children::ChildOutcome, children::WaitError>> {
+        let tape = self.tape.clone();
+        let real = async {
+            Answer::Waited(match self.wait_now(id).await {
+                Ok(outcome) => Ok(ChildEnd {
+                    status: outcome.status as u8,
+                    output: outcome.output,
+                    reason: outcome.reason,
+                }),
+                Err(children::WaitError::Cancelled) => Err(WaitFailure::Cancelled),
+                Err(children::WaitError::UnknownChild) => Err(WaitFailure::UnknownChild),
+            })
+        };
+        match tape.call_async(|| Ask::Wait { child: id }, real).await? {
+            Answer::Waited(Ok(end)) => Ok(Ok(children::ChildOutcome {
+                status: child_status(end.status)?,
+                output: end.output,
+                reason: end.reason,
+            })),
+            Answer::Waited(Err(WaitFailure::Cancelled)) => Ok(Err(children::WaitError::Cancelled)),
+            Answer::Waited(Err(WaitFailure::UnknownChild)) => {
+                Ok(Err(children::WaitError::UnknownChild))
+            }
+            other => Err(wrong_answer(&other)),
+        }
+    }
+}
+
+/// What a replay compares of a spawn: the key, and a digest of the spec.
+fn spawn_ask(spec: &children::ChildSpec) -> Ask {
+    let mut text = Vec::new();
+    let mut field = |bytes: &[u8]| {
+        text.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        text.extend_from_slice(bytes);
+    };
+    field(spec.key.as_bytes());
+    for part in [&spec.plugin, &spec.name, &spec.slot] {
+        field(part.as_deref().unwrap_or("\0").as_bytes());
+    }
+    for (k, v) in &spec.params {
+        field(k.as_bytes());
+        field(v.as_bytes());
+    }
+    field(&spec.input);
+    Ask::Spawn {
+        key: spec.key.clone(),
+        spec: sha256(&text),
+    }
+}
+
+/// A `child-status` from its recorded position in the WIT enum.
+fn child_status(status: u8) -> wasmtime::Result<children::ChildStatus> {
+    use children::ChildStatus as S;
+    [
+        S::Completed,
+        S::Failed,
+        S::Fatal,
+        S::Canceled,
+        S::ForceAborted,
+        S::Rejected,
+        S::Panicked,
+    ]
+    .get(usize::from(status))
+    .copied()
+    .ok_or_else(|| wasmtime::Error::msg("the record is damaged: a child status out of range"))
+}
+
+impl HostCtx {
+    async fn spawn_now(&mut self, spec: children::ChildSpec) -> Result<u64, String> {
         let Some(access) = &self.children else {
             return Err(
                 "this runtime starts no child tasks (`host run` has no controller): \
@@ -116,7 +207,7 @@ impl children::Host for HostCtx {
         Ok(id)
     }
 
-    async fn wait(&mut self, id: u64) -> Result<children::ChildOutcome, children::WaitError> {
+    async fn wait_now(&mut self, id: u64) -> Result<children::ChildOutcome, children::WaitError> {
         let Some(access) = &self.children else {
             return Err(children::WaitError::UnknownChild);
         };
@@ -153,23 +244,39 @@ impl children::Host for HostCtx {
 
 impl host::Host for HostCtx {
     fn is_cancelled(&mut self) -> wasmtime::Result<bool> {
-        Ok(self.cancel.is_cancelled())
+        let cancel = &self.cancel;
+        match self
+            .tape
+            .call(|| Ask::IsCancelled, || Answer::Flag(cancel.is_cancelled()))?
+        {
+            Answer::Flag(flag) => Ok(flag),
+            other => Err(wrong_answer(&other)),
+        }
     }
 
-    async fn sleep(&mut self, ms: u64) -> types::SleepStatus {
-        let duration = std::time::Duration::from_millis(ms);
-        let (status, waited) = noting_wait(async {
-            tokio::select! {
-                biased;
-                () = self.cancel.cancelled() => types::SleepStatus::Cancelled,
-                () = tokio::time::sleep(duration) => types::SleepStatus::Elapsed,
+    async fn sleep(&mut self, ms: u64) -> wasmtime::Result<types::SleepStatus> {
+        let tape = self.tape.clone();
+        let real = async {
+            let duration = std::time::Duration::from_millis(ms);
+            let (status, waited) = noting_wait(async {
+                tokio::select! {
+                    biased;
+                    () = self.cancel.cancelled() => types::SleepStatus::Cancelled,
+                    () = tokio::time::sleep(duration) => types::SleepStatus::Elapsed,
+                }
+            })
+            .await;
+            self.woke = waited;
+            Answer::Slept {
+                cancelled: status == types::SleepStatus::Cancelled,
             }
-        })
-        .await;
-        self.woke = waited;
-        status
+        };
+        match tape.call_async(|| Ask::Sleep { ms }, real).await? {
+            Answer::Slept { cancelled: true } => Ok(types::SleepStatus::Cancelled),
+            Answer::Slept { cancelled: false } => Ok(types::SleepStatus::Elapsed),
+            other => Err(wrong_answer(&other)),
+        }
     }
-
     fn log(&mut self, level: types::Level, message: String) -> wasmtime::Result<()> {
         let level = match level {
             types::Level::Trace => LogLevel::Trace,

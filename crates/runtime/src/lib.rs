@@ -33,6 +33,7 @@
 //! | `outbound` | outbound HTTP's send path: lookup, connect to the checked address, TLS, HTTP/1 |
 //! | `output` | guest stdout/stderr/log capture, bounded, line by line |
 //! | `reaper` | the low-priority threads that drop stopped attempts' stores after their outcomes; lowering a thread's priority |
+//! | `record` | the flight recorder: an attempt's record (within a budget) and its replay |
 //! | `plugin_task` | the bridge: [`PluginTask`](plugin_task::PluginTask), the supervisor's body of a plugin |
 
 // Every module but `artifacts` forbids `unsafe` itself (see there).
@@ -62,6 +63,7 @@ mod output;
 mod plugin;
 pub mod plugin_task;
 mod reaper;
+pub mod record;
 mod runtime;
 mod sandbox;
 mod secrets;

@@ -553,10 +553,18 @@ pub(crate) async fn describe(
         sandbox: Arc::new(sandbox),
         sink: Arc::new(NullSink),
         parking: None,
+        record: None,
     };
-    let (mut store, capture, _) =
-        attempt::new_store(engine, env, &request, None, ComponentKind::Plugin, &signals)
-            .map_err(|e| bad(e.to_string()))?;
+    let (mut store, capture, _) = attempt::new_store(
+        engine,
+        env,
+        &request,
+        None,
+        ComponentKind::Plugin,
+        &signals,
+        None,
+    )
+    .map_err(|e| bad(e.to_string()))?;
     let call = async {
         let instance = pre.instantiate_async(&mut store).await?;
         instance.call_describe(&mut store).await

@@ -49,6 +49,7 @@ pub struct PluginTask {
     args: Arc<[String]>,
     sandbox: Arc<Sandbox>,
     sink: Option<Arc<dyn LineSink>>,
+    record: Option<crate::record::RecordSettings>,
 }
 
 impl std::fmt::Debug for PluginTask {
@@ -71,6 +72,7 @@ impl PluginTask {
             args: Arc::from(Vec::new()),
             sandbox: Arc::new(Sandbox::default()),
             sink: None,
+            record: None,
         }
     }
 
@@ -105,6 +107,13 @@ impl PluginTask {
     /// log, a terminal).
     pub fn sink(mut self, sink: Arc<dyn LineSink>) -> Self {
         self.sink = Some(sink);
+        self
+    }
+
+    /// Records every attempt of the task into `settings`' sink (see
+    /// [`record`](crate::record)).
+    pub fn record(mut self, settings: crate::record::RecordSettings) -> Self {
+        self.record = Some(settings);
         self
     }
 
@@ -143,6 +152,7 @@ impl TaskBody for PluginTask {
             sandbox: Arc::clone(&task.sandbox),
             sink,
             parking: Some(parking),
+            record: task.record.clone(),
         };
         Box::pin(async move {
             let prepared = task

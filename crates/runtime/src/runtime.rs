@@ -487,6 +487,29 @@ impl Runtime {
             Some(plugin.digest()),
             plugin.info().kind,
             signals,
+            None,
+        )?;
+        attempt::instantiate(plugin.pre(), store, signals, &self.reaper).await
+    }
+
+    /// [`Runtime::prepare_attempt`] of a replay: its own world (`env`, no
+    /// grants but the record's) and its tape.
+    pub(crate) async fn prepare_replay(
+        &self,
+        plugin: &Plugin,
+        request: &AttemptRequest,
+        env: &attempt::AttemptEnv,
+        signals: &StopSignals,
+        setup: &attempt::ReplaySetup,
+    ) -> Result<PreparedAttempt, AttemptError> {
+        let store = attempt::new_store(
+            &self.engine,
+            env,
+            request,
+            Some(plugin.digest()),
+            plugin.info().kind,
+            signals,
+            Some(setup),
         )?;
         attempt::instantiate(plugin.pre(), store, signals, &self.reaper).await
     }

@@ -187,8 +187,12 @@ impl Sandbox {
         stderr: impl wasmtime_wasi::cli::StdoutStream + 'static,
         secrets: &Secrets,
         command: Option<CommandArgs<'_>>,
+        taped: Option<(&crate::record::tape::Tape, [u8; 32])>,
     ) -> Result<WasiCtx, GrantError> {
         let mut builder = WasiCtxBuilder::new();
+        if let Some((tape, seed)) = taped {
+            crate::record::tape_world(&mut builder, tape, seed);
+        }
         builder
             .stdout(stdout)
             .stderr(stderr)

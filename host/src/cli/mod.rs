@@ -6,7 +6,7 @@
 //! | `args` | flags shared by several verbs, parsed into library types |
 //! | `exit` | exit codes and the errors that carry them |
 //! | `report` | how results, summaries and guest lines look |
-//! | `run`, `inspect` | the verbs that need no daemon |
+//! | `run`, `inspect`, `replay` | the verbs that need no daemon |
 //! | `serve` | the daemon verb |
 //! | `client` | the verbs that talk to a daemon |
 //! | `tools` | `version`, `completions`, `man`, `new` |
@@ -16,6 +16,7 @@ mod args;
 mod client;
 mod exit;
 mod inspect;
+mod replay;
 mod report;
 mod run;
 mod serve;
@@ -92,6 +93,23 @@ enum Command {
         after_long_help = "EXAMPLES:\n  host inspect target/plugins/deploy.wasm\n  host inspect my.wasm --json"
     )]
     Inspect(inspect::InspectArgs),
+    /// Replay a recorded attempt: the same component, every host call answered from its record.
+    ///
+    /// Runs in this process with no grants, no network and no clock: the
+    /// clocks, random numbers, cancellation, sleeps and key-value reads the
+    /// guest sees are the recorded ones. Prints the replayed output and
+    /// lines, then the verdict: identical (same output, lines and outcome),
+    /// or the first host call where the guest asked for something the record
+    /// does not hold (its number, interface and arguments), which is how a
+    /// non-deterministic bug or a code change shows. Secrets are looked up
+    /// again by name and must have the recorded digests.
+    ///
+    /// Exit codes: 0 identical, 1 not identical (diverged, different end, or
+    /// a truncated record), 2 invalid input.
+    #[command(
+        after_long_help = "EXAMPLES:\n  host run flaky.wasm --record run.rec && host replay run.rec\n  host replay run.rec --attempt 2 --json\n  host replay run.rec --plugin target/plugins/fixed.wasm   # does the new build end the same?"
+    )]
+    Replay(replay::ReplayArgs),
     /// Run the daemon: supervisor and controller behind a Unix socket only
     /// its owner can use, with accepted work kept in a store.
     ///
@@ -280,7 +298,7 @@ pub fn main() -> ExitCode {
     // A one-shot run has one task: its thread is enough, and starting
     // workers would cost more than the task.
     let mut builder = match &cli.command {
-        Command::Run(_) => tokio::runtime::Builder::new_current_thread(),
+        Command::Run(_) | Command::Replay(_) => tokio::runtime::Builder::new_current_thread(),
         _ => {
             let mut builder = tokio::runtime::Builder::new_multi_thread();
             builder.worker_threads(workers);
@@ -304,6 +322,7 @@ pub fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(*args).await,
             Command::Inspect(args) => inspect::inspect(args).await,
+            Command::Replay(args) => replay::replay(args).await,
             Command::Serve(args) => serve::serve_cmd(*args, socket).await,
             Command::Submit(args) => client::submit::submit(*args, socket).await,
             Command::Wait(args) => client::tasks::wait(args, socket).await,

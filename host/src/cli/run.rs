@@ -2,16 +2,18 @@
 //! Ctrl-C (or SIGTERM) asks the task to stop; after --grace, or on a second
 //! signal, the instance is stopped by force.
 
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use clap::Args;
 use taskhost::plugin_task::{PluginTask, resolve_slot};
+use taskhost::runtime::record::{AttemptRecord, RecordFile, RecordSettings, RecordSink};
 use taskhost::runtime::{
     ComponentKind, GuestLimits, KvLimits, MemoryKv, Runtime, Sandbox, Secrets,
 };
 use taskhost::supervisor::{Event, EventKind, Received, Supervisor, TaskId, TaskSpec};
-use taskhost::units::{format_duration, parse_duration};
+use taskhost::units::{format_duration, parse_duration, parse_size};
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::args::{CacheArgs, GuestLimitArgs, OtlpArg, PolicyArgs, RawArg, TaskArgs};
@@ -35,6 +37,43 @@ pub struct RunArgs {
     /// After Ctrl-C, how long the task may take to stop before it is stopped by force.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
     grace: Duration,
+    #[command(flatten)]
+    record: RecordArgs,
+}
+
+/// `host run`'s recording flags.
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    /// Record every attempt into FILE: the answers of the host calls that could differ between two runs (clocks, the seed of its random numbers, cancellation, sleeps, key-value reads), in order, and how it ended; `host replay FILE` runs it again from the record.
+    #[arg(long, value_name = "FILE")]
+    record: Option<PathBuf>,
+    /// Bytes of host calls one attempt's record keeps; past them the record is marked truncated and the attempt goes on unaffected.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1MiB")]
+    record_budget: u64,
+}
+
+/// Collects the records of a `host run`'s attempts.
+#[derive(Default)]
+struct Collected(Mutex<RecordFile>);
+
+impl RecordSink for Collected {
+    fn recorded(&self, record: AttemptRecord) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .attempts
+            .push(record);
+    }
+}
+
+/// Writes the collected records to `path` (whole, or not at all).
+fn write_records(path: &Path, collected: &Collected) -> anyhow::Result<()> {
+    let file = collected.0.lock().unwrap_or_else(PoisonError::into_inner);
+    let bytes = file.encode();
+    let tmp = path.with_extension("record-partial");
+    std::fs::write(&tmp, &bytes)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| anyhow::anyhow!("cannot write the record to `{}`: {e}", path.display()))
 }
 
 /// The secrets `sandbox` names, from this process's environment: `run`
@@ -104,6 +143,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
         .params(params)
         .args(command_args)
         .sandbox(sandbox);
+    let collected = Arc::new(Collected::default());
+    let body = match &args.record.record {
+        Some(_) => body.record(RecordSettings {
+            budget: usize::try_from(args.record.record_budget).unwrap_or(usize::MAX),
+            source: std::path::absolute(&task.plugin)
+                .unwrap_or_else(|_| task.plugin.clone())
+                .display()
+                .to_string(),
+            sink: Arc::clone(&collected) as Arc<dyn RecordSink>,
+        }),
+        None => body,
+    };
     let spec = policies.apply(TaskSpec::from_defaults(name.clone(), body).with_slot(slot));
 
     let mut interrupt = signal(SignalKind::interrupt())?;
@@ -159,6 +210,20 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
         for line in &history {
             sink.note(line);
         }
+    }
+    if let Some(path) = &args.record.record {
+        write_records(path, &collected)?;
+        let n = collected
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .attempts
+            .len();
+        let plural = if n == 1 { "" } else { "s" };
+        let file = path.display();
+        sink.note(&format!(
+            "recorded {n} attempt{plural} in {file}: replay with `host replay {file}`"
+        ));
     }
     let json = task.json.then(|| JsonResult::new(&report));
     print_result(json.as_ref(), &report, args.raw.raw);

@@ -1,0 +1,417 @@
+//! Owns the record's format: what one attempt's record holds
+//! ([`AttemptRecord`]: the attempt's world as it started, every answer
+//! the host gave that could differ between two runs, in order, and how the
+//! attempt ended) and the file that carries records ([`RecordFile`]: a
+//! magic, a version, then postcard). Decoding trusts no length in the
+//! input: it allocates only what the input really holds.
+
+#![forbid(unsafe_code)]
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use crate::digest::Digest;
+
+/// The first bytes of a record file.
+pub const MAGIC: &[u8; 8] = b"THRECORD";
+/// The version of the format this host writes and reads.
+pub const FORMAT_VERSION: u16 = 1;
+/// The default of a record's byte budget (`--record-budget`): past it the
+/// record stops taking calls and is marked truncated.
+pub const DEFAULT_RECORD_BUDGET: usize = 1 << 20;
+
+/// One attempt's record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// The world the attempt started in.
+    pub start: RecordStart,
+    /// The calls, each a postcard-encoded [`Call`], in order.
+    pub calls: Vec<u8>,
+    /// How many calls `calls` holds.
+    pub call_count: u32,
+    /// Whether the budget ran out: calls after `call_count` were not kept.
+    pub truncated: bool,
+    /// How the attempt ended.
+    pub end: RecordEnd,
+}
+
+/// The world an attempt started in: everything the guest could read that
+/// was fixed before it ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordStart {
+    /// The component's digest.
+    pub plugin: Digest,
+    /// Where the component came from (a path or a deployed name), to find
+    /// it again.
+    pub source: String,
+    /// Whether the component is a WASI command (else a task plugin).
+    pub command: bool,
+    /// The task's id.
+    pub task_id: u64,
+    /// The task's name.
+    pub name: String,
+    /// The task's slot.
+    pub slot: String,
+    /// The attempt's number, from 1.
+    pub attempt: u32,
+    /// The submission's params.
+    pub params: Vec<(String, String)>,
+    /// A command's arguments.
+    pub args: Vec<String>,
+    /// The input.
+    pub input: Vec<u8>,
+    /// The environment variables that are not secrets.
+    pub env: Vec<(String, String)>,
+    /// The secrets, by name, with the digest of the value the attempt saw.
+    pub secrets: Vec<RecordedSecret>,
+    /// What `wasi:config/store` answered.
+    pub config: Vec<(String, String)>,
+    /// The shared key-value buckets granted.
+    pub kv: Vec<String>,
+    /// Whether the runtime had a key-value store.
+    pub kv_store: bool,
+    /// The guest paths of the directories granted (their reads are not
+    /// recorded: a replay runs without them).
+    pub dirs: Vec<String>,
+    /// Whether outbound HTTP was granted (its responses are not recorded:
+    /// a replay denies every request).
+    pub http: bool,
+    /// The memory limit.
+    pub max_memory: u64,
+    /// The seed of the attempt's random numbers (secure and insecure, and
+    /// `insecure-seed`): its random bytes are those this seed gives.
+    pub seed: [u8; 32],
+    /// When the attempt started, in milliseconds since the Unix epoch.
+    pub started_unix_ms: u64,
+}
+
+/// A secret as a record keeps it: its name and the digest of its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedSecret {
+    /// The variable the guest read.
+    pub var: String,
+    /// The secret's name in its source.
+    pub name: String,
+    /// sha256 of the value.
+    pub digest: [u8; 32],
+}
+
+/// How an attempt ended, and digests of what it said.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordEnd {
+    /// Its outcome.
+    pub outcome: EndKind,
+    /// The failure's reason, if any.
+    pub reason: String,
+    /// sha256 of the output (empty for none).
+    pub output: [u8; 32],
+    /// sha256 over the lines it printed and logged, each with its stream.
+    pub lines: [u8; 32],
+    /// How many lines.
+    pub line_count: u64,
+    /// How long it ran, in milliseconds.
+    pub duration_ms: u64,
+}
+
+/// An attempt's outcome as a record tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EndKind {
+    /// It returned its output.
+    Completed,
+    /// It failed (retryable), by its own word or by a trap.
+    Failed,
+    /// It failed for good.
+    Fatal,
+    /// It stopped when asked.
+    Canceled,
+    /// It was stopped by force.
+    Aborted,
+}
+
+impl std::fmt::Display for EndKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Fatal => "failed for good",
+            Self::Canceled => "canceled",
+            Self::Aborted => "aborted by force",
+        })
+    }
+}
+
+/// One host call: what the guest asked, and what the host answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Call {
+    /// The question, which a replay must see again.
+    pub ask: Ask,
+    /// The answer it gets.
+    pub answer: Answer,
+}
+
+/// What a guest asked of the host, in a form a replay compares.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Ask {
+    /// `wasi:clocks/wall-clock.now`.
+    WallNow,
+    /// `wasi:clocks/wall-clock.resolution`.
+    WallResolution,
+    /// `wasi:clocks/monotonic-clock.now`.
+    MonotonicNow,
+    /// `wasi:clocks/monotonic-clock.resolution`.
+    MonotonicResolution,
+    /// `taskhost:plugin/host.is-cancelled`.
+    IsCancelled,
+    /// `taskhost:plugin/host.sleep`.
+    Sleep {
+        /// Milliseconds asked.
+        ms: u64,
+    },
+    /// `taskhost:plugin/children.spawn`.
+    Spawn {
+        /// The child's key.
+        key: String,
+        /// sha256 of the whole spec.
+        spec: [u8; 32],
+    },
+    /// `taskhost:plugin/children.wait`.
+    Wait {
+        /// The child's id.
+        child: u64,
+    },
+    /// A key-value read.
+    KvGet {
+        /// The bucket.
+        bucket: String,
+        /// The key.
+        key: String,
+    },
+    /// A key-value write.
+    KvWrite {
+        /// The bucket.
+        bucket: String,
+        /// The key.
+        key: String,
+        /// What is written: `set` with the value's sha256, `delete`, or
+        /// `increment` by a delta.
+        write: WriteAsk,
+    },
+    /// A page of a bucket's keys.
+    KvKeys {
+        /// The bucket.
+        bucket: String,
+        /// The cursor.
+        cursor: u64,
+    },
+}
+
+/// A key-value write as a replay compares it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WriteAsk {
+    /// Set to a value with this sha256.
+    Set([u8; 32]),
+    /// Remove.
+    Delete,
+    /// Add this.
+    Increment(u64),
+}
+
+impl std::fmt::Display for Ask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::WallNow => f.write_str("wasi:clocks/wall-clock.now()"),
+            Self::WallResolution => f.write_str("wasi:clocks/wall-clock.resolution()"),
+            Self::MonotonicNow => f.write_str("wasi:clocks/monotonic-clock.now()"),
+            Self::MonotonicResolution => f.write_str("wasi:clocks/monotonic-clock.resolution()"),
+            Self::IsCancelled => f.write_str("taskhost:plugin/host.is-cancelled()"),
+            Self::Sleep { ms } => write!(f, "taskhost:plugin/host.sleep(ms: {ms})"),
+            Self::Spawn { key, .. } => {
+                write!(f, "taskhost:plugin/children.spawn(key: {key:?})")
+            }
+            Self::Wait { child } => write!(f, "taskhost:plugin/children.wait(id: {child})"),
+            Self::KvGet { bucket, key } => {
+                write!(f, "wasi:keyvalue get(bucket: {bucket}, key: {key:?})")
+            }
+            Self::KvWrite { bucket, key, write } => match write {
+                WriteAsk::Set(value) => write!(
+                    f,
+                    "wasi:keyvalue set(bucket: {bucket}, key: {key:?}, value sha256: {})",
+                    Digest(*value).hex()
+                ),
+                WriteAsk::Delete => {
+                    write!(f, "wasi:keyvalue delete(bucket: {bucket}, key: {key:?})")
+                }
+                WriteAsk::Increment(by) => write!(
+                    f,
+                    "wasi:keyvalue increment(bucket: {bucket}, key: {key:?}, delta: {by})"
+                ),
+            },
+            Self::KvKeys { bucket, cursor } => {
+                write!(
+                    f,
+                    "wasi:keyvalue list-keys(bucket: {bucket}, cursor: {cursor})"
+                )
+            }
+        }
+    }
+}
+
+/// What the host answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Answer {
+    /// A wall-clock time or resolution: seconds and nanoseconds.
+    Time(u64, u32),
+    /// A monotonic time or resolution, in nanoseconds.
+    Nanos(u64),
+    /// A yes or no (`is-cancelled`).
+    Flag(bool),
+    /// A sleep: whether a stop cut it short.
+    Slept {
+        /// Cut short.
+        cancelled: bool,
+    },
+    /// A spawn: the child's id, or why not.
+    Spawned(Result<u64, String>),
+    /// A wait: the child's end, or why not.
+    Waited(Result<ChildEnd, WaitFailure>),
+    /// A read's value, or the store's error.
+    Value(Result<Option<Vec<u8>>, String>),
+    /// A write's result (an increment's number), or the store's error.
+    Written(Result<Option<u64>, String>),
+    /// A page of keys and the next cursor, or the store's error.
+    Keys(Result<(Vec<String>, Option<u64>), String>),
+}
+
+/// A child's end as its parent saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChildEnd {
+    /// `child-status`, by its position in the WIT enum.
+    pub status: u8,
+    /// Its output.
+    pub output: Vec<u8>,
+    /// Its reason.
+    pub reason: String,
+}
+
+/// Why a wait gave no end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WaitFailure {
+    /// The parent was asked to stop.
+    Cancelled,
+    /// No such child of this parent.
+    UnknownChild,
+}
+
+impl AttemptRecord {
+    /// The calls, decoded.
+    pub fn decode_calls(&self) -> Result<Vec<Call>, RecordError> {
+        let mut calls = Vec::new();
+        let mut rest = &self.calls[..];
+        while !rest.is_empty() {
+            let (call, tail) = postcard::take_from_bytes::<Call>(rest)
+                .map_err(|e| RecordError::Corrupt(format!("call {}: {e}", calls.len() + 1)))?;
+            calls.push(call);
+            rest = tail;
+        }
+        if calls.len() as u64 != u64::from(self.call_count) {
+            return Err(RecordError::Corrupt(format!(
+                "it says {} calls and holds {}",
+                self.call_count,
+                calls.len()
+            )));
+        }
+        Ok(calls)
+    }
+
+    /// The record's size in bytes, encoded.
+    pub fn encoded_len(&self) -> usize {
+        postcard::to_allocvec(self).map_or(0, |v| v.len())
+    }
+}
+
+/// The records of one or more attempts, as a file holds them.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RecordFile {
+    /// The attempts, in order.
+    pub attempts: Vec<AttemptRecord>,
+}
+
+/// Why a record cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Not a record at all.
+    #[error("this is not a taskhost record (it does not start with `THRECORD`)")]
+    NotARecord,
+    /// A format this host does not read.
+    #[error(
+        "this record is of format version {0}, and this host reads version {FORMAT_VERSION}: \
+         replay it with the host that wrote it"
+    )]
+    Version(u16),
+    /// Damaged.
+    #[error("the record is damaged: {0}")]
+    Corrupt(String),
+}
+
+impl RecordFile {
+    /// The file's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        // Encoding plain data into a Vec cannot fail.
+        out.extend(postcard::to_allocvec(self).unwrap_or_default());
+        out
+    }
+
+    /// Reads a file's bytes.
+    pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
+        let body = bytes
+            .strip_prefix(&MAGIC[..])
+            .ok_or(RecordError::NotARecord)?;
+        let (version, body) = body
+            .split_first_chunk::<2>()
+            .ok_or_else(|| RecordError::Corrupt("it ends after its magic".into()))?;
+        let version = u16::from_le_bytes(*version);
+        if version != FORMAT_VERSION {
+            return Err(RecordError::Version(version));
+        }
+        let (file, rest) = postcard::take_from_bytes::<Self>(body)
+            .map_err(|e| RecordError::Corrupt(e.to_string()))?;
+        if !rest.is_empty() {
+            return Err(RecordError::Corrupt(format!(
+                "{} bytes follow its end",
+                rest.len()
+            )));
+        }
+        Ok(file)
+    }
+}
+
+/// sha256 of some bytes.
+pub(crate) fn sha256(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+/// Digests the lines an attempt says, in order, each with its stream.
+#[derive(Default, Clone)]
+pub(crate) struct LineDigest {
+    hasher: Sha256,
+    count: u64,
+}
+
+impl LineDigest {
+    /// Adds one line.
+    pub(crate) fn line(&mut self, stream: &str, text: &str) {
+        self.hasher.update((stream.len() as u64).to_le_bytes());
+        self.hasher.update(stream.as_bytes());
+        self.hasher.update((text.len() as u64).to_le_bytes());
+        self.hasher.update(text.as_bytes());
+        self.count += 1;
+    }
+
+    /// The digest and the count.
+    pub(crate) fn finish(&self) -> ([u8; 32], u64) {
+        (self.hasher.clone().finalize().into(), self.count)
+    }
+}
