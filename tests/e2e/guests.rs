@@ -517,3 +517,40 @@ fn daemon_memory_stays_bounded_after_many_large_plugins() {
         after / 1024
     );
 }
+
+/// Twenty failing attempts that read the clocks and random bytes, and five
+/// stopped by a timeout at a random moment of their random sleeps: each
+/// replays identical (`record` has the Rust guest's).
+fn nondeterministic_attempts_replay_identical(lang: Lang) {
+    let dir = tempfile::tempdir().unwrap();
+    let long = guest(lang, "long");
+    crate::record::record_and_replay_all(
+        &long,
+        &dir.path().join("failed.rec"),
+        &["--param", "mode=nondet", "--param", "fail=1"],
+        20,
+    );
+    crate::record::record_and_replay_all(
+        &long,
+        &dir.path().join("stopped.rec"),
+        &[
+            "--param",
+            "mode=nondet",
+            "--param",
+            "steps=1000",
+            "--timeout",
+            "60ms",
+        ],
+        5,
+    );
+}
+
+#[test]
+fn python_attempts_replay_identical() {
+    nondeterministic_attempts_replay_identical(Lang::Python);
+}
+
+#[test]
+fn javascript_attempts_replay_identical() {
+    nondeterministic_attempts_replay_identical(Lang::Js);
+}

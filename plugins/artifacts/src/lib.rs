@@ -44,7 +44,7 @@
 //! | `hog` | opens `path` (default `/data/hog.txt`) again and again (`what=files`, the default) or makes timer pollables (`what=handles`), keeping each, up to `count` (default 100000); a refused open fails it (with `release=PATH`, first logs `holding N open files` and waits until PATH exists): tests the per-attempt caps |
 //! | `http-burst` | declares `network`; starts `count` (default 4) GETs to `url` at once, then waits for each: `N: HTTP <status>` lines, or fails with `N: error <code>` for those refused; `header=N` adds an `x-pad` header of N bytes to each |
 //! | `pool` | resource `pool/{name}` (`name` required), declares capacity 2 (WIT 0.1.2); sleeps `ms` (default 1000) in cancellable 50 ms steps with progress: `worked N ms` |
-//! | `nondet` | reads the clocks, random bytes and insecure seed and answers them as JSON; `kv`, `child=DIGEST`, `trap` (when a random byte is even), `until_cancelled` (random sleeps), `spin`: the flight recorder's guest |
+//! | `nondet` | reads the clocks, random bytes and insecure seed and answers them as JSON; `kv`, `child=DIGEST`, `trap` (when a random byte is even), `until_cancelled` (random sleeps), `spin`, `fail`: the flight recorder's guest |
 //! | `nondet-changed` | `nondet`, reading the wall clock once more: a planted divergence |
 //! | `unknown-import` | built with wit-bindgen directly; also imports `example:missing/thing`, which no host provides: refused at load |
 

@@ -88,6 +88,9 @@ impl Task for Nondet {
             }
         }
         out.push('}');
+        if ctx.param("fail").is_some() {
+            return Err(taskhost_guest::fail(format!("failed on purpose after {out}")));
+        }
         Ok(out.into_bytes())
     }
 }

@@ -8,7 +8,8 @@
 //! as a child with 2 random bytes as input, wait, and answer its outcome;
 //! `trap`: panic when the first random byte is even; `until_cancelled`: then
 //! sleep 1–8 ms (a random length) at a time, checking `is-cancelled`, until
-//! asked to stop; `spin`: then busy-loop forever.
+//! asked to stop; `spin`: then busy-loop forever; `fail`: fail at the end,
+//! with what it saw (so `--max-retries` gives many attempts).
 
 /// `nondet-changed` reads the wall clock once more.
 const EXTRA_CLOCK: bool = false;

@@ -7,7 +7,34 @@
 // With `--param mode=spin` it instead spins in JavaScript code and ignores
 // cancellation, to show that the host still stops it: by force once the
 // grace period or the timeout runs out.
-import { Canceled, Fatal, info, isCancelled, log, param, paramInt, progress, sleep, task } from '../taskhost.js';
+//
+// With `--param mode=nondet` it does what differs between two runs, for the
+// flight recorder: it logs the wall and monotonic clocks and random bytes,
+// then sleeps `steps` (default 3) random lengths of 1 to 8 ms, stopping when
+// asked, and answers what it saw; with `--param fail=1` it then fails.
+import { Canceled, Fail, Fatal, info, isCancelled, log, param, paramInt, progress, sleep, task } from '../taskhost.js';
+
+function randomBytes(n) {
+  const bytes = new Uint8Array(n);
+  crypto.getRandomValues(bytes);
+  return bytes;
+}
+
+function nondet() {
+  const hex = Array.from(randomBytes(8), (b) => b.toString(16).padStart(2, '0')).join('');
+  let seen = `wall ${Date.now()} mono ${performance.now()} random ${hex} math ${Math.random()}`;
+  log.info(seen);
+  const steps = paramInt('steps', 3);
+  for (let step = 0; step < steps; step++) {
+    if (isCancelled() || !sleep((randomBytes(1)[0] % 8) + 1)) {
+      log.info(`stopped at step ${step}, ${Date.now()}`);
+      throw new Canceled();
+    }
+  }
+  seen += ` end ${performance.now()}`;
+  if (param('fail')) throw new Fail(`failed on purpose after ${seen}`);
+  return seen;
+}
 
 export function describe() {
   return info({
@@ -21,6 +48,7 @@ export const run = task(() => {
   const total = paramInt('ms', 1000);
   const step = paramInt('step_ms', 50);
   if (total < 0 || step <= 0) throw new Fatal('ms must be >= 0 and step_ms > 0', 2);
+  if (param('mode') === 'nondet') return nondet();
   if (param('mode') === 'spin') {
     log.info('spinning; only a force-abort stops this');
     for (;;) {

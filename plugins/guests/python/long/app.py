@@ -7,9 +7,30 @@ step, and ends `canceled` as soon as the host asks it to stop.
 With `--param mode=spin` it instead spins in Python code and ignores
 cancellation, to show that the host still stops it: by force once the grace
 period or the timeout runs out.
+
+With `--param mode=nondet` it does what differs between two runs, for the
+flight recorder: it logs the wall and monotonic clocks and random bytes, then
+sleeps `steps` (default 3) random lengths of 1 to 8 ms, stopping when asked,
+and answers what it saw; with `--param fail=1` it then fails.
 """
 
+import os
+import time
+
 import taskhost
+
+
+def nondet() -> str:
+    seen = f"wall {time.time():.6f} mono {time.monotonic():.6f} random {os.urandom(8).hex()}"
+    taskhost.log.info(seen)
+    for step in range(taskhost.param_int("steps", 3)):
+        if taskhost.cancelled() or not taskhost.sleep(os.urandom(1)[0] % 8 + 1):
+            taskhost.log.info(f"stopped at step {step}, {time.time():.6f}")
+            raise taskhost.Canceled()
+    seen += f" end {time.monotonic():.6f}"
+    if taskhost.param("fail"):
+        raise taskhost.Fail(f"failed on purpose after {seen}")
+    return seen
 
 
 class WitWorld:
@@ -26,6 +47,8 @@ class WitWorld:
         step = taskhost.param_int("step_ms", 50)
         if total < 0 or step <= 0:
             raise taskhost.Fatal("ms must be >= 0 and step_ms > 0", 2)
+        if taskhost.param("mode") == "nondet":
+            return nondet()
         if taskhost.param("mode") == "spin":
             taskhost.log.info("spinning; only a force-abort stops this")
             while True:

@@ -1,0 +1,297 @@
+//! The flight recorder through the real binary: attempts of `nondet` (the
+//! clocks, random bytes, the insecure seed, key-value state, a trap that
+//! depends on random data, a stop at a random moment, a spin stopped by
+//! force) recorded by `host run --record` and replayed by `host replay`,
+//! every one identical; a planted divergence (`nondet-changed` reads the
+//! clock once more) named at its call; a record replayed in a fresh
+//! directory holding only it, the plugin and the binary; truncation,
+//! secrets and damaged files. The Python and JavaScript guests' records are
+//! in `guests`.
+
+use crate::{common, daemon};
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{Finished, run_host};
+use daemon::p;
+
+/// Runs `host run PLUGIN --record FILE ARGS`.
+fn record(plugin: &str, file: &Path, args: &[&str]) -> Finished {
+    let file = file.display().to_string();
+    let mut all = vec!["run", plugin, "--record", &file];
+    all.extend_from_slice(args);
+    run_host(&all)
+}
+
+/// Replays attempt `n` of `file` (with `extra` flags): its exit code and
+/// JSON verdict.
+pub fn replay_json(file: &Path, n: u32, extra: &[&str]) -> (Option<i32>, serde_json::Value) {
+    let file = file.display().to_string();
+    let n = n.to_string();
+    let mut all = vec!["replay", &file, "--attempt", &n, "--json"];
+    all.extend_from_slice(extra);
+    let out = run_host(&all);
+    (out.code, out.json())
+}
+
+/// Records `attempts` attempts of `plugin` with `args` (each ending in a
+/// failure, a timeout or a trap, so retried), then replays every one:
+/// each must be identical, every recorded call used.
+pub fn record_and_replay_all(plugin: &str, file: &Path, args: &[&str], attempts: u32) {
+    let retries = (attempts - 1).to_string();
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--max-retries", &retries, "--backoff", "1ms,2ms"]);
+    let out = record(plugin, file, &all);
+    assert!(
+        out.stderr.contains(&format!(
+            "recorded {attempts} attempts in {}",
+            file.display()
+        )),
+        "{args:?}: {}",
+        out.stderr
+    );
+    for n in 1..=attempts {
+        let (code, json) = replay_json(file, n, &[]);
+        assert_eq!(
+            (code, json["verdict"].as_str()),
+            (Some(0), Some("identical")),
+            "{args:?}, attempt {n}: {json:#}"
+        );
+        assert_eq!(json["calls_used"], json["calls_recorded"], "{json:#}");
+    }
+}
+
+#[test]
+fn every_attempt_of_a_nondeterministic_guest_replays_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let nondet = p("nondet");
+    let cases: [(&str, &[&str], u32); 5] = [
+        // The clocks, random bytes, the insecure seed and numbers.
+        ("plain", &["--param", "fail=1"], 20),
+        // Key-value state that each attempt changes.
+        ("kv", &["--param", "kv=1", "--param", "fail=1"], 20),
+        // A trap when a random byte is even, else a failure.
+        ("trap", &["--param", "trap=1", "--param", "fail=1"], 20),
+        // Random sleeps until a timeout stops each at some moment.
+        (
+            "cancel",
+            &["--param", "until_cancelled=1", "--timeout", "40ms"],
+            20,
+        ),
+        // A guest spinning until it is stopped by force.
+        ("spin", &["--param", "spin=1", "--timeout", "50ms"], 3),
+    ];
+    for (name, args, attempts) in cases {
+        let file = dir.path().join(format!("{name}.rec"));
+        record_and_replay_all(&nondet, &file, args, attempts);
+    }
+}
+
+#[test]
+fn a_changed_build_is_told_where_it_diverges() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("n.rec");
+    let out = record(&p("nondet"), &file, &["--input", "x"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let changed = p("nondet-changed");
+    let (code, json) = replay_json(&file, 1, &["--plugin", &changed]);
+    assert_eq!(code, Some(1), "{json:#}");
+    assert_eq!(json["verdict"], "diverged", "{json:#}");
+    assert_eq!(json["same_plugin"], false);
+    let divergence = &json["divergence"];
+    assert_eq!(divergence["call"], 2, "{json:#}");
+    assert_eq!(divergence["asked"], "wasi:clocks/wall-clock.now()");
+    assert_eq!(divergence["recorded"], "wasi:clocks/monotonic-clock.now()");
+    // In words too, on stderr.
+    let out = run_host(&["replay", &file.display().to_string(), "--plugin", &changed]);
+    assert_eq!(out.code, Some(1));
+    assert!(
+        out.stderr.contains(
+            "diverged at host call 2: the guest asked wasi:clocks/wall-clock.now(), where the \
+             record holds wasi:clocks/monotonic-clock.now()"
+        ),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn an_exported_record_reproduces_a_failure_in_a_fresh_directory() {
+    let work = tempfile::tempdir().unwrap();
+    // The plugin as deployed somewhere, then gone.
+    let deployed = work.path().join("deployed.wasm");
+    std::fs::copy(p("nondet"), &deployed).unwrap();
+    let file = work.path().join("failure.rec");
+    let out = record(
+        &deployed.display().to_string(),
+        &file,
+        &["--param", "trap=1", "--param", "fail=1", "--input", "prod"],
+    );
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let reason = out.stderr.lines().last().unwrap().to_owned();
+    std::fs::remove_file(&deployed).unwrap();
+    let gone = run_host(&["replay", &file.display().to_string()]);
+    assert_eq!(gone.code, Some(2), "{}", gone.stderr);
+    assert!(
+        gone.stderr.contains("give it with --plugin PATH"),
+        "{}",
+        gone.stderr
+    );
+
+    // Another machine: a directory with only the binary, the plugin and
+    // the record; no cache, no environment.
+    let laptop = tempfile::tempdir().unwrap();
+    let bin = laptop.path().join("host");
+    std::fs::copy(common::host_bin(), &bin).unwrap();
+    std::fs::copy(p("nondet"), laptop.path().join("nondet.wasm")).unwrap();
+    std::fs::copy(&file, laptop.path().join("failure.rec")).unwrap();
+    let out = Command::new(&bin)
+        .current_dir(laptop.path())
+        .env_clear()
+        .env("HOME", laptop.path())
+        .args([
+            "replay",
+            "failure.rec",
+            "--plugin",
+            "nondet.wasm",
+            "--no-cache",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("identical"), "{stderr}");
+    // The same failure, word for word.
+    let recorded = reason.split_once("): ").map_or(&reason[..], |(_, r)| r);
+    assert!(stderr.contains(recorded), "{recorded:?} in {stderr}");
+}
+
+#[test]
+fn a_record_past_its_budget_is_truncated_and_the_attempt_unaffected() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.rec");
+    let out = record(
+        &p("nondet"),
+        &file,
+        &[
+            "--param",
+            "until_cancelled=1",
+            "--timeout",
+            "300ms",
+            "--record-budget",
+            "100",
+        ],
+    );
+    // Stopped by its timeout as without a record.
+    assert!(
+        out.stderr.contains("timed out after 300.0ms"),
+        "{}",
+        out.stderr
+    );
+    let (code, json) = replay_json(&file, 1, &[]);
+    assert_eq!(
+        (code, json["verdict"].as_str()),
+        (Some(1), Some("truncated")),
+        "{json:#}"
+    );
+    let calls = json["calls_recorded"].as_u64().unwrap();
+    assert!(
+        (5..=50).contains(&calls),
+        "100 bytes hold a few dozen calls: {calls}"
+    );
+    assert_eq!(json["calls_used"], json["calls_recorded"]);
+}
+
+#[test]
+fn secrets_are_checked_by_digest_and_never_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.rec");
+    let value = "s3cret-value-never-in-a-record";
+    let out = common::host()
+        .args(["run", &p("nondet"), "--secret", "API_KEY", "--record"])
+        .arg(&file)
+        .env("API_KEY", value)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let bytes = std::fs::read(&file).unwrap();
+    assert!(
+        !bytes.windows(value.len()).any(|w| w == value.as_bytes()),
+        "the value is in the record"
+    );
+    let replay = |value: Option<&str>| {
+        let mut cmd = common::host();
+        cmd.args(["replay"]).arg(&file).env_remove("API_KEY");
+        if let Some(value) = value {
+            cmd.env("API_KEY", value);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = replay(Some(value));
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, stderr) = replay(Some("another"));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("secret `API_KEY` has another value"),
+        "{stderr}"
+    );
+    let (code, stderr) = replay(None);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("API_KEY"), "{stderr}");
+    // From a directory of secrets, as a daemon keeps them.
+    let secrets = dir.path().join("secrets");
+    std::fs::create_dir(&secrets).unwrap();
+    std::fs::set_permissions(
+        &secrets,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    std::fs::write(secrets.join("API_KEY"), value).unwrap();
+    let out = run_host(&[
+        "replay",
+        &file.display().to_string(),
+        "--secrets-dir",
+        &secrets.display().to_string(),
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+}
+
+#[test]
+fn damaged_records_are_refused_saying_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("d.rec");
+    let out = record(&p("nondet"), &file, &[]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let good = std::fs::read(&file).unwrap();
+    let cases: [(&str, Vec<u8>, &str); 4] = [
+        ("text", b"hello, world\n".to_vec(), "not a taskhost record"),
+        ("cut", good[..good.len() / 2].to_vec(), "damaged"),
+        (
+            "newer",
+            [&good[..8], &[9, 0], &good[10..]].concat(),
+            "format version 9",
+        ),
+        ("empty", Vec::new(), "not a taskhost record"),
+    ];
+    for (name, bytes, words) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let out = run_host(&["replay", &path.display().to_string()]);
+        assert_eq!(out.code, Some(2), "{name}: {}", out.stderr);
+        assert!(out.stderr.contains(words), "{name}: {}", out.stderr);
+        assert_eq!(out.stderr.lines().count(), 1, "{name}: {}", out.stderr);
+    }
+    let out = run_host(&["replay", &file.display().to_string(), "--attempt", "4"]);
+    assert_eq!(out.code, Some(2));
+    assert!(
+        out.stderr
+            .contains("holds no attempt 4: it holds attempt 1"),
+        "{}",
+        out.stderr
+    );
+}
