@@ -105,6 +105,7 @@ impl slots::Host for HostCtx {
 impl children::Host for HostCtx {
     async fn spawn(&mut self, spec: children::ChildSpec) -> wasmtime::Result<Result<u64, String>> {
         let ask = spawn_ask(&spec);
+        let key = spec.key.clone();
         let tape = self.tape.clone();
         match tape
             .call_async(|| ask, async {
@@ -112,7 +113,15 @@ impl children::Host for HostCtx {
             })
             .await?
         {
-            Answer::Spawned(spawned) => Ok(spawned),
+            Answer::Spawned(spawned) => {
+                // The task's log tells each child, in a replay too.
+                if let Ok(id) = &spawned {
+                    let parent = self.facts.task_id;
+                    let line = format!("child task {id} (key `{key}`) of task {parent}");
+                    self.capture.log(LogLevel::Info, &line);
+                }
+                Ok(spawned)
+            }
             other => Err(wrong_answer(&other)),
         }
     }
@@ -197,14 +206,8 @@ impl HostCtx {
             );
         };
         let spec = super::children::spec(spec)?;
-        let key = spec.key.clone();
         let parent = access.parent();
-        let id = access.backend.spawn(&parent, spec).await?;
-        self.capture.log(
-            LogLevel::Info,
-            &format!("child task {id} (key `{key}`) of task {}", parent.task),
-        );
-        Ok(id)
+        access.backend.spawn(&parent, spec).await
     }
 
     async fn wait_now(&mut self, id: u64) -> Result<children::ChildOutcome, children::WaitError> {

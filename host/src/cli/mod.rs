@@ -107,9 +107,12 @@ enum Command {
     /// Exit codes: 0 identical, 1 not identical (diverged, different end, or
     /// a truncated record), 2 invalid input.
     #[command(
-        after_long_help = "EXAMPLES:\n  host run flaky.wasm --record run.rec && host replay run.rec\n  host replay run.rec --attempt 2 --json\n  host replay run.rec --plugin target/plugins/fixed.wasm   # does the new build end the same?"
+        after_long_help = "EXAMPLES:\n  host run flaky.wasm --record run.rec && host replay run.rec\n  host replay run.rec --attempt 2 --json\n  host replay run.rec --plugin target/plugins/fixed.wasm   # does the new build end the same?\n  host replay 42                # a daemon's task: its record and plugin fetched, replayed here"
     )]
     Replay(replay::ReplayArgs),
+    /// The flight recorder's records of a daemon's tasks (export).
+    #[command(after_long_help = "EXAMPLES:\n  host record export 42 > 42.rec")]
+    Record(client::record::RecordArgs),
     /// Run the daemon: supervisor and controller behind a Unix socket only
     /// its owner can use, with accepted work kept in a store.
     ///
@@ -322,7 +325,8 @@ pub fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(*args).await,
             Command::Inspect(args) => inspect::inspect(args).await,
-            Command::Replay(args) => replay::replay(args).await,
+            Command::Replay(args) => replay::replay(args, socket).await,
+            Command::Record(args) => client::record::record(args, socket).await,
             Command::Serve(args) => serve::serve_cmd(*args, socket).await,
             Command::Submit(args) => client::submit::submit(*args, socket).await,
             Command::Wait(args) => client::tasks::wait(args, socket).await,

@@ -13,7 +13,7 @@ use taskhost::runtime::record::{AttemptRecord, RecordFile, ReplayReport, ReplayR
 use taskhost::runtime::{AttemptError, GuestSink, Runtime, Secrets};
 use taskhost::units::parse_duration;
 
-use super::args::{CacheArgs, RawArg};
+use super::args::{CacheArgs, RawArg, SocketArg};
 use super::exit::usage;
 use super::report::{StderrSink, print_json, print_output};
 
@@ -22,8 +22,8 @@ const MAX_RECORD_FILE: u64 = 1 << 30;
 
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
-    /// The record file (`host run --record FILE`).
-    #[arg(value_name = "RECORD")]
+    /// A record file (`host run --record FILE`, `host record export`), or a task of the daemon: its id or name (its record and plugin are fetched from the daemon; the replay runs here).
+    #[arg(value_name = "FILE|ID|NAME")]
     record: PathBuf,
     /// Which attempt of the record to replay [default: the last].
     #[arg(long, value_name = "N")]
@@ -44,6 +44,8 @@ pub struct ReplayArgs {
     raw: RawArg,
     #[command(flatten)]
     cache: CacheArgs,
+    #[command(flatten)]
+    socket: SocketArg,
 }
 
 /// Where a replayed guest's lines go: stderr, tagged as `host run` tags them.
@@ -96,24 +98,56 @@ fn pick(file: RecordFile, wanted: Option<u32>, path: &Path) -> anyhow::Result<At
     })
 }
 
-pub async fn replay(args: ReplayArgs) -> anyhow::Result<u8> {
-    let file = read_record(&args.record)?;
+/// A task's record and, unless --plugin names another, its plugin's
+/// bytes, from the daemon.
+async fn from_daemon(
+    args: &ReplayArgs,
+    before_verb: Option<&Path>,
+) -> anyhow::Result<(AttemptRecord, Option<Vec<u8>>)> {
+    let target = args.record.display().to_string();
+    let client = super::client::connect(&args.socket, before_verb).await?;
+    let bytes = super::client::record::fetch(&client, &target, args.attempt).await?;
+    let file = RecordFile::decode(&bytes)
+        .map_err(|e| anyhow::anyhow!("the daemon's record of `{target}`: {e}"))?;
     let record = pick(file, args.attempt, &args.record)?;
+    let plugin = match &args.plugin {
+        Some(_) => None,
+        None => Some(
+            client
+                .download(record.start.plugin)
+                .await
+                .map_err(super::exit::client)?,
+        ),
+    };
+    Ok((record, plugin))
+}
+
+pub async fn replay(args: ReplayArgs, before_verb: Option<PathBuf>) -> anyhow::Result<u8> {
+    // A path that is there is a file; anything else names a task.
+    let (record, downloaded) = if args.record.is_file() {
+        let file = read_record(&args.record)?;
+        (pick(file, args.attempt, &args.record)?, None)
+    } else {
+        from_daemon(&args, before_verb.as_deref()).await?
+    };
     let start = &record.start;
     let runtime = Runtime::new(&args.cache.runtime_config()?)?;
-    let path = match &args.plugin {
-        Some(path) => path.clone(),
-        None => PathBuf::from(&start.source),
+    let plugin = match (&args.plugin, downloaded) {
+        (None, Some(bytes)) => runtime
+            .load_bytes(Arc::from(bytes), &start.source)
+            .await
+            .map_err(usage)?,
+        (Some(path), _) => runtime.load_file(path).await.map_err(usage)?,
+        (None, None) => runtime
+            .load_file(Path::new(&start.source))
+            .await
+            .map_err(|e| {
+                usage(format!(
+                    "the recorded plugin `{}` cannot be loaded ({e}): give it with --plugin PATH",
+                    start.source
+                ))
+            })?,
     };
-    let plugin = runtime.load_file(&path).await.map_err(|e| {
-        usage(match &args.plugin {
-            Some(_) => e.to_string(),
-            None => format!(
-                "the recorded plugin `{}` cannot be loaded ({e}): give it with --plugin PATH",
-                start.source
-            ),
-        })
-    })?;
     let same = plugin.digest() == start.plugin;
     if !same && args.plugin.is_none() {
         return Err(usage(format!(

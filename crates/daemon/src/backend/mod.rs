@@ -597,6 +597,60 @@ impl<'a> Backend<'a> {
         seen_only(self.view.clone(), rx)
     }
 
+    /// The record of one attempt of a task (`attempt`; none: the last one
+    /// recorded), as a record file of that attempt alone.
+    pub(crate) async fn record(
+        &self,
+        found: Found,
+        attempt: Option<u32>,
+    ) -> Result<Vec<u8>, ServiceError> {
+        let id = found.id();
+        let file = match (&self.kind, found) {
+            (_, Found::Live(record)) => Some(record.log.records()).filter(|r| !r.is_empty()),
+            (Kind::Local(local), Found::Stored(_)) => local.host.store.records(id),
+            (Kind::Shared(shared), Found::Shared { finished, .. }) => {
+                if !finished {
+                    return Err(ServiceError::NotFound(format!(
+                        "task {id} has not finished: a cluster keeps its attempts' records \
+                         from its end on (wait for it: host wait {id})"
+                    )));
+                }
+                shared.cluster.pg.records(id).await?
+            }
+            (Kind::Local(..), Found::Shared { .. }) | (Kind::Shared(..), Found::Stored(_)) => None,
+        };
+        let none = || {
+            ServiceError::NotFound(format!(
+                "task {id} has no recorded attempt: it was submitted with --no-record, the \
+                 daemon records nothing (--record-budget 0), or no attempt has ended yet"
+            ))
+        };
+        let file = taskhost_runtime::record::RecordFile::decode(&file.ok_or_else(none)?)
+            .map_err(|e| ServiceError::Internal(format!("task {id}'s records: {e}")))?;
+        let numbers: Vec<String> = file
+            .attempts
+            .iter()
+            .map(|a| a.start.attempt.to_string())
+            .collect();
+        let found = match attempt {
+            Some(n) => file.attempts.into_iter().find(|a| a.start.attempt == n),
+            None => file.attempts.into_iter().last(),
+        };
+        let one = found.ok_or_else(|| {
+            ServiceError::NotFound(format!(
+                "task {id} has no record of attempt {}: it keeps attempt {} (the newest {} \
+                 attempts of a task are kept)",
+                attempt.unwrap_or(0),
+                numbers.join(", "),
+                crate::service::tasks::MAX_RECORDS_KEPT
+            ))
+        })?;
+        Ok(taskhost_runtime::record::RecordFile {
+            attempts: vec![one],
+        }
+        .encode())
+    }
+
     /// A task as the HTTP API details it.
     pub(crate) async fn detail(&self, found: Found) -> Result<Detail, ServiceError> {
         match found {

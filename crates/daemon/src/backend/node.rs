@@ -679,7 +679,8 @@ async fn run_claimed(daemon: Arc<Daemon>, cluster: Arc<Cluster>, task: Claimed) 
         }
     };
     let log = TaskLog::new();
-    let task = PluginTask::new(daemon.plugins.runtime(), &plugin)
+    let no_record = PluginTask::new(daemon.plugins.runtime(), &plugin);
+    let task = super::submit::recorded(daemon, &request, no_record, &log)
         .input(std::mem::take(&mut request.input))
         .params(std::mem::take(&mut request.params))
         .args(std::mem::take(&mut request.args))
@@ -752,7 +753,8 @@ async fn run_claimed(daemon: Arc<Daemon>, cluster: Arc<Cluster>, task: Claimed) 
         let left = daemon.keep_unfinished.load(Ordering::SeqCst)
             && intake::left_for_next_start(&report.outcome);
         if held && !left {
-            let finished = Finished::now((*report).clone(), plugin_name, log.lines(), submitted_ms);
+            let finished = Finished::now((*report).clone(), plugin_name, log.lines(), submitted_ms)
+                .with_records(log.records());
             if record_end(&cluster, token, &finished).await {
                 outcome.set(report);
             }

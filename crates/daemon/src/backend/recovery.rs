@@ -74,6 +74,7 @@ pub(crate) async fn recover(
                 submitted_ms: task.submitted_ms,
                 finished_ms: now_ms(),
                 parent: task.request.parent,
+                records: Vec::new(),
             })
         };
         let Some(reservation) = supervisor.restore(id) else {

@@ -599,10 +599,34 @@ fn body_of(
         .args(std::mem::take(&mut request.args))
         .sandbox(sandbox)
         .sink(Arc::clone(log) as _);
+    let plugin_task = recorded(daemon, request, plugin_task, log);
     match journal {
         Some((store, first)) => Arc::new(Recorded::stored(id, plugin_task, store.clone(), first)),
         None => Arc::new(plugin_task),
     }
+}
+
+/// `task`, its attempts recorded into `log` unless the daemon or the
+/// request says not to.
+pub(crate) fn recorded(
+    daemon: &Daemon,
+    request: &SubmitRequest,
+    task: PluginTask,
+    log: &Arc<TaskLog>,
+) -> PluginTask {
+    let budget = daemon.config.record_budget;
+    if budget == 0 || request.no_record {
+        return task;
+    }
+    let source = match &request.deployment {
+        Some(name) => name.clone(),
+        None => request.plugin.to_string(),
+    };
+    task.record(taskhost_runtime::record::RecordSettings {
+        budget: usize::try_from(budget).unwrap_or(usize::MAX),
+        source,
+        sink: Arc::clone(log) as _,
+    })
 }
 
 /// What a placed task's end needs.
@@ -652,7 +676,8 @@ fn on_end(daemon: &Arc<Daemon>, store: &Store, waiter: TaskWaiter, ending: Endin
                 // start decides its end. Nobody sees an outcome now.
                 return;
             }
-            let finished = Finished::now((*report).clone(), plugin_name, log.lines(), submitted_ms);
+            let finished = Finished::now((*report).clone(), plugin_name, log.lines(), submitted_ms)
+                .with_records(log.records());
             // Nobody sees an outcome the store does not hold (a crash
             // would take it back): a failed write (a full disk) is retried
             // until it lands; a stop meanwhile leaves the task to the next

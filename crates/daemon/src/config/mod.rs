@@ -107,6 +107,9 @@ pub struct DaemonConfig {
     pub max_depth: u32,
     /// Default memory limit of a guest (all its linear memories together).
     pub max_memory: u64,
+    /// Bytes of host calls each attempt's record keeps (the flight
+    /// recorder); 0 records nothing.
+    pub record_budget: u64,
     /// The most memory a submission's `--max-memory` may ask for; one
     /// asking for more is refused (and `max_memory` must not be above it).
     pub memory_ceiling: u64,
@@ -267,6 +270,7 @@ impl DaemonConfig {
             max_descendants: DEFAULT_MAX_DESCENDANTS,
             max_depth: DEFAULT_MAX_DEPTH,
             max_memory: DEFAULT_MAX_MEMORY,
+            record_budget: taskhost_runtime::record::DEFAULT_RECORD_BUDGET as u64,
             memory_ceiling: DEFAULT_MEMORY_CEILING,
             max_handles: taskhost_runtime::DEFAULT_MAX_HANDLES,
             max_open_files: taskhost_runtime::DEFAULT_MAX_OPEN_FILES,

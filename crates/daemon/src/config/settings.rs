@@ -71,6 +71,10 @@ pub struct Settings {
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     #[serde(default, deserialize_with = "file::size")]
     pub max_memory: Option<u64>,
+    /// Bytes of host calls each attempt's record keeps (the flight recorder: the answers a guest got, for `host replay ID` and `host record export`); past it the record is marked truncated and the attempt goes on unaffected. 0 records nothing (a submission's --no-record records nothing of its own) [default: 1MiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[serde(default, deserialize_with = "file::size")]
+    pub record_budget: Option<u64>,
     /// The most memory a submission's --max-memory may ask for; a submission asking for more is refused (exit 2), and --max-memory must be within it too [default: 4GiB] [TOML: memory_ceiling].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     #[serde(default, deserialize_with = "file::size")]
@@ -331,6 +335,7 @@ impl Settings {
         set(&mut c.max_descendants, self.max_descendants);
         set(&mut c.max_depth, self.max_depth);
         set(&mut c.max_memory, self.max_memory);
+        set(&mut c.record_budget, self.record_budget);
         set(&mut c.memory_ceiling, self.memory_ceiling);
         set(&mut c.max_handles, self.max_handles);
         set(&mut c.max_open_files, self.max_open_files);

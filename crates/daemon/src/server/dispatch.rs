@@ -122,6 +122,23 @@ pub(crate) async fn handle(
             }
             Err(e) => reply.failed(e).await,
         },
+        Request::Record { target, attempt } => {
+            let found = match backend.find(&target).await {
+                Ok(found) => backend.record(found, attempt).await,
+                Err(e) => Err(e),
+            };
+            match found {
+                Ok(file) => {
+                    for part in file.chunks(1 << 20) {
+                        if !reply.send(Reply::RecordPart(part.to_vec())).await {
+                            return;
+                        }
+                    }
+                    reply.send(Reply::End).await;
+                }
+                Err(e) => reply.failed(e).await,
+            }
+        }
         Request::Download { digest, offset } => match backend.plugin_chunk(&digest, offset).await {
             Ok((total, data)) => {
                 reply.send(Reply::PluginChunk { total, data }).await;

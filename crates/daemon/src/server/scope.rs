@@ -110,6 +110,7 @@ impl Scope {
             | Request::Slots
             | Request::Events { .. }
             | Request::Logs { .. }
+            | Request::Record { .. }
             | Request::Plugins
             | Request::Enter(_)
             | Request::Namespace(NamespaceVerb::List)

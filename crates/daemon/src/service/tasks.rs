@@ -18,6 +18,7 @@ use taskhost_core::controller::Controller;
 use taskhost_core::logline::{LineSink, LogLine, Stream};
 use taskhost_core::supervisor::{TaskId, TaskRef, TaskReport};
 use taskhost_runtime::Digest;
+use taskhost_runtime::record::{AttemptRecord, RecordFile, RecordSink};
 
 use crate::store::PluginRefs;
 
@@ -54,6 +55,21 @@ struct LogState {
     /// tasks nobody follows (and every finished one) hold no channel buffer.
     live: Option<broadcast::Sender<Option<LogLine>>>,
     closed: bool,
+    /// The newest attempts' records (the flight recorder's).
+    records: VecDeque<AttemptRecord>,
+}
+
+/// The most attempts' records a task keeps: the newest.
+pub(crate) const MAX_RECORDS_KEPT: usize = 16;
+
+impl RecordSink for TaskLog {
+    fn recorded(&self, record: AttemptRecord) {
+        let mut state = self.lock();
+        if state.records.len() == MAX_RECORDS_KEPT {
+            state.records.pop_front();
+        }
+        state.records.push_back(record);
+    }
 }
 
 impl TaskLog {
@@ -63,6 +79,18 @@ impl TaskLog {
 
     fn lock(&self) -> MutexGuard<'_, LogState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Its attempts' records as a record file (empty: none).
+    pub(crate) fn records(&self) -> Vec<u8> {
+        let state = self.lock();
+        if state.records.is_empty() {
+            return Vec::new();
+        }
+        RecordFile {
+            attempts: state.records.iter().cloned().collect(),
+        }
+        .encode()
     }
 
     /// The lines so far and a receiver for later ones (`None`, or the

@@ -344,6 +344,10 @@ pub struct Finished {
     /// The task that spawned it, if one did (read back from the store;
     /// what is written comes from its request).
     pub parent: Option<u64>,
+    /// Its attempts' records, a record file (empty: none); written, not
+    /// read back with it ([`Store::records`] reads them).
+    #[serde(default)]
+    pub records: Vec<u8>,
 }
 
 impl Finished {
@@ -356,7 +360,14 @@ impl Finished {
             submitted_ms,
             finished_ms: now_ms(),
             parent: None,
+            records: Vec::new(),
         }
+    }
+
+    /// With its attempts' records (a record file, or empty).
+    pub fn with_records(mut self, records: Vec<u8>) -> Self {
+        self.records = records;
+        self
     }
 }
 
@@ -748,6 +759,16 @@ impl Store {
                 Some((*id, finished.report.outcome.kind()))
             })
             .collect()
+    }
+
+    /// The records of a finished task's attempts (a record file), if the
+    /// store keeps any.
+    pub fn records(&self, id: TaskId) -> Option<Vec<u8>> {
+        let reader = self.inner.reader.as_ref()?;
+        reader
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .records(id)
     }
 
     /// The newest finished task that held `name`.

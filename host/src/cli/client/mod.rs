@@ -14,6 +14,7 @@
 //! | `ns` | `ns add`, `set`, `rm`, `ls`: namespaces and their quotas |
 //! | `admin` | `shutdown` |
 //! | `plugins` | `plugins ls`, `plugins rm`, `plugins prune` |
+//! | `record` | `record export`: a task's attempt's record; the fetch of `replay ID` |
 //! | `deploy` | `deploy`, `deployments ls`, `history`, `rm`, `rollback`, `push`: plugins by name and version |
 //! | `oci` | pulls from and pushes to OCI registries: references, credentials, TLS, digests checked |
 
@@ -25,6 +26,7 @@ pub mod kv;
 pub mod ns;
 pub mod oci;
 pub mod plugins;
+pub mod record;
 pub mod schedule;
 pub mod slot;
 pub mod streams;

@@ -48,6 +48,9 @@ pub struct SubmitArgs {
     /// Submit every task of FILE (`-`: standard input), one JSON object per line as `POST /api/tasks` takes it (`{"params": {"ms": "10"}, "slot": "a"}`; a line without "plugin" runs PLUGIN), in calls of up to 1,000: prints each one's id (or, with --json, its answer) in order, and each refusal with its line; exit 0 when every one was accepted, else the code of the first refusal. The task's settings come from its line, so the other task flags are refused with it.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["policy", "priority", "delay", "at", "wait", "idempotency_key"])]
     pub batch: Option<PathBuf>,
+    /// Keep no record of this task's attempts (the flight recorder's: `host replay ID`, `host record export`), whatever the daemon's --record-budget.
+    #[arg(long)]
+    no_record: bool,
     #[command(flatten)]
     raw: RawArg,
     #[command(flatten)]
@@ -230,6 +233,7 @@ pub async fn submit(args: SubmitArgs, before_verb: Option<PathBuf>) -> anyhow::R
     }
     let mut prepared = prepare(&args.task, &args.policy_flags, args.policy, args.priority)?;
     prepared.request.idempotency_key = args.idempotency_key.clone();
+    prepared.request.no_record = args.no_record;
     prepared.request.not_before = match (args.delay, args.at) {
         (Some(delay), _) => Some(NotBefore::After(delay)),
         (None, Some(at)) => Some(NotBefore::At(at)),

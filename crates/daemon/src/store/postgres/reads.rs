@@ -41,7 +41,23 @@ impl Pg {
             submitted_ms: row.get::<_, i64>(3).max(0) as u64,
             finished_ms: row.get::<_, Option<i64>>(4).unwrap_or(0).max(0) as u64,
             parent: row.get::<_, Option<i64>>(5).map(|p| p.max(0) as u64),
+            records: Vec::new(),
         }))
+    }
+
+    /// The records of a finished task's attempts (a record file), if kept.
+    pub(crate) async fn records(&self, id: TaskId) -> Result<Option<Vec<u8>>, StoreError> {
+        let client = self.client().await?;
+        let row = opt(
+            &client,
+            "cannot read a task's records",
+            "SELECT records FROM taskhost_tasks WHERE id = $1 AND state = 'finished'",
+            &[&sql_id(id)],
+        )
+        .await?;
+        Ok(row
+            .and_then(|r| r.get::<_, Option<Vec<u8>>>(0))
+            .filter(|r| !r.is_empty()))
     }
 
     /// Which of these tasks have finished.

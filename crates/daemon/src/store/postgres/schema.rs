@@ -26,6 +26,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/postgres/0013_deployments.sql"),
     include_str!("../../../migrations/postgres/0014_event_batches.sql"),
     include_str!("../../../migrations/postgres/0015_fewer_indexes.sql"),
+    include_str!("../../../migrations/postgres/0016_records.sql"),
 ];
 
 /// The migration that added `parent` and `root`, filled from each row's

@@ -41,6 +41,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/0011_namespaces.sql"),
     include_str!("../../../migrations/0012_deployments.sql"),
     include_str!("../../../migrations/0013_counts.sql"),
+    include_str!("../../../migrations/0014_records.sql"),
 ];
 
 /// The migration that added `parent` and `root`, filled from each row's

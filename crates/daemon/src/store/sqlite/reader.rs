@@ -102,6 +102,21 @@ impl Reader {
         .pop()
     }
 
+    pub(in crate::store) fn records(&self, id: TaskId) -> Option<Vec<u8>> {
+        let found = self
+            .conn
+            .prepare_cached("SELECT records FROM tasks WHERE id = ?1 AND state = 'finished'")
+            .and_then(|mut s| s.query_row([id.get() as i64], |r| r.get::<_, Option<Vec<u8>>>(0)));
+        match found {
+            Ok(records) => records.filter(|r| !r.is_empty()),
+            Err(rusqlite::Error::QueryReturnedNoRows) => None,
+            Err(e) => {
+                tracing::warn!("cannot read a task's records: {e}");
+                None
+            }
+        }
+    }
+
     pub(in crate::store) fn finished_by_name(&self, name: &str) -> Option<Finished> {
         self.finished(
             "SELECT plugin, report, log, submitted_ms, finished_ms, parent FROM tasks \
@@ -215,5 +230,6 @@ fn decode_finished(
         submitted_ms: submitted_ms as u64,
         finished_ms: finished_ms as u64,
         parent: parent.map(|p| p as u64),
+        records: Vec::new(),
     })
 }

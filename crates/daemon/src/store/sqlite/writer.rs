@@ -440,7 +440,7 @@ fn apply_op(
             // A task ends once: a second end of it changes nothing.
             let mut update = tx.prepare_cached(
                 "UPDATE tasks SET state = 'finished', attempts = ?2, finished_ms = ?3, \
-                 report = ?4, log = ?5 WHERE id = ?1 AND state <> 'finished' \
+                 report = ?4, log = ?5, records = ?6 WHERE id = ?1 AND state <> 'finished' \
                  RETURNING digest, name, length(request)",
             )?;
             let mut ended = update.query(params![
@@ -448,13 +448,14 @@ fn apply_op(
                 finished.report.attempts,
                 finished.finished_ms as i64,
                 report,
-                log
+                log,
+                (!finished.records.is_empty()).then_some(&finished.records)
             ])?;
             if let Some(row) = ended.next()? {
                 let digest: Vec<u8> = row.get(0)?;
                 let name: String = row.get(1)?;
                 let request = row.get::<_, i64>(2)?.max(0) as u64;
-                let written = (report.len() + log.len()) as u64;
+                let written = (report.len() + log.len() + finished.records.len()) as u64;
                 changes.finished(&digest, &name, request + written);
                 return Ok(written);
             }

@@ -58,7 +58,7 @@ pub use submit::{
 pub use submit_json::{DURATION, SubmitJson};
 
 /// The protocol version; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 22;
+pub const PROTOCOL_VERSION: u32 = 23;
 /// The largest frame accepted in either direction.
 pub const MAX_FRAME: usize = 4 << 20;
 /// Plugin bytes per upload chunk (well under [`MAX_FRAME`]).

@@ -193,6 +193,9 @@ pub enum Reply {
     },
     /// Done (a request with nothing more to say: [`Request::Enter`](super::Request::Enter)).
     Done,
+    /// Part of the record file a [`Request::Record`](super::Request::Record)
+    /// asked for; the parts, in order, are the whole file.
+    RecordPart(#[serde(with = "serde_bytes")] Vec<u8>),
 }
 
 /// One submission's answer in a batch.

@@ -288,6 +288,16 @@ pub enum Request {
         /// Where the chunk starts.
         offset: u64,
     },
+    /// The record of one of a task's attempts (`host record export`,
+    /// `host replay ID`): a record file holding it, in
+    /// [`Reply::RecordPart`](super::Reply::RecordPart)s, then
+    /// [`Reply::End`](super::Reply::End).
+    Record {
+        /// Which task.
+        target: TaskRef,
+        /// Which attempt [default: the last one recorded].
+        attempt: Option<u32>,
+    },
 }
 
 impl Request {

@@ -96,6 +96,9 @@ pub struct SubmitRequest {
     /// version whatever is deployed later; a schedule's stays as given,
     /// so each firing takes the name's version of then.
     pub deployment: Option<String>,
+    /// Keep no record of its attempts (`--no-record`), whatever the
+    /// daemon's `record_budget`.
+    pub no_record: bool,
 }
 
 /// When a delayed submission may enter its slot.
@@ -121,8 +124,8 @@ impl NotBefore {
 /// Fields added to [`SubmitRequest`] since protocol 4 (`allow_http`,
 /// `idempotency_key`, `not_before`, `priority`, `schedule`, `secrets`,
 /// `config`, `kv`, `parent`, `root`, `depth`, `namespace`, `args`,
-/// `deployment`).
-const ADDED_FIELDS: usize = 14;
+/// `deployment`, `no_record`).
+const ADDED_FIELDS: usize = 15;
 
 /// Most arguments a WASI command's submission carries.
 pub const MAX_ARGS: usize = 4096;
@@ -142,7 +145,7 @@ impl SubmitRequest {
     /// secrets before 9, no config values before 10, no shared buckets
     /// before 11, no parent before 12, no root or depth before 13, no
     /// namespace before 17, no command arguments before 20, no deployment
-    /// before 21).
+    /// before 21, recorded before 23).
     pub fn decode_stored(bytes: &[u8]) -> Result<Self, postcard::Error> {
         decode_padded(bytes)
     }
@@ -177,6 +180,7 @@ impl SubmitRequest {
             namespace: None,
             args: Vec::new(),
             deployment: None,
+            no_record: false,
         }
     }
 

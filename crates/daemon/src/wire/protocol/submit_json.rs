@@ -111,6 +111,9 @@ pub struct SubmitJson {
         regex(pattern = r"^[^\x00-\x1f\x7f-\x9f]*$")
     )]
     idempotency_key: Option<String>,
+    /// `false`: keep no record of its attempts for `host replay` (default:
+    /// recorded, unless the daemon records nothing).
+    record: Option<bool>,
     /// Hold it this long after it is accepted (a duration), as `--delay`.
     #[schemars(regex(pattern = DURATION))]
     delay: Option<String>,
@@ -278,6 +281,7 @@ impl SubmitJson {
         request.args = self.args;
         request.deployment = deployment;
         request.idempotency_key = self.idempotency_key;
+        request.no_record = self.record == Some(false);
         request.not_before = match (self.delay, self.at) {
             (Some(_), Some(_)) => return Err("give delay or at, not both".into()),
             (Some(delay), None) => Some(NotBefore::After(

@@ -156,14 +156,27 @@ pub(super) async fn finished(pg: &Pg, jobs: &[FinishJob], wait: bool) -> Result<
         logs.push(log);
     }
     let attempts: Vec<i32> = ours.iter().map(|j| j.1.report.attempts as i32).collect();
+    let records: Vec<Option<&[u8]>> = ours
+        .iter()
+        .map(|j| Some(&j.1.records[..]).filter(|r| !r.is_empty()))
+        .collect();
     exec(
         &tx,
         "cannot record the outcomes",
         "UPDATE taskhost_tasks t SET state = 'finished', finished_ms = $1, outcome = u.outcome, \
-             report = u.report, log = u.log, attempts = u.attempts, resume_at_ms = NULL \
-             FROM unnest($2::int8[], $3::text[], $4::bytea[], $5::bytea[], $6::int4[]) \
-             AS u(id, outcome, report, log, attempts) WHERE t.id = u.id",
-        &[&ms(now_ms()), &ids, &outcomes, &reports, &logs, &attempts],
+             report = u.report, log = u.log, attempts = u.attempts, resume_at_ms = NULL, \
+             records = u.records \
+             FROM unnest($2::int8[], $3::text[], $4::bytea[], $5::bytea[], $6::int4[], \
+             $7::bytea[]) AS u(id, outcome, report, log, attempts, records) WHERE t.id = u.id",
+        &[
+            &ms(now_ms()),
+            &ids,
+            &outcomes,
+            &reports,
+            &logs,
+            &attempts,
+            &records,
+        ],
     )
     .await?;
     let mut slots: Vec<&str> = ids
