@@ -78,6 +78,7 @@ const FILES: &[&str] = &[
     "docs/protocol.md",
     "docs/python.md",
     "docs/remote.md",
+    "docs/replay.md",
     "docs/semantics.md",
     "guest-sdk/README.md",
 ];
@@ -418,6 +419,11 @@ fn docs_python() {
 #[test]
 fn docs_remote() {
     run_doc("docs/remote.md");
+}
+
+#[test]
+fn docs_replay() {
+    run_doc("docs/replay.md");
 }
 
 #[test]

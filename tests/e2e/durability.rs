@@ -258,6 +258,7 @@ fn a_store_from_an_older_version_is_migrated_and_its_work_resumed() {
          ALTER TABLE tasks DROP COLUMN parent; \
          ALTER TABLE tasks DROP COLUMN root; \
          ALTER TABLE tasks DROP COLUMN started_ms; \
+         ALTER TABLE tasks DROP COLUMN records; \
          PRAGMA user_version = 1;",
     )
     .unwrap();
@@ -275,7 +276,7 @@ fn a_store_from_an_older_version_is_migrated_and_its_work_resumed() {
         .unwrap()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 13, "every migration is applied");
+    assert_eq!(version, 14, "every migration is applied");
     // The children's links, filled from their requests by the migration.
     let out = d.run(&["ps", "--all", "--json"]);
     let linked = out

@@ -295,3 +295,166 @@ fn damaged_records_are_refused_saying_so() {
         out.stderr
     );
 }
+
+/// A `GET` of the daemon's API with its own token: the whole answer,
+/// status line, headers and body, as bytes.
+fn api_get_bytes(d: &daemon::Daemon, path: &str) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let api = crate::http::Api::of(d);
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", api.port)).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: {}\r\n\
+         Connection: close\r\n\r\n",
+        api.port,
+        api.bearer()
+    )
+    .unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).unwrap();
+    answer
+}
+
+/// `host replay --json` of a daemon's task (`extra`: --attempt N, ...).
+fn replay_task(d: &daemon::Daemon, task: &str, extra: &[&str]) -> (Option<i32>, serde_json::Value) {
+    let mut all = vec!["replay", task, "--json"];
+    all.extend_from_slice(extra);
+    let out = d.run(&all);
+    (out.code, out.json())
+}
+
+fn assert_identical(d: &daemon::Daemon, task: &str, extra: &[&str]) {
+    let (code, json) = replay_task(d, task, extra);
+    assert_eq!(
+        (code, json["verdict"].as_str()),
+        (Some(0), Some("identical")),
+        "{task} {extra:?}: {json:#}"
+    );
+}
+
+/// A daemon records each attempt: a parent with its child's outcome and
+/// key-value state, and a retried task's every attempt, replay identical
+/// by id, by name, from an exported file and from the store after a
+/// restart; the API serves the record to a reader; `--no-record` and
+/// `--record-budget 0` keep none, saying so.
+#[test]
+fn a_daemons_attempts_replay_by_id_from_memory_and_from_the_store() {
+    let mut d = daemon::Daemon::start(&["--http", "127.0.0.1:0"]);
+    let hello = run_host(&["inspect", &p("hello"), "--json"]).json()["digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let nondet = p("nondet");
+    // The child's plugin, known to the daemon.
+    d.run(&["wait", &d.submit(&[&p("hello")])]);
+    let child = format!("child={hello}");
+    let parent = d.submit(&[&nondet, "--slot", "n", "--param", "kv=1", "--param", &child]);
+    let flaky = d.submit(&[
+        &nondet,
+        "--name",
+        "flaky",
+        "--param",
+        "trap=1",
+        "--param",
+        "fail=1",
+        "--max-retries",
+        "4",
+        "--backoff",
+        "1ms,2ms",
+    ]);
+    let quiet = d.submit(&[&nondet, "--no-record"]);
+    for task in [&parent, &flaky, &quiet] {
+        d.run(&["wait", task]);
+    }
+    assert_identical(&d, &parent, &[]);
+    for n in ["1", "3", "5"] {
+        assert_identical(&d, "flaky", &["--attempt", n]);
+    }
+    let out = d.run(&["replay", &flaky, "--attempt", "6"]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("no record of attempt 6: it keeps attempt 1, 2, 3, 4, 5"),
+        "{}",
+        out.stderr
+    );
+    let out = d.run(&["replay", &quiet]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("no recorded attempt"), "{}", out.stderr);
+
+    // Exported, then replayed from the file with the plugin.
+    let file = d.dir.path().join("parent.rec");
+    let out = d.run(&[
+        "record",
+        "export",
+        &parent,
+        "--output",
+        &file.display().to_string(),
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let (code, json) = replay_json(&file, 1, &["--plugin", &nondet]);
+    assert_eq!(
+        (code, json["verdict"].as_str()),
+        (Some(0), Some("identical")),
+        "{json:#}"
+    );
+
+    // The JSON API, to a token that reads: the exported file's bytes.
+    let answer = api_get_bytes(&d, &format!("/api/tasks/{parent}/record"));
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert!(answer.ends_with(&std::fs::read(&file).unwrap()));
+    let api = crate::http::Api::of(&d);
+    assert_eq!(api.get(&format!("/api/tasks/{quiet}/record")).status, 404);
+    let answer = api_get_bytes(&d, "/api/tasks/flaky/record?attempt=2");
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+
+    // After a restart the records come from the store.
+    let out = d.run(&["shutdown"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    d.finish(daemon::LIMIT);
+    d.restart(&["--record-budget", "0"]);
+    assert_identical(&d, &parent, &[]);
+    assert_identical(&d, "flaky", &["--attempt", "2"]);
+    let unrecorded = d.submit(&[&nondet]);
+    d.run(&["wait", &unrecorded]);
+    let out = d.run(&["replay", &unrecorded]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("--record-budget 0"), "{}", out.stderr);
+}
+
+/// In a cluster a task's records are kept in the database with its end:
+/// every attempt of a task run by one node replays identical through the
+/// other, its key-value state included.
+#[test]
+fn a_clusters_attempts_replay_through_any_node() {
+    let pg = crate::postgres::Postgres::start();
+    let a = crate::cluster::steady_node(&pg, "a", &[]);
+    let b = crate::cluster::steady_node(&pg, "b", &[]);
+    let id = a.submit(&[
+        &p("nondet"),
+        "--slot",
+        "c",
+        "--param",
+        "kv=1",
+        "--param",
+        "fail=1",
+        "--max-retries",
+        "2",
+        "--backoff",
+        "1ms,2ms",
+    ]);
+    let out = a.run(&["wait", &id]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    for n in ["1", "2", "3"] {
+        assert_identical(&b, &id, &["--attempt", n]);
+        assert_identical(&a, &id, &["--attempt", n]);
+    }
+}

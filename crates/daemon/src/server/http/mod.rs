@@ -345,6 +345,7 @@ pub(crate) fn start(bound: Bound, daemon: &Arc<Daemon>) -> Server {
         ("get", "/api/tasks", get(api::tasks)),
         ("get", "/api/tasks/{task}", get(api::task)),
         ("get", "/api/tasks/{task}/logs", get(verbs::logs)),
+        ("get", "/api/tasks/{task}/record", get(verbs::record)),
         ("get", "/api/slots", get(api::slots)),
         ("get", "/api/namespaces", get(namespaces::namespaces)),
         (

@@ -76,6 +76,8 @@ pub(super) enum Body {
     Events,
     /// No body (a protocol switch).
     Upgrade,
+    /// Bytes (a record file).
+    Binary,
 }
 
 /// One answer of a route beside the errors.
@@ -217,6 +219,19 @@ pub(super) const ROUTES: &[Route] = &[
         ],
     )
     .query(of::<verbs::LogsQuery>),
+    route(
+        "get",
+        "/api/tasks/{task}/record",
+        Scope::Read,
+        "getTaskRecord",
+        "The record of one of its attempts (`attempt`; default the last recorded), a record file as `host record export` writes it, for `host replay FILE`",
+        &[Answer {
+            status: 200,
+            what: "the record file",
+            body: Body::Binary,
+        }],
+    )
+    .query(of::<verbs::RecordQuery>),
     route(
         "get",
         "/api/slots",
@@ -700,6 +715,11 @@ pub(super) fn document() -> Value {
                 Body::Events => {
                     json!({ "text/event-stream": { "schema": { "type": "string" } } })
                 }
+                Body::Binary => json!({
+                    "application/octet-stream": {
+                        "schema": { "type": "string", "format": "binary" }
+                    }
+                }),
                 Body::Upgrade => Value::Null,
             };
             let entry = responses

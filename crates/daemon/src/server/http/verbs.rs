@@ -497,6 +497,37 @@ pub(super) async fn outcome(
     }
 }
 
+/// The query of `GET /api/tasks/{task}/record`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub(super) struct RecordQuery {
+    /// Which attempt (default: the last one recorded).
+    #[schemars(range(min = 1))]
+    attempt: Option<u32>,
+}
+
+/// `GET /api/tasks/{id|name}/record[?attempt=N]`: the record file of one
+/// of the task's attempts, as `host record export` writes it.
+pub(super) async fn record(
+    State(http): State<Http>,
+    Extension(view): Extension<View>,
+    Path(task): Path<String>,
+    Query(q): Query<RecordQuery>,
+) -> Response {
+    let backend = Backend::within(&http.daemon, view);
+    let found = match backend.find(&TaskRef::parse(&task)).await {
+        Ok(found) => backend.record(found, q.attempt).await,
+        Err(e) => Err(e),
+    };
+    match found {
+        Ok(bytes) => (
+            [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+            bytes,
+        )
+            .into_response(),
+        Err(e) => failed(e),
+    }
+}
+
 /// The query of `GET /api/tasks/{task}/logs`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub(super) struct LogsQuery {
