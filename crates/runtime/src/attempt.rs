@@ -310,6 +310,7 @@ fn record_start(
         params: facts.params.clone(),
         args: facts.args.clone(),
         input: request.input.to_vec(),
+        input_kept: true,
         env: sandbox.env.clone(),
         secrets,
         config: env.config.iter().chain(&sandbox.config).cloned().collect(),
@@ -350,18 +351,18 @@ pub(crate) fn new_store(
         (Some(replay), _, _) => (Tape::Replay(Arc::clone(&replay.replaying)), replay.seed),
         (None, Some(settings), Some(plugin)) => {
             let seed = super::record::fresh_seed();
-            let recording = super::record::tape::Recording::new(settings.budget);
+            let mut start = record_start(env, request, plugin, &settings.source, kind, seed);
+            // The input counts against the budget; one over it is not kept.
+            if start.input.len() > settings.budget {
+                start.input = Vec::new();
+                start.input_kept = false;
+            }
+            let budget = settings.budget.saturating_sub(start.input.len());
+            let recording = super::record::tape::Recording::new(budget);
             let lines = DigestingSink::new(sink);
             sink = Arc::clone(&lines) as Arc<dyn GuestSink>;
             recorder = Some(AttemptRecorder {
-                start: Some(record_start(
-                    env,
-                    request,
-                    plugin,
-                    &settings.source,
-                    kind,
-                    seed,
-                )),
+                start: Some(start),
                 recording: Arc::clone(&recording),
                 lines,
                 started: std::time::Instant::now(),

@@ -57,6 +57,14 @@ struct LogState {
     closed: bool,
     /// The newest attempts' records (the flight recorder's).
     records: VecDeque<AttemptRecord>,
+    /// About the bytes of `records`.
+    records_bytes: usize,
+}
+
+/// What a record costs a task's kept bytes: its calls and its input, and
+/// the rest of its start, about.
+fn record_bytes(record: &AttemptRecord) -> usize {
+    record.calls.len() + record.start.input.len() + 256
 }
 
 /// The most attempts' records a task keeps: the newest.
@@ -65,9 +73,12 @@ pub(crate) const MAX_RECORDS_KEPT: usize = 16;
 impl RecordSink for TaskLog {
     fn recorded(&self, record: AttemptRecord) {
         let mut state = self.lock();
-        if state.records.len() == MAX_RECORDS_KEPT {
-            state.records.pop_front();
+        if state.records.len() == MAX_RECORDS_KEPT
+            && let Some(old) = state.records.pop_front()
+        {
+            state.records_bytes -= record_bytes(&old);
         }
+        state.records_bytes += record_bytes(&record);
         state.records.push_back(record);
     }
 }
@@ -115,9 +126,10 @@ impl TaskLog {
         self.lock().lines.iter().cloned().collect()
     }
 
-    /// The text bytes of the lines kept.
+    /// The bytes kept: the lines' text, and about the records'.
     pub(crate) fn bytes(&self) -> usize {
-        self.lock().bytes
+        let state = self.lock();
+        state.bytes + state.records_bytes
     }
 
     /// Marks the end of the log for followers.

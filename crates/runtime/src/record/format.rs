@@ -58,8 +58,11 @@ pub struct RecordStart {
     pub params: Vec<(String, String)>,
     /// A command's arguments.
     pub args: Vec<String>,
-    /// The input.
+    /// The input (empty when it was larger than the record's budget).
     pub input: Vec<u8>,
+    /// Whether `input` is the input: false when it was larger than the
+    /// record's budget, which then holds no call either.
+    pub input_kept: bool,
     /// The environment variables that are not secrets.
     pub env: Vec<(String, String)>,
     /// The secrets, by name, with the digest of the value the attempt saw.

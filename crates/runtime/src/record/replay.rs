@@ -92,6 +92,13 @@ impl Runtime {
     ) -> Result<ReplayReport, ReplayError> {
         let record = &request.record;
         let start = &record.start;
+        if !start.input_kept {
+            return Err(ReplayError::Start(
+                "the record does not hold the attempt's input, which was larger than the \
+                 record's budget: record it with a larger --record-budget"
+                    .into(),
+            ));
+        }
         check_secrets(record, &request.secrets)?;
         let calls = record.decode_calls()?;
         let calls_recorded = calls.len();

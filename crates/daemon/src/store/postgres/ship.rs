@@ -249,7 +249,8 @@ impl Pg {
                 "WITH gone AS (DELETE FROM taskhost_tasks WHERE state = 'finished' AND \
                  (finished_ms < $1 OR id IN (SELECT id FROM (SELECT id, \
                  row_number() OVER newest AS n, \
-                 sum(length(request) + coalesce(length(report), 0) + coalesce(length(log), 0)) \
+                 sum(length(request) + coalesce(length(report), 0) + coalesce(length(log), 0) \
+                 + coalesce(length(records), 0)) \
                  OVER newest AS bytes FROM taskhost_tasks WHERE state = 'finished' \
                  WINDOW newest AS (ORDER BY finished_ms DESC, id DESC)) kept \
                  WHERE n > $2 OR bytes > $3)) RETURNING id), \

@@ -218,6 +218,7 @@ impl Writer {
                 let mut oldest = tx.prepare_cached(
                     "SELECT id, finished_ms, digest, name, \
                      length(request) + coalesce(length(report), 0) + coalesce(length(log), 0) \
+                     + coalesce(length(records), 0) \
                      FROM tasks WHERE state = 'finished' ORDER BY finished_ms, id LIMIT ?1",
                 )?;
                 let mut found = oldest.query(params![PRUNE_CHUNK as i64])?;
