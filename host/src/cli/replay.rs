@@ -76,24 +76,14 @@ fn read_record(path: &Path) -> anyhow::Result<RecordFile> {
 
 /// The attempt `wanted` of the file (the last when none).
 fn pick(file: RecordFile, wanted: Option<u32>, path: &Path) -> anyhow::Result<AttemptRecord> {
-    let numbers: Vec<String> = file
-        .attempts
-        .iter()
-        .map(|a| a.start.attempt.to_string())
-        .collect();
-    let found = match wanted {
-        Some(n) => file.attempts.into_iter().find(|a| a.start.attempt == n),
-        None => file.attempts.into_iter().last(),
-    };
-    found.ok_or_else(|| {
-        usage(match (wanted, numbers.is_empty()) {
-            (_, true) => format!("`{}` holds no attempt", path.display()),
-            (Some(n), false) => format!(
-                "`{}` holds no attempt {n}: it holds attempt {}",
-                path.display(),
-                numbers.join(", ")
+    file.take_attempt(wanted).map_err(|held| {
+        usage(match wanted {
+            _ if held.is_empty() => format!("`{}` holds no attempt", path.display()),
+            Some(n) => format!(
+                "`{}` holds no attempt {n}: it holds attempt {held}",
+                path.display()
             ),
-            (None, false) => unreachable!("the last of a non-empty list"),
+            None => format!("`{}` holds no attempt", path.display()),
         })
     })
 }

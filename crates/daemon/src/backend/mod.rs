@@ -627,21 +627,11 @@ impl<'a> Backend<'a> {
         };
         let file = taskhost_runtime::record::RecordFile::decode(&file.ok_or_else(none)?)
             .map_err(|e| ServiceError::Internal(format!("task {id}'s records: {e}")))?;
-        let numbers: Vec<String> = file
-            .attempts
-            .iter()
-            .map(|a| a.start.attempt.to_string())
-            .collect();
-        let found = match attempt {
-            Some(n) => file.attempts.into_iter().find(|a| a.start.attempt == n),
-            None => file.attempts.into_iter().last(),
-        };
-        let one = found.ok_or_else(|| {
+        let one = file.take_attempt(attempt).map_err(|held| {
             ServiceError::NotFound(format!(
-                "task {id} has no record of attempt {}: it keeps attempt {} (the newest {} \
+                "task {id} has no record of attempt {}: it keeps attempt {held} (the newest {} \
                  attempts of a task are kept)",
                 attempt.unwrap_or(0),
-                numbers.join(", "),
                 crate::service::tasks::MAX_RECORDS_KEPT
             ))
         })?;

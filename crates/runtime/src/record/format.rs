@@ -357,6 +357,21 @@ pub enum RecordError {
 }
 
 impl RecordFile {
+    /// Attempt `n` of the file (none: its last); else the numbers of the
+    /// attempts it holds, joined by `, ` (empty: none).
+    pub fn take_attempt(self, n: Option<u32>) -> Result<AttemptRecord, String> {
+        let held: Vec<String> = self
+            .attempts
+            .iter()
+            .map(|a| a.start.attempt.to_string())
+            .collect();
+        let found = match n {
+            Some(n) => self.attempts.into_iter().find(|a| a.start.attempt == n),
+            None => self.attempts.into_iter().last(),
+        };
+        found.ok_or_else(|| held.join(", "))
+    }
+
     /// The file's bytes.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64);
