@@ -1194,6 +1194,12 @@ fn the_dashboard_pages_the_failed_view_and_reruns_every_failed_task_in_chromium(
         "the newest page of failed tasks",
         &format!("{rows}.length === 15 && {rows}[0].innerText.includes('shaky-16') && !document.querySelector('#failed-older').disabled"),
     );
+    // Each with the command that replays its last attempt from its record.
+    let newest = daemon.ps_all_ids()[1];
+    page.wait_for(
+        "the replay command of a failed task",
+        &format!("{rows}[0].querySelector('code.replay').innerText === 'host replay {newest} --attempt 1'"),
+    );
     page.click("#failed-older");
     page.wait_for(
         "the older page",
