@@ -18,7 +18,7 @@ use super::bindings::taskhost::plugin::{children, host, slots, types};
 use super::children::ChildAccess;
 use super::facts::AttemptFacts;
 use super::output::Capture;
-use super::record::format::{Answer, Ask, ChildEnd, WaitFailure, sha256};
+use super::record::format::{Answer, Ask, ChildEnd, WaitFailure, fingerprint};
 use super::record::tape::{Tape, wrong_answer};
 use taskhost_core::logline::LogLevel;
 
@@ -175,7 +175,7 @@ fn spawn_ask(spec: &children::ChildSpec) -> Ask {
     field(&spec.input);
     Ask::Spawn {
         key: spec.key.clone(),
-        spec: sha256(&text),
+        spec: fingerprint(&text),
     }
 }
 

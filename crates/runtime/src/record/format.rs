@@ -106,10 +106,11 @@ pub struct RecordEnd {
     pub outcome: EndKind,
     /// The failure's reason, if any.
     pub reason: String,
-    /// sha256 of the output (empty for none).
-    pub output: [u8; 32],
-    /// sha256 over the lines it printed and logged, each with its stream.
-    pub lines: [u8; 32],
+    /// The [`fingerprint`] of the output (of nothing when it failed).
+    pub output: u64,
+    /// The fingerprint of the lines it printed and logged, in order, each
+    /// with its stream.
+    pub lines: u64,
     /// How many lines.
     pub line_count: u64,
     /// How long it ran, in milliseconds.
@@ -174,8 +175,8 @@ pub enum Ask {
     Spawn {
         /// The child's key.
         key: String,
-        /// sha256 of the whole spec.
-        spec: [u8; 32],
+        /// The [`fingerprint`] of the whole spec.
+        spec: u64,
     },
     /// `taskhost:plugin/children.wait`.
     Wait {
@@ -211,8 +212,8 @@ pub enum Ask {
 /// A key-value write as a replay compares it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WriteAsk {
-    /// Set to a value with this sha256.
-    Set([u8; 32]),
+    /// Set to a value with this [`fingerprint`].
+    Set(u64),
     /// Remove.
     Delete,
     /// Add this.
@@ -238,8 +239,8 @@ impl std::fmt::Display for Ask {
             Self::KvWrite { bucket, key, write } => match write {
                 WriteAsk::Set(value) => write!(
                     f,
-                    "wasi:keyvalue set(bucket: {bucket}, key: {key:?}, value sha256: {})",
-                    Digest(*value).hex()
+                    "wasi:keyvalue set(bucket: {bucket}, key: {key:?}, value fingerprint: \
+                     {value:016x})"
                 ),
                 WriteAsk::Delete => {
                     write!(f, "wasi:keyvalue delete(bucket: {bucket}, key: {key:?})")
@@ -411,25 +412,51 @@ pub(crate) fn sha256(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
 }
 
-/// Digests the lines an attempt says, in order, each with its stream.
+/// A fast, stable 64-bit fingerprint of some bytes: what a replay
+/// compares of outputs, lines, written values and specs (they need no
+/// secrecy; a secret's value is digested with sha256). Eight bytes at a
+/// time, then a final mix, the same on every host and version.
+pub fn fingerprint(bytes: &[u8]) -> u64 {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    let step = |h: u64, word: u64| (h.rotate_left(5) ^ word).wrapping_mul(K);
+    let mut h = step(0x243f_6a88_85a3_08d3, bytes.len() as u64);
+    let mut chunks = bytes.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        h = step(h, u64::from_le_bytes(word));
+    }
+    let mut tail = [0u8; 8];
+    tail[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+    mix(step(h, u64::from_le_bytes(tail)))
+}
+
+/// splitmix64's finaliser: every bit of the input reaches every bit.
+fn mix(mut h: u64) -> u64 {
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+/// Fingerprints the lines an attempt says, in order, each with its stream.
 #[derive(Default, Clone)]
 pub(crate) struct LineDigest {
-    hasher: Sha256,
+    state: u64,
     count: u64,
 }
 
 impl LineDigest {
     /// Adds one line.
     pub(crate) fn line(&mut self, stream: &str, text: &str) {
-        self.hasher.update((stream.len() as u64).to_le_bytes());
-        self.hasher.update(stream.as_bytes());
-        self.hasher.update((text.len() as u64).to_le_bytes());
-        self.hasher.update(text.as_bytes());
+        let line = fingerprint(stream.as_bytes()) ^ fingerprint(text.as_bytes()).rotate_left(17);
+        self.state = mix(self.state.rotate_left(23) ^ line);
         self.count += 1;
     }
 
-    /// The digest and the count.
-    pub(crate) fn finish(&self) -> ([u8; 32], u64) {
-        (self.hasher.clone().finalize().into(), self.count)
+    /// The fingerprint and the count.
+    pub(crate) fn finish(&self) -> (u64, u64) {
+        (self.state, self.count)
     }
 }

@@ -31,7 +31,7 @@ pub use tape::{Divergence, Stop};
 
 use crate::failure::AttemptError;
 use crate::output::GuestSink;
-use format::{LineDigest, sha256};
+use format::{LineDigest, fingerprint, sha256};
 use tape::Recording;
 use taskhost_core::logline::Stream;
 
@@ -77,7 +77,7 @@ impl DigestingSink {
     }
 
     /// The digest of the lines so far, and their count.
-    pub(crate) fn digest(&self) -> ([u8; 32], u64) {
+    pub(crate) fn digest(&self) -> (u64, u64) {
         self.lines
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -106,11 +106,15 @@ pub(crate) fn record_end(
     duration_ms: u64,
 ) -> RecordEnd {
     let (outcome, reason, output) = match result {
-        Ok(output) => (EndKind::Completed, String::new(), sha256(output)),
-        Err(AttemptError::Fail { reason, .. }) => (EndKind::Failed, reason.clone(), sha256(&[])),
-        Err(AttemptError::Fatal { reason, .. }) => (EndKind::Fatal, reason.clone(), sha256(&[])),
-        Err(AttemptError::Canceled) => (EndKind::Canceled, String::new(), sha256(&[])),
-        Err(AttemptError::Aborted) => (EndKind::Aborted, String::new(), sha256(&[])),
+        Ok(output) => (EndKind::Completed, String::new(), fingerprint(output)),
+        Err(AttemptError::Fail { reason, .. }) => {
+            (EndKind::Failed, reason.clone(), fingerprint(&[]))
+        }
+        Err(AttemptError::Fatal { reason, .. }) => {
+            (EndKind::Fatal, reason.clone(), fingerprint(&[]))
+        }
+        Err(AttemptError::Canceled) => (EndKind::Canceled, String::new(), fingerprint(&[])),
+        Err(AttemptError::Aborted) => (EndKind::Aborted, String::new(), fingerprint(&[])),
     };
     let (lines, line_count) = lines.digest();
     RecordEnd {
@@ -172,21 +176,18 @@ pub(crate) fn tape_world(
     seed: [u8; 32],
 ) {
     use rand::SeedableRng;
-    use sha2::Digest as _;
-    // sha256 of the seed, then `what`, hashed as they come (no copy).
-    let derived = |what: &[u8]| -> [u8; 32] {
-        sha2::Sha256::new()
-            .chain_update(seed)
-            .chain_update(what)
-            .finalize()
-            .into()
-    };
-    let insecure_seed = derived(b"insecure-seed");
+    // One one-way derivation gives the insecure seed and generator: the
+    // guest may show them, and they must not tell the secure seed.
+    let derived = sha256(&seed);
     let mut low = [0u8; 16];
-    low.copy_from_slice(&insecure_seed[..16]);
+    low.copy_from_slice(&derived[..16]);
+    let mut fast = [0u8; 8];
+    fast.copy_from_slice(&derived[16..24]);
     builder
         .secure_random(rand::rngs::StdRng::from_seed(seed))
-        .insecure_random(rand::rngs::SmallRng::from_seed(derived(b"insecure")))
+        .insecure_random(rand::rngs::SmallRng::seed_from_u64(u64::from_le_bytes(
+            fast,
+        )))
         .insecure_random_seed(u128::from_le_bytes(low))
         .wall_clock(tape::TapedWallClock(tape.clone()))
         .monotonic_clock(tape::TapedMonotonicClock {

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock};
 
-use super::format::{Answer, Ask, Call, WriteAsk, sha256};
+use super::format::{Answer, Ask, Call, WriteAsk, fingerprint};
 use crate::kv::{Bucket, KvBackend, KvError, KvFuture, KvWrite};
 
 /// One attempt's tape.
@@ -360,7 +360,7 @@ impl KvBackend for TapedKv {
     fn write(&self, task: u64, bucket: &Bucket, write: KvWrite) -> KvFuture<Option<u64>> {
         let tape = self.tape.clone();
         let (key, asked) = match &write {
-            KvWrite::Set(key, value) => (key.clone(), WriteAsk::Set(sha256(value))),
+            KvWrite::Set(key, value) => (key.clone(), WriteAsk::Set(fingerprint(value))),
             KvWrite::Delete(key) => (key.clone(), WriteAsk::Delete),
             KvWrite::Increment(key, by) => (key.clone(), WriteAsk::Increment(*by)),
         };
