@@ -261,6 +261,10 @@ pub(crate) struct ReplaySetup {
     pub(crate) seed: [u8; 32],
     /// Whether the recorded attempt had a key-value store.
     pub(crate) kv: bool,
+    /// Whether the recorded attempt was granted outbound HTTP (its
+    /// requests are answered from the record; without a grant, every
+    /// request is denied again, as it was).
+    pub(crate) http: bool,
 }
 
 /// A key-value backend through `tape` (`inner` none: a replay's).
@@ -430,6 +434,13 @@ pub(crate) fn new_store(
     };
     let mut table = ResourceTable::new();
     table.set_max_capacity(limits.max_handles);
+    // Outbound HTTP is taped when the attempt had a grant; without one
+    // every request is denied, replayed or not, and nothing is kept.
+    let http_tape = match replay {
+        Some(replay) if replay.http => tape.clone(),
+        None if !sandbox.http.is_empty() => tape.clone(),
+        _ => Tape::Off,
+    };
     let mut http = WasiHttpCtx::new();
     http.set_field_size_limit(limits.max_header_bytes);
     let state = AttemptState {
@@ -455,6 +466,7 @@ pub(crate) fn new_store(
             signals.cancel.clone(),
             limits.max_http_requests,
             Arc::clone(&env.own),
+            http_tape,
         ),
         limits: LimitHits::new(limits),
         kv,

@@ -73,8 +73,9 @@ pub struct RecordStart {
     /// The guest paths of the directories granted (their reads are not
     /// recorded: a replay runs without them).
     pub dirs: Vec<String>,
-    /// Whether outbound HTTP was granted (its responses are not recorded:
-    /// a replay denies every request).
+    /// Whether outbound HTTP was granted: if so, every request is a call
+    /// whose answer a replay gives (else every request was denied, and a
+    /// replay denies it again).
     pub http: bool,
     /// The memory limit.
     pub max_memory: u64,
@@ -203,6 +204,19 @@ pub enum Ask {
         /// The cursor.
         cursor: u64,
     },
+    /// `wasi:http/outgoing-handler.handle`: an outbound request.
+    Http {
+        /// The method.
+        method: String,
+        /// `scheme://authority/path?query` (a user or password before the
+        /// host is left out of it and digested with the headers).
+        uri: String,
+        /// sha256 over the headers, in order (and the user or password).
+        headers: [u8; 32],
+        /// sha256 of the request body the host read (of nothing for a
+        /// request that got no response: its body is not read again).
+        body: [u8; 32],
+    },
 }
 
 /// A key-value write as a replay compares it.
@@ -252,6 +266,18 @@ impl std::fmt::Display for Ask {
                     "wasi:keyvalue list-keys(bucket: {bucket}, cursor: {cursor})"
                 )
             }
+            Self::Http {
+                method,
+                uri,
+                headers,
+                body,
+            } => write!(
+                f,
+                "wasi:http/outgoing-handler.handle({method} {uri}, headers sha256: {}, body \
+                 sha256: {})",
+                Digest(*headers).hex(),
+                Digest(*body).hex()
+            ),
         }
     }
 }
@@ -280,6 +306,25 @@ pub enum Answer {
     Written(Result<Option<u64>, String>),
     /// A page of keys and the next cursor, or the store's error.
     Keys(Result<(Vec<String>, Option<u64>), String>),
+    /// An outbound request's response, or its error: the text of its
+    /// `wasi:http` error code, then, after a line break, the line the
+    /// host logged when it denied or refused the request, if it did.
+    Response(Result<RecordedResponse, String>),
+}
+
+/// An outbound request's response as the guest got it, whole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedResponse {
+    /// The status code.
+    pub status: u16,
+    /// The headers, in order.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The whole body (up to `error`, if reading it failed).
+    pub body: Vec<u8>,
+    /// The trailers, if any came.
+    pub trailers: Option<Vec<(String, Vec<u8>)>>,
+    /// The error that ended reading the body early, as its text.
+    pub error: Option<String>,
 }
 
 /// A child's end as its parent saw it.

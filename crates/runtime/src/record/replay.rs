@@ -1,5 +1,6 @@
 //! Owns a replay: one recorded attempt run again, without grants, network
-//! or clock, every host call answered from its record, and the verdict:
+//! or clock, every host call (outbound HTTP too) answered from its record,
+//! and the verdict:
 //! identical, diverged at a call (what the guest asked, what the record
 //! holds), or ended differently. Secrets are looked up again by name and
 //! must have the recorded digests.
@@ -63,8 +64,8 @@ pub struct ReplayReport {
     pub calls_used: usize,
     /// How many calls the record holds.
     pub calls_recorded: usize,
-    /// What the replay could not give the guest (directory grants, HTTP),
-    /// said so a divergence there is understood.
+    /// What the replay could not give the guest (directory grants), said
+    /// so a divergence there is understood.
     pub notes: Vec<String>,
 }
 
@@ -107,6 +108,7 @@ impl Runtime {
             replaying: Arc::clone(&replaying),
             seed: start.seed,
             kv: start.kv_store,
+            http: start.http,
         };
         let env = AttemptEnv {
             limits: self.guest_limits(),
@@ -251,13 +253,6 @@ fn notes(record: &AttemptRecord) -> Vec<String> {
              runs without them",
             start.dirs.join(", ")
         ));
-    }
-    if start.http {
-        notes.push(
-            "the attempt was granted outbound HTTP, whose responses a record does not hold \
-             yet: the replay denies every request"
-                .to_owned(),
-        );
     }
     notes
 }
