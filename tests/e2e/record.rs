@@ -1,9 +1,10 @@
 //! The flight recorder through the real binary: attempts of `nondet` (the
 //! clocks, random bytes, the insecure seed, key-value state, a trap that
 //! depends on random data, a stop at a random moment, a spin stopped by
-//! force, outbound HTTP to a server whose every answer differs) recorded
-//! by `host run --record` and replayed by `host replay` once the server is
-//! gone, every one identical; a planted divergence (`nondet-changed` reads the
+//! force, outbound HTTP to a server whose every answer differs, a file in
+//! a granted directory that changes between attempts) recorded by `host
+//! run --record` and replayed by `host replay` once the server or the
+//! directory is gone, every one identical; a planted divergence (`nondet-changed` reads the
 //! clock once more) named at its call; a record replayed in a fresh
 //! directory holding only it, the plugin and the binary; truncation,
 //! secrets and damaged files. The Python and JavaScript guests' records are
@@ -201,6 +202,57 @@ fn a_response_past_the_budget_truncates_the_record_and_reaches_the_guest_whole()
         (Some(1), Some("truncated")),
         "{json:#}"
     );
+}
+
+#[test]
+fn files_read_through_a_grant_replay_identical_once_the_directory_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("sub")).unwrap();
+    let grant = format!("{}::/data:ro", data.display());
+    // 20 attempts, each reading a file whose content changed before it.
+    let files: Vec<_> = (1..=20)
+        .map(|n| {
+            let content = format!("content {n} at {:?}\n", std::time::SystemTime::now());
+            std::fs::write(data.join("sub/probe.txt"), &content).unwrap();
+            let file = dir.path().join(format!("files-{n}.rec"));
+            let read = if n % 2 == 0 {
+                "read=/data/sub/probe.txt"
+            } else {
+                // A path with `.` and `..`, and one that is missing.
+                if n % 4 == 1 {
+                    "read=/data/./sub/../sub/probe.txt"
+                } else {
+                    "read=/data/missing.txt"
+                }
+            };
+            let out = record(
+                &p("sandbox-probe"),
+                &file,
+                &["--dir", &grant, "--param", read],
+            );
+            assert_eq!(out.code, Some(0), "{}", out.stderr);
+            if read.ends_with("probe.txt") {
+                assert!(
+                    out.stdout.contains(&format!("content {n} at")),
+                    "{}",
+                    out.stdout
+                );
+            }
+            file
+        })
+        .collect();
+    std::fs::remove_dir_all(&data).unwrap();
+    for file in &files {
+        let (code, json) = replay_json(file, 1, &[]);
+        assert_eq!(
+            (code, json["verdict"].as_str()),
+            (Some(0), Some("identical")),
+            "{}: {json:#}",
+            file.display()
+        );
+        assert_eq!(json["calls_used"], json["calls_recorded"], "{json:#}");
+    }
 }
 
 #[test]

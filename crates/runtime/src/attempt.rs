@@ -34,6 +34,7 @@ use super::limits::{GuestLimits, LimitHits, Limited};
 use super::output::{Capture, CapturedStream, CommandStdout, GuestSink};
 use super::plugin::Entry;
 use super::reaper::Reaper;
+use super::record::files::FileTape;
 use super::record::tape::{Replaying, Tape, TapedKv};
 use super::record::{AttemptRecorder, DigestingSink, RecordSettings, RecordStart, RecordedSecret};
 use super::sandbox::{CommandArgs, Sandbox};
@@ -81,6 +82,8 @@ pub(crate) struct AttemptState {
     kv: KvAccess,
     /// The attempt's record, while it is being recorded.
     recorder: Option<AttemptRecorder>,
+    /// Reads through the directory grants, recorded or replayed.
+    files: Option<Arc<FileTape>>,
 }
 
 impl AttemptState {
@@ -109,6 +112,10 @@ impl Limited for AttemptState {
 
     fn log(&self, level: LogLevel, message: &str) {
         self.host.log(level, message);
+    }
+
+    fn file_tape(&self) -> Option<Arc<FileTape>> {
+        self.files.clone()
     }
 }
 
@@ -327,27 +334,16 @@ fn record_start(
     }
 }
 
-/// The `wasi:config` store of the attempts that have no values, shared.
-static NO_CONFIG: std::sync::LazyLock<Arc<WasiConfigVariables>> =
-    std::sync::LazyLock::new(Arc::default);
-
-/// A new attempt's store, its capture, and a command's standard output.
-pub(crate) type NewStore = (Store<AttemptState>, Arc<Capture>, Option<CommandStdout>);
-
-/// Creates the store of one attempt with its limits, WASI context and epoch
-/// behaviour: every tick yields to Tokio (so a spinning guest never starves
-/// the runtime) unless the attempt was aborted, in which case it traps.
-pub(crate) fn new_store(
-    engine: &Engine,
+/// The tape of an attempt (replayed: of its record; recorded: a new one;
+/// else off), the seed of its random numbers, the sink of its lines
+/// (recorded: digesting them too) and its recorder.
+fn tape_of(
     env: &AttemptEnv,
     request: &AttemptRequest,
     plugin: Option<Digest>,
     kind: ComponentKind,
-    signals: &StopSignals,
     replay: Option<&ReplaySetup>,
-) -> Result<NewStore, AttemptError> {
-    let sandbox = &request.sandbox;
-    let facts = Arc::clone(&request.facts);
+) -> (Tape, [u8; 32], Arc<dyn GuestSink>, Option<AttemptRecorder>) {
     let mut sink = Arc::clone(&request.sink);
     let mut recorder = None;
     let (tape, seed) = match (replay, &request.record, plugin) {
@@ -375,6 +371,31 @@ pub(crate) fn new_store(
         }
         _ => (Tape::Off, [0; 32]),
     };
+    (tape, seed, sink, recorder)
+}
+
+/// The `wasi:config` store of the attempts that have no values, shared.
+static NO_CONFIG: std::sync::LazyLock<Arc<WasiConfigVariables>> =
+    std::sync::LazyLock::new(Arc::default);
+
+/// A new attempt's store, its capture, and a command's standard output.
+pub(crate) type NewStore = (Store<AttemptState>, Arc<Capture>, Option<CommandStdout>);
+
+/// Creates the store of one attempt with its limits, WASI context and epoch
+/// behaviour: every tick yields to Tokio (so a spinning guest never starves
+/// the runtime) unless the attempt was aborted, in which case it traps.
+pub(crate) fn new_store(
+    engine: &Engine,
+    env: &AttemptEnv,
+    request: &AttemptRequest,
+    plugin: Option<Digest>,
+    kind: ComponentKind,
+    signals: &StopSignals,
+    replay: Option<&ReplaySetup>,
+) -> Result<NewStore, AttemptError> {
+    let sandbox = &request.sandbox;
+    let facts = Arc::clone(&request.facts);
+    let (tape, seed, sink, recorder) = tape_of(env, request, plugin, kind, replay);
     let taped = tape.is_on().then_some((&tape, seed));
     let parking = request.parking.clone();
     let children = match (&env.children, plugin) {
@@ -476,10 +497,26 @@ pub(crate) fn new_store(
             Arc::new(env.config.iter().chain(&sandbox.config).cloned().collect())
         },
         recorder,
+        files: FileTape::new(
+            &tape,
+            &sandbox
+                .dirs
+                .iter()
+                .map(|d| (d.host.clone(), d.guest.clone()))
+                .collect::<Vec<_>>(),
+        ),
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limiter);
     store.set_epoch_deadline(1);
+    epoch_behaviour(&mut store, signals, &tape);
+    Ok((store, capture, command_out))
+}
+
+/// Sets what `store`'s guest does at each epoch tick: it yields to Tokio
+/// (so a spinning guest never starves the runtime) unless the attempt was
+/// aborted or, replayed, stopped at a host call, in which case it traps.
+fn epoch_behaviour(store: &mut Store<AttemptState>, signals: &StopSignals, tape: &Tape) {
     let abort = Arc::clone(&signals.abort);
     // At each tick the guest yields to the executor. Wasmtime sets the next
     // deadline when the guest resumes, so the yield asks for a check right
@@ -491,7 +528,7 @@ pub(crate) fn new_store(
     let mut resuming = false;
     let mut fired_at_yield = 0;
     // A replayed guest stopped at a host call traps at its next check.
-    let replaying = match &tape {
+    let replaying = match tape {
         Tape::Replay(replaying) => Some(Arc::clone(replaying)),
         _ => None,
     };
@@ -524,7 +561,6 @@ pub(crate) fn new_store(
             Box::pin(tokio::task::yield_now()),
         ))
     });
-    Ok((store, capture, command_out))
 }
 
 /// An instantiated attempt, ready to call `run`. Dropping it drops the

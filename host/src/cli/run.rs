@@ -44,10 +44,10 @@ pub struct RunArgs {
 /// `host run`'s recording flags.
 #[derive(Debug, Args)]
 pub struct RecordArgs {
-    /// Record every attempt into FILE: the answers of the host calls that could differ between two runs (clocks, the seed of its random numbers, cancellation, sleeps, key-value reads, outbound HTTP responses with their whole bodies), in order, and how it ended; `host replay FILE` runs it again from the record.
+    /// Record every attempt into FILE: the answers of the host calls that could differ between two runs (clocks, the seed of its random numbers, cancellation, sleeps, key-value reads, outbound HTTP responses with their whole bodies, the content of each file opened to read through a --dir grant), in order, and how it ended; `host replay FILE` runs it again from the record.
     #[arg(long, value_name = "FILE")]
     record: Option<PathBuf>,
-    /// Bytes of host calls one attempt's record keeps; past them (a response body too large for what is left, say) the record is marked truncated and the attempt goes on unaffected.
+    /// Bytes of host calls one attempt's record keeps; past them (a response body or a file too large for what is left, say) the record is marked truncated and the attempt goes on unaffected.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1MiB")]
     record_budget: u64,
 }

@@ -70,8 +70,9 @@ pub struct RecordStart {
     pub kv: Vec<String>,
     /// Whether the runtime had a key-value store.
     pub kv_store: bool,
-    /// The guest paths of the directories granted (their reads are not
-    /// recorded: a replay runs without them).
+    /// The guest paths of the directories granted (every file opened to
+    /// read in them is a call, with its content; a replay gives the guest
+    /// these, read-only, holding what it opened).
     pub dirs: Vec<String>,
     /// Whether outbound HTTP was granted: if so, every request is a call
     /// whose answer a replay gives (else every request was denied, and a
@@ -217,6 +218,14 @@ pub enum Ask {
         /// request that got no response: its body is not read again).
         body: [u8; 32],
     },
+    /// `wasi:filesystem/types.[method]descriptor.open-at` of a file or
+    /// directory to read, under a granted directory.
+    Open {
+        /// The granted directory, as the guest sees it.
+        dir: String,
+        /// The path in it, `/`-separated, without `.` or `..`.
+        path: String,
+    },
 }
 
 /// A key-value write as a replay compares it.
@@ -278,6 +287,10 @@ impl std::fmt::Display for Ask {
                 Digest(*headers).hex(),
                 Digest(*body).hex()
             ),
+            Self::Open { dir, path } => write!(
+                f,
+                "wasi:filesystem open-at(dir: {dir}, path: {path:?}, to read)"
+            ),
         }
     }
 }
@@ -310,6 +323,9 @@ pub enum Answer {
     /// `wasi:http` error code, then, after a line break, the line the
     /// host logged when it denied or refused the request, if it did.
     Response(Result<RecordedResponse, String>),
+    /// An open to read: the file's whole content as it was opened (none:
+    /// a directory), or the filesystem error code's name.
+    Opened(Result<Option<Vec<u8>>, String>),
 }
 
 /// An outbound request's response as the guest got it, whole.
