@@ -1,10 +1,11 @@
 //! The flight recorder through the real binary: attempts of `nondet` (the
 //! clocks, random bytes, the insecure seed, key-value state, a trap that
 //! depends on random data, a stop at a random moment, a spin stopped by
-//! force, outbound HTTP to a server whose every answer differs, a file in
-//! a granted directory that changes between attempts) recorded by `host
-//! run --record` and replayed by `host replay` once the server or the
-//! directory is gone, every one identical; a planted divergence (`nondet-changed` reads the
+//! force), of `http-get` against a server whose every answer differs, and
+//! of `sandbox-probe` reading a file and a listing in a granted directory
+//! that change between attempts, recorded by `host run --record` and
+//! replayed by `host replay` once the server or the directory is gone,
+//! every one identical; a planted divergence (`nondet-changed` reads the
 //! clock once more) named at its call; a record replayed in a fresh
 //! directory holding only it, the plugin and the binary; truncation,
 //! secrets and damaged files. The Python and JavaScript guests' records are
@@ -205,12 +206,13 @@ fn a_response_past_the_budget_truncates_the_record_and_reaches_the_guest_whole()
 }
 
 #[test]
-fn files_read_through_a_grant_replay_identical_once_the_directory_is_gone() {
+fn files_and_listings_read_through_a_grant_replay_identical_once_the_directory_is_gone() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     std::fs::create_dir_all(data.join("sub")).unwrap();
     let grant = format!("{}::/data:ro", data.display());
-    // 20 attempts, each reading a file whose content changed before it.
+    // 20 attempts, each reading a file whose content changed before it,
+    // and listing the directory.
     let files: Vec<_> = (1..=20)
         .map(|n| {
             let content = format!("content {n} at {:?}\n", std::time::SystemTime::now());
@@ -226,10 +228,12 @@ fn files_read_through_a_grant_replay_identical_once_the_directory_is_gone() {
                     "read=/data/missing.txt"
                 }
             };
+            // And a listing, whose entries change too.
+            std::fs::write(data.join(format!("entry-{n}")), b"").unwrap();
             let out = record(
                 &p("sandbox-probe"),
                 &file,
-                &["--dir", &grant, "--param", read],
+                &["--dir", &grant, "--param", read, "--param", "list=/data"],
             );
             assert_eq!(out.code, Some(0), "{}", out.stderr);
             if read.ends_with("probe.txt") {
@@ -239,6 +243,8 @@ fn files_read_through_a_grant_replay_identical_once_the_directory_is_gone() {
                     out.stdout
                 );
             }
+            assert!(out.stdout.contains("sub/"), "{}", out.stdout);
+            assert!(out.stdout.contains(&format!("entry-{n}")), "{}", out.stdout);
             file
         })
         .collect();

@@ -213,14 +213,16 @@ impl ResourceLimiter for MemoryLimiter {
     }
 }
 
-/// Adds the WASI p2 interfaces (`open-at` wrapped by the open-files cap),
-/// the outgoing half of `wasi:http` (`types` and `outgoing-handler`, checked
+/// Adds the WASI p2 interfaces (`open-at` wrapped by the open-files cap;
+/// it, `read-directory` and `read-directory-entry` by the file tape of a
+/// recorded or replayed attempt), the outgoing half of `wasi:http` (`types` and `outgoing-handler`, checked
 /// by `http::HttpHooks`), `wasi:config/store` and the `host` interface to a
 /// linker.
 pub(crate) fn add_to_linker(linker: &mut Linker<AttemptState>) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)?;
     // After wasmtime-wasi's own `open-at`, which it wraps.
     super::limits::wrap_open_at(linker)?;
+    super::record::files::wrap_listings(linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
     {
         use super::bindings::keyvalue::wasi::keyvalue::{atomics, batch, store};

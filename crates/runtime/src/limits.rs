@@ -49,7 +49,7 @@ pub const DEFAULT_MAX_HEADER_BYTES: usize = 32 << 10;
 /// The interface whose `open-at` the open-files cap wraps, as wasmtime-wasi
 /// 48 links it (its WIT is WASI 0.2.12; a guest importing an older 0.2
 /// release is served by the same instance).
-const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
+pub(crate) const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
 
 /// What one attempt's guest may hold in the host at once, besides its
 /// memory (which is [`Sandbox::max_memory`](super::Sandbox::max_memory)).

@@ -7,33 +7,47 @@
 //! there, truncated. Replaying, each grant is a fresh directory preopened
 //! read-only at the same guest path; each open writes the recorded
 //! content there first (or answers the recorded error), so the guest reads
-//! what the recorded one read. Directory listings show only what was
-//! opened so far, and metadata (times, permissions) are the replay's own.
+//! what the recorded one read. Each entry the guest reads from a listing
+//! of a directory there is a call too (its type and name); replaying, the
+//! entries are the recorded ones, in the recorded order, and each is made
+//! there (an empty file, a directory) if it is not yet. Metadata (times,
+//! the sizes of files not opened, permissions) are the replay's own.
 //! Where a descriptor lies is read from the operating system
 //! (`/proc/self/fd`), so this works on Linux.
 
 #![forbid(unsafe_code)]
 
+use std::collections::HashMap;
 use std::os::fd::AsRawFd as _;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use wasmtime_wasi::filesystem::Descriptor;
-use wasmtime_wasi::p2::bindings::filesystem::types::{DescriptorFlags, ErrorCode, OpenFlags};
+use wasmtime::StoreContextMut;
+use wasmtime::component::{Linker, Resource};
+use wasmtime_wasi::filesystem::{Descriptor, WasiFilesystemView};
+use wasmtime_wasi::p2::ReaddirIterator;
+use wasmtime_wasi::p2::bindings::filesystem::types::{
+    DescriptorFlags, DescriptorType, DirectoryEntry, ErrorCode, HostDescriptor,
+    HostDirectoryEntryStream, OpenFlags,
+};
 
 use super::format::{Answer, Ask};
 use super::tape::Tape;
+use crate::limits::{FILESYSTEM_TYPES, Limited};
 
 /// The granted directories of one attempt on its tape.
 pub(crate) struct FileTape {
     tape: Tape,
     /// Each grant: where it is on the host (canonical) and its guest path.
     roots: Vec<(PathBuf, String)>,
+    /// The listings open under a grant, by their stream's handle.
+    listings: Mutex<HashMap<u32, Located>>,
 }
 
 /// Where an open lies: the grant's guest path, the path in it, and the
 /// grant's host directory.
+#[derive(Clone)]
 pub(crate) struct Located {
     dir: String,
     path: String,
@@ -54,6 +68,7 @@ impl FileTape {
         Some(Arc::new(Self {
             tape: tape.clone(),
             roots,
+            listings: Mutex::default(),
         }))
     }
 
@@ -134,6 +149,140 @@ impl FileTape {
         };
         let _ = self.tape.call(|| at.ask(), || Answer::Opened(answer));
     }
+}
+
+impl FileTape {
+    fn listings(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Located>> {
+        self.listings.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The next entry of listing `at`: recording, `real`'s, kept;
+    /// replaying, the recorded one, made in the replay's directory.
+    fn entry(
+        &self,
+        at: &Located,
+        real: Option<Result<Option<DirectoryEntry>, ErrorCode>>,
+    ) -> Result<Option<DirectoryEntry>, ErrorCode> {
+        let ask = || Ask::Entry {
+            dir: at.dir.clone(),
+            path: at.path.clone(),
+        };
+        let Some(real) = real else {
+            return match self.tape.call(ask, || Answer::Entry(Err("Io".into()))) {
+                Ok(Answer::Entry(Ok(Some((kind, name))))) => {
+                    let kind = kind_of(kind);
+                    let host = at.root.join(&at.path).join(&name);
+                    let made = if kind == DescriptorType::Directory {
+                        std::fs::create_dir_all(&host)
+                    } else if host.symlink_metadata().is_err() {
+                        std::fs::write(&host, b"")
+                    } else {
+                        Ok(())
+                    };
+                    made.map_err(|_| ErrorCode::Io)?;
+                    Ok(Some(DirectoryEntry { type_: kind, name }))
+                }
+                Ok(Answer::Entry(Ok(None))) => Ok(None),
+                Ok(Answer::Entry(Err(code))) => Err(code_of(&code)),
+                _ => Err(ErrorCode::Io),
+            };
+        };
+        let answer = match &real {
+            Ok(entry) => Ok(entry.as_ref().map(|e| (number_of(e.type_), e.name.clone()))),
+            Err(code) => Err(format!("{code:?}")),
+        };
+        let _ = self.tape.call(ask, || Answer::Entry(answer));
+        real
+    }
+}
+
+/// Replaces wasmtime-wasi's `read-directory` and `read-directory-entry`
+/// (linked before this) with ones that put the listings of directories
+/// under a grant on the attempt's tape, if it has one.
+pub(crate) fn wrap_listings<T: Limited>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    let mut types = linker.instance(FILESYSTEM_TYPES)?;
+    types.func_wrap_async(
+        "[method]descriptor.read-directory",
+        |mut store: StoreContextMut<'_, T>, (dir,): (Resource<Descriptor>,)| {
+            Box::new(async move {
+                let state = store.data_mut();
+                let taped = state.file_tape().and_then(|tape| {
+                    let table = state.ctx().table;
+                    let base = table.get(&dir).ok()?;
+                    let at = tape.locate(base, ".", OpenFlags::empty(), DescriptorFlags::READ)?;
+                    Some((tape, at))
+                });
+                let mut view = state.filesystem();
+                let listed = match HostDescriptor::read_directory(&mut view, dir).await {
+                    Ok(listed) => Ok(listed),
+                    Err(err) => Err(err.downcast()?),
+                };
+                if let (Some((tape, at)), Ok(listed)) = (&taped, &listed) {
+                    tape.listings().insert(listed.rep(), at.clone());
+                } else if let (Some(tape), Ok(listed)) = (state.file_tape(), &listed) {
+                    tape.listings().remove(&listed.rep());
+                }
+                Ok((listed,))
+            })
+        },
+    )?;
+    types.func_wrap_async(
+        "[method]directory-entry-stream.read-directory-entry",
+        |mut store: StoreContextMut<'_, T>, (stream,): (Resource<ReaddirIterator>,)| {
+            Box::new(async move {
+                let state = store.data_mut();
+                let tape = state.file_tape();
+                let at = tape
+                    .as_ref()
+                    .and_then(|t| t.listings().get(&stream.rep()).cloned());
+                if let (Some(tape), Some(at)) = (&tape, &at)
+                    && matches!(tape.tape, Tape::Replay(_))
+                {
+                    return Ok((tape.entry(at, None),));
+                }
+                let mut view = state.filesystem();
+                let real =
+                    match HostDirectoryEntryStream::read_directory_entry(&mut view, stream).await {
+                        Ok(entry) => Ok(entry),
+                        Err(err) => Err(err.downcast()?),
+                    };
+                match (&tape, &at) {
+                    (Some(tape), Some(at)) => Ok((tape.entry(at, Some(real)),)),
+                    _ => Ok((real,)),
+                }
+            })
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
+/// The kinds of entries, in the order of the WIT enum.
+const KINDS: [DescriptorType; 8] = [
+    DescriptorType::Unknown,
+    DescriptorType::BlockDevice,
+    DescriptorType::CharacterDevice,
+    DescriptorType::Directory,
+    DescriptorType::Fifo,
+    DescriptorType::SymbolicLink,
+    DescriptorType::RegularFile,
+    DescriptorType::Socket,
+];
+
+fn number_of(kind: DescriptorType) -> u8 {
+    KINDS
+        .iter()
+        .position(|k| *k == kind)
+        .and_then(|n| u8::try_from(n).ok())
+        .unwrap_or(0)
+}
+
+fn kind_of(number: u8) -> DescriptorType {
+    KINDS
+        .get(usize::from(number))
+        .copied()
+        .unwrap_or(DescriptorType::Unknown)
 }
 
 impl Located {

@@ -226,6 +226,14 @@ pub enum Ask {
         /// The path in it, `/`-separated, without `.` or `..`.
         path: String,
     },
+    /// `wasi:filesystem/types.[method]directory-entry-stream.read-directory-entry`
+    /// of a directory under a granted directory.
+    Entry {
+        /// The granted directory, as the guest sees it.
+        dir: String,
+        /// The listed directory's path in it.
+        path: String,
+    },
 }
 
 /// A key-value write as a replay compares it.
@@ -291,6 +299,10 @@ impl std::fmt::Display for Ask {
                 f,
                 "wasi:filesystem open-at(dir: {dir}, path: {path:?}, to read)"
             ),
+            Self::Entry { dir, path } => write!(
+                f,
+                "wasi:filesystem read-directory-entry(dir: {dir}, path: {path:?})"
+            ),
         }
     }
 }
@@ -326,6 +338,9 @@ pub enum Answer {
     /// An open to read: the file's whole content as it was opened (none:
     /// a directory), or the filesystem error code's name.
     Opened(Result<Option<Vec<u8>>, String>),
+    /// A directory's next entry (its type, by its position in the WIT
+    /// enum, and its name; none: the end), or the error code's name.
+    Entry(Result<Option<(u8, String)>, String>),
 }
 
 /// An outbound request's response as the guest got it, whole.

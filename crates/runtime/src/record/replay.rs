@@ -265,8 +265,8 @@ fn notes(record: &AttemptRecord) -> Vec<String> {
     if !start.dirs.is_empty() {
         notes.push(format!(
             "the attempt was granted {}: the replay gives it fresh read-only directories \
-             holding the files it opened, as recorded; what it wrote there, and metadata such \
-             as times, are not recorded",
+             holding the files it opened and listed, as recorded; what it wrote there, and \
+             metadata such as times, are not recorded",
             start.dirs.join(", ")
         ));
     }
