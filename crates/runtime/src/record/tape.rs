@@ -531,3 +531,66 @@ impl KvBackend for TapedKv {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decoded(recording: &Recording) -> (Vec<Ask>, bool) {
+        let (calls, count, truncated) = recording.take();
+        let mut asks = Vec::new();
+        let mut rest = &calls[..];
+        while !rest.is_empty() {
+            let (call, tail) = postcard::take_from_bytes::<Call>(rest).unwrap();
+            asks.push(call.ask);
+            rest = tail;
+        }
+        assert_eq!(asks.len(), count as usize);
+        (asks, truncated)
+    }
+
+    #[test]
+    fn a_reserved_call_keeps_its_place_before_the_calls_made_meanwhile() {
+        let recording = Recording::new(1 << 20);
+        let tape = Tape::Record(Arc::clone(&recording));
+        let at = recording.reserve(Ask::Sleep { ms: 1 });
+        tape.call(|| Ask::WallNow, || Answer::Time(1, 2)).unwrap();
+        // The attempt ends before this one's answer: it is kept with an
+        // error, in its place.
+        recording.reserve(Ask::Sleep { ms: 2 });
+        recording.fill(
+            at,
+            Some(Call {
+                ask: Ask::Sleep { ms: 1 },
+                answer: Answer::Slept { cancelled: false },
+            }),
+        );
+        tape.call(|| Ask::MonotonicNow, || Answer::Nanos(3))
+            .unwrap();
+        let (asks, truncated) = decoded(&recording);
+        assert_eq!(
+            asks,
+            [
+                Ask::Sleep { ms: 1 },
+                Ask::WallNow,
+                Ask::Sleep { ms: 2 },
+                Ask::MonotonicNow
+            ]
+        );
+        assert!(!truncated);
+    }
+
+    #[test]
+    fn a_reserved_call_past_the_budget_ends_the_record_there() {
+        let recording = Recording::new(1 << 20);
+        let tape = Tape::Record(Arc::clone(&recording));
+        tape.call(|| Ask::WallNow, || Answer::Time(1, 2)).unwrap();
+        let at = recording.reserve(Ask::Sleep { ms: 1 });
+        tape.call(|| Ask::MonotonicNow, || Answer::Nanos(3))
+            .unwrap();
+        recording.fill(at, None);
+        tape.call(|| Ask::MonotonicNow, || Answer::Nanos(4))
+            .unwrap();
+        assert_eq!(decoded(&recording), (vec![Ask::WallNow], true));
+    }
+}
