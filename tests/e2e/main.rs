@@ -34,7 +34,7 @@
 //! | `deployments` | named deployments on one host and a cluster: deploy, submit by name, versions kept through deploys and rollbacks, schedules following a name, children by name, removal refused while in use, a restart |
 //! | `oci` | plugins through a real OCI registry with TLS and basic auth: push a file and a deployment, deploy by tag and digest; a wrong digest, tampered bytes, no credentials, an unknown CA and a registry that is down refused |
 //! | `commands` | WASI command components as tasks: programs from crates.io against their native builds, arguments, input, exits, a force-abort |
-//! | `record` | the flight recorder: `host run --record` and `host replay` of a non-deterministic guest, a planted divergence, a record replayed elsewhere |
+//! | `record` | the flight recorder: `host run --record` and `host replay` of a non-deterministic guest, of outbound HTTP and of files read through a grant, a planted divergence, a record replayed elsewhere |
 //! | `docs` | every shell block of the documents |
 //! | `scaffold` | `host new` → build → `host run` |
 //!

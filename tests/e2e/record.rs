@@ -1,7 +1,10 @@
 //! The flight recorder through the real binary: attempts of `nondet` (the
 //! clocks, random bytes, the insecure seed, key-value state, a trap that
 //! depends on random data, a stop at a random moment, a spin stopped by
-//! force) recorded by `host run --record` and replayed by `host replay`,
+//! force), of `http-get` against a server whose every answer differs, and
+//! of `sandbox-probe` reading a file and a listing in a granted directory
+//! that change between attempts, recorded by `host run --record` and
+//! replayed by `host replay` once the server or the directory is gone,
 //! every one identical; a planted divergence (`nondet-changed` reads the
 //! clock once more) named at its call; a record replayed in a fresh
 //! directory holding only it, the plugin and the binary; truncation,
@@ -85,6 +88,176 @@ fn every_attempt_of_a_nondeterministic_guest_replays_identical() {
     for (name, args, attempts) in cases {
         let file = dir.path().join(format!("{name}.rec"));
         record_and_replay_all(&nondet, &file, args, attempts);
+    }
+}
+
+/// A server on 127.0.0.1 that answers `count` requests, each differently
+/// (status, a header and a body of `size` bytes and more, sent in two
+/// parts), the last one with 200, then goes away.
+fn changing_server(count: usize, size: usize) -> (u16, std::thread::JoinHandle<()>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        for n in 1..=count {
+            let Ok((mut stream, _)) = listener.accept() else {
+                return;
+            };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|read| read > 2) {
+                line.clear();
+            }
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos();
+            let status = if n == count { 200 } else { 500 + n % 4 };
+            let mut body = format!("answer {n} at {nanos}\n");
+            let pad = (nanos % 26) as u8 + b'a';
+            body.extend(std::iter::repeat_n(char::from(pad), size));
+            let head = format!(
+                "HTTP/1.1 {status} X\r\ncontent-length: {}\r\nx-answer: {nanos}\r\nconnection: \
+                 close\r\n\r\n",
+                body.len()
+            );
+            let (first, rest) = body.as_bytes().split_at(body.len() / 2);
+            let _ = stream.write_all(head.as_bytes());
+            let _ = stream.write_all(first);
+            let _ = stream.flush();
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            let _ = stream.write_all(rest);
+        }
+    });
+    (port, server)
+}
+
+/// Records `http-get` fetching from a [`changing_server`] of `count`
+/// answers of `size` bytes, retried until the last, with `extra` flags;
+/// returns once the server is gone.
+fn record_http(file: &Path, count: usize, size: usize, extra: &[&str]) -> Finished {
+    let (port, server) = changing_server(count, size);
+    let origin = format!("http://127.0.0.1:{port}");
+    let url = format!("url={origin}/now?q=1");
+    let retries = (count - 1).to_string();
+    let mut args = vec![
+        "--param",
+        &url,
+        "--allow-http",
+        &origin,
+        "--max-retries",
+        &retries,
+        "--backoff",
+        "1ms,2ms",
+    ];
+    args.extend_from_slice(extra);
+    let out = record(&p("http-get"), file, &args);
+    // Every answer was taken: the server is gone, and nothing listens.
+    server.join().unwrap();
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+    out
+}
+
+#[test]
+fn outbound_http_replays_identical_from_the_record_once_the_server_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("http.rec");
+    let out = record_http(&file, 20, 200_000, &[]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("recorded 20 attempts"),
+        "{}",
+        out.stderr
+    );
+    for n in 1..=20 {
+        let (code, json) = replay_json(&file, n, &[]);
+        assert_eq!(
+            (code, json["verdict"].as_str()),
+            (Some(0), Some("identical")),
+            "attempt {n}: {json:#}"
+        );
+        assert_eq!(json["calls_used"], json["calls_recorded"], "{json:#}");
+        assert_eq!(json["notes"], serde_json::json!([]), "{json:#}");
+    }
+    // The last attempt's output holds the body the server sent it.
+    let out = run_host(&["replay", &file.display().to_string(), "--attempt", "20"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(out.stdout.contains("answer 20 at "), "{}", out.stdout);
+}
+
+#[test]
+fn a_response_past_the_budget_truncates_the_record_and_reaches_the_guest_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("big.rec");
+    let out = record_http(&file, 1, 300_000, &["--record-budget", "1000"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        out.stdout.starts_with("HTTP 200\nanswer 1 at "),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stdout.len() > 300_000, "{}", out.stdout.len());
+    let (code, json) = replay_json(&file, 1, &[]);
+    assert_eq!(
+        (code, json["verdict"].as_str()),
+        (Some(1), Some("truncated")),
+        "{json:#}"
+    );
+}
+
+#[test]
+fn files_and_listings_read_through_a_grant_replay_identical_once_the_directory_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("sub")).unwrap();
+    let grant = format!("{}::/data:ro", data.display());
+    // 20 attempts, each reading a file whose content changed before it,
+    // and listing the directory.
+    let files: Vec<_> = (1..=20)
+        .map(|n| {
+            let content = format!("content {n} at {:?}\n", std::time::SystemTime::now());
+            std::fs::write(data.join("sub/probe.txt"), &content).unwrap();
+            let file = dir.path().join(format!("files-{n}.rec"));
+            let read = if n % 2 == 0 {
+                "read=/data/sub/probe.txt"
+            } else {
+                // A path with `.` and `..`, and one that is missing.
+                if n % 4 == 1 {
+                    "read=/data/./sub/../sub/probe.txt"
+                } else {
+                    "read=/data/missing.txt"
+                }
+            };
+            // And a listing, whose entries change too.
+            std::fs::write(data.join(format!("entry-{n}")), b"").unwrap();
+            let out = record(
+                &p("sandbox-probe"),
+                &file,
+                &["--dir", &grant, "--param", read, "--param", "list=/data"],
+            );
+            assert_eq!(out.code, Some(0), "{}", out.stderr);
+            if read.ends_with("probe.txt") {
+                assert!(
+                    out.stdout.contains(&format!("content {n} at")),
+                    "{}",
+                    out.stdout
+                );
+            }
+            assert!(out.stdout.contains("sub/"), "{}", out.stdout);
+            assert!(out.stdout.contains(&format!("entry-{n}")), "{}", out.stdout);
+            file
+        })
+        .collect();
+    std::fs::remove_dir_all(&data).unwrap();
+    for file in &files {
+        let (code, json) = replay_json(file, 1, &[]);
+        assert_eq!(
+            (code, json["verdict"].as_str()),
+            (Some(0), Some("identical")),
+            "{}: {json:#}",
+            file.display()
+        );
+        assert_eq!(json["calls_used"], json["calls_recorded"], "{json:#}");
     }
 }
 

@@ -34,6 +34,7 @@ use super::limits::{GuestLimits, LimitHits, Limited};
 use super::output::{Capture, CapturedStream, CommandStdout, GuestSink};
 use super::plugin::Entry;
 use super::reaper::Reaper;
+use super::record::files::FileTape;
 use super::record::tape::{Replaying, Tape, TapedKv};
 use super::record::{AttemptRecorder, DigestingSink, RecordSettings, RecordStart, RecordedSecret};
 use super::sandbox::{CommandArgs, Sandbox};
@@ -81,6 +82,8 @@ pub(crate) struct AttemptState {
     kv: KvAccess,
     /// The attempt's record, while it is being recorded.
     recorder: Option<AttemptRecorder>,
+    /// Reads through the directory grants, recorded or replayed.
+    files: Option<Arc<FileTape>>,
 }
 
 impl AttemptState {
@@ -109,6 +112,10 @@ impl Limited for AttemptState {
 
     fn log(&self, level: LogLevel, message: &str) {
         self.host.log(level, message);
+    }
+
+    fn file_tape(&self) -> Option<Arc<FileTape>> {
+        self.files.clone()
     }
 }
 
@@ -206,14 +213,16 @@ impl ResourceLimiter for MemoryLimiter {
     }
 }
 
-/// Adds the WASI p2 interfaces (`open-at` wrapped by the open-files cap),
-/// the outgoing half of `wasi:http` (`types` and `outgoing-handler`, checked
+/// Adds the WASI p2 interfaces (`open-at` wrapped by the open-files cap;
+/// it, `read-directory` and `read-directory-entry` by the file tape of a
+/// recorded or replayed attempt), the outgoing half of `wasi:http` (`types` and `outgoing-handler`, checked
 /// by `http::HttpHooks`), `wasi:config/store` and the `host` interface to a
 /// linker.
 pub(crate) fn add_to_linker(linker: &mut Linker<AttemptState>) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)?;
     // After wasmtime-wasi's own `open-at`, which it wraps.
     super::limits::wrap_open_at(linker)?;
+    super::record::files::wrap_listings(linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
     {
         use super::bindings::keyvalue::wasi::keyvalue::{atomics, batch, store};
@@ -261,6 +270,10 @@ pub(crate) struct ReplaySetup {
     pub(crate) seed: [u8; 32],
     /// Whether the recorded attempt had a key-value store.
     pub(crate) kv: bool,
+    /// Whether the recorded attempt was granted outbound HTTP (its
+    /// requests are answered from the record; without a grant, every
+    /// request is denied again, as it was).
+    pub(crate) http: bool,
 }
 
 /// A key-value backend through `tape` (`inner` none: a replay's).
@@ -324,27 +337,16 @@ fn record_start(
     }
 }
 
-/// The `wasi:config` store of the attempts that have no values, shared.
-static NO_CONFIG: std::sync::LazyLock<Arc<WasiConfigVariables>> =
-    std::sync::LazyLock::new(Arc::default);
-
-/// A new attempt's store, its capture, and a command's standard output.
-pub(crate) type NewStore = (Store<AttemptState>, Arc<Capture>, Option<CommandStdout>);
-
-/// Creates the store of one attempt with its limits, WASI context and epoch
-/// behaviour: every tick yields to Tokio (so a spinning guest never starves
-/// the runtime) unless the attempt was aborted, in which case it traps.
-pub(crate) fn new_store(
-    engine: &Engine,
+/// The tape of an attempt (replayed: of its record; recorded: a new one;
+/// else off), the seed of its random numbers, the sink of its lines
+/// (recorded: digesting them too) and its recorder.
+fn tape_of(
     env: &AttemptEnv,
     request: &AttemptRequest,
     plugin: Option<Digest>,
     kind: ComponentKind,
-    signals: &StopSignals,
     replay: Option<&ReplaySetup>,
-) -> Result<NewStore, AttemptError> {
-    let sandbox = &request.sandbox;
-    let facts = Arc::clone(&request.facts);
+) -> (Tape, [u8; 32], Arc<dyn GuestSink>, Option<AttemptRecorder>) {
     let mut sink = Arc::clone(&request.sink);
     let mut recorder = None;
     let (tape, seed) = match (replay, &request.record, plugin) {
@@ -372,6 +374,31 @@ pub(crate) fn new_store(
         }
         _ => (Tape::Off, [0; 32]),
     };
+    (tape, seed, sink, recorder)
+}
+
+/// The `wasi:config` store of the attempts that have no values, shared.
+static NO_CONFIG: std::sync::LazyLock<Arc<WasiConfigVariables>> =
+    std::sync::LazyLock::new(Arc::default);
+
+/// A new attempt's store, its capture, and a command's standard output.
+pub(crate) type NewStore = (Store<AttemptState>, Arc<Capture>, Option<CommandStdout>);
+
+/// Creates the store of one attempt with its limits, WASI context and epoch
+/// behaviour: every tick yields to Tokio (so a spinning guest never starves
+/// the runtime) unless the attempt was aborted, in which case it traps.
+pub(crate) fn new_store(
+    engine: &Engine,
+    env: &AttemptEnv,
+    request: &AttemptRequest,
+    plugin: Option<Digest>,
+    kind: ComponentKind,
+    signals: &StopSignals,
+    replay: Option<&ReplaySetup>,
+) -> Result<NewStore, AttemptError> {
+    let sandbox = &request.sandbox;
+    let facts = Arc::clone(&request.facts);
+    let (tape, seed, sink, recorder) = tape_of(env, request, plugin, kind, replay);
     let taped = tape.is_on().then_some((&tape, seed));
     let parking = request.parking.clone();
     let children = match (&env.children, plugin) {
@@ -431,6 +458,13 @@ pub(crate) fn new_store(
     };
     let mut table = ResourceTable::new();
     table.set_max_capacity(limits.max_handles);
+    // Outbound HTTP is taped when the attempt had a grant; without one
+    // every request is denied, replayed or not, and nothing is kept.
+    let http_tape = match replay {
+        Some(replay) if replay.http => tape.clone(),
+        None if !sandbox.http.is_empty() => tape.clone(),
+        _ => Tape::Off,
+    };
     let mut http = WasiHttpCtx::new();
     http.set_field_size_limit(limits.max_header_bytes);
     let state = AttemptState {
@@ -456,6 +490,7 @@ pub(crate) fn new_store(
             signals.cancel.clone(),
             limits.max_http_requests,
             Arc::clone(&env.own),
+            http_tape,
         ),
         limits: LimitHits::new(limits),
         kv,
@@ -465,10 +500,26 @@ pub(crate) fn new_store(
             Arc::new(env.config.iter().chain(&sandbox.config).cloned().collect())
         },
         recorder,
+        files: FileTape::new(
+            &tape,
+            &sandbox
+                .dirs
+                .iter()
+                .map(|d| (d.host.clone(), d.guest.clone()))
+                .collect::<Vec<_>>(),
+        ),
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limiter);
     store.set_epoch_deadline(1);
+    epoch_behaviour(&mut store, signals, &tape);
+    Ok((store, capture, command_out))
+}
+
+/// Sets what `store`'s guest does at each epoch tick: it yields to Tokio
+/// (so a spinning guest never starves the runtime) unless the attempt was
+/// aborted or, replayed, stopped at a host call, in which case it traps.
+fn epoch_behaviour(store: &mut Store<AttemptState>, signals: &StopSignals, tape: &Tape) {
     let abort = Arc::clone(&signals.abort);
     // At each tick the guest yields to the executor. Wasmtime sets the next
     // deadline when the guest resumes, so the yield asks for a check right
@@ -480,7 +531,7 @@ pub(crate) fn new_store(
     let mut resuming = false;
     let mut fired_at_yield = 0;
     // A replayed guest stopped at a host call traps at its next check.
-    let replaying = match &tape {
+    let replaying = match tape {
         Tape::Replay(replaying) => Some(Arc::clone(replaying)),
         _ => None,
     };
@@ -513,7 +564,6 @@ pub(crate) fn new_store(
             Box::pin(tokio::task::yield_now()),
         ))
     });
-    Ok((store, capture, command_out))
 }
 
 /// An instantiated attempt, ready to call `run`. Dropping it drops the

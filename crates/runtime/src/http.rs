@@ -13,7 +13,9 @@
 //! [`DEFAULT_HTTP_CONNECT_TIMEOUT`] and [`DEFAULT_HTTP_FIRST_BYTE_TIMEOUT`],
 //! and end at once when the task is cancelled. Nothing is reachable by
 //! default. Redirects are not followed here: each hop is a new request,
-//! checked again.
+//! checked again. An attempt with a grant that is recorded keeps each
+//! request and its answer (`record::http`); its replay answers every
+//! request from the record, with no grant, no check and no network.
 
 #![forbid(unsafe_code)]
 
@@ -34,6 +36,8 @@ use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpH
 use super::http_grant::{HttpAllow, HttpScheme, normalize_host};
 use super::outbound;
 use super::output::Capture;
+use super::record::http::{self as record_http, IoFuture, RecordedRequest, SendFuture};
+use super::record::tape::Tape;
 use taskhost_core::logline::LogLevel;
 
 /// Longest a request may wait for its connection (TCP and TLS handshake);
@@ -132,6 +136,9 @@ pub(crate) struct HttpHooks {
     own: Arc<OwnAddresses>,
     /// Set once the cap on requests in flight refused one.
     refused: bool,
+    /// Recording, every request and its answer are kept; replaying, the
+    /// answers come from the record (no grant, no network).
+    tape: Tape,
 }
 
 /// Where one checked request goes.
@@ -151,6 +158,7 @@ impl HttpHooks {
         cancel: CancellationToken,
         max_in_flight: usize,
         own: Arc<OwnAddresses>,
+        tape: Tape,
     ) -> Self {
         Self {
             grant: grant.into(),
@@ -160,6 +168,7 @@ impl HttpHooks {
             max_in_flight,
             own,
             refused: false,
+            tape,
         }
     }
 
@@ -170,8 +179,8 @@ impl HttpHooks {
 
     /// Where the request goes, if its URL may go out: no user name or
     /// password in it, and a grant naming its scheme, host and port. If
-    /// not, says why in the task's log.
-    fn check(&self, uri: &http::Uri) -> Option<Target> {
+    /// not, the line for the task's log saying why.
+    fn check(&self, uri: &http::Uri) -> Result<Target, String> {
         let scheme = uri.scheme_str().unwrap_or("https");
         let host = uri.host().unwrap_or_default();
         let parsed = match scheme.to_ascii_lowercase().as_str() {
@@ -189,27 +198,19 @@ impl HttpHooks {
         // authority (and the `Host` header made from it) keeps it. Refused
         // whole, and never written to the log.
         if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
-            self.capture.log(
-                LogLevel::Warn,
-                &format!(
-                    "outbound HTTP to {shown} denied: the URL names a user or password before \
-                     the host (`…@`), which this host never sends; remove it from the URL"
-                ),
-            );
-            return None;
+            return Err(format!(
+                "outbound HTTP to {shown} denied: the URL names a user or password before the \
+                 host (`…@`), which this host never sends; remove it from the URL"
+            ));
         }
         if !self.grant.iter().any(|g| g.permits(scheme, host, port)) {
             let origin = HttpAllow::of_origin(parsed, host, port);
-            self.capture.log(
-                LogLevel::Warn,
-                &format!(
-                    "outbound HTTP to {shown} denied: this task is not granted it; \
-                     add --allow-http {origin}"
-                ),
-            );
-            return None;
+            return Err(format!(
+                "outbound HTTP to {shown} denied: this task is not granted it; add \
+                 --allow-http {origin}"
+            ));
         }
-        Some(Target {
+        Ok(Target {
             scheme: parsed,
             host: normalize_host(host),
             port,
@@ -258,10 +259,6 @@ fn check_addresses(
     Ok(())
 }
 
-type IoFuture = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
-type SendFuture =
-    Box<dyn Future<Output = Result<(http::Response<WasiBody>, IoFuture), HttpError>> + Send>;
-
 impl WasiHttpHooks for HttpHooks {
     fn send_request(
         &mut self,
@@ -269,20 +266,51 @@ impl WasiHttpHooks for HttpHooks {
         options: Option<RequestOptions>,
         _fut: IoFuture,
     ) -> SendFuture {
-        let Some(target) = self.check(request.uri()) else {
-            return Box::new(async { Err(HttpError::HttpRequestDenied) });
+        // A replay answers from the record: no grant, no network.
+        if let Tape::Replay(replaying) = &self.tape {
+            let (future, line, refused) = record_http::replay_send(replaying, request);
+            if let Some(line) = line {
+                self.capture.log(LogLevel::Warn, &line);
+            }
+            self.refused |= refused;
+            return future;
+        }
+        let (taped, request) = match &self.tape {
+            Tape::Record(recording) => {
+                let (taped, request) = RecordedRequest::new(recording, request);
+                (Some(taped), request)
+            }
+            _ => (None, request),
+        };
+        // Denied or refused before it went out: the line logged says why.
+        let fail = |capture: &Capture,
+                    taped: Option<RecordedRequest>,
+                    line: String,
+                    error: HttpError|
+         -> SendFuture {
+            capture.log(LogLevel::Warn, &line);
+            if let Some(taped) = taped {
+                taped.failed(&error, Some(&line));
+            }
+            Box::new(async { Err(error) })
+        };
+        let target = match self.check(request.uri()) {
+            Ok(target) => target,
+            Err(line) => return fail(&self.capture, taped, line, HttpError::HttpRequestDenied),
         };
         let Ok(permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
             self.refused = true;
-            self.capture.log(
-                LogLevel::Warn,
-                &format!(
-                    "outbound HTTP to {} refused: this attempt already has {} requests in \
-                     flight, its limit (raise it with --max-http-requests)",
-                    target.shown, self.max_in_flight
-                ),
+            let line = format!(
+                "outbound HTTP to {} refused: this attempt already has {} requests in flight, \
+                 its limit (raise it with --max-http-requests)",
+                target.shown, self.max_in_flight
             );
-            return Box::new(async { Err(HttpError::ConnectionLimitReached) });
+            return fail(
+                &self.capture,
+                taped,
+                line,
+                HttpError::ConnectionLimitReached,
+            );
         };
         let options = capped(options);
         let cancel = self.cancel.clone();
@@ -290,6 +318,7 @@ impl WasiHttpHooks for HttpHooks {
         let own = self.own.get();
         let capture = Arc::clone(&self.capture);
         Box::new(async move {
+            let mut denied = None;
             let send = async {
                 // Name lookup and connection share the connect timeout.
                 let deadline = tokio::time::Instant::now()
@@ -302,25 +331,32 @@ impl WasiHttpHooks for HttpHooks {
                         .map_err(|_| HttpError::ConnectionTimeout)??;
                 if let Err(line) = check_addresses(&grant, &own, &target, &addrs) {
                     capture.log(LogLevel::Warn, &line);
+                    denied = Some(line);
                     return Err(HttpError::HttpRequestDenied);
                 }
                 let tls = outbound::server_name(&target.host, target.scheme == HttpScheme::Https)?;
                 outbound::send(request, &addrs, tls, deadline, &options, permit).await
             };
-            let (response, io) = tokio::select! {
+            let sent = tokio::select! {
                 biased;
-                () = cancel.cancelled() => return Err(cancelled()),
-                sent = send => sent?,
+                () = cancel.cancelled() => Err(cancelled()),
+                sent = send => sent,
             };
-            let response = response.map(|body| {
-                Cancellable {
-                    body,
-                    cancelled: Box::pin(cancel.clone().cancelled_owned()),
-                    token: cancel,
-                }
-                .boxed_unsync()
+            let sent = sent.map(|(response, io)| {
+                let response = response.map(|body| {
+                    Cancellable {
+                        body,
+                        cancelled: Box::pin(cancel.clone().cancelled_owned()),
+                        token: cancel,
+                    }
+                    .boxed_unsync()
+                });
+                (response, io)
             });
-            Ok((response, io))
+            match taped {
+                Some(taped) => taped.finish(sent, denied).await,
+                None => sent,
+            }
         })
     }
 }

@@ -3,8 +3,10 @@
 //! file and directory descriptors, outbound HTTP requests in flight, and the
 //! bytes of one set of header fields; their defaults; the wrapper of
 //! `wasi:filesystem/types.[method]descriptor.open-at` that enforces the
-//! open-files cap (wasmtime-wasi has no hook for it); and the note that
-//! names the cap an attempt hit and the flag that raises it.
+//! open-files cap (wasmtime-wasi has no hook for it), and which a recorded
+//! or replayed attempt's reads through its grants go through
+//! (`record::files`); and the note that names the cap an attempt hit and
+//! the flag that raises it.
 //!
 //! How each cap is enforced and what the guest sees:
 //!
@@ -47,7 +49,7 @@ pub const DEFAULT_MAX_HEADER_BYTES: usize = 32 << 10;
 /// The interface whose `open-at` the open-files cap wraps, as wasmtime-wasi
 /// 48 links it (its WIT is WASI 0.2.12; a guest importing an older 0.2
 /// release is served by the same instance).
-const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
+pub(crate) const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
 
 /// What one attempt's guest may hold in the host at once, besides its
 /// memory (which is [`Sandbox::max_memory`](super::Sandbox::max_memory)).
@@ -212,6 +214,9 @@ pub(crate) trait Limited: WasiView + 'static {
     fn limit_hits(&mut self) -> &mut LimitHits;
     /// A line in the task's log, as if the guest had logged it.
     fn log(&self, level: LogLevel, message: &str);
+    /// The tape of reads through the directory grants, if the attempt is
+    /// recorded or replayed (`record::files`).
+    fn file_tape(&self) -> Option<std::sync::Arc<crate::record::files::FileTape>>;
 }
 
 /// Replaces wasmtime-wasi's `open-at` (linked by `add_to_linker_async`
@@ -250,13 +255,39 @@ pub(crate) fn wrap_open_at<T: Limited>(linker: &mut Linker<T>) -> wasmtime::Resu
                     }
                     return Ok((Err(ErrorCode::Quota),));
                 }
-                let mut view = state.filesystem();
-                match HostDescriptor::open_at(&mut view, dir, path_flags, path, open_flags, flags)
-                    .await
+                // Recorded or replayed: where the open lies, if it reads.
+                let taped = state.file_tape().and_then(|tape| {
+                    let table = state.ctx().table;
+                    let base = table.get(&dir).ok()?;
+                    let at = tape.locate(base, &path, open_flags, flags)?;
+                    Some((tape, at))
+                });
+                if let Some((tape, at)) = &taped
+                    && let Err(code) = tape.before(at)
                 {
-                    Ok(opened) => Ok((Ok(opened),)),
-                    Err(err) => Ok((Err(err.downcast()?),)),
+                    return Ok((Err(code),));
                 }
+                let mut view = state.filesystem();
+                let opened = match HostDescriptor::open_at(
+                    &mut view, dir, path_flags, path, open_flags, flags,
+                )
+                .await
+                {
+                    Ok(opened) => Ok(opened),
+                    Err(err) => Err(err.downcast()?),
+                };
+                if let Some((tape, at)) = &taped {
+                    let table = state.ctx().table;
+                    match &opened {
+                        Ok(fd) => {
+                            if let Ok(descriptor) = table.get(fd) {
+                                tape.after(at, Ok(descriptor));
+                            }
+                        }
+                        Err(code) => tape.after(at, Err(code)),
+                    }
+                }
+                Ok((opened,))
             })
         },
     )?;

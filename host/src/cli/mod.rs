@@ -96,8 +96,14 @@ enum Command {
     /// Replay a recorded attempt: the same component, every host call answered from its record.
     ///
     /// Runs in this process with no grants, no network and no clock: the
-    /// clocks, random numbers, cancellation, sleeps and key-value reads the
-    /// guest sees are the recorded ones. Prints the replayed output and
+    /// clocks, random numbers, cancellation, sleeps, key-value reads and
+    /// responses to outbound HTTP requests (status, headers, body) and the
+    /// files and directory listings it read through --dir grants the guest
+    /// sees are the recorded ones; a request or an open that differs from the recorded
+    /// one is a divergence. Each granted directory is a fresh read-only one
+    /// holding what the guest opened and listed, as recorded: what it wrote
+    /// there and metadata (times, sizes of files not opened) are not the
+    /// recorded ones. Prints the replayed output and
     /// lines, then the verdict: identical (same output, lines and outcome),
     /// or the first host call where the guest asked for something the record
     /// does not hold (its number, interface and arguments), which is how a

@@ -41,13 +41,14 @@ pub struct RunArgs {
     record: RecordArgs,
 }
 
-/// `host run`'s recording flags.
+// `host run`'s recording flags. (Not a doc comment: clap would make it
+// `host run`'s own description.)
 #[derive(Debug, Args)]
 pub struct RecordArgs {
-    /// Record every attempt into FILE: the answers of the host calls that could differ between two runs (clocks, the seed of its random numbers, cancellation, sleeps, key-value reads), in order, and how it ended; `host replay FILE` runs it again from the record.
+    /// Record every attempt into FILE: the answers of the host calls that could differ between two runs (clocks, the seed of its random numbers, cancellation, sleeps, key-value reads, outbound HTTP responses with their whole bodies, the content of each file opened to read through a --dir grant and each directory entry listed there), in order, and how it ended; `host replay FILE` runs it again from the record.
     #[arg(long, value_name = "FILE")]
     record: Option<PathBuf>,
-    /// Bytes of host calls one attempt's record keeps; past them the record is marked truncated and the attempt goes on unaffected.
+    /// Bytes of host calls one attempt's record keeps; past them (a response body or a file too large for what is left, say) the record is marked truncated and the attempt goes on unaffected.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1MiB")]
     record_budget: u64,
 }

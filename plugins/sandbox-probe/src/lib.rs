@@ -10,7 +10,9 @@
 //! Params: `read` (default `/data/probe.txt`): a file to read; `write`
 //! (default `/data/probe-write.txt`): a file to create; `var` (default
 //! `PROBE_VAR`): an environment variable to read; `port` (default 9): a TCP
-//! port on 127.0.0.1 to connect to; `show` (default `value`): `digest`
+//! port on 127.0.0.1 to connect to; `list` (none by default): a directory
+//! whose entries, in the order read, are reported as `"list":"ok:NAME/,NAME"`
+//! (a `/` after a directory's name); `show` (default `value`): `digest`
 //! reports the variable as `"digest:<FNV-1a 64 of its bytes, hex>:<length>"`
 //! instead of its value, so a test can check a secret without the output
 //! holding it.
@@ -21,6 +23,26 @@ use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpStream};
 
 use taskhost_guest::{Context, PluginInfo, Task, TaskError};
+
+/// The entries of `dir`, in the order read: `ok:NAME/,NAME`, or why not.
+fn list(dir: &str) -> String {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) => return format!("denied:{err}"),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        match entry {
+            Ok(entry) => {
+                let slash = entry.file_type().is_ok_and(|t| t.is_dir());
+                let name = entry.file_name().to_string_lossy().into_owned();
+                names.push(if slash { format!("{name}/") } else { name });
+            }
+            Err(err) => return format!("denied:{err}"),
+        }
+    }
+    format!("ok:{}", names.join(","))
+}
 
 /// At most this many bytes of the read file are reported.
 const MAX_READ: usize = 4096;
@@ -84,6 +106,9 @@ impl Task for SandboxProbe {
             .map(|(k, v)| format!("{}:{}", quote(k), quote(v)))
             .collect();
         let _ = write!(json, ",\"config\":{{{}}}", pairs.join(","));
+        if let Some(dir) = ctx.param("list") {
+            let _ = write!(json, ",\"list\":{}", quote(&list(dir)));
+        }
         json.push('}');
         Ok(json.into_bytes())
     }

@@ -73,11 +73,13 @@ pub struct RecordStart {
     pub kv: Vec<String>,
     /// Whether the runtime had a key-value store.
     pub kv_store: bool,
-    /// The guest paths of the directories granted (their reads are not
-    /// recorded: a replay runs without them).
+    /// The guest paths of the directories granted (every file opened to
+    /// read in them is a call, with its content; a replay gives the guest
+    /// these, read-only, holding what it opened).
     pub dirs: Vec<String>,
-    /// Whether outbound HTTP was granted (its responses are not recorded:
-    /// a replay denies every request).
+    /// Whether outbound HTTP was granted: if so, every request is a call
+    /// whose answer a replay gives (else every request was denied, and a
+    /// replay denies it again).
     pub http: bool,
     /// The memory limit.
     pub max_memory: u64,
@@ -207,6 +209,35 @@ pub enum Ask {
         /// The cursor.
         cursor: u64,
     },
+    /// `wasi:http/outgoing-handler.handle`: an outbound request.
+    Http {
+        /// The method.
+        method: String,
+        /// `scheme://authority/path?query` (a user or password before the
+        /// host is left out of it and digested with the headers).
+        uri: String,
+        /// sha256 over the headers, in order (and the user or password).
+        headers: [u8; 32],
+        /// sha256 of the request body the host read (of nothing for a
+        /// request that got no response: its body is not read again).
+        body: [u8; 32],
+    },
+    /// `wasi:filesystem/types.[method]descriptor.open-at` of a file or
+    /// directory to read, under a granted directory.
+    Open {
+        /// The granted directory, as the guest sees it.
+        dir: String,
+        /// The path in it, `/`-separated, without `.` or `..`.
+        path: String,
+    },
+    /// `wasi:filesystem/types.[method]directory-entry-stream.read-directory-entry`
+    /// of a directory under a granted directory.
+    Entry {
+        /// The granted directory, as the guest sees it.
+        dir: String,
+        /// The listed directory's path in it.
+        path: String,
+    },
 }
 
 /// A key-value write as a replay compares it.
@@ -256,6 +287,26 @@ impl std::fmt::Display for Ask {
                     "wasi:keyvalue list-keys(bucket: {bucket}, cursor: {cursor})"
                 )
             }
+            Self::Http {
+                method,
+                uri,
+                headers,
+                body,
+            } => write!(
+                f,
+                "wasi:http/outgoing-handler.handle({method} {uri}, headers sha256: {}, body \
+                 sha256: {})",
+                Digest(*headers).hex(),
+                Digest(*body).hex()
+            ),
+            Self::Open { dir, path } => write!(
+                f,
+                "wasi:filesystem open-at(dir: {dir}, path: {path:?}, to read)"
+            ),
+            Self::Entry { dir, path } => write!(
+                f,
+                "wasi:filesystem read-directory-entry(dir: {dir}, path: {path:?})"
+            ),
         }
     }
 }
@@ -284,6 +335,31 @@ pub enum Answer {
     Written(Result<Option<u64>, String>),
     /// A page of keys and the next cursor, or the store's error.
     Keys(Result<(Vec<String>, Option<u64>), String>),
+    /// An outbound request's response, or its error: the text of its
+    /// `wasi:http` error code, then, after a line break, the line the
+    /// host logged when it denied or refused the request, if it did.
+    Response(Result<RecordedResponse, String>),
+    /// An open to read: the file's whole content as it was opened (none:
+    /// a directory), or the filesystem error code's name.
+    Opened(Result<Option<Vec<u8>>, String>),
+    /// A directory's next entry (its type, by its position in the WIT
+    /// enum, and its name; none: the end), or the error code's name.
+    Entry(Result<Option<(u8, String)>, String>),
+}
+
+/// An outbound request's response as the guest got it, whole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedResponse {
+    /// The status code.
+    pub status: u16,
+    /// The headers, in order.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The whole body (up to `error`, if reading it failed).
+    pub body: Vec<u8>,
+    /// The trailers, if any came.
+    pub trailers: Option<Vec<(String, Vec<u8>)>>,
+    /// The error that ended reading the body early, as its text.
+    pub error: Option<String>,
 }
 
 /// A child's end as its parent saw it.

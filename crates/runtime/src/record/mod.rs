@@ -1,13 +1,17 @@
 //! The flight recorder: every attempt can be recorded and replayed
 //! offline. A guest reaches the world only through host calls, so the
 //! answers that could differ between two runs (the clocks, the random
-//! numbers, cancellation, sleeps, key-value state, child outcomes), with
-//! the world the attempt started in, are all a replay needs.
+//! numbers, cancellation, sleeps, key-value state, child outcomes, the
+//! responses to outbound HTTP requests, the files opened and the
+//! directories listed through directory grants), with the world the
+//! attempt started in, are all a replay needs.
 //!
 //! | module | owns |
 //! |---|---|
 //! | `format` | what a record holds ([`AttemptRecord`], [`Call`]) and its file ([`RecordFile`]) |
 //! | `tape` | one attempt's tape: recording within a budget, replaying and stopping where the guest diverges; the taped clocks and key-value backend |
+//! | `files` | reads through directory grants on a tape: each open to read a call, the file's content its answer, each listed entry a call; replaying, fresh read-only grants filled from the record |
+//! | `http` | outbound HTTP on a tape: each request a call reserved in the order sent, its whole response (or error) the answer; replaying, answered from the record |
 //! | `replay` | [`Runtime::replay`](crate::Runtime::replay): one recorded attempt run again against its record, and the verdict |
 //!
 //! **Must not** record a secret's value (only its digest), or reach a
@@ -15,7 +19,9 @@
 
 #![forbid(unsafe_code)]
 
+pub(crate) mod files;
 pub mod format;
+pub(crate) mod http;
 pub(crate) mod replay;
 pub(crate) mod tape;
 
@@ -24,7 +30,7 @@ use std::time::Instant;
 
 pub use format::{
     AttemptRecord, Call, DEFAULT_RECORD_BUDGET, EndKind, FORMAT_VERSION, RecordEnd, RecordError,
-    RecordFile, RecordStart, RecordedSecret,
+    RecordFile, RecordStart, RecordedResponse, RecordedSecret,
 };
 pub use replay::{ReplayReport, ReplayRequest, Verdict};
 pub use tape::{Divergence, Stop};

@@ -1,5 +1,6 @@
 //! Owns a replay: one recorded attempt run again, without grants, network
-//! or clock, every host call answered from its record, and the verdict:
+//! or clock, every host call (outbound HTTP and the files opened through
+//! directory grants too) answered from its record, and the verdict:
 //! identical, diverged at a call (what the guest asked, what the record
 //! holds), or ended differently. Secrets are looked up again by name and
 //! must have the recorded digests.
@@ -9,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::files::ReplayDirs;
 use super::format::{AttemptRecord, EndKind, RecordEnd};
 use super::tape::{Divergence, Replaying, Stop};
 use super::{DigestingSink, record_end};
@@ -18,7 +20,7 @@ use crate::failure::AttemptError;
 use crate::output::GuestSink;
 use crate::plugin::Plugin;
 use crate::runtime::Runtime;
-use crate::sandbox::Sandbox;
+use crate::sandbox::{DirGrant, Sandbox};
 use crate::secrets::{SecretRef, Secrets};
 
 /// What to replay, and with what.
@@ -63,8 +65,9 @@ pub struct ReplayReport {
     pub calls_used: usize,
     /// How many calls the record holds.
     pub calls_recorded: usize,
-    /// What the replay could not give the guest (directory grants, HTTP),
-    /// said so a divergence there is understood.
+    /// What the replay could not give the guest as it was (what it wrote
+    /// through directory grants, their metadata), said so a divergence
+    /// there is understood.
     pub notes: Vec<String>,
 }
 
@@ -110,10 +113,14 @@ impl Runtime {
             None
         };
         let replaying = Replaying::new(calls, end);
+        // Fresh read-only grants, filled from the record as the guest opens.
+        let dirs = ReplayDirs::new(&start.dirs)
+            .map_err(|e| ReplayError::Start(format!("cannot make its directories: {e}")))?;
         let setup = ReplaySetup {
             replaying: Arc::clone(&replaying),
             seed: start.seed,
             kv: start.kv_store,
+            http: start.http,
         };
         let env = AttemptEnv {
             limits: self.guest_limits(),
@@ -143,6 +150,15 @@ impl Runtime {
                     .collect(),
                 config: start.config.clone(),
                 kv: start.kv.clone(),
+                dirs: dirs
+                    .dirs
+                    .iter()
+                    .map(|(host, guest)| DirGrant {
+                        host: host.clone(),
+                        guest: guest.clone(),
+                        read_only: true,
+                    })
+                    .collect(),
                 max_memory: start.max_memory,
                 ..Sandbox::default()
             }),
@@ -175,6 +191,7 @@ impl Runtime {
         let _hurry = self.hurry_at(started + deadline, Arc::clone(&signals.abort));
         let mut result = prepared.run(&attempt.input).await;
         aborter.abort();
+        drop(dirs);
         let (stop, divergence, calls_used, _) = replaying.result();
         // A guest stopped where the recorded one was aborted ends as it did.
         if stop == Some(Stop::RecordedAbort) {
@@ -254,17 +271,11 @@ fn notes(record: &AttemptRecord) -> Vec<String> {
     let mut notes = Vec::new();
     if !start.dirs.is_empty() {
         notes.push(format!(
-            "the attempt was granted {}, whose reads a record does not hold yet: the replay \
-             runs without them",
+            "the attempt was granted {}: the replay gives it fresh read-only directories \
+             holding the files it opened and listed, as recorded; what it wrote there, and \
+             metadata such as times, are not recorded",
             start.dirs.join(", ")
         ));
-    }
-    if start.http {
-        notes.push(
-            "the attempt was granted outbound HTTP, whose responses a record does not hold \
-             yet: the replay denies every request"
-                .to_owned(),
-        );
     }
     notes
 }

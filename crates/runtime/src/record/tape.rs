@@ -4,7 +4,11 @@
 //! and the first question the record does not hold stops the guest
 //! ([`Stop`]). Off, it costs a branch. The clocks, the random numbers
 //! (from a recorded seed) and the key-value backend are wrapped here;
-//! the host calls of our own package call [`Tape::call`].
+//! the host calls of our own package call [`Tape::call`]. A call answered
+//! later than asked (an outbound request) keeps its place: recording, it
+//! is reserved when asked ([`Recording::reserve`]) and the calls made
+//! meanwhile wait behind it; replaying, it is claimed when asked and its
+//! whole question compared once known ([`Replaying::settle`]).
 
 #![forbid(unsafe_code)]
 
@@ -60,6 +64,22 @@ struct RecordingState {
     count: u32,
     budget: usize,
     truncated: bool,
+    /// Calls asked but not all answered yet, in the order asked: the
+    /// first is call `first_waiting` (counted from 0). A reserved call
+    /// holds its question until its answer fills it; the calls after it
+    /// wait to be encoded.
+    waiting: std::collections::VecDeque<Waiting>,
+    first_waiting: u64,
+}
+
+/// A call that waits to be encoded.
+enum Waiting {
+    /// Asked; its answer is still to come.
+    Reserved(Ask),
+    /// Complete.
+    Call(Call),
+    /// The record ends here: its answer did not fit the budget.
+    Truncate,
 }
 
 impl Recording {
@@ -71,39 +91,112 @@ impl Recording {
                 count: 0,
                 budget,
                 truncated: false,
+                waiting: std::collections::VecDeque::new(),
+                first_waiting: 0,
             }),
         })
     }
 
     fn push(&self, call: &Call) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if state.truncated {
+        if !state.waiting.is_empty() {
+            state.waiting.push_back(Waiting::Call(call.clone()));
             return;
         }
-        let at = state.calls.len();
-        // Encoding plain data into a Vec cannot fail. Room for the call
-        // first: encoding grows the buffer as it writes, and from empty
-        // that was a reallocation per doubling (8, 16, 32, ... bytes).
-        let mut calls = std::mem::take(&mut state.calls);
-        calls.reserve(CALL_ROOM);
-        let mut calls = postcard::to_extend(call, calls).unwrap_or_default();
-        if calls.len() > state.budget {
-            calls.truncate(at);
-            state.truncated = true;
-        } else {
-            state.count += 1;
-        }
-        state.calls = calls;
+        state.encode(call);
     }
 
-    /// The encoded calls, their count, and whether the budget ran out.
+    /// Reserves the next call for a question whose answer comes later
+    /// ([`Recording::fill`]): the calls made meanwhile are kept after it.
+    pub(crate) fn reserve(&self, ask: Ask) -> u64 {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.waiting.push_back(Waiting::Reserved(ask));
+        state.first_waiting + state.waiting.len() as u64 - 1
+    }
+
+    /// Fills reserved call `at` with its call, or (none) ends the record
+    /// there, marked truncated. Filling a call twice keeps the first.
+    pub(crate) fn fill(&self, at: u64, call: Option<Call>) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(index) = at
+            .checked_sub(state.first_waiting)
+            .and_then(|i| usize::try_from(i).ok())
+        else {
+            return;
+        };
+        if let Some(slot @ Waiting::Reserved(_)) = state.waiting.get_mut(index) {
+            *slot = call.map_or(Waiting::Truncate, Waiting::Call);
+        }
+        state.flush();
+    }
+
+    /// How many bytes the budget still leaves.
+    pub(crate) fn room(&self) -> usize {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.truncated {
+            return 0;
+        }
+        state.budget.saturating_sub(state.calls.len())
+    }
+
+    /// The encoded calls, their count, and whether the budget ran out. A
+    /// call still unanswered (the attempt ended while it waited) is kept
+    /// with an error for its answer, which the guest never saw.
     pub(crate) fn take(&self) -> (Vec<u8>, u32, bool) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        for slot in &mut state.waiting {
+            if let Waiting::Reserved(ask) = slot {
+                *slot = Waiting::Call(Call {
+                    ask: ask.clone(),
+                    answer: Answer::Response(Err(
+                        "internal error: the attempt ended before this request's answer".into(),
+                    )),
+                });
+            }
+        }
+        state.flush();
         (
             std::mem::take(&mut state.calls),
             state.count,
             state.truncated,
         )
+    }
+}
+
+impl RecordingState {
+    /// Encodes the calls at the front of `waiting` that are complete.
+    fn flush(&mut self) {
+        while let Some(front) = self.waiting.front() {
+            if matches!(front, Waiting::Reserved(_)) {
+                break;
+            }
+            self.first_waiting += 1;
+            match self.waiting.pop_front() {
+                Some(Waiting::Call(call)) => self.encode(&call),
+                Some(Waiting::Truncate) => self.truncated = true,
+                _ => {}
+            }
+        }
+    }
+
+    fn encode(&mut self, call: &Call) {
+        if self.truncated {
+            return;
+        }
+        let at = self.calls.len();
+        // Encoding plain data into a Vec cannot fail. Room for the call
+        // first: encoding grows the buffer as it writes, and from empty
+        // that was a reallocation per doubling (8, 16, 32, ... bytes).
+        let mut calls = std::mem::take(&mut self.calls);
+        calls.reserve(CALL_ROOM);
+        let mut calls = postcard::to_extend(call, calls).unwrap_or_default();
+        if calls.len() > self.budget {
+            calls.truncate(at);
+            self.truncated = true;
+        } else {
+            self.count += 1;
+        }
+        self.calls = calls;
     }
 }
 
@@ -167,6 +260,19 @@ impl Replaying {
     }
 
     fn answer(&self, ask: Ask) -> Result<Answer, Stop> {
+        let asked = ask.clone();
+        self.claim(&ask, |recorded| *recorded == asked)
+            .map(|(_, call)| call.answer)
+    }
+
+    /// Takes the next recorded call for `ask` if `same` finds its question
+    /// the same (a question known whole only later is compared again by
+    /// [`Replaying::settle`]): its number and the call.
+    pub(crate) fn claim(
+        &self,
+        ask: &Ask,
+        same: impl Fn(&Ask) -> bool,
+    ) -> Result<(u32, Call), Stop> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(stop) = &state.stop {
             return Err(stop.clone());
@@ -174,9 +280,9 @@ impl Replaying {
         let number = u32::try_from(state.next + 1).unwrap_or(u32::MAX);
         let found = state.calls.get(state.next).cloned();
         let stop = match found {
-            Some(call) if call.ask == ask => {
+            Some(call) if same(&call.ask) => {
                 state.next += 1;
-                return Ok(call.answer);
+                return Ok((number, call));
             }
             Some(call) => {
                 state.divergence = Some(Divergence {
@@ -199,6 +305,26 @@ impl Replaying {
             },
         };
         state.stop = Some(stop.clone());
+        self.stopped.store(true, Ordering::Relaxed);
+        Err(stop)
+    }
+
+    /// Compares the whole question `asked` of claimed call `number` with
+    /// the recorded one: another is a divergence there.
+    pub(crate) fn settle(&self, number: u32, recorded: &Ask, asked: &Ask) -> Result<(), Stop> {
+        if recorded == asked {
+            return Ok(());
+        }
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.divergence.is_none() {
+            state.divergence = Some(Divergence {
+                call: number,
+                asked: asked.to_string(),
+                recorded: Some(recorded.to_string()),
+            });
+        }
+        let stop = Stop::Diverged { call: number };
+        state.stop.get_or_insert(stop.clone());
         self.stopped.store(true, Ordering::Relaxed);
         Err(stop)
     }
@@ -410,5 +536,68 @@ impl KvBackend for TapedKv {
                 Err(stop) => stopped(&stop),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decoded(recording: &Recording) -> (Vec<Ask>, bool) {
+        let (calls, count, truncated) = recording.take();
+        let mut asks = Vec::new();
+        let mut rest = &calls[..];
+        while !rest.is_empty() {
+            let (call, tail) = postcard::take_from_bytes::<Call>(rest).unwrap();
+            asks.push(call.ask);
+            rest = tail;
+        }
+        assert_eq!(asks.len(), count as usize);
+        (asks, truncated)
+    }
+
+    #[test]
+    fn a_reserved_call_keeps_its_place_before_the_calls_made_meanwhile() {
+        let recording = Recording::new(1 << 20);
+        let tape = Tape::Record(Arc::clone(&recording));
+        let at = recording.reserve(Ask::Sleep { ms: 1 });
+        tape.call(|| Ask::WallNow, || Answer::Time(1, 2)).unwrap();
+        // The attempt ends before this one's answer: it is kept with an
+        // error, in its place.
+        recording.reserve(Ask::Sleep { ms: 2 });
+        recording.fill(
+            at,
+            Some(Call {
+                ask: Ask::Sleep { ms: 1 },
+                answer: Answer::Slept { cancelled: false },
+            }),
+        );
+        tape.call(|| Ask::MonotonicNow, || Answer::Nanos(3))
+            .unwrap();
+        let (asks, truncated) = decoded(&recording);
+        assert_eq!(
+            asks,
+            [
+                Ask::Sleep { ms: 1 },
+                Ask::WallNow,
+                Ask::Sleep { ms: 2 },
+                Ask::MonotonicNow
+            ]
+        );
+        assert!(!truncated);
+    }
+
+    #[test]
+    fn a_reserved_call_past_the_budget_ends_the_record_there() {
+        let recording = Recording::new(1 << 20);
+        let tape = Tape::Record(Arc::clone(&recording));
+        tape.call(|| Ask::WallNow, || Answer::Time(1, 2)).unwrap();
+        let at = recording.reserve(Ask::Sleep { ms: 1 });
+        tape.call(|| Ask::MonotonicNow, || Answer::Nanos(3))
+            .unwrap();
+        recording.fill(at, None);
+        tape.call(|| Ask::MonotonicNow, || Answer::Nanos(4))
+            .unwrap();
+        assert_eq!(decoded(&recording), (vec![Ask::WallNow], true));
     }
 }
