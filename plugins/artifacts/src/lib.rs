@@ -124,6 +124,8 @@ mod tests {
             "hog",
             "http-burst",
             "http-get",
+            "nondet",
+            "nondet-changed",
             "not-a-task",
             "oom",
             "output-huge",

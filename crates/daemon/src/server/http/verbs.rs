@@ -699,6 +699,7 @@ mod tests {
                 "string" if name == "plugin" => json!("0".repeat(64)),
                 "string" => json!("1s"),
                 "integer" => json!(1),
+                "boolean" => json!(false),
                 "object" => json!({}),
                 _ => json!([]),
             };
