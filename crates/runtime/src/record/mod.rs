@@ -172,7 +172,15 @@ pub(crate) fn tape_world(
     seed: [u8; 32],
 ) {
     use rand::SeedableRng;
-    let derived = |what: &[u8]| sha256(&[&seed[..], what].concat());
+    use sha2::Digest as _;
+    // sha256 of the seed, then `what`, hashed as they come (no copy).
+    let derived = |what: &[u8]| -> [u8; 32] {
+        sha2::Sha256::new()
+            .chain_update(seed)
+            .chain_update(what)
+            .finalize()
+            .into()
+    };
     let insecure_seed = derived(b"insecure-seed");
     let mut low = [0u8; 16];
     low.copy_from_slice(&insecure_seed[..16]);

@@ -46,6 +46,10 @@ pub enum Stop {
     Truncated,
 }
 
+/// Bytes made free in the record's buffer before each call is encoded:
+/// most calls take fewer.
+const CALL_ROOM: usize = 256;
+
 /// The recording side: the calls encoded so far, within a budget.
 pub(crate) struct Recording {
     state: Mutex<RecordingState>,
@@ -77,8 +81,11 @@ impl Recording {
             return;
         }
         let at = state.calls.len();
-        // Encoding plain data into a Vec cannot fail.
-        let calls = std::mem::take(&mut state.calls);
+        // Encoding plain data into a Vec cannot fail. Room for the call
+        // first: encoding grows the buffer as it writes, and from empty
+        // that was a reallocation per doubling (8, 16, 32, ... bytes).
+        let mut calls = std::mem::take(&mut state.calls);
+        calls.reserve(CALL_ROOM);
         let mut calls = postcard::to_extend(call, calls).unwrap_or_default();
         if calls.len() > state.budget {
             calls.truncate(at);
