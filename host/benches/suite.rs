@@ -1610,6 +1610,7 @@ fn callgrind(which: &str) {
             measured_attempts(&rt, &harness);
             rt.block_on(harness.shutdown());
         }
+        other if other.starts_with("record-") => record::callgrind(other),
         other => panic!("--callgrind takes floor, fair or attempt, not {other:?}"),
     }
     println!("{CALLGRIND_ITERATIONS} iterations of {which}");

@@ -400,3 +400,41 @@ pub(super) fn bytes(table: &mut Table) {
         let _ = ctl.shutdown(GRACE).await;
     });
 }
+
+/// `--callgrind record-KEY-off|record-KEY-on` (KEY: `hello`, `kv`,
+/// `kv-bench`): that case's closed loop, recording off or on, alone under
+/// callgrind, `CALLGRIND_ITERATIONS` attempts: `valgrind --tool=callgrind
+/// --collect-atstart=no --toggle-collect='*measured_record*' <suite binary>
+/// --callgrind record-hello-on`.
+pub(super) fn callgrind(which: &str) {
+    let (key, side) = which
+        .strip_prefix("record-")
+        .and_then(|w| w.rsplit_once('-'))
+        .expect("record-KEY-off or record-KEY-on");
+    let rt = Flavour::Current.runtime();
+    let runtime = runtime();
+    let cases = rt.block_on(cases(&runtime, 1));
+    let case = cases.iter().find(|c| c.key == key).expect("a case");
+    let kept = Arc::new(Kept::default());
+    let body = case.body(&runtime, (side == "on").then_some(&kept));
+    let ctl = {
+        let _guard = rt.enter();
+        ours_controller(GRACE)
+    };
+    let sup = ctl.supervisor().clone();
+    rt.block_on(attempts(
+        sup.clone(),
+        Arc::clone(&body),
+        "cg-warm".into(),
+        200,
+    ));
+    measured_record(&rt, sup, body);
+    let _ = rt.block_on(ctl.shutdown(GRACE));
+    println!("{} attempts of {which}", super::CALLGRIND_ITERATIONS);
+}
+
+#[inline(never)]
+fn measured_record(rt: &tokio::runtime::Runtime, sup: Supervisor, body: Arc<dyn TaskBody>) {
+    let n = super::CALLGRIND_ITERATIONS;
+    rt.block_on(attempts(sup, body, "cg".into(), n));
+}
