@@ -402,7 +402,7 @@ pub(super) fn bytes(table: &mut Table) {
 }
 
 /// `--callgrind record-KEY-off|record-KEY-on` (KEY: `hello`, `kv`,
-/// `kv-bench`): that case's closed loop, recording off or on, alone under
+/// `kv-bench`, `http`): that case's closed loop, recording off or on, alone under
 /// callgrind, `CALLGRIND_ITERATIONS` attempts: `valgrind --tool=callgrind
 /// --collect-atstart=no --toggle-collect='*measured_record*' <suite binary>
 /// --callgrind record-hello-on`.
@@ -413,7 +413,7 @@ pub(super) fn callgrind(which: &str) {
         .expect("record-KEY-off or record-KEY-on");
     let rt = Flavour::Current.runtime();
     let runtime = runtime();
-    let cases = rt.block_on(cases(&runtime, 1));
+    let cases = rt.block_on(cases(&runtime, ok_server()));
     let case = cases.iter().find(|c| c.key == key).expect("a case");
     let kept = Arc::new(Kept::default());
     let body = case.body(&runtime, (side == "on").then_some(&kept));
