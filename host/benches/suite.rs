@@ -40,7 +40,9 @@
 //!   from the grace deadline to the ForceAborted outcome and to physical
 //!   completion, in epoch ticks (10 ms);
 //! - shutdown with 1,000 live tasks (parked until cancelled), on a fresh
-//!   supervisor per round.
+//!   supervisor per round;
+//! - recording off and on (issue 55; `common/record.rs`), and the bytes of
+//!   one recorded attempt (`record-bytes`).
 //!
 //! Then, in fresh child processes (one per measurement, so that the
 //! allocator holds no memory freed by earlier work): resident memory per
@@ -63,7 +65,8 @@
 //! half on 2 cores after the build). Arguments select scenarios by
 //! substring: `cargo bench -p taskhost --bench suite -- force-abort rss`
 //! (keys: one-shot, queue-distinct, queue-one-slot, replace, closed-loop,
-//! floor, cancel, force-abort, shutdown, rss, host-run; and
+//! floor, cancel, force-abort, shutdown, record, record-bytes, rss,
+//! host-run; and
 //! `rate-accuracy`, a minute long, run only when named:
 //! `cargo bench -p taskhost --bench suite -- rate-accuracy`).
 
@@ -71,6 +74,8 @@
 mod fair_floor;
 #[path = "common/guests.rs"]
 mod guests;
+#[path = "common/record.rs"]
+mod record;
 
 /// The `host` binary's allocator (host/src/main.rs), so that both sides and
 /// the floors pay what `host` pays for memory.
@@ -185,7 +190,7 @@ fn main() {
         let rt = flavour.runtime();
         println!("\n## {}", flavour.name());
         type Scenario = fn(&tokio::runtime::Runtime, Flavour, &Arc<Plugins>, &mut Table);
-        let scenarios: [(&str, Scenario); 9] = [
+        let scenarios: [(&str, Scenario); 10] = [
             ("one-shot", oneshot),
             ("queue-distinct", |rt, f, p, t| queue(rt, f, p, t, false)),
             ("queue-one-slot", |rt, f, p, t| queue(rt, f, p, t, true)),
@@ -195,12 +200,17 @@ fn main() {
             ("cancel", cancel_latency),
             ("force-abort", force_abort),
             ("shutdown", shutdown),
+            ("record", |rt, f, _, t| record::record(rt, f, t)),
         ];
         for (key, scenario) in scenarios {
             if wanted(key) {
                 scenario(&rt, flavour, &plugins, &mut table);
             }
         }
+    }
+    if wanted("record-bytes") {
+        println!("\n## recorded attempts");
+        record::bytes(&mut table);
     }
     if wanted("admission") {
         println!("\n## pure functions");
@@ -1600,6 +1610,7 @@ fn callgrind(which: &str) {
             measured_attempts(&rt, &harness);
             rt.block_on(harness.shutdown());
         }
+        other if other.starts_with("record-") => record::callgrind(other),
         other => panic!("--callgrind takes floor, fair or attempt, not {other:?}"),
     }
     println!("{CALLGRIND_ITERATIONS} iterations of {which}");
