@@ -46,9 +46,10 @@ pub enum LogLevel {
     Error,
 }
 
-impl std::fmt::Display for Stream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl Stream {
+    /// Its name, as [`Display`](std::fmt::Display) writes it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
             Stream::Stdout => "stdout",
             Stream::Stderr => "stderr",
             Stream::Log(LogLevel::Trace) => "trace",
@@ -56,7 +57,13 @@ impl std::fmt::Display for Stream {
             Stream::Log(LogLevel::Info) => "info",
             Stream::Log(LogLevel::Warn) => "warn",
             Stream::Log(LogLevel::Error) => "error",
-        })
+        }
+    }
+}
+
+impl std::fmt::Display for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

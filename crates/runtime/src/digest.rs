@@ -23,7 +23,19 @@ impl Digest {
 
     /// The 64 lower-case hex digits.
     pub fn hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        String::from_utf8_lossy(&self.hex_digits()).into_owned()
+    }
+
+    /// The 64 lower-case hex digits, as ASCII bytes: a task's span
+    /// formats them at every submission.
+    fn hex_digits(&self) -> [u8; 64] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 64];
+        for (pair, byte) in out.chunks_exact_mut(2).zip(self.0) {
+            pair[0] = DIGITS[usize::from(byte >> 4)];
+            pair[1] = DIGITS[usize::from(byte & 0xf)];
+        }
+        out
     }
 }
 
@@ -48,7 +60,7 @@ impl std::str::FromStr for Digest {
 impl std::fmt::Display for Digest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("sha256:")?;
-        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+        f.write_str(&String::from_utf8_lossy(&self.hex_digits()))
     }
 }
 

@@ -45,9 +45,16 @@ impl Bucket {
     /// The bucket as one string, as a store keeps it: `slot:NAME` or
     /// `shared:NAME`.
     pub fn scope(&self) -> String {
+        let (kind, name) = self.scope_parts();
+        [kind, name].concat()
+    }
+
+    /// The two parts of its [`scope`](Self::scope): `slot:` or `shared:`,
+    /// and its name.
+    pub fn scope_parts(&self) -> (&'static str, &str) {
         match self {
-            Self::Slot(name) => format!("slot:{name}"),
-            Self::Shared(name) => format!("shared:{name}"),
+            Self::Slot(name) => ("slot:", name),
+            Self::Shared(name) => ("shared:", name),
         }
     }
 

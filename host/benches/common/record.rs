@@ -430,11 +430,20 @@ pub(super) fn callgrind(which: &str) {
     ));
     measured_record(&rt, sup, body);
     let _ = rt.block_on(ctl.shutdown(GRACE));
-    println!("{} attempts of {which}", super::CALLGRIND_ITERATIONS);
+    println!("{} attempts of {which}", attempts_measured());
+}
+
+/// `CALLGRIND_ITERATIONS`, or `TASKHOST_BENCH_PROFILE_ATTEMPTS` (enough
+/// for a sampling profiler: `perf record -e cpu-clock`).
+fn attempts_measured() -> usize {
+    std::env::var("TASKHOST_BENCH_PROFILE_ATTEMPTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(super::CALLGRIND_ITERATIONS)
 }
 
 #[inline(never)]
 fn measured_record(rt: &tokio::runtime::Runtime, sup: Supervisor, body: Arc<dyn TaskBody>) {
-    let n = super::CALLGRIND_ITERATIONS;
+    let n = attempts_measured();
     rt.block_on(attempts(sup, body, "cg".into(), n));
 }

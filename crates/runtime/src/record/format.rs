@@ -26,6 +26,7 @@ pub struct AttemptRecord {
     /// The world the attempt started in.
     pub start: RecordStart,
     /// The calls, each a postcard-encoded [`Call`], in order.
+    #[serde(with = "serde_bytes")]
     pub calls: Vec<u8>,
     /// How many calls `calls` holds.
     pub call_count: u32,
@@ -59,6 +60,7 @@ pub struct RecordStart {
     /// A command's arguments.
     pub args: Vec<String>,
     /// The input (empty when it was larger than the record's budget).
+    #[serde(with = "serde_bytes")]
     pub input: Vec<u8>,
     /// Whether `input` is the input: false when it was larger than the
     /// record's budget, which then holds no call either.
@@ -330,7 +332,7 @@ pub enum Answer {
     /// A wait: the child's end, or why not.
     Waited(Result<ChildEnd, WaitFailure>),
     /// A read's value, or the store's error.
-    Value(Result<Option<Vec<u8>>, String>),
+    Value(#[serde(with = "maybe_bytes")] Result<Option<Vec<u8>>, String>),
     /// A write's result (an increment's number), or the store's error.
     Written(Result<Option<u64>, String>),
     /// A page of keys and the next cursor, or the store's error.
@@ -341,7 +343,7 @@ pub enum Answer {
     Response(Result<RecordedResponse, String>),
     /// An open to read: the file's whole content as it was opened (none:
     /// a directory), or the filesystem error code's name.
-    Opened(Result<Option<Vec<u8>>, String>),
+    Opened(#[serde(with = "maybe_bytes")] Result<Option<Vec<u8>>, String>),
     /// A directory's next entry (its type, by its position in the WIT
     /// enum, and its name; none: the end), or the error code's name.
     Entry(Result<Option<(u8, String)>, String>),
@@ -355,6 +357,7 @@ pub struct RecordedResponse {
     /// The headers, in order.
     pub headers: Vec<(String, Vec<u8>)>,
     /// The whole body (up to `error`, if reading it failed).
+    #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
     /// The trailers, if any came.
     pub trailers: Option<Vec<(String, Vec<u8>)>>,
@@ -368,6 +371,7 @@ pub struct ChildEnd {
     /// `child-status`, by its position in the WIT enum.
     pub status: u8,
     /// Its output.
+    #[serde(with = "serde_bytes")]
     pub output: Vec<u8>,
     /// Its reason.
     pub reason: String,
@@ -380,6 +384,31 @@ pub enum WaitFailure {
     Cancelled,
     /// No such child of this parent.
     UnknownChild,
+}
+
+/// A value or a file's content, or an error, with its bytes written as
+/// bytes: postcard writes them as it writes a sequence of `u8` (a length,
+/// then the bytes), in one copy instead of one call per byte.
+mod maybe_bytes {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use serde_bytes::{ByteBuf, Bytes};
+
+    pub(super) fn serialize<S: Serializer>(
+        value: &Result<Option<Vec<u8>>, String>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        value
+            .as_ref()
+            .map(|bytes| bytes.as_deref().map(Bytes::new))
+            .serialize(serializer)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Result<Option<Vec<u8>>, String>, D::Error> {
+        let value = Result::<Option<ByteBuf>, String>::deserialize(deserializer)?;
+        Ok(value.map(|bytes| bytes.map(ByteBuf::into_vec)))
+    }
 }
 
 impl AttemptRecord {
@@ -534,5 +563,253 @@ impl LineDigest {
     /// The fingerprint and the count.
     pub(crate) fn finish(&self) -> (u64, u64) {
         (self.state, self.count)
+    }
+}
+
+/// A key-value question as its host call borrows it: recorded, it is
+/// encoded straight from the bucket and key, as its [`Ask`] would be.
+pub(crate) enum KvAsk<'a> {
+    /// [`Ask::KvGet`].
+    Get {
+        bucket: &'a crate::kv::Bucket,
+        key: &'a str,
+    },
+    /// [`Ask::KvWrite`].
+    Write {
+        bucket: &'a crate::kv::Bucket,
+        key: &'a str,
+        write: WriteAsk,
+    },
+    /// [`Ask::KvKeys`].
+    Keys {
+        bucket: &'a crate::kv::Bucket,
+        cursor: u64,
+    },
+}
+
+impl KvAsk<'_> {
+    /// Its [`Ask`].
+    pub(crate) fn to_ask(&self) -> Ask {
+        match self {
+            Self::Get { bucket, key } => Ask::KvGet {
+                bucket: bucket.scope(),
+                key: (*key).to_owned(),
+            },
+            Self::Write { bucket, key, write } => Ask::KvWrite {
+                bucket: bucket.scope(),
+                key: (*key).to_owned(),
+                write: write.clone(),
+            },
+            Self::Keys { bucket, cursor } => Ask::KvKeys {
+                bucket: bucket.scope(),
+                cursor: *cursor,
+            },
+        }
+    }
+
+    /// Appends its [`Ask`]'s postcard encoding to `out`, byte for byte,
+    /// without building the `Ask`: a variant is its index, a number a
+    /// varint, a string its length and its bytes.
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        let scope = |out: &mut Vec<u8>, bucket: &crate::kv::Bucket| {
+            let (kind, name) = bucket.scope_parts();
+            varint(out, (kind.len() + name.len()) as u64);
+            out.extend_from_slice(kind.as_bytes());
+            out.extend_from_slice(name.as_bytes());
+        };
+        let text = |out: &mut Vec<u8>, text: &str| {
+            varint(out, text.len() as u64);
+            out.extend_from_slice(text.as_bytes());
+        };
+        match self {
+            Self::Get { bucket, key } => {
+                varint(out, 8);
+                scope(out, bucket);
+                text(out, key);
+            }
+            Self::Write { bucket, key, write } => {
+                varint(out, 9);
+                scope(out, bucket);
+                text(out, key);
+                match write {
+                    WriteAsk::Set(value) => {
+                        varint(out, 0);
+                        varint(out, *value);
+                    }
+                    WriteAsk::Delete => varint(out, 1),
+                    WriteAsk::Increment(by) => {
+                        varint(out, 2);
+                        varint(out, *by);
+                    }
+                }
+            }
+            Self::Keys { bucket, cursor } => {
+                varint(out, 10);
+                scope(out, bucket);
+                varint(out, *cursor);
+            }
+        }
+    }
+}
+
+/// postcard's unsigned varint: seven bits a byte, low first, the high bit
+/// set on every byte but the last.
+fn varint(out: &mut impl Extend<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.extend([(value as u8) | 0x80]);
+        value >>= 7;
+    }
+    out.extend([value as u8]);
+}
+
+/// A clock's call (`now`), encoded as its [`Call`] is, on the stack: a
+/// guest may read a clock at every step.
+pub(crate) struct ClockCall {
+    bytes: [u8; 24],
+    len: usize,
+}
+
+impl Extend<u8> for ClockCall {
+    fn extend<I: IntoIterator<Item = u8>>(&mut self, bytes: I) {
+        for byte in bytes {
+            self.bytes[self.len] = byte;
+            self.len += 1;
+        }
+    }
+}
+
+impl ClockCall {
+    /// [`Ask::WallNow`] answered [`Answer::Time`].
+    pub(crate) fn wall_now(secs: u64, nanos: u32) -> Self {
+        let mut call = Self {
+            bytes: [0; 24],
+            len: 0,
+        };
+        call.extend([0, 0]);
+        varint(&mut call, secs);
+        varint(&mut call, u64::from(nanos));
+        call
+    }
+
+    /// [`Ask::MonotonicNow`] answered [`Answer::Nanos`].
+    pub(crate) fn monotonic_now(nanos: u64) -> Self {
+        let mut call = Self {
+            bytes: [0; 24],
+            len: 0,
+        };
+        call.extend([2, 1]);
+        varint(&mut call, nanos);
+        call
+    }
+
+    /// The encoded call.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::Bucket;
+
+    #[test]
+    fn a_key_value_question_encodes_as_its_ask_does() {
+        let long = "k".repeat(300);
+        let slot = Bucket::Slot("db".into());
+        let shared = Bucket::Shared(format!("team/{}", "n".repeat(200)));
+        let asks = [
+            KvAsk::Get {
+                bucket: &slot,
+                key: "a",
+            },
+            KvAsk::Get {
+                bucket: &shared,
+                key: &long,
+            },
+            KvAsk::Write {
+                bucket: &slot,
+                key: "",
+                write: WriteAsk::Set(u64::MAX),
+            },
+            KvAsk::Write {
+                bucket: &shared,
+                key: "x",
+                write: WriteAsk::Delete,
+            },
+            KvAsk::Write {
+                bucket: &slot,
+                key: &long,
+                write: WriteAsk::Increment(128),
+            },
+            KvAsk::Keys {
+                bucket: &shared,
+                cursor: 0,
+            },
+            KvAsk::Keys {
+                bucket: &slot,
+                cursor: 1 << 40,
+            },
+        ];
+        for ask in asks {
+            let mut direct = Vec::new();
+            ask.encode(&mut direct);
+            assert_eq!(direct, postcard::to_allocvec(&ask.to_ask()).unwrap());
+        }
+    }
+
+    #[test]
+    fn a_clock_call_encodes_as_its_call_does() {
+        for (secs, nanos) in [(0, 0), (1_765_000_000, 999_999_999), (u64::MAX, u32::MAX)] {
+            let call = Call {
+                ask: Ask::WallNow,
+                answer: Answer::Time(secs, nanos),
+            };
+            assert_eq!(
+                ClockCall::wall_now(secs, nanos).as_bytes(),
+                postcard::to_allocvec(&call).unwrap()
+            );
+        }
+        for nanos in [0, 127, 128, 1 << 50, u64::MAX] {
+            let call = Call {
+                ask: Ask::MonotonicNow,
+                answer: Answer::Nanos(nanos),
+            };
+            assert_eq!(
+                ClockCall::monotonic_now(nanos).as_bytes(),
+                postcard::to_allocvec(&call).unwrap()
+            );
+        }
+    }
+
+    #[test]
+    fn byte_vectors_encode_as_the_sequences_a_version_1_record_holds() {
+        // Written with the derive's sequence of u8, read with bytes, and back.
+        // `Answer::Value` is its seventh variant.
+        #[derive(Serialize)]
+        #[allow(dead_code)]
+        enum Before {
+            Time,
+            Nanos,
+            Flag,
+            Slept,
+            Spawned,
+            Waited,
+            Value(Result<Option<Vec<u8>>, String>),
+        }
+        for value in [
+            Ok(Some(vec![7u8; 200])),
+            Ok(Some(Vec::new())),
+            Ok(None),
+            Err("e".into()),
+        ] {
+            let before = postcard::to_allocvec(&Before::Value(value.clone())).unwrap();
+            let now = postcard::to_allocvec(&Answer::Value(value.clone())).unwrap();
+            assert_eq!(before, now);
+            assert_eq!(
+                postcard::from_bytes::<Answer>(&before).unwrap(),
+                Answer::Value(value)
+            );
+        }
     }
 }

@@ -96,7 +96,7 @@ impl GuestSink for DigestingSink {
         self.lines
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .line(&stream.to_string(), text);
+            .line(stream.as_str(), text);
         self.inner.line(stream, text);
     }
 
@@ -171,7 +171,11 @@ impl Drop for AttemptRecorder {
 
 /// A fresh seed for an attempt's random numbers.
 pub(crate) fn fresh_seed() -> [u8; 32] {
-    rand::random()
+    // `fill`, not `random`: an array from `random` is drawn a byte at a
+    // time, one generator call each.
+    let mut seed = [0; 32];
+    rand::fill(&mut seed);
+    seed
 }
 
 /// Sets a WASI context's clocks and random numbers to go through `tape`,

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock};
 
-use super::format::{Answer, Ask, Call, WriteAsk, fingerprint};
+use super::format::{Answer, Ask, Call, ClockCall, KvAsk, WriteAsk, fingerprint};
 use crate::kv::{Bucket, KvBackend, KvError, KvFuture, KvWrite};
 
 /// One attempt's tape.
@@ -78,6 +78,8 @@ enum Waiting {
     Reserved(Ask),
     /// Complete.
     Call(Call),
+    /// Complete, encoded.
+    Encoded(Vec<u8>),
     /// The record ends here: its answer did not fit the budget.
     Truncate,
 }
@@ -104,6 +106,28 @@ impl Recording {
             return;
         }
         state.encode(call);
+    }
+
+    /// Records a call whose question is encoded already (`ask`, as
+    /// [`KvAsk::encode`] writes it) and whose answer is `answer`.
+    fn push_encoded(&self, ask: &[u8], answer: &Answer) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if !state.waiting.is_empty() {
+            let call = postcard::to_extend(answer, ask.to_vec()).unwrap_or_default();
+            state.waiting.push_back(Waiting::Encoded(call));
+            return;
+        }
+        state.append(ask, answer);
+    }
+
+    /// Records a whole call, encoded.
+    fn push_bytes(&self, call: &[u8]) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if !state.waiting.is_empty() {
+            state.waiting.push_back(Waiting::Encoded(call.to_vec()));
+            return;
+        }
+        state.append_bytes(call);
     }
 
     /// Reserves the next call for a question whose answer comes later
@@ -173,6 +197,7 @@ impl RecordingState {
             self.first_waiting += 1;
             match self.waiting.pop_front() {
                 Some(Waiting::Call(call)) => self.encode(&call),
+                Some(Waiting::Encoded(call)) => self.append_bytes(&call),
                 Some(Waiting::Truncate) => self.truncated = true,
                 _ => {}
             }
@@ -180,6 +205,25 @@ impl RecordingState {
     }
 
     fn encode(&mut self, call: &Call) {
+        self.append(&[], call);
+    }
+
+    /// Appends a whole call, encoded.
+    fn append_bytes(&mut self, call: &[u8]) {
+        if self.truncated {
+            return;
+        }
+        if self.calls.len() + call.len() > self.budget {
+            self.truncated = true;
+            return;
+        }
+        self.calls.reserve(CALL_ROOM);
+        self.calls.extend_from_slice(call);
+        self.count += 1;
+    }
+
+    /// Appends a call: `encoded`, its start as bytes, then `rest`.
+    fn append(&mut self, encoded: &[u8], rest: &impl serde::Serialize) {
         if self.truncated {
             return;
         }
@@ -188,8 +232,9 @@ impl RecordingState {
         // first: encoding grows the buffer as it writes, and from empty
         // that was a reallocation per doubling (8, 16, 32, ... bytes).
         let mut calls = std::mem::take(&mut self.calls);
-        calls.reserve(CALL_ROOM);
-        let mut calls = postcard::to_extend(call, calls).unwrap_or_default();
+        calls.reserve(CALL_ROOM + encoded.len());
+        calls.extend_from_slice(encoded);
+        let mut calls = postcard::to_extend(rest, calls).unwrap_or_default();
         if calls.len() > self.budget {
             calls.truncate(at);
             self.truncated = true;
@@ -376,6 +421,47 @@ impl Tape {
     }
 }
 
+/// A question asked of a tape before its answer is known, kept as the
+/// tape needs it: recording, encoded; replaying, whole.
+pub(crate) enum Asked {
+    /// Recording: the question, encoded.
+    Record(Arc<Recording>, Vec<u8>),
+    /// Replaying: the question.
+    Replay(Arc<Replaying>, Ask),
+    /// Off.
+    Off,
+}
+
+impl Asked {
+    /// Recording, records `real` as the answer and gives it; replaying,
+    /// gives the recorded answer (`real` is not used).
+    pub(crate) fn answer(self, real: Answer) -> Result<Answer, Stop> {
+        match self {
+            Self::Off => Ok(real),
+            Self::Record(recording, ask) => {
+                recording.push_encoded(&ask, &real);
+                Ok(real)
+            }
+            Self::Replay(replaying, ask) => replaying.answer(ask),
+        }
+    }
+}
+
+impl Tape {
+    /// Takes a key-value question now, from what its call borrows.
+    pub(crate) fn ask_kv(&self, ask: &KvAsk<'_>) -> Asked {
+        match self {
+            Self::Off => Asked::Off,
+            Self::Record(recording) => {
+                let mut encoded = Vec::with_capacity(64);
+                ask.encode(&mut encoded);
+                Asked::Record(Arc::clone(recording), encoded)
+            }
+            Self::Replay(replaying) => Asked::Replay(Arc::clone(replaying), ask.to_ask()),
+        }
+    }
+}
+
 /// A tape's answer that is not of the kind its question takes: the
 /// record is damaged.
 pub(crate) fn wrong_answer(answer: &Answer) -> wasmtime::Error {
@@ -400,6 +486,11 @@ impl HostWallClock for TapedWallClock {
     }
 
     fn now(&self) -> Duration {
+        if let Tape::Record(recording) = &self.0 {
+            let d = wasmtime_wasi::clocks::WallClock::new().now();
+            recording.push_bytes(ClockCall::wall_now(d.as_secs(), d.subsec_nanos()).as_bytes());
+            return d;
+        }
         let real = || {
             let d = wasmtime_wasi::clocks::WallClock::new().now();
             Answer::Time(d.as_secs(), d.subsec_nanos())
@@ -429,6 +520,11 @@ impl HostMonotonicClock for TapedMonotonicClock {
     }
 
     fn now(&self) -> u64 {
+        if let Tape::Record(recording) = &self.tape {
+            let nanos = self.real.now();
+            recording.push_bytes(ClockCall::monotonic_now(nanos).as_bytes());
+            return nanos;
+        }
         match self
             .tape
             .call(|| Ask::MonotonicNow, || Answer::Nanos(self.real.now()))
@@ -462,20 +558,14 @@ impl TapedKv {
 
 impl KvBackend for TapedKv {
     fn get(&self, task: u64, bucket: &Bucket, key: &str) -> KvFuture<Option<Vec<u8>>> {
-        let tape = self.tape.clone();
-        let ask = Ask::KvGet {
-            bucket: bucket.scope(),
-            key: key.to_owned(),
-        };
+        let asked = self.tape.ask_kv(&KvAsk::Get { bucket, key });
         let real = self.inner().map(|b| b.get(task, bucket, key));
         Box::pin(async move {
-            let real = async {
-                match real {
-                    Ok(get) => Answer::Value(get.await.map_err(|e| e.0)),
-                    Err(e) => Answer::Value(Err(e.0)),
-                }
+            let real = match real {
+                Ok(get) => get.await.map_err(|e| e.0),
+                Err(e) => Err(e.0),
             };
-            match tape.call_async(|| ask, real).await {
+            match asked.answer(Answer::Value(real)) {
                 Ok(Answer::Value(value)) => value.map_err(KvError),
                 Ok(other) => Err(KvError(wrong_answer(&other).to_string())),
                 Err(stop) => stopped(&stop),
@@ -484,26 +574,23 @@ impl KvBackend for TapedKv {
     }
 
     fn write(&self, task: u64, bucket: &Bucket, write: KvWrite) -> KvFuture<Option<u64>> {
-        let tape = self.tape.clone();
         let (key, asked) = match &write {
-            KvWrite::Set(key, value) => (key.clone(), WriteAsk::Set(fingerprint(value))),
-            KvWrite::Delete(key) => (key.clone(), WriteAsk::Delete),
-            KvWrite::Increment(key, by) => (key.clone(), WriteAsk::Increment(*by)),
+            KvWrite::Set(key, value) => (key, WriteAsk::Set(fingerprint(value))),
+            KvWrite::Delete(key) => (key, WriteAsk::Delete),
+            KvWrite::Increment(key, by) => (key, WriteAsk::Increment(*by)),
         };
-        let ask = Ask::KvWrite {
-            bucket: bucket.scope(),
+        let asked = self.tape.ask_kv(&KvAsk::Write {
+            bucket,
             key,
             write: asked,
-        };
+        });
         let real = self.inner().map(|b| b.write(task, bucket, write));
         Box::pin(async move {
-            let real = async {
-                match real {
-                    Ok(write) => Answer::Written(write.await.map_err(|e| e.0)),
-                    Err(e) => Answer::Written(Err(e.0)),
-                }
+            let real = match real {
+                Ok(write) => write.await.map_err(|e| e.0),
+                Err(e) => Err(e.0),
             };
-            match tape.call_async(|| ask, real).await {
+            match asked.answer(Answer::Written(real)) {
                 Ok(Answer::Written(written)) => written.map_err(KvError),
                 Ok(other) => Err(KvError(wrong_answer(&other).to_string())),
                 Err(stop) => stopped(&stop),
@@ -517,20 +604,14 @@ impl KvBackend for TapedKv {
         bucket: &Bucket,
         cursor: u64,
     ) -> KvFuture<(Vec<String>, Option<u64>)> {
-        let tape = self.tape.clone();
-        let ask = Ask::KvKeys {
-            bucket: bucket.scope(),
-            cursor,
-        };
+        let asked = self.tape.ask_kv(&KvAsk::Keys { bucket, cursor });
         let real = self.inner().map(|b| b.keys(task, bucket, cursor));
         Box::pin(async move {
-            let real = async {
-                match real {
-                    Ok(keys) => Answer::Keys(keys.await.map_err(|e| e.0)),
-                    Err(e) => Answer::Keys(Err(e.0)),
-                }
+            let real = match real {
+                Ok(keys) => keys.await.map_err(|e| e.0),
+                Err(e) => Err(e.0),
             };
-            match tape.call_async(|| ask, real).await {
+            match asked.answer(Answer::Keys(real)) {
                 Ok(Answer::Keys(keys)) => keys.map_err(KvError),
                 Ok(other) => Err(KvError(wrong_answer(&other).to_string())),
                 Err(stop) => stopped(&stop),
