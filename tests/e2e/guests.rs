@@ -318,17 +318,32 @@ fn js_spinning_guest_is_stopped_by_force() {
 }
 
 /// Python and JavaScript parents start children through
-/// `taskhost:plugin/children` and sum their outputs.
+/// `taskhost:plugin/children` and sum their outputs; the daemon recorded
+/// the children's outcomes, so each parent replays identical by its id.
 #[test]
 fn guests_start_child_tasks_through_a_daemon() {
     let d = Daemon::start_sharing_cache(&[]);
     for lang in [Lang::Python, Lang::Js] {
-        let out = d.run(&["submit", &guest(lang, "fanout"), "--param", "n=5", "--wait"]);
+        let parent = d.submit(&[&guest(lang, "fanout"), "--param", "n=5"]);
+        let out = d.run(&["wait", &parent]);
         assert_eq!(out.code, Some(0), "{lang:?}: {out:?}");
         let v: serde_json::Value =
             serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{lang:?}: {e}: {out:?}"));
         assert_eq!(v["sum"], 30, "{lang:?}: {v}");
         assert_eq!(v["children"].as_array().unwrap().len(), 5, "{lang:?}: {v}");
+        let out = d.run(&["replay", &parent, "--json"]);
+        let json = out.json();
+        assert_eq!(
+            (out.code, json["verdict"].as_str()),
+            (Some(0), Some("identical")),
+            "{lang:?}: {json:#}"
+        );
+        // Five spawns and five waits, answered from the record.
+        assert!(
+            json["calls_used"].as_u64() >= Some(10),
+            "{lang:?}: {json:#}"
+        );
+        assert_eq!(json["calls_used"], json["calls_recorded"], "{json:#}");
     }
 }
 
@@ -553,4 +568,69 @@ fn python_attempts_replay_identical() {
 #[test]
 fn javascript_attempts_replay_identical() {
     nondeterministic_attempts_replay_identical(Lang::Js);
+}
+
+/// Python attempts that list and read a granted directory whose files
+/// change between runs, and that trap (`os.abort`) when a random byte is
+/// even, else fail: all 20 replay identical once the directory is gone.
+#[test]
+fn python_files_and_traps_replay_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("sub")).unwrap();
+    let grant = format!("{}::/data:ro", data.display());
+    let long = guest(Lang::Python, "long");
+    let mut trapped = 0;
+    let files: Vec<_> = (1..=5)
+        .map(|n| {
+            let content = format!("content {n} at {:?}", std::time::SystemTime::now());
+            std::fs::write(data.join("probe.txt"), &content).unwrap();
+            std::fs::write(data.join(format!("entry-{n}")), b"").unwrap();
+            let file = dir.path().join(format!("py-{n}.rec"));
+            let record = file.display().to_string();
+            let out = run_host(&[
+                "run",
+                &long,
+                "--record",
+                &record,
+                "--dir",
+                &grant,
+                "--param",
+                "mode=nondet",
+                "--param",
+                "dir=/data",
+                "--param",
+                "trap=1",
+                "--param",
+                "fail=1",
+                "--max-retries",
+                "3",
+                "--backoff",
+                "1ms,2ms",
+            ]);
+            assert!(out.stderr.contains("recorded 4 attempts"), "{}", out.stderr);
+            assert!(
+                out.stderr.contains(&format!("probe.txt={content}")),
+                "{}",
+                out.stderr
+            );
+            trapped += out.stderr.matches(": failed: the guest trapped").count();
+            file
+        })
+        .collect();
+    // A trap at one chance in two, 20 times: none would be one in a million.
+    assert!(trapped > 0, "no attempt trapped");
+    std::fs::remove_dir_all(&data).unwrap();
+    for file in &files {
+        for n in 1..=4 {
+            let (code, json) = crate::record::replay_json(file, n, &[]);
+            assert_eq!(
+                (code, json["verdict"].as_str()),
+                (Some(0), Some("identical")),
+                "{}, attempt {n}: {json:#}",
+                file.display()
+            );
+            assert_eq!(json["calls_used"], json["calls_recorded"], "{json:#}");
+        }
+    }
 }

@@ -11,7 +11,10 @@ period or the timeout runs out.
 With `--param mode=nondet` it does what differs between two runs, for the
 flight recorder: it logs the wall and monotonic clocks and random bytes, then
 sleeps `steps` (default 3) random lengths of 1 to 8 ms, stopping when asked,
-and answers what it saw; with `--param fail=1` it then fails.
+and answers what it saw; with `--param fail=1` it then fails. With
+`--param dir=/data` (a granted directory) it first lists it and reads each
+file in it; with `--param trap=1` it traps (`os.abort`) when a random byte
+is even.
 """
 
 import os
@@ -20,9 +23,29 @@ import time
 import taskhost
 
 
+def read_dir(path: str) -> str:
+    seen = []
+    for name in sorted(os.listdir(path)):
+        full = os.path.join(path, name)
+        if os.path.isfile(full):
+            with open(full, "rb") as f:
+                seen.append(f"{name}={f.read().decode(errors='replace').strip()}")
+        else:
+            seen.append(f"{name}/")
+    return " ".join(seen)
+
+
 def nondet() -> str:
     seen = f"wall {time.time():.6f} mono {time.monotonic():.6f} random {os.urandom(8).hex()}"
     taskhost.log.info(seen)
+    path = taskhost.param("dir")
+    if path:
+        listed = read_dir(path)
+        taskhost.log.info(f"{path}: {listed}")
+        seen += f" {path}: {listed}"
+    if taskhost.param("trap") and os.urandom(1)[0] % 2 == 0:
+        taskhost.log.info("trapping: a random byte was even")
+        os.abort()
     for step in range(taskhost.param_int("steps", 3)):
         if taskhost.cancelled() or not taskhost.sleep(os.urandom(1)[0] % 8 + 1):
             taskhost.log.info(f"stopped at step {step}, {time.time():.6f}")
