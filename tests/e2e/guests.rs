@@ -533,17 +533,31 @@ fn daemon_memory_stays_bounded_after_many_large_plugins() {
     );
 }
 
-/// Twenty failing attempts that read the clocks and random bytes, and five
-/// stopped by a timeout at a random moment of their random sleeps: each
-/// replays identical (`record` has the Rust guest's).
+/// Twenty attempts that read the clocks and random bytes, then trap when a
+/// random byte is even and else fail, and five stopped by a timeout at a
+/// random moment of their random sleeps: each replays identical (`record`
+/// has the Rust guest's).
 fn nondeterministic_attempts_replay_identical(lang: Lang) {
     let dir = tempfile::tempdir().unwrap();
     let long = guest(lang, "long");
-    crate::record::record_and_replay_all(
+    let out = crate::record::record_and_replay_all(
         &long,
         &dir.path().join("failed.rec"),
-        &["--param", "mode=nondet", "--param", "fail=1"],
+        &[
+            "--param",
+            "mode=nondet",
+            "--param",
+            "trap=1",
+            "--param",
+            "fail=1",
+        ],
         20,
+    );
+    // A trap at one chance in two, 20 times: none would be one in a million.
+    assert!(
+        out.stderr.contains(": failed: the guest trapped"),
+        "{lang:?}: {}",
+        out.stderr
     );
     crate::record::record_and_replay_all(
         &long,

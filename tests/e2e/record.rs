@@ -40,8 +40,9 @@ pub fn replay_json(file: &Path, n: u32, extra: &[&str]) -> (Option<i32>, serde_j
 
 /// Records `attempts` attempts of `plugin` with `args` (each ending in a
 /// failure, a timeout or a trap, so retried), then replays every one:
-/// each must be identical, every recorded call used.
-pub fn record_and_replay_all(plugin: &str, file: &Path, args: &[&str], attempts: u32) {
+/// each must be identical, every recorded call used. The recording run's
+/// output.
+pub fn record_and_replay_all(plugin: &str, file: &Path, args: &[&str], attempts: u32) -> Finished {
     let retries = (attempts - 1).to_string();
     let mut all = args.to_vec();
     all.extend_from_slice(&["--max-retries", &retries, "--backoff", "1ms,2ms"]);
@@ -63,6 +64,7 @@ pub fn record_and_replay_all(plugin: &str, file: &Path, args: &[&str], attempts:
         );
         assert_eq!(json["calls_used"], json["calls_recorded"], "{json:#}");
     }
+    out
 }
 
 #[test]

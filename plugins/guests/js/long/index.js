@@ -11,7 +11,9 @@
 // With `--param mode=nondet` it does what differs between two runs, for the
 // flight recorder: it logs the wall and monotonic clocks and random bytes,
 // then sleeps `steps` (default 3) random lengths of 1 to 8 ms, stopping when
-// asked, and answers what it saw; with `--param fail=1` it then fails.
+// asked, and answers what it saw; with `--param fail=1` it then fails. With
+// `--param trap=1` it first traps (throws outside `task()`) when a random
+// byte is even.
 import { Canceled, Fail, Fatal, info, isCancelled, log, param, paramInt, progress, sleep, task } from '../taskhost.js';
 
 function randomBytes(n) {
@@ -44,7 +46,16 @@ export function describe() {
   });
 }
 
-export const run = task(() => {
+export function run(input) {
+  if (param('mode') === 'nondet' && param('trap') && randomBytes(1)[0] % 2 === 0) {
+    log.info(`trapping: a random byte was even, at ${performance.now()}`);
+    // Outside `task()`, what is thrown traps the instance.
+    throw new Error('trapped on purpose');
+  }
+  return cooperative(input);
+}
+
+const cooperative = task(() => {
   const total = paramInt('ms', 1000);
   const step = paramInt('step_ms', 50);
   if (total < 0 || step <= 0) throw new Fatal('ms must be >= 0 and step_ms > 0', 2);
