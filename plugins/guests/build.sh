@@ -16,9 +16,10 @@ set -euo pipefail
 COMPONENTIZE_PY_VERSION=0.25.1
 COMPONENTIZE_JS_VERSION=0.23.0
 WORLD=task-plugin
-# The host links WASI p2 but not wasi:http: build without fetch() and the
-# fetch event, or the component imports wasi:http and cannot be instantiated.
-JS_DISABLE=(http fetch-event)
+# The host links the outgoing half of wasi:http (fetch() reaches only the
+# hosts of --allow-http) but serves no incoming requests: build without the
+# fetch event, or the component exports wasi:http's incoming handler.
+JS_DISABLE=(fetch-event)
 
 usage() {
   echo "usage: $0 OUT_DIR [python] [js]" >&2

@@ -43,10 +43,23 @@ pub fn replay_json(file: &Path, n: u32, extra: &[&str]) -> (Option<i32>, serde_j
 /// each must be identical, every recorded call used. The recording run's
 /// output.
 pub fn record_and_replay_all(plugin: &str, file: &Path, args: &[&str], attempts: u32) -> Finished {
+    record_and_replay_all_after(plugin, file, args, attempts, || {})
+}
+
+/// [`record_and_replay_all`], running `between` (which takes away what
+/// the attempts reached) after recording and before replaying.
+pub fn record_and_replay_all_after(
+    plugin: &str,
+    file: &Path,
+    args: &[&str],
+    attempts: u32,
+    between: impl FnOnce(),
+) -> Finished {
     let retries = (attempts - 1).to_string();
     let mut all = args.to_vec();
     all.extend_from_slice(&["--max-retries", &retries, "--backoff", "1ms,2ms"]);
     let out = record(plugin, file, &all);
+    between();
     assert!(
         out.stderr.contains(&format!(
             "recorded {attempts} attempts in {}",
@@ -96,7 +109,7 @@ fn every_attempt_of_a_nondeterministic_guest_replays_identical() {
 /// A server on 127.0.0.1 that answers `count` requests, each differently
 /// (status, a header and a body of `size` bytes and more, sent in two
 /// parts), the last one with 200, then goes away.
-fn changing_server(count: usize, size: usize) -> (u16, std::thread::JoinHandle<()>) {
+pub fn changing_server(count: usize, size: usize) -> (u16, std::thread::JoinHandle<()>) {
     use std::io::{BufRead, BufReader, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();

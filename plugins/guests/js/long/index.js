@@ -13,7 +13,8 @@
 // then sleeps `steps` (default 3) random lengths of 1 to 8 ms, stopping when
 // asked, and answers what it saw; with `--param fail=1` it then fails. With
 // `--param trap=1` it first traps (throws outside `task()`) when a random
-// byte is even.
+// byte is even; with `--param url=URL` it fetches URL (granted with
+// --allow-http) and answers its status and body too.
 import { Canceled, Fail, Fatal, info, isCancelled, log, param, paramInt, progress, sleep, task } from '../taskhost.js';
 
 function randomBytes(n) {
@@ -22,10 +23,17 @@ function randomBytes(n) {
   return bytes;
 }
 
-function nondet() {
+async function nondet() {
   const hex = Array.from(randomBytes(8), (b) => b.toString(16).padStart(2, '0')).join('');
   let seen = `wall ${Date.now()} mono ${performance.now()} random ${hex} math ${Math.random()}`;
   log.info(seen);
+  const url = param('url');
+  if (url) {
+    const response = await fetch(url);
+    const body = await response.text();
+    log.info(`${url}: ${response.status}, ${body.length} characters`);
+    seen += ` ${url}: ${response.status} ${body.slice(0, 40).trim()}`;
+  }
   const steps = paramInt('steps', 3);
   for (let step = 0; step < steps; step++) {
     if (isCancelled() || !sleep((randomBytes(1)[0] % 8) + 1)) {
