@@ -533,10 +533,10 @@ fn daemon_memory_stays_bounded_after_many_large_plugins() {
     );
 }
 
-/// Twenty attempts that read the clocks and random bytes, then trap when a
-/// random byte is even and else fail, and five stopped by a timeout at a
-/// random moment of their random sleeps: each replays identical (`record`
-/// has the Rust guest's).
+/// Twenty attempts that read the clocks and random bytes, count their runs
+/// in key-value state, then trap when a random byte is even and else fail,
+/// and five stopped by a timeout at a random moment of their random sleeps:
+/// each replays identical (`record` has the Rust guest's).
 fn nondeterministic_attempts_replay_identical(lang: Lang) {
     let dir = tempfile::tempdir().unwrap();
     let long = guest(lang, "long");
@@ -547,6 +547,8 @@ fn nondeterministic_attempts_replay_identical(lang: Lang) {
             "--param",
             "mode=nondet",
             "--param",
+            "kv=1",
+            "--param",
             "trap=1",
             "--param",
             "fail=1",
@@ -556,6 +558,14 @@ fn nondeterministic_attempts_replay_identical(lang: Lang) {
     // A trap at one chance in two, 20 times: none would be one in a million.
     assert!(
         out.stderr.contains(": failed: the guest trapped"),
+        "{lang:?}: {}",
+        out.stderr
+    );
+    // The key-value state an attempt found was what the ones before left.
+    assert!(
+        out.stderr
+            .lines()
+            .any(|l| l.contains(", last ") && !l.contains(", last 0 bytes")),
         "{lang:?}: {}",
         out.stderr
     );

@@ -14,8 +14,12 @@
 // asked, and answers what it saw; with `--param fail=1` it then fails. With
 // `--param trap=1` it first traps (throws outside `task()`) when a random
 // byte is even; with `--param url=URL` it fetches URL (granted with
-// --allow-http) and answers its status and body too.
+// --allow-http) and answers its status and body too; with `--param kv=1` it
+// counts its runs in its slot's key-value bucket and keeps what it saw last
+// there (built against the `task-plugin-state` world).
 import { Canceled, Fail, Fatal, info, isCancelled, log, param, paramInt, progress, sleep, task } from '../taskhost.js';
+import { open } from 'wasi:keyvalue/store@0.2.0-draft';
+import { increment } from 'wasi:keyvalue/atomics@0.2.0-draft';
 
 function randomBytes(n) {
   const bytes = new Uint8Array(n);
@@ -27,6 +31,13 @@ async function nondet() {
   const hex = Array.from(randomBytes(8), (b) => b.toString(16).padStart(2, '0')).join('');
   let seen = `wall ${Date.now()} mono ${performance.now()} random ${hex} math ${Math.random()}`;
   log.info(seen);
+  if (param('kv')) {
+    const bucket = open('');
+    const runs = increment(bucket, 'runs', 1n);
+    const last = bucket.get('last');
+    bucket.set('last', new TextEncoder().encode(seen));
+    seen += ` run ${runs}, last ${last ? last.length : 0} bytes`;
+  }
   const url = param('url');
   if (url) {
     const response = await fetch(url);

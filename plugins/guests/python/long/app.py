@@ -14,13 +14,16 @@ sleeps `steps` (default 3) random lengths of 1 to 8 ms, stopping when asked,
 and answers what it saw; with `--param fail=1` it then fails. With
 `--param dir=/data` (a granted directory) it first lists it and reads each
 file in it; with `--param trap=1` it traps (`os.abort`) when a random byte
-is even.
+is even; with `--param kv=1` it counts its runs in its slot's key-value
+bucket and keeps what it saw last there (built against the
+`task-plugin-state` world).
 """
 
 import os
 import time
 
 import taskhost
+from wit_world.imports import atomics, store
 
 
 def read_dir(path: str) -> str:
@@ -43,6 +46,12 @@ def nondet() -> str:
         listed = read_dir(path)
         taskhost.log.info(f"{path}: {listed}")
         seen += f" {path}: {listed}"
+    if taskhost.param("kv"):
+        bucket = store.open("")
+        runs = atomics.increment(bucket, "runs", 1)
+        last = bucket.get("last")
+        bucket.set("last", seen.encode())
+        seen += f" run {runs}, last {len(last or b'')} bytes"
     if taskhost.param("trap") and os.urandom(1)[0] % 2 == 0:
         taskhost.log.info("trapping: a random byte was even")
         os.abort()
