@@ -90,6 +90,8 @@ pub enum LoadError {
 /// A compiled, validated plugin, ready to instantiate any number of times.
 pub struct Plugin {
     digest: Digest,
+    /// `digest` as text, written once: a task's span carries it.
+    digest_text: String,
     size: usize,
     compiled: usize,
     info: PluginInfo,
@@ -130,6 +132,7 @@ impl Plugin {
     pub(crate) fn new(digest: Digest, size: usize, info: PluginInfo, pre: Entry) -> Self {
         let image = pre.component().image_range();
         Self {
+            digest_text: digest.to_string(),
             digest,
             size,
             compiled: image.end.addr().saturating_sub(image.start.addr()),
@@ -141,6 +144,11 @@ impl Plugin {
     /// The content digest of the plugin's bytes.
     pub fn digest(&self) -> Digest {
         self.digest
+    }
+
+    /// [`digest`](Self::digest) as text (`sha256:` and 64 hex digits).
+    pub fn digest_text(&self) -> &str {
+        &self.digest_text
     }
 
     /// Size of the component in bytes.

@@ -189,7 +189,7 @@ impl TaskBody for PluginTask {
     }
 
     fn code_digest(&self) -> Option<String> {
-        Some(self.plugin.digest().to_string())
+        Some(self.plugin.digest_text().to_owned())
     }
 }
 
