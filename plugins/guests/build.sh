@@ -17,11 +17,14 @@ COMPONENTIZE_PY_VERSION=0.25.1
 COMPONENTIZE_JS_VERSION=0.23.0
 WORLD=task-plugin
 
-# The world an example builds against: the `long` examples keep key-value
-# state (their `mode=nondet`), so they import wasi:keyvalue as well.
+# The world an example (language, name) builds against: the `long`
+# examples keep key-value state in their `mode=nondet`, so they import
+# wasi:keyvalue as well, and Python's sends HTTP requests through wasi:http
+# (JavaScript's fetch() brings its own imports).
 world_of() {
-  case "$1" in
-    long) echo task-plugin-state ;;
+  case "$1-$2" in
+    python-long) echo task-plugin-http ;;
+    js-long) echo task-plugin-state ;;
     *) echo "$WORLD" ;;
   esac
 }
@@ -75,7 +78,7 @@ build_python() {
     echo "building py-$name.wasm (componentize-py $COMPONENTIZE_PY_VERSION)" >&2
     # -p: the example's own directory first (its app.py), then the directory
     # holding the shared taskhost.py helper.
-    componentize-py -q -d "$wit" -w "$(world_of "$name")" componentize \
+    componentize-py -q -d "$wit" -w "$(world_of python "$name")" componentize \
       -p "$dir" -p "$here/python" app -o "$out/py-$name.wasm"
     # The embedded interpreter leaves bytecode next to the sources.
     rm -rf "$dir/__pycache__" "$here/python/__pycache__"
@@ -114,7 +117,7 @@ build_js() {
     # componentize-js maps its working directory into the build, so run it
     # from plugins/guests/js: the examples import ../taskhost.js.
     (cd "$js" && ./node_modules/.bin/componentize-js "$name/index.js" \
-      -w "$wit" -n "$(world_of "$name")" -d "${JS_DISABLE[@]}" -o "$out/js-$name.wasm")
+      -w "$wit" -n "$(world_of js "$name")" -d "${JS_DISABLE[@]}" -o "$out/js-$name.wasm")
     [ -s "$out/js-$name.wasm" ] || die "componentize-js wrote no $out/js-$name.wasm"
   done
 }

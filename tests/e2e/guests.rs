@@ -659,18 +659,18 @@ fn python_files_and_traps_replay_identical() {
     }
 }
 
-/// JavaScript attempts that fetch from a server whose every answer differs
-/// (status, a header, the body): all replay identical once it is gone,
-/// answered from the record.
-#[test]
-fn javascript_fetches_replay_identical_once_the_server_is_gone() {
+/// Attempts that fetch from a server whose every answer differs (status, a
+/// header, the body): JavaScript through `fetch()`, Python through
+/// `wasi:http` itself; all replay identical once it is gone, answered
+/// from the record.
+fn http_replays_identical_once_the_server_is_gone(lang: Lang) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("fetch.rec");
-    let (port, server) = crate::record::changing_server(5, 20_000);
+    let (port, server) = crate::record::changing_server(20, 20_000);
     let origin = format!("http://127.0.0.1:{port}");
     let url = format!("url={origin}/now");
     let out = crate::record::record_and_replay_all_after(
-        &guest(Lang::Js, "long"),
+        &guest(lang, "long"),
         &file,
         &[
             "--param",
@@ -682,19 +682,29 @@ fn javascript_fetches_replay_identical_once_the_server_is_gone() {
             "--allow-http",
             &origin,
         ],
-        5,
+        20,
         || {
             server.join().unwrap();
             assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
         },
     );
     // Each attempt saw another answer, the last a 200.
-    for n in 1..=5 {
+    for n in 1..=20 {
         assert!(
             out.stderr.contains(&format!(": 50{} answer {n} at", n % 4))
                 || out.stderr.contains(&format!(": 200 answer {n} at")),
-            "{}",
+            "{lang:?}: {}",
             out.stderr
         );
     }
+}
+
+#[test]
+fn javascript_fetches_replay_identical_once_the_server_is_gone() {
+    http_replays_identical_once_the_server_is_gone(Lang::Js);
+}
+
+#[test]
+fn python_http_requests_replay_identical_once_the_server_is_gone() {
+    http_replays_identical_once_the_server_is_gone(Lang::Python);
 }

@@ -45,7 +45,14 @@ import traceback
 from typing import Callable, Dict, Iterable, Optional, Union
 
 from componentize_py_types import Err
-from wit_world.imports import host, types
+from wit_world.imports import host
+
+try:
+    from wit_world.imports import types
+except ImportError:
+    # In a world that also imports wasi:http, whose `types` interface
+    # shares the name, componentize-py names ours by its package.
+    from wit_world.imports import taskhost_plugin_types as types
 
 __all__ = [
     "Canceled",

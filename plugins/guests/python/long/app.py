@@ -15,15 +15,47 @@ and answers what it saw; with `--param fail=1` it then fails. With
 `--param dir=/data` (a granted directory) it first lists it and reads each
 file in it; with `--param trap=1` it traps (`os.abort`) when a random byte
 is even; with `--param kv=1` it counts its runs in its slot's key-value
-bucket and keeps what it saw last there (built against the
-`task-plugin-state` world).
+bucket and keeps what it saw last there; with `--param url=URL` it sends a
+GET to URL (granted with --allow-http) through wasi:http and answers the
+status and body too (built against the `task-plugin-http` world).
 """
 
 import os
 import time
+from urllib.parse import urlsplit
 
 import taskhost
-from wit_world.imports import atomics, store
+from componentize_py_types import Err, Ok
+from wit_world.imports import atomics, outgoing_handler, store, streams
+from wit_world.imports import wasi_http_types as http
+
+
+def http_get(url: str) -> tuple[int, bytes]:
+    """GETs `url` through wasi:http/outgoing-handler: the status and body."""
+    parts = urlsplit(url)
+    request = http.OutgoingRequest(http.Fields.from_list([]))
+    request.set_scheme(http.Scheme_Https() if parts.scheme == "https" else http.Scheme_Http())
+    request.set_authority(parts.netloc)
+    request.set_path_with_query((parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
+    future = outgoing_handler.handle(request, None)
+    with future.subscribe() as ready:
+        ready.block()
+    answer = future.get()
+    if not isinstance(answer, Ok) or not isinstance(answer.value, Ok):
+        raise taskhost.Fail(f"GET {url}: {answer}")
+    response = answer.value.value
+    status = response.status()
+    chunks = []
+    with response.consume() as body:
+        with body.stream() as stream:
+            while True:
+                try:
+                    chunks.append(stream.blocking_read(65536))
+                except Err as e:
+                    if isinstance(e.value, streams.StreamError_Closed):
+                        break
+                    raise
+    return status, b"".join(chunks)
 
 
 def read_dir(path: str) -> str:
@@ -52,6 +84,11 @@ def nondet() -> str:
         last = bucket.get("last")
         bucket.set("last", seen.encode())
         seen += f" run {runs}, last {len(last or b'')} bytes"
+    url = taskhost.param("url")
+    if url:
+        status, body = http_get(url)
+        taskhost.log.info(f"{url}: {status}, {len(body)} bytes")
+        seen += f" {url}: {status} {body[:40].decode(errors='replace').strip()}"
     if taskhost.param("trap") and os.urandom(1)[0] % 2 == 0:
         taskhost.log.info("trapping: a random byte was even")
         os.abort()
