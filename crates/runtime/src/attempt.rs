@@ -35,8 +35,8 @@ use super::output::{Capture, CapturedStream, CommandStdout, GuestSink};
 use super::plugin::Entry;
 use super::reaper::Reaper;
 use super::record::files::FileTape;
-use super::record::tape::{Replaying, Tape, TapedKv};
-use super::record::{AttemptRecorder, DigestingSink, RecordSettings, RecordStart, RecordedSecret};
+use super::record::tape::{Replaying, Tape};
+use super::record::{AttemptRecorder, RecordSettings, RecordStart, RecordedSecret};
 use super::sandbox::{CommandArgs, Sandbox};
 use super::secrets::Secrets;
 use taskhost_core::logline::{LogLevel, Stream};
@@ -276,17 +276,6 @@ pub(crate) struct ReplaySetup {
     pub(crate) http: bool,
 }
 
-/// A key-value backend through `tape` (`inner` none: a replay's).
-fn taped_kv(
-    tape: &Tape,
-    inner: Option<Arc<dyn super::kv::KvBackend>>,
-) -> Arc<dyn super::kv::KvBackend> {
-    Arc::new(TapedKv {
-        tape: tape.clone(),
-        inner,
-    })
-}
-
 /// The start of a record of the attempt `request` asks for.
 fn record_start(
     env: &AttemptEnv,
@@ -338,16 +327,16 @@ fn record_start(
 }
 
 /// The tape of an attempt (replayed: of its record; recorded: a new one;
-/// else off), the seed of its random numbers, the sink of its lines
-/// (recorded: digesting them too) and its recorder.
+/// else off), the seed of its random numbers, the capture of its lines
+/// (recorded or replayed: digesting them too) and its recorder.
 fn tape_of(
     env: &AttemptEnv,
     request: &AttemptRequest,
     plugin: Option<Digest>,
     kind: ComponentKind,
     replay: Option<&ReplaySetup>,
-) -> (Tape, [u8; 32], Arc<dyn GuestSink>, Option<AttemptRecorder>) {
-    let mut sink = Arc::clone(&request.sink);
+) -> (Tape, [u8; 32], Arc<Capture>, Option<AttemptRecorder>) {
+    let sink = Arc::clone(&request.sink);
     let mut recorder = None;
     let (tape, seed) = match (replay, &request.record, plugin) {
         (Some(replay), _, _) => (Tape::Replay(Arc::clone(&replay.replaying)), replay.seed),
@@ -361,12 +350,10 @@ fn tape_of(
             }
             let budget = settings.budget.saturating_sub(start.input.len());
             let recording = super::record::tape::Recording::new(budget);
-            let lines = DigestingSink::new(sink);
-            sink = Arc::clone(&lines) as Arc<dyn GuestSink>;
             recorder = Some(AttemptRecorder {
                 start: Some(start),
                 recording: Arc::clone(&recording),
-                lines,
+                lines: Capture::digesting(Arc::clone(&sink)),
                 started: std::time::Instant::now(),
                 sink: Arc::clone(&settings.sink),
             });
@@ -374,7 +361,12 @@ fn tape_of(
         }
         _ => (Tape::Off, [0; 32]),
     };
-    (tape, seed, sink, recorder)
+    let capture = match (&recorder, &tape) {
+        (Some(recorder), _) => Arc::clone(&recorder.lines),
+        (None, Tape::Off) => Capture::new(sink),
+        (None, _) => Capture::digesting(sink),
+    };
+    (tape, seed, capture, recorder)
 }
 
 /// The `wasi:config` store of the attempts that have no values, shared.
@@ -398,8 +390,16 @@ pub(crate) fn new_store(
 ) -> Result<NewStore, AttemptError> {
     let sandbox = &request.sandbox;
     let facts = Arc::clone(&request.facts);
-    let (tape, seed, sink, recorder) = tape_of(env, request, plugin, kind, replay);
-    let taped = tape.is_on().then_some((&tape, seed));
+    let (tape, seed, capture, recorder) = tape_of(env, request, plugin, kind, replay);
+    let taped = tape.is_on().then(|| super::record::TapedWorld {
+        tape: &tape,
+        seed,
+        // The recorder's start is the taped monotonic clock's zero: one
+        // clock read serves both.
+        started: recorder
+            .as_ref()
+            .map_or_else(std::time::Instant::now, |r| r.started),
+    });
     let parking = request.parking.clone();
     let children = match (&env.children, plugin) {
         (Some(handle), Some(plugin)) => Some(ChildAccess {
@@ -411,7 +411,6 @@ pub(crate) fn new_store(
         }),
         _ => None,
     };
-    let capture = Capture::new(sink);
     let stderr = CapturedStream::new(&capture, Stream::Stderr);
     // A command's standard output is its task's output, its standard input
     // the task's input; a plugin's stdout is a log stream.
@@ -442,15 +441,16 @@ pub(crate) fn new_store(
         exit_code: None,
     })?;
     let limits = env.limits;
-    let mut backend = env.kv.as_ref().map(|h| Arc::clone(&h.0));
-    // A replay's store is its record; a recorded attempt's answers are kept.
-    if let Some(replay) = replay {
-        backend = replay.kv.then(|| taped_kv(&tape, None));
-    } else if tape.is_on() {
-        backend = backend.map(|inner| taped_kv(&tape, Some(inner)));
-    }
+    // A replay's store is its record, and no backend is reached; a
+    // recorded attempt's answers are kept.
+    let (store, backend) = match replay {
+        Some(replay) => (replay.kv, None),
+        None => (env.kv.is_some(), env.kv.as_ref().map(|h| Arc::clone(&h.0))),
+    };
     let kv = KvAccess {
+        store,
         backend,
+        tape: tape.clone(),
         task: facts.task_id,
         facts: Arc::clone(&facts),
         sandbox: Arc::clone(sandbox),
@@ -571,7 +571,7 @@ fn epoch_behaviour(store: &mut Store<AttemptState>, signals: &StopSignals, tape:
 pub struct PreparedAttempt {
     store: Store<AttemptState>,
     instance: Instance,
-    capture: Arc<Capture>,
+    pub(crate) capture: Arc<Capture>,
     /// A command's standard output (none for a plugin).
     stdout: Option<CommandStdout>,
     signals: StopSignals,

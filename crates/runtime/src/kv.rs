@@ -18,6 +18,7 @@ use wasmtime::component::{HasData, Resource, ResourceTable};
 use crate::bindings::keyvalue::wasi::keyvalue::{atomics, batch, store};
 use crate::facts::AttemptFacts;
 use crate::output::Capture;
+use crate::record::tape::{Tape, TapedKv};
 use crate::sandbox::Sandbox;
 use taskhost_core::logline::LogLevel;
 
@@ -534,7 +535,12 @@ impl std::fmt::Debug for KvHandle {
 /// shared buckets its task was granted.
 #[derive(Clone)]
 pub(crate) struct KvAccess {
+    /// Whether the attempt has a key-value store (a replay's is its record).
+    pub(crate) store: bool,
+    /// The real backend (none: no store, or a replay).
     pub(crate) backend: Option<Arc<dyn KvBackend>>,
+    /// Where the calls are recorded or replayed from.
+    pub(crate) tape: Tape,
     pub(crate) task: u64,
     /// The attempt's facts (its slot) and its task's grants (the shared
     /// buckets), shared with the attempt rather than copied for it.
@@ -565,17 +571,16 @@ fn other(e: KvError) -> store::Error {
 }
 
 impl KvView<'_> {
-    fn bucket(
-        &self,
-        bucket: &Resource<KvBucket>,
-    ) -> wasmtime::Result<(Arc<dyn KvBackend>, Bucket)> {
+    /// The bucket a guest opened, and its calls, through the tape.
+    fn bucket(&self, bucket: &Resource<KvBucket>) -> wasmtime::Result<(TapedKv<'_>, Bucket)> {
         let bucket = self.table.get(bucket)?.0.clone();
-        let backend = self
-            .access
-            .backend
-            .clone()
-            .ok_or_else(|| wasmtime::Error::msg("a bucket without a backend"))?;
-        Ok((backend, bucket))
+        let access = self.access;
+        let taped = TapedKv {
+            tape: &access.tape,
+            backend: access.backend.as_deref(),
+            task: access.task,
+        };
+        Ok((taped, bucket))
     }
 }
 
@@ -593,7 +598,7 @@ pub fn shared_in_scope(slot: &str, name: &str) -> String {
 
 impl store::Host for KvView<'_> {
     async fn open(&mut self, identifier: String) -> Answer<Resource<KvBucket>> {
-        if self.access.backend.is_none() {
+        if !self.access.store {
             return Ok(Err(store::Error::Other(
                 "this runtime has no key-value store (RuntimeConfig::key_value)".into(),
             )));
@@ -618,30 +623,26 @@ impl store::Host for KvView<'_> {
 
 impl store::HostBucket for KvView<'_> {
     async fn get(&mut self, bucket: Resource<KvBucket>, key: String) -> Answer<Option<Vec<u8>>> {
-        let (backend, bucket) = self.bucket(&bucket)?;
-        let task = self.access.task;
-        Ok(backend.get(task, &bucket, &key).await.map_err(other))
+        let (kv, bucket) = self.bucket(&bucket)?;
+        Ok(kv.get(&bucket, &key).await.map_err(other))
     }
 
     async fn set(&mut self, bucket: Resource<KvBucket>, key: String, value: Vec<u8>) -> Answer<()> {
-        let (backend, bucket) = self.bucket(&bucket)?;
-        let task = self.access.task;
-        let written = backend.write(task, &bucket, KvWrite::Set(key, value)).await;
+        let (kv, bucket) = self.bucket(&bucket)?;
+        let written = kv.write(&bucket, KvWrite::Set(key, value)).await;
         Ok(written.map(|_| ()).map_err(other))
     }
 
     async fn delete(&mut self, bucket: Resource<KvBucket>, key: String) -> Answer<()> {
-        let (backend, bucket) = self.bucket(&bucket)?;
-        let task = self.access.task;
-        let written = backend.write(task, &bucket, KvWrite::Delete(key)).await;
+        let (kv, bucket) = self.bucket(&bucket)?;
+        let written = kv.write(&bucket, KvWrite::Delete(key)).await;
         Ok(written.map(|_| ()).map_err(other))
     }
 
     async fn exists(&mut self, bucket: Resource<KvBucket>, key: String) -> Answer<bool> {
-        let (backend, bucket) = self.bucket(&bucket)?;
-        let task = self.access.task;
-        Ok(backend
-            .get(task, &bucket, &key)
+        let (kv, bucket) = self.bucket(&bucket)?;
+        Ok(kv
+            .get(&bucket, &key)
             .await
             .map(|v| v.is_some())
             .map_err(other))
@@ -652,10 +653,9 @@ impl store::HostBucket for KvView<'_> {
         bucket: Resource<KvBucket>,
         cursor: Option<u64>,
     ) -> Answer<store::KeyResponse> {
-        let (backend, bucket) = self.bucket(&bucket)?;
-        let task = self.access.task;
-        Ok(backend
-            .keys(task, &bucket, cursor.unwrap_or(0))
+        let (kv, bucket) = self.bucket(&bucket)?;
+        Ok(kv
+            .keys(&bucket, cursor.unwrap_or(0))
             .await
             .map(|(keys, cursor)| store::KeyResponse { keys, cursor })
             .map_err(other))
@@ -674,11 +674,8 @@ impl atomics::Host for KvView<'_> {
         key: String,
         delta: u64,
     ) -> Answer<u64> {
-        let (backend, bucket) = self.bucket(&bucket)?;
-        let task = self.access.task;
-        let written = backend
-            .write(task, &bucket, KvWrite::Increment(key, delta))
-            .await;
+        let (kv, bucket) = self.bucket(&bucket)?;
+        let written = kv.write(&bucket, KvWrite::Increment(key, delta)).await;
         Ok(written.map(|n| n.unwrap_or_default()).map_err(other))
     }
 }
@@ -689,11 +686,10 @@ impl batch::Host for KvView<'_> {
         bucket: Resource<KvBucket>,
         keys: Vec<String>,
     ) -> Answer<Vec<Option<(String, Vec<u8>)>>> {
-        let (backend, bucket) = self.bucket(&bucket)?;
-        let task = self.access.task;
+        let (kv, bucket) = self.bucket(&bucket)?;
         let mut out = Vec::with_capacity(keys.len());
         for key in keys {
-            match backend.get(task, &bucket, &key).await {
+            match kv.get(&bucket, &key).await {
                 Ok(value) => out.push(value.map(|v| (key, v))),
                 Err(e) => return Ok(Err(other(e))),
             }
@@ -706,10 +702,9 @@ impl batch::Host for KvView<'_> {
         bucket: Resource<KvBucket>,
         key_values: Vec<(String, Vec<u8>)>,
     ) -> Answer<()> {
-        let (backend, bucket) = self.bucket(&bucket)?;
-        let task = self.access.task;
+        let (kv, bucket) = self.bucket(&bucket)?;
         for (key, value) in key_values {
-            if let Err(e) = backend.write(task, &bucket, KvWrite::Set(key, value)).await {
+            if let Err(e) = kv.write(&bucket, KvWrite::Set(key, value)).await {
                 return Ok(Err(other(e)));
             }
         }
@@ -717,10 +712,9 @@ impl batch::Host for KvView<'_> {
     }
 
     async fn delete_many(&mut self, bucket: Resource<KvBucket>, keys: Vec<String>) -> Answer<()> {
-        let (backend, bucket) = self.bucket(&bucket)?;
-        let task = self.access.task;
+        let (kv, bucket) = self.bucket(&bucket)?;
         for key in keys {
-            if let Err(e) = backend.write(task, &bucket, KvWrite::Delete(key)).await {
+            if let Err(e) = kv.write(&bucket, KvWrite::Delete(key)).await {
                 return Ok(Err(other(e)));
             }
         }

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
+use crate::record::format::LineDigest;
 use taskhost_core::logline::{LogLevel, Stream};
 
 /// Longest line forwarded; longer lines are cut and marked.
@@ -56,6 +57,9 @@ struct CaptureState {
     dropped: u64,
     stderr_tail: VecDeque<String>,
     panic: Option<String>,
+    /// The digest of every line forwarded, when the attempt is recorded or
+    /// replayed.
+    lines: Option<LineDigest>,
 }
 
 impl Capture {
@@ -64,6 +68,26 @@ impl Capture {
             sink,
             state: Mutex::new(CaptureState::default()),
         })
+    }
+
+    /// A capture that also digests every line it forwards, in order.
+    pub(crate) fn digesting(sink: Arc<dyn GuestSink>) -> Arc<Self> {
+        Arc::new(Self {
+            sink,
+            state: Mutex::new(CaptureState {
+                lines: Some(LineDigest::default()),
+                ..CaptureState::default()
+            }),
+        })
+    }
+
+    /// The digest of the lines forwarded so far, and their count (a
+    /// capture that does not digest: zeros).
+    pub(crate) fn lines(&self) -> (u64, u64) {
+        self.lock()
+            .lines
+            .as_ref()
+            .map_or((0, 0), LineDigest::finish)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, CaptureState> {
@@ -130,8 +154,15 @@ impl Capture {
                 "[taskhost] {} bytes of guest output were dropped: the limit is {} bytes per attempt",
                 state.dropped, MAX_OUTPUT_BYTES_PER_ATTEMPT
             );
-            self.sink.line(Stream::Stderr, &note);
+            Self::forward(&self.sink, &mut state, Stream::Stderr, &note);
         }
+    }
+
+    fn forward(sink: &Arc<dyn GuestSink>, state: &mut CaptureState, stream: Stream, text: &str) {
+        if let Some(lines) = &mut state.lines {
+            lines.line(stream.as_str(), text);
+        }
+        sink.line(stream, text);
     }
 
     /// What the guest said last that explains a failure: its panic message,
@@ -162,7 +193,7 @@ impl Capture {
             }
             state.stderr_tail.push_back(clip(line, 256));
         }
-        self.sink.line(stream, &text);
+        Self::forward(&self.sink, state, stream, &text);
     }
 }
 

@@ -187,11 +187,11 @@ impl Sandbox {
         stderr: impl wasmtime_wasi::cli::StdoutStream + 'static,
         secrets: &Secrets,
         command: Option<CommandArgs<'_>>,
-        taped: Option<(&crate::record::tape::Tape, [u8; 32])>,
+        taped: Option<crate::record::TapedWorld<'_>>,
     ) -> Result<WasiCtx, GrantError> {
         let mut builder = WasiCtxBuilder::new();
-        if let Some((tape, seed)) = taped {
-            crate::record::tape_world(&mut builder, tape, seed);
+        if let Some(taped) = taped {
+            crate::record::tape_world(&mut builder, taped);
         }
         builder
             .stdout(stdout)

@@ -8,8 +8,9 @@
 //!
 //! | module | owns |
 //! |---|---|
+//! | `encode` | the calls a guest may make at every step (the clocks, key-value), encoded by hand as postcard encodes them |
 //! | `format` | what a record holds ([`AttemptRecord`], [`Call`]) and its file ([`RecordFile`]) |
-//! | `tape` | one attempt's tape: recording within a budget, replaying and stopping where the guest diverges; the taped clocks and key-value backend |
+//! | `tape` | one attempt's tape: recording within a budget, replaying and stopping where the guest diverges; the taped clocks and key-value calls |
 //! | `files` | reads through directory grants on a tape: each open to read a call, the file's content its answer, each listed entry a call; replaying, fresh read-only grants filled from the record |
 //! | `http` | outbound HTTP on a tape: each request a call reserved in the order sent, its whole response (or error) the answer; replaying, answered from the record |
 //! | `replay` | [`Runtime::replay`](crate::Runtime::replay): one recorded attempt run again against its record, and the verdict |
@@ -19,13 +20,14 @@
 
 #![forbid(unsafe_code)]
 
+pub(crate) mod encode;
 pub(crate) mod files;
 pub mod format;
 pub(crate) mod http;
 pub(crate) mod replay;
 pub(crate) mod tape;
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Instant;
 
 pub use format::{
@@ -36,10 +38,9 @@ pub use replay::{ReplayReport, ReplayRequest, Verdict};
 pub use tape::{Divergence, Stop};
 
 use crate::failure::AttemptError;
-use crate::output::GuestSink;
-use format::{LineDigest, fingerprint, sha256};
+use crate::output::Capture;
+use format::{fingerprint, sha256};
 use tape::Recording;
-use taskhost_core::logline::Stream;
 
 /// Receives each recorded attempt's record as the attempt ends.
 pub trait RecordSink: Send + Sync {
@@ -68,47 +69,11 @@ impl std::fmt::Debug for RecordSettings {
     }
 }
 
-/// A guest sink that also digests every line, in order.
-pub(crate) struct DigestingSink {
-    inner: Arc<dyn GuestSink>,
-    lines: Mutex<LineDigest>,
-}
-
-impl DigestingSink {
-    pub(crate) fn new(inner: Arc<dyn GuestSink>) -> Arc<Self> {
-        Arc::new(Self {
-            inner,
-            lines: Mutex::default(),
-        })
-    }
-
-    /// The digest of the lines so far, and their count.
-    pub(crate) fn digest(&self) -> (u64, u64) {
-        self.lines
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .finish()
-    }
-}
-
-impl GuestSink for DigestingSink {
-    fn line(&self, stream: Stream, text: &str) {
-        self.lines
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .line(stream.as_str(), text);
-        self.inner.line(stream, text);
-    }
-
-    fn progress(&self, done: u64, total: u64) {
-        self.inner.progress(done, total);
-    }
-}
-
-/// The end of a record, from an attempt's result and what it said.
+/// The end of a record, from an attempt's result and what it said (the
+/// digest of its lines and their count, from its [`Capture`]).
 pub(crate) fn record_end(
     result: &Result<Vec<u8>, AttemptError>,
-    lines: &DigestingSink,
+    (lines, line_count): (u64, u64),
     duration_ms: u64,
 ) -> RecordEnd {
     let (outcome, reason, output) = match result {
@@ -122,7 +87,6 @@ pub(crate) fn record_end(
         Err(AttemptError::Canceled) => (EndKind::Canceled, String::new(), fingerprint(&[])),
         Err(AttemptError::Aborted) => (EndKind::Aborted, String::new(), fingerprint(&[])),
     };
-    let (lines, line_count) = lines.digest();
     RecordEnd {
         outcome,
         reason,
@@ -139,7 +103,8 @@ pub(crate) fn record_end(
 pub(crate) struct AttemptRecorder {
     pub(crate) start: Option<RecordStart>,
     pub(crate) recording: Arc<Recording>,
-    pub(crate) lines: Arc<DigestingSink>,
+    /// What the attempt said, digested.
+    pub(crate) lines: Arc<Capture>,
     pub(crate) started: Instant,
     pub(crate) sink: Arc<dyn RecordSink>,
 }
@@ -152,7 +117,7 @@ impl AttemptRecorder {
         };
         let duration_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let (calls, call_count, truncated) = self.recording.take();
-        let end = record_end(result, &self.lines, duration_ms);
+        let end = record_end(result, self.lines.lines(), duration_ms);
         self.sink.recorded(AttemptRecord {
             start,
             calls,
@@ -178,13 +143,23 @@ pub(crate) fn fresh_seed() -> [u8; 32] {
     seed
 }
 
-/// Sets a WASI context's clocks and random numbers to go through `tape`,
-/// the random numbers from `seed`.
-pub(crate) fn tape_world(
-    builder: &mut wasmtime_wasi::WasiCtxBuilder,
-    tape: &tape::Tape,
-    seed: [u8; 32],
-) {
+/// What an attempt's clocks and random numbers go through.
+#[derive(Clone, Copy)]
+pub(crate) struct TapedWorld<'a> {
+    pub(crate) tape: &'a tape::Tape,
+    /// The seed of the random numbers.
+    pub(crate) seed: [u8; 32],
+    /// The zero of the monotonic clock.
+    pub(crate) started: Instant,
+}
+
+/// Sets a WASI context's clocks and random numbers to go through a tape.
+pub(crate) fn tape_world(builder: &mut wasmtime_wasi::WasiCtxBuilder, world: TapedWorld<'_>) {
+    let TapedWorld {
+        tape,
+        seed,
+        started,
+    } = world;
     use rand::SeedableRng;
     // One one-way derivation gives the insecure seed and generator: the
     // guest may show them, and they must not tell the secure seed.
@@ -202,6 +177,6 @@ pub(crate) fn tape_world(
         .wall_clock(tape::TapedWallClock(tape.clone()))
         .monotonic_clock(tape::TapedMonotonicClock {
             tape: tape.clone(),
-            real: wasmtime_wasi::clocks::MonotonicClock::new(),
+            zero: started,
         });
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use super::files::ReplayDirs;
 use super::format::{AttemptRecord, EndKind, RecordEnd};
+use super::record_end;
 use super::tape::{Divergence, Replaying, Stop};
-use super::{DigestingSink, record_end};
 use crate::attempt::{AttemptEnv, AttemptRequest, ReplaySetup};
 use crate::facts::{AttemptFacts, StopSignals};
 use crate::failure::AttemptError;
@@ -127,7 +127,6 @@ impl Runtime {
             secrets: Arc::new(request.secrets),
             ..AttemptEnv::default()
         };
-        let lines = DigestingSink::new(Arc::clone(&request.sink));
         let attempt = AttemptRequest {
             facts: Arc::new(AttemptFacts {
                 task_id: start.task_id,
@@ -162,7 +161,7 @@ impl Runtime {
                 max_memory: start.max_memory,
                 ..Sandbox::default()
             }),
-            sink: Arc::clone(&lines) as Arc<dyn GuestSink>,
+            sink: Arc::clone(&request.sink),
             parking: None,
             record: None,
         };
@@ -172,6 +171,7 @@ impl Runtime {
             .prepare_replay(plugin, &attempt, &env, &signals, &setup)
             .await
             .map_err(|e| ReplayError::Start(e.to_string()))?;
+        let lines = Arc::clone(&prepared.capture);
         // A guest stopped by force may spin past its last call: it gets
         // twice its recorded time (and a second) to reach where it was.
         let slack = match record.end.outcome {
@@ -198,7 +198,7 @@ impl Runtime {
             result = Err(AttemptError::Aborted);
         }
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let replayed = record_end(&result, &lines, duration_ms);
+        let replayed = record_end(&result, lines.lines(), duration_ms);
         let verdict = match (stop, divergence) {
             (_, Some(divergence)) => Verdict::Diverged(divergence),
             (Some(Stop::Truncated), _) => Verdict::Truncated(record.call_count),

@@ -14,12 +14,13 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock};
 
-use super::format::{Answer, Ask, Call, ClockCall, KvAsk, WriteAsk, fingerprint};
-use crate::kv::{Bucket, KvBackend, KvError, KvFuture, KvWrite};
+use super::encode::{self, KvAsk};
+use super::format::{Answer, Ask, Call, WriteAsk, fingerprint};
+use crate::kv::{Bucket, KvBackend, KvError, KvWrite};
 
 /// One attempt's tape.
 #[derive(Clone, Default)]
@@ -70,6 +71,10 @@ struct RecordingState {
     /// wait to be encoded.
     waiting: std::collections::VecDeque<Waiting>,
     first_waiting: u64,
+    /// A call whose question is encoded at the end of `calls` from this
+    /// offset, its answer still to come ([`Asked::Open`]): the calls made
+    /// meanwhile wait behind it.
+    open: Option<usize>,
 }
 
 /// A call that waits to be encoded.
@@ -95,39 +100,31 @@ impl Recording {
                 truncated: false,
                 waiting: std::collections::VecDeque::new(),
                 first_waiting: 0,
+                open: None,
             }),
         })
     }
 
     fn push(&self, call: &Call) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if !state.waiting.is_empty() {
+        if state.behind() {
             state.waiting.push_back(Waiting::Call(call.clone()));
             return;
         }
         state.encode(call);
     }
 
-    /// Records a call whose question is encoded already (`ask`, as
-    /// [`KvAsk::encode`] writes it) and whose answer is `answer`.
-    fn push_encoded(&self, ask: &[u8], answer: &Answer) {
+    /// Records a call that `encode` appends, whole, to the record (to a
+    /// buffer of its own while calls wait).
+    pub(crate) fn push_with(&self, encode: impl FnOnce(&mut Vec<u8>)) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if !state.waiting.is_empty() {
-            let call = postcard::to_extend(answer, ask.to_vec()).unwrap_or_default();
+        if state.behind() {
+            let mut call = Vec::new();
+            encode(&mut call);
             state.waiting.push_back(Waiting::Encoded(call));
             return;
         }
-        state.append(ask, answer);
-    }
-
-    /// Records a whole call, encoded.
-    fn push_bytes(&self, call: &[u8]) {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if !state.waiting.is_empty() {
-            state.waiting.push_back(Waiting::Encoded(call.to_vec()));
-            return;
-        }
-        state.append_bytes(call);
+        state.append_with(encode);
     }
 
     /// Reserves the next call for a question whose answer comes later
@@ -168,6 +165,10 @@ impl Recording {
     /// with an error for its answer, which the guest never saw.
     pub(crate) fn take(&self) -> (Vec<u8>, u32, bool) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(at) = state.open.take() {
+            // Its answer never came: the guest did not see one either.
+            state.calls.truncate(at);
+        }
         for slot in &mut state.waiting {
             if let Waiting::Reserved(ask) = slot {
                 *slot = Waiting::Call(Call {
@@ -188,8 +189,17 @@ impl Recording {
 }
 
 impl RecordingState {
+    /// Whether a new call waits behind others: a reserved call or an
+    /// open one.
+    fn behind(&self) -> bool {
+        !self.waiting.is_empty() || self.open.is_some()
+    }
+
     /// Encodes the calls at the front of `waiting` that are complete.
     fn flush(&mut self) {
+        if self.open.is_some() {
+            return;
+        }
         while let Some(front) = self.waiting.front() {
             if matches!(front, Waiting::Reserved(_)) {
                 break;
@@ -210,16 +220,24 @@ impl RecordingState {
 
     /// Appends a whole call, encoded.
     fn append_bytes(&mut self, call: &[u8]) {
+        self.append_with(|out| out.extend_from_slice(call));
+    }
+
+    /// Appends the call `encode` appends, or ends the record before it
+    /// when it does not fit the budget.
+    fn append_with(&mut self, encode: impl FnOnce(&mut Vec<u8>)) {
         if self.truncated {
             return;
         }
-        if self.calls.len() + call.len() > self.budget {
-            self.truncated = true;
-            return;
-        }
+        let at = self.calls.len();
         self.calls.reserve(CALL_ROOM);
-        self.calls.extend_from_slice(call);
-        self.count += 1;
+        encode(&mut self.calls);
+        if self.calls.len() > self.budget {
+            self.calls.truncate(at);
+            self.truncated = true;
+        } else {
+            self.count += 1;
+        }
     }
 
     /// Appends a call: `encoded`, its start as bytes, then `rest`.
@@ -422,24 +440,36 @@ impl Tape {
 }
 
 /// A question asked of a tape before its answer is known, kept as the
-/// tape needs it: recording, encoded; replaying, whole.
-pub(crate) enum Asked {
-    /// Recording: the question, encoded.
-    Record(Arc<Recording>, Vec<u8>),
+/// tape needs it.
+pub(crate) enum Asked<'a> {
+    /// Recording, the question encoded at the end of the record: its
+    /// answer follows it there.
+    Open(OpenCall<'a>),
+    /// Recording behind calls still waiting: the question, encoded.
+    Record(&'a Recording, Vec<u8>),
     /// Replaying: the question.
-    Replay(Arc<Replaying>, Ask),
+    Replay(&'a Replaying, Ask),
     /// Off.
     Off,
 }
 
-impl Asked {
+impl Asked<'_> {
     /// Recording, records `real` as the answer and gives it; replaying,
     /// gives the recorded answer (`real` is not used).
     pub(crate) fn answer(self, real: Answer) -> Result<Answer, Stop> {
         match self {
             Self::Off => Ok(real),
+            Self::Open(call) => {
+                // Closed here, not again when dropped.
+                let call = std::mem::ManuallyDrop::new(call);
+                call.recording.close(call.at, Some(&real));
+                Ok(real)
+            }
             Self::Record(recording, ask) => {
-                recording.push_encoded(&ask, &real);
+                recording.push_with(|out| {
+                    out.extend_from_slice(&ask);
+                    encode::answer(out, &real);
+                });
                 Ok(real)
             }
             Self::Replay(replaying, ask) => replaying.answer(ask),
@@ -447,17 +477,72 @@ impl Asked {
     }
 }
 
+/// A call opened at the end of a record, at offset `at`.
+pub(crate) struct OpenCall<'a> {
+    recording: &'a Recording,
+    at: usize,
+}
+
+impl Drop for OpenCall<'_> {
+    /// A question left unanswered (its call was dropped) leaves no call.
+    fn drop(&mut self) {
+        self.recording.close(self.at, None);
+    }
+}
+
+impl Recording {
+    /// Opens a call at the end of the record with `ask`'s question, if no
+    /// call waits (else none).
+    fn open(&self, ask: &KvAsk<'_>) -> Option<usize> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.behind() || state.truncated {
+            return None;
+        }
+        let at = state.calls.len();
+        state.calls.reserve(CALL_ROOM);
+        ask.encode(&mut state.calls);
+        state.open = Some(at);
+        Some(at)
+    }
+
+    /// Ends the call opened at `at` with `answer`, or (none) takes its
+    /// question back; the calls that waited behind it follow.
+    fn close(&self, at: usize, answer: Option<&Answer>) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.open != Some(at) {
+            return;
+        }
+        state.open = None;
+        match answer {
+            Some(answer) => {
+                encode::answer(&mut state.calls, answer);
+                if state.calls.len() > state.budget {
+                    state.calls.truncate(at);
+                    state.truncated = true;
+                } else {
+                    state.count += 1;
+                }
+            }
+            None => state.calls.truncate(at),
+        }
+        state.flush();
+    }
+}
+
 impl Tape {
     /// Takes a key-value question now, from what its call borrows.
-    pub(crate) fn ask_kv(&self, ask: &KvAsk<'_>) -> Asked {
+    pub(crate) fn ask_kv(&self, ask: &KvAsk<'_>) -> Asked<'_> {
         match self {
             Self::Off => Asked::Off,
-            Self::Record(recording) => {
-                let mut encoded = Vec::with_capacity(64);
-                ask.encode(&mut encoded);
-                Asked::Record(Arc::clone(recording), encoded)
-            }
-            Self::Replay(replaying) => Asked::Replay(Arc::clone(replaying), ask.to_ask()),
+            Self::Record(recording) => match recording.open(ask) {
+                Some(at) => Asked::Open(OpenCall { recording, at }),
+                None => {
+                    let mut encoded = Vec::with_capacity(64);
+                    ask.encode(&mut encoded);
+                    Asked::Record(recording, encoded)
+                }
+            },
+            Self::Replay(replaying) => Asked::Replay(replaying, ask.to_ask()),
         }
     }
 }
@@ -488,7 +573,7 @@ impl HostWallClock for TapedWallClock {
     fn now(&self) -> Duration {
         if let Tape::Record(recording) = &self.0 {
             let d = wasmtime_wasi::clocks::WallClock::new().now();
-            recording.push_bytes(ClockCall::wall_now(d.as_secs(), d.subsec_nanos()).as_bytes());
+            recording.push_with(|out| encode::wall_now(out, d.as_secs(), d.subsec_nanos()));
             return d;
         }
         let real = || {
@@ -502,18 +587,23 @@ impl HostWallClock for TapedWallClock {
     }
 }
 
-/// `wasi:clocks/monotonic-clock` through a tape.
+/// `wasi:clocks/monotonic-clock` through a tape: the nanoseconds since
+/// `zero`, as wasmtime-wasi's own clock counts them from its creation.
 pub(crate) struct TapedMonotonicClock {
     pub(crate) tape: Tape,
-    pub(crate) real: wasmtime_wasi::clocks::MonotonicClock,
+    pub(crate) zero: Instant,
+}
+
+impl TapedMonotonicClock {
+    fn real(&self) -> u64 {
+        u64::try_from(self.zero.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
 }
 
 impl HostMonotonicClock for TapedMonotonicClock {
     fn resolution(&self) -> u64 {
-        match self.tape.call(
-            || Ask::MonotonicResolution,
-            || Answer::Nanos(self.real.resolution()),
-        ) {
+        let real = || Answer::Nanos(wasmtime_wasi::clocks::MonotonicClock::new().resolution());
+        match self.tape.call(|| Ask::MonotonicResolution, real) {
             Ok(Answer::Nanos(n)) => n,
             _ => 1,
         }
@@ -521,13 +611,13 @@ impl HostMonotonicClock for TapedMonotonicClock {
 
     fn now(&self) -> u64 {
         if let Tape::Record(recording) = &self.tape {
-            let nanos = self.real.now();
-            recording.push_bytes(ClockCall::monotonic_now(nanos).as_bytes());
+            let nanos = self.real();
+            recording.push_with(|out| encode::monotonic_now(out, nanos));
             return nanos;
         }
         match self
             .tape
-            .call(|| Ask::MonotonicNow, || Answer::Nanos(self.real.now()))
+            .call(|| Ask::MonotonicNow, || Answer::Nanos(self.real()))
         {
             Ok(Answer::Nanos(n)) => n,
             _ => 0,
@@ -535,45 +625,66 @@ impl HostMonotonicClock for TapedMonotonicClock {
     }
 }
 
-/// A key-value backend through a tape: recording, the real backend's
-/// answers are kept; replaying, they come from the record and no backend
-/// is reached.
-pub(crate) struct TapedKv {
-    pub(crate) tape: Tape,
+/// Key-value calls through a tape: off, the backend's answers; recording,
+/// the backend's answers, kept; replaying, the recorded answers, and no
+/// backend is reached.
+pub(crate) struct TapedKv<'a> {
+    pub(crate) tape: &'a Tape,
     /// The real backend (none when replaying).
-    pub(crate) inner: Option<Arc<dyn KvBackend>>,
+    pub(crate) backend: Option<&'a dyn KvBackend>,
+    pub(crate) task: u64,
 }
 
 fn stopped<T>(stop: &Stop) -> Result<T, KvError> {
     Err(KvError(stop.to_string()))
 }
 
-impl TapedKv {
-    fn inner(&self) -> Result<&Arc<dyn KvBackend>, KvError> {
-        self.inner
-            .as_ref()
+impl TapedKv<'_> {
+    /// Recording, records the call `ask` answered `answer`, whole, once
+    /// its answer is known: the guest asks nothing else meanwhile. Gives
+    /// the answer.
+    fn record(&self, ask: &KvAsk<'_>, answer: Answer) -> Answer {
+        if let Tape::Record(recording) = self.tape {
+            recording.push_with(|out| {
+                ask.encode(out);
+                encode::answer(out, &answer);
+            });
+        }
+        answer
+    }
+
+    fn backend(&self) -> Result<&dyn KvBackend, KvError> {
+        self.backend
             .ok_or_else(|| KvError("a replay reaches no key-value store".into()))
     }
-}
 
-impl KvBackend for TapedKv {
-    fn get(&self, task: u64, bucket: &Bucket, key: &str) -> KvFuture<Option<Vec<u8>>> {
-        let asked = self.tape.ask_kv(&KvAsk::Get { bucket, key });
-        let real = self.inner().map(|b| b.get(task, bucket, key));
-        Box::pin(async move {
-            let real = match real {
-                Ok(get) => get.await.map_err(|e| e.0),
-                Err(e) => Err(e.0),
-            };
-            match asked.answer(Answer::Value(real)) {
-                Ok(Answer::Value(value)) => value.map_err(KvError),
-                Ok(other) => Err(KvError(wrong_answer(&other).to_string())),
-                Err(stop) => stopped(&stop),
+    pub(crate) async fn get(&self, bucket: &Bucket, key: &str) -> Result<Option<Vec<u8>>, KvError> {
+        if let Tape::Off = self.tape {
+            return self.backend()?.get(self.task, bucket, key).await;
+        }
+        let ask = KvAsk::Get { bucket, key };
+        let answer = match self.tape {
+            Tape::Replay(replaying) => replaying.answer(ask.to_ask()),
+            _ => {
+                let real = self.backend()?.get(self.task, bucket, key).await;
+                Ok(self.record(&ask, Answer::Value(real.map_err(|e| e.0))))
             }
-        })
+        };
+        match answer {
+            Ok(Answer::Value(value)) => value.map_err(KvError),
+            Ok(other) => Err(KvError(wrong_answer(&other).to_string())),
+            Err(stop) => stopped(&stop),
+        }
     }
 
-    fn write(&self, task: u64, bucket: &Bucket, write: KvWrite) -> KvFuture<Option<u64>> {
+    pub(crate) async fn write(
+        &self,
+        bucket: &Bucket,
+        write: KvWrite,
+    ) -> Result<Option<u64>, KvError> {
+        if let Tape::Off = self.tape {
+            return self.backend()?.write(self.task, bucket, write).await;
+        }
         let (key, asked) = match &write {
             KvWrite::Set(key, value) => (key, WriteAsk::Set(fingerprint(value))),
             KvWrite::Delete(key) => (key, WriteAsk::Delete),
@@ -584,39 +695,41 @@ impl KvBackend for TapedKv {
             key,
             write: asked,
         });
-        let real = self.inner().map(|b| b.write(task, bucket, write));
-        Box::pin(async move {
-            let real = match real {
-                Ok(write) => write.await.map_err(|e| e.0),
-                Err(e) => Err(e.0),
-            };
-            match asked.answer(Answer::Written(real)) {
-                Ok(Answer::Written(written)) => written.map_err(KvError),
-                Ok(other) => Err(KvError(wrong_answer(&other).to_string())),
-                Err(stop) => stopped(&stop),
-            }
-        })
+        let real = match self.backend() {
+            Ok(backend) => backend
+                .write(self.task, bucket, write)
+                .await
+                .map_err(|e| e.0),
+            Err(e) => Err(e.0),
+        };
+        match asked.answer(Answer::Written(real)) {
+            Ok(Answer::Written(written)) => written.map_err(KvError),
+            Ok(other) => Err(KvError(wrong_answer(&other).to_string())),
+            Err(stop) => stopped(&stop),
+        }
     }
 
-    fn keys(
+    pub(crate) async fn keys(
         &self,
-        task: u64,
         bucket: &Bucket,
         cursor: u64,
-    ) -> KvFuture<(Vec<String>, Option<u64>)> {
-        let asked = self.tape.ask_kv(&KvAsk::Keys { bucket, cursor });
-        let real = self.inner().map(|b| b.keys(task, bucket, cursor));
-        Box::pin(async move {
-            let real = match real {
-                Ok(keys) => keys.await.map_err(|e| e.0),
-                Err(e) => Err(e.0),
-            };
-            match asked.answer(Answer::Keys(real)) {
-                Ok(Answer::Keys(keys)) => keys.map_err(KvError),
-                Ok(other) => Err(KvError(wrong_answer(&other).to_string())),
-                Err(stop) => stopped(&stop),
+    ) -> Result<(Vec<String>, Option<u64>), KvError> {
+        if let Tape::Off = self.tape {
+            return self.backend()?.keys(self.task, bucket, cursor).await;
+        }
+        let ask = KvAsk::Keys { bucket, cursor };
+        let answer = match self.tape {
+            Tape::Replay(replaying) => replaying.answer(ask.to_ask()),
+            _ => {
+                let real = self.backend()?.keys(self.task, bucket, cursor).await;
+                Ok(self.record(&ask, Answer::Keys(real.map_err(|e| e.0))))
             }
-        })
+        };
+        match answer {
+            Ok(Answer::Keys(keys)) => keys.map_err(KvError),
+            Ok(other) => Err(KvError(wrong_answer(&other).to_string())),
+            Err(stop) => stopped(&stop),
+        }
     }
 }
 
@@ -680,5 +793,71 @@ mod tests {
         tape.call(|| Ask::MonotonicNow, || Answer::Nanos(4))
             .unwrap();
         assert_eq!(decoded(&recording), (vec![Ask::WallNow], true));
+    }
+    #[test]
+    fn a_key_value_call_waits_behind_a_reserved_one_and_an_unanswered_one_leaves_none() {
+        let recording = Recording::new(1 << 20);
+        let tape = Tape::Record(Arc::clone(&recording));
+        let bucket = Bucket::Slot("s".into());
+        let get = KvAsk::Get {
+            bucket: &bucket,
+            key: "k",
+        };
+        let at = recording.reserve(Ask::Sleep { ms: 1 });
+        tape.ask_kv(&get).answer(Answer::Value(Ok(None))).unwrap();
+        // Asked, never answered (its call was dropped): no call.
+        drop(tape.ask_kv(&get));
+        recording.fill(
+            at,
+            Some(Call {
+                ask: Ask::Sleep { ms: 1 },
+                answer: Answer::Slept { cancelled: false },
+            }),
+        );
+        tape.ask_kv(&get)
+            .answer(Answer::Value(Ok(Some(vec![7; 64]))))
+            .unwrap();
+        let (asks, truncated) = decoded(&recording);
+        assert_eq!(asks, [Ask::Sleep { ms: 1 }, get.to_ask(), get.to_ask()]);
+        assert!(!truncated);
+    }
+
+    #[test]
+    fn an_open_call_keeps_its_place_and_an_unanswered_one_leaves_none() {
+        let recording = Recording::new(1 << 20);
+        let tape = Tape::Record(Arc::clone(&recording));
+        let bucket = Bucket::Slot("s".into());
+        let get = KvAsk::Get {
+            bucket: &bucket,
+            key: "k",
+        };
+        let asked = tape.ask_kv(&get);
+        assert!(matches!(asked, Asked::Open(_)));
+        // A call made while it is open (none is, from one guest) waits.
+        tape.call(|| Ask::WallNow, || Answer::Time(1, 2)).unwrap();
+        asked.answer(Answer::Value(Ok(None))).unwrap();
+        drop(tape.ask_kv(&get));
+        tape.call(|| Ask::MonotonicNow, || Answer::Nanos(3))
+            .unwrap();
+        // Open when the attempt ends: its question is not kept.
+        let left = tape.ask_kv(&get);
+        let (asks, truncated) = decoded(&recording);
+        drop(left);
+        assert_eq!(asks, [get.to_ask(), Ask::WallNow, Ask::MonotonicNow]);
+        assert!(!truncated);
+    }
+
+    #[test]
+    fn a_key_value_answer_past_the_budget_ends_the_record_there() {
+        let recording = Recording::new(40);
+        let tape = Tape::Record(Arc::clone(&recording));
+        let bucket = Bucket::Slot("s".into());
+        let asked = tape.ask_kv(&KvAsk::Get {
+            bucket: &bucket,
+            key: "k",
+        });
+        asked.answer(Answer::Value(Ok(Some(vec![7; 64])))).unwrap();
+        tape.call(|| Ask::WallNow, || Answer::Time(1, 2)).unwrap();
+        assert_eq!(decoded(&recording), (vec![], true));
     }
 }
