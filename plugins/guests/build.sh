@@ -19,12 +19,13 @@ WORLD=task-plugin
 
 # The world an example (language, name) builds against: the `long`
 # examples keep key-value state in their `mode=nondet`, so they import
-# wasi:keyvalue as well, and Python's sends HTTP requests through wasi:http
-# (JavaScript's fetch() brings its own imports).
+# wasi:keyvalue as well; Python's sends HTTP requests through wasi:http
+# (JavaScript's fetch() brings its own imports), and JavaScript's reads
+# granted directories through wasi:filesystem (Python has open()).
 world_of() {
   case "$1-$2" in
     python-long) echo task-plugin-http ;;
-    js-long) echo task-plugin-state ;;
+    js-long) echo task-plugin-files ;;
     *) echo "$WORLD" ;;
   esac
 }

@@ -597,20 +597,23 @@ fn javascript_attempts_replay_identical() {
 /// Python attempts that list and read a granted directory whose files
 /// change between runs, and that trap (`os.abort`) when a random byte is
 /// even, else fail: all 20 replay identical once the directory is gone.
-#[test]
-fn python_files_and_traps_replay_identical() {
+/// Attempts that list and read a granted directory whose files change
+/// between runs, and trap at random: Python through `open()`, JavaScript
+/// through `wasi:filesystem` itself. All replay identical once the
+/// directory is gone, answered from the record.
+fn files_and_traps_replay_identical(lang: Lang) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     std::fs::create_dir_all(data.join("sub")).unwrap();
     let grant = format!("{}::/data:ro", data.display());
-    let long = guest(Lang::Python, "long");
+    let long = guest(lang, "long");
     let mut trapped = 0;
     let files: Vec<_> = (1..=5)
         .map(|n| {
             let content = format!("content {n} at {:?}", std::time::SystemTime::now());
             std::fs::write(data.join("probe.txt"), &content).unwrap();
             std::fs::write(data.join(format!("entry-{n}")), b"").unwrap();
-            let file = dir.path().join(format!("py-{n}.rec"));
+            let file = dir.path().join(format!("{}-{n}.rec", lang.prefix()));
             let record = file.display().to_string();
             let out = run_host(&[
                 "run",
@@ -657,6 +660,16 @@ fn python_files_and_traps_replay_identical() {
             assert_eq!(json["calls_used"], json["calls_recorded"], "{json:#}");
         }
     }
+}
+
+#[test]
+fn python_files_and_traps_replay_identical() {
+    files_and_traps_replay_identical(Lang::Python);
+}
+
+#[test]
+fn javascript_files_and_traps_replay_identical() {
+    files_and_traps_replay_identical(Lang::Js);
 }
 
 /// Attempts that fetch from a server whose every answer differs (status, a

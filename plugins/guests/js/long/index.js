@@ -16,10 +16,13 @@
 // byte is even; with `--param url=URL` it fetches URL (granted with
 // --allow-http) and answers its status and body too; with `--param kv=1` it
 // counts its runs in its slot's key-value bucket and keeps what it saw last
-// there (built against the `task-plugin-state` world).
+// there; with `--param dir=/data` (a granted directory) it first lists it
+// and reads each file in it (built against the `task-plugin-files` world:
+// JavaScript has no file API, so it calls wasi:filesystem itself).
 import { Canceled, Fail, Fatal, info, isCancelled, log, param, paramInt, progress, sleep, task } from '../taskhost.js';
 import { open } from 'wasi:keyvalue/store@0.2.0-draft';
 import { increment } from 'wasi:keyvalue/atomics@0.2.0-draft';
+import { getDirectories } from 'wasi:filesystem/preopens@0.2.12';
 
 function randomBytes(n) {
   const bytes = new Uint8Array(n);
@@ -27,10 +30,46 @@ function randomBytes(n) {
   return bytes;
 }
 
+// The granted directory at `path`: each entry by name, a file with its
+// content, a directory with a slash.
+function readDir(path) {
+  const found = getDirectories().find(([, at]) => at === path);
+  if (!found) throw new Fatal(`${path} is not a granted directory (submit with --dir HOST::${path})`, 2);
+  const [dir] = found;
+  const names = [];
+  const entries = dir.readDirectory();
+  for (let entry = entries.readDirectoryEntry(); entry; entry = entries.readDirectoryEntry()) {
+    names.push([entry.name, entry.type]);
+  }
+  names.sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  const decoder = new TextDecoder();
+  return names
+    .map(([name, type]) => {
+      if (type !== 'regular-file') return `${name}/`;
+      const file = dir.openAt({}, name, {}, { read: true });
+      const chunks = [];
+      let offset = 0n;
+      for (;;) {
+        const [bytes, end] = file.read(65536n, offset);
+        chunks.push(decoder.decode(bytes, { stream: true }));
+        offset += BigInt(bytes.length);
+        if (end || bytes.length === 0) break;
+      }
+      return `${name}=${chunks.join('').trim()}`;
+    })
+    .join(' ');
+}
+
 async function nondet() {
   const hex = Array.from(randomBytes(8), (b) => b.toString(16).padStart(2, '0')).join('');
   let seen = `wall ${Date.now()} mono ${performance.now()} random ${hex} math ${Math.random()}`;
   log.info(seen);
+  const path = param('dir');
+  if (path) {
+    const listed = readDir(path);
+    log.info(`${path}: ${listed}`);
+    seen += ` ${path}: ${listed}`;
+  }
   if (param('kv')) {
     const bucket = open('');
     const runs = increment(bucket, 'runs', 1n);
