@@ -62,7 +62,7 @@ pub struct AttemptRequest {
     /// waits for a child (none: it keeps it; `PluginTask` sets it).
     pub parking: Option<Arc<dyn Parking>>,
     /// Whether and where the attempt is recorded (none: it is not).
-    pub record: Option<RecordSettings>,
+    pub record: Option<Arc<RecordSettings>>,
 }
 
 /// The data of one attempt's store.

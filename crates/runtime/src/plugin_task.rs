@@ -49,7 +49,8 @@ pub struct PluginTask {
     args: Arc<[String]>,
     sandbox: Arc<Sandbox>,
     sink: Option<Arc<dyn LineSink>>,
-    record: Option<crate::record::RecordSettings>,
+    /// Shared by every attempt, not copied for each.
+    record: Option<Arc<crate::record::RecordSettings>>,
 }
 
 impl std::fmt::Debug for PluginTask {
@@ -113,7 +114,7 @@ impl PluginTask {
     /// Records every attempt of the task into `settings`' sink (see
     /// [`record`](crate::record)).
     pub fn record(mut self, settings: crate::record::RecordSettings) -> Self {
-        self.record = Some(settings);
+        self.record = Some(Arc::new(settings));
         self
     }
 
