@@ -17,7 +17,7 @@
 // --allow-http) and answers its status and body too; with `--param kv=1` it
 // counts its runs in its slot's key-value bucket and keeps what it saw last
 // there; with `--param dir=/data` (a granted directory) it first lists it
-// and reads each file in it (built against the `task-plugin-files` world:
+// and reads each file in it, before it may trap (built against the `task-plugin-files` world:
 // JavaScript has no file API, so it calls wasi:filesystem itself).
 import { Canceled, Fail, Fatal, info, isCancelled, log, param, paramInt, progress, sleep, task } from '../taskhost.js';
 import { open } from 'wasi:keyvalue/store@0.2.0-draft';
@@ -60,15 +60,18 @@ function readDir(path) {
     .join(' ');
 }
 
+// What `run` read of the granted directory, before it might trap (or the
+// error reading it), for `nondet` to answer.
+let listing = null;
+
 async function nondet() {
   const hex = Array.from(randomBytes(8), (b) => b.toString(16).padStart(2, '0')).join('');
   let seen = `wall ${Date.now()} mono ${performance.now()} random ${hex} math ${Math.random()}`;
   log.info(seen);
   const path = param('dir');
   if (path) {
-    const listed = readDir(path);
-    log.info(`${path}: ${listed}`);
-    seen += ` ${path}: ${listed}`;
+    if (listing instanceof Error) throw listing;
+    seen += ` ${path}: ${listing}`;
   }
   if (param('kv')) {
     const bucket = open('');
@@ -105,10 +108,23 @@ export function describe() {
 }
 
 export function run(input) {
-  if (param('mode') === 'nondet' && param('trap') && randomBytes(1)[0] % 2 === 0) {
-    log.info(`trapping: a random byte was even, at ${performance.now()}`);
-    // Outside `task()`, what is thrown traps the instance.
-    throw new Error('trapped on purpose');
+  if (param('mode') === 'nondet') {
+    // The directory is read first, so that an attempt that traps below has
+    // read it too (as Python's does, where the trap comes later).
+    const path = param('dir');
+    if (path) {
+      try {
+        listing = readDir(path);
+        log.info(`${path}: ${listing}`);
+      } catch (e) {
+        listing = e;
+      }
+    }
+    if (param('trap') && randomBytes(1)[0] % 2 === 0) {
+      log.info(`trapping: a random byte was even, at ${performance.now()}`);
+      // Outside `task()`, what is thrown traps the instance.
+      throw new Error('trapped on purpose');
+    }
   }
   return cooperative(input);
 }
