@@ -197,6 +197,42 @@ fn child_status(status: u8) -> wasmtime::Result<children::ChildStatus> {
 }
 
 impl HostCtx {
+    /// Sleeps `ms` unless the attempt is asked to stop first; whether it
+    /// was.
+    async fn sleep_now(&mut self, ms: u64) -> bool {
+        let duration = std::time::Duration::from_millis(ms);
+        let (cancelled, waited) = noting_wait(async {
+            tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => true,
+                () = tokio::time::sleep(duration) => false,
+            }
+        })
+        .await;
+        self.woke = waited;
+        cancelled
+    }
+
+    /// [`Self::sleep_now`] through the tape: recorded, or answered from
+    /// the record; boxed, and never inlined into [`host::Host::sleep`].
+    #[inline(never)]
+    fn sleep_taped(&mut self, ms: u64) -> futures::future::BoxFuture<'_, wasmtime::Result<bool>> {
+        Box::pin(self.sleep_through_tape(ms))
+    }
+
+    async fn sleep_through_tape(&mut self, ms: u64) -> wasmtime::Result<bool> {
+        let tape = self.tape.clone();
+        let real = async {
+            Answer::Slept {
+                cancelled: self.sleep_now(ms).await,
+            }
+        };
+        match tape.call_async(|| Ask::Sleep { ms }, real).await? {
+            Answer::Slept { cancelled } => Ok(cancelled),
+            other => Err(wrong_answer(&other)),
+        }
+    }
+
     async fn spawn_now(&mut self, spec: children::ChildSpec) -> Result<u64, String> {
         let Some(access) = &self.children else {
             return Err(
@@ -258,27 +294,19 @@ impl host::Host for HostCtx {
     }
 
     async fn sleep(&mut self, ms: u64) -> wasmtime::Result<types::SleepStatus> {
-        let tape = self.tape.clone();
-        let real = async {
-            let duration = std::time::Duration::from_millis(ms);
-            let (status, waited) = noting_wait(async {
-                tokio::select! {
-                    biased;
-                    () = self.cancel.cancelled() => types::SleepStatus::Cancelled,
-                    () = tokio::time::sleep(duration) => types::SleepStatus::Elapsed,
-                }
-            })
-            .await;
-            self.woke = waited;
-            Answer::Slept {
-                cancelled: status == types::SleepStatus::Cancelled,
-            }
+        // A parked guest keeps this future, and the frames that poll it on
+        // its stack, for the whole sleep: the tape's part lies out of line
+        // so that an attempt not recorded touches none of it.
+        let cancelled = if self.tape.is_on() {
+            self.sleep_taped(ms).await?
+        } else {
+            self.sleep_now(ms).await
         };
-        match tape.call_async(|| Ask::Sleep { ms }, real).await? {
-            Answer::Slept { cancelled: true } => Ok(types::SleepStatus::Cancelled),
-            Answer::Slept { cancelled: false } => Ok(types::SleepStatus::Elapsed),
-            other => Err(wrong_answer(&other)),
-        }
+        Ok(if cancelled {
+            types::SleepStatus::Cancelled
+        } else {
+            types::SleepStatus::Elapsed
+        })
     }
     fn log(&mut self, level: types::Level, message: String) -> wasmtime::Result<()> {
         let level = match level {
